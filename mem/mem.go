@@ -1,0 +1,134 @@
+// Package mem provides host memory for bounce: shareable mmap'd arenas,
+// page-aligned buffers for users, and a registry that turns a descriptor into
+// a bounds-checked byte slice.
+//
+// Memory from this package lives outside the Go heap, so its addresses are
+// stable and may be handed to engines, stages and other processes.
+package mem
+
+import (
+	"fmt"
+	"os"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/bouncekv/bounce/transfer"
+)
+
+// Arena is host memory backed by a memfd and mapped shared, so another
+// process (a plugin) can map the same bytes from its file descriptor.
+type Arena struct {
+	name string
+	fd   int
+	buf  []byte
+}
+
+// NewArena creates a shared arena of size bytes named name (the name shows in
+// /proc and helps debugging). size must be positive.
+func NewArena(name string, size uint64) (*Arena, error) {
+	if size == 0 {
+		return nil, fmt.Errorf("mem: arena %q: size must be positive", name)
+	}
+	fd, err := unix.MemfdCreate("bounce-"+name, unix.MFD_CLOEXEC)
+	if err != nil {
+		return nil, fmt.Errorf("mem: arena %q: memfd_create: %w", name, err)
+	}
+	if err := unix.Ftruncate(fd, int64(size)); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("mem: arena %q: ftruncate %d bytes: %w", name, size, err)
+	}
+	buf, err := unix.Mmap(fd, 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("mem: arena %q: mmap %d bytes: %w", name, size, err)
+	}
+	return &Arena{name: name, fd: fd, buf: buf}, nil
+}
+
+// MapArena maps an arena another process created and passed by file
+// descriptor. The returned arena owns fd.
+func MapArena(name string, fd int, size uint64) (*Arena, error) {
+	buf, err := unix.Mmap(fd, 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		return nil, fmt.Errorf("mem: map arena %q from fd %d: %w", name, fd, err)
+	}
+	return &Arena{name: name, fd: fd, buf: buf}, nil
+}
+
+// Desc describes the whole arena.
+func (a *Arena) Desc() transfer.Desc { return DescOf(a.buf) }
+
+// Bytes returns the arena's bytes.
+func (a *Arena) Bytes() []byte { return a.buf }
+
+// Fd returns the memfd backing the arena, for sharing with another process.
+func (a *Arena) Fd() int { return a.fd }
+
+// File returns the memfd as an *os.File (for exec.Cmd.ExtraFiles); the caller
+// must not close it while the arena is in use.
+func (a *Arena) File() *os.File { return os.NewFile(uintptr(a.fd), "bounce-"+a.name) }
+
+// Close unmaps the arena and closes its descriptor. It is idempotent.
+func (a *Arena) Close() error {
+	if a.buf == nil {
+		return nil
+	}
+	err := unix.Munmap(a.buf)
+	a.buf = nil
+	if cerr := unix.Close(a.fd); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+// Buffer is page-aligned anonymous host memory for user data (KV blocks).
+type Buffer struct{ buf []byte }
+
+// Alloc maps size bytes of anonymous, zeroed, page-aligned memory.
+func Alloc(size uint64) (*Buffer, error) {
+	if size == 0 {
+		return nil, fmt.Errorf("mem: alloc: size must be positive")
+	}
+	buf, err := unix.Mmap(-1, 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		return nil, fmt.Errorf("mem: alloc %d bytes: %w", size, err)
+	}
+	return &Buffer{buf: buf}, nil
+}
+
+// Bytes returns the buffer's bytes.
+func (b *Buffer) Bytes() []byte { return b.buf }
+
+// Desc describes the whole buffer.
+func (b *Buffer) Desc() transfer.Desc { return DescOf(b.buf) }
+
+// Free unmaps the buffer. It is idempotent.
+func (b *Buffer) Free() error {
+	if b.buf == nil {
+		return nil
+	}
+	err := unix.Munmap(b.buf)
+	b.buf = nil
+	return err
+}
+
+// DescOf returns the host descriptor of b. b must stay alive (and, for Go
+// heap memory, referenced) while the descriptor is in use.
+func DescOf(b []byte) transfer.Desc {
+	if len(b) == 0 {
+		return transfer.Desc{Kind: transfer.Host}
+	}
+	return transfer.Desc{Addr: uint64(uintptr(unsafe.Pointer(&b[0]))), Len: uint64(len(b)), Kind: transfer.Host}
+}
+
+// Unsafe returns a slice over n bytes of host memory at addr. The caller must
+// have proved that the range is live, registered memory; Registry.Slice is
+// the checked way to get one.
+func Unsafe(addr, n uint64) []byte {
+	if n == 0 {
+		return nil
+	}
+	p := *(*unsafe.Pointer)(unsafe.Pointer(&addr))
+	return unsafe.Slice((*byte)(p), n)
+}

@@ -1,0 +1,81 @@
+package mem
+
+import (
+	"bytes"
+	"errors"
+	"testing"
+
+	"github.com/bouncekv/bounce/transfer"
+)
+
+func TestArenaSharedMapping(t *testing.T) {
+	a, err := NewArena("t", 1<<16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	copy(a.Bytes()[100:], "hello")
+	// A second mapping of the same memfd sees the same bytes.
+	b, err := MapArena("t2", a.Fd(), 1<<16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := string(b.Bytes()[100:105]); got != "hello" {
+		t.Fatalf("shared mapping read %q, want hello", got)
+	}
+	b.buf2close()
+	if a.Desc().Len != 1<<16 || a.Desc().Kind != transfer.Host {
+		t.Fatalf("desc = %v", a.Desc())
+	}
+	if err := a.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Close(); err != nil {
+		t.Fatalf("second close: %v", err)
+	}
+}
+
+// buf2close unmaps without closing the shared fd (owned by the first arena).
+func (a *Arena) buf2close() { _ = unmap(a) }
+
+func TestRegistryBounds(t *testing.T) {
+	buf, err := Alloc(4096)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer buf.Free()
+	var r Registry
+	d := buf.Desc()
+	if err := r.Add(d); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Add(d); err != nil {
+		t.Fatalf("re-adding the same range: %v", err)
+	}
+	if err := r.Add(transfer.Desc{Addr: d.Addr + 10, Len: 10}); err == nil {
+		t.Fatal("overlapping range accepted")
+	}
+	s, err := r.Slice(d.Addr+4000, 96)
+	if err != nil {
+		t.Fatal(err)
+	}
+	copy(s, bytes.Repeat([]byte{7}, 96))
+	if buf.Bytes()[4095] != 7 {
+		t.Fatal("slice does not alias the buffer")
+	}
+	if _, err := r.Slice(d.Addr+4000, 97); !errors.Is(err, transfer.ErrOutOfBounds) {
+		t.Fatalf("one byte over: err = %v, want ErrOutOfBounds", err)
+	}
+	if _, err := r.Slice(d.Addr-1, 1); !errors.Is(err, transfer.ErrNotRegistered) {
+		t.Fatalf("below: err = %v, want ErrNotRegistered", err)
+	}
+	if _, err := r.Slice(d.End(), 1); !errors.Is(err, transfer.ErrNotRegistered) {
+		t.Fatalf("past end: err = %v, want ErrNotRegistered", err)
+	}
+	if err := r.Remove(d); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.Slice(d.Addr, 1); !errors.Is(err, transfer.ErrNotRegistered) {
+		t.Fatalf("after remove: err = %v", err)
+	}
+}

@@ -1,0 +1,90 @@
+package mem
+
+import (
+	"fmt"
+	"sort"
+	"sync"
+
+	"github.com/bouncekv/bounce/transfer"
+)
+
+// Registry is a set of registered host memory ranges. It resolves a
+// descriptor to a byte slice only when the whole range lies inside one
+// registered range. It is safe for concurrent use.
+type Registry struct {
+	mu     sync.RWMutex
+	ranges []transfer.Desc // sorted by Addr, non-overlapping
+}
+
+// Add registers d. Zero-length, non-host and overlapping ranges are errors.
+func (r *Registry) Add(d transfer.Desc) error {
+	if d.Kind != transfer.Host {
+		return fmt.Errorf("mem: register %v: only host memory: %w", d, transfer.ErrUnsupported)
+	}
+	if d.Len == 0 || d.Addr+d.Len < d.Addr {
+		return fmt.Errorf("mem: register %v: empty or wrapping range: %w", d, transfer.ErrOutOfBounds)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	i := sort.Search(len(r.ranges), func(i int) bool { return r.ranges[i].Addr >= d.Addr })
+	if i < len(r.ranges) && r.ranges[i].Addr < d.End() {
+		if r.ranges[i] == d {
+			return nil
+		}
+		return fmt.Errorf("mem: register %v: overlaps %v", d, r.ranges[i])
+	}
+	if i > 0 && r.ranges[i-1].End() > d.Addr {
+		return fmt.Errorf("mem: register %v: overlaps %v", d, r.ranges[i-1])
+	}
+	r.ranges = append(r.ranges, transfer.Desc{})
+	copy(r.ranges[i+1:], r.ranges[i:])
+	r.ranges[i] = d
+	return nil
+}
+
+// Remove unregisters exactly d.
+func (r *Registry) Remove(d transfer.Desc) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for i, x := range r.ranges {
+		if x.Addr == d.Addr && x.Len == d.Len {
+			r.ranges = append(r.ranges[:i], r.ranges[i+1:]...)
+			return nil
+		}
+	}
+	return fmt.Errorf("mem: deregister %v: %w", d, transfer.ErrNotRegistered)
+}
+
+// Find returns the registered range holding [addr, addr+n).
+func (r *Registry) Find(addr, n uint64) (transfer.Desc, error) {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	i := sort.Search(len(r.ranges), func(i int) bool { return r.ranges[i].Addr > addr })
+	if i == 0 {
+		return transfer.Desc{}, fmt.Errorf("mem: [%#x+%d]: %w", addr, n, transfer.ErrNotRegistered)
+	}
+	d := r.ranges[i-1]
+	if !d.Contains(addr, n) {
+		if addr >= d.End() {
+			return transfer.Desc{}, fmt.Errorf("mem: [%#x+%d]: %w", addr, n, transfer.ErrNotRegistered)
+		}
+		return transfer.Desc{}, fmt.Errorf("mem: [%#x+%d] exceeds registered %v: %w", addr, n, d, transfer.ErrOutOfBounds)
+	}
+	return d, nil
+}
+
+// Slice returns the bytes of [addr, addr+n) after checking that they lie in
+// one registered range.
+func (r *Registry) Slice(addr, n uint64) ([]byte, error) {
+	if _, err := r.Find(addr, n); err != nil {
+		return nil, err
+	}
+	return Unsafe(addr, n), nil
+}
+
+// Ranges returns a copy of the registered ranges in address order.
+func (r *Registry) Ranges() []transfer.Desc {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	return append([]transfer.Desc(nil), r.ranges...)
+}

@@ -1,0 +1,187 @@
+package transfer
+
+import (
+	"fmt"
+	"time"
+)
+
+// Status is the state of an asynchronous operation.
+type Status uint8
+
+const (
+	// Pending means the operation may still be running.
+	Pending Status = iota
+	// Done means the operation completed successfully. For writes this means
+	// the bytes are visible at the target.
+	Done
+	// Failed means the operation ended in error.
+	Failed
+)
+
+// String returns "pending", "done" or "failed".
+func (s Status) String() string {
+	switch s {
+	case Pending:
+		return "pending"
+	case Done:
+		return "done"
+	case Failed:
+		return "failed"
+	default:
+		return fmt.Sprintf("status(%d)", uint8(s))
+	}
+}
+
+// Terminal reports whether s is Done or Failed.
+func (s Status) Terminal() bool { return s == Done || s == Failed }
+
+// Op is an asynchronous operation started by an engine or a stage.
+//
+// Poll never blocks. It returns Pending until the operation is terminal, then
+// Done or Failed (with the cause) on every later call. A terminal Poll is a
+// promise of quiescence: the implementation no longer reads or writes any
+// memory the operation named. An implementation that cannot prove that (a
+// give-up after a timeout, say) returns Failed with an error wrapping
+// ErrNotQuiescent, and the caller must not reuse that memory.
+//
+// Release frees the operation's resources. It is called exactly once, after
+// Poll reported a terminal status; on a pending operation it returns an error
+// wrapping ErrInUse and changes nothing. Poll and Release may be called from
+// any goroutine, but not concurrently on the same Op.
+type Op interface {
+	Poll() (Status, error)
+	Release() error
+}
+
+// AbandonOutcome is the answer to a bounded request to stop an operation.
+type AbandonOutcome uint8
+
+const (
+	// Recoverable: the operation was stopped and proved quiescent; its
+	// memory may be released.
+	Recoverable AbandonOutcome = iota
+	// DeviceFault: the operation cannot be stopped because the device or
+	// transport is faulted; the memory must never be released, the engine
+	// must be restarted.
+	DeviceFault
+	// NotQuiescent: no proof of quiescence was obtained within the bound;
+	// the caller keeps waiting and must not release the memory.
+	NotQuiescent
+)
+
+// String names the outcome.
+func (o AbandonOutcome) String() string {
+	switch o {
+	case Recoverable:
+		return "recoverable"
+	case DeviceFault:
+		return "device-fault"
+	case NotQuiescent:
+		return "not-quiescent"
+	default:
+		return fmt.Sprintf("abandon(%d)", uint8(o))
+	}
+}
+
+// Aborter is an optional capability of an Op: a bounded request to stop.
+// Abort waits at most timeout. Only a Recoverable outcome makes the Op
+// terminal.
+type Aborter interface {
+	Abort(timeout time.Duration) AbandonOutcome
+}
+
+// WriteOp is one local-to-remote copy of Src.Len bytes from local memory Src
+// to the peer's memory Dst. Src.Len must equal Dst.Len.
+type WriteOp struct {
+	Src Desc
+	Dst Desc
+}
+
+// Message is one control message or notification received from a peer.
+type Message struct {
+	Peer    string
+	Payload []byte
+}
+
+// Engine moves bytes from local registered memory to a peer's registered
+// memory with one-sided write semantics.
+//
+// Every method is safe for concurrent use. Names are unique among peers.
+// Metadata is an opaque blob a peer passes to LoadPeer; it describes how to
+// reach this engine and the memory registered so far, so a peer reloads it
+// after more memory is registered (loading the same peer again refreshes it).
+//
+// PostWrite posts one or many writes as a single operation. Every source must
+// lie in memory registered with this engine and every destination in memory
+// the peer registered; anything else is rejected with ErrNotRegistered or
+// ErrOutOfBounds before a byte moves. The operation is Done only when every
+// byte is visible at the target. ForgetPeer fails the peer's in-flight
+// operations (ErrPeerLost) and a peer that dies does the same within a bound.
+// DeregisterMemory of memory an in-flight operation uses returns ErrInUse.
+type Engine interface {
+	Name() string
+	RegisterMemory(d Desc) error
+	DeregisterMemory(d Desc) error
+	Metadata() ([]byte, error)
+	LoadPeer(metadata []byte) (peer string, err error)
+	ForgetPeer(peer string) error
+	PostWrite(peer string, ops []WriteOp) (Op, error)
+	Close() error
+}
+
+// Notifier is the optional notification capability of an Engine: small
+// messages to a peer on the engine's own connections, delivered in order per
+// peer. Notify never blocks; a full queue is ErrQueueFull. RecvNotification
+// waits at most timeout and returns ErrTimeout when nothing arrived and
+// ErrClosed once the engine is closed.
+type Notifier interface {
+	Notify(peer string, payload []byte) error
+	RecvNotification(timeout time.Duration) (Message, error)
+}
+
+// ControlChannel carries the bounce control messages (WANT, GRANT, DATA, ACK)
+// between agents. It is safe for concurrent use.
+//
+// Kind names the implementation ("zmq", "nixlnotif", ...); peers must use the
+// same kind. LocalEndpoint is what a peer passes to AddPeer to reach this
+// channel. AddPeer validates the endpoint before connecting and returns an
+// error wrapping ErrBadEndpoint when it is unusable; adding a known peer
+// again replaces its endpoint. Send never blocks: a full queue drops the
+// message and returns ErrQueueFull, an unknown peer ErrUnknownPeer. Messages
+// to one peer arrive in order. Recv waits at most timeout and reports the
+// sending peer's name; it returns ErrTimeout when nothing arrived and
+// ErrClosed after Close. Close is idempotent.
+type ControlChannel interface {
+	Kind() string
+	LocalEndpoint() string
+	AddPeer(peer, endpoint string) error
+	RemovePeer(peer string) error
+	Send(peer string, payload []byte) error
+	Recv(timeout time.Duration) (Message, error)
+	Close() error
+}
+
+// Gatherer copies scattered source memory into one contiguous region: for
+// each run, each copy moves Len bytes from Addr(+i*AddrStride) to
+// region.Addr+RegionOff(+i*RegionStride). Every run is checked against the
+// region and the source memory before any byte moves. Gather returns
+// ErrBusy when its bounded pool of copy contexts is exhausted; the caller
+// retries later. Gather itself never blocks on the copy.
+type Gatherer interface {
+	Gather(region Desc, runs []Run) (Op, error)
+	Close() error
+}
+
+// Scatterer is the inverse of Gatherer: each run copies from the region to
+// its destination addresses, with the same checks and the same ErrBusy rule.
+type Scatterer interface {
+	Scatter(region Desc, runs []Run) (Op, error)
+	Close() error
+}
+
+// Writer moves one contiguous local region into a region the peer granted:
+// the bulk write of the bounce pipeline. It is Done only when the bytes are
+// visible at the target.
+type Writer interface {
+	Write(peer string, src, dst Desc) (Op, error)
+}
