@@ -33,6 +33,10 @@ var (
 	// no transport or stage still touches the caller's memory. The memory
 	// must not be freed or reused.
 	ErrNotQuiescent = errors.New("not quiescent")
+	// ErrDeviceFault means the device or transport faulted while an
+	// operation used the memory: the memory must never be released and the
+	// engine must be restarted.
+	ErrDeviceFault = errors.New("device fault")
 	// ErrUnsupported means the implementation does not offer the capability.
 	ErrUnsupported = errors.New("unsupported")
 )

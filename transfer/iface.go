@@ -83,13 +83,6 @@ func (o AbandonOutcome) String() string {
 	}
 }
 
-// Aborter is an optional capability of an Op: a bounded request to stop.
-// Abort waits at most timeout. Only a Recoverable outcome makes the Op
-// terminal.
-type Aborter interface {
-	Abort(timeout time.Duration) AbandonOutcome
-}
-
 // WriteOp is one local-to-remote copy of Src.Len bytes from local memory Src
 // to the peer's memory Dst. Src.Len must equal Dst.Len.
 type WriteOp struct {
