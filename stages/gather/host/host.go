@@ -1,0 +1,69 @@
+// Package host is the host-memory transfer.Gatherer: it copies scattered registered host memory into one contiguous region
+// on a bounded pool of copy contexts and a small fixed set of workers
+// (see package hostcopy).
+package host
+
+import (
+	"github.com/bouncekv/bounce/mem"
+	"github.com/bouncekv/bounce/stages/hostcopy"
+	"github.com/bouncekv/bounce/transfer"
+)
+
+// Settings configures a Gatherer.
+type Settings struct {
+	// Registry holds the host memory that regions and run addresses must
+	// lie in. Required.
+	Registry *mem.Registry
+	// Contexts bounds the operations submitted and not yet released
+	// (default hostcopy.DefaultContexts). Gather returns ErrBusy beyond it.
+	Contexts int
+	// Workers is the number of copy goroutines (default
+	// hostcopy.DefaultWorkers, capped at Contexts).
+	Workers int
+	// Notify, when set, is called once per operation right after it
+	// becomes terminal, from a worker goroutine (or from Close for queued
+	// operations it fails). It must not block: hostcopy.Signal(ch) builds
+	// the usual non-blocking send on a channel of capacity one, so a
+	// reactor can sleep on ch instead of polling in a loop.
+	Notify func()
+}
+
+// Gatherer copies each run's addresses into the region. It is safe for concurrent use.
+type Gatherer struct {
+	e *hostcopy.Engine
+}
+
+var _ transfer.Gatherer = (*Gatherer)(nil)
+
+// New validates s and starts the workers; Close stops them.
+func New(s Settings) (*Gatherer, error) {
+	e, err := hostcopy.New(hostcopy.Config{
+		Direction: hostcopy.Gather,
+		Registry:  s.Registry,
+		Contexts:  s.Contexts,
+		Workers:   s.Workers,
+		Notify:    s.Notify,
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &Gatherer{e: e}, nil
+}
+
+// Gather checks region and runs, then queues the copy and returns at once. The
+// region and every copy of every run (Count copies, with strides) must lie
+// in registered host memory and the runs inside the region, or the error
+// wraps transfer.ErrOutOfBounds or transfer.ErrNotRegistered and nothing is
+// written. When every context is in use the error wraps transfer.ErrBusy;
+// after Close it wraps transfer.ErrClosed. The returned Op must be released
+// once terminal to return its context.
+func (x *Gatherer) Gather(region transfer.Desc, runs []transfer.Run) (transfer.Op, error) {
+	return x.e.Submit(region, runs)
+}
+
+// Idle returns the number of copy contexts free right now.
+func (x *Gatherer) Idle() int { return x.e.Idle() }
+
+// Close fails queued operations with transfer.ErrClosed, waits for running
+// copies and stops the workers. It is idempotent.
+func (x *Gatherer) Close() error { return x.e.Close() }

@@ -1,0 +1,401 @@
+// Package hostcopy is the engine shared by the host gather and scatter
+// stages: a bounded pool of copy contexts, a fixed set of copy workers, and
+// the validation of runs against a region and registered host memory.
+//
+// Submit checks every run before any byte moves, borrows a copy context
+// without blocking (ErrBusy when none is free) and queues the copy for a
+// worker. The returned transfer.Op is polled without blocking; Release gives
+// the context back to the pool.
+package hostcopy
+
+import (
+	"fmt"
+	"sync"
+	"sync/atomic"
+
+	"github.com/bouncekv/bounce/mem"
+	"github.com/bouncekv/bounce/transfer"
+)
+
+// Direction says which way a run's bytes move.
+type Direction uint8
+
+const (
+	// Gather copies each run's addresses into the region.
+	Gather Direction = iota
+	// Scatter copies the region out to each run's addresses.
+	Scatter
+)
+
+// String returns "gather" or "scatter".
+func (d Direction) String() string {
+	switch d {
+	case Gather:
+		return "gather"
+	case Scatter:
+		return "scatter"
+	default:
+		return fmt.Sprintf("direction(%d)", uint8(d))
+	}
+}
+
+// Defaults and limits of Config.
+const (
+	// DefaultContexts is the pool size used when Config.Contexts is zero.
+	DefaultContexts = 8
+	// DefaultWorkers is the worker count used when Config.Workers is zero
+	// (capped at the number of contexts).
+	DefaultWorkers = 2
+	// MaxContexts is the largest accepted Config.Contexts.
+	MaxContexts = 4096
+	// MaxWorkers is the largest accepted Config.Workers.
+	MaxWorkers = 256
+)
+
+// retainRuns is the largest run buffer a released context keeps for reuse.
+const retainRuns = 1 << 16
+
+// Config configures an Engine.
+type Config struct {
+	// Direction is the way every copy of this engine moves bytes.
+	Direction Direction
+	// Registry holds the host memory the region and the run addresses must
+	// lie in. Required.
+	Registry *mem.Registry
+	// Contexts is the number of copy contexts: the most operations that
+	// may be submitted and not yet released. Zero means DefaultContexts.
+	Contexts int
+	// Workers is the number of goroutines that run copies. Zero means
+	// DefaultWorkers, capped at Contexts.
+	Workers int
+	// Notify, when set, is called once for every operation right after it
+	// becomes terminal, on a worker goroutine (or on the goroutine running
+	// Close, for queued operations it fails). It lets a reactor wait for
+	// completions instead of polling in a loop. It must not block; see
+	// Signal for the intended use.
+	Notify func()
+}
+
+// Signal returns a Notify function that does a non-blocking send on ch. With
+// a channel of capacity one, a reactor that drains ch and then polls its
+// outstanding operations never misses a completion.
+func Signal(ch chan<- struct{}) func() {
+	return func() {
+		select {
+		case ch <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// Engine runs host copies in one direction. It is safe for concurrent use.
+type Engine struct {
+	dir    Direction
+	name   string
+	reg    *mem.Registry
+	notify func()
+
+	mu     sync.Mutex
+	cond   *sync.Cond
+	closed bool
+	free   []*copyCtx
+	// queue is a ring of submitted, not yet started operations; it never
+	// holds more than one operation per context.
+	queue  []*op
+	head   int
+	queued int
+
+	wg        sync.WaitGroup
+	closeOnce sync.Once
+
+	// beforeCopy is a test hook run by a worker before each copy.
+	beforeCopy func()
+}
+
+type copyCtx struct {
+	runs []transfer.Run
+}
+
+// New validates cfg and starts the engine's workers. Close stops them.
+func New(cfg Config) (*Engine, error) {
+	name := cfg.Direction.String() + "/host"
+	if cfg.Direction != Gather && cfg.Direction != Scatter {
+		return nil, fmt.Errorf("hostcopy: unknown direction %d", uint8(cfg.Direction))
+	}
+	if cfg.Registry == nil {
+		return nil, fmt.Errorf("%s: config: Registry is required", name)
+	}
+	contexts := cfg.Contexts
+	switch {
+	case contexts == 0:
+		contexts = DefaultContexts
+	case contexts < 0 || contexts > MaxContexts:
+		return nil, fmt.Errorf("%s: config: Contexts %d outside [1, %d]", name, cfg.Contexts, MaxContexts)
+	}
+	workers := cfg.Workers
+	switch {
+	case workers == 0:
+		workers = min(DefaultWorkers, contexts)
+	case workers < 0 || workers > MaxWorkers:
+		return nil, fmt.Errorf("%s: config: Workers %d outside [1, %d]", name, cfg.Workers, MaxWorkers)
+	}
+	e := &Engine{
+		dir:    cfg.Direction,
+		name:   name,
+		reg:    cfg.Registry,
+		notify: cfg.Notify,
+		free:   make([]*copyCtx, contexts),
+		queue:  make([]*op, contexts),
+	}
+	e.cond = sync.NewCond(&e.mu)
+	for i := range e.free {
+		e.free[i] = &copyCtx{}
+	}
+	e.wg.Add(workers)
+	for range workers {
+		go e.work()
+	}
+	return e, nil
+}
+
+// Submit checks region and runs and queues the copy. It never blocks on the
+// copy: it returns an error wrapping ErrBusy when every context is in use,
+// ErrClosed after Close, and ErrOutOfBounds, ErrNotRegistered or
+// ErrUnsupported when a run falls outside the region or registered host
+// memory, in which case nothing is written. Runs that move no bytes (Len or
+// Count zero) are skipped. The caller may reuse runs once Submit returns.
+//
+// The memory the runs name must stay registered and mapped until the
+// operation is terminal.
+func (e *Engine) Submit(region transfer.Desc, runs []transfer.Run) (transfer.Op, error) {
+	e.mu.Lock()
+	if e.closed {
+		e.mu.Unlock()
+		return nil, fmt.Errorf("%s: submit: %w", e.name, transfer.ErrClosed)
+	}
+	n := len(e.free)
+	if n == 0 {
+		e.mu.Unlock()
+		return nil, fmt.Errorf("%s: submit: all copy contexts in use: %w", e.name, transfer.ErrBusy)
+	}
+	ctx := e.free[n-1]
+	e.free = e.free[:n-1]
+	e.mu.Unlock()
+
+	// Validate the private copy, so a caller mutating runs concurrently
+	// cannot slip an unchecked run past validation.
+	ctx.runs = append(ctx.runs[:0], runs...)
+	if err := e.validate(region, ctx.runs); err != nil {
+		e.putCtx(ctx)
+		return nil, fmt.Errorf("%s: %w", e.name, err)
+	}
+	o := &op{e: e, ctx: ctx, region: region}
+
+	e.mu.Lock()
+	if e.closed {
+		e.mu.Unlock()
+		e.putCtx(ctx)
+		return nil, fmt.Errorf("%s: submit: %w", e.name, transfer.ErrClosed)
+	}
+	e.queue[(e.head+e.queued)%len(e.queue)] = o
+	e.queued++
+	e.cond.Signal()
+	e.mu.Unlock()
+	return o, nil
+}
+
+// Idle returns the number of copy contexts free right now.
+func (e *Engine) Idle() int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return len(e.free)
+}
+
+// Close stops the engine: queued operations fail with ErrClosed, running
+// copies finish, and Close returns once every worker has exited. Operations
+// keep their status and may still be released. Close is idempotent.
+func (e *Engine) Close() error {
+	e.closeOnce.Do(func() {
+		e.mu.Lock()
+		e.closed = true
+		queued := make([]*op, 0, e.queued)
+		for ; e.queued > 0; e.queued-- {
+			queued = append(queued, e.queue[e.head])
+			e.queue[e.head] = nil
+			e.head = (e.head + 1) % len(e.queue)
+		}
+		e.cond.Broadcast()
+		e.mu.Unlock()
+		for _, o := range queued {
+			o.finish(fmt.Errorf("%s: queued copy: %w", e.name, transfer.ErrClosed))
+		}
+		e.wg.Wait()
+	})
+	return nil
+}
+
+func (e *Engine) putCtx(ctx *copyCtx) {
+	if cap(ctx.runs) > retainRuns {
+		ctx.runs = nil
+	}
+	e.mu.Lock()
+	e.free = append(e.free, ctx)
+	e.mu.Unlock()
+}
+
+func (e *Engine) work() {
+	defer e.wg.Done()
+	for {
+		e.mu.Lock()
+		for e.queued == 0 && !e.closed {
+			e.cond.Wait()
+		}
+		if e.queued == 0 {
+			e.mu.Unlock()
+			return
+		}
+		o := e.queue[e.head]
+		e.queue[e.head] = nil
+		e.head = (e.head + 1) % len(e.queue)
+		e.queued--
+		e.mu.Unlock()
+
+		if e.beforeCopy != nil {
+			e.beforeCopy()
+		}
+		e.copyRuns(o.region.Addr, o.ctx.runs)
+		o.finish(nil)
+	}
+}
+
+// copyRuns moves the bytes of validated runs.
+func (e *Engine) copyRuns(base uint64, runs []transfer.Run) {
+	for _, r := range runs {
+		if r.Len == 0 || r.Count == 0 {
+			continue
+		}
+		if r.Count == 1 || (r.RegionStride == r.Len && r.AddrStride == r.Len) {
+			e.copyOne(base+r.RegionOff, r.Addr, r.Len*r.Count)
+			continue
+		}
+		for i := range r.Count {
+			e.copyOne(base+r.RegionOff+i*r.RegionStride, r.Addr+i*r.AddrStride, r.Len)
+		}
+	}
+}
+
+func (e *Engine) copyOne(regionAddr, addr, n uint64) {
+	reg, ext := mem.Unsafe(regionAddr, n), mem.Unsafe(addr, n)
+	if e.dir == Gather {
+		copy(reg, ext)
+	} else {
+		copy(ext, reg)
+	}
+}
+
+// validate checks the region and every run. It touches no payload byte.
+func (e *Engine) validate(region transfer.Desc, runs []transfer.Run) error {
+	if region.Kind != transfer.Host {
+		return fmt.Errorf("region %v: only host memory: %w", region, transfer.ErrUnsupported)
+	}
+	if region.Len == 0 {
+		return fmt.Errorf("region %v: empty: %w", region, transfer.ErrOutOfBounds)
+	}
+	if _, err := e.reg.Find(region.Addr, region.Len); err != nil {
+		return fmt.Errorf("region %v: %w", region, err)
+	}
+	for i, r := range runs {
+		if r.Len == 0 || r.Count == 0 {
+			continue
+		}
+		_, end, ok := r.RegionSpan()
+		if !ok {
+			return fmt.Errorf("run %d: region offsets overflow (off %d, len %d, count %d, stride %d): %w",
+				i, r.RegionOff, r.Len, r.Count, r.RegionStride, transfer.ErrOutOfBounds)
+		}
+		if end > region.Len {
+			return fmt.Errorf("run %d: region bytes up to offset %d exceed the %d-byte region: %w",
+				i, end, region.Len, transfer.ErrOutOfBounds)
+		}
+		if err := e.checkAddrs(r); err != nil {
+			return fmt.Errorf("run %d: %w", i, err)
+		}
+	}
+	return nil
+}
+
+// checkAddrs proves that every copy of r lies in one registered range. The
+// common case is one lookup for the whole span; a strided run whose span
+// crosses registrations is checked copy by copy, jumping over all copies
+// that fit the range just found, so the cost is bounded by the number of
+// ranges, not by Count.
+func (e *Engine) checkAddrs(r transfer.Run) error {
+	start, end, ok := r.AddrSpan()
+	if !ok {
+		return fmt.Errorf("addresses overflow (addr %#x, len %d, count %d, stride %d): %w",
+			r.Addr, r.Len, r.Count, r.AddrStride, transfer.ErrOutOfBounds)
+	}
+	_, err := e.reg.Find(start, end-start)
+	if err == nil {
+		return nil
+	}
+	if r.Count == 1 || r.AddrStride == 0 {
+		return err
+	}
+	for k := uint64(0); k < r.Count; {
+		d, err := e.reg.Find(r.Addr+k*r.AddrStride, r.Len)
+		if err != nil {
+			return fmt.Errorf("copy %d: %w", k, err)
+		}
+		// The last copy index j with Addr+j*stride+Len <= d.End(); copy k
+		// fits, so j >= k and the subtraction cannot underflow.
+		k = (d.End()-r.Len-r.Addr)/r.AddrStride + 1
+	}
+	return nil
+}
+
+// op is one submitted copy.
+type op struct {
+	e        *Engine
+	ctx      *copyCtx
+	region   transfer.Desc
+	state    atomic.Uint32 // transfer.Status
+	err      error         // written before state becomes terminal
+	released atomic.Bool
+}
+
+func (o *op) finish(err error) {
+	o.err = err
+	if err != nil {
+		o.state.Store(uint32(transfer.Failed))
+	} else {
+		o.state.Store(uint32(transfer.Done))
+	}
+	if o.e.notify != nil {
+		o.e.notify()
+	}
+}
+
+// Poll reports the operation's status without blocking.
+func (o *op) Poll() (transfer.Status, error) {
+	s := transfer.Status(o.state.Load())
+	if s == transfer.Pending {
+		return s, nil
+	}
+	return s, o.err
+}
+
+// Release returns the copy context to the pool once the operation is
+// terminal.
+func (o *op) Release() error {
+	if transfer.Status(o.state.Load()) == transfer.Pending {
+		return fmt.Errorf("%s: release: copy still running: %w", o.e.name, transfer.ErrInUse)
+	}
+	if o.released.Swap(true) {
+		return fmt.Errorf("%s: release: operation already released: %w", o.e.name, transfer.ErrClosed)
+	}
+	ctx := o.ctx
+	o.ctx = nil
+	o.e.putCtx(ctx)
+	return nil
+}
