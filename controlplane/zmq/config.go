@@ -105,8 +105,8 @@ const lookupTimeout = 2 * time.Second
 // Well-known public addresses used only as routing-table keys: a UDP
 // "connect" selects the egress interface and sends no packet.
 const (
-	publicV4     = "8.8.8.8:53"             // Google public DNS
-	publicV6     = "[2001:4860:4860::8888]:53" // Google public DNS over IPv6
+	publicV4 = "8.8.8.8:53"                // Google public DNS
+	publicV6 = "[2001:4860:4860::8888]:53" // Google public DNS over IPv6
 )
 
 // hostProbe is the netProbe backed by the real host.
