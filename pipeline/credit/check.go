@@ -1,0 +1,195 @@
+package credit
+
+import "fmt"
+
+// Check verifies the scheduler's invariants and describes the first
+// violation it finds:
+//   - conservation: every allocated arena block is exactly one held region
+//     (of one live flow, scattering or not), one orphaned scattering region,
+//     or one local staging region, and free + held + orphaned + local bytes
+//     equal the capacity;
+//   - no flow holds more than W regions, and each flow's held list matches
+//     the regions that name it;
+//   - eager staging bytes stay within Capacity()/2;
+//   - the ring holds exactly the ready flows (pending chunks, under the cap),
+//     each once, with correct per-order counts; no done flow is kept;
+//   - drain and starvation bookkeeping name live ready flows;
+//   - the buddy allocator's own invariants (Buddy.Check).
+//
+// It walks every table, so it is meant for tests and debugging.
+func (s *Scheduler) Check() error {
+	if err := s.buddy.Check(); err != nil {
+		return fmt.Errorf("credit: check: %w", err)
+	}
+	var blocks, blockBytes uint64
+	var err error
+	s.buddy.Blocks(func(off, size uint64) {
+		blocks++
+		blockBytes += size
+		if err != nil {
+			return
+		}
+		r, isRegion := s.regions[off]
+		l, isLocal := s.locals[off]
+		switch {
+		case isRegion && isLocal:
+			err = fmt.Errorf("credit: check: block %#x is both a region of %v and local staging", off, r.key)
+		case !isRegion && !isLocal:
+			err = fmt.Errorf("credit: check: block %#x (%d bytes) is allocated but owned by nobody (leak)", off, size)
+		case isRegion && r.size != size:
+			err = fmt.Errorf("credit: check: region %#x of %v records %d bytes, block is %d", off, r.key, r.size, size)
+		case isLocal && l.size != size:
+			err = fmt.Errorf("credit: check: local %#x records %d bytes, block is %d", off, l.size, size)
+		}
+	})
+	if err != nil {
+		return err
+	}
+	if n := uint64(len(s.regions) + len(s.locals)); n != blocks {
+		return fmt.Errorf("credit: check: %d regions + %d locals but %d allocated blocks", len(s.regions), len(s.locals), blocks)
+	}
+
+	var held, orphanBytes, localBytes, eager uint64
+	scattering, orphans := 0, 0
+	for off, r := range s.regions {
+		if r.scattering {
+			scattering++
+		}
+		if r.f == nil {
+			if !r.scattering {
+				return fmt.Errorf("credit: check: orphan region %#x of %v is not scattering", off, r.key)
+			}
+			orphans++
+			orphanBytes += r.size
+			continue
+		}
+		if s.flows[r.key] != r.f {
+			return fmt.Errorf("credit: check: region %#x names flow %v, which is not live", off, r.key)
+		}
+		if r.f.key != r.key {
+			return fmt.Errorf("credit: check: region %#x keyed %v points at flow %v", off, r.key, r.f.key)
+		}
+		if !contains(r.f.held, off) {
+			return fmt.Errorf("credit: check: region %#x missing from held list of %v", off, r.key)
+		}
+		held += r.size
+	}
+	for _, l := range s.locals {
+		localBytes += l.size
+		if l.eager {
+			eager += l.size
+		}
+	}
+	switch {
+	case scattering != s.scattering:
+		return fmt.Errorf("credit: check: %d scattering regions, counter says %d", scattering, s.scattering)
+	case orphans != s.orphans || orphanBytes != s.orphanBytes:
+		return fmt.Errorf("credit: check: %d orphans (%d bytes), counters say %d (%d bytes)", orphans, orphanBytes, s.orphans, s.orphanBytes)
+	case held != s.heldBytes:
+		return fmt.Errorf("credit: check: held regions sum to %d bytes, counter says %d", held, s.heldBytes)
+	case localBytes != s.localBytes || eager != s.eager:
+		return fmt.Errorf("credit: check: local %d / eager %d bytes, counters say %d / %d", localBytes, eager, s.localBytes, s.eager)
+	case eager > s.Capacity()/2:
+		return fmt.Errorf("credit: check: eager staging %d bytes exceeds half the arena (%d)", eager, s.Capacity()/2)
+	case s.buddy.FreeBytes()+held+orphanBytes+localBytes != s.Capacity():
+		return fmt.Errorf("credit: check: free %d + held %d + orphaned %d + local %d != capacity %d",
+			s.buddy.FreeBytes(), held, orphanBytes, localBytes, s.Capacity())
+	}
+
+	pending, ready := 0, 0
+	var count [64]int
+	for k, f := range s.flows {
+		if f.key != k {
+			return fmt.Errorf("credit: check: flow table key %v holds flow %v", k, f.key)
+		}
+		n := len(f.pending) - f.head
+		if n < 0 {
+			return fmt.Errorf("credit: check: flow %v: pending head %d past %d chunks", k, f.head, len(f.pending))
+		}
+		pending += n
+		if n == 0 && len(f.held) == 0 {
+			return fmt.Errorf("credit: check: flow %v is done but not erased", k)
+		}
+		if len(f.held) > s.w {
+			return fmt.Errorf("credit: check: flow %v holds %d regions, cap W is %d", k, len(f.held), s.w)
+		}
+		for i, off := range f.held {
+			r, ok := s.regions[off]
+			if !ok || r.f != f {
+				return fmt.Errorf("credit: check: flow %v lists region %#x it does not own", k, off)
+			}
+			if contains(f.held[:i], off) {
+				return fmt.Errorf("credit: check: flow %v lists region %#x twice", k, off)
+			}
+		}
+		if f.inRing != s.ready(f) {
+			return fmt.Errorf("credit: check: flow %v: on ring %v, ready %v (pending %d, held %d, W %d)", k, f.inRing, s.ready(f), n, len(f.held), s.w)
+		}
+		if f.inRing {
+			ready++
+			if o := s.buddy.orderOf(f.pending[f.head]); o != f.headOrder {
+				return fmt.Errorf("credit: check: flow %v head order %d recorded as %d", k, o, f.headOrder)
+			}
+			count[f.headOrder]++
+		}
+		if f.starving && (!f.stamped || f.bypass < s.bypassRounds) {
+			return fmt.Errorf("credit: check: flow %v starving with %d bypasses (stamped %v)", k, f.bypass, f.stamped)
+		}
+	}
+	if pending != s.pending {
+		return fmt.Errorf("credit: check: %d chunks pending, counter says %d", pending, s.pending)
+	}
+	if ready != s.ringLen {
+		return fmt.Errorf("credit: check: %d ready flows, ring length %d", ready, s.ringLen)
+	}
+	if count != s.ringCount {
+		return fmt.Errorf("credit: check: ring order counts %v, recorded %v", count, s.ringCount)
+	}
+	for o, c := range count {
+		if (c > 0) != (s.ringMask&(1<<uint(o)) != 0) {
+			return fmt.Errorf("credit: check: ring order mask %#x disagrees with count %d at order %d", s.ringMask, c, o)
+		}
+	}
+	// Walk the ring from the cursor: every member live and on the ring, once.
+	if (s.cursor == nil) != (s.ringLen == 0) {
+		return fmt.Errorf("credit: check: cursor nil %v with ring length %d", s.cursor == nil, s.ringLen)
+	}
+	if s.cursor != nil {
+		seen := make(map[*flow]bool, s.ringLen)
+		f := s.cursor
+		for range s.ringLen {
+			if seen[f] {
+				return fmt.Errorf("credit: check: flow %v twice on the ring", f.key)
+			}
+			seen[f] = true
+			if !f.inRing || s.flows[f.key] != f {
+				return fmt.Errorf("credit: check: ring holds flow %v that is not live and ready", f.key)
+			}
+			if f.next.prev != f {
+				return fmt.Errorf("credit: check: ring links broken after flow %v", f.key)
+			}
+			f = f.next
+		}
+		if f != s.cursor {
+			return fmt.Errorf("credit: check: ring does not close after %d flows", s.ringLen)
+		}
+	}
+	for _, f := range s.starving {
+		if !f.starving || s.flows[f.key] != f || !f.inRing {
+			return fmt.Errorf("credit: check: starving list holds flow %v that is not a live ready starving flow", f.key)
+		}
+	}
+	if d := s.drain; d != nil && (!d.starving || s.flows[d.key] != d || !d.inRing) {
+		return fmt.Errorf("credit: check: drain flow %v is not a live ready starving flow", d.key)
+	}
+	return nil
+}
+
+func contains(s []uint64, v uint64) bool {
+	for _, x := range s {
+		if x == v {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,424 @@
+package credit
+
+import (
+	"errors"
+	"sort"
+	"testing"
+
+	"pgregory.net/rapid"
+)
+
+// model is the test's independent record of what the scheduler owes whom.
+type model struct {
+	s        *Scheduler
+	capacity uint64
+	w        int
+	pending  map[FlowKey][]uint64
+	next     map[FlowKey]int
+	held     map[uint64]mRegion // regions of live flows
+	orphans  map[uint64]mRegion
+	locals   map[uint64]mLocal
+}
+
+type mRegion struct {
+	k          FlowKey
+	size       uint64
+	scattering bool
+}
+
+type mLocal struct {
+	size  uint64
+	eager bool
+}
+
+var (
+	propPeers = []string{"p0", "p1", "p2"}
+	propReqs  = []uint64{0, 1, 2}
+)
+
+func drawKey(t *rapid.T, label string) FlowKey {
+	return FlowKey{Peer: rapid.SampledFrom(propPeers).Draw(t, label+".peer"), Request: rapid.SampledFrom(propReqs).Draw(t, label+".req")}
+}
+
+// overlaps reports whether [off, off+size) intersects any live block.
+func (m *model) overlaps(off, size uint64) bool {
+	hit := func(o, sz uint64) bool { return off < o+sz && o < off+size }
+	for o, r := range m.held {
+		if hit(o, r.size) {
+			return true
+		}
+	}
+	for o, r := range m.orphans {
+		if hit(o, r.size) {
+			return true
+		}
+	}
+	for o, l := range m.locals {
+		if hit(o, l.size) {
+			return true
+		}
+	}
+	return false
+}
+
+// offsets returns every offset the model knows plus a random one, sorted
+// for determinism.
+func (m *model) drawOffset(t *rapid.T) uint64 {
+	var offs []uint64
+	for o := range m.held {
+		offs = append(offs, o)
+	}
+	for o := range m.orphans {
+		offs = append(offs, o)
+	}
+	for o := range m.locals {
+		offs = append(offs, o)
+	}
+	sort.Slice(offs, func(i, j int) bool { return offs[i] < offs[j] })
+	offs = append(offs, rapid.Uint64Range(0, m.capacity).Draw(t, "randomOff"))
+	return rapid.SampledFrom(offs).Draw(t, "off")
+}
+
+func (m *model) heldBy(k FlowKey) int {
+	n := 0
+	for _, r := range m.held {
+		if r.k == k {
+			n++
+		}
+	}
+	return n
+}
+
+// cancel applies Cancel(k) to the model and returns the regions it frees now.
+func (m *model) cancel(k FlowKey) int {
+	delete(m.pending, k)
+	freed := 0
+	for o, r := range m.held {
+		if r.k != k {
+			continue
+		}
+		delete(m.held, o)
+		if r.scattering {
+			m.orphans[o] = r
+		} else {
+			freed++
+		}
+	}
+	return freed
+}
+
+func (m *model) flows() int {
+	live := map[FlowKey]bool{}
+	for k, p := range m.pending {
+		if len(p) > 0 {
+			live[k] = true
+		}
+	}
+	for _, r := range m.held {
+		live[r.k] = true
+	}
+	return len(live)
+}
+
+func (m *model) check(t *rapid.T) {
+	if err := m.s.Check(); err != nil {
+		t.Fatal(err)
+	}
+	st := m.s.Stats()
+	var used, eager uint64
+	for _, r := range m.held {
+		used += r.size
+	}
+	for _, r := range m.orphans {
+		used += r.size
+	}
+	for _, l := range m.locals {
+		used += l.size
+		if l.eager {
+			eager += l.size
+		}
+	}
+	scattering := len(m.orphans)
+	for _, r := range m.held {
+		if r.scattering {
+			scattering++
+		}
+	}
+	switch {
+	case st.FreeBytes != m.capacity-used:
+		t.Fatalf("FreeBytes %d, model says %d", st.FreeBytes, m.capacity-used)
+	case st.EagerBytes != eager || eager > m.capacity/2:
+		t.Fatalf("EagerBytes %d, model %d, cap %d", st.EagerBytes, eager, m.capacity/2)
+	case st.Flows != m.flows():
+		t.Fatalf("Flows %d, model %d", st.Flows, m.flows())
+	case st.Orphans != len(m.orphans) || st.Scattering != scattering:
+		t.Fatalf("Orphans %d Scattering %d, model %d %d", st.Orphans, st.Scattering, len(m.orphans), scattering)
+	case st.Regions != len(m.held) || st.Locals != len(m.locals):
+		t.Fatalf("Regions %d Locals %d, model %d %d", st.Regions, st.Locals, len(m.held), len(m.locals))
+	}
+	for o, r := range m.held {
+		if !m.s.Held(r.k, o) {
+			t.Fatalf("Held(%v, %#x) false", r.k, o)
+		}
+	}
+}
+
+// TestSchedulerProperties runs random operation sequences against the
+// model and checks the invariants after every step.
+func TestSchedulerProperties(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		granule := uint64(1) << rapid.IntRange(0, 6).Draw(t, "granuleShift")
+		units := rapid.Uint64Range(1, 40).Draw(t, "units")
+		cfg := Config{
+			Capacity:     granule*units + rapid.Uint64Range(0, granule-1).Draw(t, "extra"),
+			Granularity:  granule,
+			MaxInflight:  rapid.IntRange(1, 4).Draw(t, "W"),
+			BypassRounds: rapid.IntRange(0, 3).Draw(t, "rounds"),
+		}
+		s, err := New(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := &model{
+			s: s, capacity: s.Capacity(), w: cfg.MaxInflight,
+			pending: map[FlowKey][]uint64{}, next: map[FlowKey]int{},
+			held: map[uint64]mRegion{}, orphans: map[uint64]mRegion{}, locals: map[uint64]mLocal{},
+		}
+		size := rapid.OneOf(
+			rapid.Uint64Range(1, 2*granule),
+			rapid.Uint64Range(1, m.capacity),
+			rapid.SampledFrom([]uint64{0, m.capacity, m.capacity + 1}),
+		)
+		actions := map[string]func(*rapid.T){
+			"want": func(t *rapid.T) {
+				k := drawKey(t, "k")
+				chunks := rapid.SliceOfN(size, 0, 4).Draw(t, "chunks")
+				valid := true
+				for _, n := range chunks {
+					valid = valid && n != 0 && n <= m.capacity
+				}
+				before := s.Stats()
+				err := s.Want(k, chunks)
+				if valid != (err == nil) {
+					t.Fatalf("Want(%v, %v) = %v, valid %v", k, chunks, err, valid)
+				}
+				if !valid {
+					if after := s.Stats(); after != before {
+						t.Fatalf("rejected Want changed stats: %+v -> %+v", before, after)
+					}
+					return
+				}
+				if len(m.pending[k]) == 0 && m.heldBy(k) == 0 {
+					m.next[k] = 0 // a fresh flow numbers its chunks from 0
+				}
+				m.pending[k] = append(m.pending[k], chunks...)
+			},
+			"schedule": func(t *rapid.T) {
+				for _, g := range s.Schedule() {
+					p := m.pending[g.Flow]
+					if len(p) == 0 || p[0] != g.Len || g.Chunk != m.next[g.Flow] {
+						t.Fatalf("grant %+v, model pending %v next chunk %d", g, p, m.next[g.Flow])
+					}
+					bs := s.BlockSize(g.Len)
+					if g.Offset%bs != 0 || g.Offset+bs > m.capacity {
+						t.Fatalf("grant %+v: block %d misaligned or beyond %d", g, bs, m.capacity)
+					}
+					if m.overlaps(g.Offset, bs) {
+						t.Fatalf("grant %+v overlaps a live region (scattering, orphaned, held or local)", g)
+					}
+					m.pending[g.Flow] = p[1:]
+					m.next[g.Flow]++
+					m.held[g.Offset] = mRegion{k: g.Flow, size: bs}
+					if n := m.heldBy(g.Flow); n > m.w {
+						t.Fatalf("flow %v holds %d regions, W=%d", g.Flow, n, m.w)
+					}
+				}
+				if s.Stats().Draining {
+					return
+				}
+				// Schedule stops only when no ready head chunk fits.
+				for k, p := range m.pending {
+					if len(p) > 0 && m.heldBy(k) < m.w && s.BlockSize(p[0]) <= s.buddy.LargestFree() {
+						t.Fatalf("flow %v head %d fits (largest free %d) but was not granted", k, p[0], s.buddy.LargestFree())
+					}
+				}
+			},
+			"beginScatter": func(t *rapid.T) {
+				off := m.drawOffset(t)
+				r, isHeld := m.held[off]
+				k := r.k
+				if !isHeld || rapid.IntRange(0, 4).Draw(t, "wrongKey") == 0 {
+					k = drawKey(t, "k")
+				}
+				want := isHeld && k == r.k && !r.scattering
+				err := s.BeginScatter(k, off)
+				if want != (err == nil) {
+					t.Fatalf("BeginScatter(%v, %#x) = %v, model expects ok=%v", k, off, err, want)
+				}
+				if want {
+					r.scattering = true
+					m.held[off] = r
+				}
+			},
+			"endScatter": func(t *rapid.T) {
+				off := m.drawOffset(t)
+				r, isHeld := m.held[off]
+				o, isOrphan := m.orphans[off]
+				want := (isHeld && r.scattering) || isOrphan
+				k, orphan, err := s.EndScatter(off)
+				if want != (err == nil) {
+					t.Fatalf("EndScatter(%#x) = %v, model expects ok=%v", off, err, want)
+				}
+				if !want {
+					if !errors.Is(err, ErrNotScattering) {
+						t.Fatalf("EndScatter(%#x) error %v", off, err)
+					}
+					return
+				}
+				if isOrphan {
+					if !orphan || k != o.k {
+						t.Fatalf("EndScatter(orphan %#x) = %v, %v", off, k, orphan)
+					}
+					delete(m.orphans, off)
+					return
+				}
+				if orphan || k != r.k {
+					t.Fatalf("EndScatter(%#x) = %v, %v; want %v, false", off, k, orphan, r.k)
+				}
+				delete(m.held, off)
+			},
+			"drop": func(t *rapid.T) {
+				off := m.drawOffset(t)
+				r, isHeld := m.held[off]
+				k := r.k
+				if !isHeld || rapid.IntRange(0, 4).Draw(t, "wrongKey") == 0 {
+					k = drawKey(t, "k")
+				}
+				want := isHeld && k == r.k && !r.scattering
+				err := s.Drop(k, off)
+				if want != (err == nil) {
+					t.Fatalf("Drop(%v, %#x) = %v, model expects ok=%v", k, off, err, want)
+				}
+				if want {
+					delete(m.held, off)
+				}
+			},
+			"cancel": func(t *rapid.T) {
+				k := drawKey(t, "k")
+				want := m.cancel(k)
+				if got := s.Cancel(k); got != want {
+					t.Fatalf("Cancel(%v) freed %d, model %d", k, got, want)
+				}
+			},
+			"reclaimPeer": func(t *rapid.T) {
+				p := rapid.SampledFrom(append([]string{"nobody"}, propPeers...)).Draw(t, "peer")
+				want := 0
+				for _, r := range propReqs {
+					want += m.cancel(FlowKey{Peer: p, Request: r})
+				}
+				if got := s.ReclaimPeer(p); got != want {
+					t.Fatalf("ReclaimPeer(%q) freed %d, model %d", p, got, want)
+				}
+			},
+			"acquireLocal": func(t *rapid.T) {
+				n := size.Draw(t, "n")
+				eager := rapid.Bool().Draw(t, "eager")
+				bs := s.BlockSize(n)
+				var eagerBytes uint64
+				for _, l := range m.locals {
+					if l.eager {
+						eagerBytes += l.size
+					}
+				}
+				want := bs != 0 && bs <= s.buddy.LargestFree() && (!eager || eagerBytes+bs <= m.capacity/2)
+				off, ok := s.AcquireLocal(n, eager)
+				if ok != want {
+					t.Fatalf("AcquireLocal(%d, %v) ok=%v, model %v", n, eager, ok, want)
+				}
+				if !ok {
+					return
+				}
+				if off%bs != 0 || m.overlaps(off, bs) {
+					t.Fatalf("AcquireLocal(%d) = %#x overlaps or misaligned", n, off)
+				}
+				m.locals[off] = mLocal{size: bs, eager: eager}
+			},
+			"promoteLocal": func(t *rapid.T) {
+				off := m.drawOffset(t)
+				l, ok := m.locals[off]
+				want := ok && l.eager
+				if err := s.PromoteLocal(off); want != (err == nil) {
+					t.Fatalf("PromoteLocal(%#x) = %v, model expects ok=%v", off, err, want)
+				}
+				if want {
+					l.eager = false
+					m.locals[off] = l
+				}
+			},
+			"releaseLocal": func(t *rapid.T) {
+				off := m.drawOffset(t)
+				_, want := m.locals[off]
+				if err := s.ReleaseLocal(off); want != (err == nil) {
+					t.Fatalf("ReleaseLocal(%#x) = %v, model expects ok=%v", off, err, want)
+				}
+				delete(m.locals, off)
+			},
+		}
+		names := make([]string, 0, len(actions))
+		for name := range actions {
+			names = append(names, name)
+		}
+		sort.Strings(names)
+		// "schedule" is drawn more often so sequences reach interesting states.
+		names = append(names, "schedule", "schedule", "want")
+		steps := rapid.IntRange(1, 300).Draw(t, "steps")
+		for range steps {
+			actions[rapid.SampledFrom(names).Draw(t, "action")](t)
+			m.check(t)
+		}
+		// Wind down: finish every scatter, drop every region, release staging,
+		// keep scheduling; the arena must come back whole.
+		for guard := 0; ; guard++ {
+			if guard > 10000 {
+				t.Fatalf("wind-down did not finish: %+v", s.Stats())
+			}
+			for o, r := range m.orphans {
+				if _, _, err := s.EndScatter(o); err != nil {
+					t.Fatalf("EndScatter orphan %#x of %v: %v", o, r.k, err)
+				}
+				delete(m.orphans, o)
+			}
+			for o := range m.locals {
+				if err := s.ReleaseLocal(o); err != nil {
+					t.Fatal(err)
+				}
+				delete(m.locals, o)
+			}
+			for o, r := range m.held {
+				if r.scattering {
+					if _, _, err := s.EndScatter(o); err != nil {
+						t.Fatal(err)
+					}
+				} else if err := s.Drop(r.k, o); err != nil {
+					t.Fatal(err)
+				}
+				delete(m.held, o)
+			}
+			gs := s.Schedule()
+			for _, g := range gs {
+				m.pending[g.Flow] = m.pending[g.Flow][1:]
+				m.held[g.Offset] = mRegion{k: g.Flow, size: s.BlockSize(g.Len)}
+			}
+			m.check(t)
+			if len(gs) == 0 && len(m.held) == 0 {
+				break
+			}
+		}
+		if st := s.Stats(); st.Flows != 0 || st.FreeBytes != st.Capacity || st.Pending != 0 || st.Draining {
+			t.Fatalf("after wind-down: %+v", st)
+		}
+		if off, ok := s.buddy.Alloc(m.capacity); !ok || off != 0 {
+			t.Fatal("arena did not coalesce back to one block")
+		}
+	})
+}
