@@ -1,0 +1,149 @@
+package tcp
+
+import (
+	"fmt"
+	"log/slog"
+	"net"
+	"strconv"
+	"time"
+
+	"github.com/bouncekv/bounce/transfer"
+)
+
+// Defaults applied by New to zero-valued Config fields.
+const (
+	DefaultListen       = "127.0.0.1:0"
+	DefaultConnections  = 4
+	DefaultDialTimeout  = 5 * time.Second
+	DefaultWriteTimeout = 30 * time.Second
+	DefaultIdleTimeout  = 15 * time.Second
+	DefaultNotifyQueue  = 256
+	DefaultRecvQueue    = 1024
+	DefaultStripeBytes  = 1 << 20
+)
+
+// MaxConnections bounds Config.Connections.
+const MaxConnections = 64
+
+// Config configures an Engine. Zero values take the defaults above.
+type Config struct {
+	// Name identifies the engine to its peers; 1..MaxNameLen bytes of UTF-8.
+	Name string
+	// Listen is the TCP address to listen on (default 127.0.0.1:0). The
+	// address actually bound is what Metadata advertises.
+	Listen string
+	// Advertise overrides the address put in Metadata. It is required when
+	// Listen is a wildcard address (0.0.0.0, [::]) that peers cannot dial.
+	Advertise string
+	// Connections is the number of TCP connections per peer (default 4).
+	// Large posts are striped over them; notifications use connection 0.
+	Connections int
+	// DialTimeout bounds dialing a peer and receiving a peer's HELLO
+	// (default 5s).
+	DialTimeout time.Duration
+	// WriteTimeout bounds writing one frame (at most MaxFramePayload bytes
+	// of payload) to a socket (default 30s).
+	WriteTimeout time.Duration
+	// IdleTimeout is how long a connection with work outstanding may make no
+	// progress before it is declared dead; also the TCP keepalive idle time
+	// and the bound on each read inside a received frame (default 15s).
+	IdleTimeout time.Duration
+	// NotifyQueue is the number of outgoing notifications queued per peer
+	// before Notify returns ErrQueueFull (default 256).
+	NotifyQueue int
+	// RecvQueue is the number of received notifications buffered for
+	// RecvNotification before the receiving connection stops reading
+	// (default 1024).
+	RecvQueue int
+	// StripeBytes is the smallest part a post is split into when it is
+	// striped over several connections (default 1 MiB).
+	StripeBytes int
+	// Logger receives connection events; nil discards them.
+	Logger *slog.Logger
+}
+
+// withDefaults returns c with zero fields replaced by defaults.
+func (c Config) withDefaults() Config {
+	if c.Listen == "" {
+		c.Listen = DefaultListen
+	}
+	if c.Connections == 0 {
+		c.Connections = DefaultConnections
+	}
+	if c.DialTimeout == 0 {
+		c.DialTimeout = DefaultDialTimeout
+	}
+	if c.WriteTimeout == 0 {
+		c.WriteTimeout = DefaultWriteTimeout
+	}
+	if c.IdleTimeout == 0 {
+		c.IdleTimeout = DefaultIdleTimeout
+	}
+	if c.NotifyQueue == 0 {
+		c.NotifyQueue = DefaultNotifyQueue
+	}
+	if c.RecvQueue == 0 {
+		c.RecvQueue = DefaultRecvQueue
+	}
+	if c.StripeBytes == 0 {
+		c.StripeBytes = DefaultStripeBytes
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	return c
+}
+
+// Validate reports the first invalid field. Zero values are valid (they take
+// defaults); negative sizes and durations are not.
+func (c Config) Validate() error {
+	if err := validName(c.Name); err != nil {
+		return fmt.Errorf("tcp: config: Name: %w", err)
+	}
+	if c.Connections < 0 || c.Connections > MaxConnections {
+		return fmt.Errorf("tcp: config: Connections %d not in 0..%d", c.Connections, MaxConnections)
+	}
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{{"DialTimeout", c.DialTimeout}, {"WriteTimeout", c.WriteTimeout}, {"IdleTimeout", c.IdleTimeout}} {
+		if d.v < 0 {
+			return fmt.Errorf("tcp: config: %s %v is negative", d.name, d.v)
+		}
+	}
+	if c.NotifyQueue < 0 {
+		return fmt.Errorf("tcp: config: NotifyQueue %d is negative", c.NotifyQueue)
+	}
+	if c.RecvQueue < 0 {
+		return fmt.Errorf("tcp: config: RecvQueue %d is negative", c.RecvQueue)
+	}
+	if c.StripeBytes < 0 || c.StripeBytes > MaxFramePayload {
+		return fmt.Errorf("tcp: config: StripeBytes %d not in 0..%d", c.StripeBytes, MaxFramePayload)
+	}
+	if c.Advertise != "" {
+		if err := validAddr(c.Advertise); err != nil {
+			return fmt.Errorf("tcp: config: Advertise: %w: %w", err, transfer.ErrBadEndpoint)
+		}
+	}
+	return nil
+}
+
+// validAddr checks that a is host:port with a non-empty host and a port in
+// 1..65535.
+func validAddr(a string) error {
+	if len(a) > MaxAddrLen {
+		return fmt.Errorf("address of %d bytes exceeds %d", len(a), MaxAddrLen)
+	}
+	host, port, err := net.SplitHostPort(a)
+	if err != nil {
+		return fmt.Errorf("address %q: %v", a, err)
+	}
+	if host == "" {
+		return fmt.Errorf("address %q has no host", a)
+	}
+	p, err := strconv.ParseUint(port, 10, 16)
+	if err != nil || p == 0 {
+		return fmt.Errorf("address %q: port must be 1..65535", a)
+	}
+	return nil
+}

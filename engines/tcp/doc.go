@@ -1,0 +1,53 @@
+// Package tcp is a pure-Go transfer.Engine and transfer.Notifier with
+// one-sided write semantics over TCP, usable between processes and hosts.
+//
+// # Model
+//
+// New listens at once. Metadata advertises the engine's name, its address
+// and its registered host ranges; a peer passes it to LoadPeer. Each engine
+// dials up to Config.Connections connections to a peer, lazily on the first
+// write or notification, and redials on the next use after a connection
+// broke. The first frame on a connection is HELLO carrying the dialer's
+// metadata, so the accepting engine learns the dialer's name (the Peer of
+// received notifications) and can write or notify back even if it never
+// loaded it. A learned peer never overrides one loaded with LoadPeer.
+//
+// PostWrite checks every source against the local registry and every
+// destination against the peer's advertised ranges before anything is sent,
+// splits the post into parts of at most MaxFramePayload bytes and
+// MaxSegments segments (striped over the connections when larger than
+// Config.StripeBytes) and writes each part as one WRITE frame with writev
+// straight from the source memory. The receiver checks every destination
+// against its own registry (it never trusts the sender), reads the payload
+// with readv straight into the destination memory and replies ACK once the
+// bytes are in place. The operation is Done when every part is
+// acknowledged.
+//
+// # Errors and quiescence
+//
+// A well-formed WRITE naming memory the receiver did not register is read
+// and discarded, nothing of it is written, and the receiver replies NACK;
+// the connection stays usable and the operation fails with ErrOutOfBounds or
+// ErrNotRegistered. A malformed frame (bad header, lengths beyond the wire
+// limits, an unexpected type, a first frame other than HELLO) closes the
+// connection.
+//
+// A part is resolved only after the goroutine writing it returned from the
+// socket write, so a terminal operation never reads its source memory again.
+// When a connection breaks, its unacknowledged parts fail with ErrPeerLost;
+// ForgetPeer fails them with ErrPeerLost and Close with ErrClosed, and both
+// return only after those operations are terminal. DeregisterMemory returns
+// ErrInUse while an outgoing write reads from the range or an incoming write
+// is landing in it.
+//
+// # Bounds
+//
+// Nothing waits forever. Dialing and the HELLO exchange are bounded by
+// DialTimeout; writing one frame by WriteTimeout; each read inside a received
+// frame must progress within IdleTimeout. A peer that stops answering while
+// writes are outstanding fails them within WriteTimeout (if it stops
+// reading) or 2×IdleTimeout after the last byte was written or
+// acknowledged (if it stops acknowledging). A peer process that dies is
+// seen at once through the closed socket; a host that vanishes is also
+// caught by TCP keepalive (idle IdleTimeout). Close unblocks everything.
+package tcp

@@ -1,0 +1,430 @@
+package tcp
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"sort"
+	"sync"
+	"sync/atomic"
+
+	"github.com/bouncekv/bounce/mem"
+	"github.com/bouncekv/bounce/transfer"
+)
+
+// Engine is a transfer.Engine and transfer.Notifier over TCP. See the
+// package documentation for the protocol, the connection model and the
+// bounds on failure detection.
+type Engine struct {
+	cfg  Config
+	log  *slog.Logger
+	ln   net.Listener
+	addr string // advertised address
+
+	// memMu orders registration changes against validation and pinning:
+	// validators hold it for reading, (de)registration for writing.
+	memMu  sync.RWMutex
+	reg    mem.Registry
+	pinMu  sync.Mutex
+	pinned map[rangeKey]int // in-flight users per registered range
+
+	mu       sync.Mutex // guards closed, peers, incoming and wg.Add
+	closed   bool
+	peers    map[string]*peer
+	incoming map[*inConn]struct{}
+	wg       sync.WaitGroup
+
+	done      chan struct{} // closed by Close
+	closeOnce sync.Once
+	closeErr  error
+	recvq     chan transfer.Message
+	nextID    atomic.Uint64
+}
+
+var (
+	_ transfer.Engine   = (*Engine)(nil)
+	_ transfer.Notifier = (*Engine)(nil)
+	_ transfer.Writer   = (*Engine)(nil)
+)
+
+// New validates cfg, listens on cfg.Listen at once and starts accepting
+// peer connections. Close releases everything.
+func New(cfg Config) (*Engine, error) {
+	cfg = cfg.withDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if cfg.Advertise == "" {
+		host, _, err := net.SplitHostPort(cfg.Listen)
+		if err != nil {
+			return nil, fmt.Errorf("tcp: engine %q: listen address %q: %w: %w", cfg.Name, cfg.Listen, err, transfer.ErrBadEndpoint)
+		}
+		if ip := net.ParseIP(host); host == "" || ip != nil && ip.IsUnspecified() {
+			return nil, fmt.Errorf("tcp: engine %q: listen address %q is a wildcard: set Advertise to an address peers can dial: %w", cfg.Name, cfg.Listen, transfer.ErrBadEndpoint)
+		}
+	}
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return nil, fmt.Errorf("tcp: engine %q: listen %q: %w: %w", cfg.Name, cfg.Listen, err, transfer.ErrBadEndpoint)
+	}
+	addr := cfg.Advertise
+	if addr == "" {
+		ta, ok := ln.Addr().(*net.TCPAddr)
+		if !ok || ta.IP.IsUnspecified() {
+			ln.Close()
+			return nil, fmt.Errorf("tcp: engine %q: listening on wildcard %v: set Advertise to an address peers can dial: %w", cfg.Name, ln.Addr(), transfer.ErrBadEndpoint)
+		}
+		addr = ta.String()
+	}
+	e := &Engine{
+		cfg:      cfg,
+		log:      cfg.Logger.With("engine", cfg.Name),
+		ln:       ln,
+		addr:     addr,
+		pinned:   make(map[rangeKey]int),
+		peers:    make(map[string]*peer),
+		incoming: make(map[*inConn]struct{}),
+		done:     make(chan struct{}),
+		recvq:    make(chan transfer.Message, cfg.RecvQueue),
+	}
+	e.wg.Add(1)
+	go e.acceptLoop()
+	return e, nil
+}
+
+// Name returns the configured engine name.
+func (e *Engine) Name() string { return e.cfg.Name }
+
+// Addr returns the address advertised in Metadata.
+func (e *Engine) Addr() string { return e.addr }
+
+// spawn runs f on a goroutine tracked by Close, unless the engine is closed.
+func (e *Engine) spawn(f func()) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.closed {
+		return false
+	}
+	e.wg.Add(1)
+	go func() {
+		defer e.wg.Done()
+		f()
+	}()
+	return true
+}
+
+func (e *Engine) isClosed() bool {
+	select {
+	case <-e.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// RegisterMemory makes host memory d usable as a write source and as a
+// destination peers may write. Non-host memory is ErrUnsupported.
+func (e *Engine) RegisterMemory(d transfer.Desc) error {
+	if e.isClosed() {
+		return fmt.Errorf("tcp: register %v: %w", d, transfer.ErrClosed)
+	}
+	if d.Kind != transfer.Host {
+		return fmt.Errorf("tcp: register %v: only host memory: %w", d, transfer.ErrUnsupported)
+	}
+	e.memMu.Lock()
+	defer e.memMu.Unlock()
+	if len(e.reg.Ranges()) >= MaxRanges {
+		return fmt.Errorf("tcp: register %v: %d ranges already registered", d, MaxRanges)
+	}
+	if err := e.reg.Add(d); err != nil {
+		return fmt.Errorf("tcp: register: %w", err)
+	}
+	return nil
+}
+
+// DeregisterMemory removes exactly the registered range d. It returns
+// ErrInUse while an outgoing write reads from it or an incoming write is
+// landing in it.
+func (e *Engine) DeregisterMemory(d transfer.Desc) error {
+	e.memMu.Lock()
+	defer e.memMu.Unlock()
+	e.pinMu.Lock()
+	n := e.pinned[rangeKey{d.Addr, d.Len}]
+	e.pinMu.Unlock()
+	if n > 0 {
+		return fmt.Errorf("tcp: deregister %v: %d transfers in flight: %w", d, n, transfer.ErrInUse)
+	}
+	if err := e.reg.Remove(d); err != nil {
+		return fmt.Errorf("tcp: deregister: %w", err)
+	}
+	return nil
+}
+
+// pin marks ranges in use; the caller holds memMu for reading.
+func (e *Engine) pin(keys []rangeKey) {
+	e.pinMu.Lock()
+	for _, k := range keys {
+		e.pinned[k]++
+	}
+	e.pinMu.Unlock()
+}
+
+func (e *Engine) unpin(keys []rangeKey) {
+	if len(keys) == 0 {
+		return
+	}
+	e.pinMu.Lock()
+	for _, k := range keys {
+		if e.pinned[k]--; e.pinned[k] <= 0 {
+			delete(e.pinned, k)
+		}
+	}
+	e.pinMu.Unlock()
+}
+
+// Metadata returns the versioned blob a peer passes to LoadPeer: this
+// engine's name, advertised address and registered ranges.
+func (e *Engine) Metadata() ([]byte, error) {
+	if e.isClosed() {
+		return nil, fmt.Errorf("tcp: metadata of %q: %w", e.cfg.Name, transfer.ErrClosed)
+	}
+	return e.metadata(), nil
+}
+
+func (e *Engine) metadata() []byte {
+	return encodeMetadata(metadata{name: e.cfg.Name, addr: e.addr, ranges: e.reg.Ranges()})
+}
+
+// LoadPeer decodes a peer's metadata and records the peer. Loading a known
+// peer again with the same address refreshes its ranges and keeps its
+// connections; a new address replaces the peer (its in-flight writes fail
+// with ErrPeerLost). Connections are dialed lazily, on the first write or
+// notification. Bad metadata is ErrBadMetadata with the reason.
+func (e *Engine) LoadPeer(md []byte) (string, error) {
+	m, err := decodeMetadata(md)
+	if err != nil {
+		return "", err
+	}
+	old, err := e.addPeer(m, true)
+	if err != nil {
+		return "", err
+	}
+	if old != nil {
+		old.shutdown(fmt.Errorf("tcp: peer %q moved from %s to %s: %w", m.name, old.addr, m.addr, transfer.ErrPeerLost))
+	}
+	return m.name, nil
+}
+
+// addPeer records m. With replace false (a peer learned from HELLO) a known
+// peer is left as it is. It returns a replaced peer for the caller to shut
+// down outside the lock.
+func (e *Engine) addPeer(m metadata, replace bool) (*peer, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.closed {
+		return nil, fmt.Errorf("tcp: load peer %q: %w", m.name, transfer.ErrClosed)
+	}
+	old := e.peers[m.name]
+	if old != nil && !replace {
+		return nil, nil
+	}
+	if old != nil && old.addr == m.addr {
+		old.setRanges(m.ranges)
+		return nil, nil
+	}
+	e.peers[m.name] = newPeer(e, m)
+	return old, nil
+}
+
+// ForgetPeer drops the peer, closes its connections (both directions) and
+// fails its in-flight writes with ErrPeerLost. It returns once those writes
+// are terminal.
+func (e *Engine) ForgetPeer(name string) error {
+	e.mu.Lock()
+	p := e.peers[name]
+	if p == nil {
+		e.mu.Unlock()
+		return fmt.Errorf("tcp: forget peer %q: %w", name, transfer.ErrUnknownPeer)
+	}
+	delete(e.peers, name)
+	var ins []*inConn
+	for ic := range e.incoming {
+		if ic.name.Load() != nil && *ic.name.Load() == name {
+			ins = append(ins, ic)
+		}
+	}
+	e.mu.Unlock()
+	for _, ic := range ins {
+		ic.close()
+	}
+	p.shutdown(fmt.Errorf("tcp: peer %q forgotten: %w", name, transfer.ErrPeerLost))
+	return nil
+}
+
+func (e *Engine) peer(name string) (*peer, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.closed {
+		return nil, transfer.ErrClosed
+	}
+	p := e.peers[name]
+	if p == nil {
+		return nil, transfer.ErrUnknownPeer
+	}
+	return p, nil
+}
+
+// Write posts a single write; it implements transfer.Writer.
+func (e *Engine) Write(peer string, src, dst transfer.Desc) (transfer.Op, error) {
+	return e.PostWrite(peer, []transfer.WriteOp{{Src: src, Dst: dst}})
+}
+
+// PostWrite checks every source against this engine's registered memory and
+// every destination against the ranges the peer advertised, then sends the
+// writes as one operation, striped over the peer's connections when large.
+// Zero-length writes are allowed and move nothing.
+func (e *Engine) PostWrite(peerName string, ops []transfer.WriteOp) (transfer.Op, error) {
+	p, err := e.peer(peerName)
+	if err != nil {
+		return nil, fmt.Errorf("tcp: post write to %q: %w", peerName, err)
+	}
+	var total uint64
+	for i, op := range ops {
+		if op.Src.Len != op.Dst.Len {
+			return nil, fmt.Errorf("tcp: post write to %q: op %d: source length %d != destination length %d", peerName, i, op.Src.Len, op.Dst.Len)
+		}
+		if op.Src.Len == 0 {
+			continue
+		}
+		if op.Src.Kind != transfer.Host || op.Dst.Kind != transfer.Host {
+			return nil, fmt.Errorf("tcp: post write to %q: op %d: %v -> %v: only host memory: %w", peerName, i, op.Src, op.Dst, transfer.ErrUnsupported)
+		}
+		total += op.Src.Len
+	}
+	if err := p.checkDsts(ops); err != nil {
+		return nil, fmt.Errorf("tcp: post write to %q: %w", peerName, err)
+	}
+	pins, err := e.pinSources(ops)
+	if err != nil {
+		return nil, fmt.Errorf("tcp: post write to %q: %w", peerName, err)
+	}
+	parts := e.split(ops, total, p)
+	o := newWriteOp(e, peerName, len(parts), pins)
+	for _, pt := range parts {
+		pt.op = o
+	}
+	p.enqueue(parts)
+	return o, nil
+}
+
+// pinSources checks every source against the registry and pins the ranges
+// they use, atomically with respect to DeregisterMemory.
+func (e *Engine) pinSources(ops []transfer.WriteOp) ([]rangeKey, error) {
+	e.memMu.RLock()
+	defer e.memMu.RUnlock()
+	var pins []rangeKey
+	var last transfer.Desc
+	for i, op := range ops {
+		if op.Src.Len == 0 || last.Contains(op.Src.Addr, op.Src.Len) && last.Len > 0 {
+			continue
+		}
+		d, err := e.reg.Find(op.Src.Addr, op.Src.Len)
+		if err != nil {
+			return nil, fmt.Errorf("op %d source: %w", i, err)
+		}
+		last = d
+		k := rangeKey{d.Addr, d.Len}
+		if !containsKey(pins, k) {
+			pins = append(pins, k)
+		}
+	}
+	e.pin(pins)
+	return pins, nil
+}
+
+func containsKey(keys []rangeKey, k rangeKey) bool {
+	for _, x := range keys {
+		if x == k {
+			return true
+		}
+	}
+	return false
+}
+
+// split cuts ops into parts of at most the stripe budget and MaxSegments.
+func (e *Engine) split(ops []transfer.WriteOp, total uint64, p *peer) []*part {
+	n := uint64(len(p.slots))
+	budget := (total + n - 1) / max(n, 1)
+	budget = max(budget, uint64(e.cfg.StripeBytes))
+	budget = min(budget, MaxFramePayload)
+	var parts []*part
+	var cur *part
+	for _, op := range ops {
+		src := mem.Unsafe(op.Src.Addr, op.Src.Len)
+		off := uint64(0)
+		for off < op.Src.Len {
+			if cur == nil || cur.bytes == budget || cur.nseg == MaxSegments {
+				if cur != nil {
+					cur.seal()
+				}
+				cur = newPart(e.nextID.Add(1), int(min(uint64(len(ops)), MaxSegments)))
+				parts = append(parts, cur)
+			}
+			k := min(op.Src.Len-off, budget-cur.bytes)
+			cur.add(op.Dst.Addr+off, src[off:off+k])
+			off += k
+		}
+	}
+	if cur != nil {
+		cur.seal()
+	}
+	return parts
+}
+
+// Close stops listening, closes every connection, fails in-flight writes
+// with ErrClosed and waits for all goroutines. It is idempotent.
+func (e *Engine) Close() error {
+	e.closeOnce.Do(func() {
+		e.mu.Lock()
+		e.closed = true
+		peers := make([]*peer, 0, len(e.peers))
+		for _, p := range e.peers {
+			peers = append(peers, p)
+		}
+		ins := make([]*inConn, 0, len(e.incoming))
+		for ic := range e.incoming {
+			ins = append(ins, ic)
+		}
+		e.mu.Unlock()
+		close(e.done)
+		if err := e.ln.Close(); err != nil && !errors.Is(err, net.ErrClosed) {
+			e.closeErr = fmt.Errorf("tcp: close %q: %w", e.cfg.Name, err)
+		}
+		for _, ic := range ins {
+			ic.close()
+		}
+		for _, p := range peers {
+			p.shutdown(fmt.Errorf("tcp: engine %q: %w", e.cfg.Name, transfer.ErrClosed))
+		}
+		e.wg.Wait()
+	})
+	return e.closeErr
+}
+
+// findRange returns the range in sorted ranges holding [addr, addr+n), with
+// the same errors as mem.Registry.Find.
+func findRange(ranges []transfer.Desc, addr, n uint64) (transfer.Desc, error) {
+	i := sort.Search(len(ranges), func(i int) bool { return ranges[i].Addr > addr })
+	if i == 0 {
+		return transfer.Desc{}, fmt.Errorf("[%#x+%d]: %w", addr, n, transfer.ErrNotRegistered)
+	}
+	d := ranges[i-1]
+	if !d.Contains(addr, n) {
+		if addr >= d.End() {
+			return transfer.Desc{}, fmt.Errorf("[%#x+%d]: %w", addr, n, transfer.ErrNotRegistered)
+		}
+		return transfer.Desc{}, fmt.Errorf("[%#x+%d] exceeds registered %v: %w", addr, n, d, transfer.ErrOutOfBounds)
+	}
+	return d, nil
+}

@@ -1,0 +1,86 @@
+package tcp
+
+import (
+	"fmt"
+	"sync"
+
+	"github.com/bouncekv/bounce/transfer"
+)
+
+// rangeKey identifies a registered range for in-use accounting.
+type rangeKey struct{ addr, n uint64 }
+
+// writeOp is the transfer.Op returned by PostWrite. It is terminal once every
+// part is resolved: acknowledged, rejected, or failed after the goroutine
+// writing it stopped touching the source memory.
+type writeOp struct {
+	e    *Engine
+	peer string
+	pins []rangeKey
+	done chan struct{} // closed when terminal
+
+	mu       sync.Mutex
+	pending  int
+	status   transfer.Status
+	err      error
+	released bool
+}
+
+func newWriteOp(e *Engine, peer string, parts int, pins []rangeKey) *writeOp {
+	o := &writeOp{e: e, peer: peer, pins: pins, pending: parts, done: make(chan struct{})}
+	if parts == 0 {
+		o.finish()
+	}
+	return o
+}
+
+// partDone resolves one part; err nil means acknowledged.
+func (o *writeOp) partDone(err error) {
+	o.mu.Lock()
+	if err != nil && o.err == nil {
+		o.err = err
+	}
+	o.pending--
+	last := o.pending == 0
+	o.mu.Unlock()
+	if last {
+		o.finish()
+	}
+}
+
+// finish unpins the source ranges, then publishes the terminal status, so a
+// caller that sees Done can deregister the memory at once.
+func (o *writeOp) finish() {
+	o.e.unpin(o.pins)
+	o.mu.Lock()
+	o.status = transfer.Done
+	if o.err != nil {
+		o.status = transfer.Failed
+	}
+	o.mu.Unlock()
+	close(o.done)
+}
+
+// Poll reports the status; Failed comes with the first error of any part.
+func (o *writeOp) Poll() (transfer.Status, error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.status == transfer.Failed {
+		return o.status, fmt.Errorf("tcp: write to %q: %w", o.peer, o.err)
+	}
+	return o.status, nil
+}
+
+// Release frees the operation; it fails with ErrInUse while pending.
+func (o *writeOp) Release() error {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	switch {
+	case !o.status.Terminal():
+		return fmt.Errorf("tcp: release write to %q: still pending: %w", o.peer, transfer.ErrInUse)
+	case o.released:
+		return fmt.Errorf("tcp: release write to %q: already released", o.peer)
+	}
+	o.released = true
+	return nil
+}

@@ -1,0 +1,483 @@
+package tcp
+
+import (
+	"bufio"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/bouncekv/bounce/transfer"
+)
+
+// peer is a loaded (or learned) remote engine and its outgoing connections.
+type peer struct {
+	e      *Engine
+	name   string
+	addr   string
+	slots  []*slot
+	notifs chan []byte // outgoing notifications, sent on slot 0
+	rr     atomic.Uint64
+	gone   atomic.Bool
+
+	mu     sync.RWMutex
+	ranges []transfer.Desc // sorted, non-overlapping
+}
+
+func newPeer(e *Engine, m metadata) *peer {
+	p := &peer{e: e, name: m.name, addr: m.addr, ranges: m.ranges, notifs: make(chan []byte, e.cfg.NotifyQueue)}
+	p.slots = make([]*slot, e.cfg.Connections)
+	for i := range p.slots {
+		p.slots[i] = &slot{p: p, idx: i, kick: make(chan struct{}, 1)}
+	}
+	return p
+}
+
+func (p *peer) setRanges(r []transfer.Desc) {
+	p.mu.Lock()
+	p.ranges = r
+	p.mu.Unlock()
+}
+
+// checkDsts checks every destination against the peer's advertised ranges.
+func (p *peer) checkDsts(ops []transfer.WriteOp) error {
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	var last transfer.Desc
+	for i, op := range ops {
+		if op.Dst.Len == 0 || last.Len > 0 && last.Contains(op.Dst.Addr, op.Dst.Len) {
+			continue
+		}
+		d, err := findRange(p.ranges, op.Dst.Addr, op.Dst.Len)
+		if err != nil {
+			return fmt.Errorf("op %d destination on peer %q: %w", i, p.name, err)
+		}
+		last = d
+	}
+	return nil
+}
+
+// enqueue spreads parts round-robin over the slots and makes sure each slot
+// has a session to send them. Parts that cannot be sent fail at once.
+func (p *peer) enqueue(parts []*part) {
+	if len(parts) == 0 {
+		return
+	}
+	n := uint64(len(p.slots))
+	start := p.rr.Add(uint64(len(parts))) - uint64(len(parts))
+	if len(parts) == 1 {
+		p.slots[start%n].push(parts)
+		return
+	}
+	groups := make([][]*part, n)
+	for i, pt := range parts {
+		k := (start + uint64(i)) % n
+		groups[k] = append(groups[k], pt)
+	}
+	for i, g := range groups {
+		if len(g) > 0 {
+			p.slots[i].push(g)
+		}
+	}
+}
+
+// shutdown marks the peer gone and stops its sessions with cause, waiting
+// until each has failed its parts.
+func (p *peer) shutdown(cause error) {
+	p.gone.Store(true)
+	var wait []chan struct{}
+	for _, s := range p.slots {
+		s.mu.Lock()
+		if s.sess != nil {
+			s.sess.stopLocked(cause)
+			wait = append(wait, s.sess.finished)
+		}
+		s.mu.Unlock()
+	}
+	for _, w := range wait {
+		<-w
+	}
+}
+
+// part is one WRITE frame: a slice of a post for one connection.
+type part struct {
+	id    uint64
+	op    *writeOp
+	bufs  [][]byte // [0] is header + segment table, then source slices
+	bytes uint64
+	nseg  int
+
+	// guarded by the sending slot's mu
+	written  bool
+	replied  bool
+	replyErr error
+}
+
+func newPart(id uint64, segHint int) *part {
+	hdr := make([]byte, headerSize+4, headerSize+4+16*segHint)
+	return &part{id: id, bufs: append(make([][]byte, 0, segHint+1), hdr)}
+}
+
+func (pt *part) add(dst uint64, src []byte) {
+	pt.bufs[0] = appendSegment(pt.bufs[0], dst, uint64(len(src)))
+	pt.bufs = append(pt.bufs, src)
+	pt.bytes += uint64(len(src))
+	pt.nseg++
+}
+
+// seal fills in the frame header once all segments are added.
+func (pt *part) seal() {
+	h := pt.bufs[0]
+	putHeader(h, frameHeader{typ: frameWrite, bodyLen: uint32(len(h) - headerSize), id: pt.id})
+	binary.LittleEndian.PutUint32(h[headerSize:], uint32(pt.nseg))
+}
+
+// slot is one of a peer's N outgoing connections. A session goroutine owns
+// the TCP connection while it lives; a new one is started when work arrives
+// and none is running.
+type slot struct {
+	p    *peer
+	idx  int
+	kick chan struct{} // wakes the session's writer
+
+	mu    sync.Mutex
+	queue []*part
+	sess  *session
+}
+
+// push queues parts and starts or wakes the session.
+func (s *slot) push(parts []*part) {
+	s.mu.Lock()
+	s.queue = append(s.queue, parts...)
+	err := s.ensureLocked()
+	var failed []*part
+	if err != nil {
+		failed, s.queue = s.queue, nil
+	}
+	s.mu.Unlock()
+	for _, pt := range failed {
+		pt.op.partDone(err)
+	}
+}
+
+// ensureLocked starts a session unless one is running, or wakes it.
+func (s *slot) ensureLocked() error {
+	if s.sess != nil {
+		select {
+		case s.kick <- struct{}{}:
+		default:
+		}
+		return nil
+	}
+	if s.p.gone.Load() {
+		return fmt.Errorf("tcp: peer %q: %w", s.p.name, transfer.ErrPeerLost)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	ss := &session{s: s, ctx: ctx, cancel: cancel, inflight: make(map[uint64]*part), finished: make(chan struct{})}
+	if !s.p.e.spawn(ss.run) {
+		cancel()
+		return fmt.Errorf("tcp: engine %q: %w", s.p.e.cfg.Name, transfer.ErrClosed)
+	}
+	s.sess = ss
+	return nil
+}
+
+// session is the life of one outgoing TCP connection: dial, HELLO, then a
+// writer loop (this goroutine) and a reader goroutine for ACK/NACK frames.
+type session struct {
+	s        *slot
+	ctx      context.Context
+	cancel   context.CancelFunc
+	finished chan struct{} // closed after every part was resolved
+
+	// guarded by s.mu
+	stopped      bool
+	cause        error
+	conn         net.Conn
+	inflight     map[uint64]*part // taken from the queue, not yet resolved
+	writing      bool
+	lastProgress time.Time
+}
+
+// stopLocked ends the session with cause (the first cause wins). The
+// caller holds s.s.mu.
+func (ss *session) stopLocked(cause error) {
+	if ss.stopped {
+		return
+	}
+	ss.stopped, ss.cause = true, cause
+	ss.cancel()
+	if ss.conn != nil {
+		ss.conn.Close()
+	}
+}
+
+func (ss *session) stop(cause error) {
+	ss.s.mu.Lock()
+	ss.stopLocked(cause)
+	ss.s.mu.Unlock()
+}
+
+func (ss *session) lost(err error) error {
+	return fmt.Errorf("tcp: peer %q connection %d: %w (%w)", ss.s.p.name, ss.s.idx, transfer.ErrPeerLost, err)
+}
+
+func (ss *session) run() {
+	err := ss.loop()
+	s := ss.s
+	s.mu.Lock()
+	if err != nil {
+		ss.stopLocked(ss.lost(err))
+	} else {
+		ss.stopLocked(ss.lost(errors.New("session ended")))
+	}
+	cause := ss.cause
+	failed := make([]*part, 0, len(ss.inflight)+len(s.queue))
+	errs := make([]error, 0, cap(failed))
+	for _, pt := range ss.inflight {
+		failed = append(failed, pt)
+		if pt.replied && pt.replyErr != nil {
+			errs = append(errs, pt.replyErr)
+		} else {
+			errs = append(errs, cause)
+		}
+	}
+	for _, pt := range s.queue {
+		failed = append(failed, pt)
+		errs = append(errs, cause)
+	}
+	ss.inflight, s.queue, s.sess = nil, nil, nil
+	s.mu.Unlock()
+	for i, pt := range failed {
+		pt.op.partDone(errs[i])
+	}
+	close(ss.finished)
+	if len(failed) > 0 {
+		s.p.e.log.Debug("tcp connection ended", "peer", s.p.name, "conn", s.idx, "failed_parts", len(failed), "cause", cause)
+	}
+}
+
+// loop runs the connection; it returns when the connection is done. On
+// return no goroutine of this session touches source memory any more.
+func (ss *session) loop() error {
+	e := ss.s.p.e
+	d := net.Dialer{Timeout: e.cfg.DialTimeout, KeepAliveConfig: keepAlive(e.cfg)}
+	conn, err := d.DialContext(ss.ctx, "tcp", ss.s.p.addr)
+	if err != nil {
+		return fmt.Errorf("dial %s: %w", ss.s.p.addr, err)
+	}
+	ss.s.mu.Lock()
+	if ss.stopped {
+		ss.s.mu.Unlock()
+		conn.Close()
+		return nil
+	}
+	ss.conn = conn
+	ss.lastProgress = time.Now()
+	ss.s.mu.Unlock()
+	defer conn.Close()
+
+	if err := writeFrame(conn, e.cfg.WriteTimeout, frameHello, 0, e.metadata()); err != nil {
+		return fmt.Errorf("send hello: %w", err)
+	}
+	readerDone := make(chan struct{})
+	go func() {
+		defer close(readerDone)
+		if err := ss.readLoop(conn); err != nil {
+			ss.stop(ss.lost(err))
+		}
+	}()
+	defer func() {
+		conn.Close()
+		<-readerDone
+	}()
+
+	var notifs chan []byte
+	if ss.s.idx == 0 {
+		notifs = ss.s.p.notifs
+	}
+	for {
+		if err := ss.drain(conn, notifs); err != nil {
+			return err
+		}
+		select {
+		case <-ss.ctx.Done():
+			return nil
+		case <-readerDone:
+			return nil
+		case msg := <-notifs:
+			if err := ss.sendNotif(conn, msg); err != nil {
+				return err
+			}
+		case <-ss.s.kick:
+		}
+	}
+}
+
+// drain writes every queued part, interleaving pending notifications.
+func (ss *session) drain(conn net.Conn, notifs chan []byte) error {
+	s := ss.s
+	for {
+		select {
+		case msg := <-notifs:
+			if err := ss.sendNotif(conn, msg); err != nil {
+				return err
+			}
+			continue
+		default:
+		}
+		s.mu.Lock()
+		if ss.stopped || len(s.queue) == 0 {
+			s.mu.Unlock()
+			return nil
+		}
+		pt := s.queue[0]
+		s.queue[0] = nil
+		s.queue = s.queue[1:]
+		ss.inflight[pt.id] = pt
+		ss.writing = true
+		s.mu.Unlock()
+
+		conn.SetWriteDeadline(time.Now().Add(s.p.e.cfg.WriteTimeout))
+		bufs := net.Buffers(pt.bufs)
+		_, err := bufs.WriteTo(conn)
+
+		s.mu.Lock()
+		ss.writing = false
+		ss.lastProgress = time.Now()
+		pt.bufs = nil
+		var resolve bool
+		if err == nil {
+			pt.written = true
+			if pt.replied {
+				delete(ss.inflight, pt.id)
+				resolve = true
+			}
+		}
+		s.mu.Unlock()
+		if resolve {
+			pt.op.partDone(pt.replyErr)
+		}
+		if err != nil {
+			return fmt.Errorf("write part %d: %w", pt.id, err)
+		}
+	}
+}
+
+func (ss *session) sendNotif(conn net.Conn, msg []byte) error {
+	ss.s.mu.Lock()
+	ss.writing = true
+	ss.s.mu.Unlock()
+	err := writeFrame(conn, ss.s.p.e.cfg.WriteTimeout, frameNotif, 0, msg)
+	ss.s.mu.Lock()
+	ss.writing = false
+	ss.lastProgress = time.Now()
+	ss.s.mu.Unlock()
+	if err != nil {
+		return fmt.Errorf("send notification: %w", err)
+	}
+	return nil
+}
+
+// writeFrame writes a header and body with one writev under a deadline.
+func writeFrame(conn net.Conn, timeout time.Duration, typ byte, id uint64, body []byte) error {
+	var h [headerSize]byte
+	putHeader(h[:], frameHeader{typ: typ, bodyLen: uint32(len(body)), id: id})
+	conn.SetWriteDeadline(time.Now().Add(timeout))
+	bufs := net.Buffers{h[:], body}
+	_, err := bufs.WriteTo(conn)
+	return err
+}
+
+// readLoop reads ACK and NACK frames until the connection fails. While work
+// is outstanding and nothing is being written, a silence of IdleTimeout
+// declares the peer dead.
+func (ss *session) readLoop(conn net.Conn) error {
+	idle := ss.s.p.e.cfg.IdleTimeout
+	br := bufio.NewReaderSize(conn, 4096)
+	var hdr [headerSize]byte
+	body := make([]byte, 0, 64)
+	for {
+		conn.SetReadDeadline(time.Now().Add(idle))
+		n, err := io.ReadFull(br, hdr[:])
+		if err != nil {
+			var ne net.Error
+			if n == 0 && errors.As(err, &ne) && ne.Timeout() && !ss.stalled(idle) {
+				continue
+			}
+			return err
+		}
+		h, err := parseHeader(hdr[:])
+		if err != nil {
+			return err
+		}
+		body = body[:0]
+		if h.bodyLen > 0 {
+			body = append(body, make([]byte, h.bodyLen)...)
+			if _, err := io.ReadFull(br, body); err != nil {
+				return err
+			}
+		}
+		switch h.typ {
+		case frameAck:
+			err = ss.reply(h.id, nil)
+		case frameNack:
+			code, text, perr := parseNack(body)
+			if perr != nil {
+				return perr
+			}
+			rerr := fmt.Errorf("tcp: peer %q rejected write: %s: %w", ss.s.p.name, text, nackSentinel(code))
+			if h.id == 0 {
+				return rerr
+			}
+			err = ss.reply(h.id, rerr)
+		default:
+			err = fmt.Errorf("unexpected frame type %d from receiver: %w", h.typ, errProtocol)
+		}
+		if err != nil {
+			return err
+		}
+	}
+}
+
+// stalled reports whether work is outstanding with no progress for idle.
+func (ss *session) stalled(idle time.Duration) bool {
+	ss.s.mu.Lock()
+	defer ss.s.mu.Unlock()
+	if ss.writing || len(ss.inflight) == 0 {
+		return false
+	}
+	return time.Since(ss.lastProgress) >= idle
+}
+
+// reply resolves part id, or records the reply until its write returns.
+func (ss *session) reply(id uint64, rerr error) error {
+	s := ss.s
+	s.mu.Lock()
+	ss.lastProgress = time.Now()
+	pt := ss.inflight[id]
+	if pt == nil || pt.replied {
+		s.mu.Unlock()
+		return fmt.Errorf("reply for unknown part %d: %w", id, errProtocol)
+	}
+	pt.replied, pt.replyErr = true, rerr
+	done := pt.written
+	if done {
+		delete(ss.inflight, id)
+	}
+	s.mu.Unlock()
+	if done {
+		pt.op.partDone(rerr)
+	}
+	return nil
+}
+
+func keepAlive(cfg Config) net.KeepAliveConfig {
+	iv := max(cfg.IdleTimeout/5, time.Second)
+	return net.KeepAliveConfig{Enable: true, Idle: cfg.IdleTimeout, Interval: iv, Count: 5}
+}

@@ -1,0 +1,317 @@
+package tcp
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/bouncekv/bounce/mem"
+	"github.com/bouncekv/bounce/transfer"
+)
+
+// inConn is a connection a peer dialed to this engine.
+type inConn struct {
+	conn   net.Conn
+	name   atomic.Pointer[string] // the peer's name, once its HELLO arrived
+	closed chan struct{}
+	once   sync.Once
+}
+
+func (ic *inConn) close() {
+	ic.once.Do(func() {
+		close(ic.closed)
+		ic.conn.Close()
+	})
+}
+
+func (e *Engine) acceptLoop() {
+	defer e.wg.Done()
+	backoff := 5 * time.Millisecond
+	for {
+		c, err := e.ln.Accept()
+		if err != nil {
+			if e.isClosed() || errors.Is(err, net.ErrClosed) {
+				return
+			}
+			e.log.Warn("tcp accept failed", "err", err)
+			select {
+			case <-e.done:
+				return
+			case <-time.After(backoff):
+			}
+			backoff = min(2*backoff, time.Second)
+			continue
+		}
+		backoff = 5 * time.Millisecond
+		ic := &inConn{conn: c, closed: make(chan struct{})}
+		e.mu.Lock()
+		if e.closed {
+			e.mu.Unlock()
+			c.Close()
+			return
+		}
+		e.incoming[ic] = struct{}{}
+		e.wg.Add(1)
+		e.mu.Unlock()
+		go func() {
+			defer e.wg.Done()
+			err := e.serve(ic)
+			ic.close()
+			e.mu.Lock()
+			delete(e.incoming, ic)
+			e.mu.Unlock()
+			if err != nil && !e.isClosed() {
+				e.log.Debug("tcp incoming connection ended", "remote", c.RemoteAddr(), "err", err)
+			}
+		}()
+	}
+}
+
+// inReader reads frames from an incoming connection. Inside a frame every
+// read must make progress within IdleTimeout.
+type inReader struct {
+	conn    net.Conn
+	raw     syscall.RawConn // nil when the connection is not a socket
+	idle    time.Duration
+	lastSet time.Time
+	scratch []byte
+}
+
+// progress extends the read deadline; it is cheap when called often.
+func (r *inReader) progress() {
+	now := time.Now()
+	if now.Sub(r.lastSet) > r.idle/4 {
+		r.conn.SetReadDeadline(now.Add(r.idle))
+		r.lastSet = now
+	}
+}
+
+func (r *inReader) noDeadline() {
+	r.conn.SetReadDeadline(time.Time{})
+	r.lastSet = time.Time{}
+}
+
+func (r *inReader) full(b []byte) error {
+	for len(b) > 0 {
+		r.progress()
+		n, err := r.conn.Read(b)
+		b = b[n:]
+		if err != nil {
+			if len(b) > 0 {
+				if errors.Is(err, io.EOF) {
+					return io.ErrUnexpectedEOF
+				}
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// fullv fills bufs in order, with readv straight into them when possible.
+func (r *inReader) fullv(bufs [][]byte) error {
+	if r.raw == nil {
+		for _, b := range bufs {
+			if err := r.full(b); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	const maxIov = 1024
+	for len(bufs) > 0 {
+		r.progress()
+		batch := bufs[:min(len(bufs), maxIov)]
+		var n int
+		var rerr error
+		err := r.raw.Read(func(fd uintptr) bool {
+			for {
+				n, rerr = unix.Readv(int(fd), batch)
+				if rerr != unix.EINTR {
+					return rerr != unix.EAGAIN
+				}
+			}
+		})
+		if err != nil {
+			return err
+		}
+		if rerr != nil {
+			return rerr
+		}
+		if n == 0 {
+			return io.ErrUnexpectedEOF
+		}
+		for n > 0 {
+			if k := len(bufs[0]); n >= k {
+				n -= k
+				bufs = bufs[1:]
+			} else {
+				bufs[0] = bufs[0][n:]
+				n = 0
+			}
+		}
+	}
+	return nil
+}
+
+// discard consumes n payload bytes of a rejected frame.
+func (r *inReader) discard(n uint64) error {
+	if r.scratch == nil {
+		r.scratch = make([]byte, 64<<10)
+	}
+	for n > 0 {
+		k := min(n, uint64(len(r.scratch)))
+		if err := r.full(r.scratch[:k]); err != nil {
+			return err
+		}
+		n -= k
+	}
+	return nil
+}
+
+// serve runs one incoming connection: HELLO first, then WRITE and NOTIF
+// frames. A malformed frame closes the connection; a well-formed WRITE
+// naming memory this engine did not register is consumed, answered with a
+// NACK, and nothing of it is written.
+func (e *Engine) serve(ic *inConn) error {
+	conn := ic.conn
+	if tc, ok := conn.(*net.TCPConn); ok {
+		tc.SetKeepAliveConfig(keepAlive(e.cfg))
+	}
+	r := &inReader{conn: conn, idle: e.cfg.IdleTimeout}
+	if sc, ok := conn.(syscall.Conn); ok {
+		if raw, err := sc.SyscallConn(); err == nil {
+			r.raw = raw
+		}
+	}
+	var hdr [headerSize]byte
+	conn.SetReadDeadline(time.Now().Add(e.cfg.DialTimeout))
+	if _, err := io.ReadFull(conn, hdr[:]); err != nil {
+		return fmt.Errorf("read hello: %w", err)
+	}
+	h, err := parseHeader(hdr[:])
+	if err != nil {
+		return err
+	}
+	if h.typ != frameHello {
+		return fmt.Errorf("first frame has type %d, want hello: %w", h.typ, errProtocol)
+	}
+	body := make([]byte, h.bodyLen)
+	if _, err := io.ReadFull(conn, body); err != nil {
+		return fmt.Errorf("read hello: %w", err)
+	}
+	m, err := decodeMetadata(body)
+	if err != nil {
+		e.reply(conn, encodeNack(0, nackBadMetadata, err.Error()))
+		return err
+	}
+	ic.name.Store(&m.name)
+	if _, err := e.addPeer(m, false); err != nil {
+		return err
+	}
+	log := e.log.With("peer", m.name, "remote", conn.RemoteAddr())
+	log.Debug("tcp peer connected")
+
+	var segs []segment
+	for {
+		r.noDeadline()
+		if _, err := io.ReadFull(conn, hdr[:1]); err != nil {
+			return err
+		}
+		r.progress()
+		if err := r.full(hdr[1:]); err != nil {
+			return err
+		}
+		h, err := parseHeader(hdr[:])
+		if err != nil {
+			return err
+		}
+		if cap(body) < int(h.bodyLen) {
+			body = make([]byte, h.bodyLen)
+		}
+		body = body[:h.bodyLen]
+		if err := r.full(body); err != nil {
+			return err
+		}
+		switch h.typ {
+		case frameWrite:
+			var total uint64
+			segs, total, err = parseWriteBody(body, segs)
+			if err != nil {
+				return err
+			}
+			if err := e.land(r, conn, h.id, segs, total, log); err != nil {
+				return err
+			}
+		case frameNotif:
+			msg := transfer.Message{Peer: m.name, Payload: append([]byte(nil), body...)}
+			select {
+			case e.recvq <- msg:
+			case <-e.done:
+				return transfer.ErrClosed
+			case <-ic.closed:
+				return net.ErrClosed
+			}
+		default:
+			return fmt.Errorf("unexpected frame type %d from sender: %w", h.typ, errProtocol)
+		}
+	}
+}
+
+// land validates every segment against this engine's registry, then reads
+// the payload straight into the destination memory and acknowledges it.
+func (e *Engine) land(r *inReader, conn net.Conn, id uint64, segs []segment, total uint64, log interface{ Warn(string, ...any) }) error {
+	bufs, pins, verr := e.resolveDsts(segs)
+	if verr != nil {
+		log.Warn("tcp rejected incoming write", "part", id, "err", verr)
+		if err := r.discard(total); err != nil {
+			return err
+		}
+		return e.reply(conn, encodeNack(id, nackCode(verr), verr.Error()))
+	}
+	err := r.fullv(bufs)
+	e.unpin(pins)
+	if err != nil {
+		return fmt.Errorf("read payload of part %d: %w", id, err)
+	}
+	var ack [headerSize]byte
+	putHeader(ack[:], frameHeader{typ: frameAck, id: id})
+	return e.reply(conn, ack[:])
+}
+
+// resolveDsts maps segments to registered memory and pins it.
+func (e *Engine) resolveDsts(segs []segment) ([][]byte, []rangeKey, error) {
+	e.memMu.RLock()
+	defer e.memMu.RUnlock()
+	bufs := make([][]byte, len(segs))
+	var pins []rangeKey
+	var last transfer.Desc
+	for i, s := range segs {
+		if last.Len == 0 || !last.Contains(s.addr, s.n) {
+			d, err := e.reg.Find(s.addr, s.n)
+			if err != nil {
+				return nil, nil, fmt.Errorf("tcp: incoming segment %d: %w", i, err)
+			}
+			last = d
+			if k := (rangeKey{d.Addr, d.Len}); !containsKey(pins, k) {
+				pins = append(pins, k)
+			}
+		}
+		bufs[i] = mem.Unsafe(s.addr, s.n)
+	}
+	e.pin(pins)
+	return bufs, pins, nil
+}
+
+func (e *Engine) reply(conn net.Conn, frame []byte) error {
+	conn.SetWriteDeadline(time.Now().Add(e.cfg.WriteTimeout))
+	_, err := conn.Write(frame)
+	return err
+}
