@@ -1,0 +1,168 @@
+package ucx
+
+import (
+	"bufio"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"io"
+	"os"
+	"os/exec"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/bouncekv/bounce/mem"
+	"github.com/bouncekv/bounce/transfer"
+)
+
+// childEnv selects the child role when the test binary re-executes itself.
+const childEnv = "BOUNCE_UCX_TEST_CHILD"
+
+const childBufSize = 96 << 20
+
+// childMain is the child process: an engine named "child" with one
+// registered buffer. It prints its metadata as one hex line on stdout, then
+// answers every "crc <n>" notification with "crc <n> <crc32 of its first n
+// bytes>" to the sender, by name, without ever loading the sender.
+func childMain() int {
+	fail := func(err error) int { fmt.Fprintln(os.Stderr, "child:", err); return 1 }
+	e, err := New(Config{Name: "child"})
+	if err != nil {
+		return fail(err)
+	}
+	defer e.Close()
+	buf, err := mem.Alloc(childBufSize)
+	if err != nil {
+		return fail(err)
+	}
+	if err := e.RegisterMemory(buf.Desc()); err != nil {
+		return fail(err)
+	}
+	md, err := e.Metadata()
+	if err != nil {
+		return fail(err)
+	}
+	fmt.Println(hex.EncodeToString(md))
+	for {
+		m, err := e.RecvNotification(time.Minute)
+		if err != nil {
+			return fail(err)
+		}
+		var n int
+		if _, err := fmt.Sscanf(string(m.Payload), "crc %d", &n); err != nil || n > childBufSize {
+			return fail(fmt.Errorf("bad request %q", m.Payload))
+		}
+		sum := crc32.ChecksumIEEE(buf.Bytes()[:n])
+		if err := e.Notify(m.Peer, []byte(fmt.Sprintf("crc %d %08x", n, sum))); err != nil {
+			return fail(err)
+		}
+	}
+}
+
+// startChild runs the child and loads its metadata into e.
+func startChild(t *testing.T, e *Engine) (*exec.Cmd, transfer.Desc) {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), childEnv+"=1")
+	cmd.Stderr = os.Stderr
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	line, err := bufio.NewReader(out).ReadString('\n')
+	if err != nil {
+		t.Fatalf("reading child metadata: %v", err)
+	}
+	go io.Copy(io.Discard, out)
+	md, err := hex.DecodeString(strings.TrimSpace(line))
+	if err != nil {
+		t.Fatalf("child metadata: %v", err)
+	}
+	if _, err := e.LoadPeer(md); err != nil {
+		t.Fatal(err)
+	}
+	info, err := decodeMetadata(md)
+	if err != nil || len(info.Ranges) != 1 {
+		t.Fatalf("child metadata: %+v, %v", info, err)
+	}
+	return cmd, transfer.Desc{Addr: info.Ranges[0].Addr, Len: info.Ranges[0].Len, Kind: transfer.Host}
+}
+
+// TestTwoProcesses writes into a child process, asks it by notification for
+// a checksum of what it received and gets the answer over the reverse path
+// the child built from the hello (it never loaded the parent).
+func TestTwoProcesses(t *testing.T) {
+	e := newEngine(t, Config{Name: "parent"})
+	src := alloc(t, 8<<20)
+	register(t, e, src)
+	fill(src.Bytes(), 42)
+	_, dst := startChild(t, e)
+	const n = 8<<20 - 5
+	op, err := e.PostWrite("child", []transfer.WriteOp{
+		{Src: desc(src, 0, 3<<20), Dst: transfer.Desc{Addr: dst.Addr, Len: 3 << 20}},
+		{Src: desc(src, 3<<20, n-3<<20), Dst: transfer.Desc{Addr: dst.Addr + 3<<20, Len: n - 3<<20}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustDone(t, op)
+	if err := e.Notify("child", []byte(fmt.Sprintf("crc %d", n))); err != nil {
+		t.Fatal(err)
+	}
+	m, err := e.RecvNotification(hangGuard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := fmt.Sprintf("crc %d %08x", n, crc32.ChecksumIEEE(src.Bytes()[:n]))
+	if m.Peer != "child" || string(m.Payload) != want {
+		t.Fatalf("reply %q from %q, want %q from child", m.Payload, m.Peer, want)
+	}
+}
+
+// TestChildKilledMidWrite stops the child so a large write cannot finish,
+// kills it, and expects the parent's write to fail with ErrPeerLost (the
+// wait is bounded by hangGuard: no hang).
+func TestChildKilledMidWrite(t *testing.T) {
+	e := newEngine(t, Config{Name: "parent"})
+	src := alloc(t, 64<<20)
+	register(t, e, src)
+	cmd, dst := startChild(t, e)
+	if err := cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	op, err := e.PostWrite("child", []transfer.WriteOp{{Src: src.Desc(), Dst: transfer.Desc{Addr: dst.Addr, Len: 64 << 20}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s, _ := op.Poll(); s != transfer.Pending {
+		t.Skipf("64 MiB write to a stopped process finished (%v): this transport does not need the target to progress", s)
+	}
+	if err := op.Release(); !errors.Is(err, transfer.ErrInUse) {
+		t.Fatalf("release of pending op: %v", err)
+	}
+	if err := e.DeregisterMemory(src.Desc()); !errors.Is(err, transfer.ErrInUse) {
+		t.Fatalf("deregister in use: %v", err)
+	}
+	cmd.Process.Kill()
+	cmd.Wait()
+	mustFail(t, op, transfer.ErrPeerLost)
+	if err := op.Release(); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Notify("child", []byte("x")); !errors.Is(err, transfer.ErrPeerLost) {
+		t.Fatalf("notify lost peer: %v", err)
+	}
+	if _, err := e.PostWrite("child", []transfer.WriteOp{{Src: desc(src, 0, 1), Dst: transfer.Desc{Addr: dst.Addr, Len: 1}}}); !errors.Is(err, transfer.ErrPeerLost) {
+		t.Fatalf("write to lost peer: %v", err)
+	}
+	if err := e.DeregisterMemory(src.Desc()); err != nil {
+		t.Fatalf("deregister after failure: %v", err)
+	}
+}
