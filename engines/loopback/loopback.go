@@ -1,0 +1,514 @@
+// Package loopback is an in-process transfer.Engine and transfer.Notifier.
+// Engines made by one Fabric write into each other's registered host memory
+// with copy() on a goroutine per posted operation, and exchange
+// notifications through bounded in-memory inboxes. It is the simplest
+// engine and the one tests use; Options adds fault injection next to the
+// real behaviour.
+package loopback
+
+import (
+	"bytes"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/bouncekv/bounce/mem"
+	"github.com/bouncekv/bounce/transfer"
+)
+
+// Inbox limits.
+const (
+	// DefaultInboxSize is the notification inbox capacity used when
+	// Options.InboxSize is zero.
+	DefaultInboxSize = 1024
+	// MaxInboxSize is the largest accepted Options.InboxSize.
+	MaxInboxSize = 1 << 20
+)
+
+// Fabric connects the engines created from it. Engines on different fabrics
+// cannot load each other. It is safe for concurrent use.
+type Fabric struct {
+	id uint64
+
+	// mu guards the engine table and every engine's peers, closed flag and
+	// in-flight operation sets, so a post checks both sides atomically.
+	mu      sync.Mutex
+	engines map[string]*Engine
+	nextInc uint64
+}
+
+// NewFabric returns an empty fabric.
+func NewFabric() *Fabric {
+	return &Fabric{id: rand.Uint64(), engines: make(map[string]*Engine)}
+}
+
+// Options tunes an engine and injects faults for tests.
+type Options struct {
+	// InboxSize bounds the notifications queued for this engine (default
+	// DefaultInboxSize). Notify to a full inbox returns ErrQueueFull.
+	InboxSize int
+	// OnComplete, when set, is called after each operation this engine
+	// posted becomes terminal, on the operation's goroutine. It must not
+	// block; it lets a reactor wait for completions instead of polling in a
+	// loop.
+	OnComplete func()
+	// BeforePost, when set, runs at the start of PostWrite; an error
+	// rejects the post (wrapped) and nothing is written.
+	BeforePost func(peer string, ops []transfer.WriteOp) error
+	// BeforeCopy, when set, runs on the operation's goroutine just before
+	// the bytes move; an error fails the operation (wrapped) and nothing is
+	// written.
+	BeforeCopy func(peer string, ops []transfer.WriteOp) error
+	// Gate, when set, stalls every posted operation until one value is
+	// received from it (closing it releases all). A stalled operation stays
+	// pending, still fails on ForgetPeer or Close, and writes nothing.
+	Gate <-chan struct{}
+}
+
+// Engine is one agent's endpoint on a Fabric. It implements transfer.Engine
+// and transfer.Notifier and is safe for concurrent use.
+type Engine struct {
+	fab  *Fabric
+	name string
+	inc  uint64
+	opts Options
+	reg  mem.Registry
+
+	// Guarded by fab.mu.
+	closed bool
+	peers  map[string]*peer
+	out    map[*writeOp]struct{} // posted by this engine, not terminal
+	in     map[*writeOp]struct{} // targeting this engine, not terminal
+
+	inbox     chan transfer.Message
+	done      chan struct{} // closed by Close
+	wg        sync.WaitGroup
+	closeOnce sync.Once
+}
+
+var (
+	_ transfer.Engine   = (*Engine)(nil)
+	_ transfer.Notifier = (*Engine)(nil)
+)
+
+// peer is a loaded peer: the engine and the memory its metadata listed.
+type peer struct {
+	eng  *Engine
+	view *mem.Registry
+}
+
+// NewEngine creates an engine named name on f. Names are unique on a fabric
+// while the engine is open; at most one Options may be given.
+func (f *Fabric) NewEngine(name string, opts ...Options) (*Engine, error) {
+	if err := validName(name); err != nil {
+		return nil, fmt.Errorf("loopback: new engine: %w", err)
+	}
+	if len(opts) > 1 {
+		return nil, fmt.Errorf("loopback: new engine %q: %d Options given, want at most one", name, len(opts))
+	}
+	var o Options
+	if len(opts) == 1 {
+		o = opts[0]
+	}
+	switch {
+	case o.InboxSize == 0:
+		o.InboxSize = DefaultInboxSize
+	case o.InboxSize < 0 || o.InboxSize > MaxInboxSize:
+		return nil, fmt.Errorf("loopback: new engine %q: InboxSize %d outside [1, %d]", name, o.InboxSize, MaxInboxSize)
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if _, ok := f.engines[name]; ok {
+		return nil, fmt.Errorf("loopback: new engine %q: name already in use on this fabric", name)
+	}
+	f.nextInc++
+	e := &Engine{
+		fab:   f,
+		name:  name,
+		inc:   f.nextInc,
+		opts:  o,
+		peers: make(map[string]*peer),
+		out:   make(map[*writeOp]struct{}),
+		in:    make(map[*writeOp]struct{}),
+		inbox: make(chan transfer.Message, o.InboxSize),
+		done:  make(chan struct{}),
+	}
+	f.engines[name] = e
+	return e, nil
+}
+
+// Name returns the engine's name.
+func (e *Engine) Name() string { return e.name }
+
+// RegisterMemory makes host memory d a valid write source and, once a peer
+// reloads this engine's metadata, a valid write destination.
+func (e *Engine) RegisterMemory(d transfer.Desc) error {
+	e.fab.mu.Lock()
+	defer e.fab.mu.Unlock()
+	if e.closed {
+		return fmt.Errorf("loopback %s: register %v: %w", e.name, d, transfer.ErrClosed)
+	}
+	if err := e.reg.Add(d); err != nil {
+		return fmt.Errorf("loopback %s: register: %w", e.name, err)
+	}
+	return nil
+}
+
+// DeregisterMemory removes exactly d. It returns ErrInUse while an
+// operation in flight reads from or writes into d.
+func (e *Engine) DeregisterMemory(d transfer.Desc) error {
+	e.fab.mu.Lock()
+	defer e.fab.mu.Unlock()
+	if e.closed {
+		return fmt.Errorf("loopback %s: deregister %v: %w", e.name, d, transfer.ErrClosed)
+	}
+	for o := range e.out {
+		for _, w := range o.ops {
+			if overlaps(w.Src, d) {
+				return fmt.Errorf("loopback %s: deregister %v: source of a write to %q in flight: %w", e.name, d, o.peer, transfer.ErrInUse)
+			}
+		}
+	}
+	for o := range e.in {
+		for _, w := range o.ops {
+			if overlaps(w.Dst, d) {
+				return fmt.Errorf("loopback %s: deregister %v: destination of a write from %q in flight: %w", e.name, d, o.src.name, transfer.ErrInUse)
+			}
+		}
+	}
+	if err := e.reg.Remove(d); err != nil {
+		return fmt.Errorf("loopback %s: %w", e.name, err)
+	}
+	return nil
+}
+
+func overlaps(a, b transfer.Desc) bool {
+	return a.Addr < b.Addr+b.Len && b.Addr < a.Addr+a.Len
+}
+
+// Metadata encodes this engine's fabric, identity and registered ranges.
+func (e *Engine) Metadata() ([]byte, error) {
+	e.fab.mu.Lock()
+	closed := e.closed
+	e.fab.mu.Unlock()
+	if closed {
+		return nil, fmt.Errorf("loopback %s: metadata: %w", e.name, transfer.ErrClosed)
+	}
+	return encodeMetadata(metadata{
+		fabric:      e.fab.id,
+		incarnation: e.inc,
+		name:        e.name,
+		ranges:      e.reg.Ranges(),
+	}), nil
+}
+
+// LoadPeer decodes a peer's Metadata and returns its name. Loading a peer
+// again refreshes the memory it may be written to. Errors wrap
+// ErrBadMetadata (undecodable, or from another fabric), ErrUnknownPeer (no
+// such engine open on this fabric) or ErrPeerLost (the metadata belongs to
+// an engine of that name that has since closed).
+func (e *Engine) LoadPeer(md []byte) (string, error) {
+	m, err := decodeMetadata(md)
+	if err != nil {
+		return "", fmt.Errorf("loopback %s: load peer: %w", e.name, err)
+	}
+	if m.fabric != e.fab.id {
+		return "", fmt.Errorf("loopback %s: load peer %q: metadata from another fabric: %w", e.name, m.name, transfer.ErrBadMetadata)
+	}
+	view := &mem.Registry{}
+	for _, r := range m.ranges {
+		if err := view.Add(r); err != nil {
+			return "", fmt.Errorf("loopback %s: load peer %q: %v: %w", e.name, m.name, err, transfer.ErrBadMetadata)
+		}
+	}
+	e.fab.mu.Lock()
+	defer e.fab.mu.Unlock()
+	if e.closed {
+		return "", fmt.Errorf("loopback %s: load peer %q: %w", e.name, m.name, transfer.ErrClosed)
+	}
+	t, ok := e.fab.engines[m.name]
+	switch {
+	case !ok:
+		return "", fmt.Errorf("loopback %s: load peer %q: no such engine on this fabric: %w", e.name, m.name, transfer.ErrUnknownPeer)
+	case t.inc != m.incarnation:
+		return "", fmt.Errorf("loopback %s: load peer %q: metadata of a closed incarnation: %w", e.name, m.name, transfer.ErrPeerLost)
+	}
+	e.peers[m.name] = &peer{eng: t, view: view}
+	return m.name, nil
+}
+
+// ForgetPeer drops a loaded peer. Its operations still in flight fail with
+// ErrPeerLost; ForgetPeer returns once all of them are terminal.
+func (e *Engine) ForgetPeer(name string) error {
+	f := e.fab
+	f.mu.Lock()
+	if e.closed {
+		f.mu.Unlock()
+		return fmt.Errorf("loopback %s: forget peer %q: %w", e.name, name, transfer.ErrClosed)
+	}
+	p, ok := e.peers[name]
+	if !ok {
+		f.mu.Unlock()
+		return fmt.Errorf("loopback %s: forget peer %q: %w", e.name, name, transfer.ErrUnknownPeer)
+	}
+	delete(e.peers, name)
+	var pending []*writeOp
+	for o := range e.out {
+		if o.dst == p.eng {
+			o.abortLocked(fmt.Errorf("loopback %s: write to %q: peer forgotten: %w", e.name, name, transfer.ErrPeerLost))
+			pending = append(pending, o)
+		}
+	}
+	f.mu.Unlock()
+	for _, o := range pending {
+		<-o.finished
+	}
+	return nil
+}
+
+// PostWrite checks every write and starts copying them on a new goroutine.
+// Each source must lie in memory registered here; each destination in
+// memory listed by the peer's loaded metadata and still registered by the
+// peer. Otherwise the error wraps ErrNotRegistered or ErrOutOfBounds and
+// nothing is written. Src.Len must equal Dst.Len and be positive. The
+// operation is Done once every byte has been copied.
+func (e *Engine) PostWrite(peerName string, ops []transfer.WriteOp) (transfer.Op, error) {
+	ctx := func(format string, args ...any) string {
+		return fmt.Sprintf("loopback %s: post write to %q: ", e.name, peerName) + fmt.Sprintf(format, args...)
+	}
+	if len(ops) == 0 {
+		return nil, fmt.Errorf("%s", ctx("no writes"))
+	}
+	for i, w := range ops {
+		switch {
+		case w.Src.Kind != transfer.Host || w.Dst.Kind != transfer.Host:
+			return nil, fmt.Errorf("%s: %w", ctx("write %d %v -> %v: only host memory", i, w.Src, w.Dst), transfer.ErrUnsupported)
+		case w.Src.Len == 0 || w.Src.Len != w.Dst.Len:
+			return nil, fmt.Errorf("%s: %w", ctx("write %d: source length %d, destination length %d", i, w.Src.Len, w.Dst.Len), transfer.ErrOutOfBounds)
+		}
+	}
+	if h := e.opts.BeforePost; h != nil {
+		if err := h(peerName, ops); err != nil {
+			return nil, fmt.Errorf("%s: %w", ctx("injected"), err)
+		}
+	}
+	own := slices.Clone(ops)
+
+	f := e.fab
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if e.closed {
+		return nil, fmt.Errorf("%s: %w", ctx("engine"), transfer.ErrClosed)
+	}
+	p, ok := e.peers[peerName]
+	if !ok {
+		return nil, fmt.Errorf("%s: %w", ctx("peer not loaded"), transfer.ErrUnknownPeer)
+	}
+	t := p.eng
+	if t.closed {
+		return nil, fmt.Errorf("%s: %w", ctx("peer closed"), transfer.ErrPeerLost)
+	}
+	for i, w := range own {
+		if _, err := e.reg.Find(w.Src.Addr, w.Src.Len); err != nil {
+			return nil, fmt.Errorf("%s: %w", ctx("write %d source", i), err)
+		}
+		if _, err := p.view.Find(w.Dst.Addr, w.Dst.Len); err != nil {
+			return nil, fmt.Errorf("%s: %w", ctx("write %d destination outside the peer's loaded metadata (reload it after the peer registers memory)", i), err)
+		}
+		if _, err := t.reg.Find(w.Dst.Addr, w.Dst.Len); err != nil {
+			return nil, fmt.Errorf("%s: %w", ctx("write %d destination no longer registered by the peer", i), err)
+		}
+	}
+	o := &writeOp{
+		src:      e,
+		dst:      t,
+		peer:     peerName,
+		ops:      own,
+		abortC:   make(chan struct{}),
+		finished: make(chan struct{}),
+	}
+	e.out[o] = struct{}{}
+	t.in[o] = struct{}{}
+	e.wg.Add(1)
+	go e.run(o)
+	return o, nil
+}
+
+// InFlight returns the number of operations this engine posted that are not
+// yet terminal.
+func (e *Engine) InFlight() int {
+	e.fab.mu.Lock()
+	defer e.fab.mu.Unlock()
+	return len(e.out)
+}
+
+func (e *Engine) run(o *writeOp) {
+	defer e.wg.Done()
+	if g := e.opts.Gate; g != nil {
+		select {
+		case <-g:
+		case <-o.abortC:
+		}
+	}
+	e.fab.mu.Lock()
+	err := o.abortErr
+	e.fab.mu.Unlock()
+	if err == nil && e.opts.BeforeCopy != nil {
+		if herr := e.opts.BeforeCopy(o.peer, o.ops); herr != nil {
+			err = fmt.Errorf("loopback %s: write to %q: injected: %w", e.name, o.peer, herr)
+		}
+	}
+	if err == nil {
+		// Checked at post time; DeregisterMemory refuses ranges in use and
+		// Close waits for this copy, so the memory is still there.
+		for _, w := range o.ops {
+			copy(mem.Unsafe(w.Dst.Addr, w.Dst.Len), mem.Unsafe(w.Src.Addr, w.Src.Len))
+		}
+	}
+	e.fab.mu.Lock()
+	delete(o.src.out, o)
+	delete(o.dst.in, o)
+	e.fab.mu.Unlock()
+	o.err = err
+	if err != nil {
+		o.state.Store(uint32(transfer.Failed))
+	} else {
+		o.state.Store(uint32(transfer.Done))
+	}
+	close(o.finished)
+	if e.opts.OnComplete != nil {
+		e.opts.OnComplete()
+	}
+}
+
+// Notify queues payload (copied) in the peer's inbox without blocking. It
+// returns ErrQueueFull when the inbox is full, ErrUnknownPeer when the peer
+// is not loaded and ErrPeerLost when it has closed. Notifications to one
+// peer arrive in the order they were sent.
+func (e *Engine) Notify(peerName string, payload []byte) error {
+	e.fab.mu.Lock()
+	defer e.fab.mu.Unlock()
+	if e.closed {
+		return fmt.Errorf("loopback %s: notify %q: %w", e.name, peerName, transfer.ErrClosed)
+	}
+	p, ok := e.peers[peerName]
+	if !ok {
+		return fmt.Errorf("loopback %s: notify %q: %w", e.name, peerName, transfer.ErrUnknownPeer)
+	}
+	if p.eng.closed {
+		return fmt.Errorf("loopback %s: notify %q: %w", e.name, peerName, transfer.ErrPeerLost)
+	}
+	select {
+	case p.eng.inbox <- transfer.Message{Peer: e.name, Payload: bytes.Clone(payload)}:
+		return nil
+	default:
+		return fmt.Errorf("loopback %s: notify %q: inbox of %d full: %w", e.name, peerName, cap(p.eng.inbox), transfer.ErrQueueFull)
+	}
+}
+
+// RecvNotification returns the next notification, with the sender's name
+// in Message.Peer. It waits at most timeout (not at all when timeout <= 0)
+// and returns ErrTimeout when nothing arrived, ErrClosed once the engine is
+// closed.
+func (e *Engine) RecvNotification(timeout time.Duration) (transfer.Message, error) {
+	select {
+	case <-e.done:
+		return transfer.Message{}, fmt.Errorf("loopback %s: recv notification: %w", e.name, transfer.ErrClosed)
+	default:
+	}
+	select {
+	case m := <-e.inbox:
+		return m, nil
+	default:
+	}
+	if timeout <= 0 {
+		return transfer.Message{}, fmt.Errorf("loopback %s: recv notification: %w", e.name, transfer.ErrTimeout)
+	}
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	select {
+	case m := <-e.inbox:
+		return m, nil
+	case <-e.done:
+		return transfer.Message{}, fmt.Errorf("loopback %s: recv notification: %w", e.name, transfer.ErrClosed)
+	case <-t.C:
+		return transfer.Message{}, fmt.Errorf("loopback %s: recv notification after %v: %w", e.name, timeout, transfer.ErrTimeout)
+	}
+}
+
+// Close shuts the engine: its in-flight operations fail with ErrClosed,
+// operations peers posted into it fail with ErrPeerLost, pending
+// notifications are dropped and the name is freed on the fabric. Close
+// returns once none of those operations touches memory any more. It is
+// idempotent.
+func (e *Engine) Close() error {
+	e.closeOnce.Do(func() {
+		f := e.fab
+		f.mu.Lock()
+		e.closed = true
+		if f.engines[e.name] == e {
+			delete(f.engines, e.name)
+		}
+		var inbound []*writeOp
+		for o := range e.out {
+			o.abortLocked(fmt.Errorf("loopback %s: write to %q: engine closed: %w", e.name, o.peer, transfer.ErrClosed))
+		}
+		for o := range e.in {
+			o.abortLocked(fmt.Errorf("loopback %s: write to %q: peer closed: %w", o.src.name, o.peer, transfer.ErrPeerLost))
+			inbound = append(inbound, o)
+		}
+		clear(e.peers)
+		close(e.done)
+		f.mu.Unlock()
+		for _, o := range inbound {
+			<-o.finished
+		}
+		e.wg.Wait()
+	})
+	return nil
+}
+
+// writeOp is one posted batch of writes.
+type writeOp struct {
+	src, dst *Engine
+	peer     string
+	ops      []transfer.WriteOp
+
+	abortC   chan struct{}
+	abortErr error // guarded by fab.mu; set once, then abortC closes
+
+	finished chan struct{}
+	state    atomic.Uint32 // transfer.Status
+	err      error         // written before state becomes terminal
+	released atomic.Bool
+}
+
+func (o *writeOp) abortLocked(err error) {
+	if o.abortErr == nil {
+		o.abortErr = err
+		close(o.abortC)
+	}
+}
+
+// Poll reports the operation's status without blocking.
+func (o *writeOp) Poll() (transfer.Status, error) {
+	s := transfer.Status(o.state.Load())
+	if s == transfer.Pending {
+		return s, nil
+	}
+	return s, o.err
+}
+
+// Release frees the operation once it is terminal.
+func (o *writeOp) Release() error {
+	if transfer.Status(o.state.Load()) == transfer.Pending {
+		return fmt.Errorf("loopback %s: release write to %q: %w", o.src.name, o.peer, transfer.ErrInUse)
+	}
+	if o.released.Swap(true) {
+		return fmt.Errorf("loopback %s: release write to %q: already released: %w", o.src.name, o.peer, transfer.ErrClosed)
+	}
+	return nil
+}
