@@ -8,8 +8,9 @@
 // most SendHWM messages and a send beyond that is dropped with
 // transfer.ErrQueueFull.
 //
-// Every Channel owns its own ZeroMQ context, so Close releases all of its
-// sockets and libzmq threads and affects no other Channel.
+// A Channel starts no goroutines: Recv reads the ROUTER itself. Every
+// Channel owns its own ZeroMQ context, so Close releases all of its sockets
+// and libzmq threads and affects no other Channel.
 package zmq
 
 import (
@@ -31,20 +32,20 @@ import (
 // Kind is the value Channel.Kind returns.
 const Kind = "zmq"
 
-// pollInterval bounds how long the receive loop sleeps in zmq_poll before
-// rechecking for Close. Close normally wakes it at once by terminating the
-// context; the bound is a second line of defence, not a latency knob.
-const pollInterval = 250 * time.Millisecond
+// wakeEndpoint is the inproc address of the pair Close uses to wake a Recv
+// parked in zmq_poll. Inproc names are per context, and every Channel has
+// its own context.
+const wakeEndpoint = "inproc://bounce-zmq-wake"
 
 var _ transfer.ControlChannel = (*Channel)(nil)
 
 // Channel is a transfer.ControlChannel over a ZeroMQ ROUTER (receive) and
 // one DEALER per peer (send). All methods are safe for concurrent use.
 //
-// Socket ownership: the ROUTER is used only by the channel's receive
-// goroutine. Each DEALER is used only under its peer's mutex, and only with
-// non-blocking calls, so Send never waits on the network and Recv never
-// waits on Send.
+// Socket ownership: the ROUTER and the wake pair are used only by the
+// holder of the receive turn (one Recv at a time, or Close). Each DEALER is
+// used only under its peer's mutex, and only with non-blocking calls, so
+// Send never waits on the network and Recv never waits on Send.
 type Channel struct {
 	name     string
 	sendHWM  int
@@ -61,10 +62,14 @@ type Channel struct {
 	peers  map[string]*dealer
 	closed bool
 
-	inbox   chan transfer.Message
-	done    chan struct{} // closed by Close
-	exited  chan struct{} // closed when the receive goroutine returns
-	recvErr error         // why the receive goroutine stopped early; read after exited
+	// recvTurn holds a token while a Recv (or Close) uses router, poller
+	// and wakeRecv.
+	recvTurn chan struct{}
+	router   *zmq4.Socket
+	wakeRecv *zmq4.Socket // PAIR polled with router; readable once Close ran
+	wakeSend *zmq4.Socket // PAIR used by Close only
+	poller   *zmq4.Poller
+	done     chan struct{} // closed by Close
 
 	closeOnce sync.Once
 	closeErr  error
@@ -84,7 +89,7 @@ type dealer struct {
 type Stats struct {
 	// Sent counts messages handed to a peer's DEALER queue.
 	Sent uint64
-	// Received counts messages queued for Recv.
+	// Received counts messages returned by Recv.
 	Received uint64
 	// Dropped counts sends refused with ErrQueueFull.
 	Dropped uint64
@@ -95,8 +100,8 @@ type Stats struct {
 	Malformed uint64
 }
 
-// New binds a Channel's ROUTER on the address chosen from cfg (see Config)
-// and starts its receive goroutine. Close releases everything New acquired.
+// New binds a Channel's ROUTER on the address chosen from cfg (see Config).
+// Close releases everything New acquired.
 func New(cfg Config) (*Channel, error) {
 	return newChannel(cfg, hostProbe(), net.DefaultResolver.LookupHost)
 }
@@ -116,8 +121,14 @@ func newChannel(cfg Config, probe netProbe, lookup hostLookup) (*Channel, error)
 	if err != nil {
 		return nil, fmt.Errorf("zmq: new context: %w", err)
 	}
-	router, endpoint, err := openRouter(zctx, bindEP, ipv6)
+	router, endpoint, err := openRouter(zctx, bindEP, ipv6, cfg.RecvQueue)
 	if err != nil {
+		_ = zctx.Term()
+		return nil, err
+	}
+	wakeRecv, wakeSend, err := openWakePair(zctx)
+	if err != nil {
+		_ = router.Close()
 		_ = zctx.Term()
 		return nil, err
 	}
@@ -129,17 +140,50 @@ func newChannel(cfg Config, probe netProbe, lookup hostLookup) (*Channel, error)
 		zctx:     zctx,
 		endpoint: endpoint,
 		peers:    make(map[string]*dealer),
-		inbox:    make(chan transfer.Message, cfg.RecvQueue),
+		recvTurn: make(chan struct{}, 1),
+		router:   router,
+		wakeRecv: wakeRecv,
+		wakeSend: wakeSend,
+		poller:   zmq4.NewPoller(),
 		done:     make(chan struct{}),
-		exited:   make(chan struct{}),
 	}
-	go c.serve(router)
+	c.poller.Add(router, zmq4.POLLIN)
+	c.poller.Add(wakeRecv, zmq4.POLLIN)
 	return c, nil
+}
+
+// openWakePair connects two inproc PAIR sockets.
+func openWakePair(zctx *zmq4.Context) (recv, send *zmq4.Socket, err error) {
+	var socks [2]*zmq4.Socket
+	fail := func(what string, err error) (*zmq4.Socket, *zmq4.Socket, error) {
+		for _, s := range socks {
+			if s != nil {
+				_ = s.Close()
+			}
+		}
+		return nil, nil, fmt.Errorf("zmq: wake pair %s: %w", what, err)
+	}
+	for i := range socks {
+		if socks[i], err = zctx.NewSocket(zmq4.PAIR); err != nil {
+			socks[i] = nil
+			return fail("new socket", err)
+		}
+		if err := socks[i].SetLinger(0); err != nil {
+			return fail("set linger", err)
+		}
+	}
+	if err := socks[0].Bind(wakeEndpoint); err != nil {
+		return fail("bind", err)
+	}
+	if err := socks[1].Connect(wakeEndpoint); err != nil {
+		return fail("connect", err)
+	}
+	return socks[0], socks[1], nil
 }
 
 // openRouter creates, configures and binds the receive socket and returns
 // it with the endpoint it actually bound.
-func openRouter(zctx *zmq4.Context, bindEP string, ipv6 bool) (*zmq4.Socket, string, error) {
+func openRouter(zctx *zmq4.Context, bindEP string, ipv6 bool, rcvHWM int) (*zmq4.Socket, string, error) {
 	router, err := zctx.NewSocket(zmq4.ROUTER)
 	if err != nil {
 		return nil, "", fmt.Errorf("zmq: new router: %w", err)
@@ -150,6 +194,9 @@ func openRouter(zctx *zmq4.Context, bindEP string, ipv6 bool) (*zmq4.Socket, str
 	}
 	if err := router.SetLinger(0); err != nil {
 		return fail("set linger", err)
+	}
+	if err := router.SetRcvhwm(rcvHWM); err != nil {
+		return fail("set rcvhwm", err)
 	}
 	// A peer that reconnects with the same identity (after being forgotten,
 	// or restarted) takes over the identity instead of being ignored while
@@ -330,41 +377,97 @@ func (c *Channel) Send(peer string, payload []byte) error {
 
 // Recv returns the next message, waiting at most timeout (a timeout <= 0
 // only checks). It returns an error wrapping transfer.ErrTimeout when
-// nothing arrived and transfer.ErrClosed after Close.
+// nothing arrived and transfer.ErrClosed after Close. Concurrent Recv calls
+// take turns reading the socket; each still returns within its timeout
+// (rounded up to a millisecond).
 func (c *Channel) Recv(timeout time.Duration) (transfer.Message, error) {
 	if c.isDone() {
 		return transfer.Message{}, fmt.Errorf("zmq: recv: %w", transfer.ErrClosed)
 	}
+	deadline := time.Now().Add(timeout)
 	select {
-	case m := <-c.inbox:
-		return m, nil
+	case c.recvTurn <- struct{}{}:
 	default:
+		if timeout <= 0 {
+			return transfer.Message{}, fmt.Errorf("zmq: recv: %w", transfer.ErrTimeout)
+		}
+		t := time.NewTimer(timeout)
+		select {
+		case c.recvTurn <- struct{}{}:
+			t.Stop()
+		case <-c.done:
+			t.Stop()
+			return transfer.Message{}, fmt.Errorf("zmq: recv: %w", transfer.ErrClosed)
+		case <-t.C:
+			return transfer.Message{}, fmt.Errorf("zmq: recv: nothing within %v: %w", timeout, transfer.ErrTimeout)
+		}
 	}
-	if timeout <= 0 {
-		return transfer.Message{}, fmt.Errorf("zmq: recv: %w", transfer.ErrTimeout)
-	}
-	t := time.NewTimer(timeout)
-	defer t.Stop()
-	select {
-	case m := <-c.inbox:
-		return m, nil
-	case <-c.done:
-		return transfer.Message{}, fmt.Errorf("zmq: recv: %w", transfer.ErrClosed)
-	case <-c.exited:
+	defer func() { <-c.recvTurn }()
+	return c.recvTurnHeld(timeout, deadline)
+}
+
+// recvTurnHeld reads the ROUTER until a well-formed message arrives, the
+// deadline passes or Close wakes it. The caller holds the receive turn.
+func (c *Channel) recvTurnHeld(timeout time.Duration, deadline time.Time) (transfer.Message, error) {
+	for {
+		// Checked on every pass: Close may have taken the sockets away
+		// between our taking the turn and now only if done is closed.
 		if c.isDone() {
 			return transfer.Message{}, fmt.Errorf("zmq: recv: %w", transfer.ErrClosed)
 		}
-		return transfer.Message{}, fmt.Errorf("zmq: recv: receive loop stopped: %w", c.recvErr)
-	case <-t.C:
-		return transfer.Message{}, fmt.Errorf("zmq: recv: nothing within %v: %w", timeout, transfer.ErrTimeout)
+		frames, err := c.router.RecvMessageBytes(zmq4.DONTWAIT)
+		if err == nil {
+			if m, ok := c.accept(frames); ok {
+				return m, nil
+			}
+			continue
+		}
+		if !isEAGAIN(err) {
+			return transfer.Message{}, c.recvError(err)
+		}
+		wait := time.Until(deadline)
+		if wait <= 0 {
+			return transfer.Message{}, fmt.Errorf("zmq: recv: nothing within %v: %w", timeout, transfer.ErrTimeout)
+		}
+		// zmq_poll counts whole milliseconds; round up so a short wait
+		// sleeps instead of spinning.
+		wait = (wait + time.Millisecond - 1).Truncate(time.Millisecond)
+		if _, err := c.poller.Poll(wait); err != nil && zmq4.AsErrno(err) != zmq4.Errno(syscall.EINTR) {
+			return transfer.Message{}, c.recvError(err)
+		}
 	}
 }
 
-// Close closes every socket, terminates the channel's ZeroMQ context and
-// waits for the receive goroutine. Queued outgoing messages are discarded
-// (linger 0). Close is idempotent; later calls return the first result.
+func (c *Channel) recvError(err error) error {
+	if c.isDone() || zmq4.AsErrno(err) == zmq4.ETERM {
+		return fmt.Errorf("zmq: recv: %w", transfer.ErrClosed)
+	}
+	return fmt.Errorf("zmq: recv: %w", err)
+}
+
+// accept turns one ROUTER message ([identity, payload]) into a Message.
+// Anything else (extra frames, an anonymous libzmq-assigned identity) is
+// counted and discarded.
+func (c *Channel) accept(frames [][]byte) (transfer.Message, bool) {
+	if len(frames) != 2 || len(frames[0]) == 0 || frames[0][0] == 0 {
+		n := c.malformed.Add(1)
+		if n&(n-1) == 0 { // log the 1st, 2nd, 4th, 8th ... occurrence
+			c.log.Warn("zmq: discarding malformed message",
+				"frames", len(frames), "malformed_total", n)
+		}
+		return transfer.Message{}, false
+	}
+	c.received.Add(1)
+	return transfer.Message{Peer: string(frames[0]), Payload: frames[1]}, true
+}
+
+// Close closes every socket and terminates the channel's ZeroMQ context,
+// which stops its libzmq threads. Queued outgoing and unread incoming
+// messages are discarded (linger 0). A Recv in progress returns
+// ErrClosed. Close is idempotent; later calls return the first result.
 func (c *Channel) Close() error {
 	c.closeOnce.Do(func() {
+		var errs []error
 		c.mu.Lock()
 		c.closed = true
 		peers := c.peers
@@ -374,12 +477,23 @@ func (c *Channel) Close() error {
 		}
 		c.mu.Unlock()
 		close(c.done)
-		// Terminating the context wakes the receive goroutine out of
-		// zmq_poll with ETERM; it closes the ROUTER, which lets Term return.
-		if err := c.zctx.Term(); err != nil {
-			c.closeErr = fmt.Errorf("zmq: close: terminate context: %w", err)
+		// Wake a Recv parked in zmq_poll, then take the receive turn for
+		// good: no Recv touches the sockets after this.
+		if _, err := c.wakeSend.SendBytes([]byte{1}, zmq4.DONTWAIT); err != nil {
+			errs = append(errs, fmt.Errorf("wake receiver: %w", err))
 		}
-		<-c.exited
+		c.recvTurn <- struct{}{}
+		for _, s := range []*zmq4.Socket{c.router, c.wakeRecv, c.wakeSend} {
+			if err := s.Close(); err != nil {
+				errs = append(errs, fmt.Errorf("close socket: %w", err))
+			}
+		}
+		if err := c.zctx.Term(); err != nil {
+			errs = append(errs, fmt.Errorf("terminate context: %w", err))
+		}
+		if err := errors.Join(errs...); err != nil {
+			c.closeErr = fmt.Errorf("zmq: close: %w", err)
+		}
 	})
 	return c.closeErr
 }
@@ -407,72 +521,6 @@ func (d *dealer) close() {
 	if d.sock != nil {
 		_ = d.sock.Close()
 		d.sock = nil
-	}
-}
-
-// serve owns the ROUTER: it moves incoming messages to the inbox until
-// Close, and closes the ROUTER on the way out.
-func (c *Channel) serve(router *zmq4.Socket) {
-	defer close(c.exited)
-	defer router.Close()
-	poller := zmq4.NewPoller()
-	poller.Add(router, zmq4.POLLIN)
-	for {
-		// Drain everything readable, then sleep in poll.
-		for {
-			frames, err := router.RecvMessageBytes(zmq4.DONTWAIT)
-			if err != nil {
-				if isEAGAIN(err) {
-					break
-				}
-				c.stop(fmt.Errorf("router recv: %w", err))
-				return
-			}
-			if !c.deliver(frames) {
-				return
-			}
-		}
-		if _, err := poller.Poll(pollInterval); err != nil {
-			if zmq4.AsErrno(err) == zmq4.Errno(syscall.EINTR) {
-				continue
-			}
-			c.stop(fmt.Errorf("router poll: %w", err))
-			return
-		}
-		if c.isDone() {
-			return
-		}
-	}
-}
-
-// stop records why the receive loop ends. Context termination during Close
-// is the normal way out and is not logged.
-func (c *Channel) stop(err error) {
-	c.recvErr = err
-	if c.isDone() || errors.Is(err, zmq4.ETERM) {
-		return
-	}
-	c.log.Error("zmq: receive loop stopped", "err", err)
-}
-
-// deliver queues one ROUTER message ([identity, payload]) for Recv, waiting
-// while the inbox is full. It returns false once the channel is closing.
-func (c *Channel) deliver(frames [][]byte) bool {
-	if len(frames) != 2 || len(frames[0]) == 0 || frames[0][0] == 0 {
-		n := c.malformed.Add(1)
-		if n&(n-1) == 0 { // log the 1st, 2nd, 4th, 8th ... occurrence
-			c.log.Warn("zmq: discarding malformed message",
-				"frames", len(frames), "malformed_total", n)
-		}
-		return true
-	}
-	m := transfer.Message{Peer: string(frames[0]), Payload: frames[1]}
-	select {
-	case c.inbox <- m:
-		c.received.Add(1)
-		return true
-	case <-c.done:
-		return false
 	}
 }
 

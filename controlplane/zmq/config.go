@@ -15,8 +15,9 @@ import (
 const (
 	// DefaultSendHWM is the per-peer send high-water mark, in messages.
 	DefaultSendHWM = 1000
-	// DefaultRecvQueue is the number of received messages buffered for Recv.
-	DefaultRecvQueue = 1024
+	// DefaultRecvQueue is the receive high-water mark, in messages per
+	// connected peer.
+	DefaultRecvQueue = 1000
 	// maxNameLen is the longest routing identity libzmq accepts.
 	maxNameLen = 255
 )
@@ -39,9 +40,10 @@ type Config struct {
 	// SendHWM is the per-peer send queue bound in messages; a Send beyond it
 	// is dropped with ErrQueueFull. 0 means DefaultSendHWM.
 	SendHWM int
-	// RecvQueue is how many received messages wait for Recv before the
-	// channel stops reading the socket (backpressure reaches the senders'
-	// high-water marks). 0 means DefaultRecvQueue.
+	// RecvQueue is the ROUTER's receive high-water mark: how many messages
+	// from one peer wait for Recv before libzmq stops reading that peer's
+	// connection, so backpressure reaches the sender's SendHWM.
+	// 0 means DefaultRecvQueue.
 	RecvQueue int
 	// Logger receives warnings about dropped and malformed messages; nil
 	// discards them.
