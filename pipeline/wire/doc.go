@@ -1,0 +1,43 @@
+// Package wire is the little-endian codec for bounce's control plane: the
+// five control messages (WANT, GRANT, DATA, ACK, NACK), the capability
+// handshake and the agent descriptor peers exchange before they talk.
+//
+// It is pure logic: no goroutines, locks, clocks or IO. Decoders never panic
+// and never allocate in proportion to a length or count they have not yet
+// checked against the bytes actually present; every failure wraps exactly one
+// of the sentinel errors (ErrTruncated, ErrBadMagic, ErrBadVersion,
+// ErrWrongType, ErrTooLarge, ErrTrailing, ErrMalformed) with the field that
+// caused it.
+//
+// # Layout
+//
+// Every encoding starts with the same 8-byte header:
+//
+//	offset 0  magic    4 bytes  "BNCE"
+//	offset 4  version  uint16   Version
+//	offset 6  type     uint8    TypeWant..TypeNack, or the handshake or
+//	                            agent descriptor kind
+//	offset 7  flags    uint8    reserved, must be 0
+//
+// Integers are little-endian and unpadded. A string is a uint16 byte length
+// followed by the bytes (at most MaxString). Bodies:
+//
+//	WANT   request u64 | n u32 | n × chunk_bytes u64 | endpoint str | traceparent str
+//	GRANT  request u64 | n u32 | n × credit (region u64, addr u64, len u64, chunk u32, device i32)
+//	DATA   request u64 | chunk u32 | region u64 | traceparent str | n u32 | n × run
+//	ACK    request u64 | chunk u32 | region u64
+//	NACK   request u64 | chunk u32 | code u16 | reason str
+//
+// A run is a one-byte tag and its fields. Tag 0 is a single copy (Count 1,
+// no strides) and carries region_off, addr and len (25 bytes in all); tag 1
+// carries all six fields of transfer.Run (49 bytes). The encoder uses tag 0
+// whenever it is exact, so an unmerged plan costs about half of the full
+// form, and the decoder rejects a tag 1 run that tag 0 could have carried:
+// every value has exactly one encoding, so decode → encode reproduces the
+// input bytes.
+//
+// The handshake body is version u16 | control_kind str | arena_capacity u64 |
+// max_chunk u64 | endpoint str. The agent descriptor body is name str |
+// engine (u32 length + bytes, at most MaxEngineMetadata) | has_handshake u8
+// (0 or 1) | when 1, a u32 length and a complete handshake encoding.
+package wire

@@ -1,0 +1,218 @@
+package wire
+
+import (
+	"bytes"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"reflect"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+var updateCorpus = flag.Bool("update-corpus", false, "rewrite the seed corpora under testdata/fuzz")
+
+// classified fails unless err wraps exactly one sentinel.
+func classified(t *testing.T, err error) {
+	t.Helper()
+	n := 0
+	for _, s := range sentinels {
+		if errors.Is(err, s) {
+			n++
+		}
+	}
+	if n != 1 {
+		t.Fatalf("error %q wraps %d sentinels, want exactly 1", err, n)
+	}
+}
+
+func FuzzUnmarshal(f *testing.F) {
+	for _, e := range sampleEncodings() {
+		if e.kind == "message" {
+			f.Add(e.b)
+		}
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		m, err := Unmarshal(b)
+		if err != nil {
+			classified(t, err)
+			if m != nil {
+				t.Fatalf("error %v with a message", err)
+			}
+			return
+		}
+		out, err := Marshal(m)
+		if err != nil {
+			t.Fatalf("decoded %+v does not encode: %v", m, err)
+		}
+		if !bytes.Equal(out, b) {
+			t.Fatalf("encoding is not canonical:\n in  %x\n out %x", b, out)
+		}
+		m2, err := Unmarshal(out)
+		if err != nil || !reflect.DeepEqual(m, m2) {
+			t.Fatalf("re-decode: %+v, %v; first %+v", m2, err, m)
+		}
+		if d, ok := m.(*Data); ok {
+			var reused Data
+			if err := UnmarshalData(b, &reused); err != nil || !reflect.DeepEqual(d, &reused) {
+				t.Fatalf("UnmarshalData disagrees: %+v, %v", reused, err)
+			}
+		}
+	})
+}
+
+func FuzzUnmarshalHandshake(f *testing.F) {
+	for _, e := range sampleEncodings() {
+		if e.kind == "handshake" {
+			f.Add(e.b)
+		}
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		h, err := UnmarshalHandshake(b)
+		if err != nil {
+			classified(t, err)
+			if h != (Handshake{}) {
+				t.Fatalf("error %v with a handshake", err)
+			}
+			return
+		}
+		if err := h.Validate(); err != nil {
+			t.Fatalf("decoded handshake fails Validate: %v", err)
+		}
+		out := MarshalHandshake(h)
+		if !bytes.Equal(out, b) {
+			t.Fatalf("encoding is not canonical:\n in  %x\n out %x", b, out)
+		}
+		h2, err := UnmarshalHandshake(out)
+		if err != nil || h2 != h {
+			t.Fatalf("re-decode: %+v, %v; first %+v", h2, err, h)
+		}
+	})
+}
+
+func FuzzUnmarshalAgentDesc(f *testing.F) {
+	for _, e := range sampleEncodings() {
+		if e.kind == "agentdesc" {
+			f.Add(e.b)
+		}
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		d, err := UnmarshalAgentDesc(b)
+		if err != nil {
+			classified(t, err)
+			if !reflect.DeepEqual(d, AgentDesc{}) {
+				t.Fatalf("error %v with a descriptor", err)
+			}
+			return
+		}
+		if err := d.Validate(); err != nil {
+			t.Fatalf("decoded descriptor fails Validate: %v", err)
+		}
+		out := MarshalAgentDesc(d)
+		if !bytes.Equal(out, b) {
+			t.Fatalf("encoding is not canonical:\n in  %x\n out %x", b, out)
+		}
+		d2, err := UnmarshalAgentDesc(out)
+		if err != nil || !reflect.DeepEqual(d, d2) {
+			t.Fatalf("re-decode: %+v, %v; first %+v", d2, err, d)
+		}
+	})
+}
+
+// seed is one corpus entry; valid seeds must decode, the others must not.
+type seed struct {
+	name  string
+	b     []byte
+	valid bool
+}
+
+// seedCorpora is what testdata/fuzz holds: every sample encoding plus a few
+// invalid inputs that start the fuzzer near each error path.
+func seedCorpora() map[string][]seed {
+	out := map[string][]seed{}
+	enc := map[string][]byte{}
+	for _, e := range sampleEncodings() {
+		fuzzName := map[string]string{"message": "FuzzUnmarshal", "handshake": "FuzzUnmarshalHandshake", "agentdesc": "FuzzUnmarshalAgentDesc"}[e.kind]
+		out[fuzzName] = append(out[fuzzName], seed{"valid-" + e.name, e.b, true})
+		enc[e.name] = e.b
+	}
+	data, hs, ad := enc["data-mixed"], enc["handshake-typical"], enc["agentdesc-typical"]
+	badMagic := slices.Clone(data)
+	badMagic[0] = 'X'
+	badVersion := slices.Clone(data)
+	badVersion[4] = 9
+	out["FuzzUnmarshal"] = append(out["FuzzUnmarshal"],
+		seed{"invalid-truncated-data", data[:len(data)/2], false},
+		seed{"invalid-bad-magic", badMagic, false},
+		seed{"invalid-bad-version", badVersion, false},
+		seed{"invalid-handshake", hs, false},
+		seed{"invalid-absurd-count", rawHeader(TypeData).u64(1).u32(0).u64(0).str("").u32(0xffffffff), false},
+		seed{"invalid-trailing", append(slices.Clone(enc["ack-max"]), 0), false},
+	)
+	out["FuzzUnmarshalHandshake"] = append(out["FuzzUnmarshalHandshake"],
+		seed{"invalid-truncated", hs[:len(hs)-1], false},
+		seed{"invalid-agentdesc", ad, false},
+	)
+	out["FuzzUnmarshalAgentDesc"] = append(out["FuzzUnmarshalAgentDesc"],
+		seed{"invalid-truncated", ad[:len(ad)-3], false},
+		seed{"invalid-message", enc["want-typical"], false},
+	)
+	return out
+}
+
+func corpusFile(b []byte) string { return fmt.Sprintf("go test fuzz v1\n[]byte(%q)\n", b) }
+
+func parseCorpusFile(s string) ([]byte, error) {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	if len(lines) != 2 || lines[0] != "go test fuzz v1" {
+		return nil, fmt.Errorf("not a one-value corpus file")
+	}
+	lit, ok := strings.CutPrefix(lines[1], "[]byte(")
+	if !ok || !strings.HasSuffix(lit, ")") {
+		return nil, fmt.Errorf("value is not []byte(...)")
+	}
+	v, err := strconv.Unquote(strings.TrimSuffix(lit, ")"))
+	return []byte(v), err
+}
+
+// TestSeedCorpus checks the checked-in corpora against the current codec:
+// every seed is present, byte-identical to today's encoding, and decodes (or
+// fails) as its name says. Run with -update-corpus to rewrite them.
+func TestSeedCorpus(t *testing.T) {
+	decoders := map[string]func([]byte) error{
+		"FuzzUnmarshal": decodeMessage, "FuzzUnmarshalHandshake": decodeHandshake, "FuzzUnmarshalAgentDesc": decodeAgentDesc,
+	}
+	for fuzzName, seeds := range seedCorpora() {
+		dir := filepath.Join("testdata", "fuzz", fuzzName)
+		if *updateCorpus {
+			if err := os.MkdirAll(dir, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			for _, s := range seeds {
+				if err := os.WriteFile(filepath.Join(dir, s.name), []byte(corpusFile(s.b)), 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		for _, s := range seeds {
+			text, err := os.ReadFile(filepath.Join(dir, s.name))
+			if err != nil {
+				t.Fatalf("%s/%s missing (run go test -run TestSeedCorpus -update-corpus): %v", fuzzName, s.name, err)
+			}
+			b, err := parseCorpusFile(string(text))
+			if err != nil {
+				t.Fatalf("%s/%s: %v", fuzzName, s.name, err)
+			}
+			if !bytes.Equal(b, s.b) {
+				t.Fatalf("%s/%s is stale: the codec now encodes it differently (run -update-corpus)", fuzzName, s.name)
+			}
+			if err := decoders[fuzzName](b); (err == nil) != s.valid {
+				t.Fatalf("%s/%s: decode error %v, valid=%v", fuzzName, s.name, err, s.valid)
+			}
+		}
+	}
+}

@@ -1,0 +1,106 @@
+package wire
+
+import (
+	"math"
+	"strings"
+
+	"github.com/bouncekv/bounce/transfer"
+)
+
+const testTraceParent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+
+type namedMessage struct {
+	name string
+	msg  Message
+}
+
+// sampleMessages covers every type with empty, typical and maximal fields.
+func sampleMessages() []namedMessage {
+	long := strings.Repeat("e", MaxString)
+	return []namedMessage{
+		{"want-cancel-empty", &Want{}},
+		{"want-cancel-endpoint", &Want{Request: 7, Endpoint: "tcp://10.0.0.2:41000"}},
+		{"want-typical", &Want{Request: 42, ChunkBytes: []uint64{32 << 20, 32 << 20, 4096}, Endpoint: "tcp://10.0.0.2:41000", TraceParent: testTraceParent}},
+		{"want-max", &Want{Request: math.MaxUint64, ChunkBytes: []uint64{math.MaxUint64, 1}, Endpoint: long, TraceParent: long}},
+		{"grant-one", &Grant{Request: 1, Credits: []Credit{{Chunk: 0, Region: 0, Addr: 0x7f0000000000, Len: 1 << 20, Device: 0}}}},
+		{"grant-max", &Grant{Request: math.MaxUint64, Credits: []Credit{
+			{Chunk: math.MaxUint32, Region: math.MaxUint64 - 1, Addr: math.MaxUint64 - 1, Len: 1, Device: math.MaxInt32},
+			{Chunk: 1, Region: 1 << 20, Addr: 0x1000, Len: 2 << 20, Device: 3},
+		}}},
+		{"data-one-run", &Data{Request: 9, Chunk: 0, Region: 0, Runs: []transfer.Run{{RegionOff: 0, Addr: 0x1000, Len: 4096, Count: 1}}}},
+		{"data-mixed", &Data{Request: 9, Chunk: 3, Region: 1 << 20, TraceParent: testTraceParent, Runs: []transfer.Run{
+			{RegionOff: 0, Addr: 0x10000, Len: 4096, Count: 1},
+			{RegionOff: 4096, Addr: 0x20000, Len: 4096, Count: 64, RegionStride: 4096, AddrStride: 16384},
+			{RegionOff: 1 << 19, Addr: 0x90000, Len: 32, Count: 1, RegionStride: 7, AddrStride: 9},
+			{RegionOff: 1 << 19, Addr: 0xa0000, Len: 8, Count: 3},
+		}}},
+		{"data-max", &Data{Request: math.MaxUint64, Chunk: math.MaxUint32, Region: math.MaxUint64, TraceParent: long, Runs: []transfer.Run{
+			{RegionOff: math.MaxUint64 - 1, Addr: math.MaxUint64 - 1, Len: 1, Count: 1},
+			{RegionOff: 0, Addr: 0, Len: 1, Count: math.MaxUint64},
+		}}},
+		{"ack-zero", &Ack{}},
+		{"ack-max", &Ack{Request: math.MaxUint64, Chunk: math.MaxUint32, Region: math.MaxUint64}},
+		{"nack-empty-reason", &Nack{Request: 5, Chunk: WholeRequest, Code: NackShutdown}},
+		{"nack-future-code", &Nack{Request: 5, Chunk: 2, Code: 999, Reason: "a code this version does not name"}},
+		{"nack-max", &Nack{Request: math.MaxUint64, Chunk: math.MaxUint32, Code: math.MaxUint16, Reason: long}},
+	}
+}
+
+type namedHandshake struct {
+	name string
+	h    Handshake
+}
+
+func sampleHandshakes() []namedHandshake {
+	long := strings.Repeat("h", MaxString)
+	return []namedHandshake{
+		{"handshake-min", Handshake{Version: 1, ControlKind: "z", ArenaCapacity: 1, MaxChunk: 1, Endpoint: "e"}},
+		{"handshake-typical", Handshake{Version: Version, ControlKind: "zmq", ArenaCapacity: 256 << 20, MaxChunk: 32 << 20, Endpoint: "tcp://10.0.0.1:5555"}},
+		{"handshake-max", Handshake{Version: math.MaxUint16, ControlKind: long, ArenaCapacity: math.MaxUint64, MaxChunk: math.MaxUint64, Endpoint: long}},
+	}
+}
+
+type namedAgentDesc struct {
+	name string
+	d    AgentDesc
+}
+
+func sampleAgentDescs() []namedAgentDesc {
+	hs := sampleHandshakes()
+	return []namedAgentDesc{
+		{"agentdesc-no-bounce", AgentDesc{Name: "a"}},
+		{"agentdesc-typical", AgentDesc{Name: "prefill-0", Engine: []byte("tcp engine metadata\x00\x01\x02"), Handshake: &hs[1].h}},
+		{"agentdesc-max", AgentDesc{Name: strings.Repeat("n", MaxString), Engine: []byte(strings.Repeat("m", 1<<16)), Handshake: &hs[2].h}},
+	}
+}
+
+// encoding is one valid encoded sample and the decoder it belongs to.
+type encoding struct {
+	name   string
+	kind   string // "message", "handshake", "agentdesc"
+	b      []byte
+	decode func([]byte) error
+}
+
+func decodeMessage(b []byte) error   { _, err := Unmarshal(b); return err }
+func decodeHandshake(b []byte) error { _, err := UnmarshalHandshake(b); return err }
+func decodeAgentDesc(b []byte) error { _, err := UnmarshalAgentDesc(b); return err }
+
+// sampleEncodings returns every sample encoded.
+func sampleEncodings() []encoding {
+	var out []encoding
+	for _, s := range sampleMessages() {
+		b, err := Marshal(s.msg)
+		if err != nil {
+			panic(s.name + ": " + err.Error())
+		}
+		out = append(out, encoding{s.name, "message", b, decodeMessage})
+	}
+	for _, s := range sampleHandshakes() {
+		out = append(out, encoding{s.name, "handshake", MarshalHandshake(s.h), decodeHandshake})
+	}
+	for _, s := range sampleAgentDescs() {
+		out = append(out, encoding{s.name, "agentdesc", MarshalAgentDesc(s.d), decodeAgentDesc})
+	}
+	return out
+}

@@ -1,0 +1,227 @@
+package wire
+
+import (
+	"errors"
+	"fmt"
+	"math"
+
+	"github.com/bouncekv/bounce/transfer"
+)
+
+// Version is the codec version written in every header. Decoders reject any
+// other version with ErrBadVersion.
+const Version uint16 = 1
+
+// Limits enforced by encoders and decoders. A count or length above its limit
+// is ErrTooLarge, checked before anything is allocated.
+const (
+	// MaxString is the longest string field in bytes (endpoints, trace
+	// parents, reasons, names, control kinds).
+	MaxString = 4096
+	// MaxChunks is the most chunk sizes one WANT may carry.
+	MaxChunks = 1 << 22
+	// MaxCredits is the most credits one GRANT may carry.
+	MaxCredits = 1 << 22
+	// MaxRuns is the most scatter runs one DATA may carry.
+	MaxRuns = 1 << 24
+	// MaxEngineMetadata is the largest engine metadata blob in an agent
+	// descriptor, in bytes.
+	MaxEngineMetadata = 64 << 20
+)
+
+// WholeRequest is the Nack chunk value for a refusal that concerns the whole
+// request rather than one chunk.
+const WholeRequest uint32 = math.MaxUint32
+
+// Sentinel errors. Every decoding or encoding error wraps exactly one of them,
+// with the message kind and field that failed.
+var (
+	// ErrTruncated means the input ends before the encoding does.
+	ErrTruncated = errors.New("truncated")
+	// ErrBadMagic means the input does not start with the bounce magic.
+	ErrBadMagic = errors.New("bad magic")
+	// ErrBadVersion means the header carries a codec version other than Version.
+	ErrBadVersion = errors.New("unsupported version")
+	// ErrWrongType means the header names a kind this decoder does not decode,
+	// for example handshake bytes given to Unmarshal.
+	ErrWrongType = errors.New("wrong type")
+	// ErrTooLarge means a count or length exceeds the codec's limits.
+	ErrTooLarge = errors.New("too large")
+	// ErrTrailing means bytes follow a complete encoding.
+	ErrTrailing = errors.New("trailing bytes")
+	// ErrMalformed means a field breaks an invariant of its message, for
+	// example a run with Count 0 or a non-zero reserved flag.
+	ErrMalformed = errors.New("malformed")
+)
+
+// Type identifies a control message kind.
+type Type uint8
+
+// Control message kinds.
+const (
+	// TypeWant asks a receiver for credits (sender → receiver).
+	TypeWant Type = 1 + iota
+	// TypeGrant hands credits to a sender (receiver → sender).
+	TypeGrant
+	// TypeData reports a written chunk and its scatter plan (sender → receiver).
+	TypeData
+	// TypeAck reports a chunk scattered and its region free (receiver → sender).
+	TypeAck
+	// TypeNack refuses a request or chunk with a reason (receiver → sender).
+	TypeNack
+
+	// The two non-message kinds share the header, so decoding one as another
+	// fails with ErrWrongType.
+	typeHandshake Type = 'H'
+	typeAgentDesc Type = 'A'
+)
+
+// String names the type ("WANT", "GRANT", ...).
+func (t Type) String() string {
+	switch t {
+	case TypeWant:
+		return "WANT"
+	case TypeGrant:
+		return "GRANT"
+	case TypeData:
+		return "DATA"
+	case TypeAck:
+		return "ACK"
+	case TypeNack:
+		return "NACK"
+	case typeHandshake:
+		return "HANDSHAKE"
+	case typeAgentDesc:
+		return "AGENTDESC"
+	default:
+		return fmt.Sprintf("type(%d)", uint8(t))
+	}
+}
+
+// Message is one control message: *Want, *Grant, *Data, *Ack or *Nack.
+type Message interface {
+	Type() Type
+}
+
+// Want asks the receiver for one credit per chunk, in chunk order. An empty
+// ChunkBytes is a cancel: the receiver drops the flow and reclaims every
+// region it granted to it. Endpoint is the sender's control endpoint, so the
+// receiver can reach it back; TraceParent is a W3C traceparent (may be
+// empty), opaque to the codec. Chunk sizes must be positive.
+type Want struct {
+	Request     uint64
+	ChunkBytes  []uint64
+	Endpoint    string
+	TraceParent string
+}
+
+// Type returns TypeWant.
+func (*Want) Type() Type { return TypeWant }
+
+// IsCancel reports whether w cancels its request (no chunk sizes).
+func (w *Want) IsCancel() bool { return len(w.ChunkBytes) == 0 }
+
+// Credit is exclusive permission to write Len bytes at Addr on the receiver's
+// Device, for chunk Chunk. Region is the receiver's handle for the region (its
+// arena offset); the sender echoes it in DATA. Len must be positive, Addr+Len
+// and Region+Len must not overflow, and Device must not be negative.
+type Credit struct {
+	Chunk  uint32
+	Region uint64
+	Addr   uint64
+	Len    uint64
+	Device int32
+}
+
+// Grant hands one or more credits (at least one) for a request to its sender.
+type Grant struct {
+	Request uint64
+	Credits []Credit
+}
+
+// Type returns TypeGrant.
+func (*Grant) Type() Type { return TypeGrant }
+
+// Data tells the receiver that chunk Chunk of a request landed in region
+// Region, with the scatter runs (region offsets relative to the region) that
+// place it. It carries at least one run; each run must have positive Len and
+// Count and spans that do not overflow.
+type Data struct {
+	Request     uint64
+	Chunk       uint32
+	Region      uint64
+	Runs        []transfer.Run
+	TraceParent string
+}
+
+// Type returns TypeData.
+func (*Data) Type() Type { return TypeData }
+
+// Ack tells the sender that chunk Chunk was scattered and region Region is
+// free again.
+type Ack struct {
+	Request uint64
+	Chunk   uint32
+	Region  uint64
+}
+
+// Type returns TypeAck.
+func (*Ack) Type() Type { return TypeAck }
+
+// NackCode says why a receiver refused.
+type NackCode uint16
+
+// Refusal reasons. Code 0 is invalid on the wire; codes this version does not
+// name still decode, so a newer peer's reasons reach the sender.
+const (
+	// NackBadRuns: DATA runs fall outside the granted region or cannot be
+	// scattered.
+	NackBadRuns NackCode = 1 + iota
+	// NackUnknownFlow: the request or region is not one the receiver holds
+	// for this peer (e.g. a DATA that raced a cancel).
+	NackUnknownFlow
+	// NackBadEndpoint: the WANT's endpoint could not be registered.
+	NackBadEndpoint
+	// NackShutdown: the receiver is shutting down.
+	NackShutdown
+	// NackScatterFailed: the scatter failed; the bytes did not land.
+	NackScatterFailed
+	// NackChunkTooLarge: a chunk can never fit the receiver's arena.
+	NackChunkTooLarge
+	// NackMalformed: the message could not be decoded.
+	NackMalformed
+)
+
+// String names the code ("bad-runs", ...).
+func (c NackCode) String() string {
+	switch c {
+	case NackBadRuns:
+		return "bad-runs"
+	case NackUnknownFlow:
+		return "unknown-flow"
+	case NackBadEndpoint:
+		return "bad-endpoint"
+	case NackShutdown:
+		return "shutdown"
+	case NackScatterFailed:
+		return "scatter-failed"
+	case NackChunkTooLarge:
+		return "chunk-too-large"
+	case NackMalformed:
+		return "malformed"
+	default:
+		return fmt.Sprintf("nack(%d)", uint16(c))
+	}
+}
+
+// Nack refuses a request (Chunk = WholeRequest) or one chunk of it, with a
+// code the sender can act on and a human-readable reason.
+type Nack struct {
+	Request uint64
+	Chunk   uint32
+	Code    NackCode
+	Reason  string
+}
+
+// Type returns TypeNack.
+func (*Nack) Type() Type { return TypeNack }
