@@ -30,7 +30,9 @@
 // the connection stays usable and the operation fails with ErrOutOfBounds or
 // ErrNotRegistered. A malformed frame (bad header, lengths beyond the wire
 // limits, an unexpected type, a first frame other than HELLO) closes the
-// connection.
+// connection. A sender that dies inside a frame's payload may leave part of
+// that frame's destination written (never anything outside it); the frame
+// is never acknowledged, so the sender's operation fails.
 //
 // A part is resolved only after the goroutine writing it returned from the
 // socket write, so a terminal operation never reads its source memory again.

@@ -3,6 +3,7 @@ package tcp
 import (
 	"bufio"
 	"crypto/sha256"
+	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -167,8 +168,12 @@ func (v *env) buf(size int, seed uint64, e *Engine) *mem.Buffer {
 // fill writes a seeded pattern with no zero bytes.
 func fill(b []byte, seed uint64) {
 	r := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
+	for len(b) >= 8 {
+		binary.LittleEndian.PutUint64(b, r.Uint64()|0x0101010101010101)
+		b = b[8:]
+	}
 	for i := range b {
-		b[i] = byte(r.Uint32()%255) + 1
+		b[i] = byte(r.Uint32()) | 1
 	}
 }
 
