@@ -1,0 +1,531 @@
+package pipeline
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/bouncekv/bounce/mem"
+	"github.com/bouncekv/bounce/pipeline/credit"
+	"github.com/bouncekv/bounce/pipeline/wire"
+	"github.com/bouncekv/bounce/transfer"
+)
+
+// Config holds the runtime knobs of an agent (the bounce section of the
+// configuration). Zero fields take the defaults of DefaultConfig.
+type Config struct {
+	// Enabled turns the bounce path on; off means every transfer is direct.
+	Enabled bool
+	// ArenaSize is the size of the shared region arena.
+	ArenaSize uint64
+	// Granularity is the buddy allocator's minimum block.
+	Granularity uint64
+	// MaxChunk caps one chunk (one bulk write); it must match the peer's.
+	MaxChunk uint64
+	// MaxInflight is W, the per-flow cap on regions in flight.
+	MaxInflight int
+	// ScatterWorkers is the number of scatter worker goroutines.
+	ScatterWorkers int
+	// MinDescriptors and MaxAvgDescriptor are the routing gates.
+	MinDescriptors   int
+	MaxAvgDescriptor uint64
+	// RequestTimeout fails a request that made no progress for this long.
+	RequestTimeout time.Duration
+	// QuiesceTimeout bounds how long a failing request waits for its ops to
+	// stop before it is published retired but not quiescent.
+	QuiesceTimeout time.Duration
+	// EagerGather starts gathers before the GRANT arrives (bounded by W and
+	// half the arena).
+	EagerGather bool
+	// DisableMerging sends one scatter run per descriptor (debugging only).
+	DisableMerging bool
+}
+
+// DefaultConfig returns the defaults of the reference design.
+func DefaultConfig() Config {
+	return Config{
+		Enabled:          true,
+		ArenaSize:        256 << 20,
+		Granularity:      1 << 20,
+		MaxChunk:         32 << 20,
+		MaxInflight:      8,
+		ScatterWorkers:   4,
+		MinDescriptors:   1024,
+		MaxAvgDescriptor: 16 << 10,
+		RequestTimeout:   30 * time.Second,
+		QuiesceTimeout:   5 * time.Second,
+		EagerGather:      true,
+	}
+}
+
+func (c *Config) fill() {
+	d := DefaultConfig()
+	if c.ArenaSize == 0 {
+		c.ArenaSize = d.ArenaSize
+	}
+	if c.Granularity == 0 {
+		c.Granularity = d.Granularity
+	}
+	if c.MaxChunk == 0 {
+		c.MaxChunk = d.MaxChunk
+	}
+	if c.MaxInflight == 0 {
+		c.MaxInflight = d.MaxInflight
+	}
+	if c.ScatterWorkers == 0 {
+		c.ScatterWorkers = d.ScatterWorkers
+	}
+	if c.MaxAvgDescriptor == 0 {
+		c.MaxAvgDescriptor = d.MaxAvgDescriptor
+	}
+	if c.RequestTimeout == 0 {
+		c.RequestTimeout = d.RequestTimeout
+	}
+	if c.QuiesceTimeout == 0 {
+		c.QuiesceTimeout = d.QuiesceTimeout
+	}
+}
+
+// Settings are the agent's injected dependencies. The agent does not own
+// them: the caller closes the engine, control channel and stages after
+// Shutdown.
+type Settings struct {
+	// Name is this agent's name; it must equal Engine.Name().
+	Name string
+	// Engine moves the bytes (bulk writes and the direct path).
+	Engine transfer.Engine
+	// Control carries WANT/GRANT/DATA/ACK. Nil disables the bounce path.
+	Control transfer.ControlChannel
+	// Gatherer, Scatterer and Writer are the pipeline stages. Writer nil
+	// means a bulk write on Engine.
+	Gatherer  transfer.Gatherer
+	Scatterer transfer.Scatterer
+	Writer    transfer.Writer
+	// Registry is the host memory the stages validate against. The agent
+	// adds its arena and every RegisterMemory to it.
+	Registry *mem.Registry
+	// Wake, if set, is signalled by stages or engines when an op completes,
+	// so the reactor reacts without polling delay.
+	Wake <-chan struct{}
+	// Logger receives warnings (dropped messages, rejected peers); nil
+	// discards them.
+	Logger *slog.Logger
+}
+
+// Agent is one bounce endpoint: sender and receiver at once.
+type Agent struct {
+	name string
+	cfg  Config
+	set  Settings
+	log  *slog.Logger
+
+	arena    *mem.Arena
+	arenaD   transfer.Desc
+	bounceOn bool   // bounce path usable locally
+	noBounce string // why not, when !bounceOn
+	capacity uint64
+
+	peersMu sync.RWMutex
+	peers   map[string]*peerInfo
+
+	nextID atomic.Uint64
+
+	cmdMu  sync.Mutex
+	cmds   []func(*reactor)
+	kickCh chan struct{}
+
+	stopOnce sync.Once
+	stopped  chan struct{} // closed when the reactor has exited
+	closing  atomic.Bool
+
+	stats counters
+	r     *reactor
+	wg    sync.WaitGroup
+}
+
+type peerInfo struct {
+	name   string
+	bounce bool
+	reason string // why not bounce
+}
+
+// New builds and starts an agent. A bounce set-up failure (arena, scheduler,
+// registration) never fails New: the agent logs the reason and serves every
+// transfer on the direct path.
+func New(s Settings, cfg Config) (*Agent, error) {
+	cfg.fill()
+	if s.Engine == nil {
+		return nil, errors.New("pipeline: settings: Engine is required")
+	}
+	if s.Name == "" {
+		s.Name = s.Engine.Name()
+	}
+	if s.Name != s.Engine.Name() {
+		return nil, fmt.Errorf("pipeline: settings: Name %q differs from the engine's name %q", s.Name, s.Engine.Name())
+	}
+	if s.Registry == nil {
+		s.Registry = &mem.Registry{}
+	}
+	if s.Logger == nil {
+		s.Logger = slog.New(slog.DiscardHandler)
+	}
+	a := &Agent{
+		name:    s.Name,
+		cfg:     cfg,
+		set:     s,
+		log:     s.Logger.With("agent", s.Name),
+		peers:   make(map[string]*peerInfo),
+		kickCh:  make(chan struct{}, 1),
+		stopped: make(chan struct{}),
+	}
+	var sched *credit.Scheduler
+	if err := a.initBounce(&sched); err != nil {
+		a.bounceOn, a.noBounce = false, err.Error()
+		a.log.Warn("bounce disabled, serving every transfer on the direct path", "reason", err)
+	}
+	a.r = newReactor(a, sched)
+	a.wg.Add(1)
+	go func() {
+		defer a.wg.Done()
+		a.r.run()
+	}()
+	a.r.startHelpers(&a.wg)
+	return a, nil
+}
+
+func (a *Agent) initBounce(out **credit.Scheduler) error {
+	switch {
+	case !a.cfg.Enabled:
+		return errors.New("bounce disabled by configuration")
+	case a.set.Control == nil:
+		return errors.New("no control channel")
+	case a.set.Gatherer == nil || a.set.Scatterer == nil:
+		return errors.New("no gather or scatter stage")
+	case a.set.Control.LocalEndpoint() == "":
+		return errors.New("control channel has no usable endpoint")
+	}
+	sched, err := credit.New(credit.Config{Capacity: a.cfg.ArenaSize, Granularity: a.cfg.Granularity, MaxInflight: a.cfg.MaxInflight})
+	if err != nil {
+		return fmt.Errorf("credit scheduler: %w", err)
+	}
+	if a.cfg.MaxChunk > sched.Capacity() {
+		a.log.Info("max chunk clamped to the arena's usable capacity", "max_chunk", a.cfg.MaxChunk, "capacity", sched.Capacity())
+		a.cfg.MaxChunk = sched.Capacity()
+	}
+	arena, err := mem.NewArena(a.name, sched.Capacity())
+	if err != nil {
+		return err
+	}
+	d := arena.Desc()
+	if err := a.set.Registry.Add(d); err != nil {
+		arena.Close()
+		return fmt.Errorf("register arena with the stages: %w", err)
+	}
+	if err := a.set.Engine.RegisterMemory(d); err != nil {
+		_ = a.set.Registry.Remove(d)
+		arena.Close()
+		return fmt.Errorf("register arena with the engine: %w", err)
+	}
+	if a.set.Writer == nil {
+		a.set.Writer = engineWriter{a.set.Engine}
+	}
+	a.arena, a.arenaD, a.capacity, a.bounceOn = arena, d, sched.Capacity(), true
+	*out = sched
+	return nil
+}
+
+// Name returns the agent's name.
+func (a *Agent) Name() string { return a.name }
+
+// BounceEnabled reports whether the local bounce path is up, and why not.
+func (a *Agent) BounceEnabled() (bool, string) { return a.bounceOn, a.noBounce }
+
+// Config returns the effective configuration (after defaults and clamping).
+func (a *Agent) Config() Config { return a.cfg }
+
+// RegisterMemory registers user memory with the engine and the stages, so it
+// can be a transfer's source or a destination peers write to. Peers must
+// reload this agent's descriptor to see new destinations.
+func (a *Agent) RegisterMemory(d transfer.Desc) error {
+	if err := a.set.Registry.Add(d); err != nil {
+		return fmt.Errorf("pipeline: register %v: %w", d, err)
+	}
+	if err := a.set.Engine.RegisterMemory(d); err != nil {
+		_ = a.set.Registry.Remove(d)
+		return fmt.Errorf("pipeline: register %v with engine: %w", d, err)
+	}
+	return nil
+}
+
+// DeregisterMemory undoes RegisterMemory. The engine refuses (ErrInUse)
+// while a transfer uses the memory.
+func (a *Agent) DeregisterMemory(d transfer.Desc) error {
+	if err := a.set.Engine.DeregisterMemory(d); err != nil {
+		return fmt.Errorf("pipeline: deregister %v: %w", d, err)
+	}
+	return a.set.Registry.Remove(d)
+}
+
+// Handshake returns the capability blob this agent advertises, or nil when
+// it offers no bounce path.
+func (a *Agent) Handshake() *wire.Handshake {
+	if !a.bounceOn {
+		return nil
+	}
+	ep := a.set.Control.LocalEndpoint()
+	if ep == "" {
+		return nil
+	}
+	return &wire.Handshake{
+		Version:       wire.Version,
+		ControlKind:   a.set.Control.Kind(),
+		ArenaCapacity: a.capacity,
+		MaxChunk:      a.cfg.MaxChunk,
+		Endpoint:      ep,
+	}
+}
+
+// Descriptor returns the blob peers pass to LoadPeer: this agent's name, its
+// engine metadata and its bounce handshake.
+func (a *Agent) Descriptor() ([]byte, error) {
+	md, err := a.set.Engine.Metadata()
+	if err != nil {
+		return nil, fmt.Errorf("pipeline: engine metadata: %w", err)
+	}
+	return wire.MarshalAgentDesc(wire.AgentDesc{Name: a.name, Engine: md, Handshake: a.Handshake()}), nil
+}
+
+// LoadPeer loads a peer's descriptor: the engine learns how to reach it and
+// the handshake decides its route. An incompatible or missing handshake is
+// not an error: the peer is served on the direct path and the reason is
+// logged and returned by PeerRoute. Loading a peer again refreshes it.
+func (a *Agent) LoadPeer(blob []byte) (string, error) {
+	d, err := wire.UnmarshalAgentDesc(blob)
+	if err != nil {
+		a.stats.badPeerDesc.Add(1)
+		return "", fmt.Errorf("pipeline: load peer: %w: %w", transfer.ErrBadMetadata, err)
+	}
+	name, err := a.set.Engine.LoadPeer(d.Engine)
+	if err != nil {
+		return "", fmt.Errorf("pipeline: load peer %q: %w", d.Name, err)
+	}
+	if name != d.Name {
+		return "", fmt.Errorf("pipeline: load peer: descriptor names %q but its engine metadata names %q: %w", d.Name, name, transfer.ErrBadMetadata)
+	}
+	pi := &peerInfo{name: name}
+	if reason := a.checkHandshake(d.Handshake); reason != "" {
+		pi.reason = reason
+		a.stats.incompatiblePeers.Add(1)
+		a.log.Info("peer stays on the direct path", "peer", name, "reason", reason)
+	} else if err := a.set.Control.AddPeer(name, d.Handshake.Endpoint); err != nil {
+		pi.reason = "control endpoint unusable: " + err.Error()
+		a.stats.incompatiblePeers.Add(1)
+		a.log.Warn("peer stays on the direct path", "peer", name, "reason", pi.reason)
+	} else {
+		pi.bounce = true
+	}
+	a.peersMu.Lock()
+	a.peers[name] = pi
+	a.peersMu.Unlock()
+	return name, nil
+}
+
+func (a *Agent) checkHandshake(h *wire.Handshake) string {
+	local := a.Handshake()
+	switch {
+	case local == nil:
+		return "bounce is off locally: " + a.noBounce
+	case h == nil:
+		return "peer advertises no bounce handshake"
+	case h.Version != local.Version:
+		return fmt.Sprintf("wire version %d, local %d", h.Version, local.Version)
+	case h.ControlKind != local.ControlKind:
+		return fmt.Sprintf("control kind %q, local %q", h.ControlKind, local.ControlKind)
+	case h.MaxChunk != local.MaxChunk:
+		return fmt.Sprintf("max chunk %d, local %d", h.MaxChunk, local.MaxChunk)
+	case h.Endpoint == "":
+		return "peer handshake has no endpoint"
+	}
+	return ""
+}
+
+// PeerRoute reports whether a loaded peer is bounce-capable and, if not, why.
+func (a *Agent) PeerRoute(peer string) (bounce bool, reason string, known bool) {
+	a.peersMu.RLock()
+	defer a.peersMu.RUnlock()
+	pi, ok := a.peers[peer]
+	if !ok {
+		return false, "", false
+	}
+	return pi.bounce, pi.reason, true
+}
+
+// ForgetPeer drops a peer: its handshake, its control path and its engine
+// state. The peer's flows on this receiver are reclaimed and every in-flight
+// request to it fails with ErrPeerLost. A later LoadPeer must re-validate.
+func (a *Agent) ForgetPeer(peer string) error {
+	a.peersMu.Lock()
+	delete(a.peers, peer)
+	a.peersMu.Unlock()
+	var errs []error
+	if a.set.Control != nil {
+		if err := a.set.Control.RemovePeer(peer); err != nil && !errors.Is(err, transfer.ErrUnknownPeer) {
+			errs = append(errs, err)
+		}
+	}
+	a.post(func(r *reactor) { r.forgetPeer(peer) })
+	if err := a.set.Engine.ForgetPeer(peer); err != nil && !errors.Is(err, transfer.ErrUnknownPeer) {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// Submit starts a transfer and returns at once. Argument errors (mismatched
+// descriptors, unknown peer, agent shut down) are returned directly; every
+// other failure resolves the batch.
+func (a *Agent) Submit(req Request) (*Batch, error) {
+	if a.closing.Load() {
+		return nil, fmt.Errorf("pipeline: submit: %w", transfer.ErrClosed)
+	}
+	if len(req.Src) != len(req.Dst) {
+		return nil, fmt.Errorf("pipeline: submit: %d sources but %d destinations", len(req.Src), len(req.Dst))
+	}
+	for i := range req.Src {
+		if req.Src[i].Len != req.Dst[i].Len {
+			return nil, fmt.Errorf("pipeline: submit: descriptor %d: source length %d != destination length %d", i, req.Src[i].Len, req.Dst[i].Len)
+		}
+	}
+	a.peersMu.RLock()
+	pi, ok := a.peers[req.Peer]
+	a.peersMu.RUnlock()
+	if !ok {
+		return nil, fmt.Errorf("pipeline: submit to %q: %w (call LoadPeer first)", req.Peer, transfer.ErrUnknownPeer)
+	}
+	route, reason := a.route(req, pi)
+	id := a.nextID.Add(1)
+	b := newBatch(id, route, reason, req.OnComplete)
+	b.abandon = func(timeout time.Duration) transfer.AbandonOutcome { return a.abandon(b, timeout) }
+	switch route {
+	case RouteBounce:
+		p, err := a.plan(req)
+		if err != nil {
+			return nil, err
+		}
+		a.stats.bounceSubmits.Add(1)
+		a.post(func(r *reactor) { r.submitBounce(b, req.Peer, p) })
+	default:
+		a.stats.directSubmits.Add(1)
+		a.post(func(r *reactor) { r.submitDirect(b, req) })
+	}
+	return b, nil
+}
+
+// Shutdown fails every request in flight (ErrClosed), waits for their ops to
+// stop (bounded by ctx), stops the reactor and workers and frees the arena
+// once nothing can touch it. It is idempotent.
+func (a *Agent) Shutdown(ctx context.Context) error {
+	var err error
+	a.stopOnce.Do(func() {
+		a.closing.Store(true)
+		a.post(func(r *reactor) { r.beginShutdown() })
+		select {
+		case <-a.stopped:
+		case <-ctx.Done():
+			err = fmt.Errorf("pipeline: shutdown: %w", ctx.Err())
+			a.post(func(r *reactor) { r.forceStop() })
+			<-a.stopped
+		}
+		a.wg.Wait()
+		if a.arena != nil {
+			if a.r.arenaQuiet {
+				if derr := a.set.Engine.DeregisterMemory(a.arenaD); derr != nil && !errors.Is(derr, transfer.ErrClosed) {
+					a.log.Warn("deregister arena", "err", derr)
+				}
+				_ = a.set.Registry.Remove(a.arenaD)
+				_ = a.arena.Close()
+			} else {
+				a.log.Warn("arena kept mapped: ops that may still touch it never stopped")
+			}
+		}
+	})
+	return err
+}
+
+// post queues a command for the reactor. It never blocks.
+func (a *Agent) post(fn func(*reactor)) {
+	a.cmdMu.Lock()
+	a.cmds = append(a.cmds, fn)
+	a.cmdMu.Unlock()
+	a.kick()
+}
+
+func (a *Agent) kick() {
+	select {
+	case a.kickCh <- struct{}{}:
+	default:
+	}
+}
+
+func (a *Agent) takeCmds(buf []func(*reactor)) []func(*reactor) {
+	a.cmdMu.Lock()
+	buf = append(buf[:0], a.cmds...)
+	clear(a.cmds)
+	a.cmds = a.cmds[:0]
+	a.cmdMu.Unlock()
+	return buf
+}
+
+// engineWriter is the default Writer: one bulk PostWrite on the engine.
+type engineWriter struct{ e transfer.Engine }
+
+func (w engineWriter) Write(peer string, src, dst transfer.Desc) (transfer.Op, error) {
+	return w.e.PostWrite(peer, []transfer.WriteOp{{Src: src, Dst: dst}})
+}
+
+// CheckConservation runs the credit scheduler's conservation check on the
+// reactor: every arena byte is free, held by exactly one remote flow, or
+// local staging. It returns nil when bounce is off.
+func (a *Agent) CheckConservation() error {
+	res := make(chan error, 1)
+	select {
+	case <-a.stopped:
+		return nil
+	default:
+	}
+	a.post(func(r *reactor) {
+		if r.sched == nil {
+			res <- nil
+			return
+		}
+		res <- r.sched.Check()
+	})
+	select {
+	case err := <-res:
+		return err
+	case <-a.stopped:
+		return nil
+	}
+}
+
+// ArenaStats returns the credit scheduler's view of the arena (zero when
+// bounce is off or the agent stopped).
+func (a *Agent) ArenaStats() credit.Stats {
+	res := make(chan credit.Stats, 1)
+	a.post(func(r *reactor) {
+		if r.sched != nil {
+			res <- r.sched.Stats()
+			return
+		}
+		res <- credit.Stats{}
+	})
+	select {
+	case s := <-res:
+		return s
+	case <-a.stopped:
+		return credit.Stats{}
+	}
+}

@@ -1,0 +1,85 @@
+package pipeline
+
+import (
+	"errors"
+	"fmt"
+	"runtime"
+	"time"
+
+	"github.com/bouncekv/bounce/transfer"
+)
+
+// directReq is a transfer on the direct path: one engine post of every
+// descriptor. The engine reads the caller's memory until the op is terminal.
+type directReq struct {
+	b        *Batch
+	peer     string
+	op       transfer.Op
+	posted   time.Time
+	timedOut bool
+}
+
+func (r *reactor) submitDirect(b *Batch, req Request) {
+	if r.shuttingDown {
+		r.publish(b, fmt.Errorf("pipeline: submit: %w", transfer.ErrClosed), true)
+		return
+	}
+	ops := make([]transfer.WriteOp, 0, len(req.Src))
+	for i := range req.Src {
+		if req.Src[i].Len == 0 {
+			continue
+		}
+		ops = append(ops, transfer.WriteOp{Src: req.Src[i], Dst: req.Dst[i]})
+	}
+	if len(ops) == 0 {
+		r.publish(b, nil, true)
+		return
+	}
+	op, err := r.a.set.Engine.PostWrite(req.Peer, ops)
+	if err != nil {
+		// Nothing was posted, so nothing touches the caller's memory.
+		r.publish(b, fmt.Errorf("pipeline: direct write to %q: %w", req.Peer, err), true)
+		return
+	}
+	r.direct[b.id] = &directReq{b: b, peer: req.Peer, op: op, posted: time.Now()}
+}
+
+func (r *reactor) pollDirect() bool {
+	progressed := false
+	for id, d := range r.direct {
+		st, err := d.op.Poll()
+		if st == transfer.Pending {
+			continue
+		}
+		progressed = true
+		delete(r.direct, id)
+		if rerr := d.op.Release(); rerr != nil {
+			r.log.Warn("release direct op", "err", rerr)
+		}
+		quiet := true
+		if st == transfer.Failed {
+			if errors.Is(err, transfer.ErrDeviceFault) {
+				d.b.markFault()
+			}
+			quiet = !errors.Is(err, transfer.ErrNotQuiescent)
+			err = fmt.Errorf("pipeline: direct write to %q: %w", d.peer, err)
+		}
+		r.publish(d.b, err, quiet)
+	}
+	return progressed
+}
+
+// fail publishes the batch failed but not quiescent: the op stays polled
+// and the batch becomes quiescent when the engine finally lets go.
+func (d *directReq) fail(r *reactor, err error) {
+	r.publish(d.b, err, false)
+}
+
+func (d *directReq) checkTimeout(r *reactor, now time.Time) {
+	if !d.timedOut && now.Sub(d.posted) > r.cfg.RequestTimeout {
+		d.timedOut = true
+		d.fail(r, fmt.Errorf("pipeline: direct write to %q did not complete within %v: %w", d.peer, r.cfg.RequestTimeout, transfer.ErrTimeout))
+	}
+}
+
+func runtimeYield() { runtime.Gosched() }

@@ -1,0 +1,111 @@
+package pipeline
+
+import (
+	"fmt"
+	"sync"
+	"sync/atomic"
+
+	"github.com/bouncekv/bounce/transfer"
+)
+
+// Fault injection: wrappers around the real components, used next to them.
+
+// faultEngine wraps a real engine; while failWrites is set, every PostWrite
+// returns an op that fails.
+type faultEngine struct {
+	transfer.Engine
+	failWrites atomic.Bool
+}
+
+func (e *faultEngine) PostWrite(peer string, ops []transfer.WriteOp) (transfer.Op, error) {
+	if e.failWrites.Load() {
+		return &doneOp{err: fmt.Errorf("injected engine failure: %w", transfer.ErrPeerLost)}, nil
+	}
+	return e.Engine.PostWrite(peer, ops)
+}
+
+// doneOp is an op that is already terminal.
+type doneOp struct{ err error }
+
+func (o *doneOp) Poll() (transfer.Status, error) {
+	if o.err != nil {
+		return transfer.Failed, o.err
+	}
+	return transfer.Done, nil
+}
+func (o *doneOp) Release() error { return nil }
+
+// faultScatterer wraps a real scatterer; while fail is set every scatter
+// fails after doing nothing.
+type faultScatterer struct {
+	transfer.Scatterer
+	fail atomic.Bool
+}
+
+func (s *faultScatterer) Scatter(region transfer.Desc, runs []transfer.Run) (transfer.Op, error) {
+	if s.fail.Load() {
+		return &doneOp{err: fmt.Errorf("injected scatter failure")}, nil
+	}
+	return s.Scatterer.Scatter(region, runs)
+}
+
+// stallGatherer wraps a real gatherer. While stalled, each gather is
+// launched for real but its op reports Pending until release is closed; it
+// then reports the real result, or outcome when set.
+type stallGatherer struct {
+	transfer.Gatherer
+	mu      sync.Mutex
+	stalled bool
+	release chan struct{}
+	outcome error // reported instead of the real result once released
+}
+
+func newStallGatherer(g transfer.Gatherer) *stallGatherer {
+	return &stallGatherer{Gatherer: g, release: make(chan struct{})}
+}
+
+func (s *stallGatherer) stall(on bool) {
+	s.mu.Lock()
+	s.stalled = on
+	s.mu.Unlock()
+}
+
+func (s *stallGatherer) Gather(region transfer.Desc, runs []transfer.Run) (transfer.Op, error) {
+	op, err := s.Gatherer.Gather(region, runs)
+	if err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.stalled {
+		return op, nil
+	}
+	return &stalledOp{Op: op, s: s}, nil
+}
+
+type stalledOp struct {
+	transfer.Op
+	s *stallGatherer
+}
+
+func (o *stalledOp) Poll() (transfer.Status, error) {
+	select {
+	case <-o.s.release:
+	default:
+		return transfer.Pending, nil
+	}
+	st, err := o.Op.Poll()
+	if st.Terminal() && o.s.outcome != nil {
+		return transfer.Failed, o.s.outcome
+	}
+	return st, err
+}
+
+func (o *stalledOp) Release() error {
+	// The real op may still be pending if Poll never saw it terminal.
+	for {
+		if st, _ := o.Op.Poll(); st.Terminal() {
+			return o.Op.Release()
+		}
+	}
+}

@@ -1,0 +1,346 @@
+package pipeline
+
+import (
+	"errors"
+	"log/slog"
+	"runtime"
+	"sync"
+	"time"
+
+	"github.com/bouncekv/bounce/pipeline/credit"
+	"github.com/bouncekv/bounce/pipeline/wire"
+	"github.com/bouncekv/bounce/transfer"
+)
+
+// reactor is the agent's IO goroutine. Everything below is owned by it alone
+// except where noted; other goroutines talk to it through Agent.post, the
+// inbox channel and the scatter result queue.
+type reactor struct {
+	a     *Agent
+	cfg   Config
+	log   *slog.Logger
+	sched *credit.Scheduler // nil when bounce is off locally
+
+	// sender role
+	reqs      map[uint64]*sendReq
+	gathering []chunkRef
+	writing   []chunkRef
+	parked    map[uint64]*sendReq // requests with chunks waiting for arena or copy contexts
+	direct    map[uint64]*directReq
+
+	// receiver role
+	regions   map[uint64]regionInfo // granted region offset -> grant
+	ctrlPeers map[string]string     // control peers added from WANT endpoints
+	jobs      chan scatterJob
+	resMu     sync.Mutex
+	results   []scatterResult
+	scatters  int // scatter jobs handed to workers and not yet reported
+
+	inbox chan transfer.Message
+	quit  chan struct{}
+
+	shuttingDown bool
+	shutdownAt   time.Time
+	force        bool
+	arenaQuiet   bool
+
+	cmdBuf    []func(*reactor)
+	lastCheck time.Time
+}
+
+type regionInfo struct {
+	key   credit.FlowKey
+	chunk int
+	len   uint64
+}
+
+type scatterJob struct {
+	key    credit.FlowKey
+	chunk  uint32
+	region uint64
+	len    uint64
+	runs   []transfer.Run
+}
+
+type scatterResult struct {
+	job scatterJob
+	err error
+}
+
+func newReactor(a *Agent, sched *credit.Scheduler) *reactor {
+	r := &reactor{
+		a:         a,
+		cfg:       a.cfg,
+		log:       a.log,
+		sched:     sched,
+		reqs:      make(map[uint64]*sendReq),
+		parked:    make(map[uint64]*sendReq),
+		direct:    make(map[uint64]*directReq),
+		regions:   make(map[uint64]regionInfo),
+		ctrlPeers: make(map[string]string),
+		inbox:     make(chan transfer.Message, 4096),
+		quit:      make(chan struct{}),
+	}
+	if sched != nil {
+		// Every queued job holds a distinct region, so this never fills.
+		r.jobs = make(chan scatterJob, int(sched.Capacity()/a.cfg.Granularity)+1)
+	}
+	return r
+}
+
+// startHelpers starts the control receive pump and the scatter workers.
+func (r *reactor) startHelpers(wg *sync.WaitGroup) {
+	if r.sched == nil {
+		return
+	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		r.pump()
+	}()
+	for i := 0; i < r.cfg.ScatterWorkers; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r.scatterWorker()
+		}()
+	}
+}
+
+// pump moves control messages from the channel into the reactor's inbox.
+func (r *reactor) pump() {
+	ctrl := r.a.set.Control
+	for {
+		select {
+		case <-r.quit:
+			return
+		default:
+		}
+		m, err := ctrl.Recv(20 * time.Millisecond)
+		if err != nil {
+			if errors.Is(err, transfer.ErrClosed) {
+				return
+			}
+			if !errors.Is(err, transfer.ErrTimeout) {
+				r.log.Warn("control receive failed", "err", err)
+				select {
+				case <-r.quit:
+					return
+				case <-time.After(10 * time.Millisecond):
+				}
+			}
+			continue
+		}
+		select {
+		case r.inbox <- m:
+		case <-r.quit:
+			return
+		}
+	}
+}
+
+// run is the reactor loop: process everything ready, then wait adaptively —
+// spin briefly while ops are outstanding, back off up to a millisecond, and
+// block without a deadline (beyond timeout checks) when idle.
+func (r *reactor) run() {
+	defer close(r.a.stopped)
+	defer close(r.quit)
+	var wake <-chan struct{} = r.a.set.Wake
+	backoff := time.Duration(0)
+	spins := 0
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	for {
+		progressed := r.tick()
+		if r.finished() {
+			r.arenaQuiet = len(r.gathering) == 0 && len(r.writing) == 0 && r.scatters == 0
+			return
+		}
+		if progressed {
+			spins, backoff = 0, 0
+			continue
+		}
+		var wait time.Duration
+		if r.busy() {
+			if spins < 64 {
+				spins++
+				runtime.Gosched()
+				continue
+			}
+			switch {
+			case backoff == 0:
+				backoff = 20 * time.Microsecond
+			case backoff < time.Millisecond:
+				backoff *= 2
+			}
+			wait = backoff
+		} else {
+			wait = 10 * time.Millisecond // timeout checks only
+		}
+		timer.Reset(wait)
+		select {
+		case <-r.a.kickCh:
+		case <-wake:
+		case m := <-r.inbox:
+			r.onMessage(m)
+		case <-timer.C:
+		}
+		if !timer.Stop() {
+			select {
+			case <-timer.C:
+			default:
+			}
+		}
+	}
+}
+
+// busy reports whether ops are outstanding that the reactor must poll.
+func (r *reactor) busy() bool {
+	return len(r.gathering) > 0 || len(r.writing) > 0 || len(r.direct) > 0 || r.scatters > 0 || len(r.parked) > 0
+}
+
+func (r *reactor) tick() bool {
+	progressed := false
+	r.cmdBuf = r.a.takeCmds(r.cmdBuf)
+	for _, fn := range r.cmdBuf {
+		fn(r)
+		progressed = true
+	}
+	clear(r.cmdBuf)
+	for i := 0; i < 256; i++ {
+		select {
+		case m := <-r.inbox:
+			r.onMessage(m)
+			progressed = true
+			continue
+		default:
+		}
+		break
+	}
+	if r.drainScatterResults() {
+		progressed = true
+	}
+	if r.pollGathers() {
+		progressed = true
+	}
+	if r.pollWrites() {
+		progressed = true
+	}
+	if r.pumpParked() {
+		progressed = true
+	}
+	if r.pollDirect() {
+		progressed = true
+	}
+	if now := time.Now(); now.Sub(r.lastCheck) >= time.Millisecond {
+		r.lastCheck = now
+		r.checkTimeouts(now)
+	}
+	return progressed
+}
+
+// onMessage decodes and dispatches one control message. Anything malformed
+// is dropped with a logged reason and a counter; nothing here panics.
+func (r *reactor) onMessage(m transfer.Message) {
+	msg, err := wire.Unmarshal(m.Payload)
+	if err != nil {
+		r.a.stats.badMessages.Add(1)
+		r.log.Warn("dropped malformed control message", "peer", m.Peer, "err", err)
+		return
+	}
+	if r.sched == nil {
+		r.a.stats.badMessages.Add(1)
+		r.log.Warn("dropped control message: bounce is off locally", "peer", m.Peer)
+		return
+	}
+	switch msg := msg.(type) {
+	case *wire.Want:
+		r.onWant(m.Peer, msg)
+	case *wire.Grant:
+		r.onGrant(m.Peer, msg)
+	case *wire.Data:
+		r.onData(m.Peer, msg)
+	case *wire.Ack:
+		r.onAck(m.Peer, msg)
+	case *wire.Nack:
+		r.onNack(m.Peer, msg)
+	default:
+		r.a.stats.badMessages.Add(1)
+	}
+}
+
+// send marshals and sends a control message without blocking. A failed send
+// is counted and logged; the caller decides what it means for the request.
+func (r *reactor) send(peer string, m wire.Message) error {
+	b, err := wire.Marshal(m)
+	if err == nil {
+		err = r.a.set.Control.Send(peer, b)
+	}
+	if err != nil {
+		r.a.stats.sendDrops.Add(1)
+		r.log.Warn("control message dropped", "peer", peer, "type", m.Type(), "err", err)
+	}
+	return err
+}
+
+func (r *reactor) forgetPeer(peer string) {
+	delete(r.ctrlPeers, peer)
+	if r.sched != nil {
+		r.sched.ReclaimPeer(peer)
+		r.schedule()
+	}
+	for _, q := range r.reqs {
+		if q.peer == peer {
+			q.noCancel = true
+			r.fail(q, transfer.ErrPeerLost)
+		}
+	}
+}
+
+func (r *reactor) beginShutdown() {
+	if r.shuttingDown {
+		return
+	}
+	r.shuttingDown = true
+	r.shutdownAt = time.Now()
+	for _, q := range r.reqs {
+		r.fail(q, transfer.ErrClosed)
+	}
+	for _, d := range r.direct {
+		d.fail(r, transfer.ErrClosed)
+	}
+}
+
+func (r *reactor) forceStop() { r.force = true }
+
+// finished reports whether the reactor may exit: shutting down and nothing
+// outstanding, or forced.
+func (r *reactor) finished() bool {
+	if !r.shuttingDown {
+		return false
+	}
+	if r.force {
+		r.abandonAll()
+		return true
+	}
+	if len(r.reqs) == 0 && len(r.direct) == 0 && r.scatters == 0 {
+		return true
+	}
+	if time.Since(r.shutdownAt) > r.cfg.QuiesceTimeout {
+		r.log.Warn("shutdown: ops still outstanding after the quiesce timeout", "requests", len(r.reqs), "direct", len(r.direct), "scatters", r.scatters)
+		r.abandonAll()
+		return true
+	}
+	return false
+}
+
+// abandonAll publishes every remaining batch as failed; those with ops still
+// outstanding stay not quiescent.
+func (r *reactor) abandonAll() {
+	for _, q := range r.reqs {
+		r.publish(q.b, transfer.ErrClosed, q.gathers == 0 && !q.tainted)
+	}
+	for _, d := range r.direct {
+		r.publish(d.b, transfer.ErrClosed, false)
+	}
+}

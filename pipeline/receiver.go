@@ -1,0 +1,247 @@
+package pipeline
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/bouncekv/bounce/pipeline/credit"
+	"github.com/bouncekv/bounce/pipeline/wire"
+	"github.com/bouncekv/bounce/transfer"
+)
+
+// onWant registers a sender's flow (or cancels it) and hands out credits.
+// The WANT carries the sender's control endpoint so the receiver can open
+// the reverse path; a cancel is honoured even when that endpoint is bad, so
+// it can still reclaim what an earlier valid WANT left behind.
+func (r *reactor) onWant(peer string, w *wire.Want) {
+	key := credit.FlowKey{Peer: peer, Request: w.Request}
+	epErr := r.addControlPeer(peer, w.Endpoint)
+	if w.IsCancel() {
+		r.sched.Cancel(key)
+		r.schedule()
+		return
+	}
+	if epErr != nil {
+		r.a.stats.rejectedWants.Add(1)
+		r.log.Warn("WANT rejected: bad sender endpoint", "peer", peer, "request", w.Request, "err", epErr)
+		return
+	}
+	if r.shuttingDown {
+		r.nack(peer, w.Request, 0, wire.NackShutdown, "receiver is shutting down")
+		return
+	}
+	for i, n := range w.ChunkBytes {
+		if n == 0 || n > r.cfg.MaxChunk {
+			r.a.stats.rejectedWants.Add(1)
+			r.nack(peer, w.Request, uint32(i), wire.NackBadRuns, fmt.Sprintf("chunk %d has %d bytes; accepted 1..%d", i, n, r.cfg.MaxChunk))
+			return
+		}
+	}
+	if err := r.sched.Want(key, w.ChunkBytes); err != nil {
+		r.a.stats.rejectedWants.Add(1)
+		r.nack(peer, w.Request, 0, wire.NackBadRuns, err.Error())
+		return
+	}
+	r.schedule()
+}
+
+func (r *reactor) addControlPeer(peer, endpoint string) error {
+	if endpoint == "" {
+		if _, ok := r.ctrlPeers[peer]; ok {
+			return nil
+		}
+		return fmt.Errorf("no endpoint for unknown peer %q: %w", peer, transfer.ErrBadEndpoint)
+	}
+	if r.ctrlPeers[peer] == endpoint {
+		return nil
+	}
+	if err := r.a.set.Control.AddPeer(peer, endpoint); err != nil {
+		return err
+	}
+	r.ctrlPeers[peer] = endpoint
+	return nil
+}
+
+func (r *reactor) nack(peer string, req uint64, chunk uint32, code wire.NackCode, reason string) {
+	if _, ok := r.ctrlPeers[peer]; !ok {
+		return // no reverse path to tell it
+	}
+	_ = r.send(peer, &wire.Nack{Request: req, Chunk: chunk, Code: code, Reason: reason})
+}
+
+// schedule hands out credits and sends them, one GRANT per flow.
+func (r *reactor) schedule() {
+	if r.sched == nil || r.shuttingDown {
+		return
+	}
+	grants := r.sched.Schedule()
+	if len(grants) == 0 {
+		return
+	}
+	r.a.stats.grants.Add(uint64(len(grants)))
+	type out struct {
+		key     credit.FlowKey
+		credits []wire.Credit
+	}
+	var order []*out
+	byFlow := make(map[credit.FlowKey]*out, 4)
+	for _, g := range grants {
+		r.regions[g.Offset] = regionInfo{key: g.Flow, chunk: g.Chunk, len: g.Len}
+		o := byFlow[g.Flow]
+		if o == nil {
+			o = &out{key: g.Flow}
+			byFlow[g.Flow] = o
+			order = append(order, o)
+		}
+		o.credits = append(o.credits, wire.Credit{
+			Chunk: uint32(g.Chunk), Region: g.Offset, Addr: r.a.arenaD.Addr + g.Offset, Len: g.Len, Device: r.a.arenaD.Device,
+		})
+	}
+	for _, o := range order {
+		// A lost GRANT leaves the regions held; the sender times out and its
+		// cancel reclaims them.
+		_ = r.send(o.key.Peer, &wire.Grant{Request: o.key.Request, Credits: o.credits})
+	}
+}
+
+// onData validates a DATA against the flow's grant and queues the scatter.
+// A DATA for a region the flow no longer holds (it raced a cancel) is
+// dropped; runs outside the granted region are rejected before any copy.
+func (r *reactor) onData(peer string, d *wire.Data) {
+	key := credit.FlowKey{Peer: peer, Request: d.Request}
+	if !r.sched.Held(key, d.Region) {
+		r.a.stats.lateData.Add(1)
+		r.log.Info("late or foreign DATA dropped", "peer", peer, "request", d.Request, "region", d.Region)
+		return
+	}
+	info := r.regions[d.Region]
+	if err := checkRuns(d.Runs, info.len); err != nil {
+		r.a.stats.badRuns.Add(1)
+		r.log.Warn("DATA rejected: scatter runs outside the grant", "peer", peer, "request", d.Request, "err", err)
+		if err := r.sched.Drop(key, d.Region); err != nil {
+			r.log.Error("drop rejected region", "err", err)
+		}
+		r.nack(peer, d.Request, d.Chunk, wire.NackBadRuns, err.Error())
+		r.schedule()
+		return
+	}
+	if err := r.sched.BeginScatter(key, d.Region); err != nil {
+		r.a.stats.lateData.Add(1)
+		r.log.Warn("DATA for a region already scattering dropped", "peer", peer, "err", err)
+		return
+	}
+	r.scatters++
+	r.jobs <- scatterJob{key: key, chunk: d.Chunk, region: d.Region, len: info.len, runs: d.Runs}
+}
+
+// checkRuns proves every run stays inside a region of n bytes.
+func checkRuns(runs []transfer.Run, n uint64) error {
+	for i, run := range runs {
+		if run.Count == 0 || run.Len == 0 {
+			return fmt.Errorf("run %d is empty", i)
+		}
+		start, end, ok := run.RegionSpan()
+		if !ok || end > n || start > end {
+			return fmt.Errorf("run %d (offset %d, len %d, count %d, stride %d) exceeds the %d-byte region: %w",
+				i, run.RegionOff, run.Len, run.Count, run.RegionStride, n, transfer.ErrOutOfBounds)
+		}
+	}
+	return nil
+}
+
+// scatterWorker runs scatter jobs: launch (retrying while the copy pool is
+// busy), wait for completion, report to the reactor.
+func (r *reactor) scatterWorker() {
+	for {
+		var job scatterJob
+		select {
+		case job = <-r.jobs:
+		case <-r.quit:
+			return
+		}
+		err := r.runScatter(job)
+		r.resMu.Lock()
+		r.results = append(r.results, scatterResult{job: job, err: err})
+		r.resMu.Unlock()
+		r.a.kick()
+	}
+}
+
+func (r *reactor) runScatter(job scatterJob) error {
+	region := r.regionDesc(job.region, job.len)
+	back := time.Microsecond
+	var op transfer.Op
+	for {
+		var err error
+		op, err = r.a.set.Scatterer.Scatter(region, job.runs)
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, transfer.ErrBusy) {
+			return err
+		}
+		if !r.sleep(&back) {
+			return transfer.ErrClosed
+		}
+	}
+	back = time.Microsecond
+	for {
+		st, err := op.Poll()
+		if st.Terminal() {
+			if rerr := op.Release(); rerr != nil && err == nil {
+				err = rerr
+			}
+			return err
+		}
+		if !r.sleep(&back) {
+			return fmt.Errorf("scatter abandoned at shutdown: %w", transfer.ErrNotQuiescent)
+		}
+	}
+}
+
+// sleep backs off exponentially up to 200µs; false once the reactor quit.
+func (r *reactor) sleep(back *time.Duration) bool {
+	select {
+	case <-r.quit:
+		return false
+	default:
+	}
+	if *back < 16*time.Microsecond {
+		runtimeYield()
+	} else {
+		time.Sleep(*back)
+	}
+	if *back < 200*time.Microsecond {
+		*back *= 2
+	}
+	return true
+}
+
+func (r *reactor) drainScatterResults() bool {
+	r.resMu.Lock()
+	res := r.results
+	r.results = nil
+	r.resMu.Unlock()
+	for _, s := range res {
+		r.scatters--
+		_, orphan, err := r.sched.EndScatter(s.job.region)
+		if err != nil {
+			r.log.Error("end scatter", "region", s.job.region, "err", err)
+		}
+		switch {
+		case s.err != nil:
+			// No ACK: the sender must never believe these bytes landed.
+			r.a.stats.scatterFailures.Add(1)
+			r.log.Warn("scatter failed; no ACK sent", "peer", s.job.key.Peer, "request", s.job.key.Request, "chunk", s.job.chunk, "err", s.err)
+		case orphan:
+			// The flow was reclaimed while scattering: nobody to ACK.
+		default:
+			_ = r.send(s.job.key.Peer, &wire.Ack{Request: s.job.key.Request, Chunk: s.job.chunk, Region: s.job.region})
+		}
+	}
+	if len(res) > 0 {
+		r.schedule()
+	}
+	return len(res) > 0
+}

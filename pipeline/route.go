@@ -1,0 +1,59 @@
+package pipeline
+
+import (
+	"fmt"
+
+	"github.com/bouncekv/bounce/pipeline/plan"
+	"github.com/bouncekv/bounce/transfer"
+)
+
+// route decides bounce or direct and says why.
+func (a *Agent) route(req Request, pi *peerInfo) (Route, string) {
+	if req.Route == RouteDirect {
+		return RouteDirect, "direct route requested"
+	}
+	if !a.bounceOn {
+		return RouteDirect, "bounce off locally: " + a.noBounce
+	}
+	if !pi.bounce {
+		return RouteDirect, "peer not bounce-capable: " + pi.reason
+	}
+	n := len(req.Src)
+	if n == 0 {
+		return RouteDirect, "empty transfer"
+	}
+	if !uniform(req.Src) || !uniform(req.Dst) {
+		return RouteDirect, "descriptors span several devices on one side"
+	}
+	if req.Route == RouteBounce {
+		return RouteBounce, "bounce route requested"
+	}
+	if n < a.cfg.MinDescriptors {
+		return RouteDirect, fmt.Sprintf("%d descriptors < min_descriptors %d", n, a.cfg.MinDescriptors)
+	}
+	var total uint64
+	for _, d := range req.Src {
+		total += d.Len
+	}
+	if avg := total / uint64(n); avg > a.cfg.MaxAvgDescriptor {
+		return RouteDirect, fmt.Sprintf("average descriptor %d B > max_avg_descriptor %d B", avg, a.cfg.MaxAvgDescriptor)
+	}
+	return RouteBounce, "eligible"
+}
+
+func uniform(ds []transfer.Desc) bool {
+	for _, d := range ds[1:] {
+		if d.Device != ds[0].Device || d.Kind != ds[0].Kind {
+			return false
+		}
+	}
+	return true
+}
+
+func (a *Agent) plan(req Request) (*plan.Plan, error) {
+	p, err := plan.Build(req.Src, req.Dst, plan.Options{MaxChunk: a.cfg.MaxChunk, NoMerge: a.cfg.DisableMerging})
+	if err != nil {
+		return nil, fmt.Errorf("pipeline: plan transfer to %q: %w", req.Peer, err)
+	}
+	return p, nil
+}

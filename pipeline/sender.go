@@ -1,0 +1,426 @@
+package pipeline
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/bouncekv/bounce/pipeline/plan"
+	"github.com/bouncekv/bounce/pipeline/wire"
+	"github.com/bouncekv/bounce/transfer"
+)
+
+// chunkState is where one chunk of a bounce request stands on the sender.
+type chunkState uint8
+
+const (
+	cIdle      chunkState = iota // not started
+	cGathering                   // gather op outstanding (reads caller memory)
+	cGathered                    // staged, waiting for its credit
+	cWriting                     // bulk write outstanding (reads staging)
+	cDataSent                    // landed at the peer, DATA sent, waiting for ACK
+	cAcked                       // scattered by the peer
+)
+
+type sendChunk struct {
+	st     chunkState
+	staged bool   // holds a staging region at off
+	off    uint64 // staging region offset in the local arena
+	eager  bool   // staging counted against the eager budget
+	credit *wire.Credit
+	op     transfer.Op
+}
+
+type sendReq struct {
+	id    uint64
+	peer  string
+	b     *Batch
+	plan  *plan.Plan
+	ch    []sendChunk
+	next  int // chunks below next have been started
+	acked int
+	live  int // started and not yet acked
+
+	lastProgress time.Time
+	err          error     // non-nil once failing
+	failedAt     time.Time // when err was set
+	gathers      int       // gather ops outstanding (touch caller memory)
+	writes       int       // write ops outstanding (touch staging)
+	cancelSent   bool
+	noCancel     bool // the peer is gone: no cancel to send
+	tainted      bool // an op ended without proof of quiescence
+	published    bool
+}
+
+type chunkRef struct {
+	q *sendReq
+	k int
+}
+
+func (r *reactor) submitBounce(b *Batch, peer string, p *plan.Plan) {
+	if r.shuttingDown {
+		r.publish(b, fmt.Errorf("pipeline: submit: %w", transfer.ErrClosed), true)
+		return
+	}
+	q := &sendReq{id: b.id, peer: peer, b: b, plan: p, ch: make([]sendChunk, len(p.Chunks)), lastProgress: time.Now()}
+	if len(p.Chunks) == 0 {
+		r.publish(b, nil, true)
+		return
+	}
+	sizes := make([]uint64, len(p.Chunks))
+	for i, c := range p.Chunks {
+		sizes[i] = c.Bytes
+	}
+	r.reqs[q.id] = q
+	if err := r.send(peer, &wire.Want{Request: q.id, ChunkBytes: sizes, Endpoint: r.a.set.Control.LocalEndpoint()}); err != nil {
+		q.noCancel = true // the flow never reached the peer
+		r.fail(q, fmt.Errorf("pipeline: send WANT to %q: %w", peer, err))
+		return
+	}
+	r.advance(q)
+}
+
+// advance starts every chunk it may: eagerly (before a credit) when enabled,
+// or once its credit arrived, up to W live chunks. A chunk that cannot get a
+// staging region or a copy context parks the request for a later retry.
+func (r *reactor) advance(q *sendReq) {
+	if q.err != nil {
+		return
+	}
+	delete(r.parked, q.id)
+	for q.next < len(q.ch) && q.live < r.cfg.MaxInflight {
+		k := q.next
+		c := &q.ch[k]
+		if c.credit == nil && !r.cfg.EagerGather {
+			return
+		}
+		bytes := q.plan.Chunks[k].Bytes
+		eager := c.credit == nil
+		off, ok := r.sched.AcquireLocal(bytes, eager)
+		if !ok {
+			r.parked[q.id] = q
+			return
+		}
+		op, err := r.a.set.Gatherer.Gather(r.regionDesc(off, bytes), q.plan.Chunks[k].Gather)
+		if err != nil {
+			r.releaseLocal(off)
+			if errors.Is(err, transfer.ErrBusy) {
+				r.parked[q.id] = q
+				return
+			}
+			r.fail(q, fmt.Errorf("pipeline: gather chunk %d: %w", k, err))
+			return
+		}
+		c.st, c.staged, c.off, c.eager, c.op = cGathering, true, off, eager, op
+		q.gathers++
+		q.live++
+		q.next++
+		r.gathering = append(r.gathering, chunkRef{q, k})
+	}
+}
+
+func (r *reactor) pumpParked() bool {
+	if len(r.parked) == 0 {
+		return false
+	}
+	progressed := false
+	for _, q := range r.parked {
+		before := q.next
+		r.advance(q)
+		if q.next != before {
+			progressed = true
+		}
+	}
+	return progressed
+}
+
+func (r *reactor) regionDesc(off, n uint64) transfer.Desc {
+	return transfer.Desc{Addr: r.a.arenaD.Addr + off, Len: n, Kind: r.a.arenaD.Kind, Device: r.a.arenaD.Device}
+}
+
+func (r *reactor) releaseLocal(off uint64) {
+	if err := r.sched.ReleaseLocal(off); err != nil {
+		r.log.Error("release staging region", "off", off, "err", err)
+	}
+	r.schedule() // freed bytes may serve a waiting remote flow
+}
+
+func (r *reactor) onGrant(peer string, g *wire.Grant) {
+	q, ok := r.reqs[g.Request]
+	if !ok || q.err != nil {
+		return // stale: the request ended; its cancel reclaims the regions
+	}
+	if q.peer != peer {
+		r.a.stats.badMessages.Add(1)
+		r.log.Warn("GRANT from the wrong peer dropped", "peer", peer, "request", g.Request, "owner", q.peer)
+		return
+	}
+	for _, cr := range g.Credits {
+		k := int(cr.Chunk)
+		if k >= len(q.ch) || q.ch[k].credit != nil || cr.Len < q.plan.Chunks[k].Bytes {
+			r.a.stats.badMessages.Add(1)
+			r.fail(q, fmt.Errorf("pipeline: peer %q sent an invalid credit %+v for request %d", peer, cr, q.id))
+			return
+		}
+		cr := cr
+		c := &q.ch[k]
+		c.credit = &cr
+		q.lastProgress = time.Now()
+		if c.staged && c.eager {
+			if err := r.sched.PromoteLocal(c.off); err != nil {
+				r.log.Error("promote staging region", "err", err)
+			}
+			c.eager = false
+		}
+		if c.st == cGathered {
+			r.postWrite(q, k)
+		}
+	}
+	r.advance(q)
+}
+
+func (r *reactor) pollGathers() bool {
+	progressed := false
+	keep := r.gathering[:0]
+	for _, ref := range r.gathering {
+		q, k := ref.q, ref.k
+		c := &q.ch[k]
+		st, err := c.op.Poll()
+		if st == transfer.Pending {
+			keep = append(keep, ref)
+			continue
+		}
+		progressed = true
+		if rerr := c.op.Release(); rerr != nil {
+			r.log.Warn("release gather op", "err", rerr)
+		}
+		c.op = nil
+		q.gathers--
+		if st == transfer.Failed {
+			if errors.Is(err, transfer.ErrDeviceFault) {
+				q.b.markFault()
+			}
+			if errors.Is(err, transfer.ErrNotQuiescent) {
+				// No proof the gather stopped: neither the caller's memory
+				// nor the staging region may be reused.
+				c.staged = false
+				q.tainted = true
+			}
+			r.fail(q, fmt.Errorf("pipeline: gather chunk %d: %w", k, err))
+		}
+		if q.err != nil {
+			r.dropStaging(c)
+			r.settle(q)
+			continue
+		}
+		c.st = cGathered
+		if c.credit != nil {
+			r.postWrite(q, k)
+		}
+	}
+	clear(r.gathering[len(keep):])
+	r.gathering = keep
+	return progressed
+}
+
+func (r *reactor) dropStaging(c *sendChunk) {
+	if c.staged {
+		c.staged = false
+		r.releaseLocal(c.off)
+	}
+}
+
+func (r *reactor) postWrite(q *sendReq, k int) {
+	c := &q.ch[k]
+	n := q.plan.Chunks[k].Bytes
+	dst := transfer.Desc{Addr: c.credit.Addr, Len: n, Device: c.credit.Device, Kind: q.plan.Chunks[k].DstKind}
+	op, err := r.a.set.Writer.Write(q.peer, r.regionDesc(c.off, n), dst)
+	if err != nil {
+		r.dropStaging(c)
+		r.fail(q, fmt.Errorf("pipeline: write chunk %d to %q: %w", k, q.peer, err))
+		return
+	}
+	c.st, c.op = cWriting, op
+	q.writes++
+	r.writing = append(r.writing, chunkRef{q, k})
+}
+
+func (r *reactor) pollWrites() bool {
+	progressed := false
+	keep := r.writing[:0]
+	for _, ref := range r.writing {
+		q, k := ref.q, ref.k
+		c := &q.ch[k]
+		st, err := c.op.Poll()
+		if st == transfer.Pending {
+			keep = append(keep, ref)
+			continue
+		}
+		progressed = true
+		if rerr := c.op.Release(); rerr != nil {
+			r.log.Warn("release write op", "err", rerr)
+		}
+		c.op = nil
+		q.writes--
+		if st == transfer.Failed && errors.Is(err, transfer.ErrNotQuiescent) {
+			// The engine may still read the staging region: never reuse it.
+			c.staged = false
+			q.b.markFault()
+		} else {
+			r.dropStaging(c) // the engine no longer reads the staging region
+		}
+		if st == transfer.Failed {
+			r.fail(q, fmt.Errorf("pipeline: write chunk %d to %q: %w", k, q.peer, err))
+		}
+		if q.err != nil {
+			r.settle(q)
+			continue
+		}
+		ch := q.plan.Chunks[k]
+		if err := r.send(q.peer, &wire.Data{Request: q.id, Chunk: uint32(k), Region: c.credit.Region, Runs: ch.Scatter}); err != nil {
+			r.fail(q, fmt.Errorf("pipeline: send DATA for chunk %d: %w", k, err))
+			r.settle(q)
+			continue
+		}
+		c.st = cDataSent
+		q.lastProgress = time.Now()
+		r.a.stats.bounceBytes.Add(ch.Payload)
+	}
+	clear(r.writing[len(keep):])
+	r.writing = keep
+	return progressed
+}
+
+func (r *reactor) onAck(peer string, m *wire.Ack) {
+	q, ok := r.reqs[m.Request]
+	if !ok || q.err != nil {
+		return
+	}
+	k := int(m.Chunk)
+	if q.peer != peer || k >= len(q.ch) || q.ch[k].st != cDataSent || q.ch[k].credit.Region != m.Region {
+		r.a.stats.badMessages.Add(1)
+		r.log.Warn("unexpected ACK dropped", "peer", peer, "request", m.Request, "chunk", m.Chunk)
+		return
+	}
+	q.ch[k].st = cAcked
+	q.acked++
+	q.live--
+	q.lastProgress = time.Now()
+	if q.acked == len(q.ch) {
+		delete(r.reqs, q.id)
+		delete(r.parked, q.id)
+		q.published = true
+		r.publish(q.b, nil, true)
+		return
+	}
+	r.advance(q)
+}
+
+func (r *reactor) onNack(peer string, m *wire.Nack) {
+	q, ok := r.reqs[m.Request]
+	if !ok || q.peer != peer {
+		return
+	}
+	r.fail(q, fmt.Errorf("pipeline: peer %q refused request %d chunk %d (code %d): %s", peer, m.Request, m.Chunk, m.Code, m.Reason))
+}
+
+// fail moves a request to failing. Staged-but-idle regions are released at
+// once; outstanding ops are polled to completion by the normal pollers, and
+// settle finishes the request when they are done.
+func (r *reactor) fail(q *sendReq, err error) {
+	if q.err != nil {
+		return
+	}
+	q.err, q.failedAt = err, time.Now()
+	delete(r.parked, q.id)
+	for k := range q.ch {
+		if c := &q.ch[k]; c.st == cGathered {
+			r.dropStaging(c)
+		}
+	}
+	r.settle(q)
+}
+
+// settle publishes a failing request once the caller's memory is provably
+// untouched, sends the cancel once no write can still land in a granted
+// region, and forgets the request once nothing of it is outstanding.
+func (r *reactor) settle(q *sendReq) {
+	if q.err == nil {
+		return
+	}
+	quiet := q.gathers == 0 && !q.tainted
+	if !q.published && q.gathers == 0 {
+		q.published = true
+		r.publish(q.b, q.err, quiet)
+	} else if quiet {
+		q.b.markQuiescent()
+	}
+	if q.writes == 0 && !q.cancelSent && !q.noCancel {
+		q.cancelSent = true
+		_ = r.send(q.peer, &wire.Want{Request: q.id, Endpoint: r.a.set.Control.LocalEndpoint()})
+	}
+	if q.gathers == 0 && q.writes == 0 {
+		delete(r.reqs, q.id)
+	}
+}
+
+// publish resolves a batch once and counts the outcome.
+func (r *reactor) publish(b *Batch, err error, quiescent bool) {
+	if !b.finish(err, quiescent) {
+		if quiescent {
+			b.markQuiescent()
+		}
+		return
+	}
+	if err == nil {
+		r.a.stats.succeeded.Add(1)
+	} else {
+		r.a.stats.failed.Add(1)
+	}
+}
+
+func (r *reactor) checkTimeouts(now time.Time) {
+	for _, q := range r.reqs {
+		switch {
+		case q.err == nil && now.Sub(q.lastProgress) > r.cfg.RequestTimeout:
+			r.fail(q, fmt.Errorf("pipeline: request %d to %q made no progress for %v: %w", q.id, q.peer, r.cfg.RequestTimeout, transfer.ErrTimeout))
+		case q.err != nil && !q.published && now.Sub(q.failedAt) > r.cfg.QuiesceTimeout:
+			// The gathers did not stop in time: retired, not quiescent.
+			q.published = true
+			r.publish(q.b, q.err, false)
+		}
+	}
+	for _, d := range r.direct {
+		d.checkTimeout(r, now)
+	}
+}
+
+// abandon fails the batch if it is still pending and waits, at most timeout,
+// for proof that nothing touches the caller's memory.
+func (a *Agent) abandon(b *Batch, timeout time.Duration) transfer.AbandonOutcome {
+	a.post(func(r *reactor) {
+		if q, ok := r.reqs[b.id]; ok {
+			r.fail(q, fmt.Errorf("pipeline: request %d: %w", b.id, ErrAbandoned))
+		}
+		if d, ok := r.direct[b.id]; ok {
+			d.fail(r, fmt.Errorf("pipeline: request %d: %w", b.id, ErrAbandoned))
+		}
+	})
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	select {
+	case <-b.quiet:
+		return transfer.Recoverable
+	case <-t.C:
+	case <-a.stopped:
+		select {
+		case <-b.quiet:
+			return transfer.Recoverable
+		default:
+		}
+	}
+	if b.faulted() {
+		return transfer.DeviceFault
+	}
+	return transfer.NotQuiescent
+}

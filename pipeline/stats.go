@@ -1,0 +1,44 @@
+package pipeline
+
+import "sync/atomic"
+
+// Stats are the agent's counters since it started.
+type Stats struct {
+	BounceSubmits, DirectSubmits uint64
+	Succeeded, Failed            uint64
+	// Control messages that could not be sent (queue full, unknown peer).
+	SendDrops uint64
+	// Malformed or unexpected control messages dropped, by reason.
+	BadMessages, LateData, RejectedWants, BadRuns uint64
+	// Peers kept on the direct path by the handshake, and peer descriptors
+	// that failed to decode.
+	IncompatiblePeers, BadPeerDescriptors uint64
+	// Scatter failures (no ACK was sent).
+	ScatterFailures uint64
+	// Grants sent and bytes moved through the bounce path.
+	Grants, BounceBytes uint64
+}
+
+type counters struct {
+	bounceSubmits, directSubmits                  atomic.Uint64
+	succeeded, failed                             atomic.Uint64
+	sendDrops                                     atomic.Uint64
+	badMessages, lateData, rejectedWants, badRuns atomic.Uint64
+	incompatiblePeers, badPeerDesc                atomic.Uint64
+	scatterFailures                               atomic.Uint64
+	grants, bounceBytes                           atomic.Uint64
+}
+
+// Stats returns a snapshot of the agent's counters.
+func (a *Agent) Stats() Stats {
+	c := &a.stats
+	return Stats{
+		BounceSubmits: c.bounceSubmits.Load(), DirectSubmits: c.directSubmits.Load(),
+		Succeeded: c.succeeded.Load(), Failed: c.failed.Load(),
+		SendDrops:   c.sendDrops.Load(),
+		BadMessages: c.badMessages.Load(), LateData: c.lateData.Load(), RejectedWants: c.rejectedWants.Load(), BadRuns: c.badRuns.Load(),
+		IncompatiblePeers: c.incompatiblePeers.Load(), BadPeerDescriptors: c.badPeerDesc.Load(),
+		ScatterFailures: c.scatterFailures.Load(),
+		Grants:          c.grants.Load(), BounceBytes: c.bounceBytes.Load(),
+	}
+}
