@@ -1,0 +1,32 @@
+// Package conformance certifies implementations of the five public bounce
+// interfaces (transfer.Engine, transfer.ControlChannel, transfer.Gatherer,
+// transfer.Scatterer and transfer.Writer) against the contracts written in
+// package transfer.
+//
+// Each suite is a function over a fixture factory, in the style of
+// golang.org/x/net/nettest.TestConn: the factory returns fresh instances
+// wired to reach each other, and every rule runs against its own instances.
+// Engine, ControlChannel, Gatherer, Scatterer and Writer run the rules as
+// subtests of a *testing.T; CheckEngine, CheckControlChannel, CheckGatherer,
+// CheckScatterer and CheckWriter run the very same rules outside go test and
+// return a Report that can be written as text, JSON or JUnit XML.
+//
+// Every rule has an ID such as "engine/byte-exact" (Rules lists them all with
+// a one-line summary) and every failure message starts with it in brackets:
+//
+//	[engine/byte-exact] write of 4097 bytes (src+1 → dst+3): destination byte 17 = 0x3a, want 0x91 (1 byte differs)
+//
+// Optional capabilities (transfer.Notifier, multi-op posts, a way to kill a
+// peer, ErrBusy backpressure, catching an op while it is pending) are probed
+// and their rules skipped, never failed, when absent. Every rule is bounded:
+// an operation that never becomes terminal fails after Config.OpTimeout, and
+// a rule stuck inside a call to the implementation is abandoned after
+// 3×OpTimeout, so a broken implementation cannot hang the suite.
+//
+// The suite allocates its buffers outside the Go heap (package mem, or the
+// fixture's Alloc) and frees them only when the rule passed and every
+// operation proved quiescent; memory an implementation may still touch is
+// left mapped. After every rule it also looks for goroutines the rule left
+// behind (go.uber.org/goleak), so do not run a suite in parallel with other
+// tests in the same process.
+package conformance

@@ -1,0 +1,708 @@
+package conformance
+
+import (
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/bouncekv/bounce/mem"
+	"github.com/bouncekv/bounce/transfer"
+)
+
+// EnginePair is what an EngineFactory returns: two fresh engines that can
+// reach each other. The suite registers memory and loads each engine's
+// metadata into the other itself. A is the writer; B owns the destinations.
+type EnginePair struct {
+	A, B transfer.Engine
+	// KillB, if set, makes B vanish abruptly (close it without ceremony,
+	// or kill the process it runs in). Nil skips engine/peer-loss.
+	KillB func()
+	// Alloc, if set, provides the host memory the suite registers with A
+	// and B; nil means mem.Alloc.
+	Alloc AllocFunc
+	// Cleanup, if set, releases both engines and anything else the
+	// factory made. It is called once after each rule, also after the rule
+	// closed or killed an engine itself.
+	Cleanup func()
+}
+
+// EngineFactory returns a fresh EnginePair for one rule.
+type EngineFactory func() (EnginePair, error)
+
+// Engine runs the engine rules against pairs from newPair as subtests of t.
+func Engine(t *testing.T, newPair EngineFactory, cfg Config) {
+	t.Helper()
+	engineSuite(newPair).test(t, cfg)
+}
+
+// CheckEngine runs the engine rules against pairs from newPair and returns
+// the report; it needs no testing.T.
+func CheckEngine(newPair EngineFactory, cfg Config) Report {
+	return engineSuite(newPair).check(cfg)
+}
+
+// enginePeer is an EnginePair after the suite connected it.
+type enginePeer struct {
+	EnginePair
+	// peerB is the name A knows B by, peerA the name B knows A by.
+	peerB, peerA string
+	rig          *writeRig
+}
+
+func engineSuite(newPair EngineFactory) suite[*enginePeer] {
+	return suite[*enginePeer]{
+		kind:  "engine",
+		rules: engineRules(),
+		open: func() (opened[*enginePeer], error) {
+			if newPair == nil {
+				return opened[*enginePeer]{}, errors.New("nil EngineFactory")
+			}
+			p, err := newPair()
+			if err != nil {
+				return opened[*enginePeer]{}, err
+			}
+			cleanup := p.Cleanup
+			if cleanup == nil {
+				cleanup = func() {}
+			}
+			if p.A == nil || p.B == nil {
+				return opened[*enginePeer]{cleanup: cleanup}, errors.New("EnginePair.A or B is nil")
+			}
+			return opened[*enginePeer]{
+				f:       &enginePeer{EnginePair: p},
+				cleanup: cleanup,
+				alloc:   p.Alloc,
+				subject: fmt.Sprintf("%T", p.A),
+			}, nil
+		},
+	}
+}
+
+// connect loads each engine's metadata into the other and builds the rig.
+func (e *enginePeer) connect(c *rc) error {
+	c.step("loading B's metadata into A")
+	md, err := e.B.Metadata()
+	if err != nil {
+		return fmt.Errorf("B.Metadata: %w", err)
+	}
+	if e.peerB, err = e.A.LoadPeer(md); err != nil {
+		return fmt.Errorf("A.LoadPeer(B's metadata): %w", err)
+	}
+	c.step("loading A's metadata into B")
+	if md, err = e.A.Metadata(); err != nil {
+		return fmt.Errorf("A.Metadata: %w", err)
+	}
+	if e.peerA, err = e.B.LoadPeer(md); err != nil {
+		return fmt.Errorf("B.LoadPeer(A's metadata): %w", err)
+	}
+	e.rig = &writeRig{
+		regSrc: e.A.RegisterMemory,
+		regDst: func(d transfer.Desc) error {
+			if err := e.B.RegisterMemory(d); err != nil {
+				return err
+			}
+			return e.reload(c)
+		},
+		write: func(src, dst transfer.Desc) (transfer.Op, error) {
+			return e.A.PostWrite(e.peerB, []transfer.WriteOp{{Src: src, Dst: dst}})
+		},
+		multi: func(ops []transfer.WriteOp) (transfer.Op, error) { return e.A.PostWrite(e.peerB, ops) },
+	}
+	return nil
+}
+
+// reload refreshes A's view of B after B registered more memory.
+func (e *enginePeer) reload(c *rc) error {
+	c.step("reloading B's metadata into A")
+	md, err := e.B.Metadata()
+	if err != nil {
+		return fmt.Errorf("B.Metadata: %w", err)
+	}
+	name, err := e.A.LoadPeer(md)
+	if err != nil {
+		return fmt.Errorf("A.LoadPeer(B's refreshed metadata): %w", err)
+	}
+	if name != e.peerB {
+		return fmt.Errorf("reloading B's metadata named the peer %q; the first load named it %q", name, e.peerB)
+	}
+	return nil
+}
+
+func engineRules() []rule[*enginePeer] {
+	mk := func(c *rc, e *enginePeer) (rig, error) {
+		if err := e.connect(c); err != nil {
+			return nil, err
+		}
+		return e.rig, nil
+	}
+	connected := func(body func(c *rc, e *enginePeer) error) func(c *rc, e *enginePeer) error {
+		return func(c *rc, e *enginePeer) error {
+			if err := e.connect(c); err != nil {
+				return fmt.Errorf("setup: %w", err)
+			}
+			return body(c, e)
+		}
+	}
+	rules := dataRules("engine", "write", mk)
+	return append(rules,
+		rule[*enginePeer]{"engine/multi-op", "a PostWrite of several writes (unaligned, adjacent, out of address order) is one op that lands every byte (skipped on ErrUnsupported)", connected(ruleMultiOp)},
+		rule[*enginePeer]{"engine/unknown-peer", "PostWrite to a peer that was never loaded fails with transfer.ErrUnknownPeer and writes nothing", connected(ruleUnknownPeer)},
+		rule[*enginePeer]{"engine/bad-metadata", "LoadPeer of empty, garbage or truncated metadata fails with transfer.ErrBadMetadata and leaves the loaded peer working", connected(ruleBadMetadata)},
+		rule[*enginePeer]{"engine/reload-peer", "memory the peer registers after it was loaded is writable once its metadata is loaded again, under the same peer name", connected(ruleReloadPeer)},
+		rule[*enginePeer]{"engine/deregister-in-flight", "DeregisterMemory of a source or destination an in-flight write uses returns transfer.ErrInUse (or defers), and the write still completes byte-exact", connected(ruleDeregisterInFlight)},
+		rule[*enginePeer]{"engine/forget-peer", "ForgetPeer makes in-flight writes terminal within OpTimeout (Failed ones wrap transfer.ErrPeerLost and are quiescent), later posts fail with transfer.ErrUnknownPeer, and loading the peer again works", connected(ruleForgetPeer)},
+		rule[*enginePeer]{"engine/peer-loss", "when B dies (EnginePair.KillB) every in-flight write is terminal within OpTimeout, Failed ones wrap transfer.ErrPeerLost, and no later write reports Done (skipped without KillB)", connected(rulePeerLoss)},
+		rule[*enginePeer]{"engine/notify-order", "1,000 notifications to one peer arrive in order, none lost or duplicated, and Notify never blocks (skipped without transfer.Notifier)", connected(ruleNotifyOrder)},
+		rule[*enginePeer]{"engine/notify-sender", "a received notification names its sender as the receiver loaded it (skipped without transfer.Notifier)", connected(ruleNotifySender)},
+		rule[*enginePeer]{"engine/notify-no-crosstalk", "notifications sent both ways at once each reach only the other engine, with the right sender, in order (skipped without transfer.Notifier)", connected(ruleNotifyCrosstalk)},
+		rule[*enginePeer]{"engine/notify-timeout", "RecvNotification with nothing sent returns transfer.ErrTimeout after at most its timeout (skipped without transfer.Notifier)", connected(ruleNotifyTimeout)},
+		rule[*enginePeer]{"engine/notify-closed", "RecvNotification on a closed engine returns transfer.ErrClosed at once (skipped without transfer.Notifier)", connected(ruleNotifyClosed)},
+	)
+}
+
+func ruleMultiOp(c *rc, e *enginePeer) error {
+	sizes := []uint64{1, 4097, 300, 64, 64, 7}
+	var ops []transfer.WriteOp
+	j := &job{what: fmt.Sprintf("post of %d writes", len(sizes))}
+	// The fourth and fifth writes fill the two halves of one buffer, the
+	// second half first.
+	var shared []byte
+	for i, n := range sizes {
+		src, err := c.buf(n + 5)
+		if err != nil {
+			return err
+		}
+		c.fill(src)
+		if err := e.A.RegisterMemory(mem.DescOf(src)); err != nil {
+			return fmt.Errorf("A.RegisterMemory: %w", err)
+		}
+		var dst []byte
+		switch i {
+		case 3:
+			if shared, err = c.buf(2*n + 2); err != nil {
+				return err
+			}
+			c.fill(shared)
+			if err := e.B.RegisterMemory(mem.DescOf(shared)); err != nil {
+				return fmt.Errorf("B.RegisterMemory: %w", err)
+			}
+			dst = shared[1+n : 1+2*n]
+		case 4:
+			dst = shared[1 : 1+n]
+		default:
+			if dst, err = c.buf(n + 9); err != nil {
+				return err
+			}
+			c.fill(dst)
+			if err := e.B.RegisterMemory(mem.DescOf(dst)); err != nil {
+				return fmt.Errorf("B.RegisterMemory: %w", err)
+			}
+			j.watch(fmt.Sprintf("write %d: guard before the destination:", i), dst[:3], nil)
+			j.watch(fmt.Sprintf("write %d: guard after the destination:", i), dst[3+n:], nil)
+			dst = dst[3 : 3+n]
+		}
+		j.watch(fmt.Sprintf("write %d (%d bytes): destination", i, n), dst, src[2:2+n])
+		ops = append(ops, transfer.WriteOp{Src: mem.DescOf(src[2 : 2+n]), Dst: mem.DescOf(dst)})
+	}
+	j.watch("shared destination: guard", shared[:1], nil)
+	j.watch("shared destination: guard at the end", shared[len(shared)-1:], nil)
+	if err := e.reload(c); err != nil {
+		return err
+	}
+	j.post = func() (transfer.Op, error) { return e.A.PostWrite(e.peerB, ops) }
+	op, perr, err := c.post(j)
+	if err != nil {
+		return err
+	}
+	if errors.Is(perr, transfer.ErrUnsupported) {
+		return c.skipf("PostWrite of %d writes: %v", len(ops), perr)
+	}
+	if perr != nil {
+		return fmt.Errorf("%s: rejected: %v", j.what, perr)
+	}
+	o, err := c.wait(op, j.what)
+	if err != nil {
+		return err
+	}
+	defer op.Release()
+	if o.st != transfer.Done {
+		return fmt.Errorf("%s: Poll reported %v; want done", j.what, o)
+	}
+	if m := j.mismatch(); m != "" {
+		return fmt.Errorf("%s: %s", j.what, m)
+	}
+	return nil
+}
+
+// expectRefused posts j and requires a refusal (by the call or a failed
+// op) wrapping want, with nothing written. It returns the refusal.
+func expectRefused(c *rc, j *job, want ...error) error {
+	op, perr, err := c.post(j)
+	if err != nil {
+		return err
+	}
+	cause, how := perr, "the call"
+	if perr == nil {
+		o, err := c.wait(op, j.what)
+		if err != nil {
+			return err
+		}
+		_ = op.Release()
+		if o.st == transfer.Done {
+			c.tainted("%s reported done", j.what)
+			return fmt.Errorf("%s: Poll reported done; want a failure wrapping %s", j.what, names(want))
+		}
+		cause, how = o.err, "a failed op"
+	}
+	if !anyOf(cause, want) {
+		return fmt.Errorf("%s: refused by %s with %q, which wraps neither %s", j.what, how, fmt.Sprint(cause), names(want))
+	}
+	if m := j.changed(); m != "" {
+		c.tainted("%s wrote memory", j.what)
+		return fmt.Errorf("%s was refused but %s", j.what, m)
+	}
+	return nil
+}
+
+// retarget returns a copy of j that posts the same write to peer.
+func retarget(e *enginePeer, j *job, what, peer string) *job {
+	k := *j
+	k.what = what
+	k.post = func() (transfer.Op, error) {
+		return e.A.PostWrite(peer, []transfer.WriteOp{{Src: j.src, Dst: j.dst}})
+	}
+	return &k
+}
+
+func ruleUnknownPeer(c *rc, e *enginePeer) error {
+	j, err := e.rig.job(c, 64, 1)
+	if err != nil {
+		return fmt.Errorf("setup: %w", err)
+	}
+	const ghost = "conformance-peer-never-loaded"
+	return expectRefused(c, retarget(e, j, fmt.Sprintf("write to never-loaded peer %q", ghost), ghost), transfer.ErrUnknownPeer)
+}
+
+func ruleBadMetadata(c *rc, e *enginePeer) error {
+	md, err := e.B.Metadata()
+	if err != nil {
+		return fmt.Errorf("B.Metadata: %w", err)
+	}
+	inputs := []struct {
+		what string
+		md   []byte
+	}{
+		{"nil metadata", nil},
+		{"empty metadata", []byte{}},
+		{"garbage metadata", []byte("\x00conformance: not metadata\xff\xfe")},
+		{"B's metadata truncated to half", md[:len(md)/2]},
+		{"B's metadata truncated to one byte", md[:min(1, len(md))]},
+	}
+	for _, in := range inputs {
+		c.step("A.LoadPeer(%s)", in.what)
+		name, err := e.A.LoadPeer(in.md)
+		if err == nil {
+			return fmt.Errorf("A.LoadPeer(%s) accepted it as peer %q; want an error wrapping %q", in.what, name, transfer.ErrBadMetadata)
+		}
+		if !errors.Is(err, transfer.ErrBadMetadata) {
+			return fmt.Errorf("A.LoadPeer(%s): %q does not wrap %q", in.what, err, transfer.ErrBadMetadata)
+		}
+	}
+	j, err := e.rig.job(c, 4097, 1)
+	if err != nil {
+		return fmt.Errorf("setup: %w", err)
+	}
+	op, err := c.complete(j)
+	if err != nil {
+		return fmt.Errorf("after the bad LoadPeer calls: %w", err)
+	}
+	defer op.Release()
+	if m := j.mismatch(); m != "" {
+		return fmt.Errorf("after the bad LoadPeer calls, %s: %s", j.what, m)
+	}
+	return nil
+}
+
+func ruleReloadPeer(c *rc, e *enginePeer) error {
+	// Memory registered at B while A's view is stale.
+	stale := *e.rig
+	stale.regDst = e.B.RegisterMemory
+	j, err := stale.job(c, 4097, 1)
+	if err != nil {
+		return fmt.Errorf("setup: %w", err)
+	}
+	for range 2 {
+		if err := e.reload(c); err != nil {
+			return err
+		}
+	}
+	op, err := c.complete(j)
+	if err != nil {
+		return fmt.Errorf("after reloading B's metadata: %w", err)
+	}
+	defer op.Release()
+	if m := j.mismatch(); m != "" {
+		return fmt.Errorf("after reloading B's metadata, %s: %s", j.what, m)
+	}
+	return nil
+}
+
+func ruleDeregisterInFlight(c *rc, e *enginePeer) error {
+	n := c.cfg.maxSize()
+	sides := []struct {
+		name string
+		eng  transfer.Engine
+		reg  func(j *job) transfer.Desc
+	}{
+		{"A.DeregisterMemory(source)", e.A, func(j *job) transfer.Desc { return j.srcReg }},
+		{"B.DeregisterMemory(destination)", e.B, func(j *job) transfer.Desc { return j.dstReg }},
+	}
+	for _, s := range sides {
+		j, err := e.rig.job(c, n, 0)
+		if err != nil {
+			return fmt.Errorf("setup: %w", err)
+		}
+		op, perr, err := c.post(j)
+		if err != nil {
+			return err
+		}
+		if perr != nil {
+			return fmt.Errorf("%s: rejected: %v", j.what, perr)
+		}
+		c.step("%s during %s", s.name, j.what)
+		derr := s.eng.DeregisterMemory(s.reg(j))
+		if derr != nil && !errors.Is(derr, transfer.ErrInUse) {
+			_, _ = c.wait(op, j.what)
+			return fmt.Errorf("%s during %s: %v; want nil (deferred) or transfer.ErrInUse", s.name, j.what, derr)
+		}
+		o, err := c.wait(op, j.what)
+		if err != nil {
+			return err
+		}
+		if o.st != transfer.Done {
+			return fmt.Errorf("%s returned %v during %s, then Poll reported %v; the write must still complete", s.name, derr, j.what, o)
+		}
+		if m := j.mismatch(); m != "" {
+			return fmt.Errorf("%s returned %v during %s, then: %s", s.name, derr, j.what, m)
+		}
+		_ = op.Release()
+		if derr != nil {
+			if err := s.eng.DeregisterMemory(s.reg(j)); err != nil {
+				return fmt.Errorf("%s after %s was done and released: %v; want nil", s.name, j.what, err)
+			}
+		}
+	}
+	return nil
+}
+
+// inFlight posts k writes of the largest size and returns them with ops.
+func inFlight(c *rc, e *enginePeer, k int) ([]*job, []transfer.Op, error) {
+	var jobs []*job
+	for range k {
+		j, err := e.rig.job(c, c.cfg.maxSize(), 0)
+		if err != nil {
+			return nil, nil, fmt.Errorf("setup: %w", err)
+		}
+		jobs = append(jobs, j)
+	}
+	var ops []transfer.Op
+	for _, j := range jobs {
+		op, perr, err := c.post(j)
+		if err != nil {
+			return nil, nil, err
+		}
+		if perr != nil {
+			return nil, nil, fmt.Errorf("%s: rejected: %v", j.what, perr)
+		}
+		ops = append(ops, op)
+	}
+	return jobs, ops, nil
+}
+
+// settleLost waits for ops cut off by a lost peer: each must be terminal
+// within OpTimeout, Done ones byte-exact, Failed ones wrap ErrPeerLost (or
+// ErrNotQuiescent) and, unless not quiescent, touch nothing afterwards.
+func settleLost(c *rc, jobs []*job, ops []transfer.Op, event string) (failed int, err error) {
+	for i, op := range ops {
+		j := jobs[i]
+		o, err := c.wait(op, j.what+" after "+event)
+		if err != nil {
+			return failed, err
+		}
+		switch {
+		case o.st == transfer.Done:
+			if m := j.mismatch(); m != "" {
+				return failed, fmt.Errorf("%s reported done after %s, but %s", j.what, event, m)
+			}
+		case errors.Is(o.err, transfer.ErrNotQuiescent):
+			failed++
+		case !errors.Is(o.err, transfer.ErrPeerLost):
+			return failed, fmt.Errorf("%s failed after %s with %q; want an error wrapping %q", j.what, event, o.err, transfer.ErrPeerLost)
+		default:
+			failed++
+			if m := c.watchQuiet(j, "Poll reported failed"); m != "" {
+				c.tainted("%s touched memory after Failed", j.what)
+				return failed, fmt.Errorf("%s after %s: %s: a terminal Poll promises quiescence (or ErrNotQuiescent)", j.what, event, m)
+			}
+		}
+		_ = op.Release()
+	}
+	return failed, nil
+}
+
+func ruleForgetPeer(c *rc, e *enginePeer) error {
+	// Prepared first: preparing a write registers memory at B and reloads B.
+	j, err := e.rig.job(c, 4097, 1)
+	if err != nil {
+		return fmt.Errorf("setup: %w", err)
+	}
+	jobs, ops, err := inFlight(c, e, 4)
+	if err != nil {
+		return err
+	}
+	c.step("A.ForgetPeer(%q) with writes in flight", e.peerB)
+	if err := e.A.ForgetPeer(e.peerB); err != nil {
+		for _, op := range ops {
+			_, _ = c.wait(op, "a write")
+		}
+		return fmt.Errorf("A.ForgetPeer(%q): %v", e.peerB, err)
+	}
+	failed, err := settleLost(c, jobs, ops, "ForgetPeer")
+	if err != nil {
+		return err
+	}
+	if failed == 0 {
+		c.note("all %d writes were done before ForgetPeer; failing in-flight writes not observed", len(ops))
+	}
+	if err := expectRefused(c, retarget(e, j, "write to the forgotten peer", e.peerB), transfer.ErrUnknownPeer); err != nil {
+		return err
+	}
+	if err := e.reload(c); err != nil {
+		return fmt.Errorf("loading the forgotten peer again: %w", err)
+	}
+	op, err := c.complete(j)
+	if err != nil {
+		return fmt.Errorf("after loading the forgotten peer again: %w", err)
+	}
+	defer op.Release()
+	if m := j.mismatch(); m != "" {
+		return fmt.Errorf("after loading the forgotten peer again, %s: %s", j.what, m)
+	}
+	return nil
+}
+
+func rulePeerLoss(c *rc, e *enginePeer) error {
+	if e.KillB == nil {
+		return c.skipf("EnginePair.KillB is nil")
+	}
+	after, err := e.rig.job(c, 4097, 1)
+	if err != nil {
+		return fmt.Errorf("setup: %w", err)
+	}
+	jobs, ops, err := inFlight(c, e, 4)
+	if err != nil {
+		return err
+	}
+	c.step("killing B with writes in flight")
+	e.KillB()
+	failed, err := settleLost(c, jobs, ops, "B was killed")
+	if err != nil {
+		return err
+	}
+	if failed == 0 {
+		c.note("all %d writes were done before B died; failing in-flight writes not observed", len(ops))
+	}
+	after.what = "write to B after it was killed"
+	op, perr, err := c.post(after)
+	if err != nil {
+		return err
+	}
+	if perr == nil {
+		o, err := c.wait(op, after.what)
+		if err != nil {
+			return err
+		}
+		_ = op.Release()
+		if o.st == transfer.Done {
+			return fmt.Errorf("%s: Poll reported done", after.what)
+		}
+	}
+	return nil
+}
+
+// notifiers returns A and B as transfer.Notifiers, or a skip.
+func notifiers(c *rc, e *enginePeer) (transfer.Notifier, transfer.Notifier, error) {
+	a, okA := e.A.(transfer.Notifier)
+	b, okB := e.B.(transfer.Notifier)
+	if !okA || !okB {
+		return nil, nil, c.skipf("the engines do not implement transfer.Notifier")
+	}
+	return a, b, nil
+}
+
+// notifyAll sends payload(i) for i < n from s to peer, retrying a message
+// refused with ErrQueueFull; each Notify must return at once.
+func notifyAll(c *rc, s transfer.Notifier, peer string, n int, payload func(int) []byte) error {
+	deadline := time.Now().Add(c.cfg.OpTimeout)
+	for i := 0; i < n; {
+		t0 := time.Now()
+		err := s.Notify(peer, payload(i))
+		if qerr := c.quick(fmt.Sprintf("Notify(%q) of message %d", peer, i), t0); qerr != nil {
+			return qerr
+		}
+		switch {
+		case err == nil:
+			i++
+		case errors.Is(err, transfer.ErrQueueFull):
+			if time.Now().After(deadline) {
+				return fmt.Errorf("Notify(%q) of message %d: still ErrQueueFull after OpTimeout (%v) while the peer reads", peer, i, c.cfg.OpTimeout)
+			}
+			time.Sleep(200 * time.Microsecond)
+		default:
+			return fmt.Errorf("Notify(%q) of message %d: %v", peer, i, err)
+		}
+	}
+	return nil
+}
+
+// recvNotes receives n notifications on r and checks each with check.
+func recvNotes(c *rc, r transfer.Notifier, who string, n int, check func(i int, m transfer.Message) error) error {
+	deadline := time.Now().Add(c.cfg.OpTimeout)
+	for i := 0; i < n; {
+		m, err := r.RecvNotification(50 * time.Millisecond)
+		switch {
+		case err == nil:
+			if err := check(i, m); err != nil {
+				return err
+			}
+			i++
+		case errors.Is(err, transfer.ErrTimeout):
+			if time.Now().After(deadline) {
+				return fmt.Errorf("%s received %d of %d notifications within OpTimeout (%v)", who, i, n, c.cfg.OpTimeout)
+			}
+		default:
+			return fmt.Errorf("%s: RecvNotification after %d of %d notifications: %v", who, i, n, err)
+		}
+	}
+	return nil
+}
+
+func seqPayload(tag string) func(int) []byte {
+	return func(i int) []byte { return fmt.Appendf(nil, "%s#%06d", tag, i) }
+}
+
+func ruleNotifyOrder(c *rc, e *enginePeer) error {
+	a, b, err := notifiers(c, e)
+	if err != nil {
+		return err
+	}
+	const n = 1000
+	sent := make(chan error, 1)
+	go func() { sent <- notifyAll(c, a, e.peerB, n, seqPayload("order")) }()
+	rerr := recvNotes(c, b, "B", n, func(i int, m transfer.Message) error {
+		if want := seqPayload("order")(i); string(m.Payload) != string(want) {
+			return fmt.Errorf("notification %d received by B is %q; want %q (order per peer, none lost or duplicated)", i, m.Payload, want)
+		}
+		return nil
+	})
+	if serr := <-sent; serr != nil {
+		return serr
+	}
+	return rerr
+}
+
+func ruleNotifySender(c *rc, e *enginePeer) error {
+	a, b, err := notifiers(c, e)
+	if err != nil {
+		return err
+	}
+	const n = 10
+	for _, d := range []struct {
+		from, to     transfer.Notifier
+		fromN, toN   string
+		peer, sender string
+	}{
+		{a, b, "A", "B", e.peerB, e.peerA},
+		{b, a, "B", "A", e.peerA, e.peerB},
+	} {
+		if err := notifyAll(c, d.from, d.peer, n, seqPayload(d.fromN)); err != nil {
+			return fmt.Errorf("%s: %w", d.fromN, err)
+		}
+		err := recvNotes(c, d.to, d.toN, n, func(i int, m transfer.Message) error {
+			if m.Peer != d.sender {
+				return fmt.Errorf("%s received %q naming the sender %q; %s loaded %s as %q", d.toN, m.Payload, m.Peer, d.toN, d.fromN, d.sender)
+			}
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func ruleNotifyCrosstalk(c *rc, e *enginePeer) error {
+	a, b, err := notifiers(c, e)
+	if err != nil {
+		return err
+	}
+	const n = 300
+	sent := make(chan error, 2)
+	go func() { sent <- notifyAll(c, a, e.peerB, n, seqPayload("from-A")) }()
+	go func() { sent <- notifyAll(c, b, e.peerA, n, seqPayload("from-B")) }()
+	got := make(chan error, 1)
+	go func() {
+		got <- recvNotes(c, a, "A", n, func(i int, m transfer.Message) error {
+			if want := seqPayload("from-B")(i); string(m.Payload) != string(want) || m.Peer != e.peerB {
+				return fmt.Errorf("notification %d received by A is %q from %q; want %q from %q", i, m.Payload, m.Peer, want, e.peerB)
+			}
+			return nil
+		})
+	}()
+	berr := recvNotes(c, b, "B", n, func(i int, m transfer.Message) error {
+		if want := seqPayload("from-A")(i); string(m.Payload) != string(want) || m.Peer != e.peerA {
+			return fmt.Errorf("notification %d received by B is %q from %q; want %q from %q", i, m.Payload, m.Peer, want, e.peerA)
+		}
+		return nil
+	})
+	return errors.Join(<-sent, <-sent, <-got, berr)
+}
+
+func ruleNotifyTimeout(c *rc, e *enginePeer) error {
+	_, b, err := notifiers(c, e)
+	if err != nil {
+		return err
+	}
+	const timeout = 50 * time.Millisecond
+	t0 := time.Now()
+	m, err := b.RecvNotification(timeout)
+	if qerr := c.quick(fmt.Sprintf("RecvNotification(%v) past its timeout", timeout), t0.Add(timeout)); qerr != nil {
+		return qerr
+	}
+	if !errors.Is(err, transfer.ErrTimeout) {
+		return fmt.Errorf("RecvNotification(%v) with nothing sent returned (%q from %q, %v); want an error wrapping %q", timeout, m.Payload, m.Peer, err, transfer.ErrTimeout)
+	}
+	return nil
+}
+
+func ruleNotifyClosed(c *rc, e *enginePeer) error {
+	_, b, err := notifiers(c, e)
+	if err != nil {
+		return err
+	}
+	c.step("B.Close")
+	if err := e.B.Close(); err != nil {
+		return fmt.Errorf("B.Close: %v", err)
+	}
+	c.step("B.RecvNotification after Close")
+	t0 := time.Now()
+	_, err = b.RecvNotification(c.cfg.OpTimeout)
+	if qerr := c.quick("RecvNotification on a closed engine", t0); qerr != nil {
+		return qerr
+	}
+	if !errors.Is(err, transfer.ErrClosed) {
+		return fmt.Errorf("RecvNotification on a closed engine: %v; want an error wrapping %q", err, transfer.ErrClosed)
+	}
+	return nil
+}
