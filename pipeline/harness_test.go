@@ -12,8 +12,8 @@ import (
 	"github.com/bouncekv/bounce/engines/loopback"
 	"github.com/bouncekv/bounce/mem"
 	gatherhost "github.com/bouncekv/bounce/stages/gather/host"
-	scatterhost "github.com/bouncekv/bounce/stages/scatter/host"
 	"github.com/bouncekv/bounce/stages/hostcopy"
+	scatterhost "github.com/bouncekv/bounce/stages/scatter/host"
 	"github.com/bouncekv/bounce/transfer"
 )
 
