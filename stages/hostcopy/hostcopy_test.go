@@ -243,12 +243,20 @@ func TestStridedRunAcrossRegistrations(t *testing.T) {
 
 func TestRejectsBadRunsWithoutWriting(t *testing.T) {
 	const size = 8192
+	// One mapping, laid out src | unreg | region | gap | dst | gap, with only
+	// src, region and dst registered, so every address past a registered
+	// buffer is known to be unregistered.
 	reg := &mem.Registry{}
-	src, region, dst := buffer(t, reg, size), buffer(t, reg, size), buffer(t, reg, size)
-	unreg := buffer(t, nil, size)
-	fill(src.Bytes(), 1)
-	fill(unreg.Bytes(), 2)
-	S, R, D, U := src.Desc(), region.Desc(), dst.Desc(), unreg.Desc()
+	whole := buffer(t, nil, 6*size).Bytes()
+	src, unreg, region, dst := whole[:size], whole[size:2*size], whole[2*size:3*size], whole[4*size:5*size]
+	for _, b := range [][]byte{src, region, dst} {
+		if err := reg.Add(mem.DescOf(b)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	fill(src, 1)
+	fill(unreg, 2)
+	S, R, D, U := mem.DescOf(src), mem.DescOf(region), mem.DescOf(dst), mem.DescOf(unreg)
 	const max = ^uint64(0)
 
 	good := func(addr uint64) transfer.Run { return transfer.Run{Addr: addr, Len: 64, Count: 1} }
@@ -293,13 +301,13 @@ func TestRejectsBadRunsWithoutWriting(t *testing.T) {
 		side := S.Addr
 		if dir == hostcopy.Scatter {
 			side = D.Addr
-			fill(region.Bytes(), 5)
+			fill(region, 5)
 		}
 		for _, tc := range cases {
 			t.Run(dir.String()+"/"+tc.name, func(t *testing.T) {
-				wantRegion := bytes.Clone(region.Bytes())
-				wantDst := bytes.Clone(dst.Bytes())
-				wantUnreg := bytes.Clone(unreg.Bytes())
+				wantRegion := bytes.Clone(region)
+				wantDst := bytes.Clone(dst)
+				wantUnreg := bytes.Clone(unreg)
 				runs := tc.runs(side)
 				if dir == hostcopy.Scatter {
 					for i := range runs {
@@ -312,7 +320,7 @@ func TestRejectsBadRunsWithoutWriting(t *testing.T) {
 				if !errors.Is(err, tc.want) || op != nil {
 					t.Fatalf("Submit = %v, %v; want error wrapping %v", op, err, tc.want)
 				}
-				if !bytes.Equal(region.Bytes(), wantRegion) || !bytes.Equal(dst.Bytes(), wantDst) || !bytes.Equal(unreg.Bytes(), wantUnreg) {
+				if !bytes.Equal(region, wantRegion) || !bytes.Equal(dst, wantDst) || !bytes.Equal(unreg, wantUnreg) {
 					t.Fatal("a rejected submit wrote bytes")
 				}
 				if n := e.Idle(); n != 2 {

@@ -56,7 +56,8 @@ func New(s Settings) (*Gatherer, error) {
 // wraps transfer.ErrOutOfBounds or transfer.ErrNotRegistered and nothing is
 // written. When every context is in use the error wraps transfer.ErrBusy;
 // after Close it wraps transfer.ErrClosed. The returned Op must be released
-// once terminal to return its context.
+// once terminal to return its context. The memory the runs name must stay
+// registered and mapped until then.
 func (x *Gatherer) Gather(region transfer.Desc, runs []transfer.Run) (transfer.Op, error) {
 	return x.e.Submit(region, runs)
 }
