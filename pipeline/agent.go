@@ -12,6 +12,7 @@ import (
 	"github.com/bouncekv/bounce/mem"
 	"github.com/bouncekv/bounce/pipeline/credit"
 	"github.com/bouncekv/bounce/pipeline/wire"
+	"github.com/bouncekv/bounce/stages/write"
 	"github.com/bouncekv/bounce/transfer"
 )
 
@@ -231,7 +232,7 @@ func (a *Agent) initBounce(out **credit.Scheduler) error {
 		return fmt.Errorf("register arena with the engine: %w", err)
 	}
 	if a.set.Writer == nil {
-		a.set.Writer = engineWriter{a.set.Engine}
+		a.set.Writer = write.New(a.set.Engine)
 	}
 	a.arena, a.arenaD, a.capacity, a.bounceOn = arena, d, sched.Capacity(), true
 	*out = sched
@@ -477,13 +478,6 @@ func (a *Agent) takeCmds(buf []func(*reactor)) []func(*reactor) {
 	a.cmds = a.cmds[:0]
 	a.cmdMu.Unlock()
 	return buf
-}
-
-// engineWriter is the default Writer: one bulk PostWrite on the engine.
-type engineWriter struct{ e transfer.Engine }
-
-func (w engineWriter) Write(peer string, src, dst transfer.Desc) (transfer.Op, error) {
-	return w.e.PostWrite(peer, []transfer.WriteOp{{Src: src, Dst: dst}})
 }
 
 // CheckConservation runs the credit scheduler's conservation check on the

@@ -1,0 +1,188 @@
+// Package plan turns a transfer's (source, destination) descriptor pairs
+// into chunks for the bounce pipeline: each chunk is packed into one
+// contiguous region (gather), moved by one bulk write and unpacked at the
+// destinations (scatter). It is pure logic: no goroutines, locks, clocks or
+// IO.
+//
+// Packing: non-empty pairs are placed in order, each at the next Align-byte
+// aligned offset of the current chunk, while the chunk's Bytes (the end of
+// its last piece, alignment padding included) stays within MaxChunk and the
+// source and destination device and memory kind stay the same; otherwise a
+// new chunk starts. A pair larger than MaxChunk starts a new chunk and is
+// split into MaxChunk-byte pieces, one chunk each; its last, shorter piece
+// opens the chunk the following pairs pack into.
+//
+// Runs: each piece yields one gather run (source address -> region offset)
+// and one scatter run (region offset -> destination address). Unless
+// Options.NoMerge is set, consecutive runs are coalesced (see Coalesce), so
+// a dense transfer of thousands of small descriptors needs a handful of runs.
+package plan
+
+import (
+	"fmt"
+	"math/bits"
+
+	"github.com/bouncekv/bounce/transfer"
+)
+
+// DefaultAlign is the in-region alignment of every piece when Options.Align
+// is 0.
+const DefaultAlign = 32
+
+// Options configures Build.
+type Options struct {
+	// MaxChunk is the most region bytes one chunk may need (the arena's
+	// per-chunk cap). Must be positive.
+	MaxChunk uint64
+	// Align is the in-region alignment of each piece, a power of two; 0
+	// means DefaultAlign.
+	Align uint64
+	// NoMerge keeps one run per piece (for debugging the control plane).
+	NoMerge bool
+}
+
+// Chunk is one region's worth of a transfer.
+type Chunk struct {
+	// Index is the chunk's position in Plan.Chunks.
+	Index int
+	// Bytes is the region size the chunk needs (what a WANT asks for): the
+	// end of its last piece, alignment padding included.
+	Bytes uint64
+	// Payload is the sum of the chunk's piece lengths.
+	Payload uint64
+	// Descs is the number of descriptor pieces in the chunk.
+	Descs int
+	// SrcDevice and DstDevice are the devices every piece reads and writes.
+	SrcDevice, DstDevice int32
+	// SrcKind and DstKind are the memory kinds of every piece.
+	SrcKind, DstKind transfer.MemKind
+	// Gather copies source addresses (Run.Addr) to region offsets.
+	Gather []transfer.Run
+	// Scatter copies region offsets to destination addresses (Run.Addr).
+	Scatter []transfer.Run
+}
+
+// Plan is a transfer split into chunks.
+type Plan struct {
+	Chunks []Chunk
+	// Descs is the number of non-empty descriptor pairs; a pair split across
+	// chunks counts once here and once per piece in Chunk.Descs.
+	Descs int
+	// Payload is the total bytes moved.
+	Payload uint64
+}
+
+// Build pairs src[i] with dst[i] and packs the pairs into chunks as the
+// package documentation describes. It fails, naming the offending index,
+// when the slices differ in length, a pair differs in length or a
+// descriptor wraps the address space, and it fails when MaxChunk is 0 or
+// Align is not a power of two. Zero-length pairs are skipped.
+func Build(src, dst []transfer.Desc, opt Options) (*Plan, error) {
+	if len(src) != len(dst) {
+		return nil, fmt.Errorf("plan: %d source descriptors but %d destinations", len(src), len(dst))
+	}
+	if opt.MaxChunk == 0 {
+		return nil, fmt.Errorf("plan: MaxChunk must be positive")
+	}
+	align := opt.Align
+	if align == 0 {
+		align = DefaultAlign
+	}
+	if align&(align-1) != 0 {
+		return nil, fmt.Errorf("plan: Align %d is not a power of two", align)
+	}
+	b := builder{p: &Plan{}, max: opt.MaxChunk, align: align, merge: !opt.NoMerge}
+	for i := range src {
+		s, d := src[i], dst[i]
+		if s.Len != d.Len {
+			return nil, fmt.Errorf("plan: descriptor %d: source %v is %d bytes but destination %v is %d", i, s, s.Len, d, d.Len)
+		}
+		if s.Len == 0 {
+			continue
+		}
+		if s.Addr > ^uint64(0)-s.Len {
+			return nil, fmt.Errorf("plan: descriptor %d: source %v wraps the address space", i, s)
+		}
+		if d.Addr > ^uint64(0)-d.Len {
+			return nil, fmt.Errorf("plan: descriptor %d: destination %v wraps the address space", i, d)
+		}
+		if b.p.Payload > ^uint64(0)-s.Len {
+			return nil, fmt.Errorf("plan: descriptor %d: total payload overflows", i)
+		}
+		b.add(s, d)
+	}
+	return b.p, nil
+}
+
+// builder packs pieces into the plan's last chunk.
+type builder struct {
+	p     *Plan
+	cur   *Chunk // last chunk, nil before the first or after a device change
+	max   uint64
+	align uint64
+	merge bool
+}
+
+func (b *builder) add(s, d transfer.Desc) {
+	b.p.Descs++
+	b.p.Payload += s.Len
+	if c := b.cur; c != nil && (c.SrcDevice != s.Device || c.SrcKind != s.Kind || c.DstDevice != d.Device || c.DstKind != d.Kind) {
+		b.cur = nil
+	}
+	if s.Len > b.max {
+		// Split: every piece opens its own chunk; all but the last fill it.
+		for pos := uint64(0); pos < s.Len; pos += b.max {
+			n := min(b.max, s.Len-pos)
+			b.open(s, d)
+			b.place(0, s.Addr+pos, d.Addr+pos, n)
+		}
+		return
+	}
+	off, ok := uint64(0), false
+	if b.cur != nil {
+		off, ok = b.fit(b.cur.Bytes, s.Len)
+	}
+	if !ok {
+		b.open(s, d)
+		off = 0
+	}
+	b.place(off, s.Addr, d.Addr, s.Len)
+}
+
+// fit returns the aligned offset after end and whether n bytes fit there.
+func (b *builder) fit(end, n uint64) (uint64, bool) {
+	off, carry := bits.Add64(end, b.align-1, 0)
+	if carry != 0 {
+		return 0, false
+	}
+	off &^= b.align - 1
+	return off, off <= b.max && n <= b.max-off
+}
+
+// open starts a new chunk for pieces of the pair (s, d).
+func (b *builder) open(s, d transfer.Desc) {
+	b.p.Chunks = append(b.p.Chunks, Chunk{
+		Index:     len(b.p.Chunks),
+		SrcDevice: s.Device, DstDevice: d.Device,
+		SrcKind: s.Kind, DstKind: d.Kind,
+	})
+	b.cur = &b.p.Chunks[len(b.p.Chunks)-1]
+}
+
+// place puts n bytes from src to dst at region offset off of the current
+// chunk.
+func (b *builder) place(off, src, dst, n uint64) {
+	c := b.cur
+	g := transfer.Run{RegionOff: off, Addr: src, Len: n, Count: 1}
+	s := transfer.Run{RegionOff: off, Addr: dst, Len: n, Count: 1}
+	if b.merge {
+		c.Gather = appendRun(c.Gather, g)
+		c.Scatter = appendRun(c.Scatter, s)
+	} else {
+		c.Gather = append(c.Gather, g)
+		c.Scatter = append(c.Scatter, s)
+	}
+	c.Bytes = off + n
+	c.Payload += n
+	c.Descs++
+}
