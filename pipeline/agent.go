@@ -318,7 +318,11 @@ func (a *Agent) LoadPeer(blob []byte) (string, error) {
 		return "", fmt.Errorf("pipeline: load peer: descriptor names %q but its engine metadata names %q: %w", d.Name, name, transfer.ErrBadMetadata)
 	}
 	pi := &peerInfo{name: name}
-	if reason := a.checkHandshake(d.Handshake); reason != "" {
+	reason := a.checkHandshake(d.Handshake)
+	if d.HandshakeErr != nil {
+		reason = "malformed handshake: " + d.HandshakeErr.Error()
+	}
+	if reason != "" {
 		pi.reason = reason
 		a.stats.incompatiblePeers.Add(1)
 		a.log.Info("peer stays on the direct path", "peer", name, "reason", reason)

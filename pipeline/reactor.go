@@ -276,6 +276,9 @@ func (r *reactor) send(peer string, m wire.Message) error {
 	if err == nil {
 		err = r.a.set.Control.Send(peer, b)
 	}
+	if _, ok := m.(*wire.Want); ok && err == nil {
+		r.a.stats.wants.Add(1)
+	}
 	if err != nil {
 		r.a.stats.sendDrops.Add(1)
 		r.log.Warn("control message dropped", "peer", peer, "type", m.Type(), "err", err)

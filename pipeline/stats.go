@@ -15,8 +15,9 @@ type Stats struct {
 	IncompatiblePeers, BadPeerDescriptors uint64
 	// Scatter failures (no ACK was sent).
 	ScatterFailures uint64
-	// Grants sent and bytes moved through the bounce path.
-	Grants, BounceBytes uint64
+	// WANTs sent (cancels included), grants sent and bytes moved through
+	// the bounce path.
+	Wants, Grants, BounceBytes uint64
 }
 
 type counters struct {
@@ -26,7 +27,7 @@ type counters struct {
 	badMessages, lateData, rejectedWants, badRuns atomic.Uint64
 	incompatiblePeers, badPeerDesc                atomic.Uint64
 	scatterFailures                               atomic.Uint64
-	grants, bounceBytes                           atomic.Uint64
+	wants, grants, bounceBytes                    atomic.Uint64
 }
 
 // Stats returns a snapshot of the agent's counters.
@@ -39,6 +40,6 @@ func (a *Agent) Stats() Stats {
 		BadMessages: c.badMessages.Load(), LateData: c.lateData.Load(), RejectedWants: c.rejectedWants.Load(), BadRuns: c.badRuns.Load(),
 		IncompatiblePeers: c.incompatiblePeers.Load(), BadPeerDescriptors: c.badPeerDesc.Load(),
 		ScatterFailures: c.scatterFailures.Load(),
-		Grants:          c.grants.Load(), BounceBytes: c.bounceBytes.Load(),
+		Wants:           c.wants.Load(), Grants: c.grants.Load(), BounceBytes: c.bounceBytes.Load(),
 	}
 }

@@ -33,20 +33,20 @@ func Coalesce(runs []transfer.Run) []transfer.Run {
 	}
 	out := make([]transfer.Run, 0, len(runs))
 	for _, r := range runs {
-		out = appendRun(out, r)
+		out = appendRunFrom(out, 0, r)
 	}
 	return out
 }
 
-// appendRun appends r to runs, folding it into the last run when Coalesce's
-// rules allow.
-func appendRun(runs []transfer.Run, r transfer.Run) []transfer.Run {
+// appendRunFrom appends r to runs, folding it into the last run when
+// Coalesce's rules allow and that run's index is at least from.
+func appendRunFrom(runs []transfer.Run, from int, r transfer.Run) []transfer.Run {
 	if r.Len == 0 || r.Count == 0 {
 		return runs
 	}
 	if r.Count == 1 {
 		r.RegionStride, r.AddrStride = 0, 0
-		if n := len(runs); n > 0 && merge(&runs[n-1], r) {
+		if n := len(runs); n > from && merge(&runs[n-1], r) {
 			return runs
 		}
 	}

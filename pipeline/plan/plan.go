@@ -72,11 +72,18 @@ type Plan struct {
 	Payload uint64
 }
 
+// MaxPieces bounds the pieces (descriptor parts) one plan may hold, so a
+// huge descriptor with a tiny MaxChunk is an error rather than an endless
+// allocation.
+const MaxPieces = 1 << 26
+
 // Build pairs src[i] with dst[i] and packs the pairs into chunks as the
 // package documentation describes. It fails, naming the offending index,
 // when the slices differ in length, a pair differs in length or a
-// descriptor wraps the address space, and it fails when MaxChunk is 0 or
-// Align is not a power of two. Zero-length pairs are skipped.
+// descriptor wraps the address space, and it fails when MaxChunk is 0, Align
+// is not a power of two or the plan would exceed MaxPieces pieces.
+// Zero-length pairs are skipped. Input is fully validated before anything is
+// built.
 func Build(src, dst []transfer.Desc, opt Options) (*Plan, error) {
 	if len(src) != len(dst) {
 		return nil, fmt.Errorf("plan: %d source descriptors but %d destinations", len(src), len(dst))
@@ -91,7 +98,7 @@ func Build(src, dst []transfer.Desc, opt Options) (*Plan, error) {
 	if align&(align-1) != 0 {
 		return nil, fmt.Errorf("plan: Align %d is not a power of two", align)
 	}
-	b := builder{p: &Plan{}, max: opt.MaxChunk, align: align, merge: !opt.NoMerge}
+	var payload, pieces uint64
 	for i := range src {
 		s, d := src[i], dst[i]
 		if s.Len != d.Len {
@@ -106,28 +113,57 @@ func Build(src, dst []transfer.Desc, opt Options) (*Plan, error) {
 		if d.Addr > ^uint64(0)-d.Len {
 			return nil, fmt.Errorf("plan: descriptor %d: destination %v wraps the address space", i, d)
 		}
-		if b.p.Payload > ^uint64(0)-s.Len {
+		if payload > ^uint64(0)-s.Len {
 			return nil, fmt.Errorf("plan: descriptor %d: total payload overflows", i)
 		}
-		b.add(s, d)
+		payload += s.Len
+		if pieces += (s.Len-1)/opt.MaxChunk + 1; pieces > MaxPieces {
+			return nil, fmt.Errorf("plan: descriptor %d: transfer needs more than %d pieces of at most %d bytes", i, MaxPieces, opt.MaxChunk)
+		}
 	}
+	// Runs of all chunks share two backing arrays, sized for the worst case
+	// when unmerged and grown on demand when merged.
+	runCap := int(pieces)
+	if !opt.NoMerge {
+		runCap = min(runCap, 1024)
+	}
+	b := builder{
+		p:       &Plan{},
+		cur:     -1,
+		max:     opt.MaxChunk,
+		align:   align,
+		merge:   !opt.NoMerge,
+		gather:  make([]transfer.Run, 0, runCap),
+		scatter: make([]transfer.Run, 0, runCap),
+	}
+	for i := range src {
+		if src[i].Len != 0 {
+			b.add(src[i], dst[i])
+		}
+	}
+	b.finish()
 	return b.p, nil
 }
 
 // builder packs pieces into the plan's last chunk.
 type builder struct {
-	p     *Plan
-	cur   *Chunk // last chunk, nil before the first or after a device change
-	max   uint64
-	align uint64
-	merge bool
+	p               *Plan
+	cur             int // index of the chunk being filled, -1 before the first or after a device change
+	max             uint64
+	align           uint64
+	merge           bool
+	gather, scatter []transfer.Run // all chunks' runs, in chunk order
+	starts          [][2]int       // per chunk: first gather and scatter run index
 }
 
 func (b *builder) add(s, d transfer.Desc) {
 	b.p.Descs++
 	b.p.Payload += s.Len
-	if c := b.cur; c != nil && (c.SrcDevice != s.Device || c.SrcKind != s.Kind || c.DstDevice != d.Device || c.DstKind != d.Kind) {
-		b.cur = nil
+	if b.cur >= 0 {
+		c := &b.p.Chunks[b.cur]
+		if c.SrcDevice != s.Device || c.SrcKind != s.Kind || c.DstDevice != d.Device || c.DstKind != d.Kind {
+			b.cur = -1
+		}
 	}
 	if s.Len > b.max {
 		// Split: every piece opens its own chunk; all but the last fill it.
@@ -139,8 +175,8 @@ func (b *builder) add(s, d transfer.Desc) {
 		return
 	}
 	off, ok := uint64(0), false
-	if b.cur != nil {
-		off, ok = b.fit(b.cur.Bytes, s.Len)
+	if b.cur >= 0 {
+		off, ok = b.fit(b.p.Chunks[b.cur].Bytes, s.Len)
 	}
 	if !ok {
 		b.open(s, d)
@@ -161,28 +197,43 @@ func (b *builder) fit(end, n uint64) (uint64, bool) {
 
 // open starts a new chunk for pieces of the pair (s, d).
 func (b *builder) open(s, d transfer.Desc) {
+	b.cur = len(b.p.Chunks)
 	b.p.Chunks = append(b.p.Chunks, Chunk{
-		Index:     len(b.p.Chunks),
+		Index:     b.cur,
 		SrcDevice: s.Device, DstDevice: d.Device,
 		SrcKind: s.Kind, DstKind: d.Kind,
 	})
-	b.cur = &b.p.Chunks[len(b.p.Chunks)-1]
+	b.starts = append(b.starts, [2]int{len(b.gather), len(b.scatter)})
 }
 
 // place puts n bytes from src to dst at region offset off of the current
 // chunk.
 func (b *builder) place(off, src, dst, n uint64) {
-	c := b.cur
 	g := transfer.Run{RegionOff: off, Addr: src, Len: n, Count: 1}
 	s := transfer.Run{RegionOff: off, Addr: dst, Len: n, Count: 1}
-	if b.merge {
-		c.Gather = appendRun(c.Gather, g)
-		c.Scatter = appendRun(c.Scatter, s)
+	if st := b.starts[b.cur]; b.merge {
+		b.gather = appendRunFrom(b.gather, st[0], g)
+		b.scatter = appendRunFrom(b.scatter, st[1], s)
 	} else {
-		c.Gather = append(c.Gather, g)
-		c.Scatter = append(c.Scatter, s)
+		b.gather = append(b.gather, g)
+		b.scatter = append(b.scatter, s)
 	}
+	c := &b.p.Chunks[b.cur]
 	c.Bytes = off + n
 	c.Payload += n
 	c.Descs++
+}
+
+// finish points every chunk at its runs in the final backing arrays. Each
+// slice is capped so appending to one chunk's runs cannot clobber the next.
+func (b *builder) finish() {
+	for i := range b.p.Chunks {
+		gEnd, sEnd := len(b.gather), len(b.scatter)
+		if i+1 < len(b.starts) {
+			gEnd, sEnd = b.starts[i+1][0], b.starts[i+1][1]
+		}
+		st := b.starts[i]
+		b.p.Chunks[i].Gather = b.gather[st[0]:gEnd:gEnd]
+		b.p.Chunks[i].Scatter = b.scatter[st[1]:sEnd:sEnd]
+	}
 }

@@ -94,6 +94,11 @@ type AgentDesc struct {
 	Name      string
 	Engine    []byte
 	Handshake *Handshake
+	// HandshakeErr is set by UnmarshalAgentDesc when a handshake is present
+	// but cannot be decoded (a newer wire version, say). The rest of the
+	// descriptor is still usable: the peer is served on the direct path.
+	// It is never encoded.
+	HandshakeErr error
 }
 
 // Validate reports whether d can be published: a non-empty Name of at most
@@ -166,12 +171,14 @@ func UnmarshalAgentDesc(b []byte) (AgentDesc, error) {
 			break
 		}
 		if err := expectHeader(hb, typeHandshake); err != nil {
-			return AgentDesc{}, fmt.Errorf("wire: AGENTDESC: handshake: %w", err)
+			out.HandshakeErr = fmt.Errorf("wire: AGENTDESC: handshake: %w", err)
+			break
 		}
 		sub := decoder{b: hb, off: headerLen, what: "AGENTDESC handshake"}
 		h, err := sub.handshake()
 		if err != nil {
-			return AgentDesc{}, err
+			out.HandshakeErr = err
+			break
 		}
 		out.Handshake = &h
 	case has != 0:
