@@ -380,7 +380,11 @@ func TestMalformedDecode(t *testing.T) {
 	// The embedded handshake is validated as well, naming where it sits.
 	bad := hs(1, "zmq", 2, 3, "e")
 	b := rawHeader(typeAgentDesc).str("n").u32(0).u8(1).u32(uint32(len(bad)))
-	err := decodeAgentDesc(append(b, bad...))
+	d, derr := UnmarshalAgentDesc(append(b, bad...))
+	if derr != nil || d.Handshake != nil {
+		t.Fatalf("agent desc bad handshake: %+v, %v; want the descriptor without its handshake", d, derr)
+	}
+	err := d.HandshakeErr
 	wantErr(t, "agent desc bad handshake", err, ErrMalformed)
 	if !strings.Contains(err.Error(), "AGENTDESC handshake") {
 		t.Fatalf("error %q does not say the handshake is embedded", err)
