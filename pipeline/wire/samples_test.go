@@ -84,7 +84,14 @@ type encoding struct {
 
 func decodeMessage(b []byte) error   { _, err := Unmarshal(b); return err }
 func decodeHandshake(b []byte) error { _, err := UnmarshalHandshake(b); return err }
-func decodeAgentDesc(b []byte) error { _, err := UnmarshalAgentDesc(b); return err }
+// decodeAgentDesc reports a descriptor's error, or else its handshake's.
+func decodeAgentDesc(b []byte) error {
+	d, err := UnmarshalAgentDesc(b)
+	if err != nil {
+		return err
+	}
+	return d.HandshakeErr
+}
 
 // sampleEncodings returns every sample encoded.
 func sampleEncodings() []encoding {
