@@ -121,12 +121,9 @@ func Build(src, dst []transfer.Desc, opt Options) (*Plan, error) {
 			return nil, fmt.Errorf("plan: descriptor %d: transfer needs more than %d pieces of at most %d bytes", i, MaxPieces, opt.MaxChunk)
 		}
 	}
-	// Runs of all chunks share two backing arrays, sized for the worst case
-	// when unmerged and grown on demand when merged.
+	// Runs of all chunks share two backing arrays sized for the worst case
+	// (one run per piece); finish trims them when merging left most unused.
 	runCap := int(pieces)
-	if !opt.NoMerge {
-		runCap = min(runCap, 1024)
-	}
 	b := builder{
 		p:       &Plan{},
 		cur:     -1,
@@ -227,6 +224,7 @@ func (b *builder) place(off, src, dst, n uint64) {
 // finish points every chunk at its runs in the final backing arrays. Each
 // slice is capped so appending to one chunk's runs cannot clobber the next.
 func (b *builder) finish() {
+	b.gather, b.scatter = trim(b.gather), trim(b.scatter)
 	for i := range b.p.Chunks {
 		gEnd, sEnd := len(b.gather), len(b.scatter)
 		if i+1 < len(b.starts) {
@@ -236,4 +234,13 @@ func (b *builder) finish() {
 		b.p.Chunks[i].Gather = b.gather[st[0]:gEnd:gEnd]
 		b.p.Chunks[i].Scatter = b.scatter[st[1]:sEnd:sEnd]
 	}
+}
+
+// trim copies runs into an array of their own size when they use less than
+// half of theirs, so a well merged plan does not pin the worst-case array.
+func trim(runs []transfer.Run) []transfer.Run {
+	if len(runs) >= cap(runs)/2 {
+		return runs
+	}
+	return append([]transfer.Run(nil), runs...)
 }

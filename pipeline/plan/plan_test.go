@@ -59,6 +59,7 @@ func TestBuildRejectsBadInput(t *testing.T) {
 		{"zero MaxChunk", ok, ok, Options{}, "MaxChunk"},
 		{"align not power of two", ok, ok, Options{MaxChunk: 64, Align: 48}, "Align 48"},
 		{"source wraps", []transfer.Desc{host(1, 1), host(^uint64(0)-5, 10)}, []transfer.Desc{host(1, 1), host(0, 10)}, Options{MaxChunk: 64}, "descriptor 1: source"},
+		{"too many pieces", []transfer.Desc{host(0, 1<<40)}, []transfer.Desc{host(0, 1<<40)}, Options{MaxChunk: 4096}, "more than"},
 		{"destination wraps", []transfer.Desc{host(0, 10)}, []transfer.Desc{host(^uint64(0), 10)}, Options{MaxChunk: 64}, "descriptor 0: destination"},
 	} {
 		p, err := Build(tc.src, tc.dst, tc.opt)
@@ -117,7 +118,7 @@ func TestBuildBoundaries(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			src, dst := pairs(tc.lens, 0)
 			p := mustBuild(t, src, dst, Options{MaxChunk: tc.max, NoMerge: true})
-			if got := layoutOf(p);  !reflect.DeepEqual(got, tc.want) {
+			if got := layoutOf(p); !reflect.DeepEqual(got, tc.want) {
 				t.Fatalf("layout %+v, want %+v", got, tc.want)
 			}
 			var payload uint64
@@ -318,7 +319,9 @@ func TestNoMergeOneRunPerPiece(t *testing.T) {
 }
 
 func TestCoalesce(t *testing.T) {
-	r := func(reg, addr, n uint64) transfer.Run { return transfer.Run{RegionOff: reg, Addr: addr, Len: n, Count: 1} }
+	r := func(reg, addr, n uint64) transfer.Run {
+		return transfer.Run{RegionOff: reg, Addr: addr, Len: n, Count: 1}
+	}
 	for _, tc := range []struct {
 		name     string
 		in, want []transfer.Run
