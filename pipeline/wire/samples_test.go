@@ -84,6 +84,7 @@ type encoding struct {
 
 func decodeMessage(b []byte) error   { _, err := Unmarshal(b); return err }
 func decodeHandshake(b []byte) error { _, err := UnmarshalHandshake(b); return err }
+
 // decodeAgentDesc reports a descriptor's error, or else its handshake's.
 func decodeAgentDesc(b []byte) error {
 	d, err := UnmarshalAgentDesc(b)
