@@ -358,6 +358,8 @@ func (e *Engine) split(ops []transfer.WriteOp, total uint64, p *peer) []*part {
 	budget := (total + n - 1) / max(n, 1)
 	budget = max(budget, uint64(e.cfg.StripeBytes))
 	budget = min(budget, MaxFramePayload)
+	// Size segment tables for an even spread of ops over the parts.
+	hint := int(min(uint64(len(ops))/max(total/budget, 1)+2, MaxSegments))
 	var parts []*part
 	var cur *part
 	for _, op := range ops {
@@ -368,7 +370,7 @@ func (e *Engine) split(ops []transfer.WriteOp, total uint64, p *peer) []*part {
 				if cur != nil {
 					cur.seal()
 				}
-				cur = newPart(e.nextID.Add(1), int(min(uint64(len(ops)), MaxSegments)))
+				cur = newPart(e.nextID.Add(1), hint)
 				parts = append(parts, cur)
 			}
 			k := min(op.Src.Len-off, budget-cur.bytes)

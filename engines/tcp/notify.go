@@ -15,7 +15,7 @@ var ErrTooLarge = errors.New("tcp: notification too large")
 // queue (Config.NotifyQueue) is ErrQueueFull. Notifications to one peer
 // travel in order on connection 0. A queued notification is lost if that
 // connection breaks before it is sent; while the peer cannot be dialed,
-// notifications stay queued.
+// notifications stay queued and each Notify tries to dial again.
 func (e *Engine) Notify(peerName string, payload []byte) error {
 	p, err := e.peer(peerName)
 	if err != nil {

@@ -174,6 +174,9 @@ func (s *slot) ensureLocked() error {
 		}
 		return nil
 	}
+	if s.p.e.isClosed() {
+		return fmt.Errorf("tcp: engine %q: %w", s.p.e.cfg.Name, transfer.ErrClosed)
+	}
 	if s.p.gone.Load() {
 		return fmt.Errorf("tcp: peer %q: %w", s.p.name, transfer.ErrPeerLost)
 	}
@@ -264,7 +267,7 @@ func (ss *session) run() {
 
 // loop runs the connection; it returns when the connection is done. On
 // return no goroutine of this session touches source memory any more.
-func (ss *session) loop() error {
+func (ss *session) loop() (err error) {
 	e := ss.s.p.e
 	d := net.Dialer{Timeout: e.cfg.DialTimeout, KeepAliveConfig: keepAlive(e.cfg)}
 	conn, err := d.DialContext(ss.ctx, "tcp", ss.s.p.addr)
@@ -293,6 +296,9 @@ func (ss *session) loop() error {
 		}
 	}()
 	defer func() {
+		if err != nil {
+			ss.stop(ss.lost(err)) // name the cause before the reader sees the close
+		}
 		conn.Close()
 		<-readerDone
 	}()
