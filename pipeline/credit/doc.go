@@ -22,8 +22,10 @@
 // cursor past it; sweeps repeat until none can grant. A flow is ready when it
 // has pending chunks and holds fewer than MaxInflight regions (W); only ready
 // flows sit on the ring, so flows parked at their cap or waiting for WANTs
-// cost nothing per grant. A head chunk that does not fit is skipped
-// (backpressure, never an error).
+// cost nothing per grant. A flow that becomes ready (a new WANT, or a region
+// freed below its cap) joins the ring just before the cursor: last in the
+// current round. A head chunk that does not fit is skipped (backpressure,
+// never an error).
 //
 // # Drain mode
 //

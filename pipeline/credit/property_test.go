@@ -61,22 +61,31 @@ func (m *model) overlaps(off, size uint64) bool {
 	return false
 }
 
-// offsets returns every offset the model knows plus a random one, sorted
-// for determinism.
-func (m *model) drawOffset(t *rapid.T) uint64 {
-	var offs []uint64
+// drawOffset picks an offset to act on: usually one of the regions the
+// action applies to (want), otherwise any offset the model knows or a random
+// one, so both the success and the error paths are exercised.
+func (m *model) drawOffset(t *rapid.T, want func(off uint64) bool) uint64 {
+	var all, good []uint64
 	for o := range m.held {
-		offs = append(offs, o)
+		all = append(all, o)
 	}
 	for o := range m.orphans {
-		offs = append(offs, o)
+		all = append(all, o)
 	}
 	for o := range m.locals {
-		offs = append(offs, o)
+		all = append(all, o)
 	}
-	sort.Slice(offs, func(i, j int) bool { return offs[i] < offs[j] })
-	offs = append(offs, rapid.Uint64Range(0, m.capacity).Draw(t, "randomOff"))
-	return rapid.SampledFrom(offs).Draw(t, "off")
+	sort.Slice(all, func(i, j int) bool { return all[i] < all[j] })
+	for _, o := range all {
+		if want(o) {
+			good = append(good, o)
+		}
+	}
+	if len(good) > 0 && rapid.IntRange(0, 4).Draw(t, "pickGood") > 0 {
+		return rapid.SampledFrom(good).Draw(t, "off")
+	}
+	all = append(all, rapid.Uint64Range(0, m.capacity).Draw(t, "randomOff"))
+	return rapid.SampledFrom(all).Draw(t, "off")
 }
 
 func (m *model) heldBy(k FlowKey) int {
@@ -168,7 +177,7 @@ func (m *model) check(t *rapid.T) {
 func TestSchedulerProperties(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
 		granule := uint64(1) << rapid.IntRange(0, 6).Draw(t, "granuleShift")
-		units := rapid.Uint64Range(1, 40).Draw(t, "units")
+		units := rapid.Uint64Range(1, 64).Draw(t, "units")
 		cfg := Config{
 			Capacity:     granule*units + rapid.Uint64Range(0, granule-1).Draw(t, "extra"),
 			Granularity:  granule,
@@ -184,8 +193,13 @@ func TestSchedulerProperties(t *testing.T) {
 			pending: map[FlowKey][]uint64{}, next: map[FlowKey]int{},
 			held: map[uint64]mRegion{}, orphans: map[uint64]mRegion{}, locals: map[uint64]mLocal{},
 		}
+		// Mostly small chunks, some large ones (which drive drain mode), a few
+		// at or past the limits.
 		size := rapid.OneOf(
 			rapid.Uint64Range(1, 2*granule),
+			rapid.Uint64Range(1, 2*granule),
+			rapid.Uint64Range(1, 2*granule),
+			rapid.Uint64Range(1, max(1, m.capacity/4)),
 			rapid.Uint64Range(1, m.capacity),
 			rapid.SampledFrom([]uint64{0, m.capacity, m.capacity + 1}),
 		)
@@ -244,7 +258,7 @@ func TestSchedulerProperties(t *testing.T) {
 				}
 			},
 			"beginScatter": func(t *rapid.T) {
-				off := m.drawOffset(t)
+				off := m.drawOffset(t, func(o uint64) bool { r, ok := m.held[o]; return ok && !r.scattering })
 				r, isHeld := m.held[off]
 				k := r.k
 				if !isHeld || rapid.IntRange(0, 4).Draw(t, "wrongKey") == 0 {
@@ -261,7 +275,7 @@ func TestSchedulerProperties(t *testing.T) {
 				}
 			},
 			"endScatter": func(t *rapid.T) {
-				off := m.drawOffset(t)
+				off := m.drawOffset(t, func(o uint64) bool { _, orphan := m.orphans[o]; return m.held[o].scattering || orphan })
 				r, isHeld := m.held[off]
 				o, isOrphan := m.orphans[off]
 				want := (isHeld && r.scattering) || isOrphan
@@ -288,7 +302,7 @@ func TestSchedulerProperties(t *testing.T) {
 				delete(m.held, off)
 			},
 			"drop": func(t *rapid.T) {
-				off := m.drawOffset(t)
+				off := m.drawOffset(t, func(o uint64) bool { r, ok := m.held[o]; return ok && !r.scattering })
 				r, isHeld := m.held[off]
 				k := r.k
 				if !isHeld || rapid.IntRange(0, 4).Draw(t, "wrongKey") == 0 {
@@ -344,7 +358,7 @@ func TestSchedulerProperties(t *testing.T) {
 				m.locals[off] = mLocal{size: bs, eager: eager}
 			},
 			"promoteLocal": func(t *rapid.T) {
-				off := m.drawOffset(t)
+				off := m.drawOffset(t, func(o uint64) bool { return m.locals[o].eager })
 				l, ok := m.locals[off]
 				want := ok && l.eager
 				if err := s.PromoteLocal(off); want != (err == nil) {
@@ -356,7 +370,7 @@ func TestSchedulerProperties(t *testing.T) {
 				}
 			},
 			"releaseLocal": func(t *rapid.T) {
-				off := m.drawOffset(t)
+				off := m.drawOffset(t, func(o uint64) bool { _, ok := m.locals[o]; return ok })
 				_, want := m.locals[off]
 				if err := s.ReleaseLocal(off); want != (err == nil) {
 					t.Fatalf("ReleaseLocal(%#x) = %v, model expects ok=%v", off, err, want)
@@ -364,14 +378,21 @@ func TestSchedulerProperties(t *testing.T) {
 				delete(m.locals, off)
 			},
 		}
-		names := make([]string, 0, len(actions))
-		for name := range actions {
-			names = append(names, name)
+		// Action weights: the region lifecycle dominates, reclaim is rarer.
+		// rapid favours early list entries, so the lifecycle comes first.
+		var names []string
+		for _, w := range []struct {
+			name string
+			n    int
+		}{
+			{"schedule", 4}, {"want", 4}, {"beginScatter", 3}, {"endScatter", 3}, {"drop", 1},
+			{"acquireLocal", 2}, {"releaseLocal", 2}, {"promoteLocal", 1}, {"cancel", 1}, {"reclaimPeer", 1},
+		} {
+			for range w.n {
+				names = append(names, w.name)
+			}
 		}
-		sort.Strings(names)
-		// "schedule" is drawn more often so sequences reach interesting states.
-		names = append(names, "schedule", "schedule", "want")
-		steps := rapid.IntRange(1, 300).Draw(t, "steps")
+		steps := rapid.IntRange(100, 1000).Draw(t, "steps")
 		for range steps {
 			actions[rapid.SampledFrom(names).Draw(t, "action")](t)
 			m.check(t)
