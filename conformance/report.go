@@ -97,7 +97,7 @@ func (r Report) String() string {
 }
 
 // WriteText writes a table of rule, result and time, then the message of
-// every failed or skipped rule, then the summary line.
+// every failed rule, the reason of every skipped one and the summary line.
 func (r Report) WriteText(w io.Writer) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "RULE\tRESULT\tTIME")
@@ -109,8 +109,15 @@ func (r Report) WriteText(w io.Writer) error {
 	}
 	var b strings.Builder
 	for _, res := range r.Results {
-		if res.Outcome != Pass && res.Message != "" {
+		if res.Outcome == Fail {
 			b.WriteString("\n" + res.Message + "\n")
+		}
+	}
+	sep := "\n"
+	for _, res := range r.Results {
+		if res.Outcome == Skip {
+			b.WriteString(sep + res.Message + "\n")
+			sep = ""
 		}
 	}
 	b.WriteString("\n" + r.String() + "\n")

@@ -44,6 +44,13 @@ type suite[F any] struct {
 	open  func() (opened[F], error)
 }
 
+// Limits on the leak rule's message: the rules listed, and the goroutine
+// dump shown for each.
+const (
+	maxLeaksShown = 3
+	maxLeakText   = 1500
+)
+
 // leakRuleID is the ID of the kind's goroutine-leak rule.
 func leakRuleID(kind string) string { return kind + "/no-goroutine-leak" }
 
@@ -130,7 +137,11 @@ func (s suite[F]) run(cfg Config, each func(id string, fn func() Result)) Report
 		switch {
 		case len(leaks) > 0:
 			res.Outcome = Fail
-			res.Message = fmt.Sprintf("[%s] %s", id, strings.Join(leaks, "\n"))
+			shown := leaks
+			if len(shown) > maxLeaksShown {
+				shown = append(shown[:maxLeaksShown:maxLeaksShown], fmt.Sprintf("and after %d more rules", len(leaks)-maxLeaksShown))
+			}
+			res.Message = fmt.Sprintf("[%s] %s", id, strings.Join(shown, "\n"))
 		case leakChecked == 0:
 			res.Outcome, res.Message = Skip, fmt.Sprintf("[%s] skipped: no rule ran to completion", id)
 		}
@@ -212,7 +223,11 @@ func (s suite[F]) runRule(r rule[F], cfg Config, subject *string) (res Result, l
 		opts = append(opts, goleak.IgnoreAnyFunction(f))
 	}
 	if lerr := goleak.Find(opts...); lerr != nil {
-		return res, fmt.Sprintf("after rule %s: %v", r.id, lerr), true
+		msg := lerr.Error()
+		if len(msg) > maxLeakText {
+			msg = msg[:maxLeakText] + " …"
+		}
+		return res, fmt.Sprintf("after rule %s: %s", r.id, msg), true
 	}
 	return res, "", true
 }
