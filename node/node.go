@@ -1,0 +1,276 @@
+// Package node assembles a bounce agent from configuration: it builds the
+// engine, the control channel and the stages through factories, wires them
+// into a pipeline.Agent and closes them in order.
+//
+// Factories follow the OpenTelemetry Collector's shape: one factory per
+// implementation, an explicit table built from a list (duplicates are an
+// error, nothing registers itself), and dependencies injected through
+// Settings. Third-party implementations (plugins) join by adding a factory.
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/bouncekv/bounce/config"
+	"github.com/bouncekv/bounce/mem"
+	"github.com/bouncekv/bounce/pipeline"
+	"github.com/bouncekv/bounce/transfer"
+)
+
+// Settings are the dependencies every factory receives.
+type Settings struct {
+	// Name is the agent's name (config agent.name).
+	Name string
+	// Logger is the node's logger, never nil.
+	Logger *slog.Logger
+	// Registry is the host memory the stages validate against.
+	Registry *mem.Registry
+	// Notify wakes the agent's reactor when an op completes; components
+	// that can signal completion call it (it never blocks).
+	Notify func()
+}
+
+// EngineFactory creates a transfer engine of one kind.
+type EngineFactory interface {
+	Type() string
+	CreateEngine(s Settings, cfg config.EngineConfig) (transfer.Engine, error)
+}
+
+// ControlFactory creates a control channel of one kind. The engine is
+// passed for control planes that ride on it.
+type ControlFactory interface {
+	Type() string
+	CreateControl(s Settings, cfg config.ControlPlaneConfig, engine transfer.Engine) (transfer.ControlChannel, error)
+}
+
+// GatherFactory creates a gather stage of one kind.
+type GatherFactory interface {
+	Type() string
+	CreateGatherer(s Settings, cfg config.BounceConfig) (transfer.Gatherer, error)
+}
+
+// ScatterFactory creates a scatter stage of one kind.
+type ScatterFactory interface {
+	Type() string
+	CreateScatterer(s Settings, cfg config.BounceConfig) (transfer.Scatterer, error)
+}
+
+// Factories is the table of implementations a node can be built from.
+type Factories struct {
+	Engines    map[string]EngineFactory
+	Controls   map[string]ControlFactory
+	Gatherers  map[string]GatherFactory
+	Scatterers map[string]ScatterFactory
+}
+
+// MakeFactories builds the table from lists; a kind listed twice is an error.
+func MakeFactories(engines []EngineFactory, controls []ControlFactory, gatherers []GatherFactory, scatterers []ScatterFactory) (Factories, error) {
+	var f Factories
+	var err error
+	if f.Engines, err = index("engine", engines); err != nil {
+		return Factories{}, err
+	}
+	if f.Controls, err = index("control plane", controls); err != nil {
+		return Factories{}, err
+	}
+	if f.Gatherers, err = index("gather stage", gatherers); err != nil {
+		return Factories{}, err
+	}
+	if f.Scatterers, err = index("scatter stage", scatterers); err != nil {
+		return Factories{}, err
+	}
+	return f, nil
+}
+
+func index[F interface{ Type() string }](what string, list []F) (map[string]F, error) {
+	m := make(map[string]F, len(list))
+	for _, f := range list {
+		t := f.Type()
+		if _, dup := m[t]; dup {
+			return nil, fmt.Errorf("node: duplicate %s factory %q", what, t)
+		}
+		m[t] = f
+	}
+	return m, nil
+}
+
+// Node is an agent with the components it was built from. The node owns
+// them: Close shuts the agent down and then closes the stages, the control
+// channel and the engine.
+type Node struct {
+	Agent     *pipeline.Agent
+	Engine    transfer.Engine
+	Control   transfer.ControlChannel
+	Gatherer  transfer.Gatherer
+	Scatterer transfer.Scatterer
+	Registry  *mem.Registry
+	Config    config.Config
+
+	closeOnce sync.Once
+	closeErr  error
+}
+
+// Build validates cfg and builds a started node. On error everything built
+// so far is closed.
+func Build(cfg config.Config, f Factories, logger *slog.Logger) (*Node, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("node: %w", err)
+	}
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	wake := make(chan struct{}, 1)
+	s := Settings{
+		Name:     cfg.Agent.Name,
+		Logger:   logger,
+		Registry: &mem.Registry{},
+		Notify: func() {
+			select {
+			case wake <- struct{}{}:
+			default:
+			}
+		},
+	}
+	n := &Node{Registry: s.Registry, Config: cfg}
+	fail := func(err error) (*Node, error) {
+		n.closeParts()
+		return nil, err
+	}
+	ef, ok := f.Engines[cfg.Engine.Kind]
+	if !ok {
+		return nil, fmt.Errorf("node: engine.kind %q: no such engine in this build (have %v)", cfg.Engine.Kind, keys(f.Engines))
+	}
+	eng, err := ef.CreateEngine(s, cfg.Engine)
+	if err != nil {
+		return nil, fmt.Errorf("node: create %s engine: %w", cfg.Engine.Kind, err)
+	}
+	n.Engine = eng
+	if cfg.Bounce.Enabled {
+		// A control plane or stage that cannot be built only disables the
+		// bounce path (degrade, never break): the agent serves every
+		// transfer on the direct path and says why.
+		if err := n.buildBounce(s, cfg, f); err != nil {
+			logger.Warn("bounce path unavailable; serving the direct path", "reason", err)
+			n.closeBounceParts()
+		}
+	}
+	pc := PipelineConfig(cfg.Bounce)
+	n.Agent, err = pipeline.New(pipeline.Settings{
+		Name:      cfg.Agent.Name,
+		Engine:    n.Engine,
+		Control:   n.Control,
+		Gatherer:  n.Gatherer,
+		Scatterer: n.Scatterer,
+		Registry:  s.Registry,
+		Wake:      wake,
+		Logger:    logger,
+	}, pc)
+	if err != nil {
+		return fail(fmt.Errorf("node: %w", err))
+	}
+	return n, nil
+}
+
+func (n *Node) buildBounce(s Settings, cfg config.Config, f Factories) error {
+	cf, ok := f.Controls[cfg.ControlPlane.Kind]
+	if !ok {
+		return fmt.Errorf("control_plane.kind %q: no such control plane in this build (have %v)", cfg.ControlPlane.Kind, keys(f.Controls))
+	}
+	gf, ok := f.Gatherers[cfg.Stages.Gather]
+	if !ok {
+		return fmt.Errorf("stages.gather %q: no such stage in this build (have %v)", cfg.Stages.Gather, keys(f.Gatherers))
+	}
+	sf, ok := f.Scatterers[cfg.Stages.Scatter]
+	if !ok {
+		return fmt.Errorf("stages.scatter %q: no such stage in this build (have %v)", cfg.Stages.Scatter, keys(f.Scatterers))
+	}
+	// Assign only on success: a failed factory may return a typed nil.
+	ctrl, err := cf.CreateControl(s, cfg.ControlPlane, n.Engine)
+	if err != nil {
+		return fmt.Errorf("create %s control plane: %w", cfg.ControlPlane.Kind, err)
+	}
+	n.Control = ctrl
+	g, err := gf.CreateGatherer(s, cfg.Bounce)
+	if err != nil {
+		return fmt.Errorf("create %s gather stage: %w", cfg.Stages.Gather, err)
+	}
+	n.Gatherer = g
+	sc, err := sf.CreateScatterer(s, cfg.Bounce)
+	if err != nil {
+		return fmt.Errorf("create %s scatter stage: %w", cfg.Stages.Scatter, err)
+	}
+	n.Scatterer = sc
+	return nil
+}
+
+// PipelineConfig maps the bounce section of the configuration to the
+// runtime's knobs.
+func PipelineConfig(b config.BounceConfig) pipeline.Config {
+	return pipeline.Config{
+		Enabled:          b.Enabled,
+		ArenaSize:        uint64(b.ArenaSize),
+		Granularity:      uint64(b.Granularity),
+		MaxChunk:         uint64(b.MaxChunk),
+		MaxInflight:      b.MaxInflight,
+		ScatterWorkers:   b.ScatterWorkers,
+		MinDescriptors:   b.MinDescriptors,
+		MaxAvgDescriptor: uint64(b.MaxAvgDescriptor),
+		RequestTimeout:   b.RequestTimeout,
+		QuiesceTimeout:   min(b.RequestTimeout, 5*time.Second),
+		EagerGather:      b.EagerGather,
+		DisableMerging:   b.DisableMerging,
+	}
+}
+
+// Close shuts the agent down (bounded by ctx) and closes every component.
+// It is idempotent.
+func (n *Node) Close(ctx context.Context) error {
+	n.closeOnce.Do(func() {
+		var errs []error
+		if n.Agent != nil {
+			errs = append(errs, n.Agent.Shutdown(ctx))
+		}
+		errs = append(errs, n.closeParts())
+		n.closeErr = errors.Join(errs...)
+	})
+	return n.closeErr
+}
+
+func (n *Node) closeBounceParts() error {
+	var errs []error
+	if n.Gatherer != nil {
+		errs = append(errs, n.Gatherer.Close())
+		n.Gatherer = nil
+	}
+	if n.Scatterer != nil {
+		errs = append(errs, n.Scatterer.Close())
+		n.Scatterer = nil
+	}
+	if n.Control != nil {
+		errs = append(errs, n.Control.Close())
+		n.Control = nil
+	}
+	return errors.Join(errs...)
+}
+
+func (n *Node) closeParts() error {
+	errs := []error{n.closeBounceParts()}
+	if n.Engine != nil {
+		errs = append(errs, n.Engine.Close())
+	}
+	return errors.Join(errs...)
+}
+
+func keys[V any](m map[string]V) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sortStrings(out)
+	return out
+}

@@ -1,0 +1,177 @@
+package node
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/bouncekv/bounce/config"
+	"github.com/bouncekv/bounce/mem"
+	"github.com/bouncekv/bounce/pipeline"
+	"github.com/bouncekv/bounce/workload"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func testConfig(name, engine, control string) config.Config {
+	c := config.Default()
+	c.Agent.Name = name
+	c.Engine.Kind = engine
+	c.ControlPlane.Kind = control
+	c.ControlPlane.BindAddress = "127.0.0.1"
+	c.Bounce.ArenaSize = 16 * config.MiB
+	c.Bounce.MaxChunk = 2 * config.MiB
+	c.Bounce.MinDescriptors = 64
+	c.Bounce.RequestTimeout = 10 * time.Second
+	return c
+}
+
+func build(t *testing.T, cfg config.Config, f Factories) *Node {
+	t.Helper()
+	n, err := Build(cfg, f, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := n.Close(ctx); err != nil {
+			t.Error(err)
+		}
+		if err := n.Close(ctx); err != nil {
+			t.Errorf("second close: %v", err)
+		}
+	})
+	return n
+}
+
+// moveAndVerify sends a fragmented KV-shaped workload from a to b.
+func moveAndVerify(t *testing.T, a, b *Node, want pipeline.Route) {
+	t.Helper()
+	s := workload.Spec{DescSize: 4096, Count: 2048, Fragmented: true, Seed: 11}
+	src, err := mem.Alloc(s.Bytes())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Free()
+	dst, err := mem.Alloc(s.Bytes())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dst.Free()
+	if err := a.Agent.RegisterMemory(src.Desc()); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Agent.RegisterMemory(dst.Desc()); err != nil {
+		t.Fatal(err)
+	}
+	for _, pair := range [][2]*Node{{a, b}, {b, a}} {
+		blob, err := pair[1].Agent.Descriptor()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := pair[0].Agent.LoadPeer(blob); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.Fill(src.Bytes()); err != nil {
+		t.Fatal(err)
+	}
+	sd, dd := s.Descs(src.Desc(), dst.Desc())
+	bt, err := a.Agent.Submit(pipeline.Request{Peer: b.Agent.Name(), Src: sd, Dst: dd})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := bt.Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if bt.Route() != want {
+		t.Fatalf("route %v (%s), want %v", bt.Route(), bt.RouteReason(), want)
+	}
+	if err := s.Verify(dst.Bytes()); err != nil {
+		t.Fatal(err)
+	}
+	if err := bt.Release(); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Agent.DeregisterMemory(src.Desc()); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Agent.DeregisterMemory(dst.Desc()); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestSwapByConfig builds the same transfer over every engine and control
+// plane pairing by changing configuration only.
+func TestSwapByConfig(t *testing.T) {
+	for _, tc := range []struct{ engine, control string }{
+		{"loopback", "inproc"},
+		{"loopback", "nixlnotif"},
+		{"tcp", "zmq"},
+		{"tcp", "nixlnotif"},
+		{"ucx", "zmq"},
+	} {
+		t.Run(tc.engine+"+"+tc.control, func(t *testing.T) {
+			f := Builtin()
+			a := build(t, testConfig("a", tc.engine, tc.control), f)
+			b := build(t, testConfig("b", tc.engine, tc.control), f)
+			moveAndVerify(t, a, b, pipeline.RouteBounce)
+		})
+	}
+}
+
+// TestMismatchedControlPlanesGoDirect: peers on different control planes
+// fail the handshake and still move the bytes on the direct path.
+func TestMismatchedControlPlanesGoDirect(t *testing.T) {
+	f := Builtin()
+	a := build(t, testConfig("a", "tcp", "zmq"), f)
+	b := build(t, testConfig("b", "tcp", "nixlnotif"), f)
+	moveAndVerify(t, a, b, pipeline.RouteDirect)
+	_, reason, _ := a.Agent.PeerRoute("b")
+	if !strings.Contains(reason, "control kind") {
+		t.Fatalf("reason %q does not name the control kind", reason)
+	}
+}
+
+// TestBounceBuildFailureDegrades: a control plane that cannot start leaves
+// the node up on the direct path.
+func TestBounceBuildFailureDegrades(t *testing.T) {
+	f := Builtin()
+	cfg := testConfig("a", "tcp", "zmq")
+	cfg.ControlPlane.BindAddress = ""
+	cfg.ControlPlane.Interface = "no-such-nic0"
+	a := build(t, cfg, f)
+	if on, why := a.Agent.BounceEnabled(); on || why == "" {
+		t.Fatalf("BounceEnabled = %v, %q", on, why)
+	}
+	b := build(t, testConfig("b", "tcp", "zmq"), f)
+	moveAndVerify(t, a, b, pipeline.RouteDirect)
+}
+
+func TestBuildErrors(t *testing.T) {
+	f := Builtin()
+	delete(f.Engines, "ucx")
+	cfg := testConfig("a", "ucx", "zmq")
+	if _, err := Build(cfg, f, nil); err == nil || !strings.Contains(err.Error(), `engine.kind "ucx"`) {
+		t.Fatalf("missing engine factory: err = %v", err)
+	}
+	cfg = testConfig("a", "tcp", "zmq")
+	cfg.Bounce.MaxInflight = 0
+	if _, err := Build(cfg, f, nil); err == nil || !strings.Contains(err.Error(), "bounce.max_inflight") {
+		t.Fatalf("invalid config: err = %v", err)
+	}
+	cfg = testConfig("a", "tcp", "zmq")
+	cfg.Engine.Options = map[string]string{"colour": "blue"}
+	if _, err := Build(cfg, f, nil); err == nil || !strings.Contains(err.Error(), "engine.options.colour") {
+		t.Fatalf("unknown engine option: err = %v", err)
+	}
+	if _, err := MakeFactories([]EngineFactory{TCPFactory{}, TCPFactory{}}, nil, nil, nil); err == nil {
+		t.Fatal("duplicate factories accepted")
+	}
+}

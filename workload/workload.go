@@ -1,0 +1,168 @@
+// Package workload describes KV-cache-shaped transfers: the presets of one
+// rank's KV cache for an 8192-token prompt (model × TP × block size), the
+// descriptor layout (contiguous or fragmented block ids, reproducible from a
+// seed), and a byte pattern unique to every (seed, block) so verification
+// catches cross-talk as well as corruption.
+package workload
+
+import (
+	"encoding/binary"
+	"fmt"
+	"math/rand/v2"
+	"sort"
+	"strings"
+
+	"github.com/bouncekv/bounce/transfer"
+)
+
+// Preset is one row of the sizing table: Count descriptors of DescSize bytes.
+type Preset struct {
+	Name     string
+	Model    string
+	TP       int
+	Block    int
+	DescSize uint64
+	Count    int
+}
+
+// Bytes returns the preset's payload.
+func (p Preset) Bytes() uint64 { return p.DescSize * uint64(p.Count) }
+
+// Presets returns the sizing table: Llama-3.1-70B at TP=8 and TP=1 and
+// gpt-oss-120b at TP=8, each at block sizes 16, 32 and 64 (bf16, no merging).
+func Presets() []Preset {
+	var out []Preset
+	add := func(model, short string, tp int, base uint64, count int) {
+		for i, block := range []int{16, 32, 64} {
+			out = append(out, Preset{
+				Name:     fmt.Sprintf("%s-tp%d-b%d", short, tp, block),
+				Model:    model,
+				TP:       tp,
+				Block:    block,
+				DescSize: base << i,
+				Count:    count >> i,
+			})
+		}
+	}
+	add("Llama-3.1-70B", "llama70b", 8, 4<<10, 81920)
+	add("Llama-3.1-70B", "llama70b", 1, 32<<10, 81920)
+	add("gpt-oss-120b", "gptoss120b", 8, 2<<10, 36864)
+	return out
+}
+
+// Lookup finds a preset by name.
+func Lookup(name string) (Preset, error) {
+	var names []string
+	for _, p := range Presets() {
+		if p.Name == name {
+			return p, nil
+		}
+		names = append(names, p.Name)
+	}
+	sort.Strings(names)
+	return Preset{}, fmt.Errorf("workload: unknown preset %q; accepted: %s", name, strings.Join(names, ", "))
+}
+
+// Spec is one transfer: Count blocks of DescSize bytes moved from the source
+// buffer's block slots to the destination buffer's block slots. Fragmented
+// shuffles both sides' slots (random block ids); otherwise block i sits in
+// slot i on both sides. Seed fixes the shuffle and the bytes.
+type Spec struct {
+	DescSize   uint64
+	Count      int
+	Fragmented bool
+	Seed       uint64
+}
+
+// Validate reports a spec that describes no transfer.
+func (s Spec) Validate() error {
+	if s.DescSize == 0 || s.Count <= 0 {
+		return fmt.Errorf("workload: spec needs a positive descriptor size and count (got %d x %d)", s.Count, s.DescSize)
+	}
+	return nil
+}
+
+// Bytes returns the payload (and the size of each buffer).
+func (s Spec) Bytes() uint64 { return s.DescSize * uint64(s.Count) }
+
+// slots returns each block's slot on the source and on the destination.
+func (s Spec) slots() (src, dst []int) {
+	src, dst = make([]int, s.Count), make([]int, s.Count)
+	for i := range src {
+		src[i], dst[i] = i, i
+	}
+	if s.Fragmented {
+		rng := rand.New(rand.NewPCG(s.Seed, s.Seed^0x5851f42d4c957f2d))
+		rng.Shuffle(len(src), func(i, j int) { src[i], src[j] = src[j], src[i] })
+		rng.Shuffle(len(dst), func(i, j int) { dst[i], dst[j] = dst[j], dst[i] })
+	}
+	return src, dst
+}
+
+// Descs returns the descriptor lists for buffers starting at srcBase and
+// dstBase (host memory).
+func (s Spec) Descs(srcBase, dstBase transfer.Desc) (src, dst []transfer.Desc) {
+	ss, ds := s.slots()
+	src, dst = make([]transfer.Desc, s.Count), make([]transfer.Desc, s.Count)
+	for i := range ss {
+		src[i] = transfer.Desc{Addr: srcBase.Addr + uint64(ss[i])*s.DescSize, Len: s.DescSize, Device: srcBase.Device, Kind: srcBase.Kind}
+		dst[i] = transfer.Desc{Addr: dstBase.Addr + uint64(ds[i])*s.DescSize, Len: s.DescSize, Device: dstBase.Device, Kind: dstBase.Kind}
+	}
+	return src, dst
+}
+
+// Fill writes every block's pattern into its slot of the source buffer.
+func (s Spec) Fill(src []byte) error {
+	if uint64(len(src)) < s.Bytes() {
+		return fmt.Errorf("workload: source buffer has %d bytes, spec needs %d", len(src), s.Bytes())
+	}
+	ss, _ := s.slots()
+	for i, slot := range ss {
+		o := uint64(slot) * s.DescSize
+		pattern(src[o:o+s.DescSize], s.Seed, uint64(i))
+	}
+	return nil
+}
+
+// Verify checks every block's pattern in its slot of the destination buffer
+// and names the first wrong byte.
+func (s Spec) Verify(dst []byte) error {
+	if uint64(len(dst)) < s.Bytes() {
+		return fmt.Errorf("workload: destination buffer has %d bytes, spec needs %d", len(dst), s.Bytes())
+	}
+	_, ds := s.slots()
+	want := make([]byte, s.DescSize)
+	for i, slot := range ds {
+		o := uint64(slot) * s.DescSize
+		pattern(want, s.Seed, uint64(i))
+		got := dst[o : o+s.DescSize]
+		if string(got) != string(want) {
+			for k := range got {
+				if got[k] != want[k] {
+					return fmt.Errorf("workload: seed %d block %d (slot %d) byte %d = %#02x, want %#02x", s.Seed, i, slot, k, got[k], want[k])
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// pattern fills b with an xorshift stream keyed by (seed, block).
+func pattern(b []byte, seed, block uint64) {
+	x := (seed+1)*0x9e3779b97f4a7c15 ^ (block+1)*0xbf58476d1ce4e5b9
+	var w [8]byte
+	i := 0
+	for ; i+8 <= len(b); i += 8 {
+		x ^= x << 13
+		x ^= x >> 7
+		x ^= x << 17
+		binary.LittleEndian.PutUint64(b[i:], x)
+	}
+	if i < len(b) {
+		x ^= x << 13
+		x ^= x >> 7
+		x ^= x << 17
+		binary.LittleEndian.PutUint64(w[:], x)
+		copy(b[i:], w[:])
+	}
+}
