@@ -1,0 +1,491 @@
+package config
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+	"unicode"
+)
+
+// Sentinel errors. Every *KeyError wraps one of them.
+var (
+	// ErrUnknownKey means a file key or BOUNCE_ variable names no setting.
+	ErrUnknownKey = errors.New("unknown key")
+	// ErrBadValue means a value cannot be parsed as the setting's type.
+	ErrBadValue = errors.New("bad value")
+	// ErrOutOfRange means a value parses but is not accepted for the setting.
+	ErrOutOfRange = errors.New("value out of range")
+)
+
+// KeyError is one problem with one setting.
+type KeyError struct {
+	// Key is the dotted key ("bounce.max_inflight"); for an unknown key it
+	// is the key as written, for an unknown environment variable empty.
+	Key string
+	// Value is the offending value as written (empty when there is none).
+	Value string
+	// Source is where the value came from; empty when Validate was called on
+	// a Config built in code.
+	Source Source
+	// Reason says what is wrong and what is accepted.
+	Reason string
+	// Err is ErrUnknownKey, ErrBadValue or ErrOutOfRange.
+	Err error
+}
+
+// Error formats the problem as `config: key="value" (source): reason`.
+func (e *KeyError) Error() string {
+	var b strings.Builder
+	b.WriteString("config: ")
+	switch {
+	case e.Key != "":
+		b.WriteString(e.Key)
+		b.WriteString("=")
+		b.WriteString(strconv.Quote(e.Value))
+	case e.Source != "":
+		b.WriteString(string(e.Source))
+		b.WriteString("=")
+		b.WriteString(strconv.Quote(e.Value))
+	}
+	if e.Source != "" && e.Key != "" {
+		b.WriteString(" (")
+		b.WriteString(string(e.Source))
+		b.WriteString(")")
+	}
+	b.WriteString(": ")
+	b.WriteString(e.Reason)
+	return b.String()
+}
+
+// Unwrap returns the sentinel.
+func (e *KeyError) Unwrap() error { return e.Err }
+
+func outOfRange(key string, value any, format string, args ...any) *KeyError {
+	return &KeyError{Key: key, Value: fmt.Sprint(value), Reason: fmt.Sprintf(format, args...), Err: ErrOutOfRange}
+}
+
+// joinKeyErrors joins errs, or returns nil when there are none.
+func joinKeyErrors(errs []*KeyError) error {
+	if len(errs) == 0 {
+		return nil
+	}
+	out := make([]error, len(errs))
+	for i, e := range errs {
+		out[i] = e
+	}
+	return errors.Join(out...)
+}
+
+// Config is the whole bounce configuration. Keys in files are the snake_case
+// names listed in the package documentation.
+type Config struct {
+	Agent        AgentConfig
+	Bounce       BounceConfig
+	Engine       EngineConfig
+	ControlPlane ControlPlaneConfig
+	Stages       StagesConfig
+	Telemetry    TelemetryConfig
+}
+
+// AgentConfig identifies this agent among its peers.
+type AgentConfig struct {
+	// Name is unique among peers (agent.name). Default: "<hostname>-<pid>".
+	Name string
+}
+
+// BounceConfig tunes the bounce-buffer pipeline.
+type BounceConfig struct {
+	// Enabled turns the bounce path on (bounce.enabled, default true).
+	Enabled bool
+	// ArenaSize is the shared region arena (bounce.arena_size, default 256MiB).
+	ArenaSize Size
+	// Granularity is the buddy allocator's smallest block (bounce.granularity,
+	// default 1MiB): a power of two no larger than ArenaSize.
+	Granularity Size
+	// MaxChunk caps one chunk (bounce.max_chunk, default 32MiB). Load clamps
+	// it to UsableCapacity with a notice; peers must agree on it.
+	MaxChunk Size
+	// MaxInflight is W, the regions one request may hold at once
+	// (bounce.max_inflight, default 8, 1..1024).
+	MaxInflight int
+	// CopyContexts sizes the gather/scatter copy pool (bounce.copy_contexts,
+	// default 8, 1..1024).
+	CopyContexts int
+	// ScatterWorkers is the receiver's scatter worker count
+	// (bounce.scatter_workers, default 4, 1..1024).
+	ScatterWorkers int
+	// MinDescriptors is the routing gate's minimum descriptor count
+	// (bounce.min_descriptors, default 1024, >= 0).
+	MinDescriptors int
+	// MaxAvgDescriptor is the routing gate's largest average descriptor
+	// (bounce.max_avg_descriptor, default 16KiB, > 0).
+	MaxAvgDescriptor Size
+	// RequestTimeout fails a request that makes no progress for this long
+	// (bounce.request_timeout, default 30s, 1ms..24h).
+	RequestTimeout time.Duration
+	// EagerGather gathers before the GRANT arrives (bounce.eager_gather,
+	// default true).
+	EagerGather bool
+	// ZeroCopyArgs lets GPU stages read their plan from pinned host memory
+	// (bounce.zero_copy_args, default true).
+	ZeroCopyArgs bool
+	// DisableMerging sends one run per descriptor; debugging only
+	// (bounce.disable_merging, default false).
+	DisableMerging bool
+}
+
+// UsableCapacity is the largest block the arena's buddy allocator can hand
+// out: the largest power-of-two multiple of Granularity that fits in
+// ArenaSize. It is 0 when Granularity is not a power of two or exceeds
+// ArenaSize.
+func (b BounceConfig) UsableCapacity() Size {
+	if !b.Granularity.isPow2() || b.Granularity > b.ArenaSize {
+		return 0
+	}
+	c := b.Granularity
+	for c <= b.ArenaSize/2 {
+		c *= 2
+	}
+	return c
+}
+
+// EngineConfig selects and tunes the data-plane engine.
+type EngineConfig struct {
+	// Kind is loopback, tcp, ucx, nixl or plugin (engine.kind, default tcp).
+	Kind string
+	// Plugin is the plugin path, required when Kind is plugin and refused
+	// otherwise (engine.plugin).
+	Plugin string
+	// Listen is the tcp engine's host:port (engine.listen, default
+	// 127.0.0.1:0: loopback, ephemeral port; set a routable address for
+	// multi-node use).
+	Listen string
+	// Connections is the tcp connections per peer (engine.connections,
+	// default 4, 1..256).
+	Connections int
+	// Options are engine-specific settings passed through unchanged
+	// (engine.options). Layers merge them per option name.
+	Options map[string]string
+}
+
+// ControlPlaneConfig selects and tunes the control channel.
+type ControlPlaneConfig struct {
+	// Kind is zmq, nixlnotif, inproc or plugin (control_plane.kind,
+	// default zmq). Peers must use the same kind.
+	Kind string
+	// Interface is the NIC whose address the channel binds
+	// (control_plane.interface); empty picks one automatically.
+	Interface string
+	// BindAddress is an explicit IP to bind (control_plane.bind_address),
+	// e.g. 127.0.0.1 in tests. At most one of Interface and BindAddress.
+	BindAddress string
+	// SendHWM bounds each peer's send queue (control_plane.send_hwm,
+	// default 1000, 1..1048576).
+	SendHWM int
+	// Plugin is the plugin path, required when Kind is plugin and refused
+	// otherwise (control_plane.plugin).
+	Plugin string
+}
+
+// StagesConfig selects the gather and scatter stages.
+type StagesConfig struct {
+	// Gather is host, cuda or plugin (stages.gather, default host).
+	Gather string
+	// Scatter is host, cuda or plugin (stages.scatter, default host).
+	Scatter string
+	// Plugin is the plugin path, required when a stage is plugin and refused
+	// otherwise (stages.plugin).
+	Plugin string
+}
+
+// TelemetryConfig configures tracing.
+type TelemetryConfig struct {
+	// Traces is none, otlp or stdout (telemetry.traces, default none).
+	Traces string
+	// OTLPEndpoint is the OTLP/gRPC collector's host:port
+	// (telemetry.otlp_endpoint, default 127.0.0.1:4317).
+	OTLPEndpoint string
+	// ServiceName names this process in traces (telemetry.service_name,
+	// default bounce).
+	ServiceName string
+	// SampleRatio is the fraction of requests traced (telemetry.sample_ratio,
+	// default 1, 0..1).
+	SampleRatio float64
+}
+
+// Default returns the defaults. Agent.Name is "<hostname>-<pid>" (with
+// characters other than letters, digits, '.', '-' and '_' replaced by '-'),
+// or "bounce-<pid>" when the hostname is unavailable.
+func Default() Config {
+	return Config{
+		Agent: AgentConfig{Name: defaultAgentName()},
+		Bounce: BounceConfig{
+			Enabled:          true,
+			ArenaSize:        256 * MiB,
+			Granularity:      1 * MiB,
+			MaxChunk:         32 * MiB,
+			MaxInflight:      8,
+			CopyContexts:     8,
+			ScatterWorkers:   4,
+			MinDescriptors:   1024,
+			MaxAvgDescriptor: 16 * KiB,
+			RequestTimeout:   30 * time.Second,
+			EagerGather:      true,
+			ZeroCopyArgs:     true,
+		},
+		Engine: EngineConfig{Kind: "tcp", Listen: "127.0.0.1:0", Connections: 4},
+		ControlPlane: ControlPlaneConfig{
+			Kind:    "zmq",
+			SendHWM: 1000,
+		},
+		Stages: StagesConfig{Gather: "host", Scatter: "host"},
+		Telemetry: TelemetryConfig{
+			Traces:       "none",
+			OTLPEndpoint: "127.0.0.1:4317",
+			ServiceName:  "bounce",
+			SampleRatio:  1,
+		},
+	}
+}
+
+func defaultAgentName() string {
+	host, err := os.Hostname()
+	if err != nil || host == "" {
+		host = "bounce"
+	}
+	host = strings.Map(func(r rune) rune {
+		if r < 0x80 && (unicode.IsLetter(r) || unicode.IsDigit(r) || r == '.' || r == '-' || r == '_') {
+			return r
+		}
+		return '-'
+	}, host)
+	if len(host) > 200 {
+		host = host[:200]
+	}
+	return host + "-" + strconv.Itoa(os.Getpid())
+}
+
+// Normalize applies the adjustments Load makes before validating and
+// returns one notice per change: today, a MaxChunk above the arena's
+// UsableCapacity is clamped to it.
+func (c *Config) Normalize() []string {
+	b := &c.Bounce
+	capacity := b.UsableCapacity()
+	if capacity == 0 || b.MaxChunk <= capacity {
+		return nil
+	}
+	n := fmt.Sprintf("bounce.max_chunk %v exceeds the arena's usable capacity %v (bounce.arena_size %v, bounce.granularity %v); clamped to %v",
+		b.MaxChunk, capacity, b.ArenaSize, b.Granularity, capacity)
+	b.MaxChunk = capacity
+	return []string{n}
+}
+
+// Validate checks every setting and reports all problems at once, each a
+// *KeyError naming the key, the value and what is accepted.
+func (c *Config) Validate() error { return joinKeyErrors(c.validate()) }
+
+func (c *Config) validate() []*KeyError {
+	var errs []*KeyError
+	errs = append(errs, c.Agent.validate()...)
+	errs = append(errs, c.Bounce.validate()...)
+	errs = append(errs, c.Engine.validate()...)
+	errs = append(errs, c.ControlPlane.validate()...)
+	errs = append(errs, c.Stages.validate()...)
+	errs = append(errs, c.Telemetry.validate()...)
+	return errs
+}
+
+// Validate checks agent.name: 1..255 bytes without spaces or control
+// characters.
+func (a *AgentConfig) Validate() error { return joinKeyErrors(a.validate()) }
+
+func (a *AgentConfig) validate() []*KeyError {
+	const key = "agent.name"
+	switch {
+	case a.Name == "":
+		return []*KeyError{outOfRange(key, a.Name, "must not be empty")}
+	case len(a.Name) > 255:
+		return []*KeyError{outOfRange(key, a.Name, "is %d bytes, at most 255 accepted", len(a.Name))}
+	case strings.IndexFunc(a.Name, func(r rune) bool { return unicode.IsSpace(r) || unicode.IsControl(r) || r == unicode.ReplacementChar }) >= 0:
+		return []*KeyError{outOfRange(key, a.Name, "must be valid UTF-8 without spaces or control characters")}
+	}
+	return nil
+}
+
+// Validate checks the bounce settings against the ranges documented on
+// BounceConfig. A MaxChunk above UsableCapacity is an error here; Load
+// clamps it first (see Normalize).
+func (b *BounceConfig) Validate() error { return joinKeyErrors(b.validate()) }
+
+func (b *BounceConfig) validate() []*KeyError {
+	var errs []*KeyError
+	add := func(e *KeyError) { errs = append(errs, e) }
+	if b.ArenaSize == 0 {
+		add(outOfRange("bounce.arena_size", b.ArenaSize, "must be positive"))
+	}
+	switch {
+	case !b.Granularity.isPow2():
+		add(outOfRange("bounce.granularity", b.Granularity, "must be a power of two (e.g. 64KiB, 1MiB)"))
+	case b.ArenaSize != 0 && b.Granularity > b.ArenaSize:
+		add(outOfRange("bounce.granularity", b.Granularity, "must not exceed bounce.arena_size %v", b.ArenaSize))
+	}
+	switch capacity := b.UsableCapacity(); {
+	case b.MaxChunk == 0:
+		add(outOfRange("bounce.max_chunk", b.MaxChunk, "must be positive"))
+	case capacity != 0 && b.MaxChunk > capacity:
+		add(outOfRange("bounce.max_chunk", b.MaxChunk, "exceeds the arena's usable capacity %v (Load clamps it; call Normalize)", capacity))
+	}
+	intRange := func(key string, v, lo, hi int) {
+		if v < lo || v > hi {
+			add(outOfRange(key, v, "must be between %d and %d", lo, hi))
+		}
+	}
+	intRange("bounce.max_inflight", b.MaxInflight, 1, 1024)
+	intRange("bounce.copy_contexts", b.CopyContexts, 1, 1024)
+	intRange("bounce.scatter_workers", b.ScatterWorkers, 1, 1024)
+	if b.MinDescriptors < 0 {
+		add(outOfRange("bounce.min_descriptors", b.MinDescriptors, "must not be negative"))
+	}
+	if b.MaxAvgDescriptor == 0 {
+		add(outOfRange("bounce.max_avg_descriptor", b.MaxAvgDescriptor, "must be positive"))
+	}
+	if b.RequestTimeout < time.Millisecond || b.RequestTimeout > 24*time.Hour {
+		add(outOfRange("bounce.request_timeout", b.RequestTimeout, "must be between 1ms and 24h"))
+	}
+	return errs
+}
+
+// oneOf checks that v is one of kinds.
+func oneOf(key, v string, kinds ...string) *KeyError {
+	for _, k := range kinds {
+		if v == k {
+			return nil
+		}
+	}
+	return outOfRange(key, v, "must be one of %s", strings.Join(kinds, ", "))
+}
+
+// pluginRule enforces "path required when a plugin is selected, refused
+// otherwise" (a stray path is almost always a layering mistake).
+func pluginRule(key, path string, selected bool, selector string) *KeyError {
+	switch {
+	case selected && path == "":
+		return outOfRange(key, path, "is required when %s is plugin", selector)
+	case !selected && path != "":
+		return outOfRange(key, path, "is only used when %s is plugin; clear it", selector)
+	}
+	return nil
+}
+
+// checkHostPort validates host:port with a numeric port 0..65535.
+func checkHostPort(key, v string) *KeyError {
+	host, port, err := net.SplitHostPort(v)
+	if err != nil {
+		return outOfRange(key, v, "must be host:port, e.g. 127.0.0.1:4317 or [::1]:0")
+	}
+	if _, err := strconv.ParseUint(port, 10, 16); err != nil {
+		return outOfRange(key, v, "port must be a number from 0 to 65535")
+	}
+	if strings.ContainsFunc(host, unicode.IsSpace) {
+		return outOfRange(key, v, "host must not contain spaces")
+	}
+	return nil
+}
+
+// Validate checks the engine settings.
+func (e *EngineConfig) Validate() error { return joinKeyErrors(e.validate()) }
+
+func (e *EngineConfig) validate() []*KeyError {
+	var errs []*KeyError
+	add := func(k *KeyError) {
+		if k != nil {
+			errs = append(errs, k)
+		}
+	}
+	add(oneOf("engine.kind", e.Kind, "loopback", "tcp", "ucx", "nixl", "plugin"))
+	add(pluginRule("engine.plugin", e.Plugin, e.Kind == "plugin", "engine.kind"))
+	if e.Listen != "" || e.Kind == "tcp" {
+		add(checkHostPort("engine.listen", e.Listen))
+	}
+	if e.Connections < 1 || e.Connections > 256 {
+		add(outOfRange("engine.connections", e.Connections, "must be between 1 and 256"))
+	}
+	for k := range e.Options {
+		if k == "" {
+			add(outOfRange("engine.options", "", "option names must not be empty"))
+		}
+	}
+	return errs
+}
+
+// Validate checks the control plane settings.
+func (c *ControlPlaneConfig) Validate() error { return joinKeyErrors(c.validate()) }
+
+func (c *ControlPlaneConfig) validate() []*KeyError {
+	var errs []*KeyError
+	add := func(k *KeyError) {
+		if k != nil {
+			errs = append(errs, k)
+		}
+	}
+	add(oneOf("control_plane.kind", c.Kind, "zmq", "nixlnotif", "inproc", "plugin"))
+	add(pluginRule("control_plane.plugin", c.Plugin, c.Kind == "plugin", "control_plane.kind"))
+	if c.Interface != "" && (len(c.Interface) > 15 || strings.ContainsAny(c.Interface, "/: \t\n") || strings.ContainsFunc(c.Interface, unicode.IsControl)) {
+		add(outOfRange("control_plane.interface", c.Interface, "must be a network interface name (at most 15 bytes, no '/', ':' or spaces)"))
+	}
+	if c.BindAddress != "" {
+		if _, err := netip.ParseAddr(c.BindAddress); err != nil {
+			add(outOfRange("control_plane.bind_address", c.BindAddress, "must be an IP address such as 10.0.0.5 or ::1"))
+		} else if c.Interface != "" {
+			add(outOfRange("control_plane.bind_address", c.BindAddress, "conflicts with control_plane.interface %q; set only one", c.Interface))
+		}
+	}
+	if c.SendHWM < 1 || c.SendHWM > 1<<20 {
+		add(outOfRange("control_plane.send_hwm", c.SendHWM, "must be between 1 and 1048576"))
+	}
+	return errs
+}
+
+// Validate checks the stage settings.
+func (s *StagesConfig) Validate() error { return joinKeyErrors(s.validate()) }
+
+func (s *StagesConfig) validate() []*KeyError {
+	var errs []*KeyError
+	add := func(k *KeyError) {
+		if k != nil {
+			errs = append(errs, k)
+		}
+	}
+	add(oneOf("stages.gather", s.Gather, "host", "cuda", "plugin"))
+	add(oneOf("stages.scatter", s.Scatter, "host", "cuda", "plugin"))
+	add(pluginRule("stages.plugin", s.Plugin, s.Gather == "plugin" || s.Scatter == "plugin", "stages.gather or stages.scatter"))
+	return errs
+}
+
+// Validate checks the telemetry settings.
+func (t *TelemetryConfig) Validate() error { return joinKeyErrors(t.validate()) }
+
+func (t *TelemetryConfig) validate() []*KeyError {
+	var errs []*KeyError
+	add := func(k *KeyError) {
+		if k != nil {
+			errs = append(errs, k)
+		}
+	}
+	add(oneOf("telemetry.traces", t.Traces, "none", "otlp", "stdout"))
+	if t.OTLPEndpoint != "" || t.Traces == "otlp" {
+		add(checkHostPort("telemetry.otlp_endpoint", t.OTLPEndpoint))
+	}
+	if t.ServiceName == "" {
+		add(outOfRange("telemetry.service_name", t.ServiceName, "must not be empty"))
+	}
+	if !(t.SampleRatio >= 0 && t.SampleRatio <= 1) {
+		add(outOfRange("telemetry.sample_ratio", strconv.FormatFloat(t.SampleRatio, 'g', -1, 64), "must be between 0 and 1"))
+	}
+	return errs
+}

@@ -1,0 +1,369 @@
+package config
+
+import (
+	"fmt"
+	"maps"
+	"math"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// field is one setting: its dotted key, help text and where it lives in a
+// Config. The table is the single source of keys, environment variables,
+// flags and YAML output.
+type field struct {
+	key  string
+	help string
+	ptr  func(*Config) any
+}
+
+const optionsKey = "engine.options"
+
+// fields returns the schema in documentation order. It is built on each call
+// so the package holds no mutable state.
+func fields() []field {
+	return []field{
+		{"agent.name", "agent name, unique among peers (default <hostname>-<pid>)", func(c *Config) any { return &c.Agent.Name }},
+
+		{"bounce.enabled", "use the bounce path for eligible transfers", func(c *Config) any { return &c.Bounce.Enabled }},
+		{"bounce.arena_size", "shared region arena size", func(c *Config) any { return &c.Bounce.ArenaSize }},
+		{"bounce.granularity", "smallest arena block; a power of two <= arena_size", func(c *Config) any { return &c.Bounce.Granularity }},
+		{"bounce.max_chunk", "largest chunk; clamped to the arena's usable capacity; peers must agree", func(c *Config) any { return &c.Bounce.MaxChunk }},
+		{"bounce.max_inflight", "regions one request may hold at once (W), 1..1024", func(c *Config) any { return &c.Bounce.MaxInflight }},
+		{"bounce.copy_contexts", "gather/scatter copy contexts, 1..1024", func(c *Config) any { return &c.Bounce.CopyContexts }},
+		{"bounce.scatter_workers", "receiver scatter workers, 1..1024", func(c *Config) any { return &c.Bounce.ScatterWorkers }},
+		{"bounce.min_descriptors", "route through bounce from this many descriptors on", func(c *Config) any { return &c.Bounce.MinDescriptors }},
+		{"bounce.max_avg_descriptor", "route through bounce up to this average descriptor size", func(c *Config) any { return &c.Bounce.MaxAvgDescriptor }},
+		{"bounce.request_timeout", "fail a request without progress for this long, 1ms..24h", func(c *Config) any { return &c.Bounce.RequestTimeout }},
+		{"bounce.eager_gather", "gather before the GRANT arrives", func(c *Config) any { return &c.Bounce.EagerGather }},
+		{"bounce.zero_copy_args", "GPU stages read their plan from pinned host memory", func(c *Config) any { return &c.Bounce.ZeroCopyArgs }},
+		{"bounce.disable_merging", "one scatter run per descriptor (debugging only)", func(c *Config) any { return &c.Bounce.DisableMerging }},
+
+		{"engine.kind", "data-plane engine: loopback, tcp, ucx, nixl or plugin", func(c *Config) any { return &c.Engine.Kind }},
+		{"engine.plugin", "engine plugin path (engine.kind=plugin)", func(c *Config) any { return &c.Engine.Plugin }},
+		{"engine.listen", "tcp engine listen host:port", func(c *Config) any { return &c.Engine.Listen }},
+		{"engine.connections", "tcp connections per peer, 1..256", func(c *Config) any { return &c.Engine.Connections }},
+		{optionsKey, "engine-specific options, passed through", func(c *Config) any { return &c.Engine.Options }},
+
+		{"control_plane.kind", "control channel: zmq, nixlnotif, inproc or plugin", func(c *Config) any { return &c.ControlPlane.Kind }},
+		{"control_plane.interface", "NIC whose address the channel binds; empty = automatic", func(c *Config) any { return &c.ControlPlane.Interface }},
+		{"control_plane.bind_address", "explicit IP to bind instead of an interface", func(c *Config) any { return &c.ControlPlane.BindAddress }},
+		{"control_plane.send_hwm", "per-peer send queue bound, 1..1048576", func(c *Config) any { return &c.ControlPlane.SendHWM }},
+		{"control_plane.plugin", "control channel plugin path (control_plane.kind=plugin)", func(c *Config) any { return &c.ControlPlane.Plugin }},
+
+		{"stages.gather", "gather stage: host, cuda or plugin", func(c *Config) any { return &c.Stages.Gather }},
+		{"stages.scatter", "scatter stage: host, cuda or plugin", func(c *Config) any { return &c.Stages.Scatter }},
+		{"stages.plugin", "stage plugin path (a stage set to plugin)", func(c *Config) any { return &c.Stages.Plugin }},
+
+		{"telemetry.traces", "trace exporter: none, otlp or stdout", func(c *Config) any { return &c.Telemetry.Traces }},
+		{"telemetry.otlp_endpoint", "OTLP/gRPC collector host:port", func(c *Config) any { return &c.Telemetry.OTLPEndpoint }},
+		{"telemetry.service_name", "service name in traces", func(c *Config) any { return &c.Telemetry.ServiceName }},
+		{"telemetry.sample_ratio", "fraction of requests traced, 0..1", func(c *Config) any { return &c.Telemetry.SampleRatio }},
+	}
+}
+
+func splitKey(key string) (section, name string) {
+	section, name, _ = strings.Cut(key, ".")
+	return section, name
+}
+
+// envName maps a dotted key to its environment variable: BOUNCE_ followed
+// by the upper-cased key with dots turned into underscores, except that
+// keys of the bounce section drop the section (BOUNCE_ARENA_SIZE, not
+// BOUNCE_BOUNCE_ARENA_SIZE).
+func envName(key string) string {
+	section, name := splitKey(key)
+	if section == "bounce" {
+		return EnvPrefix + strings.ToUpper(name)
+	}
+	return EnvPrefix + strings.ToUpper(section+"_"+name)
+}
+
+// flagName maps a dotted key to its flag name: the key with underscores
+// turned into dashes (bounce.arena_size → bounce.arena-size).
+func flagName(key string) string { return strings.ReplaceAll(key, "_", "-") }
+
+// EnvPrefix starts every environment variable Load reads.
+const EnvPrefix = "BOUNCE_"
+
+// Keys returns every dotted key, in documentation order.
+func Keys() []string {
+	fs := fields()
+	out := make([]string, len(fs))
+	for i, f := range fs {
+		out[i] = f.key
+	}
+	return out
+}
+
+// EnvVar returns the environment variable that sets key, or "" if key is
+// unknown.
+func EnvVar(key string) string {
+	for _, f := range fields() {
+		if f.key == key {
+			return envName(key)
+		}
+	}
+	return ""
+}
+
+// FlagName returns the flag (without leading dashes) that sets key, or ""
+// if key is unknown.
+func FlagName(key string) string {
+	for _, f := range fields() {
+		if f.key == key {
+			return flagName(key)
+		}
+	}
+	return ""
+}
+
+// accepted describes the text forms of each kind of setting.
+func accepted(ptr any) string {
+	switch ptr.(type) {
+	case *string:
+		return "want a string (quote it in YAML)"
+	case *int:
+		return "want a whole number"
+	case *bool:
+		return "want true or false (also 1/0, t/f, yes/no, on/off)"
+	case *Size:
+		return "want " + sizeForms
+	case *time.Duration:
+		return "want a Go duration such as 30s, 500ms or 1m30s (a bare number has no unit)"
+	case *float64:
+		return "want a number"
+	case *map[string]string:
+		return "want a mapping of option names to scalar values (k1=v1,k2=v2 in environment variables and flags)"
+	default:
+		return "unsupported setting type"
+	}
+}
+
+// assign parses raw (from YAML, the environment, a flag or the defaults)
+// into the field ptr points to. It reports whether raw was accepted.
+func assign(ptr any, raw any) bool {
+	if raw == nil {
+		return false
+	}
+	switch p := ptr.(type) {
+	case *string:
+		s, ok := raw.(string)
+		if ok {
+			*p = s
+		}
+		return ok
+	case *int:
+		v, ok := toInt(raw)
+		if ok {
+			*p = v
+		}
+		return ok
+	case *bool:
+		v, ok := toBool(raw)
+		if ok {
+			*p = v
+		}
+		return ok
+	case *Size:
+		v, ok := toSize(raw)
+		if ok {
+			*p = v
+		}
+		return ok
+	case *time.Duration:
+		var d time.Duration
+		switch v := raw.(type) {
+		case time.Duration:
+			d = v
+		case string:
+			var err error
+			if d, err = time.ParseDuration(strings.TrimSpace(v)); err != nil {
+				return false
+			}
+		default:
+			return false
+		}
+		*p = d
+		return true
+	case *float64:
+		v, ok := toFloat(raw)
+		if ok {
+			*p = v
+		}
+		return ok
+	case *map[string]string:
+		m, ok := raw.(map[string]any)
+		if !ok {
+			return false
+		}
+		out := make(map[string]string, len(m))
+		for k, v := range m {
+			s, ok := scalarString(v)
+			if !ok {
+				return false
+			}
+			out[k] = s
+		}
+		if len(out) == 0 {
+			out = nil
+		}
+		*p = out
+		return true
+	}
+	return false
+}
+
+func toInt(raw any) (int, bool) {
+	switch v := raw.(type) {
+	case int:
+		return v, true
+	case int64:
+		if v < math.MinInt || v > math.MaxInt {
+			return 0, false
+		}
+		return int(v), true
+	case uint64:
+		if v > math.MaxInt {
+			return 0, false
+		}
+		return int(v), true
+	case string:
+		n, err := strconv.Atoi(strings.TrimSpace(v))
+		return n, err == nil
+	}
+	return 0, false
+}
+
+func toBool(raw any) (bool, bool) {
+	switch v := raw.(type) {
+	case bool:
+		return v, true
+	case string:
+		switch asciiLower(strings.TrimSpace(v)) {
+		case "true", "t", "1", "yes", "on":
+			return true, true
+		case "false", "f", "0", "no", "off":
+			return false, true
+		}
+	}
+	return false, false
+}
+
+func toSize(raw any) (Size, bool) {
+	switch v := raw.(type) {
+	case Size:
+		return v, true
+	case int:
+		return Size(v), v >= 0
+	case int64:
+		return Size(v), v >= 0
+	case uint64:
+		return Size(v), true
+	case string:
+		s, err := ParseSize(v)
+		return s, err == nil
+	}
+	return 0, false
+}
+
+func toFloat(raw any) (float64, bool) {
+	switch v := raw.(type) {
+	case float64:
+		return v, true
+	case int:
+		return float64(v), true
+	case int64:
+		return float64(v), true
+	case uint64:
+		return float64(v), true
+	case string:
+		f, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+		return f, err == nil
+	}
+	return 0, false
+}
+
+// scalarString renders an option value; nested values are refused.
+func scalarString(v any) (string, bool) {
+	switch v := v.(type) {
+	case string:
+		return v, true
+	case bool:
+		return strconv.FormatBool(v), true
+	case int:
+		return strconv.Itoa(v), true
+	case int64:
+		return strconv.FormatInt(v, 10), true
+	case uint64:
+		return strconv.FormatUint(v, 10), true
+	case float64:
+		return strconv.FormatFloat(v, 'g', -1, 64), true
+	}
+	return "", false
+}
+
+// parseOptions reads the k1=v1,k2=v2 form used by environment variables and
+// flags. An empty string is no options.
+func parseOptions(s string) (map[string]any, bool) {
+	out := map[string]any{}
+	if strings.TrimSpace(s) == "" {
+		return out, true
+	}
+	for _, kv := range strings.Split(s, ",") {
+		k, v, ok := strings.Cut(kv, "=")
+		k = strings.TrimSpace(k)
+		if !ok || k == "" {
+			return nil, false
+		}
+		out[k] = v
+	}
+	return out, true
+}
+
+// show renders a raw value for an error message.
+func show(raw any) string {
+	switch v := raw.(type) {
+	case nil:
+		return ""
+	case string:
+		return v
+	case map[string]any:
+		keys := slices.Sorted(maps.Keys(v))
+		parts := make([]string, len(keys))
+		for i, k := range keys {
+			parts[i] = fmt.Sprintf("%s=%v", k, v[k])
+		}
+		return "{" + strings.Join(parts, ",") + "}"
+	default:
+		return fmt.Sprint(v)
+	}
+}
+
+// render returns the field's value in the form YAML output and the defaults
+// layer use: sizes and durations as their text, options as a mapping.
+func render(ptr any) any {
+	switch p := ptr.(type) {
+	case *string:
+		return *p
+	case *int:
+		return *p
+	case *bool:
+		return *p
+	case *Size:
+		return p.String()
+	case *time.Duration:
+		return p.String()
+	case *float64:
+		return *p
+	case *map[string]string:
+		m := make(map[string]any, len(*p))
+		for k, v := range *p {
+			m[k] = v
+		}
+		return m
+	}
+	return nil
+}
