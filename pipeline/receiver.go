@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/bouncekv/bounce/pipeline/credit"
+	"github.com/bouncekv/bounce/pipeline/plan"
 	"github.com/bouncekv/bounce/pipeline/wire"
 	"github.com/bouncekv/bounce/transfer"
 )
@@ -116,7 +117,7 @@ func (r *reactor) onData(peer string, d *wire.Data) {
 		return
 	}
 	info := r.regions[d.Region]
-	if err := checkRuns(d.Runs, info.len); err != nil {
+	if _, err := plan.CheckRuns(d.Runs, info.len); err != nil {
 		r.a.stats.badRuns.Add(1)
 		r.log.Warn("DATA rejected: scatter runs outside the grant", "peer", peer, "request", d.Request, "err", err)
 		if err := r.sched.Drop(key, d.Region); err != nil {
@@ -133,21 +134,6 @@ func (r *reactor) onData(peer string, d *wire.Data) {
 	}
 	r.scatters++
 	r.jobs <- scatterJob{key: key, chunk: d.Chunk, region: d.Region, len: info.len, runs: d.Runs}
-}
-
-// checkRuns proves every run stays inside a region of n bytes.
-func checkRuns(runs []transfer.Run, n uint64) error {
-	for i, run := range runs {
-		if run.Count == 0 || run.Len == 0 {
-			return fmt.Errorf("run %d is empty", i)
-		}
-		start, end, ok := run.RegionSpan()
-		if !ok || end > n || start > end {
-			return fmt.Errorf("run %d (offset %d, len %d, count %d, stride %d) exceeds the %d-byte region: %w",
-				i, run.RegionOff, run.Len, run.Count, run.RegionStride, n, transfer.ErrOutOfBounds)
-		}
-	}
-	return nil
 }
 
 // scatterWorker runs scatter jobs: launch (retrying while the copy pool is
