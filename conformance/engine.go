@@ -1,6 +1,7 @@
 package conformance
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"testing"
@@ -150,7 +151,7 @@ func engineRules() []rule[*enginePeer] {
 		rule[*enginePeer]{"engine/unknown-peer", "PostWrite to a peer that was never loaded fails with transfer.ErrUnknownPeer and writes nothing", connected(ruleUnknownPeer)},
 		rule[*enginePeer]{"engine/bad-metadata", "LoadPeer of empty, garbage or truncated metadata fails with transfer.ErrBadMetadata and leaves the loaded peer working", connected(ruleBadMetadata)},
 		rule[*enginePeer]{"engine/reload-peer", "memory the peer registers after it was loaded is writable once its metadata is loaded again, under the same peer name", connected(ruleReloadPeer)},
-		rule[*enginePeer]{"engine/deregister-in-flight", "DeregisterMemory of a source or destination an in-flight write uses returns transfer.ErrInUse (or defers), and the write still completes byte-exact", connected(ruleDeregisterInFlight)},
+		rule[*enginePeer]{"engine/deregister-in-flight", "A.DeregisterMemory of a source an in-flight write reads returns transfer.ErrInUse, or nil once the write let go of it, and the write completes byte-exact; B.DeregisterMemory of its destination returns ErrInUse (the write completes byte-exact) or nil, after which nothing lands there", connected(ruleDeregisterInFlight)},
 		rule[*enginePeer]{"engine/forget-peer", "ForgetPeer makes in-flight writes terminal within OpTimeout (Failed ones wrap transfer.ErrPeerLost and are quiescent), later posts fail with transfer.ErrUnknownPeer, and loading the peer again works", connected(ruleForgetPeer)},
 		rule[*enginePeer]{"engine/peer-loss", "when B dies (EnginePair.KillB) every in-flight write is terminal within OpTimeout, Failed ones wrap transfer.ErrPeerLost, and no later write reports Done (skipped without KillB)", connected(rulePeerLoss)},
 		rule[*enginePeer]{"engine/notify-order", "1,000 notifications to one peer arrive in order, none lost or duplicated, and Notify never blocks (skipped without transfer.Notifier)", connected(ruleNotifyOrder)},
@@ -350,48 +351,99 @@ func ruleReloadPeer(c *rc, e *enginePeer) error {
 
 func ruleDeregisterInFlight(c *rc, e *enginePeer) error {
 	n := c.cfg.maxSize()
-	sides := []struct {
-		name string
-		eng  transfer.Engine
-		reg  func(j *job) transfer.Desc
-	}{
-		{"A.DeregisterMemory(source)", e.A, func(j *job) transfer.Desc { return j.srcReg }},
-		{"B.DeregisterMemory(destination)", e.B, func(j *job) transfer.Desc { return j.dstReg }},
+	// The source side: A knows its own writes, so it refuses (ErrInUse)
+	// or waits for them; either way the write completes byte-exact.
+	j, err := e.rig.job(c, n, 0)
+	if err != nil {
+		return fmt.Errorf("setup: %w", err)
 	}
-	for _, s := range sides {
-		j, err := e.rig.job(c, n, 0)
-		if err != nil {
-			return fmt.Errorf("setup: %w", err)
+	want := bytes.Clone(j.areas[1].want) // the source bytes as posted
+	op, perr, err := c.post(j)
+	if err != nil {
+		return err
+	}
+	if perr != nil {
+		return fmt.Errorf("%s: rejected: %v", j.what, perr)
+	}
+	c.step("A.DeregisterMemory(source) during %s", j.what)
+	derr := e.A.DeregisterMemory(j.srcReg)
+	if derr == nil {
+		// Deregistered: the memory is the caller's again. A write that
+		// still read it would now copy these bytes.
+		c.fill(j.areas[0].b)
+	}
+	if derr != nil && !errors.Is(derr, transfer.ErrInUse) {
+		_, _ = c.wait(op, j.what)
+		return fmt.Errorf("A.DeregisterMemory(source) during %s: %v; want nil (after the write let go of it) or transfer.ErrInUse", j.what, derr)
+	}
+	o, err := c.wait(op, j.what)
+	if err != nil {
+		return err
+	}
+	if o.st != transfer.Done {
+		return fmt.Errorf("A.DeregisterMemory(source) returned %v during %s, then Poll reported %v; the write must still complete", derr, j.what, o)
+	}
+	if d := describeDiff("destination", j.areas[1].b, want); d != "" {
+		if derr == nil {
+			return fmt.Errorf("A.DeregisterMemory(source) returned nil during %s, which then copied source bytes changed after that: %s", j.what, d)
 		}
-		op, perr, err := c.post(j)
-		if err != nil {
-			return err
+		return fmt.Errorf("A.DeregisterMemory(source) returned %v during %s, then: %s", derr, j.what, d)
+	}
+	_ = op.Release()
+	if derr != nil {
+		if err := e.A.DeregisterMemory(j.srcReg); err != nil {
+			return fmt.Errorf("A.DeregisterMemory(source) after %s was done and released: %v; want nil", j.what, err)
 		}
-		if perr != nil {
-			return fmt.Errorf("%s: rejected: %v", j.what, perr)
-		}
-		c.step("%s during %s", s.name, j.what)
-		derr := s.eng.DeregisterMemory(s.reg(j))
-		if derr != nil && !errors.Is(derr, transfer.ErrInUse) {
-			_, _ = c.wait(op, j.what)
-			return fmt.Errorf("%s during %s: %v; want nil (deferred) or transfer.ErrInUse", s.name, j.what, derr)
-		}
-		o, err := c.wait(op, j.what)
-		if err != nil {
-			return err
-		}
-		if o.st != transfer.Done {
-			return fmt.Errorf("%s returned %v during %s, then Poll reported %v; the write must still complete", s.name, derr, j.what, o)
-		}
-		if m := j.mismatch(); m != "" {
-			return fmt.Errorf("%s returned %v during %s, then: %s", s.name, derr, j.what, m)
-		}
+	}
+
+	// The destination side: B may not know of a write still on its way,
+	// so it may deregister at once; but from then on nothing may land in
+	// the range. With ErrInUse the write completes byte-exact.
+	j, err = e.rig.job(c, n, 0)
+	if err != nil {
+		return fmt.Errorf("setup: %w", err)
+	}
+	op, perr, err = c.post(j)
+	if err != nil {
+		return err
+	}
+	if perr != nil {
+		return fmt.Errorf("%s: rejected: %v", j.what, perr)
+	}
+	c.step("B.DeregisterMemory(destination) during %s", j.what)
+	derr = e.B.DeregisterMemory(j.dstReg)
+	var canary []byte
+	if derr == nil {
+		dst := j.areas[1].b
+		c.fill(dst)
+		canary = bytes.Clone(dst)
+	}
+	if derr != nil && !errors.Is(derr, transfer.ErrInUse) {
+		_, _ = c.wait(op, j.what)
+		return fmt.Errorf("B.DeregisterMemory(destination) during %s: %v; want nil or transfer.ErrInUse", j.what, derr)
+	}
+	o, err = c.wait(op, j.what)
+	if err != nil {
+		return err
+	}
+	if derr == nil {
 		_ = op.Release()
-		if derr != nil {
-			if err := s.eng.DeregisterMemory(s.reg(j)); err != nil {
-				return fmt.Errorf("%s after %s was done and released: %v; want nil", s.name, j.what, err)
-			}
+		time.Sleep(c.cfg.Settle)
+		if k := firstDiff(j.areas[1].b, canary); k >= 0 {
+			c.tainted("%s wrote deregistered memory", j.what)
+			return fmt.Errorf("B.DeregisterMemory(destination) returned nil during %s (which then reported %v), yet destination byte %d changed afterwards: nothing may land in deregistered memory", j.what, o, k)
 		}
+		return nil
+	}
+	_ = op.Release()
+	if o.st != transfer.Done {
+		return fmt.Errorf("B.DeregisterMemory(destination) returned %v during %s, then Poll reported %v; the write must still complete", derr, j.what, o)
+	}
+	if m := j.mismatch(); m != "" {
+		return fmt.Errorf("B.DeregisterMemory(destination) returned %v during %s, then: %s", derr, j.what, m)
+	}
+	if err := e.B.DeregisterMemory(j.dstReg); err != nil {
+		return fmt.Errorf("B.DeregisterMemory(destination) after %s was done and released: %v; want nil", j.what, err)
 	}
 	return nil
 }

@@ -170,12 +170,12 @@ func firstDiff(got, want []byte) int {
 	if bytes.Equal(got, want) {
 		return -1
 	}
-	for i := range got {
+	for i := range min(len(got), len(want)) {
 		if got[i] != want[i] {
 			return i
 		}
 	}
-	return len(got)
+	return min(len(got), len(want))
 }
 
 // describeDiff says where got differs from want, or "" when it does not.
@@ -183,6 +183,9 @@ func describeDiff(name string, got, want []byte) string {
 	k := firstDiff(got, want)
 	if k < 0 {
 		return ""
+	}
+	if len(got) != len(want) {
+		return fmt.Sprintf("%s is %d bytes, want %d", name, len(got), len(want))
 	}
 	n := 0
 	for i := k; i < len(got); i++ {
