@@ -250,8 +250,18 @@ func (c *Channel) AddPeer(peer, endpoint string) error {
 	if err := checkName(peer); err != nil {
 		return fmt.Errorf("zmq: add peer %q: name %v: %w", peer, err, transfer.ErrBadEndpoint)
 	}
-	if c.isClosed() {
+	// Fast path for the reverse-path bootstrap, which re-adds the sender
+	// with the endpoint carried by every WANT.
+	c.mu.RLock()
+	closed := c.closed
+	d := c.peers[peer]
+	same := d != nil && d.endpoint == endpoint
+	c.mu.RUnlock()
+	switch {
+	case closed:
 		return fmt.Errorf("zmq: add peer %q: %w", peer, transfer.ErrClosed)
+	case same:
+		return nil
 	}
 	if err := validateEndpoint(context.Background(), endpoint, c.lookup); err != nil {
 		c.badEndpoints.Add(1)
@@ -496,12 +506,6 @@ func (c *Channel) Close() error {
 		}
 	})
 	return c.closeErr
-}
-
-func (c *Channel) isClosed() bool {
-	c.mu.RLock()
-	defer c.mu.RUnlock()
-	return c.closed
 }
 
 func (c *Channel) isDone() bool {
