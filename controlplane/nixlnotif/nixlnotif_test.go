@@ -390,3 +390,23 @@ func TestEngineClosedUnderneath(t *testing.T) {
 		t.Fatalf("LocalEndpoint of closed engine = %q, want empty", ep)
 	}
 }
+
+func TestRecvHugeTimeoutStillWaits(t *testing.T) {
+	fab := loopback.NewFabric()
+	a := newChannel(t, mustLoopback(t, fab, "a"))
+	b := newChannel(t, mustLoopback(t, fab, "b"))
+	if err := b.AddPeer("a", a.LocalEndpoint()); err != nil {
+		t.Fatal(err)
+	}
+	res := make(chan error, 1)
+	go func() {
+		_, err := a.Recv(time.Duration(1<<63 - 1))
+		res <- err
+	}()
+	if err := b.Send("a", []byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-res; err != nil {
+		t.Fatalf("Recv(max duration) = %v, want the message", err)
+	}
+}

@@ -467,3 +467,18 @@ func TestMalformedIncoming(t *testing.T) {
 		t.Fatalf("stats %+v, want malformed 2 received 2", st)
 	}
 }
+
+func TestRecvHugeTimeoutStillWaits(t *testing.T) {
+	a := newTestChannel(t, "a")
+	b := newTestChannel(t, "b")
+	connect(t, a, b)
+	res := make(chan error, 1)
+	go func() {
+		_, err := a.Recv(time.Duration(1<<63 - 1))
+		res <- err
+	}()
+	mustSend(t, b, "a", "x")
+	if err := <-res; err != nil {
+		t.Fatalf("Recv(max duration) = %v, want the message", err)
+	}
+}
