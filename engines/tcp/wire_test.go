@@ -15,7 +15,7 @@ func genMetadata() *rapid.Generator[metadata] {
 	return rapid.Custom(func(t *rapid.T) metadata {
 		m := metadata{
 			name: rapid.StringMatching(`[a-zA-Z0-9._-]{1,40}`).Draw(t, "name"),
-			addr: rapid.SampledFrom([]string{"127.0.0.1:1", "[::1]:65535", "host.example:4242"}).Draw(t, "addr"),
+			addr: rapid.SampledFrom([]string{"127.0.0.1:1", "[::1]:65535", "localhost:4242"}).Draw(t, "addr"),
 		}
 		next := rapid.Uint64Range(0, 1<<40).Draw(t, "base")
 		for range rapid.IntRange(0, 20).Draw(t, "count") {
