@@ -1,0 +1,85 @@
+package main
+
+import (
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+
+	"github.com/bouncekv/bounce/config"
+)
+
+// configFlags adds --config and one flag per configuration key to cmd.
+func configFlags(cmd *cobra.Command) {
+	cmd.Flags().StringP("config", "c", "", "YAML configuration file (precedence: defaults < file < BOUNCE_* environment < flags)")
+	fs := pflag.NewFlagSet("config", pflag.ContinueOnError)
+	config.RegisterFlags(fs)
+	fs.VisitAll(func(f *pflag.Flag) { f.Hidden = true })
+	cmd.Flags().AddFlagSet(fs)
+	cmd.SetUsageTemplate(cmd.UsageTemplate() + "\nEvery configuration key is also a flag, e.g. --engine.kind tcp --bounce.arena-size 512MiB;\nsee `bounce config --keys`.\n")
+}
+
+// loadConfig reads the configuration layers for cmd; a bad value is a usage
+// error naming the key.
+func loadConfig(cmd *cobra.Command) (*config.Loaded, error) {
+	file, _ := cmd.Flags().GetString("config")
+	l, err := config.Load(config.LoadOptions{File: file, Environ: os.Environ(), Flags: cmd.Flags()})
+	if err != nil {
+		return nil, usage(fmt.Errorf("configuration: %w", err))
+	}
+	return l, nil
+}
+
+// configArgs renders the configuration flags the user set on cmd (and
+// --config) so a child process can be started with the same configuration.
+func configArgs(cmd *cobra.Command, skip ...string) []string {
+	keys := map[string]bool{"config": true}
+	for _, k := range config.Keys() {
+		keys[config.FlagName(k)] = true
+	}
+	for _, s := range skip {
+		delete(keys, s)
+	}
+	var args []string
+	cmd.Flags().Visit(func(f *pflag.Flag) {
+		if !keys[f.Name] {
+			return
+		}
+		if sv, ok := f.Value.(pflag.SliceValue); ok {
+			for _, v := range sv.GetSlice() {
+				args = append(args, "--"+f.Name+"="+v)
+			}
+			return
+		}
+		args = append(args, "--"+f.Name+"="+f.Value.String())
+	})
+	return args
+}
+
+// logger returns a text logger on stderr at the level of --log-level.
+func logger(cmd *cobra.Command) *slog.Logger {
+	lvl := slog.LevelWarn
+	name, _ := cmd.Flags().GetString("log-level")
+	switch strings.ToLower(name) {
+	case "debug":
+		lvl = slog.LevelDebug
+	case "info":
+		lvl = slog.LevelInfo
+	case "error":
+		lvl = slog.LevelError
+	}
+	return slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: lvl}))
+}
+
+// checkLogLevel validates --log-level.
+func checkLogLevel(cmd *cobra.Command) error {
+	name, _ := cmd.Flags().GetString("log-level")
+	switch strings.ToLower(name) {
+	case "debug", "info", "warn", "error":
+		return nil
+	}
+	return usage(fmt.Errorf("--log-level %q: accepted: debug, info, warn, error", name))
+}

@@ -1,0 +1,82 @@
+// Command bounce moves LLM KV cache between agents through the bounce-buffer
+// pipeline. Run `bounce --help` for the subcommands; `bounce run` is the main
+// job: two agent processes move a KV-shaped transfer, verify it byte for byte
+// and print a summary.
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+
+	"github.com/spf13/cobra"
+)
+
+// Exit codes.
+const (
+	exitOK      = 0
+	exitFailed  = 1 // the job ran and failed: a transfer, a verification, a rule
+	exitUsage   = 2 // bad flags, bad configuration
+	exitRuntime = 3 // the environment failed: a child process, a socket
+)
+
+// exitError carries an exit code with the error.
+type exitError struct {
+	code int
+	err  error
+}
+
+func (e *exitError) Error() string { return e.err.Error() }
+func (e *exitError) Unwrap() error { return e.err }
+
+func failed(err error) error  { return &exitError{exitFailed, err} }
+func usage(err error) error   { return &exitError{exitUsage, err} }
+func runtime(err error) error { return &exitError{exitRuntime, err} }
+
+func main() {
+	os.Exit(execute(os.Args[1:], os.Stdin, os.Stdout, os.Stderr))
+}
+
+// execute runs the CLI and returns the exit code.
+func execute(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	root := newRoot(stdin, stdout, stderr)
+	root.SetArgs(args)
+	err := root.Execute()
+	if err == nil {
+		return exitOK
+	}
+	fmt.Fprintln(stderr, "bounce:", err)
+	var ee *exitError
+	if errors.As(err, &ee) {
+		return ee.code
+	}
+	return exitUsage // cobra's own errors are about flags and arguments
+}
+
+func newRoot(stdin io.Reader, stdout, stderr io.Writer) *cobra.Command {
+	root := &cobra.Command{
+		Use:   "bounce",
+		Short: "Move LLM KV cache between agents through a bounce-buffer pipeline",
+		Long: `bounce gathers thousands of small scattered KV blocks into one registered
+region, writes it to a region the receiving agent granted in one bulk
+transfer, and scatters it back on the receiver — with credit flow control,
+fair sharing of one receiver by many senders, and a strict rule that no
+caller frees memory a transport may still touch.
+
+Exit codes: 0 success, 1 the job failed (transfer, verification or
+conformance rule), 2 bad usage or configuration, 3 the environment failed.`,
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.PersistentFlags().String("log-level", "warn", "log level on stderr: debug, info, warn, error")
+	root.PersistentPreRunE = func(cmd *cobra.Command, _ []string) error { return checkLogLevel(cmd) }
+	root.SetIn(stdin)
+	root.SetOut(stdout)
+	root.SetErr(stderr)
+	root.AddCommand(newRunCmd(), newServeCmd(), newSendCmd(), newConfigCmd(), newVersionCmd())
+	for _, c := range extraCommands() {
+		root.AddCommand(c)
+	}
+	return root
+}

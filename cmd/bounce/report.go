@@ -1,0 +1,89 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/bouncekv/bounce/config"
+	"github.com/bouncekv/bounce/driver"
+	"github.com/bouncekv/bounce/workload"
+)
+
+// namedResult is one row of a summary.
+type namedResult struct {
+	label    string // defaults to the route
+	res      driver.Result
+	verified string // "yes", "FAILED: ...", or "" when not verified
+}
+
+func describe(s workload.Spec, requests int) string {
+	layout := "fragmented"
+	if !s.Fragmented {
+		layout = "contiguous"
+	}
+	return fmt.Sprintf("%d request(s) of %d x %s %s descriptors (%s each)", requests, s.Count, config.Size(s.DescSize), layout, config.Size(s.Bytes()))
+}
+
+// printResults writes a table: route, requests, throughput, latency
+// percentiles and the verification outcome.
+func printResults(w io.Writer, s workload.Spec, rows []namedResult) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "route\trequests\tfailed\tbytes\ttime\tthroughput\tp50\tp99\tmax\tverified")
+	for _, r := range rows {
+		label := r.label
+		if label == "" {
+			label = r.res.Route
+		}
+		v := r.verified
+		if v == "" {
+			v = "-"
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", label, r.res.Requests, r.res.Failed,
+			config.Size(r.res.Bytes), round(r.res.Elapsed), rate(r.res.Throughput()),
+			round(r.res.Percentile(50)), round(r.res.Percentile(99)), round(r.res.Percentile(100)), v)
+	}
+	tw.Flush()
+	for _, r := range rows {
+		if r.res.FirstErr != nil {
+			fmt.Fprintf(w, "%s: first failure: %v\n", r.label, r.res.FirstErr)
+		}
+	}
+}
+
+func rate(bps float64) string {
+	switch {
+	case bps >= 1e9:
+		return fmt.Sprintf("%.2f GB/s", bps/1e9)
+	case bps >= 1e6:
+		return fmt.Sprintf("%.1f MB/s", bps/1e6)
+	default:
+		return fmt.Sprintf("%.0f B/s", bps)
+	}
+}
+
+func round(d time.Duration) string {
+	switch {
+	case d == 0:
+		return "-"
+	case d >= time.Second:
+		return d.Round(10 * time.Millisecond).String()
+	case d >= time.Millisecond:
+		return d.Round(10 * time.Microsecond).String()
+	default:
+		return d.Round(time.Microsecond).String()
+	}
+}
+
+func parseSize(s string) (uint64, error) {
+	n, err := config.ParseSize(strings.TrimSpace(s))
+	if err != nil {
+		return 0, err
+	}
+	if n == 0 {
+		return 0, fmt.Errorf("%q: must be positive", s)
+	}
+	return uint64(n), nil
+}

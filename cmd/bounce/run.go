@@ -1,0 +1,150 @@
+package main
+
+import (
+	"context"
+	"encoding/base64"
+	"fmt"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/bouncekv/bounce/config"
+	"github.com/bouncekv/bounce/driver"
+	"github.com/bouncekv/bounce/node"
+	"github.com/bouncekv/bounce/pipeline"
+	"github.com/bouncekv/bounce/workload"
+)
+
+func newRunCmd() *cobra.Command {
+	var wf workloadFlags
+	var compare bool
+	cmd := &cobra.Command{
+		Use:   "run",
+		Short: "The main job: two agent processes move a KV-shaped transfer, verified byte-exact",
+		Long: `run starts a receiver agent as a child process ('bounce serve') and a sender
+agent in this process, with the configured engine and control plane (tcp and
+zmq by default, on this machine's loopback unless configured otherwise). It
+moves the workload through the bounce pipeline, has the receiver verify every
+byte, then moves the same workload over the direct path (one engine post per
+descriptor) for comparison, and prints a summary: route, throughput, request
+latency percentiles and verification.
+
+The default workload is one rank of Llama-3.1-70B at TP=8 with block size 16:
+81,920 fragmented descriptors of 4 KiB (320 MiB).`,
+		Example: `  bounce run
+  bounce run --workload gptoss120b-tp8-b16 --requests 8
+  bounce run --engine.kind ucx --control-plane.kind zmq --no-compare`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			l, err := loadConfig(cmd)
+			if err != nil {
+				return err
+			}
+			spec, err := wf.spec()
+			if err != nil {
+				return err
+			}
+			cfg := l.Config
+			base := cfg.Agent.Name
+			cfg.Agent.Name = base + "-send"
+			childArgs := append(configArgs(cmd, "agent.name"), "--agent.name="+base+"-recv")
+			if cfg.ControlPlane.BindAddress == "" && cfg.ControlPlane.Interface == "" {
+				// Both agents run here: bind the control plane on loopback.
+				cfg.ControlPlane.BindAddress = "127.0.0.1"
+				childArgs = append(childArgs, "--control-plane.bind-address=127.0.0.1")
+			}
+			total := spec.Bytes() * uint64(wf.requests)
+			childArgs = append(childArgs, "--buffer-size="+config.Size(total).String())
+			out := cmd.OutOrStdout()
+			fmt.Fprintf(out, "bounce run: %s, engine %s, control plane %s\n", describe(spec, wf.requests), cfg.Engine.Kind, cfg.ControlPlane.Kind)
+			return mainJob(cmd, cfg, childArgs, spec, wf.requests, compare)
+		},
+	}
+	wf.add(cmd, 1)
+	cmd.Flags().BoolVar(&compare, "compare", true, "also move the workload over the direct path for comparison (--compare=false to skip)")
+	configFlags(cmd)
+	return cmd
+}
+
+func mainJob(cmd *cobra.Command, cfg config.Config, childArgs []string, spec workload.Spec, requests int, compare bool) error {
+	out := cmd.OutOrStdout()
+	log := logger(cmd)
+	recv, err := startReceiver(childArgs, cmd.ErrOrStderr(), 60*time.Second)
+	if err != nil {
+		return runtime(err)
+	}
+	defer recv.close()
+	n, err := node.Build(cfg, node.Builtin(), log)
+	if err != nil {
+		return usage(err)
+	}
+	defer n.Close(context.Background())
+	if _, err := n.Agent.LoadPeer(recv.blob); err != nil {
+		return failed(fmt.Errorf("load receiver: %w", err))
+	}
+	own, err := n.Agent.Descriptor()
+	if err != nil {
+		return runtime(err)
+	}
+	if _, err := recv.call(command{Op: "load", Descriptor: base64.StdEncoding.EncodeToString(own)}, 30*time.Second); err != nil {
+		return runtime(err)
+	}
+	if on, why, _ := n.Agent.PeerRoute(recv.hello.Name); !on {
+		fmt.Fprintf(out, "note: the bounce path is unavailable (%s); every transfer takes the direct path\n", why)
+	}
+	d, err := driver.New(n.Agent, spec.Bytes()*uint64(requests))
+	if err != nil {
+		return runtime(err)
+	}
+	defer d.Close()
+	routes := []pipeline.Route{pipeline.RouteBounce}
+	if compare {
+		routes = append(routes, pipeline.RouteDirect)
+	}
+	var rows []namedResult
+	var bad []string
+	for _, rt := range routes {
+		if _, err := recv.call(command{Op: "clear"}, 60*time.Second); err != nil {
+			return runtime(err)
+		}
+		ctx, cancel := context.WithTimeout(cmd.Context(), 10*time.Minute)
+		res, err := d.Run(ctx, driver.Target{Peer: recv.hello.Name, Buffer: recv.hello.buffer()}, driver.Options{Spec: spec, Requests: requests, Route: rt})
+		cancel()
+		if err != nil {
+			return failed(err)
+		}
+		row := namedResult{label: rt.String(), res: res, verified: "yes"}
+		if res.Route != rt.String() {
+			row.label = fmt.Sprintf("%s (asked %s)", res.Route, rt)
+		}
+		if res.Failed > 0 {
+			row.verified = "no: requests failed"
+			bad = append(bad, fmt.Sprintf("%s: %d of %d requests failed: %v", rt, res.Failed, res.Requests, res.FirstErr))
+		} else if _, err := recv.call(command{Op: "verify", DescSize: spec.DescSize, Count: spec.Count, Fragmented: spec.Fragmented, Seed: spec.Seed, Requests: requests}, 5*time.Minute); err != nil {
+			row.verified = "FAILED"
+			bad = append(bad, fmt.Sprintf("%s: %v", rt, err))
+		}
+		rows = append(rows, row)
+	}
+	printResults(out, spec, rows)
+	if len(rows) == 2 && rows[0].res.Failed == 0 && rows[1].res.Failed == 0 && rows[1].res.Throughput() > 0 {
+		fmt.Fprintf(out, "bounce vs direct: %.2fx the throughput (%s vs %s), the same bytes verified on the receiver\n",
+			rows[0].res.Throughput()/rows[1].res.Throughput(), rate(rows[0].res.Throughput()), rate(rows[1].res.Throughput()))
+	}
+	if len(bad) > 0 {
+		return failed(fmt.Errorf("%d route(s) failed:\n  %s", len(bad), joinLines(bad)))
+	}
+	fmt.Fprintln(out, "every byte verified")
+	return nil
+}
+
+func joinLines(s []string) string {
+	out := ""
+	for i, l := range s {
+		if i > 0 {
+			out += "\n  "
+		}
+		out += l
+	}
+	return out
+}

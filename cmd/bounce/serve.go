@@ -1,0 +1,193 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/bouncekv/bounce/config"
+	"github.com/bouncekv/bounce/mem"
+	"github.com/bouncekv/bounce/node"
+	"github.com/bouncekv/bounce/transfer"
+	"github.com/bouncekv/bounce/workload"
+)
+
+// hello is what `bounce serve` publishes: everything a sender needs.
+type hello struct {
+	Name       string `json:"name"`
+	Descriptor string `json:"descriptor"` // base64 agent descriptor
+	BufferAddr uint64 `json:"buffer_addr"`
+	BufferLen  uint64 `json:"buffer_len"`
+	Bounce     bool   `json:"bounce"`
+}
+
+// command is one line of the stdin control protocol of `serve --stdin-control`.
+type command struct {
+	Op         string `json:"op"` // verify, clear, load, stats, quit
+	DescSize   uint64 `json:"desc_size,omitempty"`
+	Count      int    `json:"count,omitempty"`
+	Fragmented bool   `json:"fragmented,omitempty"`
+	Seed       uint64 `json:"seed,omitempty"`
+	Requests   int    `json:"requests,omitempty"`
+	Descriptor string `json:"descriptor,omitempty"`
+}
+
+type reply struct {
+	OK    bool   `json:"ok"`
+	Error string `json:"error,omitempty"`
+	Stats any    `json:"stats,omitempty"`
+}
+
+func newServeCmd() *cobra.Command {
+	var bufSize string
+	var out string
+	var stdinControl bool
+	cmd := &cobra.Command{
+		Use:   "serve",
+		Short: "Run a receiver agent that publishes its descriptor and serves transfers",
+		Long: `serve builds an agent from the configuration, registers a destination
+buffer for incoming KV blocks and publishes one JSON line — its name, its
+agent descriptor (base64) and the buffer's address — on stdout or to
+--descriptor-out. Pass that line to 'bounce send --peer'. It serves until
+interrupted (SIGINT/SIGTERM).
+
+With --stdin-control it reads JSON commands from stdin instead (used by
+'bounce run' and 'bounce bench'): verify, clear, load, stats, quit.`,
+		Example: `  bounce serve --engine.listen 10.0.0.2:7000 --control-plane.interface eth0 --descriptor-out recv.json
+  bounce send --peer recv.json --engine.listen 10.0.0.1:0 --control-plane.interface eth0`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			l, err := loadConfig(cmd)
+			if err != nil {
+				return err
+			}
+			size, err := config.ParseSize(bufSize)
+			if err != nil || size == 0 {
+				return usage(fmt.Errorf("--buffer-size %q: a positive byte size like 512MiB", bufSize))
+			}
+			log := logger(cmd)
+			for _, n := range l.Notices {
+				log.Info(n)
+			}
+			n, err := node.Build(l.Config, node.Builtin(), log)
+			if err != nil {
+				return usage(err)
+			}
+			defer n.Close(context.Background())
+			buf, err := mem.Alloc(uint64(size))
+			if err != nil {
+				return runtime(err)
+			}
+			defer buf.Free()
+			if err := n.Agent.RegisterMemory(buf.Desc()); err != nil {
+				return runtime(err)
+			}
+			blob, err := n.Agent.Descriptor()
+			if err != nil {
+				return runtime(err)
+			}
+			on, _ := n.Agent.BounceEnabled()
+			line, _ := json.Marshal(hello{Name: n.Agent.Name(), Descriptor: base64.StdEncoding.EncodeToString(blob), BufferAddr: buf.Desc().Addr, BufferLen: buf.Desc().Len, Bounce: on})
+			w := cmd.OutOrStdout()
+			if out != "" {
+				if err := os.WriteFile(out, append(line, '\n'), 0o644); err != nil {
+					return runtime(err)
+				}
+			} else {
+				fmt.Fprintf(w, "%s\n", line)
+			}
+			if stdinControl {
+				return controlLoop(cmd.InOrStdin(), w, n, buf)
+			}
+			fmt.Fprintf(cmd.ErrOrStderr(), "serving as %q; interrupt to stop\n", n.Agent.Name())
+			sig := make(chan os.Signal, 1)
+			signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
+			defer signal.Stop(sig)
+			<-sig
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&bufSize, "buffer-size", "1GiB", "size of the registered destination buffer")
+	cmd.Flags().StringVar(&out, "descriptor-out", "", "write the descriptor line to this file instead of stdout")
+	cmd.Flags().BoolVar(&stdinControl, "stdin-control", false, "read JSON commands from stdin (for bounce run/bench)")
+	configFlags(cmd)
+	return cmd
+}
+
+// controlLoop serves the stdin protocol until quit or EOF.
+func controlLoop(in io.Reader, out io.Writer, n *node.Node, buf *mem.Buffer) error {
+	sc := bufio.NewScanner(in)
+	sc.Buffer(make([]byte, 1<<20), 16<<20)
+	enc := json.NewEncoder(out)
+	for sc.Scan() {
+		var c command
+		if err := json.Unmarshal(sc.Bytes(), &c); err != nil {
+			enc.Encode(reply{Error: "bad command: " + err.Error()})
+			continue
+		}
+		switch c.Op {
+		case "verify":
+			enc.Encode(verify(buf.Bytes(), c))
+		case "clear":
+			clear(buf.Bytes())
+			enc.Encode(reply{OK: true})
+		case "load":
+			blob, err := base64.StdEncoding.DecodeString(c.Descriptor)
+			if err == nil {
+				_, err = n.Agent.LoadPeer(blob)
+			}
+			enc.Encode(errReply(err))
+		case "stats":
+			enc.Encode(reply{OK: true, Stats: n.Agent.Stats()})
+		case "quit":
+			enc.Encode(reply{OK: true})
+			return nil
+		default:
+			enc.Encode(reply{Error: fmt.Sprintf("unknown op %q; accepted: verify, clear, load, stats, quit", c.Op)})
+		}
+	}
+	return sc.Err()
+}
+
+// verify checks every request's blocks in the buffer.
+func verify(b []byte, c command) reply {
+	s := workload.Spec{DescSize: c.DescSize, Count: c.Count, Fragmented: c.Fragmented, Seed: c.Seed}
+	if err := s.Validate(); err != nil {
+		return errReply(err)
+	}
+	per := s.Bytes()
+	if uint64(c.Requests)*per > uint64(len(b)) {
+		return errReply(fmt.Errorf("%d requests x %d bytes exceed the %d-byte buffer", c.Requests, per, len(b)))
+	}
+	for i := 0; i < c.Requests; i++ {
+		r := s
+		r.Seed += uint64(i)
+		if err := r.Verify(b[uint64(i)*per : uint64(i+1)*per]); err != nil {
+			return errReply(fmt.Errorf("request %d: %w", i, err))
+		}
+	}
+	return reply{OK: true}
+}
+
+func errReply(err error) reply {
+	if err != nil {
+		return reply{Error: err.Error()}
+	}
+	return reply{OK: true}
+}
+
+// target converts a hello into the driver's target.
+func (h hello) buffer() transfer.Desc {
+	return transfer.Desc{Addr: h.BufferAddr, Len: h.BufferLen, Kind: transfer.Host}
+}
+
+var _ = time.Second

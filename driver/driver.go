@@ -1,0 +1,181 @@
+// Package driver runs KV-shaped workloads through an agent against a peer
+// and measures them: throughput over the whole batch and per-request latency.
+// It is what `bounce run` and `bounce bench` are made of.
+package driver
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/bouncekv/bounce/mem"
+	"github.com/bouncekv/bounce/pipeline"
+	"github.com/bouncekv/bounce/transfer"
+	"github.com/bouncekv/bounce/workload"
+)
+
+// Target is where a workload lands: a peer and a destination buffer the peer
+// registered (request i uses the i-th Spec.Bytes() slice of it).
+type Target struct {
+	Peer   string
+	Buffer transfer.Desc
+}
+
+// Options describe one measured run.
+type Options struct {
+	// Spec is one request's transfer; request i uses Spec with Seed+i.
+	Spec workload.Spec
+	// Requests is how many requests are in flight at once.
+	Requests int
+	// Route forces a route (RouteAuto lets the agent decide).
+	Route pipeline.Route
+}
+
+// Result is one measured run.
+type Result struct {
+	Route     string          // the route the requests took ("mixed" if they differ)
+	Reason    string          // why (from the first request)
+	Requests  int             // requests submitted
+	Failed    int             // requests that failed
+	FirstErr  error           // the first failure
+	Bytes     uint64          // payload of the successful requests
+	Elapsed   time.Duration   // first submit to last completion
+	Latencies []time.Duration // per successful request, sorted
+}
+
+// Throughput returns payload bytes per second.
+func (r Result) Throughput() float64 {
+	if r.Elapsed <= 0 {
+		return 0
+	}
+	return float64(r.Bytes) / r.Elapsed.Seconds()
+}
+
+// Percentile returns the p-th percentile (0..100) of the request latencies
+// (nearest rank), or 0 without successful requests.
+func (r Result) Percentile(p float64) time.Duration {
+	if len(r.Latencies) == 0 {
+		return 0
+	}
+	k := int(p/100*float64(len(r.Latencies))+0.5) - 1
+	k = max(0, min(k, len(r.Latencies)-1))
+	return r.Latencies[k]
+}
+
+// Driver owns a registered source buffer on one agent.
+type Driver struct {
+	agent *pipeline.Agent
+	src   *mem.Buffer
+}
+
+// New allocates and registers capacity bytes of source memory on agent.
+func New(agent *pipeline.Agent, capacity uint64) (*Driver, error) {
+	src, err := mem.Alloc(capacity)
+	if err != nil {
+		return nil, err
+	}
+	if err := agent.RegisterMemory(src.Desc()); err != nil {
+		src.Free()
+		return nil, err
+	}
+	return &Driver{agent: agent, src: src}, nil
+}
+
+// Close deregisters and frees the source buffer.
+func (d *Driver) Close() error {
+	err := d.agent.DeregisterMemory(d.src.Desc())
+	if ferr := d.src.Free(); err == nil {
+		err = ferr
+	}
+	return err
+}
+
+// Specs returns request i's spec for o.
+func (o Options) RequestSpec(i int) workload.Spec {
+	s := o.Spec
+	s.Seed += uint64(i)
+	return s
+}
+
+// Run fills the source, submits o.Requests requests at once and waits for
+// all of them (bounded by ctx). A request that fails is counted, not fatal;
+// Run returns an error only when the run could not start.
+func (d *Driver) Run(ctx context.Context, t Target, o Options) (Result, error) {
+	if err := o.Spec.Validate(); err != nil {
+		return Result{}, err
+	}
+	per := o.Spec.Bytes()
+	need := per * uint64(o.Requests)
+	switch {
+	case o.Requests <= 0:
+		return Result{}, fmt.Errorf("driver: requests must be positive, got %d", o.Requests)
+	case need > d.src.Desc().Len:
+		return Result{}, fmt.Errorf("driver: %d requests x %d bytes exceed the %d-byte source buffer", o.Requests, per, d.src.Desc().Len)
+	case need > t.Buffer.Len:
+		return Result{}, fmt.Errorf("driver: %d requests x %d bytes exceed the peer's %d-byte buffer", o.Requests, per, t.Buffer.Len)
+	}
+	type req struct {
+		src, dst []transfer.Desc
+	}
+	reqs := make([]req, o.Requests)
+	srcAll := d.src.Bytes()
+	for i := range reqs {
+		s := o.RequestSpec(i)
+		off := uint64(i) * per
+		if err := s.Fill(srcAll[off : off+per]); err != nil {
+			return Result{}, err
+		}
+		sb := d.src.Desc()
+		sb.Addr += off
+		db := t.Buffer
+		db.Addr += off
+		reqs[i].src, reqs[i].dst = s.Descs(sb, db)
+	}
+	res := Result{Requests: o.Requests}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	start := time.Now()
+	var end time.Time
+	for i := range reqs {
+		submitted := time.Now()
+		bt, err := d.agent.Submit(pipeline.Request{Peer: t.Peer, Src: reqs[i].src, Dst: reqs[i].dst, Route: o.Route})
+		if err != nil {
+			return Result{}, fmt.Errorf("driver: submit request %d: %w", i, err)
+		}
+		if i == 0 {
+			res.Route, res.Reason = bt.Route().String(), bt.RouteReason()
+		} else if bt.Route().String() != res.Route {
+			res.Route = "mixed"
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			err := bt.Wait(ctx)
+			done := time.Now()
+			mu.Lock()
+			defer mu.Unlock()
+			if done.After(end) {
+				end = done
+			}
+			if err != nil {
+				res.Failed++
+				if res.FirstErr == nil {
+					res.FirstErr = err
+				}
+				return
+			}
+			res.Bytes += per
+			res.Latencies = append(res.Latencies, done.Sub(submitted))
+			if rerr := bt.Release(); rerr != nil && !errors.Is(rerr, transfer.ErrNotQuiescent) {
+				res.FirstErr = rerr
+			}
+		}()
+	}
+	wg.Wait()
+	res.Elapsed = end.Sub(start)
+	slices.Sort(res.Latencies)
+	return res, nil
+}
