@@ -11,6 +11,17 @@
 // CheckScatterer and CheckWriter run the very same rules outside go test and
 // return a Report that can be written as text, JSON or JUnit XML.
 //
+// A plugin's test certifies it in a few lines:
+//
+//	func TestConformance(t *testing.T) {
+//		conformance.Engine(t, func() (conformance.EnginePair, error) {
+//			a, err := myengine.New("a")
+//			...
+//			return conformance.EnginePair{A: a, B: b, KillB: func() { b.Close() },
+//				Cleanup: func() { a.Close(); b.Close() }}, nil
+//		}, conformance.Config{})
+//	}
+//
 // Every rule has an ID such as "engine/byte-exact" (Rules lists them all with
 // a one-line summary) and every failure message starts with it in brackets:
 //

@@ -2,10 +2,8 @@ package conformance
 
 import (
 	"bytes"
-	"encoding/binary"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"runtime"
 	"time"
 
@@ -151,18 +149,7 @@ func (c *rc) watchQuiet(j *job, after string) string {
 func (c *rc) sleep(d time.Duration) { time.Sleep(d) }
 
 // fill writes the rule's next random bytes into b.
-func (c *rc) fill(b []byte) { fillRand(c.rng, b) }
-
-func fillRand(r *rand.Rand, b []byte) {
-	for len(b) >= 8 {
-		binary.LittleEndian.PutUint64(b, r.Uint64())
-		b = b[8:]
-	}
-	v := r.Uint64()
-	for i := range b {
-		b[i] = byte(v >> (8 * i))
-	}
-}
+func (c *rc) fill(b []byte) { _, _ = c.bytes.Read(b) }
 
 // firstDiff returns the index of the first byte where got and want differ,
 // or -1.
