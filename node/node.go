@@ -115,14 +115,18 @@ type Node struct {
 	closeErr  error
 }
 
-// Build validates cfg and builds a started node. On error everything built
-// so far is closed.
+// Build normalizes and validates cfg (logging any adjustment, such as the
+// max chunk clamped to the arena) and builds a started node. On error
+// everything built so far is closed.
 func Build(cfg config.Config, f Factories, logger *slog.Logger) (*Node, error) {
-	if err := cfg.Validate(); err != nil {
-		return nil, fmt.Errorf("node: %w", err)
-	}
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
+	}
+	for _, notice := range cfg.Normalize() {
+		logger.Info(notice)
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("node: %w", err)
 	}
 	wake := make(chan struct{}, 1)
 	s := Settings{

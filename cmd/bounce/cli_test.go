@@ -1,0 +1,254 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/bouncekv/bounce/config"
+	"github.com/bouncekv/bounce/driver"
+	"github.com/bouncekv/bounce/node"
+	"github.com/bouncekv/bounce/pipeline"
+	"github.com/bouncekv/bounce/transfer"
+	"github.com/bouncekv/bounce/workload"
+)
+
+var (
+	cliOnce sync.Once
+	cliPath string
+	cliErr  error
+)
+
+// cliBinary builds the bounce binary once per test run.
+func cliBinary(t *testing.T) string {
+	t.Helper()
+	cliOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "bounce-cli-")
+		if err != nil {
+			cliErr = err
+			return
+		}
+		cliPath = filepath.Join(dir, "bounce")
+		out, err := exec.Command("go", "build", "-o", cliPath, ".").CombinedOutput()
+		if err != nil {
+			cliErr = errors.New(string(out))
+		}
+	})
+	if cliErr != nil {
+		t.Fatalf("build bounce: %v", cliErr)
+	}
+	return cliPath
+}
+
+// bounce runs the binary and returns stdout, stderr and the exit code.
+func bounce(t *testing.T, args ...string) (string, string, int) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, cliBinary(t), args...)
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err := cmd.Run()
+	code := 0
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		code = ee.ExitCode()
+	} else if err != nil {
+		t.Fatal(err)
+	}
+	return out.String(), errb.String(), code
+}
+
+// TestRunTwoProcesses is the main job across two real OS processes for every
+// engine and control plane pairing: both routes, verified by the receiver.
+func TestRunTwoProcesses(t *testing.T) {
+	for _, tc := range []struct{ engine, control string }{
+		{"tcp", "zmq"},
+		{"tcp", "nixlnotif"},
+		{"ucx", "zmq"},
+		{"ucx", "nixlnotif"},
+	} {
+		t.Run(tc.engine+"+"+tc.control, func(t *testing.T) {
+			out, errOut, code := bounce(t, "run", "--workload", "gptoss120b-tp8-b16", "--count", "4096", "--requests", "2",
+				"--engine.kind", tc.engine, "--control-plane.kind", tc.control, "--bounce.arena-size", "32MiB", "--bounce.max-chunk", "4MiB")
+			if code != 0 {
+				t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", code, out, errOut)
+			}
+			for _, want := range []string{"bounce  ", "direct  ", "every byte verified", "bounce vs direct"} {
+				if !strings.Contains(out, want) {
+					t.Fatalf("summary lacks %q:\n%s", want, out)
+				}
+			}
+			if strings.Contains(out, "FAILED") || strings.Contains(out, "asked") {
+				t.Fatalf("a route failed or was rerouted:\n%s", out)
+			}
+		})
+	}
+}
+
+// TestServeSend runs the two-host flow on one machine: serve publishes its
+// descriptor to a file, send loads it and moves a workload, serve stops on
+// SIGTERM.
+func TestServeSend(t *testing.T) {
+	dir := t.TempDir()
+	desc := filepath.Join(dir, "recv.json")
+	serve := exec.Command(cliBinary(t), "serve", "--agent.name", "recv", "--buffer-size", "64MiB",
+		"--descriptor-out", desc, "--control-plane.bind-address", "127.0.0.1")
+	var serr bytes.Buffer
+	serve.Stderr = &serr
+	if err := serve.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer serve.Process.Kill()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if b, err := os.ReadFile(desc); err == nil && bytes.HasSuffix(b, []byte("\n")) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("serve published no descriptor; stderr:\n%s", serr.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	out, errOut, code := bounce(t, "send", "--peer", desc, "--agent.name", "send", "--workload", "llama70b-tp8-b16",
+		"--count", "8192", "--requests", "2", "--control-plane.bind-address", "127.0.0.1")
+	if code != 0 {
+		t.Fatalf("send exit %d\n%s\n%s", code, out, errOut)
+	}
+	if !strings.Contains(out, "bounce  ") {
+		t.Fatalf("send did not take the bounce route:\n%s", out)
+	}
+	serve.Process.Signal(syscall.SIGTERM)
+	if err := serve.Wait(); err != nil {
+		t.Fatalf("serve did not stop cleanly on SIGTERM: %v\n%s", err, serr.String())
+	}
+}
+
+// TestPeerKilledMidTransfer: the receiver process is frozen mid-transfer and
+// then killed; every request fails within the timeout, nothing hangs, and
+// retirement reports the caller's buffers quiescent.
+func TestPeerKilledMidTransfer(t *testing.T) {
+	for _, engine := range []string{"tcp", "ucx"} {
+		t.Run(engine, func(t *testing.T) {
+			recv := exec.Command(cliBinary(t), "serve", "--stdin-control", "--agent.name", "victim", "--buffer-size", "256MiB",
+				"--engine.kind", engine, "--control-plane.bind-address", "127.0.0.1", "--bounce.arena-size", "16MiB")
+			stdout, _ := recv.StdoutPipe()
+			stdin, _ := recv.StdinPipe()
+			defer stdin.Close()
+			if err := recv.Start(); err != nil {
+				t.Fatal(err)
+			}
+			defer recv.Process.Kill()
+			line, err := bufio.NewReader(stdout).ReadBytes('\n')
+			if err != nil {
+				t.Fatal(err)
+			}
+			var h hello
+			if err := json.Unmarshal(line, &h); err != nil {
+				t.Fatal(err)
+			}
+			blob, _ := base64.StdEncoding.DecodeString(h.Descriptor)
+
+			cfg := config.Default()
+			cfg.Agent.Name = "killer"
+			cfg.Engine.Kind = engine
+			cfg.ControlPlane.BindAddress = "127.0.0.1"
+			cfg.Bounce.ArenaSize = 16 * config.MiB
+			cfg.Bounce.RequestTimeout = 2 * time.Second
+			n, err := node.Build(cfg, node.Builtin(), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer n.Close(context.Background())
+			if _, err := n.Agent.LoadPeer(blob); err != nil {
+				t.Fatal(err)
+			}
+			spec := workload.Spec{DescSize: 4096, Count: 16384, Fragmented: true, Seed: 3}
+			d, err := driver.New(n.Agent, 4*spec.Bytes())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer d.Close()
+			// Freeze the receiver, then kill it while the requests are stuck.
+			if err := recv.Process.Signal(syscall.SIGSTOP); err != nil {
+				t.Fatal(err)
+			}
+			time.AfterFunc(300*time.Millisecond, func() { recv.Process.Kill() })
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			start := time.Now()
+			res, err := d.Run(ctx, driver.Target{Peer: h.Name, Buffer: transfer.Desc{Addr: h.BufferAddr, Len: h.BufferLen}},
+				driver.Options{Spec: spec, Requests: 4, Route: pipeline.RouteBounce})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if ctx.Err() != nil {
+				t.Fatal("requests to a killed peer did not resolve within 30s")
+			}
+			if res.Failed != 4 {
+				t.Fatalf("%d of 4 requests failed (first error %v); all must fail", res.Failed, res.FirstErr)
+			}
+			t.Logf("all 4 requests failed after %v: %v", time.Since(start).Round(time.Millisecond), res.FirstErr)
+			recv.Wait()
+			if err := n.Agent.CheckConservation(); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
+
+func TestExitCodesAndConfig(t *testing.T) {
+	if _, errOut, code := bounce(t, "run", "--workload", "no-such-model"); code != exitUsage || !strings.Contains(errOut, "llama70b-tp8-b16") {
+		t.Fatalf("unknown workload: exit %d, stderr %q", code, errOut)
+	}
+	if _, errOut, code := bounce(t, "config", "--bounce.max-inflight", "0"); code != exitUsage || !strings.Contains(errOut, "bounce.max_inflight") {
+		t.Fatalf("out-of-range config: exit %d, stderr %q", code, errOut)
+	}
+	if _, errOut, code := bounce(t, "config", "--bounce.arena-size", "lots"); code != exitUsage || !strings.Contains(errOut, "lots") {
+		t.Fatalf("unparsable size: exit %d, stderr %q", code, errOut)
+	}
+	dir := t.TempDir()
+	file := filepath.Join(dir, "b.yaml")
+	os.WriteFile(file, []byte("engine:\n  kind: ucx\nbounce:\n  arena_size: 64MiB\n"), 0o644)
+	out, errOut, code := bounce(t, "config", "--config", file, "--engine.kind", "tcp")
+	if code != 0 {
+		t.Fatalf("config: exit %d: %s", code, errOut)
+	}
+	if !strings.Contains(out, "arena_size: 64MiB") {
+		t.Fatalf("config output lacks the file's arena size:\n%s", out)
+	}
+	for key, src := range map[string]string{"bounce.arena_size": "file:" + file, "engine.kind": "flag:--engine.kind", "bounce.max_inflight": "default"} {
+		if !hasSource(out, key, src) {
+			t.Fatalf("config output does not attribute %s to %s:\n%s", key, src, out)
+		}
+	}
+	os.WriteFile(file, []byte("engine:\n  kind: tcp\n  colour: blue\n"), 0o644)
+	if _, errOut, code := bounce(t, "config", "--config", file); code != exitUsage || !strings.Contains(errOut, "engine.colour") {
+		t.Fatalf("unknown key: exit %d, stderr %q", code, errOut)
+	}
+	if out, _, code := bounce(t, "version"); code != 0 || !strings.Contains(out, "wire protocol 1") {
+		t.Fatalf("version: exit %d: %s", code, out)
+	}
+}
+
+// hasSource reports whether the sources listing attributes key to src.
+func hasSource(out, key, src string) bool {
+	for _, l := range strings.Split(out, "\n") {
+		f := strings.Fields(l)
+		if len(f) == 3 && f[0] == "#" && f[1] == key && f[2] == src {
+			return true
+		}
+	}
+	return false
+}
