@@ -1,5 +1,5 @@
 # bounce — see README.md. `make run` and `make test` work on a fresh Debian machine.
-GO        ?= go
+GO        ?= $(shell command -v go || echo /usr/local/go/bin/go)
 PKGS      ?= ./...
 BENCHTIME ?= 1x
 FUZZTIME  ?= 20s

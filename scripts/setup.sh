@@ -1,16 +1,18 @@
 #!/usr/bin/env bash
 # Installs the system packages bounce builds against (libzmq for the ZeroMQ
-# control plane, libucx for the UCX engine, pkg-config for cgo) and fetches the
-# Go modules. Safe to run again: it skips what is already present.
+# control plane, libucx for the UCX engine, pkg-config and gcc for cgo) and
+# fetches the Go modules. Safe to run again: it skips what is already there.
 set -euo pipefail
+export PATH="/usr/local/go/bin:$PATH"
 need=()
-for pkg in libzmq3-dev libucx-dev pkg-config gcc make; do
+for pkg in libzmq3-dev libucx-dev pkg-config gcc g++ make; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'install ok installed' || need+=("$pkg")
 done
 if [ ${#need[@]} -gt 0 ]; then
-  if [ "$(id -u)" -ne 0 ]; then SUDO=sudo; else SUDO=; fi
+  SUDO=; [ "$(id -u)" -ne 0 ] && SUDO=sudo
+  echo "setup: installing ${need[*]}" >&2
   $SUDO apt-get update -qq
-  $SUDO apt-get install -y -qq --no-install-recommends "${need[@]}"
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need[@]}"
 fi
-command -v go >/dev/null || export PATH="$PATH:/usr/local/go/bin"
+command -v go >/dev/null || { echo "setup: Go >= 1.26 is required (https://go.dev/dl/)" >&2; exit 1; }
 go mod download
