@@ -1,0 +1,58 @@
+package transfer
+
+import (
+	"math"
+	"math/big"
+	"testing"
+
+	"pgregory.net/rapid"
+)
+
+// TestRunSpansAgainstBigInts checks RegionSpan/AddrSpan and Contains against
+// exact big-integer arithmetic, including overflowing inputs.
+func TestRunSpansAgainstBigInts(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		edge := rapid.SampledFrom([]uint64{0, 1, 4096, math.MaxUint64 / 2, math.MaxUint64 - 1, math.MaxUint64})
+		pick := rapid.OneOf(edge, rapid.Uint64(), rapid.Uint64Range(0, 1<<20))
+		r := Run{Addr: pick.Draw(t, "addr"), Len: pick.Draw(t, "len"), Count: pick.Draw(t, "count"), AddrStride: pick.Draw(t, "stride")}
+		start, end, ok := r.AddrSpan()
+		if r.Count == 0 {
+			if !ok || start != end {
+				t.Fatalf("empty run: %d %d %v", start, end, ok)
+			}
+			return
+		}
+		steps := new(big.Int).SetUint64(r.Count - 1)
+		if r.Count == 1 {
+			steps.SetUint64(0)
+		}
+		want := new(big.Int).Mul(steps, new(big.Int).SetUint64(r.AddrStride))
+		want.Add(want, new(big.Int).SetUint64(r.Addr))
+		want.Add(want, new(big.Int).SetUint64(r.Len))
+		fits := want.IsUint64()
+		if ok != fits {
+			t.Fatalf("AddrSpan ok=%v but exact end %v fits=%v", ok, want, fits)
+		}
+		if ok && (start != r.Addr || end != want.Uint64()) {
+			t.Fatalf("AddrSpan = [%d,%d), want [%d,%v)", start, end, r.Addr, want)
+		}
+	})
+}
+
+func TestContains(t *testing.T) {
+	d := Desc{Addr: 100, Len: 50}
+	for _, c := range []struct {
+		addr, n uint64
+		want    bool
+	}{
+		{100, 50, true}, {100, 51, false}, {149, 1, true}, {150, 0, true}, {150, 1, false},
+		{99, 1, false}, {120, math.MaxUint64, false}, {math.MaxUint64, 2, false},
+	} {
+		if got := d.Contains(c.addr, c.n); got != c.want {
+			t.Errorf("Contains(%d, %d) = %v, want %v", c.addr, c.n, got, c.want)
+		}
+	}
+	if Done.String() != "done" || !Failed.Terminal() || Pending.Terminal() {
+		t.Fatal("status helpers")
+	}
+}
