@@ -79,6 +79,9 @@ func TestRejectsBrokenEngines(t *testing.T) {
 			case broken.NeverComplete:
 				// Every rule that waits for an op waits out OpTimeout.
 				cfg.OpTimeout = 200 * time.Millisecond
+			case broken.LateWrite:
+				// Room for the late copy to land even on a loaded machine.
+				cfg.Settle = 250 * time.Millisecond
 			case broken.LeakGoroutine:
 				// Each leaking rule costs goleak's retries (~0.5s).
 				cfg.Only = []string{"engine/byte-exact", "engine/done-means-landed", "engine/no-goroutine-leak"}

@@ -44,10 +44,14 @@ type Config struct {
 
 // Defaults of Config.
 const (
+	// DefaultConcurrency is Config.Concurrency when zero.
 	DefaultConcurrency = 8
-	DefaultOpTimeout   = 10 * time.Second
+	// DefaultOpTimeout is Config.OpTimeout when zero.
+	DefaultOpTimeout = 10 * time.Second
+	// DefaultCallTimeout is Config.CallTimeout when zero.
 	DefaultCallTimeout = time.Second
-	DefaultSettle      = 30 * time.Millisecond
+	// DefaultSettle is Config.Settle when zero.
+	DefaultSettle = 30 * time.Millisecond
 )
 
 // DefaultSizes returns the default Config.Sizes.

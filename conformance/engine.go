@@ -31,7 +31,9 @@ type EnginePair struct {
 // EngineFactory returns a fresh EnginePair for one rule.
 type EngineFactory func() (EnginePair, error)
 
-// Engine runs the engine rules against pairs from newPair as subtests of t.
+// Engine runs the engine rules against pairs from newPair as subtests of t,
+// each named after its rule without the kind ("byte-exact"), so
+// go test -run 'TestX/byte-exact' runs a single rule.
 func Engine(t *testing.T, newPair EngineFactory, cfg Config) {
 	t.Helper()
 	engineSuite(newPair).test(t, cfg)

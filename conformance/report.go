@@ -31,7 +31,9 @@ type Result struct {
 }
 
 // Report is the outcome of one suite run: Kind is "engine", "control",
-// "gather", "scatter" or "writer"; Subject names the implementation.
+// "gather", "scatter" or "writer"; Subject names the implementation; Seed
+// is the Config.Seed that reproduces the run. Results are in rule order,
+// the kind's no-goroutine-leak rule last.
 type Report struct {
 	Kind    string
 	Subject string

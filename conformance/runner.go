@@ -178,10 +178,10 @@ func (s suite[F]) runRule(r rule[F], cfg Config, subject *string) (res Result, l
 		done <- c.protect(func() error {
 			c.step("opening the fixture")
 			o, err := s.open()
+			c.opened(o.cleanup, o.alloc, o.subject) // a half-made fixture may need its cleanup
 			if err != nil {
 				return fmt.Errorf("fixture: %w", err)
 			}
-			c.opened(o.cleanup, o.alloc, o.subject)
 			c.step("running the rule")
 			return r.run(c, o.f)
 		})
@@ -197,7 +197,7 @@ func (s suite[F]) runRule(r rule[F], cfg Config, subject *string) (res Result, l
 		err = fmt.Errorf("did not complete within %v (3×OpTimeout); last step: %s", bound, c.lastStep())
 	}
 	timer.Stop()
-	if cerr := c.finish(hung || (err != nil && !isSkip(err))); cerr != nil && err == nil {
+	if cerr := c.finish(hung || (err != nil && !isSkip(err))); cerr != nil && (err == nil || isSkip(err)) {
 		err = cerr
 	}
 	c.mu.Lock()

@@ -62,8 +62,12 @@ func (f Fault) String() string {
 	}
 }
 
-// lateDelay is how long EarlyDone and LateWrite wait before they write.
-const lateDelay = 2 * time.Millisecond
+// How long EarlyDone waits before it copies, and LateWrite before it
+// copies again.
+const (
+	earlyDelay = 20 * time.Millisecond
+	lateDelay  = 5 * time.Millisecond
+)
 
 // Engines returns an EngineFactory of loopback pairs whose A engine has
 // fault f, and stop, which ends any goroutine the fault leaked; call it
@@ -127,7 +131,7 @@ func (e *engine) PostWrite(peer string, ops []transfer.WriteOp) (transfer.Op, er
 		e.wg.Add(1)
 		go func() {
 			defer e.wg.Done()
-			time.Sleep(lateDelay)
+			time.Sleep(earlyDelay)
 			if op, err := e.Engine.PostWrite(peer, ops); err == nil {
 				waitOp(op)
 			}
