@@ -5,6 +5,9 @@ import (
 
 	"github.com/bouncekv/bounce/controlplane/nixlnotif"
 	"github.com/bouncekv/bounce/controlplane/zmq"
+	"github.com/bouncekv/bounce/engines/loopback"
+	"github.com/bouncekv/bounce/engines/tcp"
+	"github.com/bouncekv/bounce/engines/ucx"
 	"github.com/bouncekv/bounce/transfer"
 )
 
@@ -33,6 +36,37 @@ func TestEndToEndNixlNotif(t *testing.T) {
 				t.Fatal(err)
 			}
 			return ch
+		}
+		return w
+	})
+}
+
+// The end-to-end suite runs unchanged over every real engine too (with the
+// zmq control plane).
+
+func TestEndToEndTCP(t *testing.T) {
+	e2e(t, func(t testing.TB) *world {
+		w := zmqWorld(t, 0)
+		w.engine = func(t testing.TB, name string, _ loopback.Options) transfer.Engine {
+			e, err := tcp.New(tcp.Config{Name: name})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return e
+		}
+		return w
+	})
+}
+
+func TestEndToEndUCX(t *testing.T) {
+	e2e(t, func(t testing.TB) *world {
+		w := zmqWorld(t, 0)
+		w.engine = func(t testing.TB, name string, _ loopback.Options) transfer.Engine {
+			e, err := ucx.New(ucx.Config{Name: name})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return e
 		}
 		return w
 	})

@@ -183,7 +183,6 @@ func TestReconnectSameIdentity(t *testing.T) {
 		t.Fatal(err)
 	}
 	b1.close(t)
-	w.fab = w.fab // same fabric: the engine name is free again after Close
 	b2 := w.node("b", testConfig())
 	connect(t, a, b2)
 	j2 := simple(t, a, b2, 41)

@@ -15,19 +15,37 @@ import (
 	"github.com/bouncekv/bounce/stages/hostcopy"
 	scatterhost "github.com/bouncekv/bounce/stages/scatter/host"
 	"github.com/bouncekv/bounce/transfer"
+	"go.uber.org/goleak"
 )
 
 // world builds agents that share one in-process engine fabric and one
-// control network. Control planes other than inproc plug in through ctrl.
+// control network. Other engines and control planes plug in through engine
+// and ctrl.
 type world struct {
-	t    testing.TB
-	fab  *loopback.Fabric
-	net  *inproc.Network
-	ctrl func(t testing.TB, name string, eng transfer.Engine) transfer.ControlChannel
+	t      testing.TB
+	fab    *loopback.Fabric
+	net    *inproc.Network
+	engine func(t testing.TB, name string, opt loopback.Options) transfer.Engine
+	ctrl   func(t testing.TB, name string, eng transfer.Engine) transfer.ControlChannel
 }
 
+// newWorld also checks, when the test ends and every node is closed, that
+// the test leaked no goroutine.
 func newWorld(t testing.TB) *world {
+	ignore := goleak.IgnoreCurrent()
+	t.Cleanup(func() {
+		if !t.Failed() {
+			goleak.VerifyNone(t, ignore)
+		}
+	})
 	w := &world{t: t, fab: loopback.NewFabric(), net: inproc.NewNetwork()}
+	w.engine = func(t testing.TB, name string, opt loopback.Options) transfer.Engine {
+		eng, err := w.fab.NewEngine(name, opt)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return eng
+	}
 	w.ctrl = func(t testing.TB, name string, _ transfer.Engine) transfer.ControlChannel {
 		ch, err := w.net.NewChannel(name, inproc.Options{})
 		if err != nil {
@@ -41,7 +59,7 @@ func newWorld(t testing.TB) *world {
 // node is one agent with its own engine, control channel and host stages.
 type node struct {
 	*Agent
-	eng     *loopback.Engine
+	eng     transfer.Engine
 	ctrl    transfer.ControlChannel
 	reg     *mem.Registry
 	gather  transfer.Gatherer
@@ -72,11 +90,9 @@ func (w *world) node(name string, cfg Config, opts ...nodeOpt) *node {
 	for _, o := range opts {
 		o(nil, &lopt)
 	}
-	eng, err := w.fab.NewEngine(name, lopt)
-	if err != nil {
-		t.Fatal(err)
-	}
 	wake := make(chan struct{}, 1)
+	lopt.OnComplete = hostcopy.Signal(wake)
+	eng := w.engine(t, name, lopt)
 	g, err := gatherhost.New(gatherhost.Settings{Registry: s.Registry, Contexts: 8, Notify: hostcopy.Signal(wake)})
 	if err != nil {
 		t.Fatal(err)
