@@ -130,6 +130,9 @@ func (NixlNotifFactory) CreateControl(_ Settings, _ config.ControlPlaneConfig, e
 // InprocFactory creates in-process control channels on one network.
 type InprocFactory struct{ Network *inproc.Network }
 
+// NewInprocFactory returns a factory with a network of its own.
+func NewInprocFactory() *InprocFactory { return &InprocFactory{Network: inproc.NewNetwork()} }
+
 // Type returns "inproc".
 func (*InprocFactory) Type() string { return "inproc" }
 

@@ -252,3 +252,31 @@ func hasSource(out, key, src string) bool {
 	}
 	return false
 }
+
+func TestConformanceCommand(t *testing.T) {
+	dir := t.TempDir()
+	junit, js := filepath.Join(dir, "r.xml"), filepath.Join(dir, "r.json")
+	out, errOut, code := bounce(t, "conformance", "engine", "--builtin", "loopback", "--sizes", "1,4097,1MiB", "--junit", junit, "--json", js)
+	if code != 0 || !strings.Contains(out, "engine/loopback: certified") {
+		t.Fatalf("exit %d\n%s\n%s", code, out, errOut)
+	}
+	var rep struct {
+		Results []struct{ Rule, Outcome string }
+	}
+	b, err := os.ReadFile(js)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(b, &rep); err != nil || len(rep.Results) < 20 {
+		t.Fatalf("JSON report: %v, %d results", err, len(rep.Results))
+	}
+	if x, err := os.ReadFile(junit); err != nil || !bytes.Contains(x, []byte("<testsuite")) {
+		t.Fatalf("JUnit report: %v %q", err, x)
+	}
+	if _, errOut, code := bounce(t, "conformance", "engine"); code != exitUsage || !strings.Contains(errOut, "--builtin") {
+		t.Fatalf("no implementation named: exit %d: %s", code, errOut)
+	}
+	if out, _, code := bounce(t, "conformance", "--list"); code != 0 || !strings.Contains(out, "engine/done-means-landed") {
+		t.Fatalf("--list: exit %d", code)
+	}
+}
