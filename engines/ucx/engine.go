@@ -62,8 +62,11 @@ const (
 	DefaultNotifyQueue = 1024
 	// DefaultRecvQueue bounds received notifications not yet taken.
 	DefaultRecvQueue = 4096
-	// DefaultCloseTimeout bounds how long Close waits for UCX to finish
-	// outstanding requests.
+	// DefaultDrainTimeout bounds how long Close waits for in-flight work
+	// before force-closing endpoints.
+	DefaultDrainTimeout = 5 * time.Second
+	// DefaultCloseTimeout bounds how long Close waits for UCX to complete
+	// requests cancelled by the force-close.
 	DefaultCloseTimeout = 10 * time.Second
 )
 
@@ -83,6 +86,10 @@ type Config struct {
 	// RecvQueue bounds received notifications waiting for RecvNotification;
 	// messages arriving when it is full are dropped and counted.
 	RecvQueue int
+	// DrainTimeout bounds how long Close lets in-flight writes and sends
+	// finish on their own before it force-closes the endpoints (see doc.go
+	// for why Close drains first).
+	DrainTimeout time.Duration
 	// CloseTimeout bounds Close's wait for UCX to complete cancelled requests.
 	CloseTimeout time.Duration
 	// Logger receives warnings (nil = discard).
@@ -114,14 +121,24 @@ func (c *Config) setDefaults() error {
 	if err := intDefault(&c.RecvQueue, DefaultRecvQueue, "RecvQueue"); err != nil {
 		return err
 	}
-	switch {
-	case c.CloseTimeout == 0:
-		c.CloseTimeout = DefaultCloseTimeout
-	case c.CloseTimeout < 0:
-		return fmt.Errorf("ucx: config CloseTimeout %v: want 0 (default) or positive", c.CloseTimeout)
+	if err := durDefault(&c.DrainTimeout, DefaultDrainTimeout, "DrainTimeout"); err != nil {
+		return err
+	}
+	if err := durDefault(&c.CloseTimeout, DefaultCloseTimeout, "CloseTimeout"); err != nil {
+		return err
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	return nil
+}
+
+func durDefault(v *time.Duration, def time.Duration, key string) error {
+	switch {
+	case *v == 0:
+		*v = def
+	case *v < 0:
+		return fmt.Errorf("ucx: config %s %v: want 0 (default %v) or positive", key, *v, def)
 	}
 	return nil
 }
@@ -182,9 +199,9 @@ type Engine struct {
 	eps      map[uint64]*peer
 	handlers map[uint64]opHandler
 	nextID   uint64
-	shut     bool
+	shut     bool // Close began: no new work is accepted
+	draining bool // Close lets in-flight work finish until deadline
 	deadline time.Time
-	exit     bool
 }
 
 // opHandler finishes one C-side op: st is its first error (UCS_OK if none);
@@ -304,12 +321,11 @@ func (e *Engine) loop(ready chan<- error) {
 	idle := 0
 	for {
 		e.runQueue()
-		n := C.bkv_progress(e.c)
-		e.reap()
-		if e.shut && (len(e.handlers) == 0 || time.Now().After(e.deadline)) {
-			e.finish()
+		if e.shut && e.shutdownStep() {
 			break
 		}
+		n := C.bkv_progress(e.c)
+		e.reap()
 		if n > 0 {
 			idle = 0
 			continue
@@ -437,12 +453,16 @@ func (e *Engine) reap() {
 	}
 }
 
-// Close fails in-flight operations (ErrClosed), force-closes every endpoint,
-// waits up to CloseTimeout for UCX to complete the cancelled requests, then
-// unmaps memory and destroys the worker and context. It is idempotent. If
-// UCX does not complete every request in time, the affected ops fail with
-// ErrNotQuiescent, UCX objects are leaked rather than destroyed under live
-// requests, and Close returns an error wrapping ErrNotQuiescent.
+// Close shuts the engine down; it is idempotent. New calls fail with
+// ErrClosed at once. In-flight writes and notifications get up to
+// DrainTimeout to finish on their own (a write that completes then is Done);
+// then every endpoint is force-closed, whatever is left fails with
+// ErrClosed once UCX has completed its cancelled requests (up to
+// CloseTimeout), and memory is unmapped and the worker and context are
+// destroyed. If UCX does not complete every request in time, the affected
+// ops fail with ErrNotQuiescent, UCX objects are leaked rather than
+// destroyed under live requests, and Close returns an error wrapping
+// ErrNotQuiescent.
 func (e *Engine) Close() error {
 	e.closeOnce.Do(func() {
 		e.nmu.Lock()
@@ -464,10 +484,28 @@ func (e *Engine) beginShutdown() {
 		return
 	}
 	e.shut = true
-	e.deadline = time.Now().Add(e.cfg.CloseTimeout)
-	for _, p := range e.peers {
-		e.dropPeer(p, fmt.Errorf("ucx: engine %q closed: %w", e.name, transfer.ErrClosed))
+	e.draining = true
+	e.deadline = time.Now().Add(e.cfg.DrainTimeout)
+}
+
+// shutdownStep advances Close on the progress thread and reports whether
+// the engine is finished. It first lets in-flight requests complete on their
+// own (until DrainTimeout), then force-closes every endpoint and waits for
+// UCX to complete what that cancelled (until CloseTimeout).
+func (e *Engine) shutdownStep() bool {
+	now := time.Now()
+	if e.draining && (len(e.handlers) == 0 || now.After(e.deadline)) {
+		e.draining = false
+		e.deadline = now.Add(e.cfg.CloseTimeout)
+		for _, p := range e.peers {
+			e.dropPeer(p, fmt.Errorf("ucx: engine %q closed: %w", e.name, transfer.ErrClosed))
+		}
 	}
+	if !e.draining && (len(e.handlers) == 0 || now.After(e.deadline)) {
+		e.finish()
+		return true
+	}
+	return false
 }
 
 // finish runs on the progress thread once shutdown drained or timed out.

@@ -39,6 +39,8 @@ func newEngine(t testing.TB, cfg Config) *Engine {
 	return e
 }
 
+// alloc maps size bytes freed at cleanup. Call it before newEngine for an
+// engine that registers the buffer, so the engine closes first.
 func alloc(t testing.TB, size uint64) *mem.Buffer {
 	t.Helper()
 	b, err := mem.Alloc(size)
@@ -81,12 +83,11 @@ type pair struct {
 
 func newPair(t testing.TB, mode ErrMode, size uint64) pair {
 	t.Helper()
-	p := pair{
-		a:    newEngine(t, Config{Name: "a", ErrMode: mode}),
-		b:    newEngine(t, Config{Name: "b", ErrMode: mode}),
-		abuf: alloc(t, size),
-		bbuf: alloc(t, size),
-	}
+	// Buffers first: cleanups run last-in first-out, so the engines close
+	// before the memory they registered is unmapped.
+	p := pair{abuf: alloc(t, size), bbuf: alloc(t, size)}
+	p.a = newEngine(t, Config{Name: "a", ErrMode: mode})
+	p.b = newEngine(t, Config{Name: "b", ErrMode: mode})
 	register(t, p.a, p.abuf)
 	register(t, p.b, p.bbuf)
 	load(t, p.a, p.b)

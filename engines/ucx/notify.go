@@ -45,8 +45,9 @@ func (e *Engine) Notify(peerName string, payload []byte) error {
 		e.nmu.Unlock()
 		return fmt.Errorf("ucx: notify %q: %w", peerName, np.lost)
 	case np.outstanding >= e.cfg.NotifyQueue:
+		n := np.outstanding
 		e.nmu.Unlock()
-		return fmt.Errorf("ucx: notify %q: %d notifications in flight: %w", peerName, np.outstanding, transfer.ErrQueueFull)
+		return fmt.Errorf("ucx: notify %q: %d notifications in flight: %w", peerName, n, transfer.ErrQueueFull)
 	}
 	np.outstanding++
 	e.nmu.Unlock()

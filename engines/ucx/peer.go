@@ -280,3 +280,23 @@ func (e *Engine) ForgetPeer(name string) error {
 		return nil
 	})
 }
+
+// endpointInfo returns UCX's description of the endpoint to peer (lanes and
+// transports, from ucp_ep_print_info), for diagnostics.
+func (e *Engine) endpointInfo(name string) (string, error) {
+	var s string
+	err := e.call("endpoint info "+name, func() error {
+		p := e.peers[name]
+		if p == nil || p.ep == nil {
+			return fmt.Errorf("ucx: endpoint info %q: %w", name, transfer.ErrUnknownPeer)
+		}
+		c := C.bkv_ep_info(p.ep)
+		if c == nil {
+			return fmt.Errorf("ucx: endpoint info %q: out of memory", name)
+		}
+		s = C.GoString(c)
+		C.free(unsafe.Pointer(c))
+		return nil
+	})
+	return s, err
+}

@@ -1,6 +1,7 @@
 #include "shim.h"
 
 #include <stdlib.h>
+#include <stdio.h>
 #include <string.h>
 
 static void op_dec(bkv_op *op)
@@ -355,4 +356,17 @@ int bkv_status_is_peer(ucs_status_t st)
     default:
         return 0;
     }
+}
+
+char *bkv_ep_info(ucp_ep_h ep)
+{
+    char  *buf = NULL;
+    size_t len = 0;
+    FILE  *f   = open_memstream(&buf, &len);
+    if (f == NULL) {
+        return NULL;
+    }
+    ucp_ep_print_info(ep, f);
+    fclose(f);
+    return buf;
 }

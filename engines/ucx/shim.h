@@ -90,6 +90,7 @@ bkv_msg     *bkv_take_msgs(bkv_ctx *c);
 bkv_eperr   *bkv_take_errs(bkv_ctx *c);
 
 int          bkv_status_is_peer(ucs_status_t st);
+char        *bkv_ep_info(ucp_ep_h ep); /* malloc'd ucp_ep_print_info text */
 
 static inline char *bkv_msg_bytes(bkv_msg *m) { return m->bytes; }
 

@@ -124,8 +124,8 @@ func TestConcurrentPosts(t *testing.T) {
 
 func TestRejectedWritesPostNothing(t *testing.T) {
 	const size = 1 << 20
-	p := newPair(t, PeerErrors, size)
 	other := alloc(t, size) // registered nowhere
+	p := newPair(t, PeerErrors, size)
 	fill(p.abuf.Bytes(), 3)
 	good := transfer.WriteOp{Src: desc(p.abuf, 0, 4096), Dst: desc(p.bbuf, 0, 4096)}
 	cases := []struct {
@@ -170,8 +170,8 @@ func TestRejectedWritesPostNothing(t *testing.T) {
 }
 
 func TestReloadRefreshesRanges(t *testing.T) {
-	p := newPair(t, PeerErrors, 1<<20)
 	extra := alloc(t, 64<<10)
+	p := newPair(t, PeerErrors, 1<<20)
 	register(t, p.b, extra)
 	fill(p.abuf.Bytes()[:4096], 5)
 	w := []transfer.WriteOp{{Src: desc(p.abuf, 0, 4096), Dst: desc(extra, 100, 4096)}}
@@ -198,8 +198,8 @@ func TestReloadRefreshesRanges(t *testing.T) {
 }
 
 func TestRegisterErrors(t *testing.T) {
-	e := newEngine(t, Config{Name: "r"})
 	b := alloc(t, 1<<20)
+	e := newEngine(t, Config{Name: "r"})
 	register(t, e, b)
 	register(t, e, b) // same range again: no-op
 	if err := e.RegisterMemory(desc(b, 4096, 4096)); err == nil {
