@@ -139,8 +139,12 @@ func (r *reactor) pump() {
 	}
 }
 
+// maxBusyBackoff caps the reactor's sleep while ops are outstanding: engines
+// without a completion signal are polled at least this often.
+const maxBusyBackoff = 100 * time.Microsecond
+
 // run is the reactor loop: process everything ready, then wait adaptively —
-// spin briefly while ops are outstanding, back off up to a millisecond, and
+// spin briefly while ops are outstanding, back off up to maxBusyBackoff, and
 // block without a deadline (beyond timeout checks) when idle.
 func (r *reactor) run() {
 	defer close(r.a.stopped)
@@ -170,7 +174,7 @@ func (r *reactor) run() {
 			switch {
 			case backoff == 0:
 				backoff = 20 * time.Microsecond
-			case backoff < time.Millisecond:
+			case backoff < maxBusyBackoff:
 				backoff *= 2
 			}
 			wait = backoff
