@@ -3,7 +3,6 @@ package pipeline
 import (
 	"errors"
 	"fmt"
-	"runtime"
 	"time"
 
 	"github.com/bouncekv/bounce/transfer"
@@ -81,5 +80,3 @@ func (d *directReq) checkTimeout(r *reactor, now time.Time) {
 		d.fail(r, fmt.Errorf("pipeline: direct write to %q did not complete within %v: %w", d.peer, r.cfg.RequestTimeout, transfer.ErrTimeout))
 	}
 }
-
-func runtimeYield() { runtime.Gosched() }

@@ -3,6 +3,7 @@ package pipeline
 import (
 	"errors"
 	"fmt"
+	"runtime"
 	"time"
 
 	"github.com/bouncekv/bounce/pipeline/credit"
@@ -194,7 +195,7 @@ func (r *reactor) sleep(back *time.Duration) bool {
 	default:
 	}
 	if *back < 16*time.Microsecond {
-		runtimeYield()
+		runtime.Gosched()
 	} else {
 		time.Sleep(*back)
 	}

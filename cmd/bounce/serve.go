@@ -10,7 +10,6 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
-	"time"
 
 	"github.com/spf13/cobra"
 
@@ -189,5 +188,3 @@ func errReply(err error) reply {
 func (h hello) buffer() transfer.Desc {
 	return transfer.Desc{Addr: h.BufferAddr, Len: h.BufferLen, Kind: transfer.Host}
 }
-
-var _ = time.Second
