@@ -7,6 +7,6 @@ import (
 )
 
 // extraCommands are the subcommands that live in their own files.
-func extraCommands() []*cobra.Command { return []*cobra.Command{newConformanceCmd()} }
+func extraCommands() []*cobra.Command { return []*cobra.Command{newConformanceCmd(), newBenchCmd()} }
 
 func wireVersion() uint16 { return wire.Version }

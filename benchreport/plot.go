@@ -1,0 +1,292 @@
+package benchreport
+
+import (
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+
+	"gonum.org/v1/plot"
+	"gonum.org/v1/plot/plotter"
+	"gonum.org/v1/plot/plotutil"
+	"gonum.org/v1/plot/vg"
+)
+
+// Plot size: about 900 x 560 pixels at the PNG backend's default DPI.
+const (
+	plotWidth  = 9.5 * vg.Inch
+	plotHeight = 5.8 * vg.Inch
+)
+
+// WritePlots writes PNG plots of r into dir (created if missing) and returns
+// their paths:
+//
+//   - throughput-<layout>-c<N>.png: throughput against descriptor size, one
+//     line per route, at the lowest concurrency swept for that layout
+//     (presets that share a descriptor size are combined by the median);
+//   - latency-cdf-<cell>.png: the request-latency CDF per route, pooled over
+//     iterations, for every workload and layout at its highest concurrency.
+func WritePlots(dir string, r *Report) ([]string, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("benchreport: plots: %w", err)
+	}
+	rows := Rows(r.Cells)
+	var paths []string
+	for _, layout := range layouts(rows) {
+		p, name, ok, err := throughputPlot(rows, layout, r.Config)
+		if err != nil {
+			return paths, err
+		}
+		if !ok {
+			continue
+		}
+		path := filepath.Join(dir, name)
+		if err := p.Save(plotWidth, plotHeight, path); err != nil {
+			return paths, fmt.Errorf("benchreport: save %s: %w", path, err)
+		}
+		paths = append(paths, path)
+	}
+	for _, g := range highestConcurrency(rows) {
+		p, err := cdfPlot(r.Cells, g, r.Config)
+		if err != nil {
+			return paths, err
+		}
+		name := fmt.Sprintf("latency-cdf-%s-%dx%s-%s-c%d.png", g.Workload, g.Count, FormatSize(g.DescSize), g.Layout, g.Concurrency)
+		path := filepath.Join(dir, fileSafe(name))
+		if err := p.Save(plotWidth, plotHeight, path); err != nil {
+			return paths, fmt.Errorf("benchreport: save %s: %w", path, err)
+		}
+		paths = append(paths, path)
+	}
+	return paths, nil
+}
+
+// layouts lists the layouts of rows in order of appearance.
+func layouts(rows []Row) []string {
+	var out []string
+	for _, r := range rows {
+		if !slices.Contains(out, r.Layout) {
+			out = append(out, r.Layout)
+		}
+	}
+	return out
+}
+
+// routesOf lists the routes of rows: bounce, direct, bulk first, then the
+// rest in order of appearance.
+func routesOf(rows []Row) []string {
+	var out []string
+	for _, want := range []string{RouteBounce, RouteDirect, RouteBulk} {
+		for _, r := range rows {
+			if r.Route == want {
+				out = append(out, want)
+				break
+			}
+		}
+	}
+	for _, r := range rows {
+		if !slices.Contains(out, r.Route) {
+			out = append(out, r.Route)
+		}
+	}
+	return out
+}
+
+// routeStyle keeps one color and glyph per route across plots.
+func routeStyle(route string) int {
+	switch route {
+	case RouteBounce:
+		return 0
+	case RouteDirect:
+		return 1
+	case RouteBulk:
+		return 2
+	}
+	return 3 + len(route)
+}
+
+func routeLabel(route string) string {
+	if route == RouteBulk {
+		return "bulk (same bytes, 1 descriptor, direct)"
+	}
+	return route
+}
+
+func subtitle(c Config) string {
+	return fmt.Sprintf("engine %s, control plane %s, arena %s", c.Engine, c.ControlPlane, FormatSize(c.ArenaSize))
+}
+
+// throughputPlot plots median throughput against descriptor size for one
+// layout at its lowest concurrency; ok is false when there is nothing to plot.
+func throughputPlot(rows []Row, layout string, cfg Config) (*plot.Plot, string, bool, error) {
+	lowest := math.MaxInt
+	for _, r := range rows {
+		if r.Layout == layout {
+			lowest = min(lowest, r.Concurrency)
+		}
+	}
+	var sel []Row
+	for _, r := range rows {
+		if r.Layout == layout && r.Concurrency == lowest && r.Verified != VerifiedFailed && r.Throughput > 0 {
+			sel = append(sel, r)
+		}
+	}
+	if len(sel) == 0 {
+		return nil, "", false, nil
+	}
+	p := plot.New()
+	p.Title.Text = fmt.Sprintf("Throughput vs descriptor size (%s, %d concurrent)\n%s", layout, lowest, subtitle(cfg))
+	p.X.Label.Text = "descriptor size (of the preset; bulk moves the same bytes as 1 descriptor)"
+	p.Y.Label.Text = "throughput (GB/s)"
+	p.X.Scale = plot.LogScale{}
+	p.X.Tick.Marker = sizeTicks{}
+	p.Legend.Top, p.Legend.Left = true, true
+	p.Add(plotter.NewGrid())
+	xmin, xmax := math.Inf(1), math.Inf(-1)
+	for _, route := range routesOf(sel) {
+		bySize := map[uint64][]float64{}
+		for _, r := range sel {
+			if r.Route == route {
+				bySize[r.DescSize] = append(bySize[r.DescSize], r.Throughput/1e9)
+			}
+		}
+		sizes := make([]uint64, 0, len(bySize))
+		for s := range bySize {
+			sizes = append(sizes, s)
+		}
+		slices.Sort(sizes)
+		pts := make(plotter.XYs, len(sizes))
+		for i, s := range sizes {
+			pts[i] = plotter.XY{X: float64(s), Y: Median(bySize[s])}
+			xmin, xmax = min(xmin, float64(s)), max(xmax, float64(s))
+		}
+		line, glyphs, err := plotter.NewLinePoints(pts)
+		if err != nil {
+			return nil, "", false, fmt.Errorf("benchreport: throughput plot %s: %w", route, err)
+		}
+		i := routeStyle(route)
+		line.Color, line.Width = plotutil.Color(i), vg.Points(2)
+		glyphs.Color, glyphs.Shape, glyphs.Radius = plotutil.Color(i), plotutil.Shape(i), vg.Points(4)
+		p.Add(line, glyphs)
+		p.Legend.Add(routeLabel(route), line, glyphs)
+	}
+	p.X.Min, p.X.Max = xmin/1.5, xmax*1.5
+	p.Y.Min = 0
+	p.Y.Max *= 1.15
+	return p, fmt.Sprintf("throughput-%s-c%d.png", fileSafe(layout), lowest), true, nil
+}
+
+// highestConcurrency returns, per workload shape and layout, the group at
+// its highest concurrency, in order of appearance.
+func highestConcurrency(rows []Row) []Group {
+	type shape struct {
+		workload string
+		desc     uint64
+		count    int
+		layout   string
+	}
+	var order []shape
+	best := map[shape]Group{}
+	for _, r := range rows {
+		s := shape{r.Workload, r.DescSize, r.Count, r.Layout}
+		g, ok := best[s]
+		if !ok {
+			order = append(order, s)
+		}
+		if !ok || r.Concurrency > g.Concurrency {
+			best[s] = r.Group
+		}
+	}
+	out := make([]Group, len(order))
+	for i, s := range order {
+		out[i] = best[s]
+	}
+	return out
+}
+
+// cdfPlot plots the request-latency CDF per route for group g, pooled over
+// iterations.
+func cdfPlot(cells []Cell, g Group, cfg Config) (*plot.Plot, error) {
+	p := plot.New()
+	p.Title.Text = fmt.Sprintf("Request latency CDF: %s\n%s", g, subtitle(cfg))
+	p.X.Label.Text = "request latency (ms)"
+	p.Y.Label.Text = "fraction of requests"
+	p.Legend.Top, p.Legend.Left = false, false
+	p.Add(plotter.NewGrid())
+	lat := map[string][]time.Duration{}
+	var rows []Row
+	for _, c := range cells {
+		if c.Group == g {
+			if _, ok := lat[c.Route]; !ok {
+				rows = append(rows, Row{Group: g, Route: c.Route})
+			}
+			lat[c.Route] = append(lat[c.Route], c.Latencies()...)
+		}
+	}
+	for _, route := range routesOf(rows) {
+		l := lat[route]
+		if len(l) == 0 {
+			continue
+		}
+		slices.Sort(l)
+		pts := make(plotter.XYs, 0, len(l)+1)
+		pts = append(pts, plotter.XY{X: ms(l[0]), Y: 0})
+		for i, d := range l {
+			pts = append(pts, plotter.XY{X: ms(d), Y: float64(i+1) / float64(len(l))})
+		}
+		line, err := plotter.NewLine(pts)
+		if err != nil {
+			return nil, fmt.Errorf("benchreport: latency CDF %s: %w", route, err)
+		}
+		line.StepStyle = plotter.PostStep
+		i := routeStyle(route)
+		line.Color, line.Width = plotutil.Color(i), vg.Points(2)
+		p.Add(line)
+		st := Summarize(l)
+		p.Legend.Add(fmt.Sprintf("%s  p50 %s  p99 %s  p99/p50 %.2f", routeLabel(route), dur(st.P50NS), dur(st.P99NS), st.TailRatio), line)
+	}
+	p.X.Min = 0
+	p.X.Max *= 1.08
+	p.Y.Min, p.Y.Max = 0, 1.02
+	return p, nil
+}
+
+func ms(d time.Duration) float64 { return float64(d) / 1e6 }
+
+// sizeTicks puts a labeled tick on every power of two in range, thinned to
+// at most about eight labels.
+type sizeTicks struct{}
+
+// Ticks implements plot.Ticker.
+func (sizeTicks) Ticks(lo, hi float64) []plot.Tick {
+	var pows []float64
+	for e := math.Floor(math.Log2(max(lo, 1))); math.Pow(2, e) <= hi; e++ {
+		if v := math.Pow(2, e); v >= lo {
+			pows = append(pows, v)
+		}
+	}
+	step := max(1, (len(pows)+7)/8)
+	ticks := make([]plot.Tick, 0, len(pows))
+	for i, v := range pows {
+		t := plot.Tick{Value: v}
+		if i%step == 0 {
+			t.Label = FormatSize(uint64(v))
+		}
+		ticks = append(ticks, t)
+	}
+	return ticks
+}
+
+// fileSafe replaces characters that do not belong in a file name.
+func fileSafe(s string) string {
+	return strings.Map(func(r rune) rune {
+		switch {
+		case r >= 'a' && r <= 'z', r >= 'A' && r <= 'Z', r >= '0' && r <= '9', r == '-', r == '_', r == '.':
+			return r
+		}
+		return '_'
+	}, s)
+}

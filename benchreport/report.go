@@ -1,0 +1,452 @@
+// Package benchreport holds the results of a `bounce bench` sweep: the
+// measured cells, the side-by-side ratios between routes, the machine and
+// configuration they were measured on, and the peak memory of both agents.
+// It renders them as JSON, as a terminal table and as PNG plots.
+package benchreport
+
+import (
+	"cmp"
+	"fmt"
+	"math"
+	"slices"
+	"time"
+)
+
+// Schema is the version of the JSON layout written by WriteJSON.
+const Schema = 1
+
+// Route names used in cells. RouteBulk is not a pipeline route: it is the
+// same bytes as one contiguous descriptor per request, moved on the direct
+// path — the best an engine can do with the bytes.
+const (
+	RouteBounce = "bounce"
+	RouteDirect = "direct"
+	RouteBulk   = "bulk"
+)
+
+// Verification outcomes of a cell.
+const (
+	VerifiedYes     = "yes"     // the receiver checked every byte of every request
+	VerifiedFailed  = "failed"  // a request failed or a byte was wrong
+	VerifiedSkipped = "skipped" // verification was turned off
+)
+
+// Report is one bench sweep.
+type Report struct {
+	// Schema is the JSON layout version (Schema).
+	Schema int `json:"schema"`
+	// Started and Finished bound the sweep.
+	Started  time.Time `json:"started"`
+	Finished time.Time `json:"finished"`
+	// Command is the command line that produced the report.
+	Command []string `json:"command,omitempty"`
+	// Machine is where it ran.
+	Machine Machine `json:"machine"`
+	// Config is what was swept and with which engine and control plane.
+	Config Config `json:"config"`
+	// Cells are the measurements in the order they were taken.
+	Cells []Cell `json:"cells"`
+	// Ratios are throughput ratios measured side by side (ComputeRatios).
+	Ratios []Ratio `json:"ratios"`
+	// Memory is the peak memory of both agents, where it could be read.
+	Memory *Memory `json:"memory,omitempty"`
+	// Notes are what the sweep skipped, clamped or noticed.
+	Notes []string `json:"notes,omitempty"`
+}
+
+// Config summarizes the sweep's settings.
+type Config struct {
+	Engine       string   `json:"engine"`
+	ControlPlane string   `json:"control_plane"`
+	BounceOn     bool     `json:"bounce_enabled"`
+	ArenaSize    uint64   `json:"arena_size"`
+	MaxChunk     uint64   `json:"max_chunk"`
+	MaxInflight  int      `json:"max_inflight"`
+	Workloads    []string `json:"workloads"`
+	DescSize     uint64   `json:"desc_size_override,omitempty"`
+	Count        int      `json:"count_override,omitempty"`
+	Layouts      []string `json:"layouts"`
+	Concurrency  []int    `json:"concurrency"`
+	Routes       []string `json:"routes"`
+	Repeat       int      `json:"repeat"`
+	Seed         uint64   `json:"seed"`
+	Verify       bool     `json:"verify"`
+	MaxBytes     uint64   `json:"max_bytes"`
+}
+
+// Group identifies what a cell measured apart from the route and the
+// iteration: cells of one group are compared with each other.
+type Group struct {
+	Workload    string `json:"workload"`
+	DescSize    uint64 `json:"desc_size"`
+	Count       int    `json:"count"`
+	Layout      string `json:"layout"`
+	Concurrency int    `json:"concurrency"`
+}
+
+// Bytes returns one request's payload.
+func (g Group) Bytes() uint64 { return g.DescSize * uint64(g.Count) }
+
+// String names the group for tables and plots.
+func (g Group) String() string {
+	return fmt.Sprintf("%s %dx%s %s c%d", g.Workload, g.Count, FormatSize(g.DescSize), g.Layout, g.Concurrency)
+}
+
+// Cell is one measured run: a group on one route in one iteration.
+type Cell struct {
+	Group
+	// Route is the route asked for: bounce, direct or bulk.
+	Route string `json:"route"`
+	// Took is the route the requests took as the agent reported it.
+	Took string `json:"took"`
+	// Reason is why the agent chose Took.
+	Reason string `json:"reason,omitempty"`
+	// Iteration counts from 0; Order is the cell's place within it.
+	Iteration int `json:"iteration"`
+	Order     int `json:"order"`
+	// Requests were submitted at once; Failed of them failed.
+	Requests int `json:"requests"`
+	Failed   int `json:"failed"`
+	// Bytes is the payload of the successful requests.
+	Bytes uint64 `json:"bytes"`
+	// ElapsedNS is first submit to last completion.
+	ElapsedNS int64 `json:"elapsed_ns"`
+	// Throughput is Bytes per second of Elapsed.
+	Throughput float64 `json:"throughput_bps"`
+	// Latency summarizes LatenciesNS.
+	Latency LatencyStats `json:"latency"`
+	// LatenciesNS are the successful requests' latencies, sorted.
+	LatenciesNS []int64 `json:"latencies_ns"`
+	// Verified is VerifiedYes, VerifiedFailed or VerifiedSkipped.
+	Verified string `json:"verified"`
+	// Error is the first failure, if any.
+	Error string `json:"error,omitempty"`
+}
+
+// OK reports a cell whose requests all succeeded and whose bytes did not
+// fail verification.
+func (c Cell) OK() bool {
+	return c.Failed == 0 && c.Verified != VerifiedFailed && c.Throughput > 0
+}
+
+// Latencies returns the cell's latencies as durations.
+func (c Cell) Latencies() []time.Duration {
+	out := make([]time.Duration, len(c.LatenciesNS))
+	for i, n := range c.LatenciesNS {
+		out[i] = time.Duration(n)
+	}
+	return out
+}
+
+// NewCell fills a cell's measurement fields from a run's raw numbers; the
+// latencies are copied and sorted.
+func NewCell(g Group, route string, iteration, order int, requests, failed int, bytes uint64, elapsed time.Duration, latencies []time.Duration) Cell {
+	c := Cell{Group: g, Route: route, Iteration: iteration, Order: order, Requests: requests, Failed: failed, Bytes: bytes, ElapsedNS: int64(elapsed)}
+	if elapsed > 0 {
+		c.Throughput = float64(bytes) / elapsed.Seconds()
+	}
+	c.Latency = Summarize(latencies)
+	c.LatenciesNS = make([]int64, len(latencies))
+	for i, d := range latencies {
+		c.LatenciesNS[i] = int64(d)
+	}
+	slices.Sort(c.LatenciesNS)
+	return c
+}
+
+// LatencyStats are the percentiles of a set of request latencies (nearest
+// rank), in nanoseconds.
+type LatencyStats struct {
+	Count  int   `json:"count"`
+	MinNS  int64 `json:"min_ns"`
+	MeanNS int64 `json:"mean_ns"`
+	P50NS  int64 `json:"p50_ns"`
+	P90NS  int64 `json:"p90_ns"`
+	P99NS  int64 `json:"p99_ns"`
+	MaxNS  int64 `json:"max_ns"`
+	// TailRatio is P99/P50 (0 without latencies).
+	TailRatio float64 `json:"p99_over_p50"`
+}
+
+// Summarize computes the percentiles of lat (in any order).
+func Summarize(lat []time.Duration) LatencyStats {
+	if len(lat) == 0 {
+		return LatencyStats{}
+	}
+	s := slices.Clone(lat)
+	slices.Sort(s)
+	var sum float64
+	for _, d := range s {
+		sum += float64(d)
+	}
+	st := LatencyStats{
+		Count:  len(s),
+		MinNS:  int64(s[0]),
+		MeanNS: int64(math.Round(sum / float64(len(s)))),
+		P50NS:  int64(Percentile(s, 50)),
+		P90NS:  int64(Percentile(s, 90)),
+		P99NS:  int64(Percentile(s, 99)),
+		MaxNS:  int64(s[len(s)-1]),
+	}
+	if st.P50NS > 0 {
+		st.TailRatio = float64(st.P99NS) / float64(st.P50NS)
+	}
+	return st
+}
+
+// Percentile returns the p-th percentile (0..100) of sorted latencies: the
+// element of rank round(p/100 × n), clamped to 1..n — the same definition as
+// driver.Result.Percentile — or 0 for an empty slice.
+func Percentile(sorted []time.Duration, p float64) time.Duration {
+	if len(sorted) == 0 {
+		return 0
+	}
+	k := int(p/100*float64(len(sorted))+0.5) - 1
+	k = max(0, min(k, len(sorted)-1))
+	return sorted[k]
+}
+
+// Median returns the median of xs (the mean of the middle two for an even
+// count), or 0 for none.
+func Median(xs []float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	n := len(s)
+	if n%2 == 1 {
+		return s[n/2]
+	}
+	return (s[n/2-1] + s[n/2]) / 2
+}
+
+// Ratio is a throughput ratio between two routes of one group, computed
+// within each iteration (the two cells ran back to back) and summarized by
+// the median over iterations.
+type Ratio struct {
+	Group
+	// Numerator and Denominator are route names: Numerator's throughput
+	// divided by Denominator's.
+	Numerator   string `json:"numerator"`
+	Denominator string `json:"denominator"`
+	// PerIteration holds one ratio per iteration where both cells succeeded.
+	PerIteration []float64 `json:"per_iteration"`
+	// Median is the median of PerIteration.
+	Median float64 `json:"median"`
+}
+
+// Name returns "numerator/denominator".
+func (r Ratio) Name() string { return r.Numerator + "/" + r.Denominator }
+
+// ComputeRatios pairs, within every group and iteration, the bounce cell
+// with every other route's cell and returns bounce's throughput over the
+// other's. Groups and routes keep the order in which cells first appear;
+// failed cells are left out of the ratios.
+func ComputeRatios(cells []Cell) []Ratio {
+	type key struct {
+		g     Group
+		route string
+		iter  int
+	}
+	byKey := map[key]Cell{}
+	var groups []Group
+	routes := map[Group][]string{}
+	for _, c := range cells {
+		if _, ok := routes[c.Group]; !ok {
+			groups = append(groups, c.Group)
+		}
+		if !slices.Contains(routes[c.Group], c.Route) {
+			routes[c.Group] = append(routes[c.Group], c.Route)
+		}
+		byKey[key{c.Group, c.Route, c.Iteration}] = c
+	}
+	var out []Ratio
+	for _, g := range groups {
+		if !slices.Contains(routes[g], RouteBounce) {
+			continue
+		}
+		var iters []int
+		for k := range byKey {
+			if k.g == g && k.route == RouteBounce {
+				iters = append(iters, k.iter)
+			}
+		}
+		slices.Sort(iters)
+		for _, den := range routes[g] {
+			if den == RouteBounce {
+				continue
+			}
+			r := Ratio{Group: g, Numerator: RouteBounce, Denominator: den}
+			for _, it := range iters {
+				n, d := byKey[key{g, RouteBounce, it}], byKey[key{g, den, it}]
+				if n.OK() && d.OK() {
+					r.PerIteration = append(r.PerIteration, n.Throughput/d.Throughput)
+				}
+			}
+			if len(r.PerIteration) == 0 {
+				continue
+			}
+			r.Median = Median(r.PerIteration)
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// Row is one line of the summary table: a group on one route over all
+// iterations.
+type Row struct {
+	Group
+	Route string
+	// Took lists the routes the agent reported when they differ from Route.
+	Took string
+	// Iterations counts the cells; Failed sums their failed requests.
+	Iterations int
+	Failed     int
+	// Throughput is the median over iterations.
+	Throughput float64
+	// Latency pools every iteration's request latencies.
+	Latency LatencyStats
+	// Verified is VerifiedYes only if every iteration verified.
+	Verified string
+}
+
+// Rows aggregates cells into one row per group and route, in the order the
+// cells first appear.
+func Rows(cells []Cell) []Row {
+	type key struct {
+		g     Group
+		route string
+	}
+	var order []key
+	acc := map[key][]Cell{}
+	for _, c := range cells {
+		k := key{c.Group, c.Route}
+		if _, ok := acc[k]; !ok {
+			order = append(order, k)
+		}
+		acc[k] = append(acc[k], c)
+	}
+	out := make([]Row, 0, len(order))
+	for _, k := range order {
+		cs := acc[k]
+		r := Row{Group: k.g, Route: k.route, Iterations: len(cs), Verified: VerifiedYes}
+		var tps []float64
+		var lat []time.Duration
+		var took []string
+		for _, c := range cs {
+			r.Failed += c.Failed
+			tps = append(tps, c.Throughput)
+			lat = append(lat, c.Latencies()...)
+			switch {
+			case c.Verified == VerifiedFailed || c.Failed > 0:
+				r.Verified = VerifiedFailed
+			case c.Verified == VerifiedSkipped && r.Verified == VerifiedYes:
+				r.Verified = VerifiedSkipped
+			}
+			if c.Took != "" && c.Took != expectedTook(c.Route) && !slices.Contains(took, c.Took) {
+				took = append(took, c.Took)
+			}
+		}
+		slices.Sort(took)
+		for i, t := range took {
+			if i > 0 {
+				r.Took += ","
+			}
+			r.Took += t
+		}
+		r.Throughput = Median(tps)
+		r.Latency = Summarize(lat)
+		out = append(out, r)
+	}
+	return out
+}
+
+// expectedTook is the agent route a bench route should take.
+func expectedTook(route string) string {
+	if route == RouteBulk {
+		return RouteDirect
+	}
+	return route
+}
+
+// Memory is the peak resident memory of both agents over the sweep (VmHWM),
+// next to what they had to hold anyway: the source and destination buffers
+// and the bounce arena.
+type Memory struct {
+	SenderPeakRSS   uint64 `json:"sender_peak_rss"`
+	ReceiverPeakRSS uint64 `json:"receiver_peak_rss"`
+	// SourceBuffer and DestinationBuffer are the registered KV buffers.
+	SourceBuffer      uint64 `json:"source_buffer"`
+	DestinationBuffer uint64 `json:"destination_buffer"`
+	// ArenaSize is each agent's bounce arena.
+	ArenaSize uint64 `json:"arena_size"`
+	// LargestTransfer is the largest cell's payload (requests x bytes).
+	LargestTransfer uint64 `json:"largest_transfer"`
+}
+
+// SenderOverhead is the sender's peak beyond its source buffer.
+func (m Memory) SenderOverhead() int64 { return int64(m.SenderPeakRSS) - int64(m.SourceBuffer) }
+
+// ReceiverOverhead is the receiver's peak beyond its destination buffer.
+func (m Memory) ReceiverOverhead() int64 {
+	return int64(m.ReceiverPeakRSS) - int64(m.DestinationBuffer)
+}
+
+// SortCells orders cells by the sweep's natural order: group order of
+// first appearance is kept; within a group by iteration, then order.
+func SortCells(cells []Cell) {
+	first := map[Group]int{}
+	for i, c := range cells {
+		if _, ok := first[c.Group]; !ok {
+			first[c.Group] = i
+		}
+	}
+	slices.SortStableFunc(cells, func(a, b Cell) int {
+		return cmp.Or(cmp.Compare(first[a.Group], first[b.Group]), cmp.Compare(a.Iteration, b.Iteration), cmp.Compare(a.Order, b.Order))
+	})
+}
+
+// FormatSize renders bytes with binary units (4KiB, 320MiB, 2.5GiB).
+func FormatSize(n uint64) string {
+	units := []string{"B", "KiB", "MiB", "GiB", "TiB"}
+	f := float64(n)
+	u := 0
+	for f >= 1024 && u < len(units)-1 {
+		f /= 1024
+		u++
+	}
+	if f == math.Trunc(f) {
+		return fmt.Sprintf("%.0f%s", f, units[u])
+	}
+	return fmt.Sprintf("%.3g%s", f, units[u])
+}
+
+// FormatRate renders bytes per second in decimal units (GB/s, MB/s).
+func FormatRate(bps float64) string {
+	switch {
+	case bps >= 1e9:
+		return fmt.Sprintf("%.2f GB/s", bps/1e9)
+	case bps >= 1e6:
+		return fmt.Sprintf("%.1f MB/s", bps/1e6)
+	default:
+		return fmt.Sprintf("%.0f B/s", bps)
+	}
+}
+
+// FormatDuration rounds d for a table: three significant digits or so.
+func FormatDuration(d time.Duration) string {
+	switch {
+	case d <= 0:
+		return "-"
+	case d >= time.Second:
+		return d.Round(10 * time.Millisecond).String()
+	case d >= 10*time.Millisecond:
+		return d.Round(100 * time.Microsecond).String()
+	case d >= time.Millisecond:
+		return d.Round(10 * time.Microsecond).String()
+	default:
+		return d.Round(time.Microsecond).String()
+	}
+}

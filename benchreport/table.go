@@ -1,0 +1,114 @@
+package benchreport
+
+import (
+	"fmt"
+	"io"
+	"slices"
+	"strings"
+	"text/tabwriter"
+	"time"
+)
+
+// WriteTable writes the summary of r: one row per cell and route (median
+// throughput over iterations, latency percentiles pooled over them), the
+// side-by-side ratios per cell, the agents' peak memory and the notes.
+func WriteTable(w io.Writer, r *Report) error {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "cell\troute\tn\tthroughput\tp50\tp90\tp99\tmax\tp99/p50\tverified")
+	bulk := false
+	for _, row := range Rows(r.Cells) {
+		route := row.Route
+		if row.Route == RouteBulk {
+			bulk = true
+			route = "bulk (1 desc)"
+		}
+		if row.Took != "" {
+			route += " (took " + row.Took + ")"
+		}
+		v := row.Verified
+		if row.Failed > 0 {
+			v = fmt.Sprintf("%s (%d requests failed)", VerifiedFailed, row.Failed)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", row.Group, route, row.Iterations,
+			FormatRate(row.Throughput), dur(row.Latency.P50NS), dur(row.Latency.P90NS), dur(row.Latency.P99NS),
+			dur(row.Latency.MaxNS), tail(row.Latency.TailRatio), v)
+	}
+	if err := tw.Flush(); err != nil {
+		return fmt.Errorf("benchreport: write table: %w", err)
+	}
+	if bulk {
+		fmt.Fprintln(w, "bulk (1 desc) = the same bytes as one contiguous descriptor per request, on the direct path")
+	}
+	if err := writeRatios(w, r.Ratios); err != nil {
+		return err
+	}
+	if m := r.Memory; m != nil {
+		fmt.Fprintf(w, "\npeak RSS (VmHWM): sender %s (source buffer %s), receiver %s (destination buffer %s); arena %s each; largest transfer %s\n",
+			FormatSize(m.SenderPeakRSS), FormatSize(m.SourceBuffer), FormatSize(m.ReceiverPeakRSS), FormatSize(m.DestinationBuffer),
+			FormatSize(m.ArenaSize), FormatSize(m.LargestTransfer))
+		fmt.Fprintf(w, "beyond the KV buffers: sender %s, receiver %s\n", signedSize(m.SenderOverhead()), signedSize(m.ReceiverOverhead()))
+	}
+	for _, n := range r.Notes {
+		fmt.Fprintf(w, "note: %s\n", n)
+	}
+	return nil
+}
+
+// writeRatios writes one line per group with every ratio of the group.
+func writeRatios(w io.Writer, ratios []Ratio) error {
+	if len(ratios) == 0 {
+		return nil
+	}
+	var names []string
+	var groups []Group
+	byGroup := map[Group]map[string]Ratio{}
+	for _, r := range ratios {
+		if !slices.Contains(names, r.Name()) {
+			names = append(names, r.Name())
+		}
+		if byGroup[r.Group] == nil {
+			byGroup[r.Group] = map[string]Ratio{}
+			groups = append(groups, r.Group)
+		}
+		byGroup[r.Group][r.Name()] = r
+	}
+	fmt.Fprintln(w, "\nthroughput ratios, measured side by side in each iteration (median [per iteration]):")
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintf(tw, "cell\t%s\n", strings.Join(names, "\t"))
+	for _, g := range groups {
+		fmt.Fprintf(tw, "%s", g)
+		for _, n := range names {
+			r, ok := byGroup[g][n]
+			if !ok {
+				fmt.Fprint(tw, "\t-")
+				continue
+			}
+			per := make([]string, len(r.PerIteration))
+			for i, x := range r.PerIteration {
+				per[i] = fmt.Sprintf("%.2f", x)
+			}
+			fmt.Fprintf(tw, "\t%.2fx [%s]", r.Median, strings.Join(per, " "))
+		}
+		fmt.Fprintln(tw)
+	}
+	if err := tw.Flush(); err != nil {
+		return fmt.Errorf("benchreport: write ratios: %w", err)
+	}
+	return nil
+}
+
+func dur(ns int64) string { return FormatDuration(time.Duration(ns)) }
+
+func tail(x float64) string {
+	if x == 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.2f", x)
+}
+
+func signedSize(n int64) string {
+	if n < 0 {
+		return "-" + FormatSize(uint64(-n))
+	}
+	return FormatSize(uint64(n))
+}

@@ -1,0 +1,609 @@
+package main
+
+import (
+	"context"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"slices"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/schollz/progressbar/v3"
+	"github.com/spf13/cobra"
+	"golang.org/x/term"
+
+	"github.com/bouncekv/bounce/benchreport"
+	"github.com/bouncekv/bounce/config"
+	"github.com/bouncekv/bounce/driver"
+	"github.com/bouncekv/bounce/node"
+	"github.com/bouncekv/bounce/pipeline"
+	"github.com/bouncekv/bounce/workload"
+)
+
+// benchOptions are the flags of `bounce bench`.
+type benchOptions struct {
+	workloads   []string
+	all, list   bool
+	descSize    string
+	count       int
+	concurrency []int
+	routes      []string
+	layout      string
+	repeat      int
+	seed        uint64
+	jsonPath    string
+	plotsDir    string
+	verify      bool
+	maxBytes    string
+	cellTimeout time.Duration
+}
+
+// benchGroup is one workload shape at one concurrency: the routes and
+// iterations of a group are measured back to back.
+type benchGroup struct {
+	g    benchreport.Group
+	spec workload.Spec // one request; Seed is set per iteration
+}
+
+// benchPlan is the resolved sweep.
+type benchPlan struct {
+	groups  []benchGroup
+	routes  []string
+	layouts []string
+	repeat  int
+	budget  uint64
+	largest uint64 // the largest requests x bytes of any group
+	notes   []string
+}
+
+func (p benchPlan) cells() int { return len(p.groups) * p.repeat * len(p.routes) }
+
+func newBenchCmd() *cobra.Command {
+	var o benchOptions
+	cmd := &cobra.Command{
+		Use:   "bench",
+		Short: "Sweep workloads, concurrency and routes between two agent processes; table, JSON and plots",
+		Long: `bench is the performance sweep. Like 'bounce run' it starts one receiver agent
+as a child process ('bounce serve', its buffer sized for the largest cell) and
+a sender agent in this process, with the configured engine and control plane
+(tcp and zmq by default, on loopback unless configured otherwise). Then, for
+every cell — workload preset x layout x concurrency x route x iteration — it
+clears the receiver's buffer, moves the workload (concurrent requests
+submitted at once), has the receiver verify every byte, and records the
+throughput and every request's latency. One unrecorded warm-up transfer per
+route runs first.
+
+Routes: bounce (gather, one bulk write per region, scatter), direct (one
+engine post per descriptor), bulk (the same bytes as ONE contiguous
+descriptor per request on the direct path: what the engine does with the
+bytes at its best), auto (the agent decides). Within each iteration the
+routes run back to back, in an order rotated every iteration, so the
+bounce/direct and bounce/bulk ratios are measured side by side; the table
+reports the median ratio over iterations.
+
+Memory stays bounded by --max-bytes: a concurrency whose requests x bytes
+exceed it is clamped to the largest that fits, or skipped, with a note.
+The TP=1 presets are 2.5 GiB per request. After the sweep both agents' peak
+RSS (VmHWM) is reported next to their KV buffers and arena.`,
+		Example: `  bounce bench
+  bounce bench --workload llama70b-tp8-b16 --count 4096 --concurrency 1,8,64,128 --routes bounce,direct,bulk
+  bounce bench --all --layout both --repeat 3 --json bench.json --plots bench-plots
+  bounce bench --engine.kind ucx --bounce.arena-size 32MiB --workload llama70b-tp8-b16 --routes bounce
+  bounce bench --list`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if o.list {
+				return listPresets(cmd.OutOrStdout())
+			}
+			l, err := loadConfig(cmd)
+			if err != nil {
+				return err
+			}
+			plan, err := o.plan()
+			if err != nil {
+				return err
+			}
+			return o.run(cmd, l.Config, plan)
+		},
+	}
+	f := cmd.Flags()
+	f.StringSliceVar(&o.workloads, "workload", []string{"gptoss120b-tp8-b16", "llama70b-tp8-b16"}, "workload presets, repeatable or comma-separated (see --list)")
+	f.BoolVar(&o.all, "all", false, "every preset (the TP=1 ones are 2.5 GiB per request; see --max-bytes)")
+	f.BoolVar(&o.list, "list", false, "list the workload presets and exit")
+	f.StringVar(&o.descSize, "desc-size", "", "override every preset's descriptor size (e.g. 4KiB)")
+	f.IntVar(&o.count, "count", 0, "override every preset's descriptor count (e.g. 4096)")
+	f.IntSliceVar(&o.concurrency, "concurrency", []int{1, 8}, "concurrent requests per cell, a list (the GUIDE sweeps 1,8,64,128)")
+	f.StringSliceVar(&o.routes, "routes", []string{benchreport.RouteBounce, benchreport.RouteDirect}, "routes to compare: bounce, direct, bulk, auto")
+	f.StringVar(&o.layout, "layout", "fragmented", "block layout: fragmented, contiguous or both")
+	f.IntVar(&o.repeat, "repeat", 3, "iterations per cell (routes alternate within each)")
+	f.Uint64Var(&o.seed, "seed", 1, "seed for the block layouts and byte patterns (the sweep is reproducible from it)")
+	f.StringVar(&o.jsonPath, "json", "", "write the full results as JSON to this file")
+	f.StringVar(&o.plotsDir, "plots", "", "write PNG plots into this directory")
+	f.BoolVar(&o.verify, "verify", true, "have the receiver verify every cell's bytes (--verify=false to skip)")
+	f.StringVar(&o.maxBytes, "max-bytes", "3GiB", "budget for one cell's requests x bytes (each side holds one such buffer)")
+	f.DurationVar(&o.cellTimeout, "cell-timeout", 10*time.Minute, "give up on a cell's requests after this long")
+	configFlags(cmd)
+	return cmd
+}
+
+// listPresets prints the sizing table.
+func listPresets(w io.Writer) error {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "preset\tmodel\tTP\tblock\tdescriptor\tcount\tbytes")
+	for _, p := range workload.Presets() {
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%s\t%d\t%s\n", p.Name, p.Model, p.TP, p.Block, benchreport.FormatSize(p.DescSize), p.Count, benchreport.FormatSize(p.Bytes()))
+	}
+	return tw.Flush()
+}
+
+// plan resolves the flags into the sweep; bad flags are usage errors.
+func (o *benchOptions) plan() (benchPlan, error) {
+	p := benchPlan{repeat: o.repeat}
+	budget, err := parseSize(o.maxBytes)
+	if err != nil {
+		return p, usage(fmt.Errorf("--max-bytes: %w", err))
+	}
+	p.budget = budget
+	if o.repeat < 1 {
+		return p, usage(fmt.Errorf("--repeat %d: must be at least 1", o.repeat))
+	}
+	if o.cellTimeout <= 0 {
+		return p, usage(fmt.Errorf("--cell-timeout %v: must be positive", o.cellTimeout))
+	}
+	switch o.layout {
+	case "fragmented", "contiguous":
+		p.layouts = []string{o.layout}
+	case "both":
+		p.layouts = []string{"fragmented", "contiguous"}
+	default:
+		return p, usage(fmt.Errorf("--layout %q: accepted: fragmented, contiguous, both", o.layout))
+	}
+	for _, r := range o.routes {
+		r = strings.TrimSpace(r)
+		switch r {
+		case benchreport.RouteBounce, benchreport.RouteDirect, benchreport.RouteBulk, "auto":
+		default:
+			return p, usage(fmt.Errorf("--routes %q: accepted: bounce, direct, bulk, auto", r))
+		}
+		if !slices.Contains(p.routes, r) {
+			p.routes = append(p.routes, r)
+		}
+	}
+	if len(p.routes) == 0 {
+		return p, usage(fmt.Errorf("--routes: name at least one of bounce, direct, bulk, auto"))
+	}
+	var conc []int
+	for _, c := range o.concurrency {
+		if c < 1 || c > 4096 {
+			return p, usage(fmt.Errorf("--concurrency %d: accepted: 1..4096", c))
+		}
+		if !slices.Contains(conc, c) {
+			conc = append(conc, c)
+		}
+	}
+	if len(conc) == 0 {
+		return p, usage(fmt.Errorf("--concurrency: name at least one level"))
+	}
+	slices.Sort(conc)
+	var presets []workload.Preset
+	if o.all {
+		presets = workload.Presets()
+		p.notes = append(p.notes, fmt.Sprintf("--all includes the TP=1 presets, 2.5GiB per request: requests x bytes are capped at --max-bytes %s", benchreport.FormatSize(budget)))
+	} else {
+		if len(o.workloads) == 0 {
+			return p, usage(fmt.Errorf("--workload: name at least one preset (or --all)"))
+		}
+		for _, name := range o.workloads {
+			pr, err := workload.Lookup(strings.TrimSpace(name))
+			if err != nil {
+				return p, usage(fmt.Errorf("--workload: %w", err))
+			}
+			if !slices.ContainsFunc(presets, func(q workload.Preset) bool { return q.Name == pr.Name }) {
+				presets = append(presets, pr)
+			}
+		}
+	}
+	var descSize uint64
+	if o.descSize != "" {
+		if descSize, err = parseSize(o.descSize); err != nil {
+			return p, usage(fmt.Errorf("--desc-size: %w", err))
+		}
+	}
+	if o.count < 0 {
+		return p, usage(fmt.Errorf("--count %d: must be positive", o.count))
+	}
+	for _, pr := range presets {
+		spec := workload.Spec{DescSize: pr.DescSize, Count: pr.Count, Seed: o.seed}
+		if descSize != 0 {
+			spec.DescSize = descSize
+		}
+		if o.count != 0 {
+			spec.Count = o.count
+		}
+		per := spec.Bytes()
+		if per > budget {
+			p.notes = append(p.notes, fmt.Sprintf("skipped %s: one request of %s exceeds --max-bytes %s", pr.Name, benchreport.FormatSize(per), benchreport.FormatSize(budget)))
+			continue
+		}
+		var levels []int
+		for _, c := range conc {
+			if uint64(c)*per <= budget {
+				levels = append(levels, c)
+				continue
+			}
+			fit := int(budget / per)
+			if slices.Contains(levels, fit) {
+				p.notes = append(p.notes, fmt.Sprintf("skipped %s at concurrency %d: %d x %s exceeds --max-bytes %s", pr.Name, c, c, benchreport.FormatSize(per), benchreport.FormatSize(budget)))
+				continue
+			}
+			p.notes = append(p.notes, fmt.Sprintf("clamped %s from concurrency %d to %d: %d x %s exceeds --max-bytes %s", pr.Name, c, fit, c, benchreport.FormatSize(per), benchreport.FormatSize(budget)))
+			levels = append(levels, fit)
+		}
+		for _, layout := range p.layouts {
+			for _, c := range levels {
+				s := spec
+				s.Fragmented = layout == "fragmented"
+				g := benchreport.Group{Workload: pr.Name, DescSize: s.DescSize, Count: s.Count, Layout: layout, Concurrency: c}
+				p.groups = append(p.groups, benchGroup{g: g, spec: s})
+				p.largest = max(p.largest, uint64(c)*per)
+			}
+		}
+	}
+	if len(p.groups) == 0 {
+		return p, usage(fmt.Errorf("nothing to run: every workload exceeds --max-bytes %s", benchreport.FormatSize(budget)))
+	}
+	return p, nil
+}
+
+// routeSpec returns what route r moves for spec and how: bulk is the same
+// bytes as one contiguous descriptor on the direct path.
+func routeSpec(r string, spec workload.Spec) (workload.Spec, pipeline.Route) {
+	switch r {
+	case benchreport.RouteBounce:
+		return spec, pipeline.RouteBounce
+	case benchreport.RouteDirect:
+		return spec, pipeline.RouteDirect
+	case benchreport.RouteBulk:
+		return workload.Spec{DescSize: spec.Bytes(), Count: 1, Seed: spec.Seed}, pipeline.RouteDirect
+	}
+	return spec, pipeline.RouteAuto
+}
+
+// iterationSeed keeps every iteration's layouts and bytes distinct and
+// reproducible; request i of a cell uses the seed plus i.
+func iterationSeed(seed uint64, it int) uint64 { return seed + uint64(it)<<32 }
+
+// rotate returns routes starting at the it-th, so no route always runs first.
+func rotate(routes []string, it int) []string {
+	out := make([]string, len(routes))
+	for i := range routes {
+		out[i] = routes[(i+it)%len(routes)]
+	}
+	return out
+}
+
+// benchSession is the two agents of a sweep.
+type benchSession struct {
+	recv *receiver
+	n    *node.Node
+	d    *driver.Driver
+	tgt  driver.Target
+}
+
+func (o *benchOptions) run(cmd *cobra.Command, cfg config.Config, plan benchPlan) error {
+	out, errw := cmd.OutOrStdout(), cmd.ErrOrStderr()
+	// The sender and receiver agents; the naming and the loopback default
+	// repeat run.go's (kept in step by hand until they share a helper).
+	base := cfg.Agent.Name
+	cfg.Agent.Name = base + "-send"
+	childArgs := append(configArgs(cmd, "agent.name"), "--agent.name="+base+"-recv")
+	if cfg.ControlPlane.BindAddress == "" && cfg.ControlPlane.Interface == "" {
+		// Both agents run here: bind the control plane on loopback.
+		cfg.ControlPlane.BindAddress = "127.0.0.1"
+		childArgs = append(childArgs, "--control-plane.bind-address=127.0.0.1")
+	}
+	childArgs = append(childArgs, "--buffer-size="+config.Size(plan.largest).String())
+
+	rep := &benchreport.Report{
+		Schema:  benchreport.Schema,
+		Started: time.Now().UTC(),
+		Command: os.Args,
+		Machine: benchreport.CurrentMachine(),
+		Config: benchreport.Config{
+			Engine: cfg.Engine.Kind, ControlPlane: cfg.ControlPlane.Kind, ArenaSize: uint64(cfg.Bounce.ArenaSize),
+			MaxChunk: uint64(cfg.Bounce.MaxChunk), MaxInflight: cfg.Bounce.MaxInflight,
+			Layouts: plan.layouts, Routes: plan.routes, Repeat: plan.repeat, Seed: o.seed, Verify: o.verify, MaxBytes: plan.budget,
+			Count: o.count,
+		},
+		Notes: slices.Clone(plan.notes),
+	}
+	if o.descSize != "" {
+		rep.Config.DescSize = plan.groups[0].g.DescSize
+	}
+	for _, g := range plan.groups {
+		if !slices.Contains(rep.Config.Workloads, g.g.Workload) {
+			rep.Config.Workloads = append(rep.Config.Workloads, g.g.Workload)
+		}
+		if !slices.Contains(rep.Config.Concurrency, g.g.Concurrency) {
+			rep.Config.Concurrency = append(rep.Config.Concurrency, g.g.Concurrency)
+		}
+	}
+	slices.Sort(rep.Config.Concurrency)
+	fmt.Fprintf(out, "bounce bench: engine %s, control plane %s, arena %s; %d workload(s) x %d layout(s), concurrency %v, routes %s, %d iteration(s): %d cells; buffers %s per side; %s/%s, %d CPUs\n",
+		cfg.Engine.Kind, cfg.ControlPlane.Kind, benchreport.FormatSize(uint64(cfg.Bounce.ArenaSize)), len(rep.Config.Workloads), len(plan.layouts), rep.Config.Concurrency,
+		strings.Join(plan.routes, ","), plan.repeat, plan.cells(), benchreport.FormatSize(plan.largest), rep.Machine.GOOS, rep.Machine.GOARCH, rep.Machine.NumCPU)
+	for _, n := range plan.notes {
+		fmt.Fprintf(errw, "note: %s\n", n)
+	}
+
+	s, err := startBench(cmd, cfg, childArgs, plan.largest)
+	if err != nil {
+		return err
+	}
+	rep.Config.BounceOn = true
+	if on, why, _ := s.n.Agent.PeerRoute(s.recv.hello.Name); !on {
+		rep.Config.BounceOn = false
+		note := fmt.Sprintf("the bounce path is unavailable (%s); bounce cells take the direct path", why)
+		rep.Notes = append(rep.Notes, note)
+		fmt.Fprintf(errw, "note: %s\n", note)
+	}
+	sweepErr := s.warmUp(cmd.Context(), plan)
+	if sweepErr == nil {
+		rep.Cells, sweepErr = o.sweep(cmd, s, plan)
+	}
+	if m, err := s.memory(plan, uint64(cfg.Bounce.ArenaSize)); err != nil {
+		rep.Notes = append(rep.Notes, "peak memory not measured: "+err.Error())
+	} else {
+		rep.Memory = &m
+	}
+	if cerr := s.close(); cerr != nil && sweepErr == nil {
+		rep.Notes = append(rep.Notes, "closing: "+cerr.Error())
+	}
+	if sweepErr != nil {
+		rep.Notes = append(rep.Notes, "sweep aborted: "+sweepErr.Error())
+	}
+	rep.Finished = time.Now().UTC()
+	rep.Ratios = benchreport.ComputeRatios(rep.Cells)
+	return o.finish(out, errw, rep, sweepErr)
+}
+
+// startBench starts the receiver child and the sender node and introduces
+// them to each other.
+func startBench(cmd *cobra.Command, cfg config.Config, childArgs []string, capacity uint64) (*benchSession, error) {
+	recv, err := startReceiver(childArgs, cmd.ErrOrStderr(), 60*time.Second)
+	if err != nil {
+		return nil, runtime(err)
+	}
+	s := &benchSession{recv: recv, tgt: driver.Target{Peer: recv.hello.Name, Buffer: recv.hello.buffer()}}
+	fail := func(wrap func(error) error, err error) (*benchSession, error) {
+		s.close()
+		return nil, wrap(err)
+	}
+	if s.n, err = node.Build(cfg, node.Builtin(), logger(cmd)); err != nil {
+		return fail(usage, err)
+	}
+	if _, err := s.n.Agent.LoadPeer(recv.blob); err != nil {
+		return fail(failed, fmt.Errorf("load receiver: %w", err))
+	}
+	own, err := s.n.Agent.Descriptor()
+	if err != nil {
+		return fail(runtime, err)
+	}
+	if _, err := recv.call(command{Op: "load", Descriptor: base64.StdEncoding.EncodeToString(own)}, 30*time.Second); err != nil {
+		return fail(runtime, err)
+	}
+	if s.d, err = driver.New(s.n.Agent, capacity); err != nil {
+		return fail(runtime, fmt.Errorf("source buffer of %s: %w", benchreport.FormatSize(capacity), err))
+	}
+	return s, nil
+}
+
+// close tears the session down: the source buffer, the sender, the receiver.
+func (s *benchSession) close() error {
+	var errs []error
+	if s.d != nil {
+		errs = append(errs, s.d.Close())
+	}
+	if s.n != nil {
+		errs = append(errs, s.n.Close(context.Background()))
+	}
+	errs = append(errs, s.recv.close())
+	for _, e := range errs {
+		if e != nil {
+			return e
+		}
+	}
+	return nil
+}
+
+// warmUp moves the first group's workload once per route, unrecorded, so
+// connection setup and first-touch faults land in no cell.
+func (s *benchSession) warmUp(ctx context.Context, plan benchPlan) error {
+	spec := plan.groups[0].spec
+	for _, r := range plan.routes {
+		rs, rt := routeSpec(r, spec)
+		wctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
+		res, err := s.d.Run(wctx, s.tgt, driver.Options{Spec: rs, Requests: 1, Route: rt})
+		cancel()
+		if err != nil {
+			return fmt.Errorf("warm-up on %s: %w", r, err)
+		}
+		if res.Failed > 0 {
+			return fmt.Errorf("warm-up on %s: %w", r, res.FirstErr)
+		}
+	}
+	return nil
+}
+
+// sweep measures every cell; it stops early only when the receiver stops
+// answering or the command is cancelled.
+func (o *benchOptions) sweep(cmd *cobra.Command, s *benchSession, plan benchPlan) ([]benchreport.Cell, error) {
+	prog := newBenchProgress(cmd.ErrOrStderr(), plan.cells())
+	defer prog.finish()
+	var cells []benchreport.Cell
+	for _, bg := range plan.groups {
+		for it := 0; it < plan.repeat; it++ {
+			spec := bg.spec
+			spec.Seed = iterationSeed(o.seed, it)
+			for order, r := range rotate(plan.routes, it) {
+				if err := cmd.Context().Err(); err != nil {
+					return cells, err
+				}
+				prog.start(fmt.Sprintf("%s %s #%d", bg.g, r, it))
+				c, err := o.cell(cmd.Context(), s, bg.g, spec, r, it, order)
+				if err != nil {
+					return cells, err
+				}
+				cells = append(cells, c)
+				prog.done(c)
+			}
+		}
+	}
+	return cells, nil
+}
+
+// cell measures one cell: clear, run, verify.
+func (o *benchOptions) cell(ctx context.Context, s *benchSession, g benchreport.Group, spec workload.Spec, route string, it, order int) (benchreport.Cell, error) {
+	rs, rt := routeSpec(route, spec)
+	if o.verify {
+		if _, err := s.recv.call(command{Op: "clear"}, 2*time.Minute); err != nil {
+			return benchreport.Cell{}, runtime(err)
+		}
+	}
+	rctx, cancel := context.WithTimeout(ctx, o.cellTimeout)
+	res, err := s.d.Run(rctx, s.tgt, driver.Options{Spec: rs, Requests: g.Concurrency, Route: rt})
+	cancel()
+	if err != nil {
+		c := benchreport.NewCell(g, route, it, order, g.Concurrency, g.Concurrency, 0, 0, nil)
+		c.Verified, c.Error = benchreport.VerifiedFailed, err.Error()
+		return c, nil
+	}
+	c := benchreport.NewCell(g, route, it, order, res.Requests, res.Failed, res.Bytes, res.Elapsed, res.Latencies)
+	c.Took, c.Reason = res.Route, res.Reason
+	switch {
+	case res.Failed > 0:
+		c.Verified = benchreport.VerifiedFailed
+		c.Error = fmt.Sprintf("%d of %d requests failed: %v", res.Failed, res.Requests, res.FirstErr)
+	case !o.verify:
+		c.Verified = benchreport.VerifiedSkipped
+	default:
+		_, err := s.recv.call(command{Op: "verify", DescSize: rs.DescSize, Count: rs.Count, Fragmented: rs.Fragmented, Seed: rs.Seed, Requests: g.Concurrency}, 5*time.Minute)
+		c.Verified = benchreport.VerifiedYes
+		if err != nil {
+			c.Verified, c.Error = benchreport.VerifiedFailed, err.Error()
+		}
+	}
+	return c, nil
+}
+
+// memory reads both agents' peak RSS (Linux /proc).
+func (s *benchSession) memory(plan benchPlan, arena uint64) (benchreport.Memory, error) {
+	m := benchreport.Memory{SourceBuffer: plan.largest, DestinationBuffer: s.recv.hello.BufferLen, ArenaSize: arena, LargestTransfer: plan.largest}
+	var err error
+	if m.SenderPeakRSS, err = benchreport.PeakRSS(os.Getpid()); err != nil {
+		return m, err
+	}
+	if m.ReceiverPeakRSS, err = benchreport.PeakRSS(s.recv.cmd.Process.Pid); err != nil {
+		return m, err
+	}
+	return m, nil
+}
+
+// finish prints the table and writes the JSON and the plots; it returns
+// sweepErr, or a failure when a cell failed.
+func (o *benchOptions) finish(out, errw io.Writer, rep *benchreport.Report, sweepErr error) error {
+	fmt.Fprintln(out)
+	if err := benchreport.WriteTable(out, rep); err != nil {
+		return runtime(err)
+	}
+	if o.jsonPath != "" {
+		if err := benchreport.SaveJSON(o.jsonPath, rep); err != nil {
+			return runtime(err)
+		}
+		fmt.Fprintf(out, "results: %s\n", o.jsonPath)
+	}
+	if o.plotsDir != "" {
+		paths, err := benchreport.WritePlots(o.plotsDir, rep)
+		if err != nil {
+			return runtime(err)
+		}
+		for _, p := range paths {
+			fmt.Fprintf(out, "plot: %s\n", p)
+		}
+	}
+	if sweepErr != nil {
+		var ee *exitError
+		if errors.As(sweepErr, &ee) {
+			return sweepErr
+		}
+		return runtime(sweepErr)
+	}
+	bad := 0
+	for _, c := range rep.Cells {
+		if !c.OK() {
+			bad++
+		}
+	}
+	if bad > 0 {
+		return failed(fmt.Errorf("%d of %d cells failed or did not verify", bad, len(rep.Cells)))
+	}
+	if o.verify {
+		fmt.Fprintln(out, "every cell verified byte for byte")
+	}
+	return nil
+}
+
+// benchProgress reports progress on stderr: a progress bar on a terminal,
+// one line per cell otherwise.
+type benchProgress struct {
+	w     io.Writer
+	bar   *progressbar.ProgressBar
+	total int
+	n     int
+}
+
+func newBenchProgress(w io.Writer, total int) *benchProgress {
+	p := &benchProgress{w: w, total: total}
+	if f, ok := w.(*os.File); ok && term.IsTerminal(int(f.Fd())) {
+		p.bar = progressbar.NewOptions(total,
+			progressbar.OptionSetWriter(w),
+			progressbar.OptionShowCount(),
+			progressbar.OptionSetElapsedTime(true),
+			progressbar.OptionSetPredictTime(true),
+			progressbar.OptionSetWidth(30),
+		)
+	}
+	return p
+}
+
+func (p *benchProgress) start(what string) {
+	if p.bar != nil {
+		p.bar.Describe(what)
+	}
+}
+
+func (p *benchProgress) done(c benchreport.Cell) {
+	p.n++
+	if p.bar != nil {
+		p.bar.Add(1)
+		return
+	}
+	status := "verified " + c.Verified
+	if c.Error != "" {
+		status += ": " + c.Error
+	}
+	fmt.Fprintf(p.w, "bench [%d/%d] %s %s #%d: %s, p50 %s, p99 %s, %s\n", p.n, p.total, c.Group, c.Route, c.Iteration,
+		benchreport.FormatRate(c.Throughput), benchreport.FormatDuration(time.Duration(c.Latency.P50NS)),
+		benchreport.FormatDuration(time.Duration(c.Latency.P99NS)), status)
+}
+
+func (p *benchProgress) finish() {
+	if p.bar != nil {
+		p.bar.Finish()
+		fmt.Fprintln(p.w)
+	}
+}

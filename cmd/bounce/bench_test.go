@@ -1,0 +1,231 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"image/png"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/bouncekv/bounce/benchreport"
+)
+
+var (
+	benchOnce sync.Once
+	benchPath string
+	benchErr  error
+)
+
+// benchBinary builds the bounce binary once for the bench tests (the
+// receiver is a child process of the binary, so the sweep needs a real one).
+func benchBinary(t *testing.T) string {
+	t.Helper()
+	benchOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "bounce-bench-")
+		if err != nil {
+			benchErr = err
+			return
+		}
+		benchPath = filepath.Join(dir, "bounce")
+		if out, err := exec.Command("go", "build", "-o", benchPath, ".").CombinedOutput(); err != nil {
+			benchErr = errors.New(string(out))
+		}
+	})
+	if benchErr != nil {
+		t.Fatalf("build bounce: %v", benchErr)
+	}
+	return benchPath
+}
+
+// TestBenchEndToEnd runs a tiny sweep through two real processes and checks
+// the JSON (every cell verified, ratios measured), the table, the per-cell
+// progress lines and the PNG plots.
+func TestBenchEndToEnd(t *testing.T) {
+	dir := t.TempDir()
+	jsonPath, plots := filepath.Join(dir, "out.json"), filepath.Join(dir, "plots")
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, benchBinary(t), "bench", "--workload", "gptoss120b-tp8-b16", "--count", "2048",
+		"--concurrency", "1,2", "--routes", "bounce,direct,bulk", "--repeat", "2", "--seed", "7",
+		"--json", jsonPath, "--plots", plots, "--bounce.arena-size", "16MiB", "--bounce.max-chunk", "2MiB")
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("bench: %v\nstdout:\n%s\nstderr:\n%s", err, stdout.String(), stderr.String())
+	}
+	rep, err := benchreport.LoadJSON(jsonPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Config.Engine != "tcp" || rep.Config.ControlPlane != "zmq" || rep.Config.ArenaSize != 16<<20 || rep.Config.Seed != 7 || !rep.Config.BounceOn {
+		t.Errorf("config summary %+v", rep.Config)
+	}
+	if rep.Machine.NumCPU < 1 || rep.Machine.GOOS == "" {
+		t.Errorf("machine %+v", rep.Machine)
+	}
+	// 2 concurrency levels x 3 routes x 2 iterations.
+	if len(rep.Cells) != 12 {
+		t.Fatalf("%d cells, want 12", len(rep.Cells))
+	}
+	seen := map[string]int{}
+	for _, c := range rep.Cells {
+		seen[c.Route]++
+		if c.Verified != benchreport.VerifiedYes || c.Failed != 0 || c.Error != "" {
+			t.Errorf("cell %s %s #%d: verified %s, failed %d, error %q", c.Group, c.Route, c.Iteration, c.Verified, c.Failed, c.Error)
+		}
+		if c.Throughput <= 0 || c.Bytes != uint64(c.Concurrency)*2048*2048 || len(c.LatenciesNS) != c.Concurrency || c.Latency.P50NS <= 0 {
+			t.Errorf("cell %s %s #%d: throughput %v, %d bytes, %d latencies, p50 %d", c.Group, c.Route, c.Iteration, c.Throughput, c.Bytes, len(c.LatenciesNS), c.Latency.P50NS)
+		}
+		if want := map[string]string{"bounce": "bounce", "direct": "direct", "bulk": "direct"}[c.Route]; c.Took != want {
+			t.Errorf("cell %s %s took %s, want %s", c.Group, c.Route, c.Took, want)
+		}
+	}
+	if seen["bounce"] != 4 || seen["direct"] != 4 || seen["bulk"] != 4 {
+		t.Errorf("cells per route %v", seen)
+	}
+	var names []string
+	for _, r := range rep.Ratios {
+		names = append(names, r.Name())
+		if len(r.PerIteration) != 2 || r.Median <= 0 {
+			t.Errorf("ratio %s %s: %v median %v", r.Group, r.Name(), r.PerIteration, r.Median)
+		}
+	}
+	if want := []string{"bounce/direct", "bounce/bulk", "bounce/direct", "bounce/bulk"}; !slices.Equal(names, want) {
+		t.Errorf("ratios %v, want %v", names, want)
+	}
+	if m := rep.Memory; m == nil || m.SenderPeakRSS <= m.SourceBuffer || m.ReceiverPeakRSS <= m.DestinationBuffer {
+		t.Errorf("memory %+v", rep.Memory)
+	}
+	out := stdout.String()
+	for _, want := range []string{"p99/p50", "bounce/direct", "bounce/bulk", "bulk (1 desc)", "peak RSS", "every cell verified"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("stdout lacks %q:\n%s", want, out)
+		}
+	}
+	if n := strings.Count(stderr.String(), "bench ["); n != 12 {
+		t.Errorf("%d progress lines on stderr (not a terminal), want 12:\n%s", n, stderr.String())
+	}
+	for _, name := range []string{"throughput-fragmented-c1.png", "latency-cdf-gptoss120b-tp8-b16-2048x2KiB-fragmented-c2.png"} {
+		checkBenchPNG(t, filepath.Join(plots, name))
+	}
+}
+
+func checkBenchPNG(t *testing.T, path string) {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	img, err := png.Decode(bytes.NewReader(b))
+	if err != nil {
+		t.Fatalf("%s: %v", path, err)
+	}
+	if len(b) < 10<<10 || img.Bounds().Dx() < 600 {
+		t.Errorf("%s: %d bytes, %v: trivial", path, len(b), img.Bounds())
+	}
+}
+
+// TestBenchPlan checks how flags become cells: presets, overrides, layouts,
+// and the --max-bytes clamp with its notes.
+func TestBenchPlan(t *testing.T) {
+	o := benchOptions{workloads: []string{"llama70b-tp8-b16", "gptoss120b-tp8-b16", "llama70b-tp8-b16"}, concurrency: []int{8, 1, 64},
+		routes: []string{"bounce", "bulk", "bounce"}, layout: "both", repeat: 2, seed: 1, maxBytes: "1GiB", cellTimeout: time.Minute}
+	p, err := o.plan()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, g := range p.groups {
+		got = append(got, g.g.String())
+	}
+	want := []string{
+		// 320MiB per request: 8 fits nowhere in 1GiB, so it is clamped to 3; 64 then is skipped.
+		"llama70b-tp8-b16 81920x4KiB fragmented c1", "llama70b-tp8-b16 81920x4KiB fragmented c3",
+		"llama70b-tp8-b16 81920x4KiB contiguous c1", "llama70b-tp8-b16 81920x4KiB contiguous c3",
+		// 72MiB per request: 64 is clamped to 14.
+		"gptoss120b-tp8-b16 36864x2KiB fragmented c1", "gptoss120b-tp8-b16 36864x2KiB fragmented c8", "gptoss120b-tp8-b16 36864x2KiB fragmented c14",
+		"gptoss120b-tp8-b16 36864x2KiB contiguous c1", "gptoss120b-tp8-b16 36864x2KiB contiguous c8", "gptoss120b-tp8-b16 36864x2KiB contiguous c14",
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("groups:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	if !slices.Equal(p.routes, []string{"bounce", "bulk"}) || p.cells() != 10*2*2 || p.largest != 14*72<<20 {
+		t.Fatalf("routes %v, %d cells, largest %d", p.routes, p.cells(), p.largest)
+	}
+	if len(p.notes) != 3 || !strings.Contains(p.notes[0], "clamped llama70b-tp8-b16 from concurrency 8 to 3") ||
+		!strings.Contains(p.notes[1], "skipped llama70b-tp8-b16 at concurrency 64") || !strings.Contains(p.notes[2], "clamped gptoss120b-tp8-b16 from concurrency 64 to 14") {
+		t.Fatalf("notes %q", p.notes)
+	}
+	if !p.groups[0].spec.Fragmented || p.groups[2].spec.Fragmented {
+		t.Fatal("layouts not applied to the specs")
+	}
+
+	all := benchOptions{all: true, concurrency: []int{1}, routes: []string{"direct"}, layout: "fragmented", repeat: 1, maxBytes: "2GiB", cellTimeout: time.Minute}
+	p, err = all.plan()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(p.groups) != 6 || len(p.notes) != 4 || !strings.Contains(p.notes[1], "skipped llama70b-tp1-b16: one request of 2.5GiB exceeds --max-bytes 2GiB") {
+		t.Fatalf("--all with a 2GiB budget: %d groups, notes %q", len(p.groups), p.notes)
+	}
+
+	over := benchOptions{workloads: []string{"gptoss120b-tp8-b16"}, count: 2048, descSize: "4KiB", concurrency: []int{2}, routes: []string{"bulk"}, layout: "contiguous", repeat: 1, maxBytes: "1GiB", cellTimeout: time.Minute}
+	if p, err = over.plan(); err != nil || p.groups[0].spec.Count != 2048 || p.groups[0].spec.DescSize != 4096 {
+		t.Fatalf("overrides: %+v, %v", p.groups, err)
+	}
+	if s, rt := routeSpec("bulk", p.groups[0].spec); s.Count != 1 || s.DescSize != 8<<20 || rt.String() != "direct" {
+		t.Fatalf("bulk spec %+v on %s", s, rt)
+	}
+}
+
+// TestBenchUsageErrors checks that bad flags are usage errors (exit 2)
+// before any process starts.
+func TestBenchUsageErrors(t *testing.T) {
+	for _, args := range [][]string{
+		{"--layout", "diagonal"},
+		{"--routes", "bounce,teleport"},
+		{"--concurrency", "0"},
+		{"--repeat", "0"},
+		{"--workload", "llama405b"},
+		{"--max-bytes", "lots"},
+		{"--workload", "llama70b-tp1-b16", "--max-bytes", "1GiB"},
+		{"--desc-size", "0"},
+		{"--engine.kind", "carrier-pigeon"},
+	} {
+		var out, errb bytes.Buffer
+		if code := execute(append([]string{"bench"}, args...), strings.NewReader(""), &out, &errb); code != exitUsage {
+			t.Errorf("bench %v: exit %d, want %d\n%s%s", args, code, exitUsage, out.String(), errb.String())
+		}
+	}
+}
+
+func TestBenchList(t *testing.T) {
+	var out, errb bytes.Buffer
+	if code := execute([]string{"bench", "--list"}, strings.NewReader(""), &out, &errb); code != exitOK {
+		t.Fatalf("exit %d: %s", code, errb.String())
+	}
+	for _, want := range []string{"llama70b-tp8-b16", "Llama-3.1-70B", "81920", "320MiB", "gptoss120b-tp8-b64", "2.5GiB"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("--list lacks %q:\n%s", want, out.String())
+		}
+	}
+}
+
+func TestBenchRotate(t *testing.T) {
+	r := []string{"bounce", "direct", "bulk"}
+	for it, want := range [][]string{{"bounce", "direct", "bulk"}, {"direct", "bulk", "bounce"}, {"bulk", "bounce", "direct"}, {"bounce", "direct", "bulk"}} {
+		if got := rotate(r, it); !slices.Equal(got, want) {
+			t.Errorf("iteration %d: %v, want %v", it, got, want)
+		}
+	}
+	if iterationSeed(5, 0) != 5 || iterationSeed(5, 1) == iterationSeed(5, 0)+1 {
+		t.Error("iteration seeds overlap the per-request seeds")
+	}
+}
