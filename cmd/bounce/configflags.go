@@ -30,6 +30,9 @@ func loadConfig(cmd *cobra.Command) (*config.Loaded, error) {
 	if err != nil {
 		return nil, usage(fmt.Errorf("configuration: %w", err))
 	}
+	for _, n := range l.Notices {
+		fmt.Fprintln(cmd.ErrOrStderr(), "bounce: notice:", n)
+	}
 	return l, nil
 }
 

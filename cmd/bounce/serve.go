@@ -74,9 +74,6 @@ With --stdin-control it reads JSON commands from stdin instead (used by
 				return usage(fmt.Errorf("--buffer-size %q: a positive byte size like 512MiB", bufSize))
 			}
 			log := logger(cmd)
-			for _, n := range l.Notices {
-				log.Info(n)
-			}
 			n, err := node.Build(l.Config, node.Builtin(), log)
 			if err != nil {
 				return usage(err)
