@@ -76,6 +76,31 @@ type Config struct {
 	Notify func()
 }
 
+// Settings are what a host stage (gather or scatter) is configured with; the
+// stage packages use them as their own Settings.
+type Settings struct {
+	// Registry holds the host memory that regions and run addresses must
+	// lie in. Required.
+	Registry *mem.Registry
+	// Contexts bounds the operations submitted and not yet released
+	// (default DefaultContexts); beyond it the stage returns ErrBusy.
+	Contexts int
+	// Workers is the number of copy goroutines (default DefaultWorkers,
+	// capped at Contexts).
+	Workers int
+	// Notify, when set, is called once per operation right after it
+	// becomes terminal, from a worker goroutine (or from Close for queued
+	// operations it fails). It must not block: Signal(ch) builds the usual
+	// non-blocking send on a channel of capacity one, so a reactor can sleep
+	// on ch instead of polling in a loop.
+	Notify func()
+}
+
+// Config returns the engine configuration for s copying in direction d.
+func (s Settings) Config(d Direction) Config {
+	return Config{Direction: d, Registry: s.Registry, Contexts: s.Contexts, Workers: s.Workers, Notify: s.Notify}
+}
+
 // Signal returns a Notify function that does a non-blocking send on ch. With
 // a channel of capacity one, a reactor that drains ch and then polls its
 // outstanding operations never misses a completion.

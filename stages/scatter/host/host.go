@@ -4,29 +4,12 @@
 package host
 
 import (
-	"github.com/bouncekv/bounce/mem"
 	"github.com/bouncekv/bounce/stages/hostcopy"
 	"github.com/bouncekv/bounce/transfer"
 )
 
 // Settings configures a Scatterer.
-type Settings struct {
-	// Registry holds the host memory that regions and run addresses must
-	// lie in. Required.
-	Registry *mem.Registry
-	// Contexts bounds the operations submitted and not yet released
-	// (default hostcopy.DefaultContexts). Scatter returns ErrBusy beyond it.
-	Contexts int
-	// Workers is the number of copy goroutines (default
-	// hostcopy.DefaultWorkers, capped at Contexts).
-	Workers int
-	// Notify, when set, is called once per operation right after it
-	// becomes terminal, from a worker goroutine (or from Close for queued
-	// operations it fails). It must not block: hostcopy.Signal(ch) builds
-	// the usual non-blocking send on a channel of capacity one, so a
-	// reactor can sleep on ch instead of polling in a loop.
-	Notify func()
-}
+type Settings = hostcopy.Settings
 
 // Scatterer copies the region out to each run's addresses. It is safe for concurrent use.
 type Scatterer struct {
@@ -37,13 +20,7 @@ var _ transfer.Scatterer = (*Scatterer)(nil)
 
 // New validates s and starts the workers; Close stops them.
 func New(s Settings) (*Scatterer, error) {
-	e, err := hostcopy.New(hostcopy.Config{
-		Direction: hostcopy.Scatter,
-		Registry:  s.Registry,
-		Contexts:  s.Contexts,
-		Workers:   s.Workers,
-		Notify:    s.Notify,
-	})
+	e, err := hostcopy.New(s.Config(hostcopy.Scatter))
 	if err != nil {
 		return nil, err
 	}
