@@ -21,6 +21,10 @@ type Machine struct {
 	CPUModel string `json:"cpu_model,omitempty"`
 	// MemTotal is MemTotal of /proc/meminfo in bytes, where readable.
 	MemTotal uint64 `json:"mem_total,omitempty"`
+	// LoadAvg is /proc/loadavg's 1, 5 and 15 minute load averages when the
+	// description was taken: other work on the machine skews absolute
+	// numbers (ratios measured side by side less so).
+	LoadAvg string `json:"load_avg,omitempty"`
 }
 
 // CurrentMachine describes this machine; fields it cannot read stay empty.
@@ -32,6 +36,11 @@ func CurrentMachine() Machine {
 	}
 	if b, err := os.ReadFile("/proc/meminfo"); err == nil {
 		m.MemTotal, _ = parseKB(procField(b, "MemTotal"))
+	}
+	if b, err := os.ReadFile("/proc/loadavg"); err == nil {
+		if f := strings.Fields(string(b)); len(f) >= 3 {
+			m.LoadAvg = strings.Join(f[:3], " ")
+		}
 	}
 	return m
 }

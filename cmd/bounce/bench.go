@@ -62,6 +62,15 @@ type benchPlan struct {
 
 func (p benchPlan) cells() int { return len(p.groups) * p.repeat * len(p.routes) }
 
+// largestRequest is the largest single request of the plan.
+func (p benchPlan) largestRequest() uint64 {
+	var n uint64
+	for _, g := range p.groups {
+		n = max(n, g.spec.Bytes())
+	}
+	return n
+}
+
 func newBenchCmd() *cobra.Command {
 	var o benchOptions
 	cmd := &cobra.Command{
@@ -359,6 +368,9 @@ func (o *benchOptions) run(cmd *cobra.Command, cfg config.Config, plan benchPlan
 		rep.Notes = append(rep.Notes, "peak memory not measured: "+err.Error())
 	} else {
 		rep.Memory = &m
+		if o.verify && slices.Contains(plan.routes, benchreport.RouteBulk) {
+			rep.Notes = append(rep.Notes, fmt.Sprintf("the receiver's peak RSS includes verifying bulk cells: the check allocates a reference copy of the one descriptor (up to %s), garbage-collected later; measure memory without the bulk route", benchreport.FormatSize(plan.largestRequest())))
+		}
 	}
 	if cerr := s.close(); cerr != nil && sweepErr == nil {
 		rep.Notes = append(rep.Notes, "closing: "+cerr.Error())
@@ -367,6 +379,9 @@ func (o *benchOptions) run(cmd *cobra.Command, cfg config.Config, plan benchPlan
 		rep.Notes = append(rep.Notes, "sweep aborted: "+sweepErr.Error())
 	}
 	rep.Finished = time.Now().UTC()
+	if end := benchreport.CurrentMachine().LoadAvg; end != "" {
+		rep.Notes = append(rep.Notes, fmt.Sprintf("load average (1/5/15 min) at the start %s, at the end %s", rep.Machine.LoadAvg, end))
+	}
 	rep.Ratios = benchreport.ComputeRatios(rep.Cells)
 	return o.finish(out, errw, rep, sweepErr)
 }
