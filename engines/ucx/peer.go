@@ -281,9 +281,9 @@ func (e *Engine) ForgetPeer(name string) error {
 	})
 }
 
-// endpointInfo returns UCX's description of the endpoint to peer (lanes and
-// transports, from ucp_ep_print_info), for diagnostics.
-func (e *Engine) endpointInfo(name string) (string, error) {
+// EndpointInfo returns UCX's description of the endpoint to peer (its lanes
+// and transports, from ucp_ep_print_info), for diagnostics.
+func (e *Engine) EndpointInfo(name string) (string, error) {
 	var s string
 	err := e.call("endpoint info "+name, func() error {
 		p := e.peers[name]

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 
@@ -216,5 +217,56 @@ func TestRegisterErrors(t *testing.T) {
 	}
 	if err := e.DeregisterMemory(b.Desc()); !errors.Is(err, transfer.ErrNotRegistered) {
 		t.Errorf("deregister twice: %v", err)
+	}
+}
+
+// TestEndpointTransports records which transports UCX picks: with peer
+// error handling UCX 1.13 never uses the shared-memory transports.
+func TestEndpointTransports(t *testing.T) {
+	for _, mode := range allModes() {
+		p := newPair(t, mode, 4096)
+		op, err := p.a.PostWrite("b", []transfer.WriteOp{{Src: p.abuf.Desc(), Dst: p.bbuf.Desc()}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		mustDone(t, op)
+		info, err := p.a.EndpointInfo("b")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("error mode %v:\n%s", mode, info)
+		if mode == PeerErrors && (strings.Contains(info, "sysv/") || strings.Contains(info, "posix/") || !strings.Contains(info, "lane[0]")) {
+			t.Errorf("peer error mode endpoint uses shared memory or has no lanes:\n%s", info)
+		}
+		if _, err := p.a.EndpointInfo("nobody"); !errors.Is(err, transfer.ErrUnknownPeer) {
+			t.Errorf("unknown peer: %v", err)
+		}
+	}
+}
+
+// TestSmallFragments splits writes into many 4 KiB puts, fragment borders
+// falling at unaligned addresses.
+func TestSmallFragments(t *testing.T) {
+	abuf, bbuf := alloc(t, 2<<20), alloc(t, 2<<20)
+	a := newEngine(t, Config{Name: "a", FragmentSize: 4096})
+	b := newEngine(t, Config{Name: "b"})
+	register(t, a, abuf)
+	register(t, b, bbuf)
+	load(t, a, b)
+	fill(abuf.Bytes(), 17)
+	const n = 1<<20 + 17
+	op, err := a.PostWrite("b", []transfer.WriteOp{
+		{Src: desc(abuf, 5, n), Dst: desc(bbuf, 1001, n)},
+		{Src: desc(abuf, 0, 3), Dst: desc(bbuf, 0, 3)},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustDone(t, op)
+	if !bytes.Equal(bbuf.Bytes()[1001:1001+n], abuf.Bytes()[5:5+n]) || !bytes.Equal(bbuf.Bytes()[:3], abuf.Bytes()[:3]) {
+		t.Fatal("destination bytes differ")
+	}
+	if !allZero(bbuf.Bytes()[3:1001]) || !allZero(bbuf.Bytes()[1001+n:]) {
+		t.Fatal("bytes outside the destinations changed")
 	}
 }
