@@ -84,19 +84,35 @@ func (a *Arena) Close() error {
 	return err
 }
 
-// Buffer is page-aligned anonymous host memory for user data (KV blocks).
-type Buffer struct{ buf []byte }
+// Buffer is page-aligned, zeroed host memory for user data (KV blocks). Like
+// an Arena it is backed by a memfd and mapped shared, so a plugin process can
+// map the same bytes (see package plugins); unlike an Arena its pages are
+// faulted in on first touch.
+type Buffer struct {
+	fd  int
+	buf []byte
+}
 
-// Alloc maps size bytes of anonymous, zeroed, page-aligned memory.
+// Alloc maps size bytes of zeroed, page-aligned memory backed by a fresh
+// memfd (named "bounce-buf" in /proc/<pid>/maps) and mapped MAP_SHARED.
 func Alloc(size uint64) (*Buffer, error) {
 	if size == 0 {
 		return nil, fmt.Errorf("mem: alloc: size must be positive")
 	}
-	buf, err := unix.Mmap(-1, 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	fd, err := unix.MemfdCreate("bounce-buf", unix.MFD_CLOEXEC)
 	if err != nil {
-		return nil, fmt.Errorf("mem: alloc %d bytes: %w", size, err)
+		return nil, fmt.Errorf("mem: alloc %d bytes: memfd_create: %w", size, err)
 	}
-	return &Buffer{buf: buf}, nil
+	if err := unix.Ftruncate(fd, int64(size)); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("mem: alloc %d bytes: ftruncate: %w", size, err)
+	}
+	buf, err := unix.Mmap(fd, 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("mem: alloc %d bytes: mmap: %w", size, err)
+	}
+	return &Buffer{fd: fd, buf: buf}, nil
 }
 
 // Bytes returns the buffer's bytes.
@@ -105,13 +121,25 @@ func (b *Buffer) Bytes() []byte { return b.buf }
 // Desc describes the whole buffer.
 func (b *Buffer) Desc() transfer.Desc { return DescOf(b.buf) }
 
-// Free unmaps the buffer. It is idempotent.
+// Fd returns the memfd backing the buffer, for sharing with another process;
+// -1 after Free.
+func (b *Buffer) Fd() int {
+	if b.buf == nil {
+		return -1
+	}
+	return b.fd
+}
+
+// Free unmaps the buffer and closes its memfd. It is idempotent.
 func (b *Buffer) Free() error {
 	if b.buf == nil {
 		return nil
 	}
 	err := unix.Munmap(b.buf)
 	b.buf = nil
+	if cerr := unix.Close(b.fd); err == nil {
+		err = cerr
+	}
 	return err
 }
 

@@ -79,3 +79,34 @@ func TestRegistryBounds(t *testing.T) {
 		t.Fatalf("after remove: err = %v", err)
 	}
 }
+
+func TestAllocIsSharedZeroedMemfd(t *testing.T) {
+	b, err := Alloc(8192)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, c := range b.Bytes() {
+		if c != 0 {
+			t.Fatalf("byte %d = %d, want zeroed memory", i, c)
+		}
+	}
+	copy(b.Bytes()[4000:], "shared")
+	// A second mapping of the buffer's memfd sees the same bytes.
+	m, err := MapArena("view", b.Fd(), 8192)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := string(m.Bytes()[4000:4006]); got != "shared" {
+		t.Fatalf("second mapping read %q, want shared", got)
+	}
+	m.buf2close()
+	if err := b.Free(); err != nil {
+		t.Fatal(err)
+	}
+	if b.Fd() != -1 {
+		t.Fatalf("Fd after Free = %d, want -1", b.Fd())
+	}
+	if err := b.Free(); err != nil {
+		t.Fatalf("second Free: %v", err)
+	}
+}

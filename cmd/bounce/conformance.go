@@ -130,5 +130,14 @@ func writeReport(path string, write func(w io.Writer) error) error {
 
 // pluginFactories loads a plugin binary as the factories certify uses.
 func pluginFactories(path, kind string, builtin node.Factories) (node.Factories, string, error) {
-	return node.Factories{}, "", fmt.Errorf("--plugin %s: this build has no plugin host yet", path)
+	if st, err := os.Stat(path); err != nil {
+		return node.Factories{}, "", fmt.Errorf("--plugin %s: %w", path, err)
+	} else if st.IsDir() || st.Mode()&0o111 == 0 {
+		return node.Factories{}, "", fmt.Errorf("--plugin %s: not an executable file", path)
+	}
+	switch kind {
+	case "engine", "writer", "control":
+		return node.WithPlugins(builtin, path), "plugin", nil
+	}
+	return node.Factories{}, "", fmt.Errorf("--plugin %s: kind %q cannot be served by a plugin in this build; accepted: engine, writer, control", path, kind)
 }

@@ -1,0 +1,381 @@
+package plugins
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	pb "github.com/bouncekv/bounce/plugins/internal/proto"
+	"github.com/bouncekv/bounce/transfer"
+)
+
+// Engine opens the plugin's engine named name with opts. The engine owns
+// the Client: closing it ends the plugin process. It implements
+// transfer.Notifier when the plugin's engine does.
+func (c *Client) Engine(name string, opts map[string]string) (transfer.Engine, error) {
+	if err := c.claim(KindEngine); err != nil {
+		return nil, err
+	}
+	rpc, ok := c.raw.(pb.EngineClient)
+	if !ok {
+		c.Close()
+		return nil, fmt.Errorf("plugin %s: no engine client (got %T)", c.path, c.raw)
+	}
+	cx, cancel := ctx(CallTimeout)
+	defer cancel()
+	rep, err := rpc.Open(cx, &pb.OpenRequest{Name: []byte(name), Options: opts})
+	if err == nil {
+		err = fromProtoError(rep.GetError())
+	} else {
+		err = c.rpcErr("open engine", err)
+	}
+	if err != nil {
+		c.Close()
+		return nil, fmt.Errorf("plugin %s: open engine %q: %w", c.path, name, err)
+	}
+	e := &remoteEngine{c: c, rpc: rpc, name: string(rep.GetName())}
+	if rep.GetNotifier() {
+		return &remoteNotifier{e}, nil
+	}
+	return e, nil
+}
+
+// remoteEngine is a transfer.Engine in a plugin process.
+type remoteEngine struct {
+	c    *Client
+	rpc  pb.EngineClient
+	name string
+	hs   handles
+}
+
+func (e *remoteEngine) call(what string, f func(context.Context) (interface{ GetError() *pb.Error }, error)) error {
+	if e.c.closed() {
+		return fmt.Errorf("plugin: %s: engine closed: %w", what, transfer.ErrClosed)
+	}
+	cx, cancel := ctx(CallTimeout)
+	defer cancel()
+	rep, err := f(cx)
+	if err != nil {
+		return e.c.rpcErr(what, err)
+	}
+	if rerr := fromProtoError(rep.GetError()); rerr != nil {
+		return fmt.Errorf("plugin: %s: %w", what, rerr)
+	}
+	return nil
+}
+
+// Name returns the plugin engine's name.
+func (e *remoteEngine) Name() string { return e.name }
+
+// RegisterMemory shares d's memfd with the plugin, which maps it at the
+// same address and registers it with its engine.
+func (e *remoteEngine) RegisterMemory(d transfer.Desc) error {
+	share, err := shareOf(d)
+	if err != nil {
+		return fmt.Errorf("plugin: register %v: %w", d, err)
+	}
+	return e.call(fmt.Sprintf("register %v", d), func(cx context.Context) (interface{ GetError() *pb.Error }, error) {
+		return e.rpc.RegisterMemory(cx, &pb.RegisterRequest{Desc: toProtoDesc(d), Share: share})
+	})
+}
+
+// DeregisterMemory deregisters d in the plugin, which then unmaps it.
+func (e *remoteEngine) DeregisterMemory(d transfer.Desc) error {
+	return e.call(fmt.Sprintf("deregister %v", d), func(cx context.Context) (interface{ GetError() *pb.Error }, error) {
+		return e.rpc.DeregisterMemory(cx, &pb.DescRequest{Desc: toProtoDesc(d)})
+	})
+}
+
+// Metadata returns the plugin engine's metadata.
+func (e *remoteEngine) Metadata() ([]byte, error) {
+	var rep *pb.BytesReply
+	err := e.call("metadata", func(cx context.Context) (_ interface{ GetError() *pb.Error }, err error) {
+		rep, err = e.rpc.Metadata(cx, &pb.Empty{})
+		return rep, err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return rep.GetData(), nil
+}
+
+// LoadPeer loads a peer's metadata into the plugin engine.
+func (e *remoteEngine) LoadPeer(md []byte) (string, error) {
+	var rep *pb.PeerReply
+	err := e.call("load peer", func(cx context.Context) (_ interface{ GetError() *pb.Error }, err error) {
+		rep, err = e.rpc.LoadPeer(cx, &pb.BytesRequest{Data: md})
+		return rep, err
+	})
+	if err != nil {
+		return "", err
+	}
+	return string(rep.GetPeer()), nil
+}
+
+// ForgetPeer forgets peer in the plugin engine.
+func (e *remoteEngine) ForgetPeer(peer string) error {
+	return e.call(fmt.Sprintf("forget peer %q", peer), func(cx context.Context) (interface{ GetError() *pb.Error }, error) {
+		return e.rpc.ForgetPeer(cx, &pb.PeerRequest{Peer: []byte(peer)})
+	})
+}
+
+// PostWrite posts the writes in the plugin and returns the op by handle. A
+// malformed reply (no handle, a handle already live) is an error wrapping
+// ErrNotQuiescent: the plugin may have started a write the host cannot poll.
+func (e *remoteEngine) PostWrite(peer string, ops []transfer.WriteOp) (transfer.Op, error) {
+	what := fmt.Sprintf("post %d write(s) to %q", len(ops), peer)
+	var rep *pb.HandleReply
+	err := e.call(what, func(cx context.Context) (_ interface{ GetError() *pb.Error }, err error) {
+		rep, err = e.rpc.PostWrite(cx, &pb.PostWriteRequest{Peer: []byte(peer), Ops: toProtoWrites(ops)})
+		return rep, err
+	})
+	if err != nil {
+		return nil, err
+	}
+	if err := e.hs.claim(rep.GetHandle()); err != nil {
+		return nil, fmt.Errorf("plugin: %s: %v: %w", what, err, transfer.ErrNotQuiescent)
+	}
+	return &remoteOp{c: e.c, rpc: enginePoller{e.rpc}, what: what, h: rep.GetHandle(), done: e.hs.drop}, nil
+}
+
+// Close closes the plugin engine and ends the plugin process.
+func (e *remoteEngine) Close() error {
+	if e.c.closed() {
+		return nil
+	}
+	var err error
+	if !e.c.gone() {
+		err = e.call("close engine", func(cx context.Context) (interface{ GetError() *pb.Error }, error) {
+			return e.rpc.Close(cx, &pb.Empty{})
+		})
+		if errors.Is(err, transfer.ErrPeerLost) {
+			err = nil // the process is gone: closed either way
+		}
+	}
+	e.c.Close()
+	return err
+}
+
+// remoteNotifier is a remoteEngine whose plugin engine has notifications.
+type remoteNotifier struct{ *remoteEngine }
+
+// Notify sends a notification through the plugin engine.
+func (n *remoteNotifier) Notify(peer string, payload []byte) error {
+	return n.call(fmt.Sprintf("notify %q", peer), func(cx context.Context) (interface{ GetError() *pb.Error }, error) {
+		return n.rpc.Notify(cx, &pb.MessageRequest{Peer: []byte(peer), Payload: payload})
+	})
+}
+
+// RecvNotification waits at most timeout in the plugin.
+func (n *remoteNotifier) RecvNotification(timeout time.Duration) (transfer.Message, error) {
+	return recvMessage(n.c, "receive notification", timeout, func(cx context.Context, req *pb.RecvRequest) (*pb.MessageReply, error) {
+		return n.rpc.RecvNotification(cx, req)
+	})
+}
+
+// recvMessage is a bounded blocking receive over gRPC.
+func recvMessage(c *Client, what string, timeout time.Duration, f func(context.Context, *pb.RecvRequest) (*pb.MessageReply, error)) (transfer.Message, error) {
+	if c.closed() {
+		return transfer.Message{}, fmt.Errorf("plugin: %s: %w", what, transfer.ErrClosed)
+	}
+	timeout = max(timeout, 0)
+	cx, cancel := ctx(timeout + waitSlack)
+	defer cancel()
+	rep, err := f(cx, &pb.RecvRequest{TimeoutNs: int64(timeout)})
+	if err != nil {
+		if c.gone() {
+			return transfer.Message{}, fmt.Errorf("plugin: %s: %w", what, transfer.ErrClosed)
+		}
+		return transfer.Message{}, c.rpcErr(what, err)
+	}
+	if rerr := fromProtoError(rep.GetError()); rerr != nil {
+		return transfer.Message{}, fmt.Errorf("plugin: %s: %w", what, rerr)
+	}
+	return transfer.Message{Peer: string(rep.GetPeer()), Payload: rep.GetPayload()}, nil
+}
+
+type enginePoller struct{ rpc pb.EngineClient }
+
+func (p enginePoller) Poll(h uint64) (*pb.PollReply, error) {
+	cx, cancel := ctx(PollTimeout)
+	defer cancel()
+	return p.rpc.Poll(cx, &pb.HandleRequest{Handle: h})
+}
+
+func (p enginePoller) Release(h uint64) (*pb.Reply, error) {
+	cx, cancel := ctx(CallTimeout)
+	defer cancel()
+	return p.rpc.Release(cx, &pb.HandleRequest{Handle: h})
+}
+
+// engineServer is the plugin side of the Engine service.
+type engineServer struct {
+	pb.UnimplementedEngineServer
+	open func(name string, opts map[string]string) (transfer.Engine, error)
+	maps *mapper
+
+	mu     sync.Mutex
+	eng    transfer.Engine
+	closed bool
+	shares map[transfer.Desc][]*pb.Share
+	ops    opTable
+}
+
+func (s *engineServer) engine() (transfer.Engine, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.eng == nil || s.closed {
+		return nil, fmt.Errorf("plugin: engine not open: %w", transfer.ErrClosed)
+	}
+	return s.eng, nil
+}
+
+func reply(err error) *pb.Reply { return &pb.Reply{Error: toProtoError(err)} }
+
+func (s *engineServer) Open(_ context.Context, r *pb.OpenRequest) (*pb.OpenReply, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.eng != nil || s.closed {
+		return &pb.OpenReply{Error: toProtoError(errors.New("plugin: this process already opened its engine"))}, nil
+	}
+	e, err := s.open(string(r.GetName()), r.GetOptions())
+	if err != nil {
+		return &pb.OpenReply{Error: toProtoError(err)}, nil
+	}
+	s.eng, s.shares = e, map[transfer.Desc][]*pb.Share{}
+	_, notifier := e.(transfer.Notifier)
+	return &pb.OpenReply{Name: []byte(e.Name()), Notifier: notifier}, nil
+}
+
+func (s *engineServer) RegisterMemory(_ context.Context, r *pb.RegisterRequest) (*pb.Reply, error) {
+	e, err := s.engine()
+	if err != nil {
+		return reply(err), nil
+	}
+	d := fromProtoDesc(r.GetDesc())
+	if err := s.maps.Map(d, r.GetShare()); err != nil {
+		return reply(err), nil
+	}
+	if err := e.RegisterMemory(d); err != nil {
+		s.maps.Unmap(d, r.GetShare())
+		return reply(err), nil
+	}
+	s.mu.Lock()
+	s.shares[d] = append(s.shares[d], r.GetShare())
+	s.mu.Unlock()
+	return &pb.Reply{}, nil
+}
+
+func (s *engineServer) DeregisterMemory(_ context.Context, r *pb.DescRequest) (*pb.Reply, error) {
+	e, err := s.engine()
+	if err != nil {
+		return reply(err), nil
+	}
+	d := fromProtoDesc(r.GetDesc())
+	if err := e.DeregisterMemory(d); err != nil {
+		return reply(err), nil
+	}
+	s.mu.Lock()
+	list := s.shares[d]
+	if len(list) > 0 {
+		// The engine forgot d: unmap every registration of it.
+		delete(s.shares, d)
+	}
+	s.mu.Unlock()
+	for _, sh := range list {
+		s.maps.Unmap(d, sh)
+	}
+	return &pb.Reply{}, nil
+}
+
+func (s *engineServer) Metadata(context.Context, *pb.Empty) (*pb.BytesReply, error) {
+	e, err := s.engine()
+	if err != nil {
+		return &pb.BytesReply{Error: toProtoError(err)}, nil
+	}
+	md, err := e.Metadata()
+	return &pb.BytesReply{Data: md, Error: toProtoError(err)}, nil
+}
+
+func (s *engineServer) LoadPeer(_ context.Context, r *pb.BytesRequest) (*pb.PeerReply, error) {
+	e, err := s.engine()
+	if err != nil {
+		return &pb.PeerReply{Error: toProtoError(err)}, nil
+	}
+	p, err := e.LoadPeer(r.GetData())
+	return &pb.PeerReply{Peer: []byte(p), Error: toProtoError(err)}, nil
+}
+
+func (s *engineServer) ForgetPeer(_ context.Context, r *pb.PeerRequest) (*pb.Reply, error) {
+	e, err := s.engine()
+	if err != nil {
+		return reply(err), nil
+	}
+	return reply(e.ForgetPeer(string(r.GetPeer()))), nil
+}
+
+func (s *engineServer) PostWrite(_ context.Context, r *pb.PostWriteRequest) (*pb.HandleReply, error) {
+	e, err := s.engine()
+	if err != nil {
+		return &pb.HandleReply{Error: toProtoError(err)}, nil
+	}
+	op, err := e.PostWrite(string(r.GetPeer()), fromProtoWrites(r.GetOps()))
+	if err != nil {
+		return &pb.HandleReply{Error: toProtoError(err)}, nil
+	}
+	return &pb.HandleReply{Handle: s.ops.add(op)}, nil
+}
+
+func (s *engineServer) Poll(_ context.Context, r *pb.HandleRequest) (*pb.PollReply, error) {
+	return s.ops.poll(r.GetHandle()), nil
+}
+
+func (s *engineServer) Release(_ context.Context, r *pb.HandleRequest) (*pb.Reply, error) {
+	return s.ops.release(r.GetHandle()), nil
+}
+
+func (s *engineServer) Notify(_ context.Context, r *pb.MessageRequest) (*pb.Reply, error) {
+	e, err := s.engine()
+	if err != nil {
+		return reply(err), nil
+	}
+	n, ok := e.(transfer.Notifier)
+	if !ok {
+		return reply(fmt.Errorf("plugin: engine has no notifications: %w", transfer.ErrUnsupported)), nil
+	}
+	return reply(n.Notify(string(r.GetPeer()), r.GetPayload())), nil
+}
+
+func (s *engineServer) RecvNotification(_ context.Context, r *pb.RecvRequest) (*pb.MessageReply, error) {
+	e, err := s.engine()
+	if err != nil {
+		return &pb.MessageReply{Error: toProtoError(err)}, nil
+	}
+	n, ok := e.(transfer.Notifier)
+	if !ok {
+		return &pb.MessageReply{Error: toProtoError(fmt.Errorf("plugin: engine has no notifications: %w", transfer.ErrUnsupported))}, nil
+	}
+	m, err := n.RecvNotification(time.Duration(r.GetTimeoutNs()))
+	return &pb.MessageReply{Peer: []byte(m.Peer), Payload: m.Payload, Error: toProtoError(err)}, nil
+}
+
+func (s *engineServer) Close(context.Context, *pb.Empty) (*pb.Reply, error) {
+	s.mu.Lock()
+	e, closed := s.eng, s.closed
+	s.closed = true
+	shares := s.shares
+	s.shares = nil
+	s.mu.Unlock()
+	if e == nil || closed {
+		return &pb.Reply{}, nil
+	}
+	err := e.Close()
+	for d, list := range shares {
+		for _, sh := range list {
+			s.maps.Unmap(d, sh)
+		}
+	}
+	return reply(err), nil
+}

@@ -1,0 +1,184 @@
+package plugins
+
+import (
+	"fmt"
+	"sync"
+
+	pb "github.com/bouncekv/bounce/plugins/internal/proto"
+	"github.com/bouncekv/bounce/transfer"
+)
+
+// opTable is the plugin side's table of live operations by handle.
+type opTable struct {
+	mu   sync.Mutex
+	next uint64
+	ops  map[uint64]transfer.Op
+}
+
+func (t *opTable) add(op transfer.Op) uint64 {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.ops == nil {
+		t.ops = map[uint64]transfer.Op{}
+	}
+	t.next++
+	t.ops[t.next] = op
+	return t.next
+}
+
+func (t *opTable) get(h uint64) (transfer.Op, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	op, ok := t.ops[h]
+	if !ok {
+		return nil, fmt.Errorf("plugin: no operation with handle %d", h)
+	}
+	return op, nil
+}
+
+func (t *opTable) poll(h uint64) *pb.PollReply {
+	op, err := t.get(h)
+	if err != nil {
+		return &pb.PollReply{Error: toProtoError(err), Status: uint32(transfer.Failed)}
+	}
+	st, err := op.Poll()
+	return &pb.PollReply{Status: uint32(st), Error: toProtoError(err)}
+}
+
+func (t *opTable) release(h uint64) *pb.Reply {
+	op, err := t.get(h)
+	if err != nil {
+		return &pb.Reply{Error: toProtoError(err)}
+	}
+	if err := op.Release(); err != nil {
+		return &pb.Reply{Error: toProtoError(err)}
+	}
+	t.mu.Lock()
+	delete(t.ops, h)
+	t.mu.Unlock()
+	return &pb.Reply{}
+}
+
+// poller is the host side of an operation's Poll and Release RPCs.
+type poller interface {
+	Poll(h uint64) (*pb.PollReply, error)
+	Release(h uint64) (*pb.Reply, error)
+}
+
+// remoteOp is an operation running in a plugin, known by its handle.
+type remoteOp struct {
+	c    *Client
+	rpc  poller
+	what string
+	h    uint64
+	done func(h uint64) // forgets the handle on the host side
+
+	mu       sync.Mutex
+	terminal bool
+	local    bool // resolved on the host (plugin gone): nothing to release
+	st       transfer.Status
+	err      error
+	released bool
+}
+
+// Poll asks the plugin, within PollTimeout. A plugin that is gone resolves
+// the op Failed (ErrClosed after Close, else ErrPeerLost): its process no
+// longer touches memory. A reply with an unknown status is Failed with
+// ErrNotQuiescent, since nothing proves the plugin let go of the memory.
+func (o *remoteOp) Poll() (transfer.Status, error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.terminal {
+		return o.st, o.err
+	}
+	if o.c.gone() {
+		return o.resolveLocal(o.c.rpcErr(o.what, fmt.Errorf("plugin process gone")))
+	}
+	rep, err := o.rpc.Poll(o.h)
+	if err != nil {
+		if o.c.gone() || isConnLost(err) {
+			return o.resolveLocal(o.c.rpcErr("poll "+o.what, err))
+		}
+		return transfer.Pending, nil // slow reply: the op may still run
+	}
+	st := transfer.Status(rep.GetStatus())
+	rerr := fromProtoError(rep.GetError())
+	switch {
+	case rep.GetStatus() > uint32(transfer.Failed):
+		o.terminal, o.local, o.st = true, true, transfer.Failed
+		o.err = fmt.Errorf("plugin: poll %s (handle %d): malformed reply: status %d is not pending, done or failed; the plugin may still use the memory: %w", o.what, o.h, rep.GetStatus(), transfer.ErrNotQuiescent)
+	case st == transfer.Pending:
+		return transfer.Pending, nil
+	case st == transfer.Done && rerr != nil:
+		o.terminal, o.st = true, transfer.Failed
+		o.err = fmt.Errorf("plugin: poll %s (handle %d): malformed reply: done with an error: %w", o.what, o.h, rerr)
+	case st == transfer.Failed && rerr == nil:
+		o.terminal, o.st = true, transfer.Failed
+		o.err = fmt.Errorf("plugin: poll %s (handle %d): failed without a cause", o.what, o.h)
+	case st == transfer.Failed:
+		o.terminal, o.st, o.err = true, transfer.Failed, fmt.Errorf("plugin: %s: %w", o.what, rerr)
+	default:
+		o.terminal, o.st = true, transfer.Done
+	}
+	return o.st, o.err
+}
+
+func (o *remoteOp) resolveLocal(err error) (transfer.Status, error) {
+	o.terminal, o.local, o.st, o.err = true, true, transfer.Failed, err
+	return o.st, o.err
+}
+
+// Release frees the op in the plugin; an op the host resolved itself has
+// nothing left to free.
+func (o *remoteOp) Release() error {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.released {
+		return fmt.Errorf("plugin: release %s (handle %d): already released", o.what, o.h)
+	}
+	if !o.terminal {
+		return fmt.Errorf("plugin: release %s (handle %d): still pending: %w", o.what, o.h, transfer.ErrInUse)
+	}
+	if !o.local && !o.c.gone() {
+		rep, err := o.rpc.Release(o.h)
+		if err != nil {
+			if !o.c.gone() && !isConnLost(err) {
+				return o.c.rpcErr("release "+o.what, err)
+			}
+		} else if rerr := fromProtoError(rep.GetError()); rerr != nil {
+			return fmt.Errorf("plugin: release %s: %w", o.what, rerr)
+		}
+	}
+	o.released = true
+	o.done(o.h)
+	return nil
+}
+
+// handles tracks the live handles a host-side client got from its plugin,
+// so a malformed reply (handle 0, a handle already live) is caught.
+type handles struct {
+	mu   sync.Mutex
+	live map[uint64]bool
+}
+
+func (hs *handles) claim(h uint64) error {
+	if h == 0 {
+		return fmt.Errorf("malformed reply: op handle 0")
+	}
+	hs.mu.Lock()
+	defer hs.mu.Unlock()
+	if hs.live == nil {
+		hs.live = map[uint64]bool{}
+	}
+	if hs.live[h] {
+		return fmt.Errorf("malformed reply: op handle %d is already in use", h)
+	}
+	hs.live[h] = true
+	return nil
+}
+
+func (hs *handles) drop(h uint64) {
+	hs.mu.Lock()
+	delete(hs.live, h)
+	hs.mu.Unlock()
+}
