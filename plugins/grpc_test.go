@@ -20,18 +20,11 @@ import (
 	"github.com/bouncekv/bounce/transfer"
 )
 
-// TestMain checks for leaked goroutines. go-plugin's in-process test
-// connection (TestPluginGRPCConn) leaves none once client and server are
-// closed; the ignores cover gRPC's process-wide helpers, which start lazily
-// on first use and live for the whole process by design.
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m, leakOpts()...) }
-
-func leakOpts() []goleak.Option {
-	return []goleak.Option{
-		goleak.IgnoreTopFunction("google.golang.org/grpc/internal/grpcsync.(*CallbackSerializer).run"),
-		goleak.IgnoreTopFunction("google.golang.org/grpc/internal/transport.(*controlBuffer).get"),
-	}
-}
+// TestMain checks for leaked goroutines. No ignores are needed: once the
+// go-plugin client is closed (which also stops the in-process server
+// through go-plugin's controller service), neither go-plugin nor gRPC leaves
+// a goroutine behind, and the suite's own per-rule leak check passes too.
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 // hop serves ps in-process through go-plugin's gRPC test connection and
 // returns a host-side Client for kind, as Load would from a process.
@@ -61,7 +54,7 @@ func hopEngine(t testing.TB, name string, open func(string, map[string]string) (
 // TestEngineConformanceOverGRPC runs the engine rules through the gRPC hop,
 // over the loopback and the TCP engine.
 func TestEngineConformanceOverGRPC(t *testing.T) {
-	cfg := conformance.Config{Seed: 1, Sizes: []uint64{1, 4097, 1 << 20}, IgnoreGoroutines: ignoredFuncs()}
+	cfg := conformance.Config{Seed: 1, Sizes: []uint64{1, 4097, 1 << 20}}
 	t.Run("loopback", func(t *testing.T) {
 		conformance.Engine(t, func() (conformance.EnginePair, error) {
 			fab := loopback.NewFabric()
@@ -84,13 +77,6 @@ func TestEngineConformanceOverGRPC(t *testing.T) {
 	})
 }
 
-func ignoredFuncs() []string {
-	return []string{
-		"google.golang.org/grpc/internal/grpcsync.(*CallbackSerializer).run",
-		"google.golang.org/grpc/internal/transport.(*controlBuffer).get",
-	}
-}
-
 func pairOver(t *testing.T, open func(string, map[string]string) (transfer.Engine, error)) (conformance.EnginePair, error) {
 	a, err := hopEngine(t, "a", open)
 	if err != nil {
@@ -107,7 +93,7 @@ func pairOver(t *testing.T, open func(string, map[string]string) (transfer.Engin
 // TestControlConformanceOverGRPC runs the control channel rules through
 // the gRPC hop over in-process channels.
 func TestControlConformanceOverGRPC(t *testing.T) {
-	cfg := conformance.Config{Seed: 1, IgnoreGoroutines: ignoredFuncs()}
+	cfg := conformance.Config{Seed: 1}
 	conformance.ControlChannel(t, func() (conformance.ControlSet, error) {
 		net := inproc.NewNetwork()
 		open := func(name string, _ map[string]string) (transfer.ControlChannel, error) {
