@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -116,7 +117,7 @@ func routeLabel(route string) string {
 }
 
 func subtitle(c Config) string {
-	return fmt.Sprintf("engine %s, control plane %s, arena %s", c.Engine, c.ControlPlane, FormatSize(c.ArenaSize))
+	return fmt.Sprintf("engine %s, control plane %s, arena %s", c.EngineLabel(), c.ControlPlane, FormatSize(c.ArenaSize))
 }
 
 // throughputPlot plots median throughput against descriptor size for one
@@ -176,6 +177,7 @@ func throughputPlot(rows []Row, layout string, cfg Config) (*plot.Plot, string, 
 	p.X.Min, p.X.Max = xmin/1.5, xmax*1.5
 	p.Y.Min = 0
 	p.Y.Max *= 1.15
+	p.Y.Tick.Marker = niceTicks{}
 	return p, fmt.Sprintf("throughput-%s-c%d.png", fileSafe(layout), lowest), true, nil
 }
 
@@ -250,6 +252,7 @@ func cdfPlot(cells []Cell, g Group, cfg Config) (*plot.Plot, error) {
 	}
 	p.X.Min = 0
 	p.X.Max *= 1.08
+	p.X.Tick.Marker = niceTicks{}
 	p.Y.Min, p.Y.Max = 0, 1.02
 	return p, nil
 }
@@ -274,6 +277,35 @@ func (sizeTicks) Ticks(lo, hi float64) []plot.Tick {
 		t := plot.Tick{Value: v}
 		if i%step == 0 {
 			t.Label = FormatSize(uint64(v))
+		}
+		ticks = append(ticks, t)
+	}
+	return ticks
+}
+
+// niceTicks labels about six evenly spaced round values (1, 2 or 5 times a
+// power of ten apart), with unlabeled minor ticks between them.
+type niceTicks struct{}
+
+// Ticks implements plot.Ticker.
+func (niceTicks) Ticks(lo, hi float64) []plot.Tick {
+	if !(hi > lo) {
+		return []plot.Tick{{Value: lo, Label: strconv.FormatFloat(lo, 'g', 4, 64)}}
+	}
+	raw := (hi - lo) / 6
+	mag := math.Pow(10, math.Floor(math.Log10(raw)))
+	step := mag
+	for _, m := range []float64{1, 2, 5, 10} {
+		if m*mag >= raw {
+			step = m * mag
+			break
+		}
+	}
+	var ticks []plot.Tick
+	for v := math.Ceil(lo/step) * step; v <= hi+step*1e-9; v += step / 2 {
+		t := plot.Tick{Value: v}
+		if r := math.Round(v / step); math.Abs(v/step-r) < 1e-6 {
+			t.Label = strconv.FormatFloat(r*step, 'f', -1, 64)
 		}
 		ticks = append(ticks, t)
 	}

@@ -97,3 +97,30 @@ func checkPNG(t *testing.T, path string) {
 		t.Errorf("%s: %dx%d pixels", path, b.Dx(), b.Dy())
 	}
 }
+
+func TestNiceTicks(t *testing.T) {
+	var labels []string
+	for _, tk := range (niceTicks{}).Ticks(0, 2700) {
+		if tk.Label != "" {
+			labels = append(labels, tk.Label)
+		}
+	}
+	if want := []string{"0", "500", "1000", "1500", "2000", "2500"}; !slices.Equal(labels, want) {
+		t.Fatalf("labels %v, want %v", labels, want)
+	}
+	if ts := (niceTicks{}).Ticks(3, 3); len(ts) != 1 {
+		t.Fatalf("empty range: %v", ts)
+	}
+}
+
+func TestSizeTicks(t *testing.T) {
+	var labels []string
+	for _, tk := range (sizeTicks{}).Ticks(1500, 200000) {
+		if tk.Label != "" {
+			labels = append(labels, tk.Label)
+		}
+	}
+	if want := []string{"2KiB", "4KiB", "8KiB", "16KiB", "32KiB", "64KiB", "128KiB"}; !slices.Equal(labels, want) {
+		t.Fatalf("labels %v, want %v", labels, want)
+	}
+}

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"strings"
 	"time"
 )
 
@@ -56,22 +57,39 @@ type Report struct {
 
 // Config summarizes the sweep's settings.
 type Config struct {
-	Engine       string   `json:"engine"`
-	ControlPlane string   `json:"control_plane"`
-	BounceOn     bool     `json:"bounce_enabled"`
-	ArenaSize    uint64   `json:"arena_size"`
-	MaxChunk     uint64   `json:"max_chunk"`
-	MaxInflight  int      `json:"max_inflight"`
-	Workloads    []string `json:"workloads"`
-	DescSize     uint64   `json:"desc_size_override,omitempty"`
-	Count        int      `json:"count_override,omitempty"`
-	Layouts      []string `json:"layouts"`
-	Concurrency  []int    `json:"concurrency"`
-	Routes       []string `json:"routes"`
-	Repeat       int      `json:"repeat"`
-	Seed         uint64   `json:"seed"`
-	Verify       bool     `json:"verify"`
-	MaxBytes     uint64   `json:"max_bytes"`
+	Engine        string            `json:"engine"`
+	EngineOptions map[string]string `json:"engine_options,omitempty"`
+	ControlPlane  string            `json:"control_plane"`
+	BounceOn      bool              `json:"bounce_enabled"`
+	ArenaSize     uint64            `json:"arena_size"`
+	MaxChunk      uint64            `json:"max_chunk"`
+	MaxInflight   int               `json:"max_inflight"`
+	Workloads     []string          `json:"workloads"`
+	DescSize      uint64            `json:"desc_size_override,omitempty"`
+	Count         int               `json:"count_override,omitempty"`
+	Layouts       []string          `json:"layouts"`
+	Concurrency   []int             `json:"concurrency"`
+	Routes        []string          `json:"routes"`
+	Repeat        int               `json:"repeat"`
+	Seed          uint64            `json:"seed"`
+	Verify        bool              `json:"verify"`
+	MaxBytes      uint64            `json:"max_bytes"`
+}
+
+// EngineLabel names the engine with its options, e.g. "ucx (error_mode=none)".
+func (c Config) EngineLabel() string {
+	if len(c.EngineOptions) == 0 {
+		return c.Engine
+	}
+	keys := make([]string, 0, len(c.EngineOptions))
+	for k := range c.EngineOptions {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	for i, k := range keys {
+		keys[i] = k + "=" + c.EngineOptions[k]
+	}
+	return c.Engine + " (" + strings.Join(keys, ",") + ")"
 }
 
 // Group identifies what a cell measured apart from the route and the

@@ -112,7 +112,7 @@ func sample() *Report {
 		Finished: time.Date(2026, 1, 2, 3, 5, 5, 0, time.UTC),
 		Command:  []string{"bounce", "bench"},
 		Machine:  Machine{GOOS: "linux", GOARCH: "amd64", NumCPU: 2, GoVersion: "go1.26"},
-		Config: Config{Engine: "tcp", ControlPlane: "zmq", BounceOn: true, ArenaSize: 256 << 20, Workloads: []string{small.Workload, big.Workload},
+		Config: Config{Engine: "tcp", EngineOptions: map[string]string{"stripe_bytes": "1MiB"}, ControlPlane: "zmq", BounceOn: true, ArenaSize: 256 << 20, Workloads: []string{small.Workload, big.Workload},
 			Layouts: []string{"fragmented"}, Concurrency: []int{1, 8}, Routes: []string{"bounce", "direct", "bulk"}, Repeat: 3, Seed: 7, Verify: true, MaxBytes: 3 << 30},
 		Memory: &Memory{SenderPeakRSS: 400 << 20, ReceiverPeakRSS: 380 << 20, SourceBuffer: 320 << 20, DestinationBuffer: 320 << 20, ArenaSize: 32 << 20, LargestTransfer: 320 << 20},
 		Notes:  []string{"a note"},
@@ -324,3 +324,13 @@ func approx(a, b []float64) bool {
 }
 
 func near(a, b float64) bool { return math.Abs(a-b) <= 1e-9*math.Max(1, math.Abs(b)) }
+
+func TestEngineLabel(t *testing.T) {
+	if got := (Config{Engine: "tcp"}).EngineLabel(); got != "tcp" {
+		t.Errorf("label %q", got)
+	}
+	c := Config{Engine: "ucx", EngineOptions: map[string]string{"fragment_size": "1MiB", "error_mode": "none"}}
+	if got := c.EngineLabel(); got != "ucx (error_mode=none,fragment_size=1MiB)" {
+		t.Errorf("label %q", got)
+	}
+}

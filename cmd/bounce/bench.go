@@ -323,7 +323,7 @@ func (o *benchOptions) run(cmd *cobra.Command, cfg config.Config, plan benchPlan
 		Command: os.Args,
 		Machine: benchreport.CurrentMachine(),
 		Config: benchreport.Config{
-			Engine: cfg.Engine.Kind, ControlPlane: cfg.ControlPlane.Kind, ArenaSize: uint64(cfg.Bounce.ArenaSize),
+			Engine: cfg.Engine.Kind, EngineOptions: cfg.Engine.Options, ControlPlane: cfg.ControlPlane.Kind, ArenaSize: uint64(cfg.Bounce.ArenaSize),
 			MaxChunk: uint64(cfg.Bounce.MaxChunk), MaxInflight: cfg.Bounce.MaxInflight,
 			Layouts: plan.layouts, Routes: plan.routes, Repeat: plan.repeat, Seed: o.seed, Verify: o.verify, MaxBytes: plan.budget,
 			Count: o.count,
@@ -343,7 +343,7 @@ func (o *benchOptions) run(cmd *cobra.Command, cfg config.Config, plan benchPlan
 	}
 	slices.Sort(rep.Config.Concurrency)
 	fmt.Fprintf(out, "bounce bench: engine %s, control plane %s, arena %s; %d workload(s) x %d layout(s), concurrency %v, routes %s, %d iteration(s): %d cells; buffers %s per side; %s/%s, %d CPUs\n",
-		cfg.Engine.Kind, cfg.ControlPlane.Kind, benchreport.FormatSize(uint64(cfg.Bounce.ArenaSize)), len(rep.Config.Workloads), len(plan.layouts), rep.Config.Concurrency,
+		rep.Config.EngineLabel(), cfg.ControlPlane.Kind, benchreport.FormatSize(uint64(cfg.Bounce.ArenaSize)), len(rep.Config.Workloads), len(plan.layouts), rep.Config.Concurrency,
 		strings.Join(plan.routes, ","), plan.repeat, plan.cells(), benchreport.FormatSize(plan.largest), rep.Machine.GOOS, rep.Machine.GOARCH, rep.Machine.NumCPU)
 	for _, n := range plan.notes {
 		fmt.Fprintf(errw, "note: %s\n", n)
