@@ -29,7 +29,8 @@ const (
 	mdFixedHead = 4 + 2 + 2
 )
 
-var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+// checksum is the CRC-32C of b (the standard library caches the table).
+func checksum(b []byte) uint32 { return crc32.Checksum(b, crc32.MakeTable(crc32.Castagnoli)) }
 
 // remoteRange is one memory range a peer registered, with its packed rkey.
 type remoteRange struct {
@@ -78,7 +79,7 @@ func encodeMetadata(info peerInfo) []byte {
 		b = binary.LittleEndian.AppendUint16(b, uint16(len(r.RKey)))
 		b = append(b, r.RKey...)
 	}
-	return binary.LittleEndian.AppendUint32(b, crc32.Checksum(b, castagnoli))
+	return binary.LittleEndian.AppendUint32(b, checksum(b))
 }
 
 // reader is a bounds-checked cursor over a byte slice.
@@ -150,7 +151,7 @@ func decodeMetadataBody(b []byte) (peerInfo, error) {
 	if v := binary.LittleEndian.Uint16(b[4:6]); v != mdVersion {
 		return peerInfo{}, fmt.Errorf("version %d, only %d accepted", v, mdVersion)
 	}
-	if got := crc32.Checksum(body, castagnoli); got != sum {
+	if got := checksum(body); got != sum {
 		return peerInfo{}, fmt.Errorf("checksum %#08x, computed %#08x", sum, got)
 	}
 	r := &reader{b: body, off: 4 + 2}

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"encoding/binary"
 	"errors"
-	"hash/crc32"
 	"strings"
 	"testing"
 
@@ -112,7 +111,7 @@ func FuzzDecodeMetadataBody(f *testing.F) {
 	f.Add(good[:len(good)-4])
 	f.Add(encodeMetadata(peerInfo{Name: "x", Addr: []byte{1}})[:mdFixedHead+7])
 	f.Fuzz(func(t *testing.T, body []byte) {
-		b := binary.LittleEndian.AppendUint32(bytes.Clone(body), crc32.Checksum(body, castagnoli))
+		b := binary.LittleEndian.AppendUint32(bytes.Clone(body), checksum(body))
 		info, err := decodeMetadata(b)
 		if err != nil {
 			if !errors.Is(err, transfer.ErrBadMetadata) {
