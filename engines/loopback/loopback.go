@@ -9,6 +9,7 @@ package loopback
 import (
 	"bytes"
 	"fmt"
+	"github.com/bouncekv/bounce/internal/inbox"
 	"math/rand/v2"
 	"slices"
 	"sync"
@@ -414,29 +415,11 @@ func (e *Engine) Notify(peerName string, payload []byte) error {
 // and returns ErrTimeout when nothing arrived, ErrClosed once the engine is
 // closed.
 func (e *Engine) RecvNotification(timeout time.Duration) (transfer.Message, error) {
-	select {
-	case <-e.done:
-		return transfer.Message{}, fmt.Errorf("loopback %s: recv notification: %w", e.name, transfer.ErrClosed)
-	default:
+	m, err := inbox.Receive(e.inbox, e.done, timeout)
+	if err != nil {
+		return m, fmt.Errorf("loopback %s: recv notification: %w", e.name, err)
 	}
-	select {
-	case m := <-e.inbox:
-		return m, nil
-	default:
-	}
-	if timeout <= 0 {
-		return transfer.Message{}, fmt.Errorf("loopback %s: recv notification: %w", e.name, transfer.ErrTimeout)
-	}
-	t := time.NewTimer(timeout)
-	defer t.Stop()
-	select {
-	case m := <-e.inbox:
-		return m, nil
-	case <-e.done:
-		return transfer.Message{}, fmt.Errorf("loopback %s: recv notification: %w", e.name, transfer.ErrClosed)
-	case <-t.C:
-		return transfer.Message{}, fmt.Errorf("loopback %s: recv notification after %v: %w", e.name, timeout, transfer.ErrTimeout)
-	}
+	return m, nil
 }
 
 // Close shuts the engine: its in-flight operations fail with ErrClosed,

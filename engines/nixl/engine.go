@@ -14,6 +14,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"github.com/bouncekv/bounce/internal/inbox"
 	"log/slog"
 	"sync"
 	"sync/atomic"
@@ -532,27 +533,9 @@ func (e *Engine) Notify(name string, payload []byte) error {
 // (no wait when timeout <= 0). It returns ErrTimeout when none arrived and
 // ErrClosed once the engine is closed.
 func (e *Engine) RecvNotification(timeout time.Duration) (transfer.Message, error) {
-	select {
-	case <-e.closed:
-		return transfer.Message{}, fmt.Errorf("nixl: receive notification: engine %q: %w", e.name, transfer.ErrClosed)
-	default:
+	m, err := inbox.Receive(e.inbox, e.closed, timeout)
+	if err != nil {
+		return m, fmt.Errorf("nixl: receive notification: %w", err)
 	}
-	if timeout <= 0 {
-		select {
-		case m := <-e.inbox:
-			return m, nil
-		default:
-			return transfer.Message{}, fmt.Errorf("nixl: receive notification: %w", transfer.ErrTimeout)
-		}
-	}
-	t := time.NewTimer(timeout)
-	defer t.Stop()
-	select {
-	case m := <-e.inbox:
-		return m, nil
-	case <-e.closed:
-		return transfer.Message{}, fmt.Errorf("nixl: receive notification: engine %q: %w", e.name, transfer.ErrClosed)
-	case <-t.C:
-		return transfer.Message{}, fmt.Errorf("nixl: receive notification after %v: %w", timeout, transfer.ErrTimeout)
-	}
+	return m, nil
 }

@@ -3,6 +3,7 @@ package tcp
 import (
 	"errors"
 	"fmt"
+	"github.com/bouncekv/bounce/internal/inbox"
 	"time"
 
 	"github.com/bouncekv/bounce/transfer"
@@ -45,25 +46,9 @@ func (e *Engine) Notify(peerName string, payload []byte) error {
 // timeout <= 0 only polls) and returns ErrTimeout when nothing arrived and
 // ErrClosed once the engine is closed.
 func (e *Engine) RecvNotification(timeout time.Duration) (transfer.Message, error) {
-	if e.isClosed() {
-		return transfer.Message{}, fmt.Errorf("tcp: receive notification: %w", transfer.ErrClosed)
+	m, err := inbox.Receive(e.recvq, e.done, timeout)
+	if err != nil {
+		return m, fmt.Errorf("tcp: receive notification: %w", err)
 	}
-	if timeout <= 0 {
-		select {
-		case m := <-e.recvq:
-			return m, nil
-		default:
-			return transfer.Message{}, fmt.Errorf("tcp: receive notification: %w", transfer.ErrTimeout)
-		}
-	}
-	t := time.NewTimer(timeout)
-	defer t.Stop()
-	select {
-	case m := <-e.recvq:
-		return m, nil
-	case <-e.done:
-		return transfer.Message{}, fmt.Errorf("tcp: receive notification: %w", transfer.ErrClosed)
-	case <-t.C:
-		return transfer.Message{}, fmt.Errorf("tcp: receive notification after %v: %w", timeout, transfer.ErrTimeout)
-	}
+	return m, nil
 }

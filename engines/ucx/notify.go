@@ -10,6 +10,7 @@ import "C"
 import (
 	"bytes"
 	"fmt"
+	"github.com/bouncekv/bounce/internal/inbox"
 	"time"
 	"unsafe"
 
@@ -172,27 +173,9 @@ func (e *Engine) hello(name string, addr []byte) {
 // (no wait when timeout <= 0). It returns ErrTimeout when none arrived and
 // ErrClosed once the engine is closed.
 func (e *Engine) RecvNotification(timeout time.Duration) (transfer.Message, error) {
-	select {
-	case <-e.closed:
-		return transfer.Message{}, fmt.Errorf("ucx: receive notification: engine %q: %w", e.name, transfer.ErrClosed)
-	default:
+	m, err := inbox.Receive(e.inbox, e.closed, timeout)
+	if err != nil {
+		return m, fmt.Errorf("ucx: receive notification: %w", err)
 	}
-	if timeout <= 0 {
-		select {
-		case m := <-e.inbox:
-			return m, nil
-		default:
-			return transfer.Message{}, fmt.Errorf("ucx: receive notification: %w", transfer.ErrTimeout)
-		}
-	}
-	t := time.NewTimer(timeout)
-	defer t.Stop()
-	select {
-	case m := <-e.inbox:
-		return m, nil
-	case <-e.closed:
-		return transfer.Message{}, fmt.Errorf("ucx: receive notification: engine %q: %w", e.name, transfer.ErrClosed)
-	case <-t.C:
-		return transfer.Message{}, fmt.Errorf("ucx: receive notification after %v: %w", timeout, transfer.ErrTimeout)
-	}
+	return m, nil
 }
