@@ -179,12 +179,14 @@ func (r *reactor) onGrant(peer string, g *wire.Grant) {
 	r.advance(q)
 }
 
-func (r *reactor) pollGathers() bool {
+// pollRefs polls the op of every chunk in refs, releases each terminal one
+// and hands it to done; it returns the chunks still pending and whether any
+// op finished.
+func (r *reactor) pollRefs(refs []chunkRef, what string, done func(q *sendReq, k int, st transfer.Status, err error)) ([]chunkRef, bool) {
 	progressed := false
-	keep := r.gathering[:0]
-	for _, ref := range r.gathering {
-		q, k := ref.q, ref.k
-		c := &q.ch[k]
+	keep := refs[:0]
+	for _, ref := range refs {
+		c := &ref.q.ch[ref.k]
 		st, err := c.op.Poll()
 		if st == transfer.Pending {
 			keep = append(keep, ref)
@@ -192,35 +194,47 @@ func (r *reactor) pollGathers() bool {
 		}
 		progressed = true
 		if rerr := c.op.Release(); rerr != nil {
-			r.log.Warn("release gather op", "err", rerr)
+			r.log.Warn("release "+what+" op", "err", rerr)
 		}
 		c.op = nil
-		q.gathers--
-		if st == transfer.Failed {
-			if errors.Is(err, transfer.ErrDeviceFault) {
-				q.b.markFault()
-			}
-			if errors.Is(err, transfer.ErrNotQuiescent) {
-				// No proof the gather stopped: neither the caller's memory
-				// nor the staging region may be reused.
-				c.staged = false
-				q.tainted = true
-			}
-			r.fail(q, fmt.Errorf("pipeline: gather chunk %d: %w", k, err))
-		}
-		if q.err != nil {
-			r.dropStaging(c)
-			r.settle(q)
-			continue
-		}
-		c.st = cGathered
-		if c.credit != nil {
-			r.postWrite(q, k)
-		}
+		done(ref.q, ref.k, st, err)
 	}
-	clear(r.gathering[len(keep):])
-	r.gathering = keep
+	clear(refs[len(keep):])
+	return keep, progressed
+}
+
+func (r *reactor) pollGathers() bool {
+	var progressed bool
+	r.gathering, progressed = r.pollRefs(r.gathering, "gather", r.gatherDone)
 	return progressed
+}
+
+// gatherDone moves a chunk whose gather ended to its write, or settles its
+// failing request.
+func (r *reactor) gatherDone(q *sendReq, k int, st transfer.Status, err error) {
+	c := &q.ch[k]
+	q.gathers--
+	if st == transfer.Failed {
+		if errors.Is(err, transfer.ErrDeviceFault) {
+			q.b.markFault()
+		}
+		if errors.Is(err, transfer.ErrNotQuiescent) {
+			// No proof the gather stopped: neither the caller's memory
+			// nor the staging region may be reused.
+			c.staged = false
+			q.tainted = true
+		}
+		r.fail(q, fmt.Errorf("pipeline: gather chunk %d: %w", k, err))
+	}
+	if q.err != nil {
+		r.dropStaging(c)
+		r.settle(q)
+		return
+	}
+	c.st = cGathered
+	if c.credit != nil {
+		r.postWrite(q, k)
+	}
 }
 
 func (r *reactor) dropStaging(c *sendChunk) {
@@ -246,49 +260,39 @@ func (r *reactor) postWrite(q *sendReq, k int) {
 }
 
 func (r *reactor) pollWrites() bool {
-	progressed := false
-	keep := r.writing[:0]
-	for _, ref := range r.writing {
-		q, k := ref.q, ref.k
-		c := &q.ch[k]
-		st, err := c.op.Poll()
-		if st == transfer.Pending {
-			keep = append(keep, ref)
-			continue
-		}
-		progressed = true
-		if rerr := c.op.Release(); rerr != nil {
-			r.log.Warn("release write op", "err", rerr)
-		}
-		c.op = nil
-		q.writes--
-		if st == transfer.Failed && errors.Is(err, transfer.ErrNotQuiescent) {
-			// The engine may still read the staging region: never reuse it.
-			c.staged = false
-			q.b.markFault()
-		} else {
-			r.dropStaging(c) // the engine no longer reads the staging region
-		}
-		if st == transfer.Failed {
-			r.fail(q, fmt.Errorf("pipeline: write chunk %d to %q: %w", k, q.peer, err))
-		}
-		if q.err != nil {
-			r.settle(q)
-			continue
-		}
-		ch := q.plan.Chunks[k]
-		if err := r.send(q.peer, &wire.Data{Request: q.id, Chunk: uint32(k), Region: c.credit.Region, Runs: ch.Scatter}); err != nil {
-			r.fail(q, fmt.Errorf("pipeline: send DATA for chunk %d: %w", k, err))
-			r.settle(q)
-			continue
-		}
-		c.st = cDataSent
-		q.lastProgress = time.Now()
-		r.a.stats.bounceBytes.Add(ch.Payload)
-	}
-	clear(r.writing[len(keep):])
-	r.writing = keep
+	var progressed bool
+	r.writing, progressed = r.pollRefs(r.writing, "write", r.writeDone)
 	return progressed
+}
+
+// writeDone sends the DATA of a chunk that landed, or settles its failing
+// request.
+func (r *reactor) writeDone(q *sendReq, k int, st transfer.Status, err error) {
+	c := &q.ch[k]
+	q.writes--
+	if st == transfer.Failed && errors.Is(err, transfer.ErrNotQuiescent) {
+		// The engine may still read the staging region: never reuse it.
+		c.staged = false
+		q.b.markFault()
+	} else {
+		r.dropStaging(c) // the engine no longer reads the staging region
+	}
+	if st == transfer.Failed {
+		r.fail(q, fmt.Errorf("pipeline: write chunk %d to %q: %w", k, q.peer, err))
+	}
+	if q.err != nil {
+		r.settle(q)
+		return
+	}
+	ch := q.plan.Chunks[k]
+	if err := r.send(q.peer, &wire.Data{Request: q.id, Chunk: uint32(k), Region: c.credit.Region, Runs: ch.Scatter}); err != nil {
+		r.fail(q, fmt.Errorf("pipeline: send DATA for chunk %d: %w", k, err))
+		r.settle(q)
+		return
+	}
+	c.st = cDataSent
+	q.lastProgress = time.Now()
+	r.a.stats.bounceBytes.Add(ch.Payload)
 }
 
 func (r *reactor) onAck(peer string, m *wire.Ack) {
