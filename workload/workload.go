@@ -125,44 +125,68 @@ func (s Spec) Fill(src []byte) error {
 }
 
 // Verify checks every block's pattern in its slot of the destination buffer
-// and names the first wrong byte.
+// and names the first wrong byte. It allocates nothing per block, so it can
+// verify multi-GiB descriptors.
 func (s Spec) Verify(dst []byte) error {
 	if uint64(len(dst)) < s.Bytes() {
 		return fmt.Errorf("workload: destination buffer has %d bytes, spec needs %d", len(dst), s.Bytes())
 	}
 	_, ds := s.slots()
-	want := make([]byte, s.DescSize)
 	for i, slot := range ds {
 		o := uint64(slot) * s.DescSize
-		pattern(want, s.Seed, uint64(i))
-		got := dst[o : o+s.DescSize]
-		if string(got) != string(want) {
-			for k := range got {
-				if got[k] != want[k] {
-					return fmt.Errorf("workload: seed %d block %d (slot %d) byte %d = %#02x, want %#02x", s.Seed, i, slot, k, got[k], want[k])
-				}
-			}
+		if k, got, want, ok := check(dst[o:o+s.DescSize], s.Seed, uint64(i)); !ok {
+			return fmt.Errorf("workload: seed %d block %d (slot %d) byte %d = %#02x, want %#02x", s.Seed, i, slot, k, got, want)
 		}
 	}
 	return nil
 }
 
-// pattern fills b with an xorshift stream keyed by (seed, block).
+// stream is the xorshift word stream keyed by (seed, block).
+type stream uint64
+
+func newStream(seed, block uint64) stream {
+	return stream((seed+1)*0x9e3779b97f4a7c15 ^ (block+1)*0xbf58476d1ce4e5b9)
+}
+
+func (x *stream) next() uint64 {
+	v := uint64(*x)
+	v ^= v << 13
+	v ^= v >> 7
+	v ^= v << 17
+	*x = stream(v)
+	return v
+}
+
+// pattern fills b with the stream of (seed, block), little-endian words.
 func pattern(b []byte, seed, block uint64) {
-	x := (seed+1)*0x9e3779b97f4a7c15 ^ (block+1)*0xbf58476d1ce4e5b9
-	var w [8]byte
+	x := newStream(seed, block)
 	i := 0
 	for ; i+8 <= len(b); i += 8 {
-		x ^= x << 13
-		x ^= x >> 7
-		x ^= x << 17
-		binary.LittleEndian.PutUint64(b[i:], x)
+		binary.LittleEndian.PutUint64(b[i:], x.next())
 	}
 	if i < len(b) {
-		x ^= x << 13
-		x ^= x >> 7
-		x ^= x << 17
-		binary.LittleEndian.PutUint64(w[:], x)
+		var w [8]byte
+		binary.LittleEndian.PutUint64(w[:], x.next())
 		copy(b[i:], w[:])
 	}
+}
+
+// check compares b with the pattern of (seed, block) and returns the first
+// differing byte's index and values.
+func check(b []byte, seed, block uint64) (k int, got, want byte, ok bool) {
+	x := newStream(seed, block)
+	var w [8]byte
+	for i := 0; i < len(b); i += 8 {
+		v := x.next()
+		if i+8 <= len(b) && binary.LittleEndian.Uint64(b[i:]) == v {
+			continue
+		}
+		binary.LittleEndian.PutUint64(w[:], v)
+		for j := 0; j < 8 && i+j < len(b); j++ {
+			if b[i+j] != w[j] {
+				return i + j, b[i+j], w[j], false
+			}
+		}
+	}
+	return 0, 0, 0, true
 }

@@ -84,3 +84,22 @@ func TestFragmentedShuffles(t *testing.T) {
 		}
 	}
 }
+
+func TestVerifyAllocatesNothingAndCatchesTails(t *testing.T) {
+	s := Spec{DescSize: 1<<20 + 5, Count: 3, Seed: 9}
+	src := make([]byte, s.Bytes())
+	if err := s.Fill(src); err != nil {
+		t.Fatal(err)
+	}
+	if n := testing.AllocsPerRun(3, func() {
+		if err := s.Verify(src); err != nil {
+			t.Fatal(err)
+		}
+	}); n > 2 { // the slot tables only, never a block-sized copy
+		t.Fatalf("Verify allocated %v times per run", n)
+	}
+	src[s.DescSize-1] ^= 0xff // the last byte of a block with an odd tail
+	if err := s.Verify(src); err == nil || !strings.Contains(err.Error(), "byte 1048580") {
+		t.Fatalf("tail corruption: %v", err)
+	}
+}
