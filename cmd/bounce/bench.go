@@ -305,16 +305,7 @@ type benchSession struct {
 
 func (o *benchOptions) run(cmd *cobra.Command, cfg config.Config, plan benchPlan) error {
 	out, errw := cmd.OutOrStdout(), cmd.ErrOrStderr()
-	// The sender and receiver agents; the naming and the loopback default
-	// repeat run.go's (kept in step by hand until they share a helper).
-	base := cfg.Agent.Name
-	cfg.Agent.Name = base + "-send"
-	childArgs := append(configArgs(cmd, "agent.name"), "--agent.name="+base+"-recv")
-	if cfg.ControlPlane.BindAddress == "" && cfg.ControlPlane.Interface == "" {
-		// Both agents run here: bind the control plane on loopback.
-		cfg.ControlPlane.BindAddress = "127.0.0.1"
-		childArgs = append(childArgs, "--control-plane.bind-address=127.0.0.1")
-	}
+	cfg, childArgs := localPair(cmd, cfg)
 	childArgs = append(childArgs, "--buffer-size="+config.Size(plan.largest).String())
 
 	rep := &benchreport.Report{

@@ -44,15 +44,7 @@ The default workload is one rank of Llama-3.1-70B at TP=8 with block size 16:
 			if err != nil {
 				return err
 			}
-			cfg := l.Config
-			base := cfg.Agent.Name
-			cfg.Agent.Name = base + "-send"
-			childArgs := append(configArgs(cmd, "agent.name"), "--agent.name="+base+"-recv")
-			if cfg.ControlPlane.BindAddress == "" && cfg.ControlPlane.Interface == "" {
-				// Both agents run here: bind the control plane on loopback.
-				cfg.ControlPlane.BindAddress = "127.0.0.1"
-				childArgs = append(childArgs, "--control-plane.bind-address=127.0.0.1")
-			}
+			cfg, childArgs := localPair(cmd, l.Config)
 			total := spec.Bytes() * uint64(wf.requests)
 			childArgs = append(childArgs, "--buffer-size="+config.Size(total).String())
 			out := cmd.OutOrStdout()
@@ -147,4 +139,19 @@ func joinLines(s []string) string {
 		out += l
 	}
 	return out
+}
+
+// localPair derives, from the configuration cmd loaded, the sender's
+// configuration and the receiver child's arguments for two agents on this
+// machine: the agents are named <name>-send and <name>-recv, and the control
+// plane binds on loopback unless an address or interface was configured.
+func localPair(cmd *cobra.Command, cfg config.Config) (config.Config, []string) {
+	base := cfg.Agent.Name
+	cfg.Agent.Name = base + "-send"
+	childArgs := append(configArgs(cmd, "agent.name"), "--agent.name="+base+"-recv")
+	if cfg.ControlPlane.BindAddress == "" && cfg.ControlPlane.Interface == "" {
+		cfg.ControlPlane.BindAddress = "127.0.0.1"
+		childArgs = append(childArgs, "--control-plane.bind-address=127.0.0.1")
+	}
+	return cfg, childArgs
 }
