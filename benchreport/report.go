@@ -7,6 +7,7 @@ package benchreport
 import (
 	"cmp"
 	"fmt"
+	"github.com/bouncekv/bounce/driver"
 	"math"
 	"slices"
 	"strings"
@@ -212,16 +213,10 @@ func Summarize(lat []time.Duration) LatencyStats {
 	return st
 }
 
-// Percentile returns the p-th percentile (0..100) of sorted latencies: the
-// element of rank round(p/100 × n), clamped to 1..n — the same definition as
-// driver.Result.Percentile — or 0 for an empty slice.
+// Percentile returns the p-th percentile (0..100) of sorted latencies, by
+// driver.Percentile's nearest-rank definition, or 0 for an empty slice.
 func Percentile(sorted []time.Duration, p float64) time.Duration {
-	if len(sorted) == 0 {
-		return 0
-	}
-	k := int(p/100*float64(len(sorted))+0.5) - 1
-	k = max(0, min(k, len(sorted)-1))
-	return sorted[k]
+	return driver.Percentile(sorted, p)
 }
 
 // Median returns the median of xs (the mean of the middle two for an even

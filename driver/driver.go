@@ -56,13 +56,17 @@ func (r Result) Throughput() float64 {
 
 // Percentile returns the p-th percentile (0..100) of the request latencies
 // (nearest rank), or 0 without successful requests.
-func (r Result) Percentile(p float64) time.Duration {
-	if len(r.Latencies) == 0 {
+func (r Result) Percentile(p float64) time.Duration { return Percentile(r.Latencies, p) }
+
+// Percentile returns the p-th percentile (0..100) of sorted latencies: the
+// element of rank round(p/100 × n), clamped to 1..n, or 0 for none.
+func Percentile(sorted []time.Duration, p float64) time.Duration {
+	if len(sorted) == 0 {
 		return 0
 	}
-	k := int(p/100*float64(len(r.Latencies))+0.5) - 1
-	k = max(0, min(k, len(r.Latencies)-1))
-	return r.Latencies[k]
+	k := int(p/100*float64(len(sorted))+0.5) - 1
+	k = max(0, min(k, len(sorted)-1))
+	return sorted[k]
 }
 
 // Driver owns a registered source buffer on one agent.

@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"github.com/bouncekv/bounce/benchreport"
 	"io"
 	"strings"
 	"text/tabwriter"
@@ -53,29 +54,9 @@ func printResults(w io.Writer, s workload.Spec, rows []namedResult) {
 	}
 }
 
-func rate(bps float64) string {
-	switch {
-	case bps >= 1e9:
-		return fmt.Sprintf("%.2f GB/s", bps/1e9)
-	case bps >= 1e6:
-		return fmt.Sprintf("%.1f MB/s", bps/1e6)
-	default:
-		return fmt.Sprintf("%.0f B/s", bps)
-	}
-}
+func rate(bps float64) string { return benchreport.FormatRate(bps) }
 
-func round(d time.Duration) string {
-	switch {
-	case d == 0:
-		return "-"
-	case d >= time.Second:
-		return d.Round(10 * time.Millisecond).String()
-	case d >= time.Millisecond:
-		return d.Round(10 * time.Microsecond).String()
-	default:
-		return d.Round(time.Microsecond).String()
-	}
-}
+func round(d time.Duration) string { return benchreport.FormatDuration(d) }
 
 func parseSize(s string) (uint64, error) {
 	n, err := config.ParseSize(strings.TrimSpace(s))
