@@ -8,6 +8,7 @@ package mem
 
 import (
 	"fmt"
+	"math/rand/v2"
 	"os"
 	"unsafe"
 
@@ -22,6 +23,7 @@ type Arena struct {
 	name string
 	fd   int
 	buf  []byte
+	own  bool // mapped by mapShared (NewArena), not unix.Mmap (MapArena)
 }
 
 // NewArena creates a shared arena of size bytes named name (the name shows in
@@ -40,12 +42,39 @@ func NewArena(name string, size uint64) (*Arena, error) {
 		unix.Close(fd)
 		return nil, fmt.Errorf("mem: arena %q: ftruncate %d bytes: %w", name, size, err)
 	}
-	buf, err := unix.Mmap(fd, 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED|unix.MAP_POPULATE)
+	buf, err := mapShared(fd, size, unix.MAP_POPULATE)
 	if err != nil {
 		unix.Close(fd)
 		return nil, fmt.Errorf("mem: arena %q: mmap %d bytes: %w", name, size, err)
 	}
-	return &Arena{name: name, fd: fd, buf: buf}, nil
+	return &Arena{name: name, fd: fd, buf: buf, own: true}, nil
+}
+
+// Shared mappings are placed at a random address in [shareBase,
+// shareBase+shareSpan), a window that Go processes (heap from 0xc000000000,
+// other mappings just below the stack, race-detector shadow) leave unused,
+// so a plugin process can map the same memfd at the same address without
+// finding it taken. The address is only a hint: if it is taken the kernel
+// places the mapping elsewhere.
+const (
+	shareBase  = 0x5000_0000_0000
+	shareSpan  = 0x1000_0000_0000
+	shareAlign = 2 << 20
+)
+
+// mapShared maps size bytes of fd MAP_SHARED (plus flags) read-write.
+func mapShared(fd int, size uint64, flags int) ([]byte, error) {
+	hint := uint64(shareBase) + rand.Uint64N(shareSpan/shareAlign)*shareAlign
+	p, err := unix.MmapPtr(fd, 0, *(*unsafe.Pointer)(unsafe.Pointer(&hint)), uintptr(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED|flags)
+	if err != nil {
+		return nil, err
+	}
+	return unsafe.Slice((*byte)(p), size), nil
+}
+
+// unmapShared undoes mapShared.
+func unmapShared(b []byte) error {
+	return unix.MunmapPtr(unsafe.Pointer(unsafe.SliceData(b)), uintptr(len(b)))
 }
 
 // MapArena maps an arena another process created and passed by file
@@ -76,7 +105,12 @@ func (a *Arena) Close() error {
 	if a.buf == nil {
 		return nil
 	}
-	err := unix.Munmap(a.buf)
+	var err error
+	if a.own {
+		err = unmapShared(a.buf)
+	} else {
+		err = unix.Munmap(a.buf)
+	}
 	a.buf = nil
 	if cerr := unix.Close(a.fd); err == nil {
 		err = cerr
@@ -107,7 +141,7 @@ func Alloc(size uint64) (*Buffer, error) {
 		unix.Close(fd)
 		return nil, fmt.Errorf("mem: alloc %d bytes: ftruncate: %w", size, err)
 	}
-	buf, err := unix.Mmap(fd, 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	buf, err := mapShared(fd, size, 0)
 	if err != nil {
 		unix.Close(fd)
 		return nil, fmt.Errorf("mem: alloc %d bytes: mmap: %w", size, err)
@@ -135,7 +169,7 @@ func (b *Buffer) Free() error {
 	if b.buf == nil {
 		return nil
 	}
-	err := unix.Munmap(b.buf)
+	err := unmapShared(b.buf)
 	b.buf = nil
 	if cerr := unix.Close(b.fd); err == nil {
 		err = cerr
