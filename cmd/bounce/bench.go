@@ -389,7 +389,7 @@ func startBench(cmd *cobra.Command, cfg config.Config, childArgs []string, capac
 		s.close()
 		return nil, wrap(err)
 	}
-	if s.n, err = node.Build(cfg, node.Builtin(), logger(cmd)); err != nil {
+	if s.n, err = node.Build(cfg, factories(), logger(cmd)); err != nil {
 		return fail(usage, err)
 	}
 	if _, err := s.n.Agent.LoadPeer(recv.blob); err != nil {

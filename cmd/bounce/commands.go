@@ -3,6 +3,7 @@ package main
 import (
 	"github.com/spf13/cobra"
 
+	"github.com/bouncekv/bounce/node"
 	"github.com/bouncekv/bounce/pipeline/wire"
 )
 
@@ -10,3 +11,8 @@ import (
 func extraCommands() []*cobra.Command { return []*cobra.Command{newConformanceCmd(), newBenchCmd()} }
 
 func wireVersion() uint16 { return wire.Version }
+
+// factories are the implementations the CLI builds agents from: every
+// built-in plus the "plugin" engine and control plane kinds (engine.plugin,
+// control_plane.plugin name the binaries).
+func factories() node.Factories { return node.WithPlugins(node.Builtin(), "") }

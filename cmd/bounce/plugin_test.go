@@ -45,3 +45,18 @@ func TestPluginConformanceCLIErrors(t *testing.T) {
 		}
 	}
 }
+
+// TestRunWithPluginEngine swaps the engine for an out-of-process plugin by
+// configuration alone: both agents of the main job move a verified transfer
+// through plugin processes (four processes in all).
+func TestRunWithPluginEngine(t *testing.T) {
+	bin := filepath.Join(t.TempDir(), "tcpengine")
+	if out, err := exec.Command("go", "build", "-o", bin, "../../plugins/examples/tcpengine").CombinedOutput(); err != nil {
+		t.Fatalf("build example plugin: %v\n%s", err, out)
+	}
+	out, errOut, code := bounce(t, "run", "--engine.kind", "plugin", "--engine.plugin", bin,
+		"--workload", "gptoss120b-tp8-b16", "--count", "4096", "--bounce.arena-size", "32MiB", "--bounce.max-chunk", "4MiB")
+	if code != 0 || !strings.Contains(out, "every byte verified") || !strings.Contains(out, "bounce vs direct") {
+		t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", code, out, errOut)
+	}
+}

@@ -66,7 +66,7 @@ func mainJob(cmd *cobra.Command, cfg config.Config, childArgs []string, spec wor
 		return runtime(err)
 	}
 	defer recv.close()
-	n, err := node.Build(cfg, node.Builtin(), log)
+	n, err := node.Build(cfg, factories(), log)
 	if err != nil {
 		return usage(err)
 	}

@@ -104,7 +104,7 @@ single-host run).`,
 			if err != nil {
 				return usage(err)
 			}
-			n, err := node.Build(l.Config, node.Builtin(), logger(cmd))
+			n, err := node.Build(l.Config, factories(), logger(cmd))
 			if err != nil {
 				return usage(err)
 			}

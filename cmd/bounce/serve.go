@@ -74,7 +74,7 @@ With --stdin-control it reads JSON commands from stdin instead (used by
 				return usage(fmt.Errorf("--buffer-size %q: a positive byte size like 512MiB", bufSize))
 			}
 			log := logger(cmd)
-			n, err := node.Build(l.Config, node.Builtin(), log)
+			n, err := node.Build(l.Config, factories(), log)
 			if err != nil {
 				return usage(err)
 			}
