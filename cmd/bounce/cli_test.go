@@ -17,7 +17,7 @@ import (
 	"time"
 
 	"github.com/bouncekv/bounce/config"
-	"github.com/bouncekv/bounce/driver"
+	"github.com/bouncekv/bounce/mem"
 	"github.com/bouncekv/bounce/node"
 	"github.com/bouncekv/bounce/pipeline"
 	"github.com/bouncekv/bounce/transfer"
@@ -175,31 +175,55 @@ func TestPeerKilledMidTransfer(t *testing.T) {
 				t.Fatal(err)
 			}
 			spec := workload.Spec{DescSize: 4096, Count: 16384, Fragmented: true, Seed: 3}
-			d, err := driver.New(n.Agent, 4*spec.Bytes())
+			src, err := mem.Alloc(4 * spec.Bytes())
 			if err != nil {
 				t.Fatal(err)
 			}
-			defer d.Close()
+			defer src.Free()
+			if err := n.Agent.RegisterMemory(src.Desc()); err != nil {
+				t.Fatal(err)
+			}
 			// Freeze the receiver, then kill it while the requests are stuck.
 			if err := recv.Process.Signal(syscall.SIGSTOP); err != nil {
 				t.Fatal(err)
 			}
 			time.AfterFunc(300*time.Millisecond, func() { recv.Process.Kill() })
+			start := time.Now()
+			var batches []*pipeline.Batch
+			for i := 0; i < 4; i++ {
+				s := spec
+				s.Seed += uint64(i)
+				sb, db := src.Desc(), transfer.Desc{Addr: h.BufferAddr, Len: h.BufferLen}
+				sb.Addr += uint64(i) * spec.Bytes()
+				db.Addr += uint64(i) * spec.Bytes()
+				sd, dd := s.Descs(sb, db)
+				b, err := n.Agent.Submit(pipeline.Request{Peer: h.Name, Src: sd, Dst: dd, Route: pipeline.RouteBounce})
+				if err != nil {
+					t.Fatal(err)
+				}
+				batches = append(batches, b)
+			}
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
-			start := time.Now()
-			res, err := d.Run(ctx, driver.Target{Peer: h.Name, Buffer: transfer.Desc{Addr: h.BufferAddr, Len: h.BufferLen}},
-				driver.Options{Spec: spec, Requests: 4, Route: pipeline.RouteBounce})
-			if err != nil {
-				t.Fatal(err)
+			for i, b := range batches {
+				err := b.Wait(ctx)
+				if ctx.Err() != nil {
+					t.Fatalf("request %d to a killed peer did not resolve within 30s", i)
+				}
+				if err == nil {
+					t.Fatalf("request %d to a killed peer succeeded", i)
+				}
+				// Every gather finished before the failure was published and
+				// the engine's writes are terminal: the caller's buffers are
+				// provably untouched and may be released.
+				if retired, quiescent := b.Retirement(); !retired || !quiescent {
+					t.Fatalf("request %d: retirement = (%v, %v), want (true, true); err %v", i, retired, quiescent, err)
+				}
+				if err := b.Release(); err != nil {
+					t.Fatal(err)
+				}
 			}
-			if ctx.Err() != nil {
-				t.Fatal("requests to a killed peer did not resolve within 30s")
-			}
-			if res.Failed != 4 {
-				t.Fatalf("%d of 4 requests failed (first error %v); all must fail", res.Failed, res.FirstErr)
-			}
-			t.Logf("all 4 requests failed after %v: %v", time.Since(start).Round(time.Millisecond), res.FirstErr)
+			t.Logf("all 4 requests failed after %v: %v", time.Since(start).Round(time.Millisecond), batches[0].Err())
 			recv.Wait()
 			if err := n.Agent.CheckConservation(); err != nil {
 				t.Fatal(err)
