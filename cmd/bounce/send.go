@@ -142,20 +142,38 @@ func readHello(stdin io.Reader, path string) (hello, []byte, error) {
 	var b []byte
 	var err error
 	if path == "-" {
-		b, err = io.ReadAll(stdin)
+		b, err = io.ReadAll(io.LimitReader(stdin, maxHello))
 	} else {
 		b, err = os.ReadFile(path)
 	}
 	if err != nil {
 		return hello{}, nil, fmt.Errorf("--peer: %w", err)
 	}
+	h, blob, err := parseHello(b)
+	if err != nil {
+		return hello{}, nil, fmt.Errorf("--peer %s: %w", path, err)
+	}
+	return h, blob, nil
+}
+
+// maxHello bounds a descriptor line (an agent descriptor is far smaller).
+const maxHello = 16 << 20
+
+// parseHello decodes the descriptor line 'bounce serve' publishes.
+func parseHello(b []byte) (hello, []byte, error) {
+	if len(b) > maxHello {
+		return hello{}, nil, fmt.Errorf("descriptor line of %d bytes exceeds %d", len(b), maxHello)
+	}
 	var h hello
 	if err := json.Unmarshal(b, &h); err != nil {
-		return hello{}, nil, fmt.Errorf("--peer %s: not a descriptor line from 'bounce serve': %w", path, err)
+		return hello{}, nil, fmt.Errorf("not a descriptor line from 'bounce serve': %w", err)
 	}
 	blob, err := base64.StdEncoding.DecodeString(h.Descriptor)
-	if err != nil || h.Name == "" || h.BufferLen == 0 {
-		return hello{}, nil, fmt.Errorf("--peer %s: incomplete descriptor line (name, descriptor and buffer are required)", path)
+	if err != nil || h.Name == "" || h.BufferLen == 0 || len(blob) == 0 {
+		return hello{}, nil, fmt.Errorf("incomplete descriptor line (name, descriptor and buffer are required)")
+	}
+	if h.BufferAddr+h.BufferLen < h.BufferAddr {
+		return hello{}, nil, fmt.Errorf("buffer [%#x+%d] wraps the address space", h.BufferAddr, h.BufferLen)
 	}
 	return h, blob, nil
 }
