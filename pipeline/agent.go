@@ -382,10 +382,12 @@ func (a *Agent) ForgetPeer(peer string) error {
 			errs = append(errs, err)
 		}
 	}
-	a.post(func(r *reactor) { r.forgetPeer(peer) })
+	// The engine first: once it forgot the peer no write from it lands, so
+	// the regions reclaimed below can be granted to others safely.
 	if err := a.set.Engine.ForgetPeer(peer); err != nil && !errors.Is(err, transfer.ErrUnknownPeer) {
 		errs = append(errs, err)
 	}
+	a.post(func(r *reactor) { r.forgetPeer(peer) })
 	return errors.Join(errs...)
 }
 

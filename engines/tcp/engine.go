@@ -239,7 +239,8 @@ func (e *Engine) addPeer(m metadata, replace bool) (*peer, error) {
 
 // ForgetPeer drops the peer, closes its connections (both directions) and
 // fails its in-flight writes with ErrPeerLost. It returns once those writes
-// are terminal.
+// are terminal and the peer's incoming connections have stopped serving, so
+// no byte the peer sent lands in registered memory after it returns.
 func (e *Engine) ForgetPeer(name string) error {
 	e.mu.Lock()
 	p := e.peers[name]
@@ -257,6 +258,9 @@ func (e *Engine) ForgetPeer(name string) error {
 	e.mu.Unlock()
 	for _, ic := range ins {
 		ic.close()
+	}
+	for _, ic := range ins {
+		<-ic.served
 	}
 	p.shutdown(fmt.Errorf("tcp: peer %q forgotten: %w", name, transfer.ErrPeerLost))
 	return nil

@@ -22,6 +22,7 @@ type inConn struct {
 	name   atomic.Pointer[string] // the peer's name, once its HELLO arrived
 	closed chan struct{}
 	once   sync.Once
+	served chan struct{} // closed once serve returned: no more bytes land
 }
 
 func (ic *inConn) close() {
@@ -50,7 +51,7 @@ func (e *Engine) acceptLoop() {
 			continue
 		}
 		backoff = 5 * time.Millisecond
-		ic := &inConn{conn: c, closed: make(chan struct{})}
+		ic := &inConn{conn: c, closed: make(chan struct{}), served: make(chan struct{})}
 		e.mu.Lock()
 		if e.closed {
 			e.mu.Unlock()
@@ -64,6 +65,7 @@ func (e *Engine) acceptLoop() {
 			defer e.wg.Done()
 			err := e.serve(ic)
 			ic.close()
+			close(ic.served)
 			e.mu.Lock()
 			delete(e.incoming, ic)
 			e.mu.Unlock()
