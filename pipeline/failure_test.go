@@ -450,3 +450,32 @@ func TestCallbackNeverOutlivesRelease(t *testing.T) {
 	}
 	j.verify(t)
 }
+
+// TestPeerLostFailsEveryRequest: once the engine reports the peer lost on
+// one write, requests to that peer that only wait for ACKs fail with the
+// same cause instead of waiting for their timeout.
+func TestPeerLostFailsEveryRequest(t *testing.T) {
+	w := newWorld(t)
+	var fe *faultEngine
+	var fs *faultScatterer
+	cfg := testConfig()
+	cfg.RequestTimeout = time.Minute // a timeout would be the wrong cause
+	a, b := w.node("a", cfg, withFaultEngine(&fe)), w.node("b", cfg, withFaultScatter(&fs))
+	j1, j2 := simple(t, a, b, 50), simple(t, a, b, 51)
+	connect(t, a, b)
+	waiting, err := a.Submit(Request{Peer: "b", Src: j1.src, Dst: j1.dst})
+	if err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, func() bool { return b.Stats().ScatterFailures > 0 }) // written, never ACKed
+	fe.failWrites.Store(true)
+	failing, err := a.Submit(Request{Peer: "b", Src: j2.src, Dst: j2.dst})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, bt := range []*Batch{failing, waiting} {
+		if err := wait(t, bt); !errors.Is(err, transfer.ErrPeerLost) {
+			t.Fatalf("batch %d: err = %v, want ErrPeerLost", bt.ID(), err)
+		}
+	}
+}

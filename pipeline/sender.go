@@ -278,7 +278,11 @@ func (r *reactor) writeDone(q *sendReq, k int, st transfer.Status, err error) {
 		r.dropStaging(c) // the engine no longer reads the staging region
 	}
 	if st == transfer.Failed {
-		r.fail(q, fmt.Errorf("pipeline: write chunk %d to %q: %w", k, q.peer, err))
+		werr := fmt.Errorf("pipeline: write chunk %d to %q: %w", k, q.peer, err)
+		r.fail(q, werr)
+		if errors.Is(err, transfer.ErrPeerLost) {
+			r.peerLost(q.peer, werr)
+		}
 	}
 	if q.err != nil {
 		r.settle(q)
@@ -326,6 +330,17 @@ func (r *reactor) onNack(peer string, m *wire.Nack) {
 		return
 	}
 	r.fail(q, fmt.Errorf("pipeline: peer %q refused request %d chunk %d (code %d): %s", peer, m.Request, m.Chunk, m.Code, m.Reason))
+}
+
+// peerLost fails every other request to peer: the engine reported the peer
+// gone, so none of them can be acknowledged any more. They fail now rather
+// than at their timeout.
+func (r *reactor) peerLost(peer string, cause error) {
+	for _, q := range r.reqs {
+		if q.peer == peer && q.err == nil {
+			r.fail(q, fmt.Errorf("pipeline: request %d: %w", q.id, cause))
+		}
+	}
 }
 
 // fail moves a request to failing. Staged-but-idle regions are released at
