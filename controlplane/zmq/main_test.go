@@ -10,6 +10,7 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/bouncekv/bounce/internal/childproc"
 	"github.com/bouncekv/bounce/transfer"
 )
 
@@ -18,7 +19,7 @@ import (
 const childEnv = "BOUNCE_ZMQ_TEST_CHILD"
 
 func TestMain(m *testing.M) {
-	if os.Getenv(childEnv) != "" {
+	if childproc.Role(childEnv) != "" {
 		os.Exit(runChild())
 	}
 	goleak.VerifyTestMain(m)

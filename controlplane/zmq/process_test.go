@@ -1,44 +1,18 @@
 package zmq
 
 import (
-	"bufio"
 	"fmt"
-	"os"
-	"os/exec"
 	"strings"
 	"testing"
+
+	"github.com/bouncekv/bounce/internal/childproc"
 )
 
 // TestCrossProcess exchanges messages with a child process (this test
 // binary re-executed in its child role, see runChild) over real TCP.
 func TestCrossProcess(t *testing.T) {
-	exe, err := os.Executable()
-	if err != nil {
-		t.Skipf("cannot locate test binary: %v", err)
-	}
-	cmd := exec.Command(exe, "-test.run=^$")
-	cmd.Env = append(os.Environ(), childEnv+"=1")
-	cmd.Stderr = os.Stderr
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	waited := false
-	t.Cleanup(func() {
-		if !waited {
-			_ = cmd.Process.Kill()
-			_ = cmd.Wait()
-		}
-	})
-
-	line, err := bufio.NewReader(stdout).ReadString('\n')
+	c := childproc.Start(t, childEnv, "1")
+	line, err := c.Next(0)
 	if err != nil {
 		t.Fatalf("read child endpoint: %v", err)
 	}
@@ -51,7 +25,7 @@ func TestCrossProcess(t *testing.T) {
 	if err := parent.AddPeer("child", childEP); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := fmt.Fprintln(stdin, parent.LocalEndpoint()); err != nil {
+	if _, err := fmt.Fprintln(c.Stdin, parent.LocalEndpoint()); err != nil {
 		t.Fatal(err)
 	}
 
@@ -66,8 +40,7 @@ func TestCrossProcess(t *testing.T) {
 	expectMsg(t, parent, "child", "bye-ack")
 	mustSend(t, parent, "child", "done")
 
-	waited = true
-	if err := cmd.Wait(); err != nil {
+	if err := c.Wait(); err != nil {
 		t.Fatalf("child exited: %v", err)
 	}
 	st := parent.Stats()

@@ -7,10 +7,12 @@ import (
 	"testing"
 
 	"go.uber.org/goleak"
+
+	"github.com/bouncekv/bounce/internal/childproc"
 )
 
 func TestMain(m *testing.M) {
-	if os.Getenv(childEnv) != "" {
+	if childproc.Role(childEnv) != "" {
 		os.Exit(childMain())
 	}
 	// Loopback only: never let UCX pick a non-loopback network device.

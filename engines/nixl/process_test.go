@@ -9,11 +9,11 @@ import (
 	"hash/crc32"
 	"io"
 	"os"
-	"os/exec"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/bouncekv/bounce/internal/childproc"
 	"github.com/bouncekv/bounce/mem"
 	"github.com/bouncekv/bounce/transfer"
 )
@@ -76,31 +76,13 @@ func childMain() int {
 // TestTwoProcesses writes into another process's memory and checks the
 // bytes there through a notification round trip.
 func TestTwoProcesses(t *testing.T) {
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), childEnv+"=1")
-	cmd.Stderr = os.Stderr
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan struct{})
-	go func() { cmd.Wait(); close(exited) }()
-	defer func() {
-		cmd.Process.Kill()
-		<-exited
-	}()
+	c := childproc.Start(t, childEnv, "1")
+	defer c.Close()
 	// NIXL itself prints to stdout ("Loaded plugin ..."): the metadata is
 	// the line holding the hex of the envelope's magic.
 	var cmd2 []byte
-	for r := bufio.NewReader(stdout); cmd2 == nil; {
-		line, err := r.ReadString('\n')
+	for cmd2 == nil {
+		line, err := c.Next(0)
 		if err != nil {
 			t.Fatalf("child metadata: %v", err)
 		}
@@ -110,7 +92,6 @@ func TestTwoProcesses(t *testing.T) {
 			}
 		}
 	}
-	go io.Copy(io.Discard, stdout)
 	e := newEngine(t, Config{Name: "parent"})
 	buf := alloc(t, childBufSize)
 	register(t, e, buf)
@@ -127,7 +108,7 @@ func TestTwoProcesses(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := io.WriteString(stdin, hex.EncodeToString(md)+"\n"); err != nil {
+	if _, err := io.WriteString(c.Stdin, hex.EncodeToString(md)+"\n"); err != nil {
 		t.Fatal(err)
 	}
 	for i, n := range []uint64{1, 4097, 1 << 20, childBufSize} {

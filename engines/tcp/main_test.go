@@ -15,6 +15,7 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/bouncekv/bounce/internal/childproc"
 	"github.com/bouncekv/bounce/mem"
 	"github.com/bouncekv/bounce/transfer"
 )
@@ -23,7 +24,7 @@ import (
 const childEnv = "BOUNCE_TCP_TEST_CHILD"
 
 func TestMain(m *testing.M) {
-	if role := os.Getenv(childEnv); role != "" {
+	if role := childproc.Role(childEnv); role != "" {
 		os.Exit(runChild(role))
 	}
 	goleak.VerifyTestMain(m)

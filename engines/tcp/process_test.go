@@ -1,85 +1,49 @@
 package tcp
 
 import (
-	"bufio"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
-	"os"
-	"os/exec"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/bouncekv/bounce/internal/childproc"
 	"github.com/bouncekv/bounce/transfer"
 )
 
 // child is the test binary re-executed in the "sink" role (see runChild).
 type child struct {
-	t     testing.TB
-	cmd   *exec.Cmd
-	stdin io.WriteCloser
-	lines chan string
+	*childproc.Child
+	t testing.TB
 }
 
 func startChild(t testing.TB, size int) *child {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), childEnv+"=sink", fmt.Sprintf("BOUNCE_TCP_TEST_SIZE=%d", size))
-	cmd.Stderr = os.Stderr
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	c := &child{t: t, cmd: cmd, stdin: stdin, lines: make(chan string, 16)}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		defer close(c.lines)
-		sc := bufio.NewScanner(stdout)
-		for sc.Scan() {
-			c.lines <- sc.Text()
-		}
-	}()
-	t.Cleanup(func() {
-		stdin.Close()
-		cmd.Process.Kill()
-		<-done
-		cmd.Wait()
-	})
-	return c
+	return &child{Child: childproc.Start(t, childEnv, "sink", fmt.Sprintf("BOUNCE_TCP_TEST_SIZE=%d", size)), t: t}
 }
 
 // expect returns the rest of the next line, which must start with prefix.
 func (c *child) expect(prefix string) string {
 	c.t.Helper()
-	select {
-	case l, ok := <-c.lines:
-		if !ok {
-			c.t.Fatalf("child exited while waiting for %q", prefix)
-		}
-		if !strings.HasPrefix(l, prefix) {
-			c.t.Fatalf("child said %q, want %q", l, prefix)
-		}
-		return strings.TrimSpace(strings.TrimPrefix(l, prefix))
-	case <-time.After(hangGuard):
+	l, err := c.Next(hangGuard)
+	switch {
+	case errors.Is(err, io.EOF):
+		c.t.Fatalf("child exited while waiting for %q", prefix)
+	case err != nil:
 		c.t.Fatalf("child silent for %v waiting for %q", hangGuard, prefix)
+	case !strings.HasPrefix(l, prefix):
+		c.t.Fatalf("child said %q, want %q", l, prefix)
 	}
-	return ""
+	return strings.TrimSpace(strings.TrimPrefix(l, prefix))
 }
 
 func (c *child) send(cmd string) {
 	c.t.Helper()
-	if _, err := fmt.Fprintln(c.stdin, cmd); err != nil {
+	if _, err := fmt.Fprintln(c.Stdin, cmd); err != nil {
 		c.t.Fatal(err)
 	}
 }
@@ -152,7 +116,7 @@ func TestKillChildMidWrite(t *testing.T) {
 	}
 	c.send("WATCH")
 	c.expect("LANDED")
-	if err := c.cmd.Process.Kill(); err != nil {
+	if err := c.Kill(); err != nil {
 		t.Fatal(err)
 	}
 	// The bound is WriteTimeout or 2×IdleTimeout; a killed process is

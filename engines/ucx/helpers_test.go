@@ -10,12 +10,13 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/bouncekv/bounce/internal/childproc"
 	"github.com/bouncekv/bounce/mem"
 	"github.com/bouncekv/bounce/transfer"
 )
 
 func TestMain(m *testing.M) {
-	if os.Getenv(childEnv) != "" {
+	if childproc.Role(childEnv) != "" {
 		os.Exit(childMain())
 	}
 	// Loopback only: never let UCX pick a non-loopback network device.

@@ -1,19 +1,16 @@
 package ucx
 
 import (
-	"bufio"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"hash/crc32"
-	"io"
 	"os"
-	"os/exec"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
+	"github.com/bouncekv/bounce/internal/childproc"
 	"github.com/bouncekv/bounce/mem"
 	"github.com/bouncekv/bounce/transfer"
 )
@@ -63,24 +60,13 @@ func childMain() int {
 }
 
 // startChild runs the child and loads its metadata into e.
-func startChild(t *testing.T, e *Engine) (*exec.Cmd, transfer.Desc) {
+func startChild(t *testing.T, e *Engine) (*childproc.Child, transfer.Desc) {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), childEnv+"=1")
-	cmd.Stderr = os.Stderr
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-	line, err := bufio.NewReader(out).ReadString('\n')
+	c := childproc.Start(t, childEnv, "1")
+	line, err := c.Next(0)
 	if err != nil {
 		t.Fatalf("reading child metadata: %v", err)
 	}
-	go io.Copy(io.Discard, out)
 	md, err := hex.DecodeString(strings.TrimSpace(line))
 	if err != nil {
 		t.Fatalf("child metadata: %v", err)
@@ -92,7 +78,7 @@ func startChild(t *testing.T, e *Engine) (*exec.Cmd, transfer.Desc) {
 	if err != nil || len(info.Ranges) != 1 {
 		t.Fatalf("child metadata: %+v, %v", info, err)
 	}
-	return cmd, transfer.Desc{Addr: info.Ranges[0].Addr, Len: info.Ranges[0].Len, Kind: transfer.Host}
+	return c, transfer.Desc{Addr: info.Ranges[0].Addr, Len: info.Ranges[0].Len, Kind: transfer.Host}
 }
 
 // TestTwoProcesses writes into a child process, asks it by notification for
@@ -133,8 +119,8 @@ func TestChildKilledMidWrite(t *testing.T) {
 	src := alloc(t, 64<<20)
 	e := newEngine(t, Config{Name: "parent"})
 	register(t, e, src)
-	cmd, dst := startChild(t, e)
-	if err := cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+	c, dst := startChild(t, e)
+	if err := c.Stop(); err != nil {
 		t.Fatal(err)
 	}
 	op, err := e.PostWrite("child", []transfer.WriteOp{{Src: src.Desc(), Dst: transfer.Desc{Addr: dst.Addr, Len: 64 << 20}}})
@@ -150,8 +136,8 @@ func TestChildKilledMidWrite(t *testing.T) {
 	if err := e.DeregisterMemory(src.Desc()); !errors.Is(err, transfer.ErrInUse) {
 		t.Fatalf("deregister in use: %v", err)
 	}
-	cmd.Process.Kill()
-	cmd.Wait()
+	c.Kill()
+	c.Wait()
 	mustFail(t, op, transfer.ErrPeerLost)
 	if err := op.Release(); err != nil {
 		t.Fatal(err)
@@ -176,14 +162,14 @@ func TestCloseWithWriteInFlight(t *testing.T) {
 	src := alloc(t, 64<<20)
 	e := newEngine(t, Config{Name: "parent", DrainTimeout: time.Millisecond})
 	register(t, e, src)
-	cmd, dst := startChild(t, e)
+	c, dst := startChild(t, e)
 	dstAll := transfer.Desc{Addr: dst.Addr, Len: 64 << 20}
 	op, err := e.PostWrite("child", []transfer.WriteOp{{Src: desc(src, 0, 1), Dst: transfer.Desc{Addr: dst.Addr, Len: 1}}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	mustDone(t, op)
-	if err := cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+	if err := c.Stop(); err != nil {
 		t.Fatal(err)
 	}
 	op, err = e.PostWrite("child", []transfer.WriteOp{{Src: src.Desc(), Dst: dstAll}})
