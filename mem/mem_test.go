@@ -3,6 +3,7 @@ package mem
 import (
 	"bytes"
 	"errors"
+	"strings"
 	"testing"
 
 	"github.com/bouncekv/bounce/transfer"
@@ -78,6 +79,50 @@ func TestRegistryBounds(t *testing.T) {
 	if _, err := r.Slice(d.Addr, 1); !errors.Is(err, transfer.ErrNotRegistered) {
 		t.Fatalf("after remove: err = %v", err)
 	}
+}
+
+// TestCheckWrite covers the op checks engines share: host memory only,
+// equal lengths, empty ops accepted without a lookup, the source in a
+// registered range; the destination is not CheckWrite's to check.
+func TestCheckWrite(t *testing.T) {
+	buf, err := Alloc(4096)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer buf.Free()
+	var r Registry
+	d := buf.Desc()
+	if err := r.Add(d); err != nil {
+		t.Fatal(err)
+	}
+	far := transfer.Desc{Addr: 1 << 40, Len: 8, Kind: transfer.Host}
+	for _, tc := range []struct {
+		name string
+		op   transfer.WriteOp
+		want error  // nil: accepted
+		msg  string // in the error
+	}{
+		{"cuda source", transfer.WriteOp{Src: transfer.Desc{Addr: d.Addr, Len: 8, Kind: transfer.CUDA}, Dst: far}, transfer.ErrUnsupported, "only host memory"},
+		{"cuda destination", transfer.WriteOp{Src: sub(d, 0, 8), Dst: transfer.Desc{Addr: 1 << 40, Len: 8, Kind: transfer.CUDA}}, transfer.ErrUnsupported, "only host memory"},
+		{"lengths differ", transfer.WriteOp{Src: sub(d, 0, 8), Dst: transfer.Desc{Addr: 1 << 40, Len: 9}}, transfer.ErrOutOfBounds, "source and destination lengths differ"},
+		{"source past the range", transfer.WriteOp{Src: sub(d, 4090, 8), Dst: far}, transfer.ErrOutOfBounds, "exceeds registered"},
+		{"source unregistered", transfer.WriteOp{Src: transfer.Desc{Addr: d.End(), Len: 8}, Dst: far}, transfer.ErrNotRegistered, ""},
+	} {
+		got, err := CheckWrite(&r, tc.op)
+		if !errors.Is(err, tc.want) || !strings.Contains(err.Error(), tc.msg) || got != (transfer.Desc{}) {
+			t.Errorf("%s: CheckWrite = %v, %v; want an error wrapping %v saying %q", tc.name, got, err, tc.want, tc.msg)
+		}
+	}
+	if got, err := CheckWrite(&r, transfer.WriteOp{Src: sub(d, 4088, 8), Dst: far}); err != nil || got != d {
+		t.Errorf("op in the range: %v, %v; want %v", got, err, d)
+	}
+	if got, err := CheckWrite(&r, transfer.WriteOp{Src: transfer.Desc{Addr: 8}, Dst: transfer.Desc{Addr: 16}}); err != nil || got != (transfer.Desc{}) {
+		t.Errorf("empty op outside any range: %v, %v; want accepted with a zero range", got, err)
+	}
+}
+
+func sub(d transfer.Desc, off, n uint64) transfer.Desc {
+	return transfer.Desc{Addr: d.Addr + off, Len: n, Kind: d.Kind}
 }
 
 func TestAllocIsSharedZeroedMemfd(t *testing.T) {

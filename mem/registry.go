@@ -88,3 +88,23 @@ func (r *Registry) Ranges() []transfer.Desc {
 	defer r.mu.RUnlock()
 	return append([]transfer.Desc(nil), r.ranges...)
 }
+
+// CheckWrite makes the checks of one write op that every engine writing
+// between registered host ranges makes before it looks at the destination
+// in the peer's ranges: both sides are host memory (else an error wrapping
+// transfer.ErrUnsupported), the lengths are equal (else one wrapping
+// transfer.ErrOutOfBounds) and, unless the op is empty, the source lies in
+// one range of own (else Find's error). It returns that range; for an empty
+// op, which moves nothing and needs no further check, a zero Desc.
+func CheckWrite(own *Registry, op transfer.WriteOp) (transfer.Desc, error) {
+	if op.Src.Kind != transfer.Host || op.Dst.Kind != transfer.Host {
+		return transfer.Desc{}, fmt.Errorf("only host memory: %w", transfer.ErrUnsupported)
+	}
+	if op.Src.Len != op.Dst.Len {
+		return transfer.Desc{}, fmt.Errorf("source and destination lengths differ: %w", transfer.ErrOutOfBounds)
+	}
+	if op.Src.Len == 0 {
+		return transfer.Desc{}, nil
+	}
+	return own.Find(op.Src.Addr, op.Src.Len)
+}

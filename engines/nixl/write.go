@@ -10,6 +10,7 @@ import "C"
 import (
 	"fmt"
 
+	"github.com/bouncekv/bounce/mem"
 	"github.com/bouncekv/bounce/transfer"
 )
 
@@ -40,18 +41,12 @@ func (e *Engine) PostWrite(name string, ops []transfer.WriteOp) (transfer.Op, er
 		bad := func(err error) (transfer.Op, error) {
 			return nil, fmt.Errorf("nixl: post write to %q: op %d (src %v, dst %v): %w", name, i, op.Src, op.Dst, err)
 		}
-		if op.Src.Kind != transfer.Host || op.Dst.Kind != transfer.Host {
-			return bad(fmt.Errorf("only host memory: %w", transfer.ErrUnsupported))
-		}
-		if op.Src.Len != op.Dst.Len {
-			return bad(fmt.Errorf("source and destination lengths differ: %w", transfer.ErrOutOfBounds))
+		d, err := mem.CheckWrite(&e.reg, op)
+		if err != nil {
+			return bad(err)
 		}
 		if op.Src.Len == 0 {
 			continue
-		}
-		d, err := e.reg.Find(op.Src.Addr, op.Src.Len)
-		if err != nil {
-			return bad(err)
 		}
 		if _, err := p.ranges.Find(op.Dst.Addr, op.Dst.Len); err != nil {
 			return bad(fmt.Errorf("destination outside the peer's registered memory: %w", err))

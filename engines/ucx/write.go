@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"sync/atomic"
 
+	"github.com/bouncekv/bounce/mem"
 	"github.com/bouncekv/bounce/transfer"
 )
 
@@ -61,18 +62,12 @@ func (e *Engine) postWrite(name string, ops []transfer.WriteOp) (*writeOp, error
 		bad := func(err error) (*writeOp, error) {
 			return nil, fmt.Errorf("ucx: post write to %q: op %d (src %v, dst %v): %w", name, i, op.Src, op.Dst, err)
 		}
-		if op.Src.Kind != transfer.Host || op.Dst.Kind != transfer.Host {
-			return bad(fmt.Errorf("only host memory: %w", transfer.ErrUnsupported))
-		}
-		if op.Src.Len != op.Dst.Len {
-			return bad(fmt.Errorf("source and destination lengths differ: %w", transfer.ErrOutOfBounds))
+		d, err := mem.CheckWrite(&e.reg, op)
+		if err != nil {
+			return bad(err)
 		}
 		if op.Src.Len == 0 {
 			continue
-		}
-		d, err := e.reg.Find(op.Src.Addr, op.Src.Len)
-		if err != nil {
-			return bad(err)
 		}
 		r := e.regions[d.Addr]
 		if r == nil {
