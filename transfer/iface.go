@@ -110,6 +110,10 @@ type Message struct {
 // ErrOutOfBounds before a byte moves. The operation is Done only when every
 // byte is visible at the target. ForgetPeer fails the peer's in-flight
 // operations (ErrPeerLost) and a peer that dies does the same within a bound.
+// ForgetPeer also works on the target side: once it returns, no write the
+// peer posted lands in local memory any more (the pipeline relies on this
+// before it re-grants a forgotten peer's regions); an engine that cannot
+// promise it documents so.
 // DeregisterMemory of memory an in-flight operation uses returns ErrInUse.
 type Engine interface {
 	Name() string

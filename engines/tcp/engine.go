@@ -244,10 +244,6 @@ func (e *Engine) addPeer(m metadata, replace bool) (*peer, error) {
 func (e *Engine) ForgetPeer(name string) error {
 	e.mu.Lock()
 	p := e.peers[name]
-	if p == nil {
-		e.mu.Unlock()
-		return fmt.Errorf("tcp: forget peer %q: %w", name, transfer.ErrUnknownPeer)
-	}
 	delete(e.peers, name)
 	var ins []*inConn
 	for ic := range e.incoming {
@@ -256,13 +252,20 @@ func (e *Engine) ForgetPeer(name string) error {
 		}
 	}
 	e.mu.Unlock()
+	if p == nil && len(ins) == 0 {
+		return fmt.Errorf("tcp: forget peer %q: %w", name, transfer.ErrUnknownPeer)
+	}
+	// A peer that only wrote to us (never loaded here) is forgotten too:
+	// its connections stop before this returns.
 	for _, ic := range ins {
-		ic.close()
+		ic.abort()
 	}
 	for _, ic := range ins {
 		<-ic.served
 	}
-	p.shutdown(fmt.Errorf("tcp: peer %q forgotten: %w", name, transfer.ErrPeerLost))
+	if p != nil {
+		p.shutdown(fmt.Errorf("tcp: peer %q forgotten: %w", name, transfer.ErrPeerLost))
+	}
 	return nil
 }
 

@@ -216,8 +216,18 @@ func (ss *session) stopLocked(cause error) {
 	ss.stopped, ss.cause = true, cause
 	ss.cancel()
 	if ss.conn != nil {
-		ss.conn.Close()
+		abort(ss.conn)
 	}
+}
+
+// abort closes c with a reset rather than a FIN: both kernels drop what is
+// still queued, so bytes of writes that were just failed are not delivered
+// (and written into the peer's memory) after the failure was reported.
+func abort(c net.Conn) {
+	if tc, ok := c.(*net.TCPConn); ok {
+		_ = tc.SetLinger(0)
+	}
+	c.Close()
 }
 
 func (ss *session) stop(cause error) {

@@ -32,6 +32,14 @@ func (ic *inConn) close() {
 	})
 }
 
+// abort is close with a reset: queued bytes the peer sent are dropped.
+func (ic *inConn) abort() {
+	ic.once.Do(func() {
+		close(ic.closed)
+		abort(ic.conn)
+	})
+}
+
 func (e *Engine) acceptLoop() {
 	defer e.wg.Done()
 	backoff := 5 * time.Millisecond
