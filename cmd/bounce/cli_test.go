@@ -98,40 +98,73 @@ func TestRunTwoProcesses(t *testing.T) {
 }
 
 // TestServeSend runs the two-host flow on one machine: serve publishes its
-// descriptor to a file, send loads it and moves a workload, serve stops on
-// SIGTERM.
+// descriptor to a file and expects a workload, send loads the descriptor and
+// moves it, and serve verifies every byte and exits 0.
 func TestServeSend(t *testing.T) {
 	dir := t.TempDir()
 	desc := filepath.Join(dir, "recv.json")
-	serve := exec.Command(cliBinary(t), "serve", "--agent.name", "recv", "--buffer-size", "64MiB",
-		"--descriptor-out", desc, "--control-plane.bind-address", "127.0.0.1")
-	var serr bytes.Buffer
-	serve.Stderr = &serr
+	work := []string{"--workload", "llama70b-tp8-b16", "--count", "8192", "--requests", "2", "--seed", "5"}
+	serve := exec.Command(cliBinary(t), append([]string{"serve", "--agent.name", "recv", "--buffer-size", "64MiB",
+		"--descriptor-out", desc, "--control-plane.bind-address", "127.0.0.1", "--expect", "--expect-wait", "60s"}, work...)...)
+	var sout, serr bytes.Buffer
+	serve.Stdout, serve.Stderr = &sout, &serr
 	if err := serve.Start(); err != nil {
 		t.Fatal(err)
 	}
 	defer serve.Process.Kill()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		if b, err := os.ReadFile(desc); err == nil && bytes.HasSuffix(b, []byte("\n")) {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("serve published no descriptor; stderr:\n%s", serr.String())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	out, errOut, code := bounce(t, "send", "--peer", desc, "--agent.name", "send", "--workload", "llama70b-tp8-b16",
-		"--count", "8192", "--requests", "2", "--control-plane.bind-address", "127.0.0.1")
+	waitForFile(t, desc, &serr)
+	out, errOut, code := bounce(t, append([]string{"send", "--peer", desc, "--agent.name", "send",
+		"--control-plane.bind-address", "127.0.0.1"}, work...)...)
 	if code != 0 {
 		t.Fatalf("send exit %d\n%s\n%s", code, out, errOut)
 	}
 	if !strings.Contains(out, "bounce  ") {
 		t.Fatalf("send did not take the bounce route:\n%s", out)
 	}
-	serve.Process.Signal(syscall.SIGTERM)
 	if err := serve.Wait(); err != nil {
-		t.Fatalf("serve did not stop cleanly on SIGTERM: %v\n%s", err, serr.String())
+		t.Fatalf("serve --expect: %v\nstdout:\n%s\nstderr:\n%s", err, sout.String(), serr.String())
+	}
+	if !strings.Contains(sout.String(), "verified: 2 request(s)") {
+		t.Fatalf("serve did not report the verification:\n%s", sout.String())
+	}
+}
+
+// TestServeExpectFails: a receiver that expects other bytes than it gets
+// exits 1 naming the first wrong byte.
+func TestServeExpectFails(t *testing.T) {
+	dir := t.TempDir()
+	desc := filepath.Join(dir, "recv.json")
+	serve := exec.Command(cliBinary(t), "serve", "--agent.name", "recv", "--buffer-size", "64MiB", "--descriptor-out", desc,
+		"--control-plane.bind-address", "127.0.0.1", "--expect", "--expect-wait", "3s", "--workload", "gptoss120b-tp8-b16", "--count", "1024", "--seed", "1")
+	var serr bytes.Buffer
+	serve.Stderr = &serr
+	if err := serve.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer serve.Process.Kill()
+	waitForFile(t, desc, &serr)
+	if _, errOut, code := bounce(t, "send", "--peer", desc, "--agent.name", "send", "--control-plane.bind-address", "127.0.0.1",
+		"--workload", "gptoss120b-tp8-b16", "--count", "1024", "--seed", "2"); code != 0 {
+		t.Fatalf("send: exit %d: %s", code, errOut)
+	}
+	err := serve.Wait()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != exitFailed || !strings.Contains(serr.String(), "seed 1 block") {
+		t.Fatalf("serve with the wrong seed: %v\n%s", err, serr.String())
+	}
+}
+
+func waitForFile(t *testing.T, path string, stderr *bytes.Buffer) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if b, err := os.ReadFile(path); err == nil && bytes.HasSuffix(b, []byte("\n")) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("serve published no descriptor; stderr:\n%s", stderr.String())
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }
 

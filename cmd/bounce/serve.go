@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -50,6 +51,9 @@ func newServeCmd() *cobra.Command {
 	var bufSize string
 	var out string
 	var stdinControl bool
+	var expect workloadFlags
+	var expectOn bool
+	var expectWait time.Duration
 	cmd := &cobra.Command{
 		Use:   "serve",
 		Short: "Run a receiver agent that publishes its descriptor and serves transfers",
@@ -59,10 +63,20 @@ agent descriptor (base64) and the buffer's address — on stdout or to
 --descriptor-out. Pass that line to 'bounce send --peer'. It serves until
 interrupted (SIGINT/SIGTERM).
 
+With --expect it verifies the workload a sender is expected to move (the same
+--workload, --count, --desc-size, --contiguous, --seed and --requests as the
+sender's 'bounce send'): it checks the buffer as bytes land, prints
+"verified" and exits 0 once every byte is right, or exits 1 naming the first
+wrong byte when --expect-wait runs out.
+
 With --stdin-control it reads JSON commands from stdin instead (used by
 'bounce run' and 'bounce bench'): verify, clear, load, stats, quit.`,
-		Example: `  bounce serve --engine.listen 10.0.0.2:7000 --control-plane.interface eth0 --descriptor-out recv.json
-  bounce send --peer recv.json --engine.listen 10.0.0.1:0 --control-plane.interface eth0`,
+		Example: `  # host B
+  bounce serve --engine.listen 10.0.0.2:7000 --control-plane.interface eth0 --descriptor-out recv.json \
+      --expect --workload gptoss120b-tp8-b16 --requests 8
+  # host A, with recv.json copied over
+  bounce send --peer recv.json --engine.listen 10.0.0.1:0 --control-plane.interface eth0 \
+      --workload gptoss120b-tp8-b16 --requests 8`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			l, err := loadConfig(cmd)
@@ -104,6 +118,9 @@ With --stdin-control it reads JSON commands from stdin instead (used by
 			if stdinControl {
 				return controlLoop(cmd.InOrStdin(), w, n, buf)
 			}
+			if expectOn {
+				return awaitExpected(cmd, buf, expect, expectWait)
+			}
 			fmt.Fprintf(cmd.ErrOrStderr(), "serving as %q; interrupt to stop\n", n.Agent.Name())
 			sig := make(chan os.Signal, 1)
 			signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
@@ -115,6 +132,9 @@ With --stdin-control it reads JSON commands from stdin instead (used by
 	cmd.Flags().StringVar(&bufSize, "buffer-size", "1GiB", "size of the registered destination buffer")
 	cmd.Flags().StringVar(&out, "descriptor-out", "", "write the descriptor line to this file instead of stdout")
 	cmd.Flags().BoolVar(&stdinControl, "stdin-control", false, "read JSON commands from stdin (for bounce run/bench)")
+	cmd.Flags().BoolVar(&expectOn, "expect", false, "verify the workload described by the workload flags as it lands, then exit")
+	cmd.Flags().DurationVar(&expectWait, "expect-wait", 5*time.Minute, "with --expect: give up (exit 1) after this long")
+	expect.add(cmd, 1)
 	configFlags(cmd)
 	return cmd
 }
@@ -184,4 +204,37 @@ func errReply(err error) reply {
 // target converts a hello into the driver's target.
 func (h hello) buffer() transfer.Desc {
 	return transfer.Desc{Addr: h.BufferAddr, Len: h.BufferLen, Kind: transfer.Host}
+}
+
+// awaitExpected checks the buffer until every request of the expected
+// workload verifies, or the wait runs out (the first wrong byte is named).
+func awaitExpected(cmd *cobra.Command, buf *mem.Buffer, wf workloadFlags, wait time.Duration) error {
+	spec, err := wf.spec()
+	if err != nil {
+		return err
+	}
+	c := command{Op: "verify", DescSize: spec.DescSize, Count: spec.Count, Fragmented: spec.Fragmented, Seed: spec.Seed, Requests: wf.requests}
+	if uint64(wf.requests)*spec.Bytes() > buf.Desc().Len {
+		return usage(fmt.Errorf("--expect: %d requests x %d bytes exceed --buffer-size", wf.requests, spec.Bytes()))
+	}
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
+	defer signal.Stop(sig)
+	deadline := time.After(wait)
+	tick := time.NewTicker(200 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		rep := verify(buf.Bytes(), c)
+		if rep.OK {
+			fmt.Fprintf(cmd.OutOrStdout(), "verified: %d request(s), %d bytes, every byte right\n", wf.requests, uint64(wf.requests)*spec.Bytes())
+			return nil
+		}
+		select {
+		case <-tick.C:
+		case <-sig:
+			return failed(fmt.Errorf("interrupted before the expected workload arrived: %s", rep.Error))
+		case <-deadline:
+			return failed(fmt.Errorf("expected workload not complete after %v: %s", wait, rep.Error))
+		}
+	}
 }
