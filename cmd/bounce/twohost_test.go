@@ -1,0 +1,103 @@
+package main
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// twoHosts makes two network namespaces joined by a veth pair — the test's
+// own hosts, 10.199.<n>.1 and 10.199.<n>.2 — and removes them at cleanup. It
+// skips where namespaces cannot be made (not root, no iproute2, a sandbox
+// that forbids them).
+func twoHosts(t *testing.T) (nsA, nsB, ifA, ifB, ipA, ipB string) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("network namespaces need root")
+	}
+	if _, err := exec.LookPath("ip"); err != nil {
+		t.Skip("no ip(8): install iproute2")
+	}
+	id := os.Getpid() % 100000
+	nsA, nsB = fmt.Sprintf("bnc-a-%d", id), fmt.Sprintf("bnc-b-%d", id)
+	ifA, ifB = fmt.Sprintf("bva%d", id), fmt.Sprintf("bvb%d", id)
+	n := id%250 + 1
+	ipA, ipB = fmt.Sprintf("10.199.%d.1", n), fmt.Sprintf("10.199.%d.2", n)
+	run := func(args ...string) error {
+		out, err := exec.Command("ip", args...).CombinedOutput()
+		if err != nil {
+			return fmt.Errorf("ip %s: %v: %s", strings.Join(args, " "), err, out)
+		}
+		return nil
+	}
+	if err := run("netns", "add", nsA); err != nil {
+		t.Skipf("cannot make a network namespace here: %v", err)
+	}
+	t.Cleanup(func() { run("netns", "del", nsA) })
+	if err := run("netns", "add", nsB); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { run("netns", "del", nsB) })
+	for _, args := range [][]string{
+		{"link", "add", ifA, "netns", nsA, "type", "veth", "peer", "name", ifB, "netns", nsB},
+		{"-n", nsA, "addr", "add", ipA + "/24", "dev", ifA},
+		{"-n", nsB, "addr", "add", ipB + "/24", "dev", ifB},
+		{"-n", nsA, "link", "set", ifA, "up"},
+		{"-n", nsB, "link", "set", ifB, "up"},
+		{"-n", nsA, "link", "set", "lo", "up"},
+		{"-n", nsB, "link", "set", "lo", "up"},
+	} {
+		if err := run(args...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return nsA, nsB, ifA, ifB, ipA, ipB
+}
+
+// TestTwoHosts moves a verified workload between two hosts (network
+// namespaces): the receiver binds its engine and its control plane on its
+// own interface, the sender on its own, and only the descriptor line crosses
+// between them out of band.
+func TestTwoHosts(t *testing.T) {
+	nsA, nsB, ifA, ifB, ipA, ipB := twoHosts(t)
+	bin := cliBinary(t)
+	for _, engine := range []string{"tcp", "ucx"} {
+		t.Run(engine, func(t *testing.T) {
+			desc := filepath.Join(t.TempDir(), "recv.json")
+			work := []string{"--workload", "llama70b-tp8-b16", "--count", "8192", "--requests", "2", "--seed", "11"}
+			common := []string{"--engine.kind", engine, "--bounce.arena-size", "32MiB", "--bounce.max-chunk", "4MiB"}
+			serve := exec.Command("ip", append(append([]string{"netns", "exec", nsB, bin, "serve", "--agent.name", "host-b",
+				"--engine.listen", ipB + ":0", "--control-plane.interface", ifB, "--buffer-size", "64MiB",
+				"--descriptor-out", desc, "--expect", "--expect-wait", "90s"}, common...), work...)...)
+			serve.Env = append(os.Environ(), "UCX_NET_DEVICES="+ifB, "UCX_TLS=tcp")
+			var sout, serr bytes.Buffer
+			serve.Stdout, serve.Stderr = &sout, &serr
+			if err := serve.Start(); err != nil {
+				t.Fatal(err)
+			}
+			defer serve.Process.Kill()
+			waitForFile(t, desc, &serr)
+			b, _ := os.ReadFile(desc)
+			if !strings.Contains(string(b), `"bounce":true`) {
+				t.Fatalf("receiver offers no bounce path: %s\n%s", b, serr.String())
+			}
+			send := exec.Command("ip", append(append([]string{"netns", "exec", nsA, bin, "send", "--peer", desc, "--agent.name", "host-a",
+				"--engine.listen", ipA + ":0", "--control-plane.interface", ifA, "--route", "bounce"}, common...), work...)...)
+			send.Env = append(os.Environ(), "UCX_NET_DEVICES="+ifA, "UCX_TLS=tcp")
+			out, err := send.CombinedOutput()
+			if err != nil {
+				t.Fatalf("send: %v\n%s", err, out)
+			}
+			if !strings.Contains(string(out), "bounce  ") {
+				t.Fatalf("send did not take the bounce route:\n%s", out)
+			}
+			if err := serve.Wait(); err != nil || !strings.Contains(sout.String(), "verified: 2 request(s)") {
+				t.Fatalf("receiver on host B: %v\nstdout:\n%s\nstderr:\n%s", err, sout.String(), serr.String())
+			}
+		})
+	}
+}
