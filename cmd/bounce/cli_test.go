@@ -7,6 +7,7 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -106,7 +107,7 @@ func TestServeSend(t *testing.T) {
 	work := []string{"--workload", "llama70b-tp8-b16", "--count", "8192", "--requests", "2", "--seed", "5"}
 	serve := exec.Command(cliBinary(t), append([]string{"serve", "--agent.name", "recv", "--buffer-size", "64MiB",
 		"--descriptor-out", desc, "--control-plane.bind-address", "127.0.0.1", "--expect", "--expect-wait", "60s"}, work...)...)
-	var sout, serr bytes.Buffer
+	var sout, serr syncBuffer
 	serve.Stdout, serve.Stderr = &sout, &serr
 	if err := serve.Start(); err != nil {
 		t.Fatal(err)
@@ -136,7 +137,7 @@ func TestServeExpectFails(t *testing.T) {
 	desc := filepath.Join(dir, "recv.json")
 	serve := exec.Command(cliBinary(t), "serve", "--agent.name", "recv", "--buffer-size", "64MiB", "--descriptor-out", desc,
 		"--control-plane.bind-address", "127.0.0.1", "--expect", "--expect-wait", "3s", "--workload", "gptoss120b-tp8-b16", "--count", "1024", "--seed", "1")
-	var serr bytes.Buffer
+	var serr syncBuffer
 	serve.Stderr = &serr
 	if err := serve.Start(); err != nil {
 		t.Fatal(err)
@@ -154,18 +155,48 @@ func TestServeExpectFails(t *testing.T) {
 	}
 }
 
-func waitForFile(t *testing.T, path string, stderr *bytes.Buffer) {
+func waitForFile(t *testing.T, path string, stderr fmt.Stringer) {
+	t.Helper()
+	waitForFileOf(t, path, stderr, nil)
+}
+
+// waitForFileOf waits for serve's descriptor line at path, failing at once
+// if the serve process (exited, when given) ends first.
+func waitForFileOf(t *testing.T, path string, stderr fmt.Stringer, exited <-chan struct{}) {
 	t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		if b, err := os.ReadFile(path); err == nil && bytes.HasSuffix(b, []byte("\n")) {
 			return
 		}
+		select {
+		case <-exited:
+			t.Fatalf("serve exited before publishing its descriptor; stderr:\n%s", stderr.String())
+		default:
+		}
 		if time.Now().After(deadline) {
 			t.Fatalf("serve published no descriptor; stderr:\n%s", stderr.String())
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// syncBuffer is a bytes.Buffer safe to read while a child process writes it.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }
 
 // TestPeerKilledMidTransfer: the receiver process is frozen mid-transfer and

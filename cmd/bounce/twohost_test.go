@@ -1,13 +1,13 @@
 package main
 
 import (
-	"bytes"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 )
 
 // twoHosts makes two network namespaces joined by a veth pair — the test's
@@ -55,6 +55,21 @@ func twoHosts(t *testing.T) (nsA, nsB, ifA, ifB, ipA, ipB string) {
 			t.Fatal(err)
 		}
 	}
+	// Engines enumerate devices with a carrier only (UCX says "No such
+	// device" otherwise): wait until both ends of the pair are up.
+	for _, l := range [][2]string{{nsA, ifA}, {nsB, ifB}} {
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			out, _ := exec.Command("ip", "-n", l[0], "link", "show", "dev", l[1]).CombinedOutput()
+			if strings.Contains(string(out), "LOWER_UP") && strings.Contains(string(out), "state UP") {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("link %s in %s never came up: %s", l[1], l[0], out)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
 	return nsA, nsB, ifA, ifB, ipA, ipB
 }
 
@@ -74,13 +89,16 @@ func TestTwoHosts(t *testing.T) {
 				"--engine.listen", ipB + ":0", "--control-plane.interface", ifB, "--buffer-size", "64MiB",
 				"--descriptor-out", desc, "--expect", "--expect-wait", "90s"}, common...), work...)...)
 			serve.Env = append(os.Environ(), "UCX_NET_DEVICES="+ifB, "UCX_TLS=tcp")
-			var sout, serr bytes.Buffer
+			var sout, serr syncBuffer
 			serve.Stdout, serve.Stderr = &sout, &serr
 			if err := serve.Start(); err != nil {
 				t.Fatal(err)
 			}
 			defer serve.Process.Kill()
-			waitForFile(t, desc, &serr)
+			exited := make(chan struct{})
+			var serveErr error
+			go func() { serveErr = serve.Wait(); close(exited) }()
+			waitForFileOf(t, desc, &serr, exited)
 			b, _ := os.ReadFile(desc)
 			if !strings.Contains(string(b), `"bounce":true`) {
 				t.Fatalf("receiver offers no bounce path: %s\n%s", b, serr.String())
@@ -95,8 +113,13 @@ func TestTwoHosts(t *testing.T) {
 			if !strings.Contains(string(out), "bounce  ") {
 				t.Fatalf("send did not take the bounce route:\n%s", out)
 			}
-			if err := serve.Wait(); err != nil || !strings.Contains(sout.String(), "verified: 2 request(s)") {
-				t.Fatalf("receiver on host B: %v\nstdout:\n%s\nstderr:\n%s", err, sout.String(), serr.String())
+			select {
+			case <-exited:
+			case <-time.After(2 * time.Minute):
+				t.Fatal("the receiver on host B never finished verifying")
+			}
+			if serveErr != nil || !strings.Contains(sout.String(), "verified: 2 request(s)") {
+				t.Fatalf("receiver on host B: %v\nstdout:\n%s\nstderr:\n%s", serveErr, sout.String(), serr.String())
 			}
 		})
 	}
