@@ -26,7 +26,10 @@ type reactor struct {
 	gathering []chunkRef
 	writing   []chunkRef
 	parked    map[uint64]*sendReq // requests with chunks waiting for arena or copy contexts
-	direct    map[uint64]*directReq
+	// retryParked is set when arena bytes or a copy context were freed (and
+	// by the periodic check), so parked requests are retried then.
+	retryParked bool
+	direct      map[uint64]*directReq
 
 	// receiver role
 	regions   map[uint64]regionInfo // granted region offset -> grant
@@ -46,6 +49,7 @@ type reactor struct {
 
 	cmdBuf    []func(*reactor)
 	lastCheck time.Time
+	lastRetry time.Time
 }
 
 type regionInfo struct {
@@ -200,7 +204,7 @@ func (r *reactor) run() {
 
 // busy reports whether ops are outstanding that the reactor must poll.
 func (r *reactor) busy() bool {
-	return len(r.gathering) > 0 || len(r.writing) > 0 || len(r.direct) > 0 || r.scatters > 0 || len(r.parked) > 0
+	return len(r.gathering) > 0 || len(r.writing) > 0 || len(r.direct) > 0 || r.scatters > 0
 }
 
 func (r *reactor) tick() bool {
@@ -239,6 +243,12 @@ func (r *reactor) tick() bool {
 	if now := time.Now(); now.Sub(r.lastCheck) >= time.Millisecond {
 		r.lastCheck = now
 		r.checkTimeouts(now)
+		if now.Sub(r.lastRetry) >= 10*time.Millisecond {
+			// Safety net: parked requests are retried at least this often
+			// even if no free event was seen.
+			r.lastRetry = now
+			r.retryParked = true
+		}
 	}
 	return progressed
 }

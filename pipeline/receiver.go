@@ -74,6 +74,8 @@ func (r *reactor) nack(peer string, req uint64, chunk uint32, code wire.NackCode
 
 // schedule hands out credits and sends them, one GRANT per flow.
 func (r *reactor) schedule() {
+	// Every path that frees arena bytes ends here: parked senders may fit.
+	r.retryParked = true
 	if r.sched == nil || r.shuttingDown {
 		return
 	}

@@ -119,10 +119,14 @@ func (r *reactor) advance(q *sendReq) {
 	}
 }
 
+// pumpParked retries parked requests, but only after something was freed
+// (arena bytes, a copy context) or the periodic safety-net retry; a parked
+// request never keeps the reactor spinning.
 func (r *reactor) pumpParked() bool {
-	if len(r.parked) == 0 {
+	if len(r.parked) == 0 || !r.retryParked {
 		return false
 	}
+	r.retryParked = false
 	progressed := false
 	for _, q := range r.parked {
 		before := q.next
@@ -214,6 +218,7 @@ func (r *reactor) pollGathers() bool {
 func (r *reactor) gatherDone(q *sendReq, k int, st transfer.Status, err error) {
 	c := &q.ch[k]
 	q.gathers--
+	r.retryParked = true // a copy context is free again
 	if st == transfer.Failed {
 		if errors.Is(err, transfer.ErrDeviceFault) {
 			q.b.markFault()
