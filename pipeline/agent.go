@@ -39,6 +39,12 @@ type Config struct {
 	// QuiesceTimeout bounds how long a failing request waits for its ops to
 	// stop before it is published retired but not quiescent.
 	QuiesceTimeout time.Duration
+	// FlowExpiry is how long a receiver keeps a flow whose sender has gone
+	// silent (no WANT, DATA or cancel) before it reclaims the flow's
+	// regions; a sender that crashed mid-request would otherwise hold them
+	// until ForgetPeer. Zero means 4 × RequestTimeout: by then a live
+	// sender has failed the request and cancelled it itself.
+	FlowExpiry time.Duration
 	// EagerGather starts gathers before the GRANT arrives (bounded by W and
 	// half the arena).
 	EagerGather bool
@@ -88,6 +94,9 @@ func (c *Config) fill() {
 	}
 	if c.QuiesceTimeout == 0 {
 		c.QuiesceTimeout = d.QuiesceTimeout
+	}
+	if c.FlowExpiry == 0 {
+		c.FlowExpiry = 4 * c.RequestTimeout
 	}
 }
 

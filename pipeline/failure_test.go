@@ -479,3 +479,21 @@ func TestPeerLostFailsEveryRequest(t *testing.T) {
 		}
 	}
 }
+
+// TestSilentSenderFlowExpires: a sender that gets its grant and then goes
+// silent (it crashed) does not hold the receiver's arena forever.
+func TestSilentSenderFlowExpires(t *testing.T) {
+	w := newWorld(t)
+	cfg := testConfig()
+	cfg.RequestTimeout = 100 * time.Millisecond // FlowExpiry defaults to 400ms
+	b := w.node("b", cfg)
+	im := newImpostor(t, w, b)
+	im.grant(t, b, 1, 1<<20)
+	if st := b.ArenaStats(); st.FreeBytes == st.Capacity {
+		t.Fatal("granted region not held")
+	}
+	settled(t, b)
+	if got := b.Stats().ExpiredFlows; got != 1 {
+		t.Fatalf("expired flows = %d, want 1", got)
+	}
+}

@@ -32,8 +32,10 @@ type reactor struct {
 	direct      map[uint64]*directReq
 
 	// receiver role
-	regions   map[uint64]regionInfo // granted region offset -> grant
-	ctrlPeers map[string]string     // control peers added from WANT endpoints
+	regions   map[uint64]regionInfo        // granted region offset -> grant
+	flowSeen  map[credit.FlowKey]time.Time // last WANT or DATA of each flow
+	lastSweep time.Time
+	ctrlPeers map[string]string // control peers added from WANT endpoints
 	jobs      chan scatterJob
 	resMu     sync.Mutex
 	results   []scatterResult
@@ -81,6 +83,7 @@ func newReactor(a *Agent, sched *credit.Scheduler) *reactor {
 		parked:    make(map[uint64]*sendReq),
 		direct:    make(map[uint64]*directReq),
 		regions:   make(map[uint64]regionInfo),
+		flowSeen:  make(map[credit.FlowKey]time.Time),
 		ctrlPeers: make(map[string]string),
 		inbox:     make(chan transfer.Message, 4096),
 		quit:      make(chan struct{}),
@@ -243,6 +246,10 @@ func (r *reactor) tick() bool {
 	if now := time.Now(); now.Sub(r.lastCheck) >= time.Millisecond {
 		r.lastCheck = now
 		r.checkTimeouts(now)
+		if now.Sub(r.lastSweep) >= r.cfg.FlowExpiry/8 {
+			r.lastSweep = now
+			r.expireFlows(now)
+		}
 		if now.Sub(r.lastRetry) >= 10*time.Millisecond {
 			// Safety net: parked requests are retried at least this often
 			// even if no free event was seen.

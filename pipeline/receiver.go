@@ -21,6 +21,7 @@ func (r *reactor) onWant(peer string, w *wire.Want) {
 	epErr := r.addControlPeer(peer, w.Endpoint)
 	if w.IsCancel() {
 		r.sched.Cancel(key)
+		delete(r.flowSeen, key)
 		r.schedule()
 		return
 	}
@@ -45,7 +46,33 @@ func (r *reactor) onWant(peer string, w *wire.Want) {
 		r.nack(peer, w.Request, 0, wire.NackBadRuns, err.Error())
 		return
 	}
+	r.flowSeen[key] = time.Now()
 	r.schedule()
+}
+
+// expireFlows reclaims the flows whose sender has been silent for longer
+// than FlowExpiry (a crashed sender never cancels), and forgets the
+// bookkeeping of flows that ended.
+func (r *reactor) expireFlows(now time.Time) {
+	if r.sched == nil {
+		return
+	}
+	expired := false
+	for key, seen := range r.flowSeen {
+		switch {
+		case !r.sched.Active(key):
+			delete(r.flowSeen, key)
+		case now.Sub(seen) > r.cfg.FlowExpiry:
+			delete(r.flowSeen, key)
+			r.sched.Cancel(key) // regions still scattering are freed when their scatter ends
+			r.a.stats.expiredFlows.Add(1)
+			r.log.Warn("flow reclaimed: its sender went silent", "peer", key.Peer, "request", key.Request, "silent_for", now.Sub(seen))
+			expired = true
+		}
+	}
+	if expired {
+		r.schedule()
+	}
 }
 
 func (r *reactor) addControlPeer(peer, endpoint string) error {
@@ -130,6 +157,7 @@ func (r *reactor) onData(peer string, d *wire.Data) {
 		r.schedule()
 		return
 	}
+	r.flowSeen[key] = time.Now()
 	if err := r.sched.BeginScatter(key, d.Region); err != nil {
 		r.a.stats.lateData.Add(1)
 		r.log.Warn("DATA for a region already scattering dropped", "peer", peer, "err", err)

@@ -15,6 +15,8 @@ type Stats struct {
 	IncompatiblePeers, BadPeerDescriptors uint64
 	// Scatter failures (no ACK was sent).
 	ScatterFailures uint64
+	// Flows reclaimed because their sender went silent (see FlowExpiry).
+	ExpiredFlows uint64
 	// WANTs sent (cancels included), grants sent and bytes moved through
 	// the bounce path.
 	Wants, Grants, BounceBytes uint64
@@ -26,7 +28,7 @@ type counters struct {
 	sendDrops                                     atomic.Uint64
 	badMessages, lateData, rejectedWants, badRuns atomic.Uint64
 	incompatiblePeers, badPeerDesc                atomic.Uint64
-	scatterFailures                               atomic.Uint64
+	scatterFailures, expiredFlows                 atomic.Uint64
 	wants, grants, bounceBytes                    atomic.Uint64
 }
 
@@ -39,7 +41,7 @@ func (a *Agent) Stats() Stats {
 		SendDrops:   c.sendDrops.Load(),
 		BadMessages: c.badMessages.Load(), LateData: c.lateData.Load(), RejectedWants: c.rejectedWants.Load(), BadRuns: c.badRuns.Load(),
 		IncompatiblePeers: c.incompatiblePeers.Load(), BadPeerDescriptors: c.badPeerDesc.Load(),
-		ScatterFailures: c.scatterFailures.Load(),
-		Wants:           c.wants.Load(), Grants: c.grants.Load(), BounceBytes: c.bounceBytes.Load(),
+		ScatterFailures: c.scatterFailures.Load(), ExpiredFlows: c.expiredFlows.Load(),
+		Wants: c.wants.Load(), Grants: c.grants.Load(), BounceBytes: c.bounceBytes.Load(),
 	}
 }

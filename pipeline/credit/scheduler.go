@@ -255,6 +255,10 @@ func (s *Scheduler) Schedule() []Grant {
 	}
 }
 
+// Active reports whether flow k exists: it has chunks pending or regions
+// held (scattering ones included).
+func (s *Scheduler) Active(k FlowKey) bool { return s.flows[k] != nil }
+
 // Held reports whether the region at off is held by flow k (scattering or
 // not). Orphaned regions are held by no flow.
 func (s *Scheduler) Held(k FlowKey, off uint64) bool {
