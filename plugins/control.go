@@ -14,25 +14,9 @@ import (
 // Control opens the plugin's control channel for agent name with opts. The
 // channel owns the Client: closing it ends the plugin process.
 func (c *Client) Control(name string, opts map[string]string) (transfer.ControlChannel, error) {
-	if err := c.claim(KindControl); err != nil {
-		return nil, err
-	}
-	rpc, ok := c.raw.(pb.ControlClient)
-	if !ok {
-		c.Close()
-		return nil, fmt.Errorf("plugin %s: no control client (got %T)", c.path, c.raw)
-	}
-	cx, cancel := ctx(CallTimeout)
-	defer cancel()
-	rep, err := rpc.Open(cx, &pb.OpenRequest{Name: []byte(name), Options: opts})
-	if err == nil {
-		err = fromProtoError(rep.GetError())
-	} else {
-		err = c.rpcErr("open control channel", err)
-	}
+	rpc, rep, err := open[pb.ControlClient](c, KindControl, "control channel", name, opts)
 	if err != nil {
-		c.Close()
-		return nil, fmt.Errorf("plugin %s: open control channel %q: %w", c.path, name, err)
+		return nil, err
 	}
 	return &remoteControl{c: c, rpc: rpc, kind: string(rep.GetName()), endpoint: string(rep.GetEndpoint())}, nil
 }

@@ -7,21 +7,28 @@ import (
 	"sync"
 	"time"
 
+	"google.golang.org/grpc"
+
 	pb "github.com/bouncekv/bounce/plugins/internal/proto"
 	"github.com/bouncekv/bounce/transfer"
 )
 
-// Engine opens the plugin's engine named name with opts. The engine owns
-// the Client: closing it ends the plugin process. It implements
-// transfer.Notifier when the plugin's engine does.
-func (c *Client) Engine(name string, opts map[string]string) (transfer.Engine, error) {
-	if err := c.claim(KindEngine); err != nil {
-		return nil, err
+// opener is a plugin service that opens one instance.
+type opener interface {
+	Open(ctx context.Context, in *pb.OpenRequest, opts ...grpc.CallOption) (*pb.OpenReply, error)
+}
+
+// open claims c for kind, takes its gRPC client of type C and opens the
+// instance named name; on any failure it ends the plugin process.
+func open[C opener](c *Client, kind, what, name string, opts map[string]string) (C, *pb.OpenReply, error) {
+	var zero C
+	if err := c.claim(kind); err != nil {
+		return zero, nil, err
 	}
-	rpc, ok := c.raw.(pb.EngineClient)
+	rpc, ok := c.raw.(C)
 	if !ok {
 		c.Close()
-		return nil, fmt.Errorf("plugin %s: no engine client (got %T)", c.path, c.raw)
+		return zero, nil, fmt.Errorf("plugin %s: no %s client (got %T)", c.path, what, c.raw)
 	}
 	cx, cancel := ctx(CallTimeout)
 	defer cancel()
@@ -29,11 +36,22 @@ func (c *Client) Engine(name string, opts map[string]string) (transfer.Engine, e
 	if err == nil {
 		err = fromProtoError(rep.GetError())
 	} else {
-		err = c.rpcErr("open engine", err)
+		err = c.rpcErr("open "+what, err)
 	}
 	if err != nil {
 		c.Close()
-		return nil, fmt.Errorf("plugin %s: open engine %q: %w", c.path, name, err)
+		return zero, nil, fmt.Errorf("plugin %s: open %s %q: %w", c.path, what, name, err)
+	}
+	return rpc, rep, nil
+}
+
+// Engine opens the plugin's engine named name with opts. The engine owns
+// the Client: closing it ends the plugin process. It implements
+// transfer.Notifier when the plugin's engine does.
+func (c *Client) Engine(name string, opts map[string]string) (transfer.Engine, error) {
+	rpc, rep, err := open[pb.EngineClient](c, KindEngine, "engine", name, opts)
+	if err != nil {
+		return nil, err
 	}
 	e := &remoteEngine{c: c, rpc: rpc, name: string(rep.GetName())}
 	if rep.GetNotifier() {
