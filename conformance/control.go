@@ -122,14 +122,25 @@ func controlRules() []rule[*chanSet] {
 	}
 }
 
-// sendAll sends payload(i) for i < n from ch to peer, sending again a
-// message refused with ErrQueueFull; each Send must return at once.
+// sendAll sends n payloads from ch to peer; from names ch in failures.
 func sendAll(c *rc, ch transfer.ControlChannel, from, peer string, n int, payload func(int) []byte) error {
+	return sendN(c, fmt.Sprintf("%s.Send(%q)", from, peer), n, func(b []byte) error { return ch.Send(peer, b) }, payload)
+}
+
+// recvAll receives n messages on ch and checks each with check.
+func recvAll(c *rc, ch transfer.ControlChannel, who string, n int, check func(i int, m transfer.Message) error) error {
+	return recvN(c, who, who+".Recv", "messages", n, ch.Recv, check)
+}
+
+// sendN makes n calls of send, one per payload, requiring each to return
+// quickly and retrying ErrQueueFull (the receiver is reading) until
+// OpTimeout; call names the call in failures.
+func sendN(c *rc, call string, n int, send func([]byte) error, payload func(int) []byte) error {
 	deadline := time.Now().Add(c.cfg.OpTimeout)
 	for i := 0; i < n; {
 		t0 := time.Now()
-		err := ch.Send(peer, payload(i))
-		if qerr := c.quick(fmt.Sprintf("%s.Send(%q) of message %d", from, peer, i), t0); qerr != nil {
+		err := send(payload(i))
+		if qerr := c.quick(fmt.Sprintf("%s of message %d", call, i), t0); qerr != nil {
 			return qerr
 		}
 		switch {
@@ -137,21 +148,22 @@ func sendAll(c *rc, ch transfer.ControlChannel, from, peer string, n int, payloa
 			i++
 		case errors.Is(err, transfer.ErrQueueFull):
 			if time.Now().After(deadline) {
-				return fmt.Errorf("%s.Send(%q) of message %d: still ErrQueueFull after OpTimeout (%v) while the peer reads", from, peer, i, c.cfg.OpTimeout)
+				return fmt.Errorf("%s of message %d: still ErrQueueFull after OpTimeout (%v) while the peer reads", call, i, c.cfg.OpTimeout)
 			}
 			time.Sleep(200 * time.Microsecond)
 		default:
-			return fmt.Errorf("%s.Send(%q) of message %d: %v", from, peer, i, err)
+			return fmt.Errorf("%s of message %d: %v", call, i, err)
 		}
 	}
 	return nil
 }
 
-// recvAll receives n messages on ch and checks each with check.
-func recvAll(c *rc, ch transfer.ControlChannel, who string, n int, check func(i int, m transfer.Message) error) error {
+// recvN receives n items with recv within OpTimeout and checks each; who
+// receives, call names the receive call and what the items in failures.
+func recvN(c *rc, who, call, what string, n int, recv func(time.Duration) (transfer.Message, error), check func(i int, m transfer.Message) error) error {
 	deadline := time.Now().Add(c.cfg.OpTimeout)
 	for i := 0; i < n; {
-		m, err := ch.Recv(50 * time.Millisecond)
+		m, err := recv(50 * time.Millisecond)
 		switch {
 		case err == nil:
 			if err := check(i, m); err != nil {
@@ -160,10 +172,10 @@ func recvAll(c *rc, ch transfer.ControlChannel, who string, n int, check func(i 
 			i++
 		case errors.Is(err, transfer.ErrTimeout):
 			if time.Now().After(deadline) {
-				return fmt.Errorf("%s received %d of %d messages within OpTimeout (%v)", who, i, n, c.cfg.OpTimeout)
+				return fmt.Errorf("%s received %d of %d %s within OpTimeout (%v)", who, i, n, what, c.cfg.OpTimeout)
 			}
 		default:
-			return fmt.Errorf("%s.Recv after %d of %d messages: %v", who, i, n, err)
+			return fmt.Errorf("%s after %d of %d %s: %v", call, i, n, what, err)
 		}
 	}
 	return nil

@@ -595,51 +595,14 @@ func notifiers(c *rc, e *enginePeer) (transfer.Notifier, transfer.Notifier, erro
 	return a, b, nil
 }
 
-// notifyAll sends payload(i) for i < n from s to peer, retrying a message
-// refused with ErrQueueFull; each Notify must return at once.
+// notifyAll sends n notifications from s to peer.
 func notifyAll(c *rc, s transfer.Notifier, peer string, n int, payload func(int) []byte) error {
-	deadline := time.Now().Add(c.cfg.OpTimeout)
-	for i := 0; i < n; {
-		t0 := time.Now()
-		err := s.Notify(peer, payload(i))
-		if qerr := c.quick(fmt.Sprintf("Notify(%q) of message %d", peer, i), t0); qerr != nil {
-			return qerr
-		}
-		switch {
-		case err == nil:
-			i++
-		case errors.Is(err, transfer.ErrQueueFull):
-			if time.Now().After(deadline) {
-				return fmt.Errorf("Notify(%q) of message %d: still ErrQueueFull after OpTimeout (%v) while the peer reads", peer, i, c.cfg.OpTimeout)
-			}
-			time.Sleep(200 * time.Microsecond)
-		default:
-			return fmt.Errorf("Notify(%q) of message %d: %v", peer, i, err)
-		}
-	}
-	return nil
+	return sendN(c, fmt.Sprintf("Notify(%q)", peer), n, func(b []byte) error { return s.Notify(peer, b) }, payload)
 }
 
 // recvNotes receives n notifications on r and checks each with check.
 func recvNotes(c *rc, r transfer.Notifier, who string, n int, check func(i int, m transfer.Message) error) error {
-	deadline := time.Now().Add(c.cfg.OpTimeout)
-	for i := 0; i < n; {
-		m, err := r.RecvNotification(50 * time.Millisecond)
-		switch {
-		case err == nil:
-			if err := check(i, m); err != nil {
-				return err
-			}
-			i++
-		case errors.Is(err, transfer.ErrTimeout):
-			if time.Now().After(deadline) {
-				return fmt.Errorf("%s received %d of %d notifications within OpTimeout (%v)", who, i, n, c.cfg.OpTimeout)
-			}
-		default:
-			return fmt.Errorf("%s: RecvNotification after %d of %d notifications: %v", who, i, n, err)
-		}
-	}
-	return nil
+	return recvN(c, who, who+": RecvNotification", "notifications", n, r.RecvNotification, check)
 }
 
 func seqPayload(tag string) func(int) []byte {
