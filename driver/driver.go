@@ -97,7 +97,7 @@ func (d *Driver) Close() error {
 	return err
 }
 
-// Specs returns request i's spec for o.
+// RequestSpec returns request i's spec for o (its own seed).
 func (o Options) RequestSpec(i int) workload.Spec {
 	s := o.Spec
 	s.Seed += uint64(i)

@@ -1,0 +1,138 @@
+package driver
+
+import (
+	"context"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/bouncekv/bounce/config"
+	"github.com/bouncekv/bounce/mem"
+	"github.com/bouncekv/bounce/node"
+	"github.com/bouncekv/bounce/pipeline"
+	"github.com/bouncekv/bounce/workload"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// pair builds two in-process nodes (loopback engine, inproc control plane)
+// and a registered destination buffer of size bytes on the receiver.
+func pair(t *testing.T, size uint64) (*node.Node, *node.Node, *mem.Buffer) {
+	t.Helper()
+	f := node.Builtin()
+	mk := func(name string) *node.Node {
+		c := config.Default()
+		c.Agent.Name = name
+		c.Engine.Kind, c.ControlPlane.Kind = "loopback", "inproc"
+		c.Bounce.ArenaSize, c.Bounce.MaxChunk, c.Bounce.MinDescriptors = 16*config.MiB, 2*config.MiB, 64
+		n, err := node.Build(c, f, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { n.Close(context.Background()) })
+		return n
+	}
+	a, b := mk("a"), mk("b")
+	dst, err := mem.Alloc(size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { dst.Free() })
+	if err := b.Agent.RegisterMemory(dst.Desc()); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range [][2]*node.Node{{a, b}, {b, a}} {
+		blob, err := p[1].Agent.Descriptor()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := p[0].Agent.LoadPeer(blob); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return a, b, dst
+}
+
+func TestRunMeasuresAndLands(t *testing.T) {
+	spec := workload.Spec{DescSize: 4096, Count: 512, Fragmented: true, Seed: 3}
+	const requests = 4
+	a, _, dst := pair(t, requests*spec.Bytes())
+	d, err := New(a.Agent, requests*spec.Bytes())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	for _, route := range []pipeline.Route{pipeline.RouteBounce, pipeline.RouteDirect} {
+		clear(dst.Bytes())
+		o := Options{Spec: spec, Requests: requests, Route: route}
+		res, err := d.Run(context.Background(), Target{Peer: "b", Buffer: dst.Desc()}, o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Route != route.String() || res.Requests != requests || res.Failed != 0 || res.Bytes != requests*spec.Bytes() {
+			t.Fatalf("%v: result %+v", route, res)
+		}
+		if len(res.Latencies) != requests || !slices.IsSorted(res.Latencies) || res.Elapsed < res.Latencies[requests-1] {
+			t.Fatalf("%v: latencies %v, elapsed %v", route, res.Latencies, res.Elapsed)
+		}
+		if res.Percentile(100) != res.Latencies[requests-1] || res.Percentile(0) != res.Latencies[0] || res.Throughput() <= 0 {
+			t.Fatalf("%v: percentiles or throughput wrong: %+v", route, res)
+		}
+		for i := 0; i < requests; i++ { // request i landed in the i-th slice, with its own seed
+			per := spec.Bytes()
+			if err := o.RequestSpec(i).Verify(dst.Bytes()[uint64(i)*per : uint64(i+1)*per]); err != nil {
+				t.Fatalf("%v: request %d: %v", route, i, err)
+			}
+		}
+	}
+}
+
+func TestRunRefusesWhatDoesNotFit(t *testing.T) {
+	spec := workload.Spec{DescSize: 4096, Count: 256, Seed: 1}
+	a, _, dst := pair(t, spec.Bytes())
+	d, err := New(a.Agent, 2*spec.Bytes())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	tgt := Target{Peer: "b", Buffer: dst.Desc()}
+	for _, tc := range []struct {
+		o    Options
+		want string
+	}{
+		{Options{Spec: spec, Requests: 0}, "requests must be positive"},
+		{Options{Spec: spec, Requests: 3}, "source buffer"},
+		{Options{Spec: spec, Requests: 2}, "peer's"},
+		{Options{Spec: workload.Spec{}, Requests: 1}, "positive descriptor size"},
+	} {
+		if _, err := d.Run(context.Background(), tgt, tc.o); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Fatalf("%+v: err = %v, want it to mention %q", tc.o, err, tc.want)
+		}
+	}
+}
+
+func TestRunCountsFailures(t *testing.T) {
+	spec := workload.Spec{DescSize: 4096, Count: 256, Seed: 1}
+	a, b, dst := pair(t, spec.Bytes())
+	d, err := New(a.Agent, spec.Bytes())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	// The receiver drops its destination: every write is refused.
+	if err := b.Agent.DeregisterMemory(dst.Desc()); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	res, err := d.Run(ctx, Target{Peer: "b", Buffer: dst.Desc()}, Options{Spec: spec, Requests: 1, Route: pipeline.RouteDirect})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Failed != 1 || res.FirstErr == nil || res.Bytes != 0 || len(res.Latencies) != 0 {
+		t.Fatalf("result %+v", res)
+	}
+}
