@@ -32,7 +32,6 @@ type reactor struct {
 	direct      map[uint64]*directReq
 
 	// receiver role
-	regions   map[uint64]regionInfo        // granted region offset -> grant
 	flowSeen  map[credit.FlowKey]time.Time // last WANT or DATA of each flow
 	lastSweep time.Time
 	ctrlPeers map[string]string // control peers added from WANT endpoints
@@ -52,12 +51,6 @@ type reactor struct {
 	cmdBuf    []func(*reactor)
 	lastCheck time.Time
 	lastRetry time.Time
-}
-
-type regionInfo struct {
-	key   credit.FlowKey
-	chunk int
-	len   uint64
 }
 
 type scatterJob struct {
@@ -82,7 +75,6 @@ func newReactor(a *Agent, sched *credit.Scheduler) *reactor {
 		reqs:      make(map[uint64]*sendReq),
 		parked:    make(map[uint64]*sendReq),
 		direct:    make(map[uint64]*directReq),
-		regions:   make(map[uint64]regionInfo),
 		flowSeen:  make(map[credit.FlowKey]time.Time),
 		ctrlPeers: make(map[string]string),
 		inbox:     make(chan transfer.Message, 4096),
@@ -267,11 +259,6 @@ func (r *reactor) onMessage(m transfer.Message) {
 	if err != nil {
 		r.a.stats.badMessages.Add(1)
 		r.log.Warn("dropped malformed control message", "peer", m.Peer, "err", err)
-		return
-	}
-	if r.sched == nil {
-		r.a.stats.badMessages.Add(1)
-		r.log.Warn("dropped control message: bounce is off locally", "peer", m.Peer)
 		return
 	}
 	switch msg := msg.(type) {

@@ -37,13 +37,13 @@ func (r *reactor) onWant(peer string, w *wire.Want) {
 	for i, n := range w.ChunkBytes {
 		if n == 0 || n > r.cfg.MaxChunk {
 			r.a.stats.rejectedWants.Add(1)
-			r.nack(peer, w.Request, uint32(i), wire.NackBadRuns, fmt.Sprintf("chunk %d has %d bytes; accepted 1..%d", i, n, r.cfg.MaxChunk))
+			r.nack(peer, w.Request, uint32(i), wire.NackChunkTooLarge, fmt.Sprintf("chunk %d has %d bytes; accepted 1..%d", i, n, r.cfg.MaxChunk))
 			return
 		}
 	}
 	if err := r.sched.Want(key, w.ChunkBytes); err != nil {
 		r.a.stats.rejectedWants.Add(1)
-		r.nack(peer, w.Request, 0, wire.NackBadRuns, err.Error())
+		r.nack(peer, w.Request, wire.WholeRequest, wire.NackMalformed, err.Error())
 		return
 	}
 	r.flowSeen[key] = time.Now()
@@ -118,7 +118,6 @@ func (r *reactor) schedule() {
 	var order []*out
 	byFlow := make(map[credit.FlowKey]*out, 4)
 	for _, g := range grants {
-		r.regions[g.Offset] = regionInfo{key: g.Flow, chunk: g.Chunk, len: g.Len}
 		o := byFlow[g.Flow]
 		if o == nil {
 			o = &out{key: g.Flow}
@@ -146,8 +145,8 @@ func (r *reactor) onData(peer string, d *wire.Data) {
 		r.log.Info("late or foreign DATA dropped", "peer", peer, "request", d.Request, "region", d.Region)
 		return
 	}
-	info := r.regions[d.Region]
-	if _, err := plan.CheckRuns(d.Runs, info.len); err != nil {
+	grant, _ := r.sched.Region(d.Region) // held, so it exists
+	if _, err := plan.CheckRuns(d.Runs, grant.Len); err != nil {
 		r.a.stats.badRuns.Add(1)
 		r.log.Warn("DATA rejected: scatter runs outside the grant", "peer", peer, "request", d.Request, "err", err)
 		if err := r.sched.Drop(key, d.Region); err != nil {
@@ -164,7 +163,7 @@ func (r *reactor) onData(peer string, d *wire.Data) {
 		return
 	}
 	r.scatters++
-	r.jobs <- scatterJob{key: key, chunk: d.Chunk, region: d.Region, len: info.len, runs: d.Runs}
+	r.jobs <- scatterJob{key: key, chunk: d.Chunk, region: d.Region, len: grant.Len, runs: d.Runs}
 }
 
 // scatterWorker runs scatter jobs: launch (retrying while the copy pool is
