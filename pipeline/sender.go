@@ -166,7 +166,6 @@ func (r *reactor) onGrant(peer string, g *wire.Grant) {
 			r.fail(q, fmt.Errorf("pipeline: peer %q sent an invalid credit %+v for request %d", peer, cr, q.id))
 			return
 		}
-		cr := cr
 		c := &q.ch[k]
 		c.credit = &cr
 		q.lastProgress = time.Now()
@@ -277,8 +276,9 @@ func (r *reactor) writeDone(q *sendReq, k int, st transfer.Status, err error) {
 	q.writes--
 	if st == transfer.Failed && errors.Is(err, transfer.ErrNotQuiescent) {
 		// The engine may still read the staging region: never reuse it.
+		// The caller's memory is not involved (the gather finished), so the
+		// batch itself stays releasable.
 		c.staged = false
-		q.b.markFault()
 	} else {
 		r.dropStaging(c) // the engine no longer reads the staging region
 	}
