@@ -62,8 +62,7 @@ type Batch struct {
 	status    transfer.Status
 	err       error
 	quiescent bool
-	fault     bool // an op reported a device fault
-	released  bool
+	fault     bool          // an op reported a device fault
 	quiet     chan struct{} // closed when quiescent
 	cbWG      sync.WaitGroup
 
@@ -149,7 +148,6 @@ func (b *Batch) Release() error {
 		b.mu.Unlock()
 		return fmt.Errorf("pipeline: release batch %d (%s): %w", b.id, st, transfer.ErrNotQuiescent)
 	}
-	b.released = true
 	b.mu.Unlock()
 	b.cbWG.Wait()
 	return nil
