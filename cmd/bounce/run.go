@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/base64"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -124,21 +125,10 @@ func mainJob(cmd *cobra.Command, cfg config.Config, childArgs []string, spec wor
 			rows[0].res.Throughput()/rows[1].res.Throughput(), rate(rows[0].res.Throughput()), rate(rows[1].res.Throughput()))
 	}
 	if len(bad) > 0 {
-		return failed(fmt.Errorf("%d route(s) failed:\n  %s", len(bad), joinLines(bad)))
+		return failed(fmt.Errorf("%d route(s) failed:\n  %s", len(bad), strings.Join(bad, "\n  ")))
 	}
 	fmt.Fprintln(out, "every byte verified")
 	return nil
-}
-
-func joinLines(s []string) string {
-	out := ""
-	for i, l := range s {
-		if i > 0 {
-			out += "\n  "
-		}
-		out += l
-	}
-	return out
 }
 
 // localPair derives, from the configuration cmd loaded, the sender's
