@@ -6,7 +6,8 @@ package certify
 
 import (
 	"fmt"
-	"sort"
+	"maps"
+	"slices"
 
 	"github.com/bouncekv/bounce/config"
 	"github.com/bouncekv/bounce/conformance"
@@ -102,12 +103,7 @@ func Run(f node.Factories, kind, name string, o Options, cfg conformance.Config)
 }
 
 func unknown[V any](what, name string, m map[string]V) error {
-	names := make([]string, 0, len(m))
-	for k := range m {
-		names = append(names, k)
-	}
-	sort.Strings(names)
-	return fmt.Errorf("certify: no %s named %q; accepted: %v", what, name, names)
+	return fmt.Errorf("certify: no %s named %q; accepted: %v", what, name, slices.Sorted(maps.Keys(m)))
 }
 
 func settings(name string) node.Settings {

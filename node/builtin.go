@@ -186,5 +186,3 @@ func options(key string, opts map[string]string, known map[string]func(string) e
 	}
 	return nil
 }
-
-func sortStrings(s []string) { sort.Strings(s) }
