@@ -2,7 +2,6 @@ package node
 
 import (
 	"fmt"
-	"sort"
 	"strconv"
 	"time"
 
@@ -166,12 +165,7 @@ func (HostScatterFactory) CreateScatterer(s Settings, cfg config.BounceConfig) (
 // options applies engine-specific options strictly: an unknown name or a
 // bad value is an error naming the key, the value and what is accepted.
 func options(key string, opts map[string]string, known map[string]func(string) error) error {
-	names := make([]string, 0, len(opts))
-	for k := range opts {
-		names = append(names, k)
-	}
-	sort.Strings(names)
-	for _, k := range names {
+	for _, k := range keys(opts) {
 		apply, ok := known[k]
 		if !ok {
 			accepted := keys(known)
