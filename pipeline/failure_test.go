@@ -21,10 +21,7 @@ func shortTimeouts() Config {
 }
 
 func withFaultEngine(fe **faultEngine) nodeOpt {
-	return func(s *Settings, _ *loopbackOptions) {
-		if s == nil {
-			return
-		}
+	return func(s *Settings) {
 		f := &faultEngine{Engine: s.Engine}
 		s.Engine = f
 		*fe = f
@@ -32,10 +29,7 @@ func withFaultEngine(fe **faultEngine) nodeOpt {
 }
 
 func withFaultScatter(fs **faultScatterer) nodeOpt {
-	return func(s *Settings, _ *loopbackOptions) {
-		if s == nil {
-			return
-		}
+	return func(s *Settings) {
 		f := &faultScatterer{Scatterer: s.Scatterer}
 		f.fail.Store(true)
 		s.Scatterer = f
@@ -44,10 +38,7 @@ func withFaultScatter(fs **faultScatterer) nodeOpt {
 }
 
 func withStall(sg **stallGatherer) nodeOpt {
-	return func(s *Settings, _ *loopbackOptions) {
-		if s == nil {
-			return
-		}
+	return func(s *Settings) {
 		g := newStallGatherer(s.Gatherer)
 		g.stall(true)
 		s.Gatherer = g

@@ -94,11 +94,7 @@ func TestHandshakeMatrix(t *testing.T) {
 	})
 	t.Run("no-usable-endpoint-advertises-nothing", func(t *testing.T) {
 		w := newWorld(t)
-		n := w.node("a", testConfig(), func(s *Settings, _ *loopbackOptions) {
-			if s != nil {
-				s.Control = noEndpoint{s.Control}
-			}
-		})
+		n := w.node("a", testConfig(), func(s *Settings) { s.Control = noEndpoint{s.Control} })
 		if n.Handshake() != nil {
 			t.Fatal("an agent without an endpoint advertised a handshake")
 		}

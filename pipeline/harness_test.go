@@ -66,9 +66,9 @@ type node struct {
 	scatter transfer.Scatterer
 }
 
-type loopbackOptions = loopback.Options
-
-type nodeOpt func(*Settings, *loopbackOptions)
+// nodeOpt adjusts a node's settings (wrapping a component with a fault
+// injector, say) before its agent is built.
+type nodeOpt func(*Settings)
 
 func testConfig() Config {
 	c := DefaultConfig()
@@ -85,14 +85,9 @@ func testConfig() Config {
 func (w *world) node(name string, cfg Config, opts ...nodeOpt) *node {
 	t := w.t
 	t.Helper()
-	var lopt loopback.Options
 	s := Settings{Name: name, Registry: &mem.Registry{}}
-	for _, o := range opts {
-		o(nil, &lopt)
-	}
 	wake := make(chan struct{}, 1)
-	lopt.OnComplete = hostcopy.Signal(wake)
-	eng := w.engine(t, name, lopt)
+	eng := w.engine(t, name, loopback.Options{OnComplete: hostcopy.Signal(wake)})
 	g, err := gatherhost.New(gatherhost.Settings{Registry: s.Registry, Contexts: 8, Notify: hostcopy.Signal(wake)})
 	if err != nil {
 		t.Fatal(err)
@@ -104,7 +99,7 @@ func (w *world) node(name string, cfg Config, opts ...nodeOpt) *node {
 	s.Engine, s.Gatherer, s.Scatterer, s.Wake = eng, g, sc, wake
 	s.Control = w.ctrl(t, name, eng)
 	for _, o := range opts {
-		o(&s, nil)
+		o(&s)
 	}
 	a, err := New(s, cfg)
 	if err != nil {
