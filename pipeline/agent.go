@@ -1,6 +1,7 @@
 package pipeline
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -71,33 +72,15 @@ func DefaultConfig() Config {
 
 func (c *Config) fill() {
 	d := DefaultConfig()
-	if c.ArenaSize == 0 {
-		c.ArenaSize = d.ArenaSize
-	}
-	if c.Granularity == 0 {
-		c.Granularity = d.Granularity
-	}
-	if c.MaxChunk == 0 {
-		c.MaxChunk = d.MaxChunk
-	}
-	if c.MaxInflight == 0 {
-		c.MaxInflight = d.MaxInflight
-	}
-	if c.ScatterWorkers == 0 {
-		c.ScatterWorkers = d.ScatterWorkers
-	}
-	if c.MaxAvgDescriptor == 0 {
-		c.MaxAvgDescriptor = d.MaxAvgDescriptor
-	}
-	if c.RequestTimeout == 0 {
-		c.RequestTimeout = d.RequestTimeout
-	}
-	if c.QuiesceTimeout == 0 {
-		c.QuiesceTimeout = d.QuiesceTimeout
-	}
-	if c.FlowExpiry == 0 {
-		c.FlowExpiry = 4 * c.RequestTimeout
-	}
+	c.ArenaSize = cmp.Or(c.ArenaSize, d.ArenaSize)
+	c.Granularity = cmp.Or(c.Granularity, d.Granularity)
+	c.MaxChunk = cmp.Or(c.MaxChunk, d.MaxChunk)
+	c.MaxInflight = cmp.Or(c.MaxInflight, d.MaxInflight)
+	c.ScatterWorkers = cmp.Or(c.ScatterWorkers, d.ScatterWorkers)
+	c.MaxAvgDescriptor = cmp.Or(c.MaxAvgDescriptor, d.MaxAvgDescriptor)
+	c.RequestTimeout = cmp.Or(c.RequestTimeout, d.RequestTimeout)
+	c.QuiesceTimeout = cmp.Or(c.QuiesceTimeout, d.QuiesceTimeout)
+	c.FlowExpiry = cmp.Or(c.FlowExpiry, 4*c.RequestTimeout)
 }
 
 // Settings are the agent's injected dependencies. The agent does not own
