@@ -9,7 +9,6 @@ package mem
 import (
 	"fmt"
 	"math/rand/v2"
-	"os"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -95,10 +94,6 @@ func (a *Arena) Bytes() []byte { return a.buf }
 
 // Fd returns the memfd backing the arena, for sharing with another process.
 func (a *Arena) Fd() int { return a.fd }
-
-// File returns the memfd as an *os.File (for exec.Cmd.ExtraFiles); the caller
-// must not close it while the arena is in use.
-func (a *Arena) File() *os.File { return os.NewFile(uintptr(a.fd), "bounce-"+a.name) }
 
 // Close unmaps the arena and closes its descriptor. It is idempotent.
 func (a *Arena) Close() error {

@@ -70,7 +70,7 @@ func BenchmarkFragmentSize(b *testing.B) {
 	for _, mode := range allModes() {
 		b.Run("errmode="+mode.String(), func(b *testing.B) {
 			const size = 64 << 20
-			frags := []uint64{64 << 10, DefaultFragmentSize, 1 << 20, 4 << 20, 16 << 20, 64 << 20}
+			frags := []uint64{64 << 10, 256 << 10, DefaultFragmentSize, 4 << 20, 16 << 20, 64 << 20}
 			dst := alloc(b, size)
 			target := newEngine(b, Config{Name: "b", ErrMode: mode})
 			register(b, target, dst)
@@ -81,9 +81,11 @@ func BenchmarkFragmentSize(b *testing.B) {
 				register(b, writers[k], src)
 				load(b, writers[k], target)
 			}
-			ops := func(k int) []transfer.WriteOp {
-				return []transfer.WriteOp{{Src: writers[k].reg.Ranges()[0], Dst: dst.Desc()}}
+			opsOf := make([][]transfer.WriteOp, len(writers))
+			for k, w := range writers {
+				opsOf[k] = []transfer.WriteOp{{Src: w.reg.Ranges()[0], Dst: dst.Desc()}}
 			}
+			ops := func(k int) []transfer.WriteOp { return opsOf[k] }
 			for k := range writers {
 				timeWrite(b, writers[k], ops(k)) // connect
 			}

@@ -196,7 +196,6 @@ type Engine struct {
 	// Owned by the progress goroutine.
 	c        *C.bkv_ctx
 	addr     []byte
-	maxAMHdr int
 	regions  map[uint64]*region
 	peers    map[string]*peer
 	eps      map[uint64]*peer
@@ -280,14 +279,14 @@ func (e *Engine) initUCX() error {
 	if st := C.bkv_init(&e.c, &efd, &maxHdr); st != C.UCS_OK {
 		return fmt.Errorf("ucx: new %q: init UCP: %s", e.name, statusString(st))
 	}
-	e.maxAMHdr = int(maxHdr)
+	maxAMHdr := int(maxHdr)
 	fail := func(err error) error {
 		C.bkv_destroy(e.c)
 		e.c = nil
 		return err
 	}
-	if e.maxAMHdr < 5+maxNameLen {
-		return fail(fmt.Errorf("ucx: new %q: UCX allows %d-byte active-message headers, need %d", e.name, e.maxAMHdr, 5+maxNameLen))
+	if maxAMHdr < 5+maxNameLen {
+		return fail(fmt.Errorf("ucx: new %q: UCX allows %d-byte active-message headers, need %d", e.name, maxAMHdr, 5+maxNameLen))
 	}
 	var p unsafe.Pointer
 	var n C.size_t

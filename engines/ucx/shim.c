@@ -152,12 +152,10 @@ void bkv_destroy(bkv_ctx *c)
     bkv_msg   *m;
     bkv_eperr *e;
 
-    while ((m = bkv_take_msgs(c)) != NULL) {
-        while (m != NULL) {
-            bkv_msg *next = m->next;
-            free(m);
-            m = next;
-        }
+    for (m = bkv_take_msgs(c); m != NULL;) {
+        bkv_msg *next = m->next;
+        free(m);
+        m = next;
     }
     for (e = bkv_take_errs(c); e != NULL;) {
         bkv_eperr *next = e->next;
