@@ -127,19 +127,23 @@ func TestCloseFailsInFlight(t *testing.T) {
 
 func TestStalledReceiverFailsWithinWriteTimeout(t *testing.T) {
 	v := newEnv(t)
-	a := v.engine("a", func(c *Config) { c.WriteTimeout = 200 * time.Millisecond })
+	const wt = 200 * time.Millisecond
+	a := v.engine("a", func(c *Config) { c.WriteTimeout = wt })
 	src := v.buf(64<<20, 0, a)
 	f := newFakeReceiver(t, "fake", stall)
-	mustFail(t, postToFake(t, a, f, src.Desc()), transfer.ErrPeerLost)
+	start := time.Now()
+	mustFailWithin(t, postToFake(t, a, f, src.Desc()), transfer.ErrPeerLost, start, wt)
 }
 
 func TestSilentReceiverFailsWithinIdleTimeout(t *testing.T) {
 	// The receiver reads every byte but never acknowledges.
 	v := newEnv(t)
-	a := v.engine("a", func(c *Config) { c.IdleTimeout = 200 * time.Millisecond })
+	const it = 200 * time.Millisecond
+	a := v.engine("a", func(c *Config) { c.IdleTimeout = it })
 	src := v.buf(1<<20, 34, a)
 	f := newFakeReceiver(t, "fake", func(c net.Conn, _ <-chan struct{}) { io.Copy(io.Discard, c) })
-	mustFail(t, postToFake(t, a, f, src.Desc()), transfer.ErrPeerLost)
+	start := time.Now()
+	mustFailWithin(t, postToFake(t, a, f, src.Desc()), transfer.ErrPeerLost, start, 2*it) // doc.go: within 2 x IdleTimeout
 }
 
 func TestReceiverDiesMidFrame(t *testing.T) {

@@ -240,6 +240,20 @@ func mustFail(t testing.TB, op transfer.Op, want error) error {
 	return err
 }
 
+// boundSlack is what a failure bound may overrun on a loaded machine: far
+// below hangGuard, so a bound that regressed by an order of magnitude shows.
+const boundSlack = 5 * time.Second
+
+// mustFailWithin is mustFail, plus: the failure came no later than bound
+// (and boundSlack) after start.
+func mustFailWithin(t testing.TB, op transfer.Op, want error, start time.Time, bound time.Duration) {
+	t.Helper()
+	mustFail(t, op, want)
+	if took := time.Since(start); took > bound+boundSlack {
+		t.Fatalf("op failed after %v; the engine's bound is %v", took, bound)
+	}
+}
+
 // eventually polls cond until it holds, within hangGuard.
 func eventually(t testing.TB, what string, cond func() bool) {
 	t.Helper()
