@@ -202,21 +202,15 @@ func Summarize(lat []time.Duration) LatencyStats {
 		Count:  len(s),
 		MinNS:  int64(s[0]),
 		MeanNS: int64(math.Round(sum / float64(len(s)))),
-		P50NS:  int64(Percentile(s, 50)),
-		P90NS:  int64(Percentile(s, 90)),
-		P99NS:  int64(Percentile(s, 99)),
+		P50NS:  int64(driver.Percentile(s, 50)),
+		P90NS:  int64(driver.Percentile(s, 90)),
+		P99NS:  int64(driver.Percentile(s, 99)),
 		MaxNS:  int64(s[len(s)-1]),
 	}
 	if st.P50NS > 0 {
 		st.TailRatio = float64(st.P99NS) / float64(st.P50NS)
 	}
 	return st
-}
-
-// Percentile returns the p-th percentile (0..100) of sorted latencies, by
-// driver.Percentile's nearest-rank definition, or 0 for an empty slice.
-func Percentile(sorted []time.Duration, p float64) time.Duration {
-	return driver.Percentile(sorted, p)
 }
 
 // Median returns the median of xs (the mean of the middle two for an even

@@ -11,45 +11,11 @@ import (
 	"time"
 
 	"go.uber.org/goleak"
-
-	"github.com/bouncekv/bounce/driver"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 func millis(n int) time.Duration { return time.Duration(n) * time.Millisecond }
-
-func TestPercentileNearestRank(t *testing.T) {
-	lat := []time.Duration{millis(1), millis(2), millis(3), millis(4), millis(5), millis(6), millis(7), millis(8), millis(9), millis(10)}
-	for _, tc := range []struct {
-		p    float64
-		want time.Duration
-	}{{0, millis(1)}, {10, millis(1)}, {50, millis(5)}, {90, millis(9)}, {99, millis(10)}, {100, millis(10)}} {
-		if got := Percentile(lat, tc.p); got != tc.want {
-			t.Errorf("p%v = %v, want %v", tc.p, got, tc.want)
-		}
-	}
-	if got := Percentile(nil, 50); got != 0 {
-		t.Errorf("p50 of nothing = %v, want 0", got)
-	}
-}
-
-// TestPercentileMatchesDriver keeps bench and run reporting the same
-// percentiles for the same latencies.
-func TestPercentileMatchesDriver(t *testing.T) {
-	for n := 1; n <= 130; n++ {
-		lat := make([]time.Duration, n)
-		for i := range lat {
-			lat[i] = time.Duration(i+1) * time.Microsecond
-		}
-		res := driver.Result{Latencies: lat}
-		for _, p := range []float64{1, 10, 25, 50, 75, 90, 99, 99.9, 100} {
-			if got, want := Percentile(lat, p), res.Percentile(p); got != want {
-				t.Fatalf("n=%d p%v: %v, driver says %v", n, p, got, want)
-			}
-		}
-	}
-}
 
 func TestSummarize(t *testing.T) {
 	// 100 latencies 1..100 ms in reverse order: Summarize sorts a copy.

@@ -136,3 +136,19 @@ func TestRunCountsFailures(t *testing.T) {
 		t.Fatalf("result %+v", res)
 	}
 }
+
+func TestPercentileNearestRank(t *testing.T) {
+	ms := func(n int) time.Duration { return time.Duration(n) * time.Millisecond }
+	lat := []time.Duration{ms(1), ms(2), ms(3), ms(4), ms(5), ms(6), ms(7), ms(8), ms(9), ms(10)}
+	for _, tc := range []struct {
+		p    float64
+		want time.Duration
+	}{{0, ms(1)}, {10, ms(1)}, {50, ms(5)}, {90, ms(9)}, {99, ms(10)}, {100, ms(10)}} {
+		if got := Percentile(lat, tc.p); got != tc.want {
+			t.Errorf("p%v = %v, want %v", tc.p, got, tc.want)
+		}
+	}
+	if got := Percentile(nil, 50); got != 0 {
+		t.Errorf("p50 of nothing = %v, want 0", got)
+	}
+}
