@@ -141,15 +141,18 @@ func ControlFactory(cf node.ControlFactory, carrier node.EngineFactory, o Option
 		cf, carrier := freshControl(cf), fresh(carrier)
 		var chans [3]transfer.ControlChannel
 		var engines []transfer.Engine
+		closeEngines := func() {
+			for _, e := range engines {
+				e.Close()
+			}
+		}
 		cleanup := func() {
 			for _, c := range chans {
 				if c != nil {
 					c.Close()
 				}
 			}
-			for _, e := range engines {
-				e.Close()
-			}
+			closeEngines()
 		}
 		for i, name := range []string{"a", "b", "c"} {
 			eng, err := carrier.CreateEngine(settings(name), o.Engine)
@@ -165,11 +168,8 @@ func ControlFactory(cf node.ControlFactory, carrier node.EngineFactory, o Option
 			}
 			chans[i] = ch
 		}
-		return conformance.ControlSet{A: chans[0], B: chans[1], C: chans[2], Cleanup: func() {
-			for _, e := range engines {
-				e.Close()
-			}
-		}}, nil
+		// The suite closes the channels itself; the carriers are ours.
+		return conformance.ControlSet{A: chans[0], B: chans[1], C: chans[2], Cleanup: closeEngines}, nil
 	}
 }
 

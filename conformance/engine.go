@@ -605,10 +605,6 @@ func recvNotes(c *rc, r transfer.Notifier, who string, n int, check func(i int, 
 	return recvN(c, who, who+": RecvNotification", "notifications", n, r.RecvNotification, check)
 }
 
-func seqPayload(tag string) func(int) []byte {
-	return func(i int) []byte { return fmt.Appendf(nil, "%s#%06d", tag, i) }
-}
-
 func ruleNotifyOrder(c *rc, e *enginePeer) error {
 	a, b, err := notifiers(c, e)
 	if err != nil {
@@ -616,9 +612,9 @@ func ruleNotifyOrder(c *rc, e *enginePeer) error {
 	}
 	const n = 1000
 	sent := make(chan error, 1)
-	go func() { sent <- notifyAll(c, a, e.peerB, n, seqPayload("order")) }()
+	go func() { sent <- notifyAll(c, a, e.peerB, n, tagged("order")) }()
 	rerr := recvNotes(c, b, "B", n, func(i int, m transfer.Message) error {
-		if want := seqPayload("order")(i); string(m.Payload) != string(want) {
+		if want := tagged("order")(i); string(m.Payload) != string(want) {
 			return fmt.Errorf("notification %d received by B is %q; want %q (order per peer, none lost or duplicated)", i, m.Payload, want)
 		}
 		return nil
@@ -643,7 +639,7 @@ func ruleNotifySender(c *rc, e *enginePeer) error {
 		{a, b, "A", "B", e.peerB, e.peerA},
 		{b, a, "B", "A", e.peerA, e.peerB},
 	} {
-		if err := notifyAll(c, d.from, d.peer, n, seqPayload(d.fromN)); err != nil {
+		if err := notifyAll(c, d.from, d.peer, n, tagged(d.fromN)); err != nil {
 			return fmt.Errorf("%s: %w", d.fromN, err)
 		}
 		err := recvNotes(c, d.to, d.toN, n, func(i int, m transfer.Message) error {
@@ -666,19 +662,19 @@ func ruleNotifyCrosstalk(c *rc, e *enginePeer) error {
 	}
 	const n = 300
 	sent := make(chan error, 2)
-	go func() { sent <- notifyAll(c, a, e.peerB, n, seqPayload("from-A")) }()
-	go func() { sent <- notifyAll(c, b, e.peerA, n, seqPayload("from-B")) }()
+	go func() { sent <- notifyAll(c, a, e.peerB, n, tagged("from-A")) }()
+	go func() { sent <- notifyAll(c, b, e.peerA, n, tagged("from-B")) }()
 	got := make(chan error, 1)
 	go func() {
 		got <- recvNotes(c, a, "A", n, func(i int, m transfer.Message) error {
-			if want := seqPayload("from-B")(i); string(m.Payload) != string(want) || m.Peer != e.peerB {
+			if want := tagged("from-B")(i); string(m.Payload) != string(want) || m.Peer != e.peerB {
 				return fmt.Errorf("notification %d received by A is %q from %q; want %q from %q", i, m.Payload, m.Peer, want, e.peerB)
 			}
 			return nil
 		})
 	}()
 	berr := recvNotes(c, b, "B", n, func(i int, m transfer.Message) error {
-		if want := seqPayload("from-A")(i); string(m.Payload) != string(want) || m.Peer != e.peerA {
+		if want := tagged("from-A")(i); string(m.Payload) != string(want) || m.Peer != e.peerA {
 			return fmt.Errorf("notification %d received by B is %q from %q; want %q from %q", i, m.Payload, m.Peer, want, e.peerA)
 		}
 		return nil

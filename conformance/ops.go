@@ -145,9 +145,6 @@ func (c *rc) watchQuiet(j *job, after string) string {
 	return ""
 }
 
-// sleep waits d.
-func (c *rc) sleep(d time.Duration) { time.Sleep(d) }
-
 // fill writes the rule's next random bytes into b.
 func (c *rc) fill(b []byte) { _, _ = c.bytes.Read(b) }
 

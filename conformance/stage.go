@@ -278,9 +278,6 @@ func (s *stageRig) job(c *rc, n uint64, variant int) (*job, error) {
 	for _, r := range p.runs {
 		for i := range r.Count {
 			ro, ao := r.RegionOff+i*r.RegionStride, r.Addr+i*r.AddrStride
-			if r.Count == 1 {
-				ro, ao = r.RegionOff, r.Addr
-			}
 			if s.scatter {
 				copy(to[ao:ao+r.Len], from[ro:ro+r.Len])
 			} else {

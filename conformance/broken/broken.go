@@ -302,9 +302,6 @@ func (g *partialGatherer) Gather(region transfer.Desc, runs []transfer.Run) (tra
 	for i, r := range runs {
 		for k := range r.Count {
 			ro, ao := r.RegionOff+k*r.RegionStride, r.Addr+k*r.AddrStride
-			if r.Count == 1 {
-				ro, ao = r.RegionOff, r.Addr
-			}
 			if !region.Contains(region.Addr+ro, r.Len) || region.Addr+ro < region.Addr {
 				return nil, fmt.Errorf("broken gather: run %d copy %d: %w", i, k, transfer.ErrOutOfBounds)
 			}
