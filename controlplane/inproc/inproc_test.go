@@ -237,11 +237,17 @@ func TestCloseSemantics(t *testing.T) {
 		_, err := a.Recv(time.Hour)
 		got <- err
 	}()
+	time.Sleep(20 * time.Millisecond) // let Recv park, so Close must wake it
 	if err := a.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if err := <-got; !errors.Is(err, transfer.ErrClosed) {
-		t.Fatalf("waiting recv after close: %v", err)
+	select {
+	case err := <-got:
+		if !errors.Is(err, transfer.ErrClosed) {
+			t.Fatalf("waiting recv after close: %v", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("a parked Recv was not woken by Close")
 	}
 	if err := a.Close(); err != nil {
 		t.Fatalf("second close: %v", err)

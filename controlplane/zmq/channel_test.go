@@ -293,11 +293,24 @@ func TestCloseWakesRecv(t *testing.T) {
 		_, err := a.Recv(10 * hangGuard)
 		res <- err
 	}()
-	if err := a.Close(); err != nil {
-		t.Fatal(err)
+	// Close only once Recv holds the receive turn and is parked in the
+	// poller, so it is the wake that ends the Recv, not an early check.
+	for len(a.recvTurn) == 0 {
+		time.Sleep(time.Millisecond)
 	}
-	if err := <-res; !errors.Is(err, transfer.ErrClosed) {
-		t.Fatalf("Recv during Close = %v, want ErrClosed", err)
+	time.Sleep(20 * time.Millisecond)
+	closed := make(chan error, 1)
+	go func() { closed <- a.Close() }() // Close waits for the Recv to let go
+	select {
+	case err := <-res:
+		if !errors.Is(err, transfer.ErrClosed) {
+			t.Fatalf("Recv during Close = %v, want ErrClosed", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("a parked Recv was not woken by Close")
+	}
+	if err := <-closed; err != nil {
+		t.Fatal(err)
 	}
 }
 
