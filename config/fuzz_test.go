@@ -126,8 +126,7 @@ func TestSeedCorpus(t *testing.T) {
 	corpora["FuzzLoadYAML"] = c
 	c = corpora["FuzzParseSize"]
 	for i, s := range sizeSeeds() {
-		_, err := ParseSize(s)
-		c.entries = append(c.entries, entry{fmt.Sprintf("seed-%02d", i), []byte(s), err == nil})
+		c.entries = append(c.entries, entry{fmt.Sprintf("seed-%02d", i), []byte(s.s), s.valid})
 	}
 	corpora["FuzzParseSize"] = c
 

@@ -75,7 +75,7 @@ func TestSizeString(t *testing.T) {
 
 func FuzzParseSize(f *testing.F) {
 	for _, s := range sizeSeeds() {
-		f.Add(s)
+		f.Add(s.s)
 	}
 	f.Fuzz(func(t *testing.T, s string) {
 		v, err := ParseSize(s)
@@ -99,6 +99,15 @@ func FuzzParseSize(f *testing.F) {
 	})
 }
 
-func sizeSeeds() []string {
-	return []string{"256MiB", "512mb", "1g", "4096", "64 KiB", "1T", "0", "18446744073709551615", "16777216TiB", "1.5G", "-1", "KiB", ""}
+// sizeSeed is a seed of FuzzParseSize and whether ParseSize must accept it.
+type sizeSeed struct {
+	s     string
+	valid bool
+}
+
+func sizeSeeds() []sizeSeed {
+	return []sizeSeed{
+		{"256MiB", true}, {"512mb", true}, {"1g", true}, {"4096", true}, {"64 KiB", true}, {"1T", true}, {"0", true},
+		{"18446744073709551615", true}, {"16777216TiB", false}, {"1.5G", false}, {"-1", false}, {"KiB", false}, {"", false},
+	}
 }
