@@ -55,29 +55,8 @@ const (
 // retainRuns is the largest run buffer a released context keeps for reuse.
 const retainRuns = 1 << 16
 
-// Config configures an Engine.
-type Config struct {
-	// Direction is the way every copy of this engine moves bytes.
-	Direction Direction
-	// Registry holds the host memory the region and the run addresses must
-	// lie in. Required.
-	Registry *mem.Registry
-	// Contexts is the number of copy contexts: the most operations that
-	// may be submitted and not yet released. Zero means DefaultContexts.
-	Contexts int
-	// Workers is the number of goroutines that run copies. Zero means
-	// DefaultWorkers, capped at Contexts.
-	Workers int
-	// Notify, when set, is called once for every operation right after it
-	// becomes terminal, on a worker goroutine (or on the goroutine running
-	// Close, for queued operations it fails). It lets a reactor wait for
-	// completions instead of polling in a loop. It must not block; see
-	// Signal for the intended use.
-	Notify func()
-}
-
-// Settings are what a host stage (gather or scatter) is configured with; the
-// stage packages use them as their own Settings.
+// Settings configure an Engine; the host stages (gather, scatter) use them
+// as their own Settings.
 type Settings struct {
 	// Registry holds the host memory that regions and run addresses must
 	// lie in. Required.
@@ -94,11 +73,6 @@ type Settings struct {
 	// non-blocking send on a channel of capacity one, so a reactor can sleep
 	// on ch instead of polling in a loop.
 	Notify func()
-}
-
-// Config returns the engine configuration for s copying in direction d.
-func (s Settings) Config(d Direction) Config {
-	return Config{Direction: d, Registry: s.Registry, Contexts: s.Contexts, Workers: s.Workers, Notify: s.Notify}
 }
 
 // Signal returns a Notify function that does a non-blocking send on ch. With
@@ -142,10 +116,10 @@ type copyCtx struct {
 }
 
 // New validates cfg and starts the engine's workers. Close stops them.
-func New(cfg Config) (*Engine, error) {
-	name := cfg.Direction.String() + "/host"
-	if cfg.Direction != Gather && cfg.Direction != Scatter {
-		return nil, fmt.Errorf("hostcopy: unknown direction %d", uint8(cfg.Direction))
+func New(dir Direction, cfg Settings) (*Engine, error) {
+	name := dir.String() + "/host"
+	if dir != Gather && dir != Scatter {
+		return nil, fmt.Errorf("hostcopy: unknown direction %d", uint8(dir))
 	}
 	if cfg.Registry == nil {
 		return nil, fmt.Errorf("%s: config: Registry is required", name)
@@ -165,7 +139,7 @@ func New(cfg Config) (*Engine, error) {
 		return nil, fmt.Errorf("%s: config: Workers %d outside [1, %d]", name, cfg.Workers, MaxWorkers)
 	}
 	e := &Engine{
-		dir:    cfg.Direction,
+		dir:    dir,
 		name:   name,
 		reg:    cfg.Registry,
 		notify: cfg.Notify,

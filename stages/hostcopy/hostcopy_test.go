@@ -34,9 +34,9 @@ func buffer(t testing.TB, reg *mem.Registry, n uint64) *mem.Buffer {
 	return b
 }
 
-func newEngine(t testing.TB, cfg hostcopy.Config) *hostcopy.Engine {
+func newEngine(t testing.TB, dir hostcopy.Direction, cfg hostcopy.Settings) *hostcopy.Engine {
 	t.Helper()
-	e, err := hostcopy.New(cfg)
+	e, err := hostcopy.New(dir, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -97,8 +97,8 @@ func TestGatherThenScatterMatchesModel(t *testing.T) {
 	reg := &mem.Registry{}
 	src, region, dst := buffer(t, reg, size), buffer(t, reg, size), buffer(t, reg, size)
 	ch := make(chan struct{}, 1)
-	g := newEngine(t, hostcopy.Config{Direction: hostcopy.Gather, Registry: reg, Notify: hostcopy.Signal(ch)})
-	s := newEngine(t, hostcopy.Config{Direction: hostcopy.Scatter, Registry: reg, Notify: hostcopy.Signal(ch)})
+	g := newEngine(t, hostcopy.Gather, hostcopy.Settings{Registry: reg, Notify: hostcopy.Signal(ch)})
+	s := newEngine(t, hostcopy.Scatter, hostcopy.Settings{Registry: reg, Notify: hostcopy.Signal(ch)})
 
 	rapid.Check(t, func(rt *rapid.T) {
 		fill(src.Bytes(), rapid.Uint64().Draw(rt, "seed"))
@@ -160,8 +160,8 @@ func TestStridedRunsRoundTrip(t *testing.T) {
 	src, region, dst := buffer(t, reg, 1<<16), buffer(t, reg, 1<<16), buffer(t, reg, 1<<16)
 	fill(src.Bytes(), 7)
 	ch := make(chan struct{}, 1)
-	g := newEngine(t, hostcopy.Config{Direction: hostcopy.Gather, Registry: reg, Notify: hostcopy.Signal(ch)})
-	s := newEngine(t, hostcopy.Config{Direction: hostcopy.Scatter, Registry: reg, Notify: hostcopy.Signal(ch)})
+	g := newEngine(t, hostcopy.Gather, hostcopy.Settings{Registry: reg, Notify: hostcopy.Signal(ch)})
+	s := newEngine(t, hostcopy.Scatter, hostcopy.Settings{Registry: reg, Notify: hostcopy.Signal(ch)})
 
 	// 16 blocks of 100 bytes, every 256 bytes of the source, packed densely
 	// into the region from offset 32; then 8 dense blocks of 64 bytes.
@@ -224,7 +224,7 @@ func TestStridedRunAcrossRegistrations(t *testing.T) {
 	fill(whole.Bytes(), 3)
 	region := buffer(t, reg, page)
 	ch := make(chan struct{}, 1)
-	g := newEngine(t, hostcopy.Config{Direction: hostcopy.Gather, Registry: reg, Notify: hostcopy.Signal(ch)})
+	g := newEngine(t, hostcopy.Gather, hostcopy.Settings{Registry: reg, Notify: hostcopy.Signal(ch)})
 
 	op, err := g.Submit(region.Desc(), []transfer.Run{{Addr: base + 100, Len: 50, Count: 2, RegionStride: 50, AddrStride: 2 * page}})
 	if err != nil {
@@ -297,7 +297,7 @@ func TestRejectsBadRunsWithoutWriting(t *testing.T) {
 	}
 
 	for _, dir := range []hostcopy.Direction{hostcopy.Gather, hostcopy.Scatter} {
-		e := newEngine(t, hostcopy.Config{Direction: dir, Registry: reg, Contexts: 2})
+		e := newEngine(t, dir, hostcopy.Settings{Registry: reg, Contexts: 2})
 		side := S.Addr
 		if dir == hostcopy.Scatter {
 			side = D.Addr
@@ -335,7 +335,7 @@ func TestBusyWhenContextsExhausted(t *testing.T) {
 	reg := &mem.Registry{}
 	src, region := buffer(t, reg, 4096), buffer(t, reg, 4096)
 	ch := make(chan struct{}, 1)
-	e := newEngine(t, hostcopy.Config{Direction: hostcopy.Gather, Registry: reg, Contexts: 2, Workers: 1, Notify: hostcopy.Signal(ch)})
+	e := newEngine(t, hostcopy.Gather, hostcopy.Settings{Registry: reg, Contexts: 2, Workers: 1, Notify: hostcopy.Signal(ch)})
 	runs := []transfer.Run{{Addr: src.Desc().Addr, Len: 128, Count: 1}}
 
 	op1, err := e.Submit(region.Desc(), runs)
@@ -377,7 +377,7 @@ func TestReleasePendingIsInUse(t *testing.T) {
 	src, region := buffer(t, reg, 4096), buffer(t, reg, 4096)
 	fill(src.Bytes(), 9)
 	ch := make(chan struct{}, 1)
-	e := newEngine(t, hostcopy.Config{Direction: hostcopy.Gather, Registry: reg, Workers: 1, Notify: hostcopy.Signal(ch)})
+	e := newEngine(t, hostcopy.Gather, hostcopy.Settings{Registry: reg, Workers: 1, Notify: hostcopy.Signal(ch)})
 	entered, proceed := make(chan struct{}), make(chan struct{})
 	hostcopy.SetBeforeCopy(e, func() { entered <- struct{}{}; <-proceed })
 
@@ -408,8 +408,8 @@ func TestCloseFailsQueuedAndWaitsForRunning(t *testing.T) {
 	fill(src.Bytes(), 11)
 	ch := make(chan struct{}, 8)
 	var notified atomic.Int32
-	e, err := hostcopy.New(hostcopy.Config{
-		Direction: hostcopy.Gather, Registry: reg, Contexts: 4, Workers: 1,
+	e, err := hostcopy.New(hostcopy.Gather, hostcopy.Settings{
+		Registry: reg, Contexts: 4, Workers: 1,
 		Notify: func() { notified.Add(1); ch <- struct{}{} },
 	})
 	if err != nil {
@@ -477,21 +477,24 @@ func TestCloseFailsQueuedAndWaitsForRunning(t *testing.T) {
 
 func TestConfigValidation(t *testing.T) {
 	reg := &mem.Registry{}
-	bad := []hostcopy.Config{
-		{Direction: hostcopy.Gather},
-		{Direction: 7, Registry: reg},
-		{Direction: hostcopy.Gather, Registry: reg, Contexts: -1},
-		{Direction: hostcopy.Gather, Registry: reg, Contexts: hostcopy.MaxContexts + 1},
-		{Direction: hostcopy.Scatter, Registry: reg, Workers: -2},
-		{Direction: hostcopy.Scatter, Registry: reg, Workers: hostcopy.MaxWorkers + 1},
+	bad := []struct {
+		dir hostcopy.Direction
+		cfg hostcopy.Settings
+	}{
+		{hostcopy.Gather, hostcopy.Settings{}},
+		{7, hostcopy.Settings{Registry: reg}},
+		{hostcopy.Gather, hostcopy.Settings{Registry: reg, Contexts: -1}},
+		{hostcopy.Gather, hostcopy.Settings{Registry: reg, Contexts: hostcopy.MaxContexts + 1}},
+		{hostcopy.Scatter, hostcopy.Settings{Registry: reg, Workers: -2}},
+		{hostcopy.Scatter, hostcopy.Settings{Registry: reg, Workers: hostcopy.MaxWorkers + 1}},
 	}
-	for i, cfg := range bad {
-		if e, err := hostcopy.New(cfg); err == nil {
+	for i, b := range bad {
+		if e, err := hostcopy.New(b.dir, b.cfg); err == nil {
 			_ = e.Close()
 			t.Errorf("config %d accepted", i)
 		}
 	}
-	e := newEngine(t, hostcopy.Config{Direction: hostcopy.Scatter, Registry: reg})
+	e := newEngine(t, hostcopy.Scatter, hostcopy.Settings{Registry: reg})
 	if e.Idle() != hostcopy.DefaultContexts {
 		t.Fatalf("default contexts = %d, want %d", e.Idle(), hostcopy.DefaultContexts)
 	}

@@ -20,7 +20,7 @@ var _ transfer.Gatherer = (*Gatherer)(nil)
 
 // New validates s and starts the workers; Close stops them.
 func New(s Settings) (*Gatherer, error) {
-	e, err := hostcopy.New(s.Config(hostcopy.Gather))
+	e, err := hostcopy.New(hostcopy.Gather, s)
 	if err != nil {
 		return nil, err
 	}

@@ -20,7 +20,7 @@ var _ transfer.Scatterer = (*Scatterer)(nil)
 
 // New validates s and starts the workers; Close stops them.
 func New(s Settings) (*Scatterer, error) {
-	e, err := hostcopy.New(s.Config(hostcopy.Scatter))
+	e, err := hostcopy.New(hostcopy.Scatter, s)
 	if err != nil {
 		return nil, err
 	}
