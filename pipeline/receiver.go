@@ -140,12 +140,12 @@ func (r *reactor) schedule() {
 // dropped; runs outside the granted region are rejected before any copy.
 func (r *reactor) onData(peer string, d *wire.Data) {
 	key := credit.FlowKey{Peer: peer, Request: d.Request}
-	if !r.sched.Held(key, d.Region) {
+	grant, ok := r.sched.Region(d.Region)
+	if !ok || grant.Orphan || grant.Flow != key {
 		r.a.stats.lateData.Add(1)
 		r.log.Info("late or foreign DATA dropped", "peer", peer, "request", d.Request, "region", d.Region)
 		return
 	}
-	grant, _ := r.sched.Region(d.Region) // held, so it exists
 	if _, err := plan.CheckRuns(d.Runs, grant.Len); err != nil {
 		r.a.stats.badRuns.Add(1)
 		r.log.Warn("DATA rejected: scatter runs outside the grant", "peer", peer, "request", d.Request, "err", err)

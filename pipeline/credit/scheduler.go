@@ -486,7 +486,7 @@ func (s *Scheduler) grant(f *flow, off uint64) Grant {
 	s.pending--
 	g := Grant{Flow: f.key, Chunk: f.granted, Offset: off, Len: n}
 	f.granted++
-	size, _ := s.buddy.Allocated(off)
+	size := s.buddy.BlockSize(n) // the block Alloc(n) just took
 	s.regions[off] = region{key: f.key, f: f, chunk: g.Chunk, len: n, size: size}
 	f.held = append(f.held, off)
 	s.heldBytes += size
