@@ -405,40 +405,43 @@ func (d *decoder) need(field string, n int) bool {
 	return true
 }
 
-func (d *decoder) u8(field string) uint8 {
-	if !d.need(field, 1) {
-		return 0
+// take returns the next n bytes and advances past them, or nil (with d.err
+// set) when fewer are left.
+func (d *decoder) take(field string, n int) []byte {
+	if !d.need(field, n) {
+		return nil
 	}
-	v := d.b[d.off]
-	d.off++
+	v := d.b[d.off : d.off+n]
+	d.off += n
 	return v
+}
+
+func (d *decoder) u8(field string) uint8 {
+	if b := d.take(field, 1); b != nil {
+		return b[0]
+	}
+	return 0
 }
 
 func (d *decoder) u16(field string) uint16 {
-	if !d.need(field, 2) {
-		return 0
+	if b := d.take(field, 2); b != nil {
+		return le.Uint16(b)
 	}
-	v := le.Uint16(d.b[d.off:])
-	d.off += 2
-	return v
+	return 0
 }
 
 func (d *decoder) u32(field string) uint32 {
-	if !d.need(field, 4) {
-		return 0
+	if b := d.take(field, 4); b != nil {
+		return le.Uint32(b)
 	}
-	v := le.Uint32(d.b[d.off:])
-	d.off += 4
-	return v
+	return 0
 }
 
 func (d *decoder) u64(field string) uint64 {
-	if !d.need(field, 8) {
-		return 0
+	if b := d.take(field, 8); b != nil {
+		return le.Uint64(b)
 	}
-	v := le.Uint64(d.b[d.off:])
-	d.off += 8
-	return v
+	return 0
 }
 
 // bytes reads n bytes after checking n against limit, returning a view of
@@ -451,12 +454,7 @@ func (d *decoder) bytes(field string, n uint64, limit int) []byte {
 		d.err = errorf(d.what, ErrTooLarge, "%s length %d, limit %d", field, n, limit)
 		return nil
 	}
-	if !d.need(field, int(n)) {
-		return nil
-	}
-	v := d.b[d.off : d.off+int(n)]
-	d.off += int(n)
-	return v
+	return d.take(field, int(n))
 }
 
 func (d *decoder) strBytes(field string) []byte {
