@@ -70,6 +70,15 @@ func outOfRange(key string, value any, format string, args ...any) *KeyError {
 }
 
 // joinKeyErrors joins errs, or returns nil when there are none.
+// fieldErrors collects validation failures; add ignores nil.
+type fieldErrors []*KeyError
+
+func (e *fieldErrors) add(k *KeyError) {
+	if k != nil {
+		*e = append(*e, k)
+	}
+}
+
 func joinKeyErrors(errs []*KeyError) error {
 	if len(errs) == 0 {
 		return nil
@@ -323,8 +332,8 @@ func (a *AgentConfig) validate() []*KeyError {
 func (b *BounceConfig) Validate() error { return joinKeyErrors(b.validate()) }
 
 func (b *BounceConfig) validate() []*KeyError {
-	var errs []*KeyError
-	add := func(e *KeyError) { errs = append(errs, e) }
+	var errs fieldErrors
+	add := errs.add
 	if b.ArenaSize == 0 {
 		add(outOfRange("bounce.arena_size", b.ArenaSize, "must be positive"))
 	}
@@ -401,12 +410,8 @@ func checkHostPort(key, v string) *KeyError {
 func (e *EngineConfig) Validate() error { return joinKeyErrors(e.validate()) }
 
 func (e *EngineConfig) validate() []*KeyError {
-	var errs []*KeyError
-	add := func(k *KeyError) {
-		if k != nil {
-			errs = append(errs, k)
-		}
-	}
+	var errs fieldErrors
+	add := errs.add
 	add(oneOf("engine.kind", e.Kind, "loopback", "tcp", "ucx", "nixl", "plugin"))
 	add(pluginRule("engine.plugin", e.Plugin, e.Kind == "plugin", "engine.kind"))
 	if e.Listen != "" || e.Kind == "tcp" {
@@ -427,12 +432,8 @@ func (e *EngineConfig) validate() []*KeyError {
 func (c *ControlPlaneConfig) Validate() error { return joinKeyErrors(c.validate()) }
 
 func (c *ControlPlaneConfig) validate() []*KeyError {
-	var errs []*KeyError
-	add := func(k *KeyError) {
-		if k != nil {
-			errs = append(errs, k)
-		}
-	}
+	var errs fieldErrors
+	add := errs.add
 	add(oneOf("control_plane.kind", c.Kind, "zmq", "nixlnotif", "inproc", "plugin"))
 	add(pluginRule("control_plane.plugin", c.Plugin, c.Kind == "plugin", "control_plane.kind"))
 	if c.Interface != "" && (len(c.Interface) > 15 || strings.ContainsAny(c.Interface, "/: \t\n") || strings.ContainsFunc(c.Interface, unicode.IsControl)) {
@@ -455,12 +456,8 @@ func (c *ControlPlaneConfig) validate() []*KeyError {
 func (s *StagesConfig) Validate() error { return joinKeyErrors(s.validate()) }
 
 func (s *StagesConfig) validate() []*KeyError {
-	var errs []*KeyError
-	add := func(k *KeyError) {
-		if k != nil {
-			errs = append(errs, k)
-		}
-	}
+	var errs fieldErrors
+	add := errs.add
 	add(oneOf("stages.gather", s.Gather, "host", "cuda", "plugin"))
 	add(oneOf("stages.scatter", s.Scatter, "host", "cuda", "plugin"))
 	add(pluginRule("stages.plugin", s.Plugin, s.Gather == "plugin" || s.Scatter == "plugin", "stages.gather or stages.scatter"))
@@ -471,12 +468,8 @@ func (s *StagesConfig) validate() []*KeyError {
 func (t *TelemetryConfig) Validate() error { return joinKeyErrors(t.validate()) }
 
 func (t *TelemetryConfig) validate() []*KeyError {
-	var errs []*KeyError
-	add := func(k *KeyError) {
-		if k != nil {
-			errs = append(errs, k)
-		}
-	}
+	var errs fieldErrors
+	add := errs.add
 	add(oneOf("telemetry.traces", t.Traces, "none", "otlp", "stdout"))
 	if t.OTLPEndpoint != "" || t.Traces == "otlp" {
 		add(checkHostPort("telemetry.otlp_endpoint", t.OTLPEndpoint))
