@@ -3,6 +3,7 @@ package config
 import (
 	"errors"
 	"fmt"
+	"github.com/bouncekv/bounce/pipeline/credit"
 	"net"
 	"net/netip"
 	"os"
@@ -153,14 +154,7 @@ type BounceConfig struct {
 // ArenaSize. It is 0 when Granularity is not a power of two or exceeds
 // ArenaSize.
 func (b BounceConfig) UsableCapacity() Size {
-	if !b.Granularity.isPow2() || b.Granularity > b.ArenaSize {
-		return 0
-	}
-	c := b.Granularity
-	for c <= b.ArenaSize/2 {
-		c *= 2
-	}
-	return c
+	return Size(credit.UsableCapacity(uint64(b.ArenaSize), uint64(b.Granularity)))
 }
 
 // EngineConfig selects and tunes the data-plane engine.

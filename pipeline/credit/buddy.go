@@ -36,6 +36,17 @@ type block struct {
 	free       bool
 }
 
+// UsableCapacity is what a buddy allocator over capacity bytes with a
+// power-of-two granule can hand out: the largest power-of-two multiple of
+// granule that fits in capacity. It is 0 when granule is not a power of two
+// or exceeds capacity.
+func UsableCapacity(capacity, granule uint64) uint64 {
+	if granule == 0 || granule&(granule-1) != 0 || capacity < granule {
+		return 0
+	}
+	return granule << (bits.Len64(capacity/granule) - 1)
+}
+
 // NewBuddy returns an allocator over the largest power-of-two multiple of
 // granule that fits in capacity: granule<<k for the largest k with
 // granule<<k <= capacity. granule must be a power of two and capacity at
@@ -50,7 +61,7 @@ func NewBuddy(capacity, granule uint64) (*Buddy, error) {
 	maxOrder := bits.Len64(capacity/granule) - 1
 	b := &Buddy{
 		granule:  granule,
-		capacity: granule << maxOrder,
+		capacity: UsableCapacity(capacity, granule),
 		maxOrder: maxOrder,
 		heads:    make([]uint64, maxOrder+1),
 		blocks:   make(map[uint64]block),
