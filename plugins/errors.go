@@ -18,24 +18,23 @@ type sentinel struct {
 	err  error
 }
 
-// sentinels maps wire codes to transfer's sentinel errors.
-func sentinels() []sentinel {
-	return []sentinel{
-		{pb.Code_CODE_BUSY, transfer.ErrBusy},
-		{pb.Code_CODE_QUEUE_FULL, transfer.ErrQueueFull},
-		{pb.Code_CODE_TIMEOUT, transfer.ErrTimeout},
-		{pb.Code_CODE_CLOSED, transfer.ErrClosed},
-		{pb.Code_CODE_UNKNOWN_PEER, transfer.ErrUnknownPeer},
-		{pb.Code_CODE_PEER_LOST, transfer.ErrPeerLost},
-		{pb.Code_CODE_OUT_OF_BOUNDS, transfer.ErrOutOfBounds},
-		{pb.Code_CODE_NOT_REGISTERED, transfer.ErrNotRegistered},
-		{pb.Code_CODE_IN_USE, transfer.ErrInUse},
-		{pb.Code_CODE_BAD_ENDPOINT, transfer.ErrBadEndpoint},
-		{pb.Code_CODE_BAD_METADATA, transfer.ErrBadMetadata},
-		{pb.Code_CODE_NOT_QUIESCENT, transfer.ErrNotQuiescent},
-		{pb.Code_CODE_DEVICE_FAULT, transfer.ErrDeviceFault},
-		{pb.Code_CODE_UNSUPPORTED, transfer.ErrUnsupported},
-	}
+// sentinels maps wire codes to transfer's sentinel errors. It is a constant
+// table, never written.
+var sentinels = [...]sentinel{
+	{pb.Code_CODE_BUSY, transfer.ErrBusy},
+	{pb.Code_CODE_QUEUE_FULL, transfer.ErrQueueFull},
+	{pb.Code_CODE_TIMEOUT, transfer.ErrTimeout},
+	{pb.Code_CODE_CLOSED, transfer.ErrClosed},
+	{pb.Code_CODE_UNKNOWN_PEER, transfer.ErrUnknownPeer},
+	{pb.Code_CODE_PEER_LOST, transfer.ErrPeerLost},
+	{pb.Code_CODE_OUT_OF_BOUNDS, transfer.ErrOutOfBounds},
+	{pb.Code_CODE_NOT_REGISTERED, transfer.ErrNotRegistered},
+	{pb.Code_CODE_IN_USE, transfer.ErrInUse},
+	{pb.Code_CODE_BAD_ENDPOINT, transfer.ErrBadEndpoint},
+	{pb.Code_CODE_BAD_METADATA, transfer.ErrBadMetadata},
+	{pb.Code_CODE_NOT_QUIESCENT, transfer.ErrNotQuiescent},
+	{pb.Code_CODE_DEVICE_FAULT, transfer.ErrDeviceFault},
+	{pb.Code_CODE_UNSUPPORTED, transfer.ErrUnsupported},
 }
 
 // toProtoError encodes err with every transfer sentinel it wraps.
@@ -44,7 +43,7 @@ func toProtoError(err error) *pb.Error {
 		return nil
 	}
 	e := &pb.Error{Message: []byte(err.Error())}
-	for _, s := range sentinels() {
+	for _, s := range sentinels {
 		if errors.Is(err, s.err) {
 			e.Codes = append(e.Codes, s.code)
 		}
@@ -78,7 +77,7 @@ func fromProtoError(e *pb.Error) error {
 		r.Msg = "plugin reported an error without a message"
 	}
 	for _, c := range e.GetCodes() {
-		for _, s := range sentinels() {
+		for _, s := range sentinels {
 			if s.code == c {
 				r.Wrapped = append(r.Wrapped, s.err)
 			}

@@ -118,13 +118,20 @@ func TestControlConformanceOverGRPC(t *testing.T) {
 
 // TestErrorsCrossTheWire checks every sentinel survives the round trip.
 func TestErrorsCrossTheWire(t *testing.T) {
-	for _, s := range sentinels() {
-		err := fromProtoError(toProtoError(errors.Join(errors.New("context"), s.err)))
-		if !errors.Is(err, s.err) {
-			t.Errorf("%v: decoded %v does not wrap it", s.err, err)
+	// Every sentinel of package transfer, listed here independently of the
+	// codec's table, so one missing from the table fails.
+	for _, sentinel := range []error{
+		transfer.ErrBusy, transfer.ErrQueueFull, transfer.ErrTimeout, transfer.ErrClosed,
+		transfer.ErrUnknownPeer, transfer.ErrPeerLost, transfer.ErrOutOfBounds, transfer.ErrNotRegistered,
+		transfer.ErrInUse, transfer.ErrBadEndpoint, transfer.ErrBadMetadata, transfer.ErrNotQuiescent,
+		transfer.ErrDeviceFault, transfer.ErrUnsupported,
+	} {
+		err := fromProtoError(toProtoError(errors.Join(errors.New("context"), sentinel)))
+		if !errors.Is(err, sentinel) {
+			t.Errorf("%v: decoded %v does not wrap it", sentinel, err)
 		}
 		if !strings.Contains(err.Error(), "context") {
-			t.Errorf("%v: message lost: %q", s.err, err)
+			t.Errorf("%v: message lost: %q", sentinel, err)
 		}
 	}
 	both := fromProtoError(toProtoError(errors.Join(transfer.ErrTimeout, transfer.ErrNotQuiescent)))
