@@ -1,17 +1,18 @@
-// Package plugins runs bounce engines, control channels and stages in
-// separate processes on hashicorp/go-plugin over gRPC.
+// Package plugins runs bounce engines and control channels in separate
+// processes on hashicorp/go-plugin over gRPC. (Gather and scatter stage
+// plugins are not served yet; the wire protocol reserves a Stage service for
+// them.)
 //
-// The host loads a plugin binary with Load and gets ordinary transfer.Engine,
-// transfer.ControlChannel, transfer.Gatherer or transfer.Scatterer values
-// whose methods are gRPC calls; a plugin author wraps an implementation in a
+// The host loads a plugin binary with Load and gets ordinary transfer.Engine
+// or transfer.ControlChannel values whose methods are gRPC calls; a plugin author wraps an implementation in a
 // one-line main with Serve. Operations cross the wire as handles that the
 // host polls; errors carry their transfer sentinels, so errors.Is works on
 // the host. KV bytes never cross gRPC: host memory registered with a plugin
 // is memfd-backed (mem.Alloc, mem.NewArena) and the plugin maps it at the
 // same virtual addresses (see docs/PLUGINS.md).
 //
-// One plugin process serves one instance: closing the engine, channel or
-// stage a Client opened also closes the Client and ends the process.
+// One plugin process serves one instance: closing the engine or channel a
+// Client opened also closes the Client and ends the process.
 package plugins
 
 import (
@@ -35,12 +36,10 @@ import (
 const (
 	KindEngine  = "engine"
 	KindControl = "control"
-	KindGather  = "gather"
-	KindScatter = "scatter"
 )
 
 // Kinds lists the plugin kinds Load accepts.
-func Kinds() []string { return []string{KindEngine, KindControl, KindGather, KindScatter} }
+func Kinds() []string { return []string{KindEngine, KindControl} }
 
 // Timeouts of the host side.
 const (
@@ -65,33 +64,13 @@ func Handshake() plugin.HandshakeConfig {
 	}
 }
 
-// StageSettings is what a plugin's stage constructor receives.
-type StageSettings struct {
-	// Name is the agent's name.
-	Name string
-	// Options are the host's options (copy_contexts).
-	Options map[string]string
-	// Registry holds the host memory the host shared with this stage,
-	// mapped at the host's addresses; validate every run against it.
-	Registry Registry
-}
-
-// Registry is the view of shared host memory a plugin stage validates
-// against; *mem.Registry implements it.
-type Registry interface {
-	Find(addr, n uint64) (transfer.Desc, error)
-	Slice(addr, n uint64) ([]byte, error)
-}
-
 // ServeOpts lists the constructors a plugin binary offers; nil ones are not
 // served. Options come from the host's configuration (engine.options, plus
 // "listen" and "connections" when set; control_plane fields
 // "bind_address", "interface" and "send_hwm").
 type ServeOpts struct {
-	Engine    func(name string, opts map[string]string) (transfer.Engine, error)
-	Control   func(name string, opts map[string]string) (transfer.ControlChannel, error)
-	Gatherer  func(s StageSettings) (transfer.Gatherer, error)
-	Scatterer func(s StageSettings) (transfer.Scatterer, error)
+	Engine  func(name string, opts map[string]string) (transfer.Engine, error)
+	Control func(name string, opts map[string]string) (transfer.ControlChannel, error)
 }
 
 // Serve runs the plugin side until the host ends the process. It is the
@@ -127,8 +106,6 @@ func hostPlugins() plugin.PluginSet {
 	return plugin.PluginSet{
 		KindEngine:  &grpcPlugin{client: func(c *grpc.ClientConn) any { return pb.NewEngineClient(c) }},
 		KindControl: &grpcPlugin{client: func(c *grpc.ClientConn) any { return pb.NewControlClient(c) }},
-		KindGather:  &grpcPlugin{client: func(c *grpc.ClientConn) any { return pb.NewStageClient(c) }},
-		KindScatter: &grpcPlugin{client: func(c *grpc.ClientConn) any { return pb.NewStageClient(c) }},
 	}
 }
 
