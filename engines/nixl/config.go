@@ -2,7 +2,6 @@ package nixl
 
 import (
 	"fmt"
-	"io"
 	"log/slog"
 	"strings"
 	"time"
@@ -95,7 +94,7 @@ func (c *Config) validate() error {
 		return err
 	}
 	if c.Logger == nil {
-		c.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+		c.Logger = slog.New(slog.DiscardHandler)
 	}
 	return nil
 }

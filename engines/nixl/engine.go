@@ -84,7 +84,6 @@ type Engine struct {
 
 // peer is a loaded remote agent.
 type peer struct {
-	name       string
 	ranges     mem.Registry // from its last loaded metadata
 	forgetting bool         // ForgetPeer is draining its writes
 }
@@ -262,7 +261,7 @@ func (e *Engine) LoadPeer(md []byte) (string, error) {
 	if m.name == e.name {
 		return "", fmt.Errorf("nixl: load peer %q: that is this engine's own name: %w", m.name, transfer.ErrBadMetadata)
 	}
-	p := &peer{name: m.name}
+	p := &peer{}
 	for _, r := range m.ranges {
 		if err := p.ranges.Add(r); err != nil {
 			return "", fmt.Errorf("nixl: load peer %q: range %v: %v: %w", m.name, r, err, transfer.ErrBadMetadata)
