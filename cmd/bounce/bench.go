@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/base64"
 	"errors"
 	"fmt"
 	"io"
@@ -19,7 +18,6 @@ import (
 	"github.com/bouncekv/bounce/benchreport"
 	"github.com/bouncekv/bounce/config"
 	"github.com/bouncekv/bounce/driver"
-	"github.com/bouncekv/bounce/node"
 	"github.com/bouncekv/bounce/pipeline"
 	"github.com/bouncekv/bounce/workload"
 )
@@ -290,14 +288,6 @@ func rotate(routes []string, it int) []string {
 	return out
 }
 
-// benchSession is the two agents of a sweep.
-type benchSession struct {
-	recv *receiver
-	n    *node.Node
-	d    *driver.Driver
-	tgt  driver.Target
-}
-
 func (o *benchOptions) run(cmd *cobra.Command, cfg config.Config, plan benchPlan) error {
 	out, errw := cmd.OutOrStdout(), cmd.ErrOrStderr()
 	cfg, childArgs := localPair(cmd, cfg)
@@ -335,7 +325,7 @@ func (o *benchOptions) run(cmd *cobra.Command, cfg config.Config, plan benchPlan
 		fmt.Fprintf(errw, "note: %s\n", n)
 	}
 
-	s, err := startBench(cmd, cfg, childArgs, plan.largest)
+	s, err := startSession(cmd, cfg, childArgs, plan.largest)
 	if err != nil {
 		return err
 	}
@@ -369,58 +359,9 @@ func (o *benchOptions) run(cmd *cobra.Command, cfg config.Config, plan benchPlan
 	return o.finish(out, errw, rep, sweepErr)
 }
 
-// startBench starts the receiver child and the sender node and introduces
-// them to each other.
-func startBench(cmd *cobra.Command, cfg config.Config, childArgs []string, capacity uint64) (*benchSession, error) {
-	recv, err := startReceiver(childArgs, cmd.ErrOrStderr(), 60*time.Second)
-	if err != nil {
-		return nil, runtime(err)
-	}
-	s := &benchSession{recv: recv, tgt: driver.Target{Peer: recv.hello.Name, Buffer: recv.hello.buffer()}}
-	fail := func(wrap func(error) error, err error) (*benchSession, error) {
-		s.close()
-		return nil, wrap(err)
-	}
-	if s.n, err = node.Build(cfg, factories(), logger(cmd)); err != nil {
-		return fail(usage, err)
-	}
-	if _, err := s.n.Agent.LoadPeer(recv.blob); err != nil {
-		return fail(failed, fmt.Errorf("load receiver: %w", err))
-	}
-	own, err := s.n.Agent.Descriptor()
-	if err != nil {
-		return fail(runtime, err)
-	}
-	if _, err := recv.call(command{Op: "load", Descriptor: base64.StdEncoding.EncodeToString(own)}, 30*time.Second); err != nil {
-		return fail(runtime, err)
-	}
-	if s.d, err = driver.New(s.n.Agent, capacity); err != nil {
-		return fail(runtime, fmt.Errorf("source buffer of %s: %w", benchreport.FormatSize(capacity), err))
-	}
-	return s, nil
-}
-
-// close tears the session down: the source buffer, the sender, the receiver.
-func (s *benchSession) close() error {
-	var errs []error
-	if s.d != nil {
-		errs = append(errs, s.d.Close())
-	}
-	if s.n != nil {
-		errs = append(errs, s.n.Close(context.Background()))
-	}
-	errs = append(errs, s.recv.close())
-	for _, e := range errs {
-		if e != nil {
-			return e
-		}
-	}
-	return nil
-}
-
 // warmUp moves the first group's workload once per route, unrecorded, so
 // connection setup and first-touch faults land in no cell.
-func (s *benchSession) warmUp(ctx context.Context, plan benchPlan) error {
+func (s *session) warmUp(ctx context.Context, plan benchPlan) error {
 	spec := plan.groups[0].spec
 	for _, r := range plan.routes {
 		rs, rt := routeSpec(r, spec)
@@ -439,7 +380,7 @@ func (s *benchSession) warmUp(ctx context.Context, plan benchPlan) error {
 
 // sweep measures every cell; it stops early only when the receiver stops
 // answering or the command is cancelled.
-func (o *benchOptions) sweep(cmd *cobra.Command, s *benchSession, plan benchPlan) ([]benchreport.Cell, error) {
+func (o *benchOptions) sweep(cmd *cobra.Command, s *session, plan benchPlan) ([]benchreport.Cell, error) {
 	prog := newBenchProgress(cmd.ErrOrStderr(), plan.cells())
 	defer prog.finish()
 	var cells []benchreport.Cell
@@ -465,7 +406,7 @@ func (o *benchOptions) sweep(cmd *cobra.Command, s *benchSession, plan benchPlan
 }
 
 // cell measures one cell: clear, run, verify.
-func (o *benchOptions) cell(ctx context.Context, s *benchSession, g benchreport.Group, spec workload.Spec, route string, it, order int) (benchreport.Cell, error) {
+func (o *benchOptions) cell(ctx context.Context, s *session, g benchreport.Group, spec workload.Spec, route string, it, order int) (benchreport.Cell, error) {
 	rs, rt := routeSpec(route, spec)
 	if o.verify {
 		if _, err := s.recv.call(command{Op: "clear"}, 2*time.Minute); err != nil {
@@ -489,7 +430,7 @@ func (o *benchOptions) cell(ctx context.Context, s *benchSession, g benchreport.
 	case !o.verify:
 		c.Verified = benchreport.VerifiedSkipped
 	default:
-		_, err := s.recv.call(command{Op: "verify", DescSize: rs.DescSize, Count: rs.Count, Fragmented: rs.Fragmented, Seed: rs.Seed, Requests: g.Concurrency}, 5*time.Minute)
+		_, err := s.recv.call(verifyCommand(rs, g.Concurrency), 5*time.Minute)
 		c.Verified = benchreport.VerifiedYes
 		if err != nil {
 			c.Verified, c.Error = benchreport.VerifiedFailed, err.Error()
@@ -499,7 +440,7 @@ func (o *benchOptions) cell(ctx context.Context, s *benchSession, g benchreport.
 }
 
 // memory reads both agents' peak RSS (Linux /proc).
-func (s *benchSession) memory(plan benchPlan, arena uint64) (benchreport.Memory, error) {
+func (s *session) memory(plan benchPlan, arena uint64) (benchreport.Memory, error) {
 	m := benchreport.Memory{SourceBuffer: plan.largest, DestinationBuffer: s.recv.hello.BufferLen, ArenaSize: arena, LargestTransfer: plan.largest}
 	var err error
 	if m.SenderPeakRSS, err = benchreport.PeakRSS(os.Getpid()); err != nil {

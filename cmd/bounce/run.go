@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/base64"
 	"fmt"
 	"strings"
 	"time"
@@ -11,7 +10,6 @@ import (
 
 	"github.com/bouncekv/bounce/config"
 	"github.com/bouncekv/bounce/driver"
-	"github.com/bouncekv/bounce/node"
 	"github.com/bouncekv/bounce/pipeline"
 	"github.com/bouncekv/bounce/workload"
 )
@@ -61,35 +59,14 @@ The default workload is one rank of Llama-3.1-70B at TP=8 with block size 16:
 
 func mainJob(cmd *cobra.Command, cfg config.Config, childArgs []string, spec workload.Spec, requests int, compare bool) error {
 	out := cmd.OutOrStdout()
-	log := logger(cmd)
-	recv, err := startReceiver(childArgs, cmd.ErrOrStderr(), 60*time.Second)
+	s, err := startSession(cmd, cfg, childArgs, spec.Bytes()*uint64(requests))
 	if err != nil {
-		return runtime(err)
+		return err
 	}
-	defer recv.close()
-	n, err := node.Build(cfg, factories(), log)
-	if err != nil {
-		return usage(err)
-	}
-	defer n.Close(context.Background())
-	if _, err := n.Agent.LoadPeer(recv.blob); err != nil {
-		return failed(fmt.Errorf("load receiver: %w", err))
-	}
-	own, err := n.Agent.Descriptor()
-	if err != nil {
-		return runtime(err)
-	}
-	if _, err := recv.call(command{Op: "load", Descriptor: base64.StdEncoding.EncodeToString(own)}, 30*time.Second); err != nil {
-		return runtime(err)
-	}
-	if on, why, _ := n.Agent.PeerRoute(recv.hello.Name); !on {
+	defer s.close()
+	if on, why, _ := s.n.Agent.PeerRoute(s.tgt.Peer); !on {
 		fmt.Fprintf(out, "note: the bounce path is unavailable (%s); every transfer takes the direct path\n", why)
 	}
-	d, err := driver.New(n.Agent, spec.Bytes()*uint64(requests))
-	if err != nil {
-		return runtime(err)
-	}
-	defer d.Close()
 	routes := []pipeline.Route{pipeline.RouteBounce}
 	if compare {
 		routes = append(routes, pipeline.RouteDirect)
@@ -97,11 +74,11 @@ func mainJob(cmd *cobra.Command, cfg config.Config, childArgs []string, spec wor
 	var rows []namedResult
 	var bad []string
 	for _, rt := range routes {
-		if _, err := recv.call(command{Op: "clear"}, 60*time.Second); err != nil {
+		if _, err := s.recv.call(command{Op: "clear"}, 60*time.Second); err != nil {
 			return runtime(err)
 		}
 		ctx, cancel := context.WithTimeout(cmd.Context(), 10*time.Minute)
-		res, err := d.Run(ctx, driver.Target{Peer: recv.hello.Name, Buffer: recv.hello.buffer()}, driver.Options{Spec: spec, Requests: requests, Route: rt})
+		res, err := s.d.Run(ctx, s.tgt, driver.Options{Spec: spec, Requests: requests, Route: rt})
 		cancel()
 		if err != nil {
 			return failed(err)
@@ -113,7 +90,7 @@ func mainJob(cmd *cobra.Command, cfg config.Config, childArgs []string, spec wor
 		if res.Failed > 0 {
 			row.verified = "no: requests failed"
 			bad = append(bad, fmt.Sprintf("%s: %d of %d requests failed: %v", rt, res.Failed, res.Requests, res.FirstErr))
-		} else if _, err := recv.call(command{Op: "verify", DescSize: spec.DescSize, Count: spec.Count, Fragmented: spec.Fragmented, Seed: spec.Seed, Requests: requests}, 5*time.Minute); err != nil {
+		} else if _, err := s.recv.call(verifyCommand(spec, requests), 5*time.Minute); err != nil {
 			row.verified = "FAILED"
 			bad = append(bad, fmt.Sprintf("%s: %v", rt, err))
 		}

@@ -213,7 +213,7 @@ func awaitExpected(cmd *cobra.Command, buf *mem.Buffer, wf workloadFlags, wait t
 	if err != nil {
 		return err
 	}
-	c := command{Op: "verify", DescSize: spec.DescSize, Count: spec.Count, Fragmented: spec.Fragmented, Seed: spec.Seed, Requests: wf.requests}
+	c := verifyCommand(spec, wf.requests)
 	if uint64(wf.requests)*spec.Bytes() > buf.Desc().Len {
 		return usage(fmt.Errorf("--expect: %d requests x %d bytes exceed --buffer-size", wf.requests, spec.Bytes()))
 	}

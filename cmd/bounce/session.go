@@ -1,0 +1,80 @@
+package main
+
+import (
+	"context"
+	"encoding/base64"
+	"fmt"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/bouncekv/bounce/benchreport"
+	"github.com/bouncekv/bounce/config"
+	"github.com/bouncekv/bounce/driver"
+	"github.com/bouncekv/bounce/node"
+	"github.com/bouncekv/bounce/workload"
+)
+
+// session is the two agents of the main job or a benchmark sweep: the
+// receiver child process and the sender node with its source buffer.
+type session struct {
+	recv *receiver
+	n    *node.Node
+	d    *driver.Driver
+	tgt  driver.Target
+}
+
+// startSession starts the receiver child and the sender node and introduces
+// them to each other.
+func startSession(cmd *cobra.Command, cfg config.Config, childArgs []string, capacity uint64) (*session, error) {
+	recv, err := startReceiver(childArgs, cmd.ErrOrStderr(), 60*time.Second)
+	if err != nil {
+		return nil, runtime(err)
+	}
+	s := &session{recv: recv, tgt: driver.Target{Peer: recv.hello.Name, Buffer: recv.hello.buffer()}}
+	fail := func(wrap func(error) error, err error) (*session, error) {
+		s.close()
+		return nil, wrap(err)
+	}
+	if s.n, err = node.Build(cfg, factories(), logger(cmd)); err != nil {
+		return fail(usage, err)
+	}
+	if _, err := s.n.Agent.LoadPeer(recv.blob); err != nil {
+		return fail(failed, fmt.Errorf("load receiver: %w", err))
+	}
+	own, err := s.n.Agent.Descriptor()
+	if err != nil {
+		return fail(runtime, err)
+	}
+	if _, err := recv.call(command{Op: "load", Descriptor: base64.StdEncoding.EncodeToString(own)}, 30*time.Second); err != nil {
+		return fail(runtime, err)
+	}
+	if s.d, err = driver.New(s.n.Agent, capacity); err != nil {
+		return fail(runtime, fmt.Errorf("source buffer of %s: %w", benchreport.FormatSize(capacity), err))
+	}
+	return s, nil
+}
+
+// close tears the session down: the source buffer, the sender, the receiver.
+func (s *session) close() error {
+	var errs []error
+	if s.d != nil {
+		errs = append(errs, s.d.Close())
+	}
+	if s.n != nil {
+		errs = append(errs, s.n.Close(context.Background()))
+	}
+	errs = append(errs, s.recv.close())
+	for _, e := range errs {
+		if e != nil {
+			return e
+		}
+	}
+	return nil
+}
+
+// verifyCommand asks the receiver to verify requests requests of spec (the
+// i-th with seed spec.Seed+i), laid out back to back in its buffer.
+func verifyCommand(spec workload.Spec, requests int) command {
+	return command{Op: "verify", DescSize: spec.DescSize, Count: spec.Count, Fragmented: spec.Fragmented, Seed: spec.Seed, Requests: requests}
+}
