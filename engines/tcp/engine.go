@@ -299,7 +299,7 @@ func (e *Engine) PostWrite(peerName string, ops []transfer.WriteOp) (transfer.Op
 	var total uint64
 	for i, op := range ops {
 		if op.Src.Len != op.Dst.Len {
-			return nil, fmt.Errorf("tcp: post write to %q: op %d: source length %d != destination length %d", peerName, i, op.Src.Len, op.Dst.Len)
+			return nil, fmt.Errorf("tcp: post write to %q: op %d: source length %d != destination length %d: %w", peerName, i, op.Src.Len, op.Dst.Len, transfer.ErrOutOfBounds)
 		}
 		if op.Src.Len == 0 {
 			continue
