@@ -230,6 +230,7 @@ func (e *Engine) serve(ic *inConn) error {
 	log.Debug("tcp peer connected")
 
 	var segs []segment
+	var bufs [][]byte // destination slices of the frame being landed, reused
 	for {
 		r.noDeadline()
 		if _, err := io.ReadFull(conn, hdr[:1]); err != nil {
@@ -257,7 +258,7 @@ func (e *Engine) serve(ic *inConn) error {
 			if err != nil {
 				return err
 			}
-			if err := e.land(r, conn, h.id, segs, total, log); err != nil {
+			if err := e.land(r, conn, h.id, segs, total, &bufs, log); err != nil {
 				return err
 			}
 		case frameNotif:
@@ -277,8 +278,9 @@ func (e *Engine) serve(ic *inConn) error {
 
 // land validates every segment against this engine's registry, then reads
 // the payload straight into the destination memory and acknowledges it.
-func (e *Engine) land(r *inReader, conn net.Conn, id uint64, segs []segment, total uint64, log interface{ Warn(string, ...any) }) error {
-	bufs, pins, verr := e.resolveDsts(segs)
+func (e *Engine) land(r *inReader, conn net.Conn, id uint64, segs []segment, total uint64, scratch *[][]byte, log interface{ Warn(string, ...any) }) error {
+	bufs, pins, verr := e.resolveDsts(segs, (*scratch)[:0])
+	*scratch = bufs
 	if verr != nil {
 		log.Warn("tcp rejected incoming write", "part", id, "err", verr)
 		if err := r.discard(total); err != nil {
@@ -296,25 +298,25 @@ func (e *Engine) land(r *inReader, conn net.Conn, id uint64, segs []segment, tot
 	return e.reply(conn, ack[:])
 }
 
-// resolveDsts maps segments to registered memory and pins it.
-func (e *Engine) resolveDsts(segs []segment) ([][]byte, []rangeKey, error) {
+// resolveDsts maps segments to registered memory, appended to bufs (the
+// connection's reused slice), and pins it.
+func (e *Engine) resolveDsts(segs []segment, bufs [][]byte) ([][]byte, []rangeKey, error) {
 	e.memMu.RLock()
 	defer e.memMu.RUnlock()
-	bufs := make([][]byte, len(segs))
 	var pins []rangeKey
 	var last transfer.Desc
 	for i, s := range segs {
 		if last.Len == 0 || !last.Contains(s.addr, s.n) {
 			d, err := e.reg.Find(s.addr, s.n)
 			if err != nil {
-				return nil, nil, fmt.Errorf("tcp: incoming segment %d: %w", i, err)
+				return bufs, nil, fmt.Errorf("tcp: incoming segment %d: %w", i, err)
 			}
 			last = d
 			if k := (rangeKey{d.Addr, d.Len}); !containsKey(pins, k) {
 				pins = append(pins, k)
 			}
 		}
-		bufs[i] = mem.Unsafe(s.addr, s.n)
+		bufs = append(bufs, mem.Unsafe(s.addr, s.n))
 	}
 	e.pin(pins)
 	return bufs, pins, nil
