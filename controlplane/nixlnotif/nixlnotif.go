@@ -31,10 +31,6 @@ const Kind = "nixlnotif"
 // A notification that arrives is returned at once regardless.
 const closeCheckInterval = 50 * time.Millisecond
 
-// encoding returns the endpoint encoding: printable, no padding, and
-// strict, so every endpoint has exactly one spelling.
-func encoding() *base64.Encoding { return base64.RawURLEncoding.Strict() }
-
 // engine is what the channel needs from its engine.
 type engine interface {
 	transfer.Engine
@@ -47,6 +43,9 @@ var _ transfer.ControlChannel = (*Channel)(nil)
 // is safe for concurrent use.
 type Channel struct {
 	eng engine
+	// enc is the endpoint encoding: printable, no padding, and strict, so
+	// every endpoint has exactly one spelling.
+	enc *base64.Encoding
 
 	mu     sync.RWMutex
 	peers  map[string]struct{} // peers added and not removed
@@ -66,7 +65,7 @@ func New(eng transfer.Engine) (*Channel, error) {
 		return nil, fmt.Errorf("nixlnotif: engine %q (%T) does not implement transfer.Notifier: %w",
 			eng.Name(), eng, transfer.ErrUnsupported)
 	}
-	return &Channel{eng: e, peers: make(map[string]struct{}), done: make(chan struct{})}, nil
+	return &Channel{eng: e, enc: base64.RawURLEncoding.Strict(), peers: make(map[string]struct{}), done: make(chan struct{})}, nil
 }
 
 // Kind returns "nixlnotif".
@@ -81,7 +80,7 @@ func (c *Channel) LocalEndpoint() string {
 	if err != nil || len(md) == 0 {
 		return ""
 	}
-	return encoding().EncodeToString(md)
+	return c.enc.EncodeToString(md)
 }
 
 // AddPeer decodes endpoint and loads it into the engine (eng.LoadPeer),
@@ -101,7 +100,7 @@ func (c *Channel) AddPeer(peer, endpoint string) error {
 	if endpoint == "" {
 		return fmt.Errorf("nixlnotif: add peer %q: empty endpoint: %w", peer, transfer.ErrBadEndpoint)
 	}
-	md, err := encoding().DecodeString(endpoint)
+	md, err := c.enc.DecodeString(endpoint)
 	if err != nil {
 		return fmt.Errorf("nixlnotif: add peer %q: endpoint is not base64url metadata: %w: %w",
 			peer, transfer.ErrBadEndpoint, err)
