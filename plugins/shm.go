@@ -269,16 +269,33 @@ func (m *mapper) Unmap(d transfer.Desc, s *pb.Share) {
 	end := (d.End() + m.page - 1) &^ (m.page - 1)
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	// Pages whose last reference goes are unmapped in runs of consecutive
+	// pages: one munmap per run, not per page.
+	var runStart, runEnd uint64
+	flush := func() {
+		if runEnd > runStart {
+			_ = munmap(runStart, runEnd-runStart)
+		}
+		runStart, runEnd = 0, 0
+	}
 	for p := start; p < end; p += m.page {
 		sp, ok := m.pages[p]
 		if !ok {
+			flush()
 			continue
 		}
-		if sp.refs--; sp.refs == 0 {
-			delete(m.pages, p)
-			_ = munmap(p, m.page)
+		if sp.refs--; sp.refs != 0 {
+			flush()
+			continue
 		}
+		delete(m.pages, p)
+		if runEnd != p {
+			flush()
+			runStart = p
+		}
+		runEnd = p + m.page
 	}
+	flush()
 }
 
 // mmapFixed maps n bytes of fd at file offset off exactly at addr, failing
