@@ -35,19 +35,7 @@ func (r *remoteControl) Kind() string { return r.kind }
 func (r *remoteControl) LocalEndpoint() string { return r.endpoint }
 
 func (r *remoteControl) call(what string, f func(context.Context) (*pb.Reply, error)) error {
-	if r.c.closed() {
-		return fmt.Errorf("plugin: %s: control channel closed: %w", what, transfer.ErrClosed)
-	}
-	cx, cancel := ctx(CallTimeout)
-	defer cancel()
-	rep, err := f(cx)
-	if err != nil {
-		return r.c.rpcErr(what, err)
-	}
-	if rerr := fromProtoError(rep.GetError()); rerr != nil {
-		return fmt.Errorf("plugin: %s: %w", what, rerr)
-	}
-	return nil
+	return call(r.c, "control channel", what, f)
 }
 
 // AddPeer adds or replaces a peer in the plugin channel.
@@ -80,22 +68,7 @@ func (r *remoteControl) Recv(timeout time.Duration) (transfer.Message, error) {
 
 // Close closes the plugin channel and ends the plugin process. It is
 // idempotent.
-func (r *remoteControl) Close() error {
-	if r.c.closed() {
-		return nil
-	}
-	var err error
-	if !r.c.gone() {
-		err = r.call("close control channel", func(cx context.Context) (*pb.Reply, error) {
-			return r.rpc.Close(cx, &pb.Empty{})
-		})
-		if errors.Is(err, transfer.ErrPeerLost) {
-			err = nil
-		}
-	}
-	r.c.Close()
-	return err
-}
+func (r *remoteControl) Close() error { return closeRemote(r.c, "control channel", r.rpc.Close) }
 
 // controlServer is the plugin side of the Control service.
 type controlServer struct {

@@ -45,6 +45,42 @@ func open[C opener](c *Client, kind, what, name string, opts map[string]string) 
 	return rpc, rep, nil
 }
 
+// call makes one unary call of an open instance (what names it in errors)
+// within CallTimeout, mapping a transport failure and the reply's error to
+// errors that wrap transfer's sentinels.
+func call[R interface{ GetError() *pb.Error }](c *Client, noun, what string, f func(context.Context) (R, error)) error {
+	if c.closed() {
+		return fmt.Errorf("plugin: %s: %s closed: %w", what, noun, transfer.ErrClosed)
+	}
+	cx, cancel := ctx(CallTimeout)
+	defer cancel()
+	rep, err := f(cx)
+	if err != nil {
+		return c.rpcErr(what, err)
+	}
+	if rerr := fromProtoError(rep.GetError()); rerr != nil {
+		return fmt.Errorf("plugin: %s: %w", what, rerr)
+	}
+	return nil
+}
+
+// closeRemote closes an open instance in the plugin (unless the process is
+// already gone) and then the Client, which ends the process.
+func closeRemote(c *Client, noun string, rpcClose func(context.Context, *pb.Empty, ...grpc.CallOption) (*pb.Reply, error)) error {
+	if c.closed() {
+		return nil
+	}
+	var err error
+	if !c.gone() {
+		err = call(c, noun, "close "+noun, func(cx context.Context) (*pb.Reply, error) { return rpcClose(cx, &pb.Empty{}) })
+		if errors.Is(err, transfer.ErrPeerLost) {
+			err = nil // the process is gone: closed either way
+		}
+	}
+	c.Close()
+	return err
+}
+
 // Engine opens the plugin's engine named name with opts. The engine owns
 // the Client: closing it ends the plugin process. It implements
 // transfer.Notifier when the plugin's engine does.
@@ -69,19 +105,7 @@ type remoteEngine struct {
 }
 
 func (e *remoteEngine) call(what string, f func(context.Context) (interface{ GetError() *pb.Error }, error)) error {
-	if e.c.closed() {
-		return fmt.Errorf("plugin: %s: engine closed: %w", what, transfer.ErrClosed)
-	}
-	cx, cancel := ctx(CallTimeout)
-	defer cancel()
-	rep, err := f(cx)
-	if err != nil {
-		return e.c.rpcErr(what, err)
-	}
-	if rerr := fromProtoError(rep.GetError()); rerr != nil {
-		return fmt.Errorf("plugin: %s: %w", what, rerr)
-	}
-	return nil
+	return call(e.c, "engine", what, f)
 }
 
 // Name returns the plugin engine's name.
@@ -159,22 +183,7 @@ func (e *remoteEngine) PostWrite(peer string, ops []transfer.WriteOp) (transfer.
 }
 
 // Close closes the plugin engine and ends the plugin process.
-func (e *remoteEngine) Close() error {
-	if e.c.closed() {
-		return nil
-	}
-	var err error
-	if !e.c.gone() {
-		err = e.call("close engine", func(cx context.Context) (interface{ GetError() *pb.Error }, error) {
-			return e.rpc.Close(cx, &pb.Empty{})
-		})
-		if errors.Is(err, transfer.ErrPeerLost) {
-			err = nil // the process is gone: closed either way
-		}
-	}
-	e.c.Close()
-	return err
-}
+func (e *remoteEngine) Close() error { return closeRemote(e.c, "engine", e.rpc.Close) }
 
 // remoteNotifier is a remoteEngine whose plugin engine has notifications.
 type remoteNotifier struct{ *remoteEngine }
