@@ -176,3 +176,23 @@ func TestSharedMappingsUseTheShareWindow(t *testing.T) {
 		t.Fatal("no allocation landed in the share window")
 	}
 }
+
+func TestCheckRanges(t *testing.T) {
+	ok := []transfer.Desc{{Addr: 0x1000, Len: 0x100}, {Addr: 0x1100, Len: 1}, {Addr: 0x2000, Len: 0x10}}
+	if err := CheckRanges(ok); err != nil {
+		t.Fatalf("adjacent ascending ranges refused: %v", err)
+	}
+	if err := CheckRanges(nil); err != nil {
+		t.Fatalf("no ranges refused: %v", err)
+	}
+	for name, bad := range map[string][]transfer.Desc{
+		"empty":    {{Addr: 0x1000, Len: 0}},
+		"wraps":    {{Addr: ^uint64(0) - 1, Len: 4}},
+		"overlap":  {{Addr: 0x1000, Len: 0x100}, {Addr: 0x10ff, Len: 1}},
+		"unsorted": {{Addr: 0x2000, Len: 1}, {Addr: 0x1000, Len: 1}},
+	} {
+		if err := CheckRanges(bad); err == nil {
+			t.Errorf("%s: accepted", name)
+		}
+	}
+}

@@ -42,6 +42,21 @@ func (r *Registry) Add(d transfer.Desc) error {
 	return nil
 }
 
+// CheckRanges checks a list of ranges as a peer advertises them: each
+// non-empty and not wrapping around the address space, in ascending order,
+// none overlapping the next. Metadata decoders use it on untrusted input.
+func CheckRanges(ranges []transfer.Desc) error {
+	for i, d := range ranges {
+		if d.Len == 0 || d.Addr+d.Len < d.Addr {
+			return fmt.Errorf("range %d %v is empty or wraps", i, d)
+		}
+		if i > 0 && ranges[i-1].End() > d.Addr {
+			return fmt.Errorf("range %d %v is unsorted or overlaps %v", i, d, ranges[i-1])
+		}
+	}
+	return nil
+}
+
 // Remove unregisters exactly d.
 func (r *Registry) Remove(d transfer.Desc) error {
 	r.mu.Lock()

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"unicode/utf8"
 
+	"github.com/bouncekv/bounce/mem"
 	"github.com/bouncekv/bounce/transfer"
 )
 
@@ -88,18 +89,14 @@ func decodeMetadata(b []byte) (metadata, error) {
 	}
 	m.ranges = make([]transfer.Desc, count)
 	for i := range m.ranges {
-		d := transfer.Desc{
+		m.ranges[i] = transfer.Desc{
 			Addr: binary.LittleEndian.Uint64(rest[i*mdRangeSize:]),
 			Len:  binary.LittleEndian.Uint64(rest[i*mdRangeSize+8:]),
 			Kind: transfer.Host,
 		}
-		if d.Len == 0 || d.Addr+d.Len < d.Addr {
-			return bad("range %d %v is empty or wraps", i, d)
-		}
-		if i > 0 && m.ranges[i-1].End() > d.Addr {
-			return bad("range %d %v overlaps or precedes %v", i, d, m.ranges[i-1])
-		}
-		m.ranges[i] = d
+	}
+	if err := mem.CheckRanges(m.ranges); err != nil {
+		return bad("%v", err)
 	}
 	return m, nil
 }

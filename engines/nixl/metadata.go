@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"fmt"
 
+	"github.com/bouncekv/bounce/mem"
 	"github.com/bouncekv/bounce/transfer"
 )
 
@@ -73,15 +74,11 @@ func decodeMetadata(b []byte) (metadata, error) {
 	}
 	m.ranges = make([]transfer.Desc, n)
 	for i := range m.ranges {
-		d := transfer.Desc{Addr: binary.LittleEndian.Uint64(b), Len: binary.LittleEndian.Uint64(b[8:]), Kind: transfer.Host}
+		m.ranges[i] = transfer.Desc{Addr: binary.LittleEndian.Uint64(b), Len: binary.LittleEndian.Uint64(b[8:]), Kind: transfer.Host}
 		b = b[16:]
-		if d.Len == 0 || d.Addr+d.Len < d.Addr {
-			return bad("range %d %v is empty or wraps", i, d)
-		}
-		if i > 0 && m.ranges[i-1].End() > d.Addr {
-			return bad("range %d %v is unsorted or overlaps %v", i, d, m.ranges[i-1])
-		}
-		m.ranges[i] = d
+	}
+	if err := mem.CheckRanges(m.ranges); err != nil {
+		return bad("%v", err)
 	}
 	if len(b) < 4 {
 		return bad("truncated NIXL metadata length")

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"unicode/utf8"
 
+	"github.com/bouncekv/bounce/mem"
 	"github.com/bouncekv/bounce/transfer"
 )
 
@@ -306,14 +307,10 @@ func decodeMetadata(b []byte) (metadata, error) {
 	}
 	m := metadata{name: name, addr: addr, ranges: make([]transfer.Desc, count)}
 	for i := range m.ranges {
-		d := transfer.Desc{Addr: binary.LittleEndian.Uint64(rest[16*i:]), Len: binary.LittleEndian.Uint64(rest[16*i+8:]), Kind: transfer.Host}
-		if d.Len == 0 || d.Addr+d.Len < d.Addr {
-			return bad("range %d %v is empty or wraps", i, d)
-		}
-		if i > 0 && m.ranges[i-1].End() > d.Addr {
-			return bad("range %d %v is unsorted or overlaps %v", i, d, m.ranges[i-1])
-		}
-		m.ranges[i] = d
+		m.ranges[i] = transfer.Desc{Addr: binary.LittleEndian.Uint64(rest[16*i:]), Len: binary.LittleEndian.Uint64(rest[16*i+8:]), Kind: transfer.Host}
+	}
+	if err := mem.CheckRanges(m.ranges); err != nil {
+		return bad("%v", err)
 	}
 	return m, nil
 }
