@@ -1,6 +1,9 @@
 package transfer
 
-import "fmt"
+import (
+	"fmt"
+	"unicode/utf8"
+)
 
 // MemKind says where the bytes of a descriptor live.
 type MemKind uint8
@@ -99,4 +102,27 @@ func span(base, stride, n, count uint64) (uint64, uint64, bool) {
 		return 0, 0, false
 	}
 	return base, lastStart + n, true
+}
+
+// MaxNameLen is the longest agent name, in bytes.
+const MaxNameLen = 255
+
+// CheckName reports why s cannot be an agent's name: names are 1 to
+// MaxNameLen bytes of UTF-8 without control characters, so they print
+// safely in logs and errors.
+func CheckName(s string) error {
+	switch {
+	case s == "":
+		return fmt.Errorf("empty name")
+	case len(s) > MaxNameLen:
+		return fmt.Errorf("name of %d bytes exceeds %d", len(s), MaxNameLen)
+	case !utf8.ValidString(s):
+		return fmt.Errorf("name is not valid UTF-8")
+	}
+	for _, r := range s {
+		if r < 0x20 || r == 0x7f {
+			return fmt.Errorf("name %q contains a control character", s)
+		}
+	}
+	return nil
 }

@@ -2,6 +2,8 @@ package inproc
 
 import (
 	"testing"
+
+	"github.com/bouncekv/bounce/transfer"
 )
 
 // FuzzParseEndpoint checks that parsing never panics and that an accepted
@@ -15,7 +17,7 @@ func FuzzParseEndpoint(f *testing.F) {
 		if err != nil {
 			return
 		}
-		if Scheme+name != s || validName(name) != nil {
+		if Scheme+name != s || transfer.CheckName(name) != nil {
 			t.Fatalf("accepted %q as name %q", s, name)
 		}
 	})

@@ -16,7 +16,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-	"unicode/utf8"
 
 	"github.com/bouncekv/bounce/transfer"
 )
@@ -36,7 +35,7 @@ const (
 	MaxQueueSize = 1 << 20
 )
 
-const maxNameLen = 255
+const maxNameLen = transfer.MaxNameLen
 
 // Network connects the channels created from it. It is safe for concurrent
 // use.
@@ -113,7 +112,7 @@ type link struct {
 // among the open channels of a network; a bad or taken name is an error
 // wrapping ErrBadEndpoint.
 func (n *Network) NewChannel(name string, opts Options) (*Channel, error) {
-	if err := validName(name); err != nil {
+	if err := transfer.CheckName(name); err != nil {
 		return nil, fmt.Errorf("inproc: new channel: %v: %w", err, transfer.ErrBadEndpoint)
 	}
 	switch {
@@ -159,7 +158,7 @@ func (c *Channel) Stats() Stats {
 // wrapping ErrBadEndpoint and leaves an existing entry for peer untouched.
 // Adding a known peer again replaces its endpoint.
 func (c *Channel) AddPeer(peer, endpoint string) error {
-	if err := validName(peer); err != nil {
+	if err := transfer.CheckName(peer); err != nil {
 		return fmt.Errorf("inproc %s: add peer: %v: %w", c.name, err, transfer.ErrBadEndpoint)
 	}
 	target, err := parseEndpoint(endpoint)
@@ -384,24 +383,8 @@ func parseEndpoint(s string) (string, error) {
 	if !ok {
 		return "", fmt.Errorf("want %s<name>", Scheme)
 	}
-	if err := validName(name); err != nil {
+	if err := transfer.CheckName(name); err != nil {
 		return "", err
 	}
 	return name, nil
-}
-
-// validName reports whether name can name a channel or a peer.
-func validName(name string) error {
-	if name == "" || len(name) > maxNameLen {
-		return fmt.Errorf("name of %d bytes outside [1, %d]", len(name), maxNameLen)
-	}
-	if !utf8.ValidString(name) {
-		return fmt.Errorf("name %q is not UTF-8", name)
-	}
-	for _, r := range name {
-		if r < 0x20 || r == 0x7f {
-			return fmt.Errorf("name %q has a control character", name)
-		}
-	}
-	return nil
 }

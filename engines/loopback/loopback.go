@@ -104,7 +104,7 @@ type peer struct {
 // NewEngine creates an engine named name on f. Names are unique on a fabric
 // while the engine is open; at most one Options may be given.
 func (f *Fabric) NewEngine(name string, opts ...Options) (*Engine, error) {
-	if err := validName(name); err != nil {
+	if err := transfer.CheckName(name); err != nil {
 		return nil, fmt.Errorf("loopback: new engine: %w", err)
 	}
 	if len(opts) > 1 {

@@ -3,7 +3,6 @@ package loopback
 import (
 	"encoding/binary"
 	"fmt"
-	"unicode/utf8"
 
 	"github.com/bouncekv/bounce/mem"
 	"github.com/bouncekv/bounce/transfer"
@@ -26,7 +25,7 @@ const (
 	mdVersion   = 1
 	mdFixed     = 4 + 1 + 8 + 8 + 2
 	mdRangeSize = 16
-	maxNameLen  = 255
+	maxNameLen  = transfer.MaxNameLen
 )
 
 type metadata struct {
@@ -75,7 +74,7 @@ func decodeMetadata(b []byte) (metadata, error) {
 		return bad("name of %d bytes, only %d left", n, len(rest))
 	}
 	m.name = string(rest[:n])
-	if err := validName(m.name); err != nil {
+	if err := transfer.CheckName(m.name); err != nil {
 		return bad("%v", err)
 	}
 	rest = rest[n:]
@@ -99,21 +98,4 @@ func decodeMetadata(b []byte) (metadata, error) {
 		return bad("%v", err)
 	}
 	return m, nil
-}
-
-// validName reports whether name can name an engine: 1 to 255 bytes of
-// UTF-8 without control characters.
-func validName(name string) error {
-	if name == "" || len(name) > maxNameLen {
-		return fmt.Errorf("name %q: length %d outside [1, %d]", name, len(name), maxNameLen)
-	}
-	if !utf8.ValidString(name) {
-		return fmt.Errorf("name %q: not UTF-8", name)
-	}
-	for _, r := range name {
-		if r < 0x20 || r == 0x7f {
-			return fmt.Errorf("name %q: control character", name)
-		}
-	}
-	return nil
 }

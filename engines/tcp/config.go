@@ -97,7 +97,7 @@ func (c Config) withDefaults() Config {
 // Validate reports the first invalid field. Zero values are valid (they take
 // defaults); negative sizes and durations are not.
 func (c Config) Validate() error {
-	if err := validName(c.Name); err != nil {
+	if err := transfer.CheckName(c.Name); err != nil {
 		return fmt.Errorf("tcp: config: Name: %w", err)
 	}
 	if c.Connections < 0 || c.Connections > MaxConnections {

@@ -4,7 +4,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"unicode/utf8"
 
 	"github.com/bouncekv/bounce/mem"
 	"github.com/bouncekv/bounce/transfer"
@@ -21,7 +20,7 @@ const (
 	// MaxNotification is the largest notification payload.
 	MaxNotification = 1 << 20
 	// MaxNameLen is the longest engine name.
-	MaxNameLen = 255
+	MaxNameLen = transfer.MaxNameLen
 	// MaxAddrLen is the longest advertised address.
 	MaxAddrLen = 255
 	// MaxRanges is the most registered ranges metadata may carry.
@@ -284,7 +283,7 @@ func decodeMetadata(b []byte) (metadata, error) {
 	if !ok {
 		return bad("truncated or oversized name")
 	}
-	if err := validName(name); err != nil {
+	if err := transfer.CheckName(name); err != nil {
 		return bad("name: %v", err)
 	}
 	addr, ok := str(MaxAddrLen)
@@ -313,22 +312,4 @@ func decodeMetadata(b []byte) (metadata, error) {
 		return bad("%v", err)
 	}
 	return m, nil
-}
-
-// validName checks an engine name.
-func validName(s string) error {
-	switch {
-	case s == "":
-		return errors.New("empty name")
-	case len(s) > MaxNameLen:
-		return fmt.Errorf("name of %d bytes exceeds %d", len(s), MaxNameLen)
-	case !utf8.ValidString(s):
-		return errors.New("name is not valid UTF-8")
-	}
-	for _, r := range s {
-		if r < 0x20 || r == 0x7f {
-			return fmt.Errorf("name %q contains a control character", s)
-		}
-	}
-	return nil
 }
