@@ -3,34 +3,21 @@ package conformance_test
 import (
 	"testing"
 
+	"github.com/bouncekv/bounce/certify"
 	"github.com/bouncekv/bounce/conformance"
 	"github.com/bouncekv/bounce/controlplane/inproc"
-	"github.com/bouncekv/bounce/engines/loopback"
-	"github.com/bouncekv/bounce/mem"
-	gatherhost "github.com/bouncekv/bounce/stages/gather/host"
-	scatterhost "github.com/bouncekv/bounce/stages/scatter/host"
-	"github.com/bouncekv/bounce/stages/write"
+	"github.com/bouncekv/bounce/node"
 	"github.com/bouncekv/bounce/transfer"
 )
 
+// The fixtures come from package certify (what CI certifies every built-in
+// with); this file drives them through the testing.T entry points.
+
+func builtin() node.Factories { return node.Builtin() }
+
 // loopbackPair is the EngineFactory of the in-tree loopback engine.
 func loopbackPair() (conformance.EnginePair, error) {
-	fab := loopback.NewFabric()
-	a, err := fab.NewEngine("a")
-	if err != nil {
-		return conformance.EnginePair{}, err
-	}
-	b, err := fab.NewEngine("b")
-	if err != nil {
-		a.Close()
-		return conformance.EnginePair{}, err
-	}
-	return conformance.EnginePair{
-		A:       a,
-		B:       b,
-		KillB:   func() { b.Close() },
-		Cleanup: func() { a.Close(); b.Close() },
-	}, nil
+	return certify.EngineFactory(builtin().Engines["loopback"], certify.Options{})()
 }
 
 // inprocSet is the ControlFactory of the in-tree inproc control channel.
@@ -51,67 +38,28 @@ func inprocSet() (conformance.ControlSet, error) {
 }
 
 func hostGatherer() (conformance.GathererFixture, error) {
-	reg := &mem.Registry{}
-	g, err := gatherhost.New(gatherhost.Settings{Registry: reg})
-	if err != nil {
-		return conformance.GathererFixture{}, err
-	}
-	return conformance.GathererFixture{Gatherer: g, Register: reg.Add}, nil
+	return certify.GathererFactory(builtin().Gatherers["host"], certify.Options{})()
 }
 
 func hostScatterer() (conformance.ScattererFixture, error) {
-	reg := &mem.Registry{}
-	s, err := scatterhost.New(scatterhost.Settings{Registry: reg})
-	if err != nil {
-		return conformance.ScattererFixture{}, err
-	}
-	return conformance.ScattererFixture{Scatterer: s, Register: reg.Add}, nil
+	return certify.ScattererFactory(builtin().Scatterers["host"], certify.Options{})()
 }
 
 // loopbackWriter is stages/write over a pair of loopback engines.
 func loopbackWriter() (conformance.WriterFixture, error) {
-	p, err := loopbackPair()
-	if err != nil {
-		return conformance.WriterFixture{}, err
-	}
-	grant := func(d transfer.Desc) error {
-		if err := p.B.RegisterMemory(d); err != nil {
-			return err
-		}
-		md, err := p.B.Metadata()
-		if err != nil {
-			return err
-		}
-		_, err = p.A.LoadPeer(md)
-		return err
-	}
-	md, err := p.B.Metadata()
-	if err != nil {
-		return conformance.WriterFixture{}, err
-	}
-	peer, err := p.A.LoadPeer(md)
-	if err != nil {
-		return conformance.WriterFixture{}, err
-	}
-	return conformance.WriterFixture{
-		Writer:         write.New(p.A),
-		Peer:           peer,
-		RegisterSource: p.A.RegisterMemory,
-		Grant:          grant,
-		Cleanup:        p.Cleanup,
-	}, nil
+	return certify.WriterFactory(builtin().Engines["loopback"], certify.Options{})()
 }
 
-// certify is the configuration of the certification runs: every default,
-// with a fixed seed.
-func certify() conformance.Config { return conformance.Config{Seed: 1} }
+// certConfig is the configuration of the certification runs: every
+// default, with a fixed seed.
+func certConfig() conformance.Config { return conformance.Config{Seed: 1} }
 
-func TestLoopbackEngine(t *testing.T) { conformance.Engine(t, loopbackPair, certify()) }
+func TestLoopbackEngine(t *testing.T) { conformance.Engine(t, loopbackPair, certConfig()) }
 
-func TestInprocControlChannel(t *testing.T) { conformance.ControlChannel(t, inprocSet, certify()) }
+func TestInprocControlChannel(t *testing.T) { conformance.ControlChannel(t, inprocSet, certConfig()) }
 
-func TestHostGatherer(t *testing.T) { conformance.Gatherer(t, hostGatherer, certify()) }
+func TestHostGatherer(t *testing.T) { conformance.Gatherer(t, hostGatherer, certConfig()) }
 
-func TestHostScatterer(t *testing.T) { conformance.Scatterer(t, hostScatterer, certify()) }
+func TestHostScatterer(t *testing.T) { conformance.Scatterer(t, hostScatterer, certConfig()) }
 
-func TestWriteStage(t *testing.T) { conformance.Writer(t, loopbackWriter, certify()) }
+func TestWriteStage(t *testing.T) { conformance.Writer(t, loopbackWriter, certConfig()) }

@@ -163,7 +163,7 @@ func TestConfigErrorsAreReported(t *testing.T) {
 }
 
 func TestSkipAndOnly(t *testing.T) {
-	cfg := certify()
+	cfg := certConfig()
 	cfg.Only = []string{"control/round-trip", "control/order", "control/no-goroutine-leak"}
 	cfg.Skip = []string{"control/order"}
 	rep := conformance.CheckControlChannel(inprocSet, cfg)
@@ -187,7 +187,7 @@ func TestSkipAndOnly(t *testing.T) {
 }
 
 func TestFixtureErrorsFailRules(t *testing.T) {
-	cfg := certify()
+	cfg := certConfig()
 	cfg.Only = []string{"gather/byte-exact"}
 	rep := conformance.CheckGatherer(func() (conformance.GathererFixture, error) {
 		return conformance.GathererFixture{}, nil
