@@ -70,65 +70,75 @@ type stageRig struct {
 	register func(d transfer.Desc) error
 }
 
+// stageParts is what a gather or scatter fixture yields, stage-agnostic.
+type stageParts struct {
+	do       func(region transfer.Desc, runs []transfer.Run) (transfer.Op, error)
+	closer   interface{ Close() error }
+	subject  string
+	register func(d transfer.Desc) error
+	cleanup  func()
+}
+
 func gathererSuite(newFixture GathererFactory) suite[*stageRig] {
-	return suite[*stageRig]{
-		kind:  "gather",
-		rules: stageRules("gather"),
-		open: func() (opened[*stageRig], error) {
-			if newFixture == nil {
-				return opened[*stageRig]{}, errors.New("nil GathererFactory")
-			}
-			f, err := newFixture()
-			if err != nil {
-				return opened[*stageRig]{}, err
-			}
-			cleanup := func() {
-				if f.Gatherer != nil {
-					_ = f.Gatherer.Close()
-				}
-				if f.Cleanup != nil {
-					f.Cleanup()
-				}
-			}
-			if f.Gatherer == nil || f.Register == nil {
-				return opened[*stageRig]{cleanup: cleanup}, errors.New("GathererFixture.Gatherer or Register is nil")
-			}
-			return opened[*stageRig]{
-				f:       &stageRig{do: f.Gatherer.Gather, register: f.Register},
-				cleanup: cleanup,
-				subject: fmt.Sprintf("%T", f.Gatherer),
-			}, nil
-		},
-	}
+	return stageSuite("gather", "GathererFixture.Gatherer", false, func() (stageParts, error) {
+		if newFixture == nil {
+			return stageParts{}, errors.New("nil GathererFactory")
+		}
+		f, err := newFixture()
+		if err != nil {
+			return stageParts{}, err
+		}
+		p := stageParts{register: f.Register, cleanup: f.Cleanup}
+		if f.Gatherer != nil {
+			p.do, p.closer, p.subject = f.Gatherer.Gather, f.Gatherer, fmt.Sprintf("%T", f.Gatherer)
+		}
+		return p, nil
+	})
 }
 
 func scattererSuite(newFixture ScattererFactory) suite[*stageRig] {
+	return stageSuite("scatter", "ScattererFixture.Scatterer", true, func() (stageParts, error) {
+		if newFixture == nil {
+			return stageParts{}, errors.New("nil ScattererFactory")
+		}
+		f, err := newFixture()
+		if err != nil {
+			return stageParts{}, err
+		}
+		p := stageParts{register: f.Register, cleanup: f.Cleanup}
+		if f.Scatterer != nil {
+			p.do, p.closer, p.subject = f.Scatterer.Scatter, f.Scatterer, fmt.Sprintf("%T", f.Scatterer)
+		}
+		return p, nil
+	})
+}
+
+// stageSuite is the suite of one stage kind over fixtures from open; field
+// names the fixture's stage field in errors.
+func stageSuite(kind, field string, scatter bool, open func() (stageParts, error)) suite[*stageRig] {
 	return suite[*stageRig]{
-		kind:  "scatter",
-		rules: stageRules("scatter"),
+		kind:  kind,
+		rules: stageRules(kind),
 		open: func() (opened[*stageRig], error) {
-			if newFixture == nil {
-				return opened[*stageRig]{}, errors.New("nil ScattererFactory")
-			}
-			f, err := newFixture()
+			p, err := open()
 			if err != nil {
 				return opened[*stageRig]{}, err
 			}
 			cleanup := func() {
-				if f.Scatterer != nil {
-					_ = f.Scatterer.Close()
+				if p.closer != nil {
+					_ = p.closer.Close()
 				}
-				if f.Cleanup != nil {
-					f.Cleanup()
+				if p.cleanup != nil {
+					p.cleanup()
 				}
 			}
-			if f.Scatterer == nil || f.Register == nil {
-				return opened[*stageRig]{cleanup: cleanup}, errors.New("ScattererFixture.Scatterer or Register is nil")
+			if p.do == nil || p.register == nil {
+				return opened[*stageRig]{cleanup: cleanup}, fmt.Errorf("%s or Register is nil", field)
 			}
 			return opened[*stageRig]{
-				f:       &stageRig{scatter: true, do: f.Scatterer.Scatter, register: f.Register},
+				f:       &stageRig{scatter: scatter, do: p.do, register: p.register},
 				cleanup: cleanup,
-				subject: fmt.Sprintf("%T", f.Scatterer),
+				subject: p.subject,
 			}, nil
 		},
 	}
