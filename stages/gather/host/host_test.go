@@ -11,6 +11,7 @@ import (
 	"pgregory.net/rapid"
 
 	"github.com/bouncekv/bounce/mem"
+	"github.com/bouncekv/bounce/pipeline/plan"
 	"github.com/bouncekv/bounce/stages/gather/host"
 	"github.com/bouncekv/bounce/stages/hostcopy"
 	scatterhost "github.com/bouncekv/bounce/stages/scatter/host"
@@ -109,27 +110,14 @@ func TestGatherScatterRoundTripRapid(t *testing.T) {
 }
 
 // coalesce packs blocks idx (of size block, length bytes used) densely into
-// the region and merges neighbours whose addresses advance by a uniform
-// stride, the way a transfer plan does.
+// the region, one run per block, and merges them with the transfer plan's
+// own Coalesce.
 func coalesce(base uint64, idx []int, block, length uint64) []transfer.Run {
-	var runs []transfer.Run
+	runs := make([]transfer.Run, len(idx))
 	for i, b := range idx {
-		addr := base + uint64(b)*block
-		if n := len(runs); n > 0 {
-			r := &runs[n-1]
-			last := r.Addr + (r.Count-1)*r.AddrStride
-			if r.Count == 1 && addr > r.Addr {
-				r.AddrStride, r.RegionStride, r.Count = addr-r.Addr, length, 2
-				continue
-			}
-			if r.Count > 1 && addr > last && addr-last == r.AddrStride {
-				r.Count++
-				continue
-			}
-		}
-		runs = append(runs, transfer.Run{RegionOff: uint64(i) * length, Addr: addr, Len: length, Count: 1})
+		runs[i] = transfer.Run{RegionOff: uint64(i) * length, Addr: base + uint64(b)*block, Len: length, Count: 1}
 	}
-	return runs
+	return plan.Coalesce(runs)
 }
 
 func TestGatherRejectsOutOfBounds(t *testing.T) {
