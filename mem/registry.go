@@ -74,16 +74,28 @@ func (r *Registry) Remove(d transfer.Desc) error {
 func (r *Registry) Find(addr, n uint64) (transfer.Desc, error) {
 	r.mu.RLock()
 	defer r.mu.RUnlock()
-	i := sort.Search(len(r.ranges), func(i int) bool { return r.ranges[i].Addr > addr })
-	if i == 0 {
-		return transfer.Desc{}, fmt.Errorf("mem: [%#x+%d]: %w", addr, n, transfer.ErrNotRegistered)
+	d, err := FindRange(r.ranges, addr, n)
+	if err != nil {
+		return d, fmt.Errorf("mem: %w", err)
 	}
-	d := r.ranges[i-1]
+	return d, nil
+}
+
+// FindRange returns the range of sorted, non-overlapping ranges (see
+// CheckRanges) that holds [addr, addr+n). A range past every registration
+// is ErrNotRegistered; one that starts inside a range but runs past its end
+// is ErrOutOfBounds.
+func FindRange(ranges []transfer.Desc, addr, n uint64) (transfer.Desc, error) {
+	i := sort.Search(len(ranges), func(i int) bool { return ranges[i].Addr > addr })
+	if i == 0 {
+		return transfer.Desc{}, fmt.Errorf("[%#x+%d]: %w", addr, n, transfer.ErrNotRegistered)
+	}
+	d := ranges[i-1]
 	if !d.Contains(addr, n) {
 		if addr >= d.End() {
-			return transfer.Desc{}, fmt.Errorf("mem: [%#x+%d]: %w", addr, n, transfer.ErrNotRegistered)
+			return transfer.Desc{}, fmt.Errorf("[%#x+%d]: %w", addr, n, transfer.ErrNotRegistered)
 		}
-		return transfer.Desc{}, fmt.Errorf("mem: [%#x+%d] exceeds registered %v: %w", addr, n, d, transfer.ErrOutOfBounds)
+		return transfer.Desc{}, fmt.Errorf("[%#x+%d] exceeds registered %v: %w", addr, n, d, transfer.ErrOutOfBounds)
 	}
 	return d, nil
 }

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"sort"
 	"sync"
 	"sync/atomic"
 
@@ -419,21 +418,4 @@ func (e *Engine) Close() error {
 		e.wg.Wait()
 	})
 	return e.closeErr
-}
-
-// findRange returns the range in sorted ranges holding [addr, addr+n), with
-// the same errors as mem.Registry.Find.
-func findRange(ranges []transfer.Desc, addr, n uint64) (transfer.Desc, error) {
-	i := sort.Search(len(ranges), func(i int) bool { return ranges[i].Addr > addr })
-	if i == 0 {
-		return transfer.Desc{}, fmt.Errorf("[%#x+%d]: %w", addr, n, transfer.ErrNotRegistered)
-	}
-	d := ranges[i-1]
-	if !d.Contains(addr, n) {
-		if addr >= d.End() {
-			return transfer.Desc{}, fmt.Errorf("[%#x+%d]: %w", addr, n, transfer.ErrNotRegistered)
-		}
-		return transfer.Desc{}, fmt.Errorf("[%#x+%d] exceeds registered %v: %w", addr, n, d, transfer.ErrOutOfBounds)
-	}
-	return d, nil
 }

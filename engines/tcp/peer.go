@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/bouncekv/bounce/mem"
 	"github.com/bouncekv/bounce/transfer"
 )
 
@@ -53,7 +54,7 @@ func (p *peer) checkDsts(ops []transfer.WriteOp) error {
 		if op.Dst.Len == 0 || last.Len > 0 && last.Contains(op.Dst.Addr, op.Dst.Len) {
 			continue
 		}
-		d, err := findRange(p.ranges, op.Dst.Addr, op.Dst.Len)
+		d, err := mem.FindRange(p.ranges, op.Dst.Addr, op.Dst.Len)
 		if err != nil {
 			return fmt.Errorf("op %d destination on peer %q: %w", i, p.name, err)
 		}
