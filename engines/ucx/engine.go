@@ -193,6 +193,10 @@ type Engine struct {
 	sendFailed  atomic.Uint64
 	recvDropped atomic.Uint64
 
+	// msgHdr is the active-message header of every notification this
+	// engine sends; it depends only on the name.
+	msgHdr []byte
+
 	// Owned by the progress goroutine.
 	c        *C.bkv_ctx
 	addr     []byte
@@ -234,6 +238,7 @@ func New(cfg Config) (*Engine, error) {
 		cfg:      cfg,
 		log:      cfg.Logger.With("engine", "ucx", "name", cfg.Name),
 		name:     cfg.Name,
+		msgHdr:   encodeAMHeader(amKindMsg, cfg.Name),
 		notify:   make(map[string]*notifyPeer),
 		inbox:    make(chan transfer.Message, cfg.RecvQueue),
 		closed:   make(chan struct{}),

@@ -52,9 +52,9 @@ func (e *Engine) Notify(peerName string, payload []byte) error {
 	}
 	np.outstanding++
 	e.nmu.Unlock()
-	hdr := encodeAMHeader(amKindMsg, e.name)
-	buf := append(hdr, payload...)
-	if err := e.submit(func() { e.sendNotify(peerName, np, len(hdr), buf) }); err != nil {
+	buf := make([]byte, 0, len(e.msgHdr)+len(payload))
+	buf = append(append(buf, e.msgHdr...), payload...)
+	if err := e.submit(func() { e.sendNotify(peerName, np, len(e.msgHdr), buf) }); err != nil {
 		e.notifyDone(np)
 		return fmt.Errorf("ucx: notify %q: engine %q: %w", peerName, e.name, err)
 	}
@@ -77,8 +77,8 @@ func (e *Engine) sendNotify(name string, np *notifyPeer, hlen int, buf []byte) {
 	}
 	if !p.helloSent {
 		p.helloSent = true
-		hello := append(encodeAMHeader(amKindHello, e.name), e.addr...)
-		e.amSend(p, hello, 5+len(e.name), func(st C.ucs_status_t) {
+		hdr := encodeAMHeader(amKindHello, e.name)
+		e.amSend(p, append(hdr, e.addr...), len(hdr), func(st C.ucs_status_t) {
 			if st != C.UCS_OK {
 				e.log.Warn("hello failed", "peer", name, "status", statusString(st))
 			}
