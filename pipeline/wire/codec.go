@@ -48,77 +48,67 @@ func AppendMarshal(dst []byte, m Message) ([]byte, error) {
 	if err != nil {
 		return dst, err
 	}
-	start := len(dst)
-	dst = slices.Grow(dst, n)[:start+n]
-	e := encoder{b: dst[start:]}
-	e.header(m.Type())
+	b := slices.Grow(dst, n) // every append below fits: no reallocation
+	b = appendHeader(b, m.Type())
 	switch m := m.(type) {
 	case *Want:
-		e.u64(m.Request)
-		e.u32(uint32(len(m.ChunkBytes)))
+		b = le.AppendUint64(b, m.Request)
+		b = le.AppendUint32(b, uint32(len(m.ChunkBytes)))
 		for _, c := range m.ChunkBytes {
-			e.u64(c)
+			b = le.AppendUint64(b, c)
 		}
-		e.str(m.Endpoint)
-		e.str(m.TraceParent)
+		b = appendStr(b, m.Endpoint)
+		b = appendStr(b, m.TraceParent)
 	case *Grant:
-		e.u64(m.Request)
-		e.u32(uint32(len(m.Credits)))
+		b = le.AppendUint64(b, m.Request)
+		b = le.AppendUint32(b, uint32(len(m.Credits)))
 		for _, c := range m.Credits {
-			b := e.b[e.n : e.n+creditSize]
-			le.PutUint64(b[0:], c.Region)
-			le.PutUint64(b[8:], c.Addr)
-			le.PutUint64(b[16:], c.Len)
-			le.PutUint32(b[24:], c.Chunk)
-			le.PutUint32(b[28:], uint32(c.Device))
-			e.n += creditSize
+			b = le.AppendUint64(b, c.Region)
+			b = le.AppendUint64(b, c.Addr)
+			b = le.AppendUint64(b, c.Len)
+			b = le.AppendUint32(b, c.Chunk)
+			b = le.AppendUint32(b, uint32(c.Device))
 		}
 	case *Data:
-		e.u64(m.Request)
-		e.u32(m.Chunk)
-		e.u64(m.Region)
-		e.str(m.TraceParent)
-		e.u32(uint32(len(m.Runs)))
-		e.n += putRuns(e.b[e.n:], m.Runs)
+		b = le.AppendUint64(b, m.Request)
+		b = le.AppendUint32(b, m.Chunk)
+		b = le.AppendUint64(b, m.Region)
+		b = appendStr(b, m.TraceParent)
+		b = le.AppendUint32(b, uint32(len(m.Runs)))
+		b = appendRuns(b, m.Runs)
 	case *Ack:
-		e.u64(m.Request)
-		e.u32(m.Chunk)
-		e.u64(m.Region)
+		b = le.AppendUint64(b, m.Request)
+		b = le.AppendUint32(b, m.Chunk)
+		b = le.AppendUint64(b, m.Region)
 	case *Nack:
-		e.u64(m.Request)
-		e.u32(m.Chunk)
-		e.u16(uint16(m.Code))
-		e.str(m.Reason)
+		b = le.AppendUint64(b, m.Request)
+		b = le.AppendUint32(b, m.Chunk)
+		b = le.AppendUint16(b, uint16(m.Code))
+		b = appendStr(b, m.Reason)
 	}
-	return dst, nil
+	return b, nil
 }
 
-// putRuns writes already validated runs into b, which is large enough, and
-// returns the bytes written.
-func putRuns(b []byte, runs []transfer.Run) int {
-	n := 0
+// appendRuns appends already validated runs: a tag, then the fields.
+func appendRuns(b []byte, runs []transfer.Run) []byte {
 	for i := range runs {
 		r := &runs[i]
 		if isSingle(r) {
-			w := b[n : n+singleSize]
-			w[0] = runSingle
-			le.PutUint64(w[1:], r.RegionOff)
-			le.PutUint64(w[9:], r.Addr)
-			le.PutUint64(w[17:], r.Len)
-			n += singleSize
+			b = append(b, runSingle)
+			b = le.AppendUint64(b, r.RegionOff)
+			b = le.AppendUint64(b, r.Addr)
+			b = le.AppendUint64(b, r.Len)
 			continue
 		}
-		w := b[n : n+stridedSize]
-		w[0] = runStrided
-		le.PutUint64(w[1:], r.RegionOff)
-		le.PutUint64(w[9:], r.Addr)
-		le.PutUint64(w[17:], r.Len)
-		le.PutUint64(w[25:], r.Count)
-		le.PutUint64(w[33:], r.RegionStride)
-		le.PutUint64(w[41:], r.AddrStride)
-		n += stridedSize
+		b = append(b, runStrided)
+		b = le.AppendUint64(b, r.RegionOff)
+		b = le.AppendUint64(b, r.Addr)
+		b = le.AppendUint64(b, r.Len)
+		b = le.AppendUint64(b, r.Count)
+		b = le.AppendUint64(b, r.RegionStride)
+		b = le.AppendUint64(b, r.AddrStride)
 	}
-	return n
+	return b
 }
 
 func isSingle(r *transfer.Run) bool {
@@ -263,30 +253,6 @@ func describeCredit(c *Credit) string {
 	default:
 		return fmt.Sprintf("negative device %d", c.Device)
 	}
-}
-
-// encoder writes into a slice already sized for the whole encoding.
-type encoder struct {
-	b []byte
-	n int
-}
-
-func (e *encoder) header(t Type) {
-	le.PutUint32(e.b[0:], magic)
-	le.PutUint16(e.b[4:], Version)
-	e.b[6] = byte(t)
-	e.b[7] = 0
-	e.n = headerLen
-}
-
-func (e *encoder) u16(v uint16) { le.PutUint16(e.b[e.n:], v); e.n += 2 }
-func (e *encoder) u32(v uint32) { le.PutUint32(e.b[e.n:], v); e.n += 4 }
-func (e *encoder) u64(v uint64) { le.PutUint64(e.b[e.n:], v); e.n += 8 }
-
-// str writes a string already checked against MaxString.
-func (e *encoder) str(s string) {
-	e.u16(uint16(len(s)))
-	e.n += copy(e.b[e.n:], s)
 }
 
 // ---- decoding ----
