@@ -47,10 +47,9 @@ type Channel struct {
 	// every endpoint has exactly one spelling.
 	enc *base64.Encoding
 
-	mu     sync.RWMutex
-	peers  map[string]struct{} // peers added and not removed
-	closed bool
-	done   chan struct{} // closed by Close
+	mu    sync.RWMutex
+	peers map[string]struct{} // peers added and not removed
+	done  chan struct{}       // closed by Close, under mu
 }
 
 // New returns a channel carried by eng's notifications. eng must implement
@@ -91,7 +90,7 @@ func (c *Channel) LocalEndpoint() string {
 // engine the metadata names, exactly as a data-path load of it would have;
 // the channel does not undo that, as the data path may rely on it.
 func (c *Channel) AddPeer(peer, endpoint string) error {
-	if c.isClosed() {
+	if c.isDone() {
 		return fmt.Errorf("nixlnotif: add peer %q: %w", peer, transfer.ErrClosed)
 	}
 	if peer == "" {
@@ -115,7 +114,7 @@ func (c *Channel) AddPeer(peer, endpoint string) error {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.closed {
+	if c.isDone() {
 		return fmt.Errorf("nixlnotif: add peer %q: %w", peer, transfer.ErrClosed)
 	}
 	c.peers[peer] = struct{}{}
@@ -130,7 +129,7 @@ func (c *Channel) AddPeer(peer, endpoint string) error {
 func (c *Channel) RemovePeer(peer string) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.closed {
+	if c.isDone() {
 		return fmt.Errorf("nixlnotif: remove peer %q: %w", peer, transfer.ErrClosed)
 	}
 	if _, ok := c.peers[peer]; !ok {
@@ -145,7 +144,7 @@ func (c *Channel) RemovePeer(peer string) error {
 // not added to this channel is ErrUnknownPeer.
 func (c *Channel) Send(peer string, payload []byte) error {
 	c.mu.RLock()
-	closed := c.closed
+	closed := c.isDone()
 	_, known := c.peers[peer]
 	c.mu.RUnlock()
 	switch {
@@ -195,18 +194,11 @@ func (c *Channel) Recv(timeout time.Duration) (transfer.Message, error) {
 func (c *Channel) Close() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if !c.closed {
-		c.closed = true
+	if !c.isDone() {
 		c.peers = nil
 		close(c.done)
 	}
 	return nil
-}
-
-func (c *Channel) isClosed() bool {
-	c.mu.RLock()
-	defer c.mu.RUnlock()
-	return c.closed
 }
 
 func (c *Channel) isDone() bool {
