@@ -250,8 +250,8 @@ func (c *Channel) AddPeer(peer, endpoint string) error {
 	if err := checkName(peer); err != nil {
 		return fmt.Errorf("zmq: add peer %q: name %v: %w", peer, err, transfer.ErrBadEndpoint)
 	}
-	// Fast path for the reverse-path bootstrap, which re-adds the sender
-	// with the endpoint carried by every WANT.
+	// Re-adding a peer at the endpoint it already has is a no-op: no DNS
+	// re-validation and no reconnect that would drop queued messages.
 	c.mu.RLock()
 	closed := c.closed
 	d := c.peers[peer]
