@@ -159,17 +159,9 @@ func rulePollContract(c *rc, g rig) error {
 	if perr != nil {
 		return fmt.Errorf("%s: rejected: %v", j.what, perr)
 	}
-	o, err := c.wait(op, j.what)
-	if err != nil {
+	if err := pollShape(c, op, j.what); err != nil {
 		return err
 	}
-	if err := checkOutcomeShape(o, j.what); err != nil {
-		return err
-	}
-	if err := pollAgain(c, op, o, j.what); err != nil {
-		return err
-	}
-	_ = op.Release()
 	bad, err := g.badJobs(c)
 	if err != nil {
 		return fmt.Errorf("setup of invalid %ss: %w", g.noun(), err)
@@ -182,18 +174,27 @@ func rulePollContract(c *rc, g rig) error {
 		if perr != nil {
 			continue
 		}
-		o, err := c.wait(op, j.what)
-		if err != nil {
+		if err := pollShape(c, op, j.what); err != nil {
 			return err
 		}
-		if err := checkOutcomeShape(o, j.what); err != nil {
-			return err
-		}
-		if err := pollAgain(c, op, o, j.what); err != nil {
-			return err
-		}
-		_ = op.Release()
 	}
+	return nil
+}
+
+// pollShape waits for op, checks that its terminal Poll and the Polls after
+// it have the contract's shape, and releases it.
+func pollShape(c *rc, op transfer.Op, what string) error {
+	o, err := c.wait(op, what)
+	if err != nil {
+		return err
+	}
+	if err := checkOutcomeShape(o, what); err != nil {
+		return err
+	}
+	if err := pollAgain(c, op, o, what); err != nil {
+		return err
+	}
+	_ = op.Release()
 	return nil
 }
 
