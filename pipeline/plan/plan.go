@@ -123,6 +123,8 @@ func Build(src, dst []transfer.Desc, opt Options) (*Plan, error) {
 	}
 	// Runs of all chunks share two backing arrays sized for the worst case
 	// (one run per piece); finish trims them when merging left most unused.
+	// Growing them on demand instead was measured: 2x faster for dense
+	// layouts, 3x slower for fragmented ones (the common KV case).
 	runCap := int(pieces)
 	b := builder{
 		p:       &Plan{},
