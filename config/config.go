@@ -126,6 +126,11 @@ type BounceConfig struct {
 	// CopyContexts sizes the gather/scatter copy pool (bounce.copy_contexts,
 	// default 8, 1..1024).
 	CopyContexts int
+	// CopyWorkers is the number of copy goroutines of each host stage;
+	// one large gather or scatter is shared among them
+	// (bounce.copy_workers, default 0: the CPU count, at least 2, at most 8;
+	// 0..256).
+	CopyWorkers int
 	// ScatterWorkers is the receiver's scatter worker count
 	// (bounce.scatter_workers, default 4, 1..1024).
 	ScatterWorkers int
@@ -350,6 +355,7 @@ func (b *BounceConfig) validate() []*KeyError {
 	}
 	intRange("bounce.max_inflight", b.MaxInflight, 1, 1024)
 	intRange("bounce.copy_contexts", b.CopyContexts, 1, 1024)
+	intRange("bounce.copy_workers", b.CopyWorkers, 0, 256)
 	intRange("bounce.scatter_workers", b.ScatterWorkers, 1, 1024)
 	if b.MinDescriptors < 0 {
 		add(outOfRange("bounce.min_descriptors", b.MinDescriptors, "must not be negative"))

@@ -86,7 +86,7 @@ func TestKeysMatchTheDocumentedSet(t *testing.T) {
 	want := []string{
 		"agent.name",
 		"bounce.enabled", "bounce.arena_size", "bounce.granularity", "bounce.max_chunk", "bounce.max_inflight",
-		"bounce.copy_contexts", "bounce.scatter_workers", "bounce.min_descriptors", "bounce.max_avg_descriptor",
+		"bounce.copy_contexts", "bounce.copy_workers", "bounce.scatter_workers", "bounce.min_descriptors", "bounce.max_avg_descriptor",
 		"bounce.request_timeout", "bounce.eager_gather", "bounce.zero_copy_args", "bounce.disable_merging",
 		"engine.kind", "engine.plugin", "engine.listen", "engine.connections", "engine.options",
 		"control_plane.kind", "control_plane.interface", "control_plane.bind_address", "control_plane.send_hwm", "control_plane.plugin",
@@ -468,6 +468,7 @@ func TestValidateRanges(t *testing.T) {
 		{"bounce.max_inflight", func(c *Config) { c.Bounce.MaxInflight = 0 }, "0", "between 1 and 1024"},
 		{"bounce.max_inflight", func(c *Config) { c.Bounce.MaxInflight = 1025 }, "1025", "between 1 and 1024"},
 		{"bounce.copy_contexts", func(c *Config) { c.Bounce.CopyContexts = -1 }, "-1", "between 1 and 1024"},
+		{"bounce.copy_workers", func(c *Config) { c.Bounce.CopyWorkers = 257 }, "257", "between 0 and 256"},
 		{"bounce.scatter_workers", func(c *Config) { c.Bounce.ScatterWorkers = 0 }, "0", "between 1 and 1024"},
 		{"bounce.min_descriptors", func(c *Config) { c.Bounce.MinDescriptors = -1 }, "-1", "negative"},
 		{"bounce.max_avg_descriptor", func(c *Config) { c.Bounce.MaxAvgDescriptor = 0 }, "0B", "positive"},

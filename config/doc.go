@@ -16,7 +16,7 @@
 //
 //	agent:          name
 //	bounce:         enabled, arena_size, granularity, max_chunk, max_inflight,
-//	                copy_contexts, scatter_workers, min_descriptors,
+//	                copy_contexts, copy_workers, scatter_workers, min_descriptors,
 //	                max_avg_descriptor, request_timeout, eager_gather,
 //	                zero_copy_args, disable_merging
 //	engine:         kind, plugin, listen, connections, options

@@ -33,6 +33,7 @@ func fields() []field {
 		{"bounce.max_chunk", "largest chunk; clamped to the arena's usable capacity; peers must agree", func(c *Config) any { return &c.Bounce.MaxChunk }},
 		{"bounce.max_inflight", "regions one request may hold at once (W), 1..1024", func(c *Config) any { return &c.Bounce.MaxInflight }},
 		{"bounce.copy_contexts", "gather/scatter copy contexts, 1..1024", func(c *Config) any { return &c.Bounce.CopyContexts }},
+		{"bounce.copy_workers", "copy goroutines per host stage, sharing large copies; 0 = CPUs (2..8), 0..256", func(c *Config) any { return &c.Bounce.CopyWorkers }},
 		{"bounce.scatter_workers", "receiver scatter workers, 1..1024", func(c *Config) any { return &c.Bounce.ScatterWorkers }},
 		{"bounce.min_descriptors", "route through bounce from this many descriptors on", func(c *Config) any { return &c.Bounce.MinDescriptors }},
 		{"bounce.max_avg_descriptor", "route through bounce up to this average descriptor size", func(c *Config) any { return &c.Bounce.MaxAvgDescriptor }},

@@ -146,9 +146,10 @@ type HostGatherFactory struct{}
 // Type returns "host".
 func (HostGatherFactory) Type() string { return "host" }
 
-// CreateGatherer sizes the copy pool from bounce.copy_contexts.
+// CreateGatherer sizes the copy pool from bounce.copy_contexts and
+// bounce.copy_workers.
 func (HostGatherFactory) CreateGatherer(s Settings, cfg config.BounceConfig) (transfer.Gatherer, error) {
-	return gatherhost.New(gatherhost.Settings{Registry: s.Registry, Contexts: cfg.CopyContexts, Notify: s.Notify})
+	return gatherhost.New(gatherhost.Settings{Registry: s.Registry, Contexts: cfg.CopyContexts, Workers: cfg.CopyWorkers, Notify: s.Notify})
 }
 
 // HostScatterFactory creates host scatter stages.
@@ -157,9 +158,10 @@ type HostScatterFactory struct{}
 // Type returns "host".
 func (HostScatterFactory) Type() string { return "host" }
 
-// CreateScatterer sizes the copy pool from bounce.copy_contexts.
+// CreateScatterer sizes the copy pool from bounce.copy_contexts and
+// bounce.copy_workers.
 func (HostScatterFactory) CreateScatterer(s Settings, cfg config.BounceConfig) (transfer.Scatterer, error) {
-	return scatterhost.New(scatterhost.Settings{Registry: s.Registry, Contexts: cfg.CopyContexts})
+	return scatterhost.New(scatterhost.Settings{Registry: s.Registry, Contexts: cfg.CopyContexts, Workers: cfg.CopyWorkers})
 }
 
 // options applies engine-specific options strictly: an unknown name or a

@@ -3,13 +3,16 @@
 // the validation of runs against a region and registered host memory.
 //
 // Submit checks every run before any byte moves, borrows a copy context
-// without blocking (ErrBusy when none is free) and queues the copy for a
-// worker. The returned transfer.Op is polled without blocking; Release gives
-// the context back to the pool.
+// without blocking (ErrBusy when none is free), cuts the copy into shares of
+// about equal bytes (one per worker, none under MinShareBytes) and queues
+// them, so one large operation runs on every worker at once. The returned
+// transfer.Op is terminal when its last share is; it is polled without
+// blocking, and Release gives the context back to the pool.
 package hostcopy
 
 import (
 	"fmt"
+	"runtime"
 	"sync"
 	"sync/atomic"
 
@@ -43,14 +46,20 @@ func (d Direction) String() string {
 const (
 	// DefaultContexts is the pool size used when Config.Contexts is zero.
 	DefaultContexts = 8
-	// DefaultWorkers is the worker count used when Config.Workers is zero
-	// (capped at the number of contexts).
-	DefaultWorkers = 2
+	// MaxDefaultWorkers caps the worker count used when Config.Workers is
+	// zero: the number of CPUs (GOMAXPROCS), at least 2 and at most this.
+	MaxDefaultWorkers = 8
 	// MaxContexts is the largest accepted Config.Contexts.
 	MaxContexts = 4096
 	// MaxWorkers is the largest accepted Config.Workers.
 	MaxWorkers = 256
+	// MinShareBytes is the smallest share an operation is cut into: an
+	// operation of fewer than twice as many bytes runs on one worker.
+	MinShareBytes = 512 << 10
 )
+
+// DefaultWorkers returns the worker count used when Config.Workers is zero.
+func DefaultWorkers() int { return max(2, min(runtime.GOMAXPROCS(0), MaxDefaultWorkers)) }
 
 // retainRuns is the largest run buffer a released context keeps for reuse.
 const retainRuns = 1 << 16
@@ -64,8 +73,8 @@ type Settings struct {
 	// Contexts bounds the operations submitted and not yet released
 	// (default DefaultContexts); beyond it the stage returns ErrBusy.
 	Contexts int
-	// Workers is the number of copy goroutines (default DefaultWorkers,
-	// capped at Contexts).
+	// Workers is the number of copy goroutines (default DefaultWorkers()).
+	// One operation is shared among up to Workers of them.
 	Workers int
 	// Notify, when set, is called once per operation right after it
 	// becomes terminal, from a worker goroutine (or from Close for queued
@@ -94,13 +103,15 @@ type Engine struct {
 	reg    *mem.Registry
 	notify func()
 
+	workers int
+
 	mu     sync.Mutex
 	cond   *sync.Cond
 	closed bool
 	free   []*copyCtx
-	// queue is a ring of submitted, not yet started operations; it never
-	// holds more than one operation per context.
-	queue  []*op
+	// queue is a ring of submitted, not yet started shares; it never holds
+	// more than workers shares per context.
+	queue  []share
 	head   int
 	queued int
 
@@ -112,6 +123,14 @@ type Engine struct {
 }
 
 type copyCtx struct {
+	runs   []transfer.Run // the submitted runs, validated
+	split  []transfer.Run // runs cut at share boundaries
+	bounds []int          // end index in split of each share
+}
+
+// share is one worker's part of an operation.
+type share struct {
+	o    *op
 	runs []transfer.Run
 }
 
@@ -134,17 +153,18 @@ func New(dir Direction, cfg Settings) (*Engine, error) {
 	workers := cfg.Workers
 	switch {
 	case workers == 0:
-		workers = min(DefaultWorkers, contexts)
+		workers = DefaultWorkers()
 	case workers < 0 || workers > MaxWorkers:
 		return nil, fmt.Errorf("%s: config: Workers %d outside [1, %d]", name, cfg.Workers, MaxWorkers)
 	}
 	e := &Engine{
-		dir:    dir,
-		name:   name,
-		reg:    cfg.Registry,
-		notify: cfg.Notify,
-		free:   make([]*copyCtx, contexts),
-		queue:  make([]*op, contexts),
+		dir:     dir,
+		name:    name,
+		reg:     cfg.Registry,
+		notify:  cfg.Notify,
+		workers: workers,
+		free:    make([]*copyCtx, contexts),
+		queue:   make([]share, contexts*workers),
 	}
 	e.cond = sync.NewCond(&e.mu)
 	for i := range e.free {
@@ -188,7 +208,9 @@ func (e *Engine) Submit(region transfer.Desc, runs []transfer.Run) (transfer.Op,
 		e.putCtx(ctx)
 		return nil, fmt.Errorf("%s: %w", e.name, err)
 	}
+	ctx.split, ctx.bounds = Split(ctx.split[:0], ctx.bounds[:0], ctx.runs, e.workers, MinShareBytes)
 	o := &op{e: e, ctx: ctx, region: region}
+	o.left.Store(int32(len(ctx.bounds)))
 
 	e.mu.Lock()
 	if e.closed {
@@ -196,9 +218,17 @@ func (e *Engine) Submit(region transfer.Desc, runs []transfer.Run) (transfer.Op,
 		e.putCtx(ctx)
 		return nil, fmt.Errorf("%s: submit: %w", e.name, transfer.ErrClosed)
 	}
-	e.queue[(e.head+e.queued)%len(e.queue)] = o
-	e.queued++
-	e.cond.Signal()
+	lo := 0
+	for _, hi := range ctx.bounds {
+		e.queue[(e.head+e.queued)%len(e.queue)] = share{o: o, runs: ctx.split[lo:hi]}
+		e.queued++
+		lo = hi
+	}
+	if len(ctx.bounds) == 1 {
+		e.cond.Signal()
+	} else {
+		e.cond.Broadcast()
+	}
 	e.mu.Unlock()
 	return o, nil
 }
@@ -219,14 +249,14 @@ func (e *Engine) Close() error {
 		e.closed = true
 		queued := make([]*op, 0, e.queued)
 		for ; e.queued > 0; e.queued-- {
-			queued = append(queued, e.queue[e.head])
-			e.queue[e.head] = nil
+			queued = append(queued, e.queue[e.head].o)
+			e.queue[e.head] = share{}
 			e.head = (e.head + 1) % len(e.queue)
 		}
 		e.cond.Broadcast()
 		e.mu.Unlock()
 		for _, o := range queued {
-			o.finish(fmt.Errorf("%s: queued copy: %w", e.name, transfer.ErrClosed))
+			o.shareDone(fmt.Errorf("%s: queued copy: %w", e.name, transfer.ErrClosed))
 		}
 		e.wg.Wait()
 	})
@@ -236,6 +266,9 @@ func (e *Engine) Close() error {
 func (e *Engine) putCtx(ctx *copyCtx) {
 	if cap(ctx.runs) > retainRuns {
 		ctx.runs = nil
+	}
+	if cap(ctx.split) > retainRuns {
+		ctx.split = nil
 	}
 	e.mu.Lock()
 	e.free = append(e.free, ctx)
@@ -253,8 +286,8 @@ func (e *Engine) work() {
 			e.mu.Unlock()
 			return
 		}
-		o := e.queue[e.head]
-		e.queue[e.head] = nil
+		sh := e.queue[e.head]
+		e.queue[e.head] = share{}
 		e.head = (e.head + 1) % len(e.queue)
 		e.queued--
 		e.mu.Unlock()
@@ -262,8 +295,8 @@ func (e *Engine) work() {
 		if e.beforeCopy != nil {
 			e.beforeCopy()
 		}
-		e.copyRuns(o.region.Addr, o.ctx.runs)
-		o.finish(nil)
+		e.copyRuns(sh.o.region.Addr, sh.runs)
+		sh.o.shareDone(nil)
 	}
 }
 
@@ -358,14 +391,24 @@ type op struct {
 	e        *Engine
 	ctx      *copyCtx
 	region   transfer.Desc
-	state    atomic.Uint32 // transfer.Status
-	err      error         // written before state becomes terminal
+	left     atomic.Int32          // shares not yet finished
+	failure  atomic.Pointer[error] // the first share's error
+	state    atomic.Uint32         // transfer.Status
+	err      error                 // written before state becomes terminal
 	released atomic.Bool
 }
 
-func (o *op) finish(err error) {
-	o.err = err
+// shareDone records one finished share; the last one makes the operation
+// terminal: Failed with the first share error, else Done.
+func (o *op) shareDone(err error) {
 	if err != nil {
+		o.failure.CompareAndSwap(nil, &err)
+	}
+	if o.left.Add(-1) != 0 {
+		return
+	}
+	if p := o.failure.Load(); p != nil {
+		o.err = *p
 		o.state.Store(uint32(transfer.Failed))
 	} else {
 		o.state.Store(uint32(transfer.Done))

@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"go.uber.org/goleak"
 	"pgregory.net/rapid"
@@ -497,5 +498,99 @@ func TestConfigValidation(t *testing.T) {
 	e := newEngine(t, hostcopy.Scatter, hostcopy.Settings{Registry: reg})
 	if e.Idle() != hostcopy.DefaultContexts {
 		t.Fatalf("default contexts = %d, want %d", e.Idle(), hostcopy.DefaultContexts)
+	}
+}
+
+// TestLargeOperationSharedAmongWorkers: one operation of 4 x 2 x
+// MinShareBytes, strided, is copied by 4 workers at once (all four stall in
+// the copy hook together), byte for byte as the model says, and notifies once.
+func TestLargeOperationSharedAmongWorkers(t *testing.T) {
+	const workers = 4
+	n := uint64(workers * 2 * hostcopy.MinShareBytes)
+	reg := &mem.Registry{}
+	src, region := buffer(t, reg, 2*n), buffer(t, reg, n)
+	fill(src.Bytes(), 21)
+	ch := make(chan struct{}, 8)
+	var notified atomic.Int32
+	e := newEngine(t, hostcopy.Gather, hostcopy.Settings{Registry: reg, Workers: workers, Notify: func() { notified.Add(1); ch <- struct{}{} }})
+	entered, proceed := make(chan struct{}, workers), make(chan struct{})
+	hostcopy.SetBeforeCopy(e, func() { entered <- struct{}{}; <-proceed })
+	// Every other 4 KiB block of the source, packed into the region.
+	runs := []transfer.Run{{Addr: src.Desc().Addr, Len: 4096, Count: n / 4096, RegionStride: 4096, AddrStride: 8192}}
+	op, err := e.Submit(region.Desc(), runs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range workers { // blocks unless all four shares run at once
+		<-entered
+	}
+	if s, _ := op.Poll(); s != transfer.Pending {
+		t.Fatalf("op %v while its shares are stalled", s)
+	}
+	close(proceed)
+	mustDone(t, op, ch)
+	want := make([]byte, n)
+	applyModel(hostcopy.Gather, want, src.Bytes(), src.Desc().Addr, runs)
+	if !bytes.Equal(region.Bytes(), want) {
+		t.Fatal("region differs from the model")
+	}
+	if got := notified.Load(); got != 1 {
+		t.Fatalf("notified %d times for one operation, want 1", got)
+	}
+}
+
+// TestCloseFailsPartlyRunOperation: Close while one share of an operation
+// runs and the others are queued fails the operation (ErrClosed) once the
+// running share ends; it is released normally.
+func TestCloseFailsPartlyRunOperation(t *testing.T) {
+	n := uint64(4 * hostcopy.MinShareBytes)
+	reg := &mem.Registry{}
+	src, region := buffer(t, reg, n), buffer(t, reg, n)
+	ch := make(chan struct{}, 8)
+	e, err := hostcopy.New(hostcopy.Scatter, hostcopy.Settings{Registry: reg, Workers: 2, Notify: hostcopy.Signal(ch)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	entered, proceed := make(chan struct{}, 2), make(chan struct{})
+	var calls atomic.Int32
+	hostcopy.SetBeforeCopy(e, func() {
+		calls.Add(1)
+		entered <- struct{}{}
+		<-proceed
+	})
+	// Occupy one worker with a small op first, so the big op's two shares
+	// meet one free worker: one share runs, one stays queued.
+	small, err := e.Submit(region.Desc(), []transfer.Run{{Addr: src.Desc().Addr, Len: 64, Count: 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-entered
+	big, err := e.Submit(region.Desc(), []transfer.Run{{Addr: src.Desc().Addr, Len: n, Count: 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-entered // one share of big runs
+	closed := make(chan struct{})
+	go func() { _ = e.Close(); close(closed) }()
+	select {
+	case <-closed:
+		t.Fatal("Close returned while copies were running")
+	case <-time.After(50 * time.Millisecond):
+	}
+	close(proceed)
+	<-closed
+	if s, err := small.Poll(); s != transfer.Done || err != nil {
+		t.Fatalf("small op %v, %v; want done", s, err)
+	}
+	if s, err := big.Poll(); s != transfer.Failed || !errors.Is(err, transfer.ErrClosed) {
+		t.Fatalf("big op %v, %v; want failed with ErrClosed", s, err)
+	}
+	if calls.Load() != 2 {
+		t.Fatalf("%d copies ran, want 2 (the queued share must not run)", calls.Load())
+	}
+	for _, op := range []transfer.Op{small, big} {
+		if err := op.Release(); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
