@@ -56,6 +56,9 @@ func WritePlots(dir string, r *Report) ([]string, error) {
 			return paths, err
 		}
 		name := fmt.Sprintf("latency-cdf-%s-%dx%s-%s-c%d.png", g.Workload, g.Count, FormatSize(g.DescSize), g.Layout, g.Concurrency)
+		if g.Generations > 1 {
+			name = strings.TrimSuffix(name, ".png") + fmt.Sprintf("-loop%d.png", g.Generations)
+		}
 		path := filepath.Join(dir, fileSafe(name))
 		if err := p.Save(plotWidth, plotHeight, path); err != nil {
 			return paths, fmt.Errorf("benchreport: save %s: %w", path, err)

@@ -70,6 +70,7 @@ type Config struct {
 	Count         int               `json:"count_override,omitempty"`
 	Layouts       []string          `json:"layouts"`
 	Concurrency   []int             `json:"concurrency"`
+	Generations   int               `json:"generations,omitempty"`
 	Routes        []string          `json:"routes"`
 	Repeat        int               `json:"repeat"`
 	Seed          uint64            `json:"seed"`
@@ -101,6 +102,12 @@ type Group struct {
 	Count       int    `json:"count"`
 	Layout      string `json:"layout"`
 	Concurrency int    `json:"concurrency"`
+	// Generations > 1 runs a closed loop: Concurrency requests in flight,
+	// each completion submitting the next, Generations x Concurrency
+	// requests in all; latencies then cover the requests after the first
+	// Concurrency (the steady state). 0 or 1 is a burst: every request
+	// submitted at once.
+	Generations int `json:"generations,omitempty"`
 }
 
 // Bytes returns one request's payload.
@@ -108,7 +115,11 @@ func (g Group) Bytes() uint64 { return g.DescSize * uint64(g.Count) }
 
 // String names the group for tables and plots.
 func (g Group) String() string {
-	return fmt.Sprintf("%s %dx%s %s c%d", g.Workload, g.Count, FormatSize(g.DescSize), g.Layout, g.Concurrency)
+	s := fmt.Sprintf("%s %dx%s %s c%d", g.Workload, g.Count, FormatSize(g.DescSize), g.Layout, g.Concurrency)
+	if g.Generations > 1 {
+		s += fmt.Sprintf(" loop%d", g.Generations)
+	}
+	return s
 }
 
 // Cell is one measured run: a group on one route in one iteration.
@@ -123,7 +134,8 @@ type Cell struct {
 	// Iteration counts from 0; Order is the cell's place within it.
 	Iteration int `json:"iteration"`
 	Order     int `json:"order"`
-	// Requests were submitted at once; Failed of them failed.
+	// Requests were submitted (at once for a burst, Concurrency at a time
+	// in a closed loop); Failed of them failed.
 	Requests int `json:"requests"`
 	Failed   int `json:"failed"`
 	// Bytes is the payload of the successful requests.
@@ -134,8 +146,15 @@ type Cell struct {
 	Throughput float64 `json:"throughput_bps"`
 	// Latency summarizes LatenciesNS.
 	Latency LatencyStats `json:"latency"`
-	// LatenciesNS are the successful requests' latencies, sorted.
+	// LatenciesNS are the successful requests' latencies, sorted: all of
+	// them for a burst, the steady state's (after the first generation) for
+	// a closed loop.
 	LatenciesNS []int64 `json:"latencies_ns"`
+	// AllLatency summarizes every successful request of a closed loop, the
+	// first generation's ramp included (absent for a burst).
+	AllLatency *LatencyStats `json:"all_requests_latency,omitempty"`
+	// PeakInFlight is the most requests in flight at once.
+	PeakInFlight int `json:"peak_in_flight,omitempty"`
 	// Verified is VerifiedYes, VerifiedFailed or VerifiedSkipped.
 	Verified string `json:"verified"`
 	// Error is the first failure, if any.

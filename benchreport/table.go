@@ -15,8 +15,9 @@ import (
 func WriteTable(w io.Writer, r *Report) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "cell\troute\tn\tthroughput\tp50\tp90\tp99\tmax\tp99/p50\tverified")
-	bulk := false
+	bulk, loop := false, false
 	for _, row := range Rows(r.Cells) {
+		loop = loop || row.Generations > 1
 		route := row.Route
 		if row.Route == RouteBulk {
 			bulk = true
@@ -38,6 +39,9 @@ func WriteTable(w io.Writer, r *Report) error {
 	}
 	if bulk {
 		fmt.Fprintln(w, "bulk (1 desc) = the same bytes as one contiguous descriptor per request, on the direct path")
+	}
+	if loop {
+		fmt.Fprintln(w, "cK loopG = closed loop: K requests in flight, each completion submitting the next, G x K requests; latencies exclude the first K (steady state)")
 	}
 	if err := writeRatios(w, r.Ratios); err != nil {
 		return err

@@ -28,8 +28,14 @@ type Target struct {
 type Options struct {
 	// Spec is one request's transfer; request i uses Spec with Seed+i.
 	Spec workload.Spec
-	// Requests is how many requests are in flight at once.
+	// Requests is how many requests the run moves.
 	Requests int
+	// InFlight caps the requests in flight. 0, or Requests or more, submits
+	// every request at once (a burst). Fewer runs a closed loop: InFlight
+	// requests start at once and each completion submits the next, so the
+	// load stays at InFlight until the last requests drain — how serving
+	// benchmarks define "concurrency N".
+	InFlight int
 	// Route forces a route (RouteAuto lets the agent decide).
 	Route pipeline.Route
 }
@@ -44,6 +50,12 @@ type Result struct {
 	Bytes     uint64          // payload of the successful requests
 	Elapsed   time.Duration   // first submit to last completion
 	Latencies []time.Duration // per successful request, sorted
+	// Steady are the latencies of the successful requests submitted after
+	// the first InFlight (each one when an earlier request finished), sorted:
+	// the closed loop's steady state without its ramp-up. Nil for a burst.
+	Steady []time.Duration
+	// PeakInFlight is the most requests that were in flight at once.
+	PeakInFlight int
 }
 
 // Throughput returns payload bytes per second.
@@ -104,8 +116,8 @@ func (o Options) RequestSpec(i int) workload.Spec {
 	return s
 }
 
-// Run fills the source, submits o.Requests requests at once and waits for
-// all of them (bounded by ctx). A request that fails is counted, not fatal;
+// Run fills the source, submits o.Requests requests (at once, or
+// o.InFlight at a time) and waits for all of them (bounded by ctx). A request that fails is counted, not fatal;
 // Run returns an error only when the run could not start.
 func (d *Driver) Run(ctx context.Context, t Target, o Options) (Result, error) {
 	if err := o.Spec.Validate(); err != nil {
@@ -138,29 +150,54 @@ func (d *Driver) Run(ctx context.Context, t Target, o Options) (Result, error) {
 		db.Addr += off
 		reqs[i].src, reqs[i].dst = s.Descs(sb, db)
 	}
+	inFlight := o.InFlight
+	if inFlight <= 0 || inFlight > o.Requests {
+		inFlight = o.Requests
+	}
 	res := Result{Requests: o.Requests}
 	var mu sync.Mutex
 	var wg sync.WaitGroup
+	slots := make(chan struct{}, inFlight)
 	start := time.Now()
 	var end time.Time
+	var submitErr error
+	inflight := 0
 	for i := range reqs {
+		if ctx.Err() == nil {
+			select {
+			case slots <- struct{}{}:
+			case <-ctx.Done():
+			}
+		}
+		if err := ctx.Err(); err != nil {
+			submitErr = fmt.Errorf("driver: request %d not submitted: %w", i, err)
+			break
+		}
 		submitted := time.Now()
 		bt, err := d.agent.Submit(pipeline.Request{Peer: t.Peer, Src: reqs[i].src, Dst: reqs[i].dst, Route: o.Route})
 		if err != nil {
-			return Result{}, fmt.Errorf("driver: submit request %d: %w", i, err)
+			submitErr = fmt.Errorf("driver: submit request %d: %w", i, err)
+			break
 		}
 		if i == 0 {
 			res.Route, res.Reason = bt.Route().String(), bt.RouteReason()
 		} else if bt.Route().String() != res.Route {
 			res.Route = "mixed"
 		}
+		steady := inFlight < o.Requests && i >= inFlight
+		mu.Lock()
+		inflight++
+		res.PeakInFlight = max(res.PeakInFlight, inflight)
+		mu.Unlock()
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			defer func() { <-slots }()
 			err := bt.Wait(ctx)
 			done := time.Now()
 			mu.Lock()
 			defer mu.Unlock()
+			inflight--
 			if done.After(end) {
 				end = done
 			}
@@ -173,13 +210,21 @@ func (d *Driver) Run(ctx context.Context, t Target, o Options) (Result, error) {
 			}
 			res.Bytes += per
 			res.Latencies = append(res.Latencies, done.Sub(submitted))
+			if steady {
+				res.Steady = append(res.Steady, done.Sub(submitted))
+			}
 			if rerr := bt.Release(); rerr != nil && !errors.Is(rerr, transfer.ErrNotQuiescent) {
 				res.FirstErr = rerr
 			}
 		}()
 	}
 	wg.Wait()
+	if submitErr != nil {
+		// Requests already submitted were waited for, so none outlives Run.
+		return Result{}, submitErr
+	}
 	res.Elapsed = end.Sub(start)
 	slices.Sort(res.Latencies)
+	slices.Sort(res.Steady)
 	return res, nil
 }

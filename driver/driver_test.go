@@ -90,6 +90,52 @@ func TestRunMeasuresAndLands(t *testing.T) {
 	}
 }
 
+// TestRunClosedLoop checks the closed loop: never more than InFlight
+// requests at once, every request lands with its own bytes, and the steady
+// window holds exactly the requests after the first InFlight.
+func TestRunClosedLoop(t *testing.T) {
+	spec := workload.Spec{DescSize: 4096, Count: 256, Fragmented: true, Seed: 9}
+	const requests, inFlight = 7, 2
+	a, _, dst := pair(t, requests*spec.Bytes())
+	d, err := New(a.Agent, requests*spec.Bytes())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	o := Options{Spec: spec, Requests: requests, InFlight: inFlight, Route: pipeline.RouteBounce}
+	res, err := d.Run(context.Background(), Target{Peer: "b", Buffer: dst.Desc()}, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Failed != 0 || len(res.Latencies) != requests || len(res.Steady) != requests-inFlight || !slices.IsSorted(res.Steady) {
+		t.Fatalf("result %+v", res)
+	}
+	if res.PeakInFlight < 1 || res.PeakInFlight > inFlight {
+		t.Fatalf("peak in flight %d, cap %d", res.PeakInFlight, inFlight)
+	}
+	for i := 0; i < requests; i++ {
+		per := spec.Bytes()
+		if err := o.RequestSpec(i).Verify(dst.Bytes()[uint64(i)*per : uint64(i+1)*per]); err != nil {
+			t.Fatalf("request %d: %v", i, err)
+		}
+	}
+	// A burst has no steady window and may have every request in flight.
+	clear(dst.Bytes())
+	o.InFlight = 0
+	if res, err = d.Run(context.Background(), Target{Peer: "b", Buffer: dst.Desc()}, o); err != nil {
+		t.Fatal(err)
+	}
+	if res.Steady != nil || len(res.Latencies) != requests || res.PeakInFlight > requests {
+		t.Fatalf("burst result %+v", res)
+	}
+	// A cancelled context stops submitting; what was submitted is waited for.
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := d.Run(ctx, Target{Peer: "b", Buffer: dst.Desc()}, o); err == nil || !strings.Contains(err.Error(), "not submitted") {
+		t.Fatalf("cancelled run: err = %v", err)
+	}
+}
+
 func TestRunRefusesWhatDoesNotFit(t *testing.T) {
 	spec := workload.Spec{DescSize: 4096, Count: 256, Seed: 1}
 	a, _, dst := pair(t, spec.Bytes())

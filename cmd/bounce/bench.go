@@ -29,6 +29,7 @@ type benchOptions struct {
 	descSize    string
 	count       int
 	concurrency []int
+	generations int
 	routes      []string
 	layout      string
 	repeat      int
@@ -115,6 +116,7 @@ RSS (VmHWM) is reported next to their KV buffers and arena.`,
 	f.StringVar(&o.descSize, "desc-size", "", "override every preset's descriptor size (e.g. 4KiB)")
 	f.IntVar(&o.count, "count", 0, "override every preset's descriptor count (e.g. 4096)")
 	f.IntSliceVar(&o.concurrency, "concurrency", []int{1, 8}, "concurrent requests per cell, a list (the GUIDE sweeps 1,8,64,128)")
+	f.IntVar(&o.generations, "generations", 1, "1: a burst, every request of a cell submitted at once; K > 1: a closed loop moving K x concurrency requests with concurrency in flight (a new one as each finishes), latency percentiles over the requests after the first generation")
 	f.StringSliceVar(&o.routes, "routes", []string{benchreport.RouteBounce, benchreport.RouteDirect}, "routes to compare: bounce, direct, bulk, auto")
 	f.StringVar(&o.layout, "layout", "fragmented", "block layout: fragmented, contiguous or both")
 	f.IntVar(&o.repeat, "repeat", 3, "iterations per cell (routes alternate within each)")
@@ -148,6 +150,9 @@ func (o *benchOptions) plan() (benchPlan, error) {
 	p.budget = budget
 	if o.repeat < 1 {
 		return p, usage(fmt.Errorf("--repeat %d: must be at least 1", o.repeat))
+	}
+	if o.generations < 1 || o.generations > maxGenerations {
+		return p, usage(fmt.Errorf("--generations %d: accepted: 1..%d", o.generations, maxGenerations))
 	}
 	if o.cellTimeout <= 0 {
 		return p, usage(fmt.Errorf("--cell-timeout %v: must be positive", o.cellTimeout))
@@ -227,18 +232,19 @@ func (o *benchOptions) plan() (benchPlan, error) {
 			p.notes = append(p.notes, fmt.Sprintf("skipped %s: one request of %s exceeds --max-bytes %s", pr.Name, benchreport.FormatSize(per), benchreport.FormatSize(budget)))
 			continue
 		}
+		gens := uint64(o.generations)
 		var levels []int
 		for _, c := range conc {
-			if uint64(c)*per <= budget {
+			if gens*uint64(c)*per <= budget {
 				levels = append(levels, c)
 				continue
 			}
-			fit := int(budget / per)
-			if slices.Contains(levels, fit) {
-				p.notes = append(p.notes, fmt.Sprintf("skipped %s at concurrency %d: %d x %s exceeds --max-bytes %s", pr.Name, c, c, benchreport.FormatSize(per), benchreport.FormatSize(budget)))
+			fit := int(budget / (gens * per))
+			if fit == 0 || slices.Contains(levels, fit) {
+				p.notes = append(p.notes, fmt.Sprintf("skipped %s at concurrency %d: %d x %s exceeds --max-bytes %s", pr.Name, c, int(gens)*c, benchreport.FormatSize(per), benchreport.FormatSize(budget)))
 				continue
 			}
-			p.notes = append(p.notes, fmt.Sprintf("clamped %s from concurrency %d to %d: %d x %s exceeds --max-bytes %s", pr.Name, c, fit, c, benchreport.FormatSize(per), benchreport.FormatSize(budget)))
+			p.notes = append(p.notes, fmt.Sprintf("clamped %s from concurrency %d to %d: %d x %s exceeds --max-bytes %s", pr.Name, c, fit, int(gens)*c, benchreport.FormatSize(per), benchreport.FormatSize(budget)))
 			levels = append(levels, fit)
 		}
 		for _, layout := range p.layouts {
@@ -246,8 +252,11 @@ func (o *benchOptions) plan() (benchPlan, error) {
 				s := spec
 				s.Fragmented = layout == "fragmented"
 				g := benchreport.Group{Workload: pr.Name, DescSize: s.DescSize, Count: s.Count, Layout: layout, Concurrency: c}
+				if o.generations > 1 {
+					g.Generations = o.generations
+				}
 				p.groups = append(p.groups, benchGroup{g: g, spec: s})
-				p.largest = max(p.largest, uint64(c)*per)
+				p.largest = max(p.largest, gens*uint64(c)*per)
 			}
 		}
 	}
@@ -275,9 +284,13 @@ func routeSpec(r string, spec workload.Spec) (workload.Spec, pipeline.Route) {
 // reproducible; request i of a cell uses the seed plus i.
 func iterationSeed(seed uint64, it int) uint64 { return seed + uint64(it)<<32 }
 
-// maxConcurrency bounds --concurrency; request i of a cell uses seed+i, so
-// iteration seeds must stay further apart than this.
-const maxConcurrency = 4096
+// maxConcurrency bounds --concurrency and maxGenerations --generations;
+// request i of a cell uses seed+i, so iteration seeds must stay further apart
+// than their product.
+const (
+	maxConcurrency = 4096
+	maxGenerations = 64
+)
 
 // rotate returns routes starting at the it-th, so no route always runs first.
 func rotate(routes []string, it int) []string {
@@ -302,7 +315,7 @@ func (o *benchOptions) run(cmd *cobra.Command, cfg config.Config, plan benchPlan
 			Engine: cfg.Engine.Kind, EngineOptions: cfg.Engine.Options, ControlPlane: cfg.ControlPlane.Kind, ArenaSize: uint64(cfg.Bounce.ArenaSize),
 			MaxChunk: uint64(cfg.Bounce.MaxChunk), MaxInflight: cfg.Bounce.MaxInflight,
 			Layouts: plan.layouts, Routes: plan.routes, Repeat: plan.repeat, Seed: o.seed, Verify: o.verify, MaxBytes: plan.budget,
-			Count: o.count,
+			Count: o.count, Generations: o.generations,
 		},
 		Notes: slices.Clone(plan.notes),
 	}
@@ -413,16 +426,25 @@ func (o *benchOptions) cell(ctx context.Context, s *session, g benchreport.Group
 			return benchreport.Cell{}, runtime(err)
 		}
 	}
+	requests := g.Concurrency * max(1, g.Generations)
 	rctx, cancel := context.WithTimeout(ctx, o.cellTimeout)
-	res, err := s.d.Run(rctx, s.tgt, driver.Options{Spec: rs, Requests: g.Concurrency, Route: rt})
+	res, err := s.d.Run(rctx, s.tgt, driver.Options{Spec: rs, Requests: requests, InFlight: g.Concurrency, Route: rt})
 	cancel()
 	if err != nil {
-		c := benchreport.NewCell(g, route, it, order, g.Concurrency, g.Concurrency, 0, 0, nil)
+		c := benchreport.NewCell(g, route, it, order, requests, requests, 0, 0, nil)
 		c.Verified, c.Error = benchreport.VerifiedFailed, err.Error()
 		return c, nil
 	}
-	c := benchreport.NewCell(g, route, it, order, res.Requests, res.Failed, res.Bytes, res.Elapsed, res.Latencies)
-	c.Took, c.Reason = res.Route, res.Reason
+	window := res.Latencies
+	if g.Generations > 1 {
+		window = res.Steady
+	}
+	c := benchreport.NewCell(g, route, it, order, res.Requests, res.Failed, res.Bytes, res.Elapsed, window)
+	if g.Generations > 1 {
+		all := benchreport.Summarize(res.Latencies)
+		c.AllLatency = &all
+	}
+	c.Took, c.Reason, c.PeakInFlight = res.Route, res.Reason, res.PeakInFlight
 	switch {
 	case res.Failed > 0:
 		c.Verified = benchreport.VerifiedFailed
@@ -430,7 +452,7 @@ func (o *benchOptions) cell(ctx context.Context, s *session, g benchreport.Group
 	case !o.verify:
 		c.Verified = benchreport.VerifiedSkipped
 	default:
-		_, err := s.recv.call(verifyCommand(rs, g.Concurrency), 5*time.Minute)
+		_, err := s.recv.call(verifyCommand(rs, requests), 5*time.Minute)
 		c.Verified = benchreport.VerifiedYes
 		if err != nil {
 			c.Verified, c.Error = benchreport.VerifiedFailed, err.Error()

@@ -117,6 +117,40 @@ func TestBenchEndToEnd(t *testing.T) {
 	}
 }
 
+// TestBenchClosedLoop runs one closed-loop cell: 3 generations of 2
+// requests, at most 2 in flight, latencies over the last 4, every byte of
+// all 6 verified.
+func TestBenchClosedLoop(t *testing.T) {
+	jsonPath := filepath.Join(t.TempDir(), "loop.json")
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, benchBinary(t), "bench", "--workload", "gptoss120b-tp8-b16", "--count", "1024",
+		"--concurrency", "2", "--generations", "3", "--routes", "bounce", "--repeat", "1", "--json", jsonPath,
+		"--bounce.arena-size", "16MiB", "--bounce.max-chunk", "2MiB")
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("bench: %v\nstdout:\n%s\nstderr:\n%s", err, stdout.String(), stderr.String())
+	}
+	rep, err := benchreport.LoadJSON(jsonPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Cells) != 1 || rep.Config.Generations != 3 {
+		t.Fatalf("%d cells, generations %d", len(rep.Cells), rep.Config.Generations)
+	}
+	c := rep.Cells[0]
+	if c.Verified != benchreport.VerifiedYes || c.Requests != 6 || c.Failed != 0 || c.Bytes != 6*1024*2048 || c.Generations != 3 {
+		t.Fatalf("cell %+v", c)
+	}
+	if len(c.LatenciesNS) != 4 || c.Latency.Count != 4 || c.AllLatency == nil || c.AllLatency.Count != 6 || c.PeakInFlight < 1 || c.PeakInFlight > 2 {
+		t.Fatalf("cell latencies %d, summary %+v, all %+v, peak in flight %d", len(c.LatenciesNS), c.Latency, c.AllLatency, c.PeakInFlight)
+	}
+	if out := stdout.String(); !strings.Contains(out, "c2 loop3") || !strings.Contains(out, "closed loop") {
+		t.Errorf("table does not name the closed loop:\n%s", out)
+	}
+}
+
 func checkBenchPNG(t *testing.T, path string) {
 	t.Helper()
 	b, err := os.ReadFile(path)
@@ -135,7 +169,7 @@ func checkBenchPNG(t *testing.T, path string) {
 // TestBenchPlan checks how flags become cells: presets, overrides, layouts,
 // and the --max-bytes clamp with its notes.
 func TestBenchPlan(t *testing.T) {
-	o := benchOptions{workloads: []string{"llama70b-tp8-b16", "gptoss120b-tp8-b16", "llama70b-tp8-b16"}, concurrency: []int{8, 1, 64},
+	o := benchOptions{workloads: []string{"llama70b-tp8-b16", "gptoss120b-tp8-b16", "llama70b-tp8-b16"}, concurrency: []int{8, 1, 64}, generations: 1,
 		routes: []string{"bounce", "bulk", "bounce"}, layout: "both", repeat: 2, seed: 1, maxBytes: "1GiB", cellTimeout: time.Minute}
 	p, err := o.plan()
 	if err != nil {
@@ -167,7 +201,17 @@ func TestBenchPlan(t *testing.T) {
 		t.Fatal("layouts not applied to the specs")
 	}
 
-	all := benchOptions{all: true, concurrency: []int{1}, routes: []string{"direct"}, layout: "fragmented", repeat: 1, maxBytes: "2GiB", cellTimeout: time.Minute}
+	loop := benchOptions{workloads: []string{"gptoss120b-tp8-b16"}, concurrency: []int{4, 8}, generations: 3, routes: []string{"bounce"}, layout: "fragmented", repeat: 1, maxBytes: "1GiB", cellTimeout: time.Minute}
+	if p, err = loop.plan(); err != nil {
+		t.Fatal(err)
+	}
+	// 3 generations x 72MiB: 4 in flight fits (864MiB), 8 is clamped to 4 and so skipped.
+	if len(p.groups) != 1 || p.groups[0].g.String() != "gptoss120b-tp8-b16 36864x2KiB fragmented c4 loop3" || p.largest != 12*72<<20 ||
+		len(p.notes) != 1 || !strings.Contains(p.notes[0], "skipped gptoss120b-tp8-b16 at concurrency 8: 24 x") {
+		t.Fatalf("closed-loop plan: groups %v, largest %d, notes %q", p.groups, p.largest, p.notes)
+	}
+
+	all := benchOptions{all: true, concurrency: []int{1}, generations: 1, routes: []string{"direct"}, layout: "fragmented", repeat: 1, maxBytes: "2GiB", cellTimeout: time.Minute}
 	p, err = all.plan()
 	if err != nil {
 		t.Fatal(err)
@@ -176,7 +220,7 @@ func TestBenchPlan(t *testing.T) {
 		t.Fatalf("--all with a 2GiB budget: %d groups, notes %q", len(p.groups), p.notes)
 	}
 
-	over := benchOptions{workloads: []string{"gptoss120b-tp8-b16"}, count: 2048, descSize: "4KiB", concurrency: []int{2}, routes: []string{"bulk"}, layout: "contiguous", repeat: 1, maxBytes: "1GiB", cellTimeout: time.Minute}
+	over := benchOptions{workloads: []string{"gptoss120b-tp8-b16"}, count: 2048, descSize: "4KiB", concurrency: []int{2}, generations: 1, routes: []string{"bulk"}, layout: "contiguous", repeat: 1, maxBytes: "1GiB", cellTimeout: time.Minute}
 	if p, err = over.plan(); err != nil || p.groups[0].spec.Count != 2048 || p.groups[0].spec.DescSize != 4096 {
 		t.Fatalf("overrides: %+v, %v", p.groups, err)
 	}
@@ -193,6 +237,8 @@ func TestBenchUsageErrors(t *testing.T) {
 		{"--routes", "bounce,teleport"},
 		{"--concurrency", "0"},
 		{"--repeat", "0"},
+		{"--generations", "0"},
+		{"--generations", "65"},
 		{"--workload", "llama405b"},
 		{"--max-bytes", "lots"},
 		{"--workload", "llama70b-tp1-b16", "--max-bytes", "1GiB"},
