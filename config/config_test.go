@@ -145,7 +145,7 @@ func TestDefaults(t *testing.T) {
 		t.Fatalf("defaults invalid: %v", err)
 	}
 	b := d.Bounce
-	if !b.Enabled || b.ArenaSize != 256*MiB || b.Granularity != MiB || b.MaxChunk != 32*MiB || b.MaxInflight != 8 ||
+	if !b.Enabled || b.ArenaSize != 256*MiB || b.Granularity != MiB || b.MaxChunk != 8*MiB || b.MaxInflight != 8 ||
 		b.CopyContexts != 8 || b.ScatterWorkers != 4 || b.MinDescriptors != 1024 || b.MaxAvgDescriptor != 16*KiB ||
 		b.RequestTimeout != 30*time.Second || !b.EagerGather || !b.ZeroCopyArgs || b.DisableMerging {
 		t.Fatalf("bounce defaults: %+v", b)
@@ -214,7 +214,7 @@ engine:
 		{"bounce.request_timeout", l.Config.Bounce.RequestTimeout, 750 * time.Millisecond, "flag:--bounce.request-timeout"},
 		{"bounce.granularity", l.Config.Bounce.Granularity, 64 * KiB, "flag:--bounce.granularity"},
 		{"engine.connections", l.Config.Engine.Connections, 7, file},
-		{"bounce.max_chunk", l.Config.Bounce.MaxChunk, 32 * MiB, SourceDefault},
+		{"bounce.max_chunk", l.Config.Bounce.MaxChunk, 8 * MiB, SourceDefault},
 		{"engine.kind", l.Config.Engine.Kind, "tcp", SourceDefault},
 	}
 	for _, w := range want {
