@@ -53,13 +53,14 @@ type Config struct {
 	DisableMerging bool
 }
 
-// DefaultConfig returns the defaults of the reference design.
+// DefaultConfig returns the defaults: the reference design's, except an
+// 8 MiB chunk (docs/BENCHMARKS.md says why).
 func DefaultConfig() Config {
 	return Config{
 		Enabled:          true,
 		ArenaSize:        256 << 20,
 		Granularity:      1 << 20,
-		MaxChunk:         32 << 20,
+		MaxChunk:         8 << 20,
 		MaxInflight:      8,
 		ScatterWorkers:   4,
 		MinDescriptors:   1024,
