@@ -349,7 +349,7 @@ func (o *benchOptions) run(cmd *cobra.Command, cfg config.Config, plan benchPlan
 		rep.Notes = append(rep.Notes, note)
 		fmt.Fprintf(errw, "note: %s\n", note)
 	}
-	sweepErr := s.warmUp(cmd.Context(), plan)
+	sweepErr := s.warmUp(cmd.Context(), plan.warmUps()...)
 	if sweepErr == nil {
 		rep.Cells, sweepErr = o.sweep(cmd, s, plan)
 	}
@@ -372,23 +372,15 @@ func (o *benchOptions) run(cmd *cobra.Command, cfg config.Config, plan benchPlan
 	return o.finish(out, errw, rep, sweepErr)
 }
 
-// warmUp moves the first group's workload once per route, unrecorded, so
-// connection setup and first-touch faults land in no cell.
-func (s *session) warmUp(ctx context.Context, plan benchPlan) error {
-	spec := plan.groups[0].spec
-	for _, r := range plan.routes {
-		rs, rt := routeSpec(r, spec)
-		wctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
-		res, err := s.d.Run(wctx, s.tgt, driver.Options{Spec: rs, Requests: 1, Route: rt})
-		cancel()
-		if err != nil {
-			return fmt.Errorf("warm-up on %s: %w", r, err)
-		}
-		if res.Failed > 0 {
-			return fmt.Errorf("warm-up on %s: %w", r, res.FirstErr)
-		}
+// warmUps returns one unrecorded move of the first group's workload per
+// route, for session.warmUp.
+func (p benchPlan) warmUps() []driver.Options {
+	var out []driver.Options
+	for _, r := range p.routes {
+		rs, rt := routeSpec(r, p.groups[0].spec)
+		out = append(out, driver.Options{Spec: rs, Requests: 1, Route: rt})
 	}
-	return nil
+	return out
 }
 
 // sweep measures every cell; it stops early only when the receiver stops

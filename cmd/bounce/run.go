@@ -16,7 +16,7 @@ import (
 
 func newRunCmd() *cobra.Command {
 	var wf workloadFlags
-	var compare bool
+	var compare, warm bool
 	cmd := &cobra.Command{
 		Use:   "run",
 		Short: "The main job: two agent processes move a KV-shaped transfer, verified byte-exact",
@@ -26,7 +26,8 @@ zmq by default, on this machine's loopback unless configured otherwise). It
 moves the workload through the bounce pipeline, has the receiver verify every
 byte, then moves the same workload over the direct path (one engine post per
 descriptor) for comparison, and prints a summary: route, throughput, request
-latency percentiles and verification.
+latency percentiles and verification. One unrecorded request per route runs
+first (--warm-up=false to measure cold).
 
 The default workload is one rank of Llama-3.1-70B at TP=8 with block size 16:
 81,920 fragmented descriptors of 4 KiB (320 MiB).`,
@@ -48,16 +49,17 @@ The default workload is one rank of Llama-3.1-70B at TP=8 with block size 16:
 			childArgs = append(childArgs, "--buffer-size="+config.Size(total).String())
 			out := cmd.OutOrStdout()
 			fmt.Fprintf(out, "bounce run: %s, engine %s, control plane %s\n", describe(spec, wf.requests), cfg.Engine.Kind, cfg.ControlPlane.Kind)
-			return mainJob(cmd, cfg, childArgs, spec, wf.requests, compare)
+			return mainJob(cmd, cfg, childArgs, spec, wf.requests, compare, warm)
 		},
 	}
 	wf.add(cmd, 1)
 	cmd.Flags().BoolVar(&compare, "compare", true, "also move the workload over the direct path for comparison (--compare=false to skip)")
+	cmd.Flags().BoolVar(&warm, "warm-up", true, "first move one request per route unrecorded, so connection setup and first-touch faults are measured on neither route")
 	configFlags(cmd)
 	return cmd
 }
 
-func mainJob(cmd *cobra.Command, cfg config.Config, childArgs []string, spec workload.Spec, requests int, compare bool) error {
+func mainJob(cmd *cobra.Command, cfg config.Config, childArgs []string, spec workload.Spec, requests int, compare, warm bool) error {
 	out := cmd.OutOrStdout()
 	s, err := startSession(cmd, cfg, childArgs, spec.Bytes()*uint64(requests))
 	if err != nil {
@@ -70,6 +72,16 @@ func mainJob(cmd *cobra.Command, cfg config.Config, childArgs []string, spec wor
 	routes := []pipeline.Route{pipeline.RouteBounce}
 	if compare {
 		routes = append(routes, pipeline.RouteDirect)
+	}
+	if warm {
+		var moves []driver.Options
+		for _, rt := range routes {
+			moves = append(moves, driver.Options{Spec: spec, Requests: 1, Route: rt})
+		}
+		if err := s.warmUp(cmd.Context(), moves...); err != nil {
+			return failed(err)
+		}
+		fmt.Fprintln(out, "warm-up: one unrecorded request per route moved first")
 	}
 	var rows []namedResult
 	var bad []string

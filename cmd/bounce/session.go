@@ -78,3 +78,20 @@ func (s *session) close() error {
 func verifyCommand(spec workload.Spec, requests int) command {
 	return command{Op: "verify", DescSize: spec.DescSize, Count: spec.Count, Fragmented: spec.Fragmented, Seed: spec.Seed, Requests: requests}
 }
+
+// warmUp makes each move once, unrecorded, so connection setup, first-touch
+// faults and heap growth land in no measurement.
+func (s *session) warmUp(ctx context.Context, moves ...driver.Options) error {
+	for _, o := range moves {
+		wctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
+		res, err := s.d.Run(wctx, s.tgt, o)
+		cancel()
+		if err != nil {
+			return fmt.Errorf("warm-up on %s: %w", o.Route, err)
+		}
+		if res.Failed > 0 {
+			return fmt.Errorf("warm-up on %s: %w", o.Route, res.FirstErr)
+		}
+	}
+	return nil
+}
