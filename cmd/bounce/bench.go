@@ -72,7 +72,9 @@ a sender agent in this process, with the configured engine and control plane
 (tcp and zmq by default, on loopback unless configured otherwise). Then, for
 every cell — workload preset x layout x concurrency x route x iteration — it
 clears the receiver's buffer, moves the workload (concurrent requests
-submitted at once), has the receiver verify every byte, and records the
+submitted at once; with --generations K a closed loop that keeps the
+concurrency in flight for K x concurrency requests and reports latency over
+the steady state), has the receiver verify every byte, and records the
 throughput and every request's latency. One unrecorded warm-up transfer per
 route runs first.
 
@@ -91,6 +93,7 @@ RSS (VmHWM) is reported next to their KV buffers and arena.`,
 		Example: `  bounce bench
   bounce bench --workload llama70b-tp8-b16 --count 4096 --concurrency 1,8,64,128 --routes bounce,direct,bulk
   bounce bench --all --layout both --repeat 3 --json bench.json --plots bench-plots
+  bounce bench --count 4096 --concurrency 128 --generations 3 --routes bounce,direct,bulk --max-bytes 7GiB
   bounce bench --engine.kind ucx --bounce.arena-size 32MiB --workload llama70b-tp8-b16 --routes bounce
   bounce bench --list`,
 		Args: cobra.NoArgs,
