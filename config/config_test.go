@@ -85,7 +85,7 @@ func findKeyError(t *testing.T, err error, key string, sentinel error) *KeyError
 func TestKeysMatchTheDocumentedSet(t *testing.T) {
 	want := []string{
 		"agent.name",
-		"bounce.enabled", "bounce.arena_size", "bounce.granularity", "bounce.max_chunk", "bounce.max_inflight",
+		"bounce.enabled", "bounce.arena_size", "bounce.granularity", "bounce.max_chunk", "bounce.min_chunk", "bounce.max_inflight",
 		"bounce.copy_contexts", "bounce.copy_workers", "bounce.scatter_workers", "bounce.min_descriptors", "bounce.max_avg_descriptor",
 		"bounce.request_timeout", "bounce.eager_gather", "bounce.zero_copy_args", "bounce.disable_merging",
 		"engine.kind", "engine.plugin", "engine.listen", "engine.connections", "engine.options",
@@ -145,7 +145,7 @@ func TestDefaults(t *testing.T) {
 		t.Fatalf("defaults invalid: %v", err)
 	}
 	b := d.Bounce
-	if !b.Enabled || b.ArenaSize != 256*MiB || b.Granularity != MiB || b.MaxChunk != 8*MiB || b.MaxInflight != 8 ||
+	if !b.Enabled || b.ArenaSize != 256*MiB || b.Granularity != MiB || b.MaxChunk != 8*MiB || b.MinChunk != 2*MiB || b.MaxInflight != 8 ||
 		b.CopyContexts != 8 || b.ScatterWorkers != 4 || b.MinDescriptors != 1024 || b.MaxAvgDescriptor != 16*KiB ||
 		b.RequestTimeout != 30*time.Second || !b.EagerGather || !b.ZeroCopyArgs || b.DisableMerging {
 		t.Fatalf("bounce defaults: %+v", b)

@@ -15,7 +15,7 @@
 // else:
 //
 //	agent:          name
-//	bounce:         enabled, arena_size, granularity, max_chunk, max_inflight,
+//	bounce:         enabled, arena_size, granularity, max_chunk, min_chunk, max_inflight,
 //	                copy_contexts, copy_workers, scatter_workers, min_descriptors,
 //	                max_avg_descriptor, request_timeout, eager_gather,
 //	                zero_copy_args, disable_merging

@@ -228,6 +228,7 @@ func PipelineConfig(b config.BounceConfig) pipeline.Config {
 		ArenaSize:        uint64(b.ArenaSize),
 		Granularity:      uint64(b.Granularity),
 		MaxChunk:         uint64(b.MaxChunk),
+		MinChunk:         uint64(b.MinChunk),
 		MaxInflight:      b.MaxInflight,
 		ScatterWorkers:   b.ScatterWorkers,
 		MinDescriptors:   b.MinDescriptors,

@@ -28,6 +28,10 @@ type Config struct {
 	Granularity uint64
 	// MaxChunk caps one chunk (one bulk write); it must match the peer's.
 	MaxChunk uint64
+	// MinChunk ramps a request's chunk sizes up from it and tapers them
+	// off toward the end (plan.Options.MinChunk); 0 gives every chunk
+	// MaxChunk.
+	MinChunk uint64
 	// MaxInflight is W, the per-flow cap on regions in flight.
 	MaxInflight int
 	// ScatterWorkers is the number of scatter worker goroutines.
@@ -61,6 +65,7 @@ func DefaultConfig() Config {
 		ArenaSize:        256 << 20,
 		Granularity:      1 << 20,
 		MaxChunk:         8 << 20,
+		MinChunk:         2 << 20,
 		MaxInflight:      8,
 		ScatterWorkers:   4,
 		MinDescriptors:   1024,

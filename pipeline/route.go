@@ -51,7 +51,7 @@ func uniform(ds []transfer.Desc) bool {
 }
 
 func (a *Agent) plan(req Request) (*plan.Plan, error) {
-	p, err := plan.Build(req.Src, req.Dst, plan.Options{MaxChunk: a.cfg.MaxChunk, NoMerge: a.cfg.DisableMerging})
+	p, err := plan.Build(req.Src, req.Dst, plan.Options{MaxChunk: a.cfg.MaxChunk, MinChunk: a.cfg.MinChunk, NoMerge: a.cfg.DisableMerging})
 	if err != nil {
 		return nil, fmt.Errorf("pipeline: plan transfer to %q: %w", req.Peer, err)
 	}

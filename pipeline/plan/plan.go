@@ -6,11 +6,21 @@
 //
 // Packing: non-empty pairs are placed in order, each at the next Align-byte
 // aligned offset of the current chunk, while the chunk's Bytes (the end of
-// its last piece, alignment padding included) stays within MaxChunk and the
-// source and destination device and memory kind stay the same; otherwise a
-// new chunk starts. A pair larger than MaxChunk starts a new chunk and is
-// split into MaxChunk-byte pieces, one chunk each; its last, shorter piece
-// opens the chunk the following pairs pack into.
+// its last piece, alignment padding included) stays within the chunk's cap
+// and the source and destination device and memory kind stay the same;
+// otherwise a new chunk starts. A pair larger than a new chunk's cap is split
+// into pieces of the cap, one chunk each; its last, shorter piece opens the
+// chunk the following pairs pack into.
+//
+// Caps: every chunk's cap is MaxChunk, unless Options.MinChunk is set. Then
+// the caps ramp up and taper off so that a pipeline of gather, write and
+// scatter fills and drains quickly: chunk i is capped at MinChunk << i, and
+// at half the payload not yet placed (never under MinChunk, and never
+// leaving less than MinChunk for a last chunk). A 16 MiB transfer with
+// MinChunk 2 MiB and MaxChunk 8 MiB becomes chunks of 2, 4, 5, 2.5 and
+// 2.5 MiB: its first write starts after a 2 MiB gather and its last scatter
+// is 2.5 MiB, not 8; a 320 MiB one starts the same way, runs at 8 MiB and
+// ends with 8, 4, 2.x and 2.x MiB.
 //
 // Runs: each piece yields one gather run (source address -> region offset)
 // and one scatter run (region offset -> destination address). Unless
@@ -34,6 +44,10 @@ type Options struct {
 	// MaxChunk is the most region bytes one chunk may need (the arena's
 	// per-chunk cap). Must be positive.
 	MaxChunk uint64
+	// MinChunk, when positive and below MaxChunk, ramps the chunk caps up
+	// from it and tapers them off toward the end (see the package
+	// documentation); 0 caps every chunk at MaxChunk.
+	MinChunk uint64
 	// Align is the in-region alignment of each piece, a power of two; 0
 	// means DefaultAlign.
 	Align uint64
@@ -130,6 +144,8 @@ func Build(src, dst []transfer.Desc, opt Options) (*Plan, error) {
 		p:       &Plan{},
 		cur:     -1,
 		max:     opt.MaxChunk,
+		min:     opt.MinChunk,
+		total:   payload,
 		align:   align,
 		merge:   !opt.NoMerge,
 		gather:  make([]transfer.Run, 0, runCap),
@@ -147,8 +163,10 @@ func Build(src, dst []transfer.Desc, opt Options) (*Plan, error) {
 // builder packs pieces into the plan's last chunk.
 type builder struct {
 	p               *Plan
-	cur             int // index of the chunk being filled, -1 before the first or after a device change
-	max             uint64
+	cur             int    // index of the chunk being filled, -1 before the first or after a device change
+	max, min        uint64 // Options.MaxChunk and MinChunk
+	cap             uint64 // the current chunk's cap
+	total, placed   uint64 // the plan's payload, and how much of it is placed
 	align           uint64
 	merge           bool
 	gather, scatter []transfer.Run // all chunks' runs, in chunk order
@@ -164,24 +182,37 @@ func (b *builder) add(s, d transfer.Desc) {
 			b.cur = -1
 		}
 	}
-	if s.Len > b.max {
-		// Split: every piece opens its own chunk; all but the last fill it.
-		for pos := uint64(0); pos < s.Len; pos += b.max {
-			n := min(b.max, s.Len-pos)
-			b.open(s, d)
-			b.place(0, s.Addr+pos, d.Addr+pos, n)
-		}
-		return
-	}
-	off, ok := uint64(0), false
 	if b.cur >= 0 {
-		off, ok = b.fit(b.p.Chunks[b.cur].Bytes, s.Len)
+		if off, ok := b.fit(b.p.Chunks[b.cur].Bytes, s.Len); ok {
+			b.place(off, s.Addr, d.Addr, s.Len)
+			return
+		}
 	}
-	if !ok {
+	// A new chunk; a pair larger than its cap is split, every piece opening
+	// its own chunk and all but the last filling it.
+	for pos := uint64(0); pos < s.Len; {
 		b.open(s, d)
-		off = 0
+		n := min(b.cap, s.Len-pos)
+		b.place(0, s.Addr+pos, d.Addr+pos, n)
+		pos += n
 	}
-	b.place(off, s.Addr, d.Addr, s.Len)
+}
+
+// capFor returns the cap of chunk i when remaining payload bytes are still
+// to be placed (see the package documentation).
+func (b *builder) capFor(i int, remaining uint64) uint64 {
+	if b.min == 0 || b.min >= b.max {
+		return b.max
+	}
+	c := b.max
+	if i < 64 && b.min <= b.max>>i {
+		c = min(c, b.min<<i) // ramp up
+	}
+	c = min(c, max(b.min, remaining-remaining/2)) // taper: half of what is left
+	if remaining-min(remaining, c) < b.min {
+		c = min(b.max, max(c, remaining)) // no sliver after this chunk
+	}
+	return c
 }
 
 // fit returns the aligned offset after end and whether n bytes fit there.
@@ -191,12 +222,13 @@ func (b *builder) fit(end, n uint64) (uint64, bool) {
 		return 0, false
 	}
 	off &^= b.align - 1
-	return off, off <= b.max && n <= b.max-off
+	return off, off <= b.cap && n <= b.cap-off
 }
 
 // open starts a new chunk for pieces of the pair (s, d).
 func (b *builder) open(s, d transfer.Desc) {
 	b.cur = len(b.p.Chunks)
+	b.cap = b.capFor(b.cur, b.total-b.placed)
 	b.p.Chunks = append(b.p.Chunks, Chunk{
 		Index:     b.cur,
 		SrcDevice: s.Device, DstDevice: d.Device,
@@ -221,6 +253,7 @@ func (b *builder) place(off, src, dst, n uint64) {
 	c.Bytes = off + n
 	c.Payload += n
 	c.Descs++
+	b.placed += n
 }
 
 // finish points every chunk at its runs in the final backing arrays. Each

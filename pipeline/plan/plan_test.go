@@ -2,6 +2,7 @@ package plan
 
 import (
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 
@@ -382,6 +383,63 @@ func TestCheckRuns(t *testing.T) {
 	} {
 		if _, err := CheckRuns([]transfer.Run{tc.run}, 100); err == nil {
 			t.Errorf("%s: CheckRuns accepted %+v", tc.name, tc.run)
+		}
+	}
+}
+
+// TestRampAndTaper: with MinChunk the caps ramp up from it and taper off
+// toward the end, and the plan still moves every byte once.
+func TestRampAndTaper(t *testing.T) {
+	const KiB, MiB = 1 << 10, 1 << 20
+	descs := func(n int) ([]transfer.Desc, []transfer.Desc) {
+		var src, dst []transfer.Desc
+		for i := range n {
+			src = append(src, transfer.Desc{Addr: 1<<40 + uint64(i)*8*KiB, Len: 4 * KiB})
+			dst = append(dst, transfer.Desc{Addr: 1<<41 + uint64(n-1-i)*4*KiB, Len: 4 * KiB})
+		}
+		return src, dst
+	}
+	sizes := func(p *Plan) []uint64 {
+		var out []uint64
+		for _, c := range p.Chunks {
+			out = append(out, c.Payload)
+		}
+		return out
+	}
+	for _, tc := range []struct {
+		name     string
+		descs    int
+		min, max uint64
+		want     []uint64
+	}{
+		{"16MiB", 4096, 2 * MiB, 8 * MiB, []uint64{2 * MiB, 4 * MiB, 5 * MiB, 2*MiB + 512*KiB, 2*MiB + 512*KiB}},
+		{"off", 4096, 0, 8 * MiB, []uint64{8 * MiB, 8 * MiB}},
+		{"min at max", 4096, 8 * MiB, 8 * MiB, []uint64{8 * MiB, 8 * MiB}},
+		{"smaller than min", 100, 2 * MiB, 8 * MiB, []uint64{400 * KiB}},
+		{"3MiB", 768, 2 * MiB, 8 * MiB, []uint64{3 * MiB}},
+	} {
+		src, dst := descs(tc.descs)
+		p, err := Build(src, dst, Options{MaxChunk: tc.max, MinChunk: tc.min})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := sizes(p); !slices.Equal(got, tc.want) {
+			t.Errorf("%s: chunk payloads %v, want %v", tc.name, got, tc.want)
+		}
+	}
+	// 320 MiB: ramps up, runs at MaxChunk, tapers off; never above MaxChunk.
+	src, dst := descs(81920)
+	p, err := Build(src, dst, Options{MaxChunk: 8 * MiB, MinChunk: 2 * MiB})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := sizes(p)
+	if got[0] != 2*MiB || got[1] != 4*MiB || got[2] != 8*MiB || got[len(got)-1] > 4*MiB || got[len(got)-1] < 2*MiB {
+		t.Fatalf("320MiB chunk payloads %v", got)
+	}
+	for i, c := range p.Chunks {
+		if c.Bytes > 8*MiB {
+			t.Fatalf("chunk %d needs %d bytes, over MaxChunk", i, c.Bytes)
 		}
 	}
 }

@@ -97,6 +97,7 @@ func roundTrip(t *rapid.T, p *Plan, srcMem, dstMem []byte) {
 func TestPlanRoundTrip(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
 		maxChunk := rapid.OneOf(rapid.Uint64Range(1, 64), rapid.Uint64Range(64, 1024)).Draw(t, "maxChunk")
+		minChunk := rapid.OneOf(rapid.Just(uint64(0)), rapid.Uint64Range(1, maxChunk+1)).Draw(t, "minChunk")
 		align := rapid.SampledFrom([]uint64{0, 1, 2, 8, 32, 64, 512}).Draw(t, "align")
 		lenGen := rapid.OneOf(
 			rapid.Just(uint64(0)),
@@ -132,7 +133,7 @@ func TestPlanRoundTrip(t *testing.T) {
 
 		var plans [2]*Plan
 		for i, noMerge := range []bool{false, true} {
-			opt := Options{MaxChunk: maxChunk, Align: align, NoMerge: noMerge}
+			opt := Options{MaxChunk: maxChunk, MinChunk: minChunk, Align: align, NoMerge: noMerge}
 			p, err := Build(src, dst, opt)
 			if err != nil {
 				t.Fatalf("Build(NoMerge=%v): %v", noMerge, err)

@@ -77,24 +77,53 @@ func segments(c Chunk) ([]segment, error) {
 	return out, nil
 }
 
+// specCaps restates the package documentation's chunk caps from the
+// chunks' payloads: MaxChunk, or with MinChunk the smallest of MaxChunk,
+// MinChunk doubled once per earlier chunk, and half (rounded up, at least
+// MinChunk) of the payload not yet placed — raised to all of it when less
+// than MinChunk would be left after the chunk.
+func specCaps(p *Plan, opt Options) []uint64 {
+	caps := make([]uint64, len(p.Chunks))
+	left := p.Payload
+	for i, c := range p.Chunks {
+		caps[i] = opt.MaxChunk
+		if opt.MinChunk > 0 && opt.MinChunk < opt.MaxChunk {
+			ramp := opt.MinChunk
+			for k := 0; k < i && ramp < opt.MaxChunk; k++ {
+				ramp *= 2
+			}
+			half := (left + 1) / 2
+			c := min(opt.MaxChunk, ramp, max(opt.MinChunk, half))
+			if left < c+opt.MinChunk {
+				c = min(opt.MaxChunk, max(c, left))
+			}
+			caps[i] = c
+		}
+		left -= c.Payload
+	}
+	return caps
+}
+
 // verifyPlan checks a plan against its input independently of Build: every
 // descriptor's bytes appear exactly once, in order, mapped src->dst
 // correctly, each piece starting at an aligned region offset of a chunk with
-// the descriptor's devices; chunks respect MaxChunk, report their Bytes,
-// Payload and Descs truthfully, and a new chunk starts only when needed.
+// the descriptor's devices; chunks respect their caps (MaxChunk, or the
+// ramp and taper of MinChunk), report their Bytes, Payload and Descs
+// truthfully, and a new chunk starts only when needed.
 func verifyPlan(p *Plan, src, dst []transfer.Desc, opt Options) error {
 	align := opt.Align
 	if align == 0 {
 		align = DefaultAlign
 	}
+	caps := specCaps(p, opt)
 	segs := make([][]segment, len(p.Chunks))
 	var total uint64
 	for ci, c := range p.Chunks {
 		if c.Index != ci {
 			return fmt.Errorf("chunk %d has Index %d", ci, c.Index)
 		}
-		if c.Bytes == 0 || c.Bytes > opt.MaxChunk {
-			return fmt.Errorf("chunk %d: Bytes %d, MaxChunk %d", ci, c.Bytes, opt.MaxChunk)
+		if c.Bytes == 0 || c.Bytes > caps[ci] || c.Bytes > opt.MaxChunk {
+			return fmt.Errorf("chunk %d: Bytes %d, cap %d, MaxChunk %d", ci, c.Bytes, caps[ci], opt.MaxChunk)
 		}
 		s, err := segments(c)
 		if err != nil {
@@ -135,6 +164,7 @@ func verifyPlan(p *Plan, src, dst []transfer.Desc, opt Options) error {
 		}
 		descs++
 		var parts []uint64 // bytes of this descriptor per chunk touched
+		var partChunks []int
 		var wantReg uint64 // region offset where the current piece continues
 		for pos := uint64(0); pos < s.Len; {
 			for ci < len(segs) && si == len(segs[ci]) {
@@ -149,17 +179,18 @@ func verifyPlan(p *Plan, src, dst []transfer.Desc, opt Options) error {
 			if starts {
 				pieces[ci]++
 				parts = append(parts, 0)
+				partChunks = append(partChunks, ci)
 				if reg%align != 0 {
 					return fmt.Errorf("descriptor %d piece at region offset %d of chunk %d: not %d-aligned", i, reg, ci, align)
 				}
 				if c.SrcDevice != s.Device || c.SrcKind != s.Kind || c.DstDevice != d.Device || c.DstKind != d.Kind {
 					return fmt.Errorf("descriptor %d (%v -> %v) in chunk %d of %s:%d -> %s:%d", i, s, d, ci, c.SrcKind, c.SrcDevice, c.DstKind, c.DstDevice)
 				}
-				if ci > 0 && reg == 0 && s.Len <= opt.MaxChunk {
+				if ci > 0 && reg == 0 && pos == 0 {
 					prev := p.Chunks[ci-1]
 					sameDev := prev.SrcDevice == s.Device && prev.SrcKind == s.Kind && prev.DstDevice == d.Device && prev.DstKind == d.Kind
 					next := (prev.Bytes + align - 1) &^ (align - 1)
-					if sameDev && next+s.Len <= opt.MaxChunk {
+					if sameDev && next+s.Len <= caps[ci-1] {
 						return fmt.Errorf("descriptor %d opened chunk %d though it fit at offset %d of chunk %d", i, ci, next, ci-1)
 					}
 				}
@@ -180,12 +211,12 @@ func verifyPlan(p *Plan, src, dst []transfer.Desc, opt Options) error {
 				si, off = si+1, 0
 			}
 		}
-		if s.Len <= opt.MaxChunk && len(parts) != 1 {
+		if len(parts) > 1 && s.Len <= caps[partChunks[0]] {
 			return fmt.Errorf("descriptor %d of %d bytes split into %v though it fits a chunk", i, s.Len, parts)
 		}
 		for j, n := range parts {
-			if j < len(parts)-1 && n != opt.MaxChunk {
-				return fmt.Errorf("descriptor %d split into pieces %v, want MaxChunk-sized ones", i, parts)
+			if j < len(parts)-1 && n != caps[partChunks[j]] {
+				return fmt.Errorf("descriptor %d split into pieces %v, want pieces of their chunks' caps %d", i, parts, caps[partChunks[j]])
 			}
 		}
 	}
