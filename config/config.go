@@ -120,11 +120,13 @@ type BounceConfig struct {
 	// MaxChunk caps one chunk (bounce.max_chunk, default 8MiB). Load clamps
 	// it to UsableCapacity with a notice; peers must agree on it.
 	MaxChunk Size
-	// MinChunk is where a request's chunk sizes start and end: they ramp
-	// up from it to MaxChunk and taper off toward the end, so gather, write
-	// and scatter overlap from the first chunk to the last (bounce.min_chunk,
-	// default 2MiB; 0, or MaxChunk or more, gives every chunk MaxChunk).
-	// Only the sender uses it; peers need not agree.
+	// MinChunk, when set, is where a request's chunk sizes start and end:
+	// they ramp up from it to MaxChunk and taper off toward the end, so a
+	// single request's gather, write and scatter overlap sooner — about 10%
+	// lower latency for one 16 MiB request, but a wider tail under sustained
+	// load (docs/BENCHMARKS.md). bounce.min_chunk, default 0 (off: every
+	// chunk MaxChunk; so is MaxChunk or more). Only the sender uses it;
+	// peers need not agree.
 	MinChunk Size
 	// MaxInflight is W, the regions one request may hold at once
 	// (bounce.max_inflight, default 8, 1..1024).
@@ -243,7 +245,6 @@ func Default() Config {
 			ArenaSize:        256 * MiB,
 			Granularity:      1 * MiB,
 			MaxChunk:         8 * MiB, // the reference uses 32 MiB; docs/BENCHMARKS.md shows why 8 MiB here
-			MinChunk:         2 * MiB,
 			MaxInflight:      8,
 			CopyContexts:     8,
 			ScatterWorkers:   4,

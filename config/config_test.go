@@ -145,7 +145,7 @@ func TestDefaults(t *testing.T) {
 		t.Fatalf("defaults invalid: %v", err)
 	}
 	b := d.Bounce
-	if !b.Enabled || b.ArenaSize != 256*MiB || b.Granularity != MiB || b.MaxChunk != 8*MiB || b.MinChunk != 2*MiB || b.MaxInflight != 8 ||
+	if !b.Enabled || b.ArenaSize != 256*MiB || b.Granularity != MiB || b.MaxChunk != 8*MiB || b.MinChunk != 0 || b.MaxInflight != 8 ||
 		b.CopyContexts != 8 || b.ScatterWorkers != 4 || b.MinDescriptors != 1024 || b.MaxAvgDescriptor != 16*KiB ||
 		b.RequestTimeout != 30*time.Second || !b.EagerGather || !b.ZeroCopyArgs || b.DisableMerging {
 		t.Fatalf("bounce defaults: %+v", b)

@@ -31,7 +31,7 @@ func fields() []field {
 		{"bounce.arena_size", "shared region arena size", func(c *Config) any { return &c.Bounce.ArenaSize }},
 		{"bounce.granularity", "smallest arena block; a power of two <= arena_size", func(c *Config) any { return &c.Bounce.Granularity }},
 		{"bounce.max_chunk", "largest chunk; clamped to the arena's usable capacity; peers must agree", func(c *Config) any { return &c.Bounce.MaxChunk }},
-		{"bounce.min_chunk", "first and last chunk sizes: chunks ramp up from it and taper off (0 = every chunk max_chunk)", func(c *Config) any { return &c.Bounce.MinChunk }},
+		{"bounce.min_chunk", "if set, chunks ramp up from and taper down to it (lower single-request latency, wider tail under load); 0 = off", func(c *Config) any { return &c.Bounce.MinChunk }},
 		{"bounce.max_inflight", "regions one request may hold at once (W), 1..1024", func(c *Config) any { return &c.Bounce.MaxInflight }},
 		{"bounce.copy_contexts", "gather/scatter copy contexts, 1..1024", func(c *Config) any { return &c.Bounce.CopyContexts }},
 		{"bounce.copy_workers", "copy goroutines per host stage, sharing large copies; 0 = CPUs (2..8), 0..256", func(c *Config) any { return &c.Bounce.CopyWorkers }},

@@ -65,7 +65,6 @@ func DefaultConfig() Config {
 		ArenaSize:        256 << 20,
 		Granularity:      1 << 20,
 		MaxChunk:         8 << 20,
-		MinChunk:         2 << 20,
 		MaxInflight:      8,
 		ScatterWorkers:   4,
 		MinDescriptors:   1024,
