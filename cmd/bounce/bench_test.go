@@ -48,22 +48,10 @@ func benchBinary(t *testing.T) string {
 // the JSON (every cell verified, ratios measured), the table, the per-cell
 // progress lines and the PNG plots.
 func TestBenchEndToEnd(t *testing.T) {
-	dir := t.TempDir()
-	jsonPath, plots := filepath.Join(dir, "out.json"), filepath.Join(dir, "plots")
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, benchBinary(t), "bench", "--workload", "gptoss120b-tp8-b16", "--count", "2048",
+	plots := filepath.Join(t.TempDir(), "plots")
+	rep, stdout, stderr := runBench(t, "--workload", "gptoss120b-tp8-b16", "--count", "2048",
 		"--concurrency", "1,2", "--routes", "bounce,direct,bulk", "--repeat", "2", "--seed", "7",
-		"--json", jsonPath, "--plots", plots, "--bounce.arena-size", "16MiB", "--bounce.max-chunk", "2MiB")
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Run(); err != nil {
-		t.Fatalf("bench: %v\nstdout:\n%s\nstderr:\n%s", err, stdout.String(), stderr.String())
-	}
-	rep, err := benchreport.LoadJSON(jsonPath)
-	if err != nil {
-		t.Fatal(err)
-	}
+		"--plots", plots, "--bounce.arena-size", "16MiB", "--bounce.max-chunk", "2MiB")
 	if rep.Config.Engine != "tcp" || rep.Config.ControlPlane != "zmq" || rep.Config.ArenaSize != 16<<20 || rep.Config.Seed != 7 || !rep.Config.BounceOn {
 		t.Errorf("config summary %+v", rep.Config)
 	}
@@ -121,21 +109,9 @@ func TestBenchEndToEnd(t *testing.T) {
 // requests, at most 2 in flight, latencies over the last 4, every byte of
 // all 6 verified.
 func TestBenchClosedLoop(t *testing.T) {
-	jsonPath := filepath.Join(t.TempDir(), "loop.json")
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, benchBinary(t), "bench", "--workload", "gptoss120b-tp8-b16", "--count", "1024",
-		"--concurrency", "2", "--generations", "3", "--routes", "bounce", "--repeat", "1", "--json", jsonPath,
+	rep, stdout, _ := runBench(t, "--workload", "gptoss120b-tp8-b16", "--count", "1024",
+		"--concurrency", "2", "--generations", "3", "--routes", "bounce", "--repeat", "1",
 		"--bounce.arena-size", "16MiB", "--bounce.max-chunk", "2MiB")
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Run(); err != nil {
-		t.Fatalf("bench: %v\nstdout:\n%s\nstderr:\n%s", err, stdout.String(), stderr.String())
-	}
-	rep, err := benchreport.LoadJSON(jsonPath)
-	if err != nil {
-		t.Fatal(err)
-	}
 	if len(rep.Cells) != 1 || rep.Config.Generations != 3 {
 		t.Fatalf("%d cells, generations %d", len(rep.Cells), rep.Config.Generations)
 	}
@@ -149,6 +125,26 @@ func TestBenchClosedLoop(t *testing.T) {
 	if out := stdout.String(); !strings.Contains(out, "c2 loop3") || !strings.Contains(out, "closed loop") {
 		t.Errorf("table does not name the closed loop:\n%s", out)
 	}
+}
+
+// runBench runs `bounce bench args... --json F` as a process and returns
+// the report read back from F with the command's stdout and stderr.
+func runBench(t *testing.T, args ...string) (*benchreport.Report, bytes.Buffer, bytes.Buffer) {
+	t.Helper()
+	jsonPath := filepath.Join(t.TempDir(), "out.json")
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, benchBinary(t), append(append([]string{"bench"}, args...), "--json", jsonPath)...)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("bench: %v\nstdout:\n%s\nstderr:\n%s", err, stdout.String(), stderr.String())
+	}
+	rep, err := benchreport.LoadJSON(jsonPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rep, stdout, stderr
 }
 
 func checkBenchPNG(t *testing.T, path string) {
