@@ -20,7 +20,8 @@
 // MinChunk 2 MiB and MaxChunk 8 MiB becomes chunks of 2, 4, 5, 2.5 and
 // 2.5 MiB: its first write starts after a 2 MiB gather and its last scatter
 // is 2.5 MiB, not 8; a 320 MiB one starts the same way, runs at 8 MiB and
-// ends with 8, 4, 2.x and 2.x MiB.
+// ends with 8, 5, 2.5 and 2.5 MiB. The no-sliver rule wins over the ramp (a
+// 3 MiB transfer is one chunk); neither restarts at a device change.
 //
 // Runs: each piece yields one gather run (source address -> region offset)
 // and one scatter run (region offset -> destination address). Unless

@@ -4,14 +4,17 @@
 //
 // Submit checks every run before any byte moves, borrows a copy context
 // without blocking (ErrBusy when none is free), cuts the copy into shares of
-// about equal bytes (one per worker, none under MinShareBytes) and queues
-// them, so one large operation runs on every worker at once. The returned
+// about equal bytes (at most one per worker and one per MinShareBytes) and
+// queues them, so one large operation runs on several workers at once. Runs
+// that overlap (in the region or in memory) are therefore copied in no
+// particular order; the pipeline's plans never overlap. The returned
 // transfer.Op is terminal when its last share is; it is polled without
 // blocking, and Release gives the context back to the pool.
 package hostcopy
 
 import (
 	"fmt"
+	"math/bits"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -241,8 +244,10 @@ func (e *Engine) Idle() int {
 }
 
 // Close stops the engine: queued operations fail with ErrClosed, running
-// copies finish, and Close returns once every worker has exited. Operations
-// keep their status and may still be released. Close is idempotent.
+// copies finish, and Close returns once every worker has exited. An
+// operation of several shares that was partly running fails too, with the
+// bytes of its finished shares already moved. Operations keep their status
+// and may still be released. Close is idempotent.
 func (e *Engine) Close() error {
 	e.closeOnce.Do(func() {
 		e.mu.Lock()
@@ -339,6 +344,9 @@ func (e *Engine) validate(region transfer.Desc, runs []transfer.Run) error {
 	for i, r := range runs {
 		if r.Len == 0 || r.Count == 0 {
 			continue
+		}
+		if hi, _ := bits.Mul64(r.Len, r.Count); hi != 0 {
+			return fmt.Errorf("run %d: %d copies of %d bytes overflow: %w", i, r.Count, r.Len, transfer.ErrOutOfBounds)
 		}
 		_, end, ok := r.RegionSpan()
 		if !ok {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"math/rand/v2"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -592,5 +593,17 @@ func TestCloseFailsPartlyRunOperation(t *testing.T) {
 		if err := op.Release(); err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// TestRejectsOverflowingRun: a run whose Len x Count overflows is refused
+// before a byte moves (its spans alone look small with zero strides).
+func TestRejectsOverflowingRun(t *testing.T) {
+	reg := &mem.Registry{}
+	src, region := buffer(t, reg, 4096), buffer(t, reg, 4096)
+	e := newEngine(t, hostcopy.Gather, hostcopy.Settings{Registry: reg})
+	_, err := e.Submit(region.Desc(), []transfer.Run{{Addr: src.Desc().Addr, Len: 2, Count: 1 << 63}})
+	if !errors.Is(err, transfer.ErrOutOfBounds) || !strings.Contains(err.Error(), "overflow") {
+		t.Fatalf("err = %v, want ErrOutOfBounds naming the overflow", err)
 	}
 }

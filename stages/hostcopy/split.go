@@ -13,7 +13,8 @@ import "github.com/bouncekv/bounce/transfer"
 //
 // A strided run is cut between copies, a contiguous one (Count 1, or strides
 // equal to Len) at any byte; together the shares move exactly the bytes of
-// runs, each once, between the same addresses and region offsets.
+// runs, each once, between the same addresses and region offsets. Runs must
+// be validated first: Len × Count and their spans must not overflow.
 func Split(dst []transfer.Run, bounds []int, runs []transfer.Run, parts int, minBytes uint64) ([]transfer.Run, []int) {
 	var total uint64
 	for _, r := range runs {
