@@ -25,7 +25,7 @@ const (
 // WritePlots writes PNG plots of r into dir (created if missing) and returns
 // their paths:
 //
-//   - throughput-<layout>-c<N>.png: throughput against descriptor size, one
+//   - throughput-<layout>-c<N>[-loop<K>].png: throughput against descriptor size, one
 //     line per route, at the lowest concurrency swept for that layout
 //     (presets that share a descriptor size are combined by the median);
 //   - latency-cdf-<cell>.png: the request-latency CDF per route, pooled over
@@ -141,8 +141,12 @@ func throughputPlot(rows []Row, layout string, cfg Config) (*plot.Plot, string, 
 	if len(sel) == 0 {
 		return nil, "", false, nil
 	}
+	mode, suffix := fmt.Sprintf("%d concurrent", lowest), ""
+	if g := sel[0].Generations; g > 1 {
+		mode, suffix = fmt.Sprintf("closed loop of %d, %d generations", lowest, g), fmt.Sprintf("-loop%d", g)
+	}
 	p := plot.New()
-	p.Title.Text = fmt.Sprintf("Throughput vs descriptor size (%s, %d concurrent)\n%s", layout, lowest, subtitle(cfg))
+	p.Title.Text = fmt.Sprintf("Throughput vs descriptor size (%s, %s)\n%s", layout, mode, subtitle(cfg))
 	p.X.Label.Text = "descriptor size (of the preset; bulk moves the same bytes as 1 descriptor)"
 	p.Y.Label.Text = "throughput (GB/s)"
 	p.X.Scale = plot.LogScale{}
@@ -181,7 +185,7 @@ func throughputPlot(rows []Row, layout string, cfg Config) (*plot.Plot, string, 
 	p.Y.Min = 0
 	p.Y.Max *= 1.15
 	p.Y.Tick.Marker = niceTicks{}
-	return p, fmt.Sprintf("throughput-%s-c%d.png", fileSafe(layout), lowest), true, nil
+	return p, fmt.Sprintf("throughput-%s-c%d%s.png", fileSafe(layout), lowest, suffix), true, nil
 }
 
 // highestConcurrency returns, per workload shape and layout, the group at

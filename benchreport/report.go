@@ -64,6 +64,8 @@ type Config struct {
 	BounceOn      bool              `json:"bounce_enabled"`
 	ArenaSize     uint64            `json:"arena_size"`
 	MaxChunk      uint64            `json:"max_chunk"`
+	MinChunk      uint64            `json:"min_chunk,omitempty"`
+	CopyWorkers   int               `json:"copy_workers"` // 0: the CPU count, 2..8
 	MaxInflight   int               `json:"max_inflight"`
 	Workloads     []string          `json:"workloads"`
 	DescSize      uint64            `json:"desc_size_override,omitempty"`
@@ -155,8 +157,10 @@ type Cell struct {
 	AllLatency *LatencyStats `json:"all_requests_latency,omitempty"`
 	// PeakInFlight is the most requests in flight at once.
 	PeakInFlight int `json:"peak_in_flight,omitempty"`
-	// Verified is VerifiedYes, VerifiedFailed or VerifiedSkipped.
-	Verified string `json:"verified"`
+	// Verified is VerifiedYes, VerifiedFailed or VerifiedSkipped;
+	// VerifiedRequests is how many requests the receiver checked.
+	Verified         string `json:"verified"`
+	VerifiedRequests int    `json:"verified_requests,omitempty"`
 	// Error is the first failure, if any.
 	Error string `json:"error,omitempty"`
 }

@@ -120,7 +120,7 @@ type BounceConfig struct {
 	// MaxChunk caps one chunk (bounce.max_chunk, default 8MiB). Load clamps
 	// it to UsableCapacity with a notice; peers must agree on it.
 	MaxChunk Size
-	// MinChunk, when set, is where a request's chunk sizes start and end:
+	// MinChunk, when set (at least MinMinChunk), is where a request's chunk sizes start and end:
 	// they ramp up from it to MaxChunk and taper off toward the end, so a
 	// single request's gather, write and scatter overlap sooner — about 10%
 	// lower latency for one 16 MiB request, but a wider tail under sustained
@@ -233,6 +233,10 @@ type TelemetryConfig struct {
 	// default 1, 0..1).
 	SampleRatio float64
 }
+
+// MinMinChunk is the smallest bounce.min_chunk other than 0: below it the
+// ramp would only add control round trips.
+const MinMinChunk = 64 * KiB
 
 // Default returns the defaults. Agent.Name is "<hostname>-<pid>" (with
 // characters other than letters, digits, '.', '-' and '_' replaced by '-'),
@@ -364,6 +368,9 @@ func (b *BounceConfig) validate() []*KeyError {
 	intRange("bounce.max_inflight", b.MaxInflight, 1, 1024)
 	intRange("bounce.copy_contexts", b.CopyContexts, 1, 1024)
 	intRange("bounce.copy_workers", b.CopyWorkers, 0, 256)
+	if b.MinChunk != 0 && b.MinChunk < MinMinChunk {
+		add(outOfRange("bounce.min_chunk", b.MinChunk, "must be 0 (off) or at least %v", Size(MinMinChunk)))
+	}
 	intRange("bounce.scatter_workers", b.ScatterWorkers, 1, 1024)
 	if b.MinDescriptors < 0 {
 		add(outOfRange("bounce.min_descriptors", b.MinDescriptors, "must not be negative"))

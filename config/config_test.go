@@ -469,6 +469,7 @@ func TestValidateRanges(t *testing.T) {
 		{"bounce.max_inflight", func(c *Config) { c.Bounce.MaxInflight = 1025 }, "1025", "between 1 and 1024"},
 		{"bounce.copy_contexts", func(c *Config) { c.Bounce.CopyContexts = -1 }, "-1", "between 1 and 1024"},
 		{"bounce.copy_workers", func(c *Config) { c.Bounce.CopyWorkers = 257 }, "257", "between 0 and 256"},
+		{"bounce.min_chunk", func(c *Config) { c.Bounce.MinChunk = 1 }, "1B", "0 (off) or at least 64KiB"},
 		{"bounce.scatter_workers", func(c *Config) { c.Bounce.ScatterWorkers = 0 }, "0", "between 1 and 1024"},
 		{"bounce.min_descriptors", func(c *Config) { c.Bounce.MinDescriptors = -1 }, "-1", "negative"},
 		{"bounce.max_avg_descriptor", func(c *Config) { c.Bounce.MaxAvgDescriptor = 0 }, "0B", "positive"},

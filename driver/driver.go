@@ -56,7 +56,15 @@ type Result struct {
 	Steady []time.Duration
 	// PeakInFlight is the most requests that were in flight at once.
 	PeakInFlight int
+	// NotQuiescent counts failed requests whose memory may still be touched
+	// by a transport after Run returned (Abandon did not prove otherwise
+	// within AbandonWait): neither buffer may be reused or freed.
+	NotQuiescent int
 }
+
+// AbandonWait bounds how long Run waits for a failed or given-up request to
+// prove that nothing touches its memory any more.
+const AbandonWait = 30 * time.Second
 
 // Throughput returns payload bytes per second.
 func (r Result) Throughput() float64 {
@@ -117,8 +125,11 @@ func (o Options) RequestSpec(i int) workload.Spec {
 }
 
 // Run fills the source, submits o.Requests requests (at once, or
-// o.InFlight at a time) and waits for all of them (bounded by ctx). A request that fails is counted, not fatal;
-// Run returns an error only when the run could not start.
+// o.InFlight at a time) and waits for all of them, bounded by ctx: when ctx
+// ends, the requests still pending are abandoned (see Result.NotQuiescent).
+// A request that fails is counted, not fatal. Run returns an error when the
+// run could not start, or, with the partial Result, when ctx ended or a
+// submit failed before every request was submitted.
 func (d *Driver) Run(ctx context.Context, t Target, o Options) (Result, error) {
 	if err := o.Spec.Validate(); err != nil {
 		return Result{}, err
@@ -195,6 +206,13 @@ func (d *Driver) Run(ctx context.Context, t Target, o Options) (Result, error) {
 			defer func() { <-slots }()
 			err := bt.Wait(ctx)
 			done := time.Now()
+			var out transfer.AbandonOutcome
+			if err != nil {
+				// Failed, or Run is giving up (ctx ended): fail the batch if
+				// it is still pending and wait, bounded, for proof that
+				// nothing touches its memory before the buffers are reused.
+				out = bt.Abandon(AbandonWait)
+			}
 			mu.Lock()
 			defer mu.Unlock()
 			inflight--
@@ -205,6 +223,11 @@ func (d *Driver) Run(ctx context.Context, t Target, o Options) (Result, error) {
 				res.Failed++
 				if res.FirstErr == nil {
 					res.FirstErr = err
+				}
+				if out != transfer.Recoverable {
+					res.NotQuiescent++
+				} else if rerr := bt.Release(); rerr != nil && res.FirstErr == nil {
+					res.FirstErr = rerr
 				}
 				return
 			}
@@ -219,12 +242,15 @@ func (d *Driver) Run(ctx context.Context, t Target, o Options) (Result, error) {
 		}()
 	}
 	wg.Wait()
-	if submitErr != nil {
-		// Requests already submitted were waited for, so none outlives Run.
-		return Result{}, submitErr
+	if !end.IsZero() {
+		res.Elapsed = end.Sub(start)
 	}
-	res.Elapsed = end.Sub(start)
 	slices.Sort(res.Latencies)
 	slices.Sort(res.Steady)
+	if submitErr != nil {
+		// Every request submitted was waited for or abandoned: unless
+		// NotQuiescent says otherwise, nothing touches the buffers now.
+		return res, submitErr
+	}
 	return res, nil
 }

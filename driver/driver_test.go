@@ -94,7 +94,9 @@ func TestRunMeasuresAndLands(t *testing.T) {
 // requests at once, every request lands with its own bytes, and the steady
 // window holds exactly the requests after the first InFlight.
 func TestRunClosedLoop(t *testing.T) {
-	spec := workload.Spec{DescSize: 4096, Count: 256, Fragmented: true, Seed: 9}
+	// 8 MiB requests take milliseconds, far longer than a submit, so the
+	// loop reaches its cap and the burst has several in flight.
+	spec := workload.Spec{DescSize: 4096, Count: 2048, Fragmented: true, Seed: 9}
 	const requests, inFlight = 7, 2
 	a, _, dst := pair(t, requests*spec.Bytes())
 	d, err := New(a.Agent, requests*spec.Bytes())
@@ -110,8 +112,8 @@ func TestRunClosedLoop(t *testing.T) {
 	if res.Failed != 0 || len(res.Latencies) != requests || len(res.Steady) != requests-inFlight || !slices.IsSorted(res.Steady) {
 		t.Fatalf("result %+v", res)
 	}
-	if res.PeakInFlight < 1 || res.PeakInFlight > inFlight {
-		t.Fatalf("peak in flight %d, cap %d", res.PeakInFlight, inFlight)
+	if res.PeakInFlight != inFlight {
+		t.Fatalf("peak in flight %d, want the cap %d", res.PeakInFlight, inFlight)
 	}
 	for i := 0; i < requests; i++ {
 		per := spec.Bytes()
@@ -125,14 +127,62 @@ func TestRunClosedLoop(t *testing.T) {
 	if res, err = d.Run(context.Background(), Target{Peer: "b", Buffer: dst.Desc()}, o); err != nil {
 		t.Fatal(err)
 	}
-	if res.Steady != nil || len(res.Latencies) != requests || res.PeakInFlight > requests {
-		t.Fatalf("burst result %+v", res)
+	if res.Steady != nil || len(res.Latencies) != requests || res.PeakInFlight < 2 || res.PeakInFlight > requests {
+		t.Fatalf("burst result: %d latencies, steady %v, peak in flight %d", len(res.Latencies), res.Steady, res.PeakInFlight)
 	}
 	// A cancelled context stops submitting; what was submitted is waited for.
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	if _, err := d.Run(ctx, Target{Peer: "b", Buffer: dst.Desc()}, o); err == nil || !strings.Contains(err.Error(), "not submitted") {
 		t.Fatalf("cancelled run: err = %v", err)
+	}
+}
+
+// TestRunDeadlineMidRun: when ctx ends with requests in flight, Run abandons
+// them and returns only once every submitted request is retired and
+// quiescent, so the buffers can be reused at once.
+func TestRunDeadlineMidRun(t *testing.T) {
+	spec := workload.Spec{DescSize: 4096, Count: 2048, Fragmented: true, Seed: 5}
+	const requests = 7
+	a, _, dst := pair(t, requests*spec.Bytes())
+	d, err := New(a.Agent, requests*spec.Bytes())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	interrupted := false
+	for _, delay := range []time.Duration{0, time.Millisecond, 3 * time.Millisecond} {
+		// Cancel delay after the run's first submit (the source fill before
+		// it takes a while), so requests are in flight when ctx ends.
+		before := a.Agent.Stats().BounceSubmits
+		ctx, cancel := context.WithCancel(context.Background())
+		canceller := make(chan struct{})
+		go func() {
+			defer close(canceller)
+			for a.Agent.Stats().BounceSubmits == before {
+				time.Sleep(50 * time.Microsecond)
+			}
+			time.Sleep(delay)
+			cancel()
+		}()
+		res, err := d.Run(ctx, Target{Peer: "b", Buffer: dst.Desc()}, Options{Spec: spec, Requests: requests, InFlight: 2, Route: pipeline.RouteBounce})
+		<-canceller
+		st := a.Agent.Stats()
+		if submitted := st.BounceSubmits + st.DirectSubmits; st.Succeeded+st.Failed != submitted {
+			t.Fatalf("after %v: %d submitted, %d succeeded + %d failed: requests outlived Run", delay, submitted, st.Succeeded, st.Failed)
+		}
+		if res.NotQuiescent != 0 {
+			t.Fatalf("after %v: %d requests not quiescent", delay, res.NotQuiescent)
+		}
+		if err != nil || res.Failed > 0 {
+			interrupted = true
+			if len(res.Latencies)+res.Failed > requests {
+				t.Fatalf("after %v: %d succeeded + %d failed of %d", delay, len(res.Latencies), res.Failed, requests)
+			}
+		}
+	}
+	if !interrupted {
+		t.Skip("every run finished before its deadline; nothing was interrupted")
 	}
 }
 

@@ -316,7 +316,7 @@ func (o *benchOptions) run(cmd *cobra.Command, cfg config.Config, plan benchPlan
 		Machine: benchreport.CurrentMachine(),
 		Config: benchreport.Config{
 			Engine: cfg.Engine.Kind, EngineOptions: cfg.Engine.Options, ControlPlane: cfg.ControlPlane.Kind, ArenaSize: uint64(cfg.Bounce.ArenaSize),
-			MaxChunk: uint64(cfg.Bounce.MaxChunk), MaxInflight: cfg.Bounce.MaxInflight,
+			MaxChunk: uint64(cfg.Bounce.MaxChunk), MinChunk: uint64(cfg.Bounce.MinChunk), CopyWorkers: cfg.Bounce.CopyWorkers, MaxInflight: cfg.Bounce.MaxInflight,
 			Layouts: plan.layouts, Routes: plan.routes, Repeat: plan.repeat, Seed: o.seed, Verify: o.verify, MaxBytes: plan.budget,
 			Count: o.count, Generations: o.generations,
 		},
@@ -377,11 +377,11 @@ func (o *benchOptions) run(cmd *cobra.Command, cfg config.Config, plan benchPlan
 
 // warmUps returns one unrecorded move of the first group's workload per
 // route, for session.warmUp.
-func (p benchPlan) warmUps() []driver.Options {
-	var out []driver.Options
+func (p benchPlan) warmUps() []warmMove {
+	var out []warmMove
 	for _, r := range p.routes {
 		rs, rt := routeSpec(r, p.groups[0].spec)
-		out = append(out, driver.Options{Spec: rs, Requests: 1, Route: rt})
+		out = append(out, warmMove{route: r, opts: driver.Options{Spec: rs, Requests: 1, Route: rt}})
 	}
 	return out
 }
@@ -425,6 +425,9 @@ func (o *benchOptions) cell(ctx context.Context, s *session, g benchreport.Group
 	rctx, cancel := context.WithTimeout(ctx, o.cellTimeout)
 	res, err := s.d.Run(rctx, s.tgt, driver.Options{Spec: rs, Requests: requests, InFlight: g.Concurrency, Route: rt})
 	cancel()
+	if uerr := unsafeBuffers(res); uerr != nil {
+		return benchreport.Cell{}, runtime(fmt.Errorf("%s %s #%d: %w", g, route, it, uerr))
+	}
 	if err != nil {
 		c := benchreport.NewCell(g, route, it, order, requests, requests, 0, 0, nil)
 		c.Verified, c.Error = benchreport.VerifiedFailed, err.Error()
@@ -447,8 +450,8 @@ func (o *benchOptions) cell(ctx context.Context, s *session, g benchreport.Group
 	case !o.verify:
 		c.Verified = benchreport.VerifiedSkipped
 	default:
-		_, err := s.recv.call(verifyCommand(rs, requests), 5*time.Minute)
-		c.Verified = benchreport.VerifiedYes
+		rep, err := s.recv.call(verifyCommand(rs, requests), 5*time.Minute)
+		c.Verified, c.VerifiedRequests = benchreport.VerifiedYes, rep.Verified
 		if err != nil {
 			c.Verified, c.Error = benchreport.VerifiedFailed, err.Error()
 		}

@@ -65,7 +65,7 @@ func TestBenchEndToEnd(t *testing.T) {
 	seen := map[string]int{}
 	for _, c := range rep.Cells {
 		seen[c.Route]++
-		if c.Verified != benchreport.VerifiedYes || c.Failed != 0 || c.Error != "" {
+		if c.Verified != benchreport.VerifiedYes || c.VerifiedRequests != c.Concurrency || c.Failed != 0 || c.Error != "" {
 			t.Errorf("cell %s %s #%d: verified %s, failed %d, error %q", c.Group, c.Route, c.Iteration, c.Verified, c.Failed, c.Error)
 		}
 		if c.Throughput <= 0 || c.Bytes != uint64(c.Concurrency)*2048*2048 || len(c.LatenciesNS) != c.Concurrency || c.Latency.P50NS <= 0 {
@@ -116,7 +116,7 @@ func TestBenchClosedLoop(t *testing.T) {
 		t.Fatalf("%d cells, generations %d", len(rep.Cells), rep.Config.Generations)
 	}
 	c := rep.Cells[0]
-	if c.Verified != benchreport.VerifiedYes || c.Requests != 6 || c.Failed != 0 || c.Bytes != 6*1024*2048 || c.Generations != 3 {
+	if c.Verified != benchreport.VerifiedYes || c.VerifiedRequests != 6 || c.Requests != 6 || c.Failed != 0 || c.Bytes != 6*1024*2048 || c.Generations != 3 {
 		t.Fatalf("cell %+v", c)
 	}
 	if len(c.LatenciesNS) != 4 || c.Latency.Count != 4 || c.AllLatency == nil || c.AllLatency.Count != 6 || c.PeakInFlight < 1 || c.PeakInFlight > 2 {
@@ -267,7 +267,7 @@ func TestBenchRotate(t *testing.T) {
 			t.Errorf("iteration %d: %v, want %v", it, got, want)
 		}
 	}
-	if iterationSeed(5, 0) != 5 || iterationSeed(5, 1)-iterationSeed(5, 0) < maxConcurrency {
+	if iterationSeed(5, 0) != 5 || iterationSeed(5, 1)-iterationSeed(5, 0) < maxConcurrency*maxGenerations {
 		t.Error("iteration seeds overlap the per-request seeds of the previous iteration")
 	}
 }

@@ -74,9 +74,9 @@ func mainJob(cmd *cobra.Command, cfg config.Config, childArgs []string, spec wor
 		routes = append(routes, pipeline.RouteDirect)
 	}
 	if warm {
-		var moves []driver.Options
+		var moves []warmMove
 		for _, rt := range routes {
-			moves = append(moves, driver.Options{Spec: spec, Requests: 1, Route: rt})
+			moves = append(moves, warmMove{route: rt.String(), opts: driver.Options{Spec: spec, Requests: 1, Route: rt}})
 		}
 		if err := s.warmUp(cmd.Context(), moves...); err != nil {
 			return failed(err)
@@ -92,6 +92,9 @@ func mainJob(cmd *cobra.Command, cfg config.Config, childArgs []string, spec wor
 		ctx, cancel := context.WithTimeout(cmd.Context(), 10*time.Minute)
 		res, err := s.d.Run(ctx, s.tgt, driver.Options{Spec: spec, Requests: requests, Route: rt})
 		cancel()
+		if err == nil {
+			err = unsafeBuffers(res)
+		}
 		if err != nil {
 			return failed(err)
 		}

@@ -45,6 +45,8 @@ type reply struct {
 	OK    bool   `json:"ok"`
 	Error string `json:"error,omitempty"`
 	Stats any    `json:"stats,omitempty"`
+	// Verified is the number of requests a verify checked.
+	Verified int `json:"verified,omitempty"`
 }
 
 func newServeCmd() *cobra.Command {
@@ -191,7 +193,7 @@ func verify(b []byte, c command) reply {
 			return errReply(fmt.Errorf("request %d: %w", i, err))
 		}
 	}
-	return reply{OK: true}
+	return reply{OK: true, Verified: c.Requests}
 }
 
 func errReply(err error) reply {

@@ -79,19 +79,37 @@ func verifyCommand(spec workload.Spec, requests int) command {
 	return command{Op: "verify", DescSize: spec.DescSize, Count: spec.Count, Fragmented: spec.Fragmented, Seed: spec.Seed, Requests: requests}
 }
 
+// warmMove is one unrecorded move of session.warmUp, named for errors.
+type warmMove struct {
+	route string
+	opts  driver.Options
+}
+
 // warmUp makes each move once, unrecorded, so connection setup, first-touch
 // faults and heap growth land in no measurement.
-func (s *session) warmUp(ctx context.Context, moves ...driver.Options) error {
-	for _, o := range moves {
+func (s *session) warmUp(ctx context.Context, moves ...warmMove) error {
+	for _, m := range moves {
 		wctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
-		res, err := s.d.Run(wctx, s.tgt, o)
+		res, err := s.d.Run(wctx, s.tgt, m.opts)
 		cancel()
-		if err != nil {
-			return fmt.Errorf("warm-up on %s: %w", o.Route, err)
+		if err == nil {
+			err = unsafeBuffers(res)
 		}
-		if res.Failed > 0 {
-			return fmt.Errorf("warm-up on %s: %w", o.Route, res.FirstErr)
+		if err == nil && res.Failed > 0 {
+			err = res.FirstErr
+		}
+		if err != nil {
+			return fmt.Errorf("warm-up on %s: %w", m.route, err)
 		}
 	}
 	return nil
+}
+
+// unsafeBuffers reports requests whose memory a transport may still touch:
+// the buffers must not be reused, so no further run may start.
+func unsafeBuffers(res driver.Result) error {
+	if res.NotQuiescent == 0 {
+		return nil
+	}
+	return fmt.Errorf("%d failed request(s) not proven quiescent after %v: the buffers cannot be reused (first error: %v)", res.NotQuiescent, driver.AbandonWait, res.FirstErr)
 }
