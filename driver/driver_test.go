@@ -22,6 +22,13 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // and a registered destination buffer of size bytes on the receiver.
 func pair(t *testing.T, size uint64) (*node.Node, *node.Node, *mem.Buffer) {
 	t.Helper()
+	// Allocated first, so it is freed last: after both nodes closed, when
+	// no scatter of an abandoned request can still write into it.
+	dst, err := mem.Alloc(size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { dst.Free() })
 	f := node.Builtin()
 	mk := func(name string) *node.Node {
 		c := config.Default()
@@ -36,11 +43,6 @@ func pair(t *testing.T, size uint64) (*node.Node, *node.Node, *mem.Buffer) {
 		return n
 	}
 	a, b := mk("a"), mk("b")
-	dst, err := mem.Alloc(size)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { dst.Free() })
 	if err := b.Agent.RegisterMemory(dst.Desc()); err != nil {
 		t.Fatal(err)
 	}

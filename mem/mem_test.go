@@ -196,3 +196,40 @@ func TestCheckRanges(t *testing.T) {
 		}
 	}
 }
+
+// TestRegistryPin: a pinned range cannot be removed until every pin is
+// released; a pin of a range no longer registered pins nothing.
+func TestRegistryPin(t *testing.T) {
+	var r Registry
+	a := transfer.Desc{Addr: 1 << 20, Len: 4096, Kind: transfer.Host}
+	b := transfer.Desc{Addr: 2 << 20, Len: 4096, Kind: transfer.Host}
+	for _, d := range []transfer.Desc{a, b} {
+		if err := r.Add(d); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := r.Pin([]uint64{a.Addr}); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Pin([]uint64{a.Addr}); err != nil { // a second copy
+		t.Fatal(err)
+	}
+	if err := r.Remove(a); !errors.Is(err, transfer.ErrInUse) {
+		t.Fatalf("remove pinned: %v, want ErrInUse", err)
+	}
+	r.Unpin([]uint64{a.Addr})
+	if err := r.Remove(a); !errors.Is(err, transfer.ErrInUse) {
+		t.Fatalf("remove with one pin left: %v, want ErrInUse", err)
+	}
+	r.Unpin([]uint64{a.Addr})
+	if err := r.Remove(a); err != nil {
+		t.Fatalf("remove unpinned: %v", err)
+	}
+	// a is gone: pinning it with b fails and leaves b unpinned.
+	if err := r.Pin([]uint64{b.Addr, a.Addr}); !errors.Is(err, transfer.ErrNotRegistered) {
+		t.Fatalf("pin of a removed range: %v, want ErrNotRegistered", err)
+	}
+	if err := r.Remove(b); err != nil {
+		t.Fatalf("b was pinned by a failed Pin: %v", err)
+	}
+}

@@ -10,10 +10,12 @@ import (
 
 // Registry is a set of registered host memory ranges. It resolves a
 // descriptor to a byte slice only when the whole range lies inside one
-// registered range. It is safe for concurrent use.
+// registered range. A range pinned by a copy in flight cannot be removed.
+// It is safe for concurrent use.
 type Registry struct {
 	mu     sync.RWMutex
 	ranges []transfer.Desc // sorted by Addr, non-overlapping
+	pins   map[uint64]int  // pin count by range Addr
 }
 
 // Add registers d. Zero-length, non-host and overlapping ranges are errors.
@@ -57,17 +59,56 @@ func CheckRanges(ranges []transfer.Desc) error {
 	return nil
 }
 
-// Remove unregisters exactly d.
+// Remove unregisters exactly d. It returns an error wrapping ErrInUse while
+// d is pinned: a copy in flight still reads or writes it.
 func (r *Registry) Remove(d transfer.Desc) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for i, x := range r.ranges {
 		if x.Addr == d.Addr && x.Len == d.Len {
+			if n := r.pins[x.Addr]; n > 0 {
+				return fmt.Errorf("mem: deregister %v: %d copies in flight use it: %w", d, n, transfer.ErrInUse)
+			}
 			r.ranges = append(r.ranges[:i], r.ranges[i+1:]...)
 			return nil
 		}
 	}
 	return fmt.Errorf("mem: deregister %v: %w", d, transfer.ErrNotRegistered)
+}
+
+// Pin marks the registered ranges that start at starts (as Find returned
+// them) as in use, once per entry, so Remove refuses them until Unpin. When
+// one of them is no longer registered it pins nothing and returns an error
+// wrapping ErrNotRegistered.
+func (r *Registry) Pin(starts []uint64) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, a := range starts {
+		i := sort.Search(len(r.ranges), func(i int) bool { return r.ranges[i].Addr >= a })
+		if i == len(r.ranges) || r.ranges[i].Addr != a {
+			return fmt.Errorf("mem: pin %#x: range deregistered meanwhile: %w", a, transfer.ErrNotRegistered)
+		}
+	}
+	if r.pins == nil {
+		r.pins = make(map[uint64]int)
+	}
+	for _, a := range starts {
+		r.pins[a]++
+	}
+	return nil
+}
+
+// Unpin releases what one Pin(starts) took.
+func (r *Registry) Unpin(starts []uint64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, a := range starts {
+		if r.pins[a] <= 1 {
+			delete(r.pins, a)
+		} else {
+			r.pins[a]--
+		}
+	}
 }
 
 // Find returns the registered range holding [addr, addr+n).

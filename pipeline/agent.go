@@ -259,13 +259,23 @@ func (a *Agent) RegisterMemory(d transfer.Desc) error {
 	return nil
 }
 
-// DeregisterMemory undoes RegisterMemory. The engine refuses (ErrInUse)
-// while a transfer uses the memory.
+// DeregisterMemory undoes RegisterMemory. It refuses with ErrInUse while a
+// gather or scatter still copies into or out of the memory, or a write uses
+// it; free the memory only once DeregisterMemory succeeded.
 func (a *Agent) DeregisterMemory(d transfer.Desc) error {
-	if err := a.set.Engine.DeregisterMemory(d); err != nil {
+	// The stages' registry first: it refuses (ErrInUse) while a gather or
+	// scatter still copies into or out of d; then the engine, which
+	// refuses while a write uses it, in which case d stays registered.
+	if err := a.set.Registry.Remove(d); err != nil {
 		return fmt.Errorf("pipeline: deregister %v: %w", d, err)
 	}
-	return a.set.Registry.Remove(d)
+	if err := a.set.Engine.DeregisterMemory(d); err != nil {
+		if aerr := a.set.Registry.Add(d); aerr != nil {
+			a.log.Error("re-register after a refused deregister", "desc", d, "err", aerr)
+		}
+		return fmt.Errorf("pipeline: deregister %v: %w", d, err)
+	}
+	return nil
 }
 
 // Handshake returns the capability blob this agent advertises, or nil when

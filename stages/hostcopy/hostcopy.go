@@ -129,6 +129,17 @@ type copyCtx struct {
 	runs   []transfer.Run // the submitted runs, validated
 	split  []transfer.Run // runs cut at share boundaries
 	bounds []int          // end index in split of each share
+	pins   []uint64       // the registered ranges the copy touches, pinned while it runs
+}
+
+// touch records that the copy uses the registered range starting at a.
+func (c *copyCtx) touch(a uint64) {
+	for _, p := range c.pins {
+		if p == a {
+			return
+		}
+	}
+	c.pins = append(c.pins, a)
 }
 
 // share is one worker's part of an operation.
@@ -207,7 +218,14 @@ func (e *Engine) Submit(region transfer.Desc, runs []transfer.Run) (transfer.Op,
 	// Validate the private copy, so a caller mutating runs concurrently
 	// cannot slip an unchecked run past validation.
 	ctx.runs = append(ctx.runs[:0], runs...)
-	if err := e.validate(region, ctx.runs); err != nil {
+	ctx.pins = ctx.pins[:0]
+	if err := e.validate(ctx, region); err != nil {
+		e.putCtx(ctx)
+		return nil, fmt.Errorf("%s: %w", e.name, err)
+	}
+	// Pinned until the copy ends, so the memory cannot be deregistered (and
+	// then freed) under it.
+	if err := e.reg.Pin(ctx.pins); err != nil {
 		e.putCtx(ctx)
 		return nil, fmt.Errorf("%s: %w", e.name, err)
 	}
@@ -218,6 +236,7 @@ func (e *Engine) Submit(region transfer.Desc, runs []transfer.Run) (transfer.Op,
 	e.mu.Lock()
 	if e.closed {
 		e.mu.Unlock()
+		e.reg.Unpin(ctx.pins)
 		e.putCtx(ctx)
 		return nil, fmt.Errorf("%s: submit: %w", e.name, transfer.ErrClosed)
 	}
@@ -330,17 +349,21 @@ func (e *Engine) copyOne(regionAddr, addr, n uint64) {
 	}
 }
 
-// validate checks the region and every run. It touches no payload byte.
-func (e *Engine) validate(region transfer.Desc, runs []transfer.Run) error {
+// validate checks the region and every run of ctx and records the
+// registered ranges they use in ctx.pins. It touches no payload byte.
+func (e *Engine) validate(ctx *copyCtx, region transfer.Desc) error {
+	runs := ctx.runs
 	if region.Kind != transfer.Host {
 		return fmt.Errorf("region %v: only host memory: %w", region, transfer.ErrUnsupported)
 	}
 	if region.Len == 0 {
 		return fmt.Errorf("region %v: empty: %w", region, transfer.ErrOutOfBounds)
 	}
-	if _, err := e.reg.Find(region.Addr, region.Len); err != nil {
+	rd, err := e.reg.Find(region.Addr, region.Len)
+	if err != nil {
 		return fmt.Errorf("region %v: %w", region, err)
 	}
+	ctx.touch(rd.Addr)
 	for i, r := range runs {
 		if r.Len == 0 || r.Count == 0 {
 			continue
@@ -357,7 +380,7 @@ func (e *Engine) validate(region transfer.Desc, runs []transfer.Run) error {
 			return fmt.Errorf("run %d: region bytes up to offset %d exceed the %d-byte region: %w",
 				i, end, region.Len, transfer.ErrOutOfBounds)
 		}
-		if err := e.checkAddrs(r); err != nil {
+		if err := e.checkAddrs(ctx, r); err != nil {
 			return fmt.Errorf("run %d: %w", i, err)
 		}
 	}
@@ -369,14 +392,15 @@ func (e *Engine) validate(region transfer.Desc, runs []transfer.Run) error {
 // crosses registrations is checked copy by copy, jumping over all copies
 // that fit the range just found, so the cost is bounded by the number of
 // ranges, not by Count.
-func (e *Engine) checkAddrs(r transfer.Run) error {
+func (e *Engine) checkAddrs(ctx *copyCtx, r transfer.Run) error {
 	start, end, ok := r.AddrSpan()
 	if !ok {
 		return fmt.Errorf("addresses overflow (addr %#x, len %d, count %d, stride %d): %w",
 			r.Addr, r.Len, r.Count, r.AddrStride, transfer.ErrOutOfBounds)
 	}
-	_, err := e.reg.Find(start, end-start)
+	d, err := e.reg.Find(start, end-start)
 	if err == nil {
+		ctx.touch(d.Addr)
 		return nil
 	}
 	if r.Count == 1 || r.AddrStride == 0 {
@@ -387,6 +411,7 @@ func (e *Engine) checkAddrs(r transfer.Run) error {
 		if err != nil {
 			return fmt.Errorf("copy %d: %w", k, err)
 		}
+		ctx.touch(d.Addr)
 		// The last copy index j with Addr+j*stride+Len <= d.End(); copy k
 		// fits, so j >= k and the subtraction cannot underflow.
 		k = (d.End()-r.Len-r.Addr)/r.AddrStride + 1
@@ -415,6 +440,7 @@ func (o *op) shareDone(err error) {
 	if o.left.Add(-1) != 0 {
 		return
 	}
+	o.e.reg.Unpin(o.ctx.pins)
 	if p := o.failure.Load(); p != nil {
 		o.err = *p
 		o.state.Store(uint32(transfer.Failed))

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"math/rand/v2"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -605,5 +606,40 @@ func TestRejectsOverflowingRun(t *testing.T) {
 	_, err := e.Submit(region.Desc(), []transfer.Run{{Addr: src.Desc().Addr, Len: 2, Count: 1 << 63}})
 	if !errors.Is(err, transfer.ErrOutOfBounds) || !strings.Contains(err.Error(), "overflow") {
 		t.Fatalf("err = %v, want ErrOutOfBounds naming the overflow", err)
+	}
+}
+
+// TestDeregisterRefusedWhileCopying: memory a copy is moving bytes into
+// cannot be deregistered (and so freed) until the copy ended; the region is
+// pinned too.
+func TestDeregisterRefusedWhileCopying(t *testing.T) {
+	reg := &mem.Registry{}
+	dst, region := buffer(t, reg, 4096), buffer(t, reg, 4096)
+	ch := make(chan struct{}, 1)
+	e := newEngine(t, hostcopy.Scatter, hostcopy.Settings{Registry: reg, Workers: 1, Notify: hostcopy.Signal(ch)})
+	entered, proceed := make(chan struct{}), make(chan struct{})
+	release := sync.OnceFunc(func() { close(proceed) })
+	t.Cleanup(release) // runs before the engine's Close, even when a check fails
+	hostcopy.SetBeforeCopy(e, func() { entered <- struct{}{}; <-proceed })
+	op, err := e.Submit(region.Desc(), []transfer.Run{{Addr: dst.Desc().Addr, Len: 4096, Count: 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-entered
+	for _, d := range []transfer.Desc{dst.Desc(), region.Desc()} {
+		if err := reg.Remove(d); !errors.Is(err, transfer.ErrInUse) {
+			t.Fatalf("remove %v during the copy: %v, want ErrInUse", d, err)
+		}
+	}
+	release()
+	mustDone(t, op, ch)
+	for _, d := range []transfer.Desc{dst.Desc(), region.Desc()} {
+		if err := reg.Remove(d); err != nil {
+			t.Fatalf("remove %v after the copy: %v", d, err)
+		}
+	}
+	// Unregistered now: a new copy is refused before a byte moves.
+	if _, err := e.Submit(region.Desc(), []transfer.Run{{Addr: dst.Desc().Addr, Len: 4096, Count: 1}}); !errors.Is(err, transfer.ErrNotRegistered) {
+		t.Fatalf("submit after deregister: %v, want ErrNotRegistered", err)
 	}
 }
