@@ -58,15 +58,23 @@ func pair(t *testing.T, size uint64) (*node.Node, *node.Node, *mem.Buffer) {
 	return a, b, dst
 }
 
-func TestRunMeasuresAndLands(t *testing.T) {
-	spec := workload.Spec{DescSize: 4096, Count: 512, Fragmented: true, Seed: 3}
-	const requests = 4
-	a, _, dst := pair(t, requests*spec.Bytes())
-	d, err := New(a.Agent, requests*spec.Bytes())
+// driverPair is pair with a driver of size bytes of source on the sender,
+// closed before the nodes.
+func driverPair(t *testing.T, size uint64) (*node.Node, *node.Node, *mem.Buffer, *Driver) {
+	t.Helper()
+	a, b, dst := pair(t, size)
+	d, err := New(a.Agent, size)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer d.Close()
+	t.Cleanup(func() { d.Close() })
+	return a, b, dst, d
+}
+
+func TestRunMeasuresAndLands(t *testing.T) {
+	spec := workload.Spec{DescSize: 4096, Count: 512, Fragmented: true, Seed: 3}
+	const requests = 4
+	_, _, dst, d := driverPair(t, requests*spec.Bytes())
 	for _, route := range []pipeline.Route{pipeline.RouteBounce, pipeline.RouteDirect} {
 		clear(dst.Bytes())
 		o := Options{Spec: spec, Requests: requests, Route: route}
@@ -100,12 +108,7 @@ func TestRunClosedLoop(t *testing.T) {
 	// loop reaches its cap and the burst has several in flight.
 	spec := workload.Spec{DescSize: 4096, Count: 2048, Fragmented: true, Seed: 9}
 	const requests, inFlight = 7, 2
-	a, _, dst := pair(t, requests*spec.Bytes())
-	d, err := New(a.Agent, requests*spec.Bytes())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer d.Close()
+	_, _, dst, d := driverPair(t, requests*spec.Bytes())
 	o := Options{Spec: spec, Requests: requests, InFlight: inFlight, Route: pipeline.RouteBounce}
 	res, err := d.Run(context.Background(), Target{Peer: "b", Buffer: dst.Desc()}, o)
 	if err != nil {
@@ -146,12 +149,7 @@ func TestRunClosedLoop(t *testing.T) {
 func TestRunDeadlineMidRun(t *testing.T) {
 	spec := workload.Spec{DescSize: 4096, Count: 2048, Fragmented: true, Seed: 5}
 	const requests = 7
-	a, _, dst := pair(t, requests*spec.Bytes())
-	d, err := New(a.Agent, requests*spec.Bytes())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer d.Close()
+	a, _, dst, d := driverPair(t, requests*spec.Bytes())
 	interrupted := false
 	for _, delay := range []time.Duration{0, time.Millisecond, 3 * time.Millisecond} {
 		// Cancel delay after the run's first submit (the source fill before
@@ -214,12 +212,7 @@ func TestRunRefusesWhatDoesNotFit(t *testing.T) {
 
 func TestRunCountsFailures(t *testing.T) {
 	spec := workload.Spec{DescSize: 4096, Count: 256, Seed: 1}
-	a, b, dst := pair(t, spec.Bytes())
-	d, err := New(a.Agent, spec.Bytes())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer d.Close()
+	_, b, dst, d := driverPair(t, spec.Bytes())
 	// The receiver drops its destination: every write is refused.
 	if err := b.Agent.DeregisterMemory(dst.Desc()); err != nil {
 		t.Fatal(err)
