@@ -14,28 +14,15 @@ import (
 	"pgregory.net/rapid"
 
 	"github.com/bouncekv/bounce/mem"
+	"github.com/bouncekv/bounce/mem/memtest"
 	"github.com/bouncekv/bounce/stages/hostcopy"
 	"github.com/bouncekv/bounce/transfer"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-// buffer allocates n bytes of host memory, registers it in reg when reg is
-// not nil, and frees it at the end of the test.
-func buffer(t testing.TB, reg *mem.Registry, n uint64) *mem.Buffer {
-	t.Helper()
-	b, err := mem.Alloc(n)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = b.Free() })
-	if reg != nil {
-		if err := reg.Add(b.Desc()); err != nil {
-			t.Fatal(err)
-		}
-	}
-	return b
-}
+// buffer is memtest.Buffer: registered host memory freed at the end of the test.
+var buffer = memtest.Buffer
 
 func newEngine(t testing.TB, dir hostcopy.Direction, cfg hostcopy.Settings) *hostcopy.Engine {
 	t.Helper()

@@ -11,6 +11,7 @@ import (
 	"pgregory.net/rapid"
 
 	"github.com/bouncekv/bounce/mem"
+	"github.com/bouncekv/bounce/mem/memtest"
 	"github.com/bouncekv/bounce/pipeline/plan"
 	"github.com/bouncekv/bounce/stages/gather/host"
 	"github.com/bouncekv/bounce/stages/hostcopy"
@@ -20,20 +21,8 @@ import (
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-func buffer(t testing.TB, reg *mem.Registry, n uint64) *mem.Buffer {
-	t.Helper()
-	b, err := mem.Alloc(n)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = b.Free() })
-	if reg != nil {
-		if err := reg.Add(b.Desc()); err != nil {
-			t.Fatal(err)
-		}
-	}
-	return b
-}
+// buffer is memtest.Buffer: registered host memory freed at the end of the test.
+var buffer = memtest.Buffer
 
 func fill(b []byte, seed uint64) {
 	r := rand.New(rand.NewPCG(seed, 1))

@@ -8,6 +8,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/bouncekv/bounce/mem"
+	"github.com/bouncekv/bounce/mem/memtest"
 	"github.com/bouncekv/bounce/stages/hostcopy"
 	"github.com/bouncekv/bounce/stages/scatter/host"
 	"github.com/bouncekv/bounce/transfer"
@@ -15,20 +16,8 @@ import (
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-func buffer(t *testing.T, reg *mem.Registry, n uint64) *mem.Buffer {
-	t.Helper()
-	b, err := mem.Alloc(n)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = b.Free() })
-	if reg != nil {
-		if err := reg.Add(b.Desc()); err != nil {
-			t.Fatal(err)
-		}
-	}
-	return b
-}
+// buffer is memtest.Buffer: registered host memory freed at the end of the test.
+var buffer = memtest.Buffer
 
 func await(op transfer.Op, ch <-chan struct{}) (transfer.Status, error) {
 	for {
