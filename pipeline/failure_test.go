@@ -488,3 +488,35 @@ func TestSilentSenderFlowExpires(t *testing.T) {
 		t.Fatalf("expired flows = %d, want 1", got)
 	}
 }
+
+// TestDeregisterRefusedByEngineKeepsMemoryRegistered: when the engine
+// refuses a deregister (a write still uses the memory), the agent leaves the
+// memory registered everywhere, so the caller may retry and must not free
+// it; the retry succeeds once the engine lets go, and only once.
+func TestDeregisterRefusedByEngineKeepsMemoryRegistered(t *testing.T) {
+	w := newWorld(t)
+	var fe *faultEngine
+	a := w.node("a", testConfig(), withFaultEngine(&fe))
+	buf, err := mem.Alloc(1 << 20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer buf.Free()
+	if err := a.RegisterMemory(buf.Desc()); err != nil {
+		t.Fatal(err)
+	}
+	fe.inUse.Store(true)
+	if err := a.DeregisterMemory(buf.Desc()); !errors.Is(err, transfer.ErrInUse) {
+		t.Fatalf("deregister while the engine uses it: %v, want ErrInUse", err)
+	}
+	if _, err := a.set.Registry.Find(buf.Desc().Addr, buf.Desc().Len); err != nil {
+		t.Fatalf("the stages lost the memory after a refused deregister: %v", err)
+	}
+	fe.inUse.Store(false)
+	if err := a.DeregisterMemory(buf.Desc()); err != nil {
+		t.Fatalf("retry: %v", err)
+	}
+	if err := a.DeregisterMemory(buf.Desc()); !errors.Is(err, transfer.ErrNotRegistered) {
+		t.Fatalf("second deregister: %v, want ErrNotRegistered", err)
+	}
+}

@@ -11,10 +11,19 @@ import (
 // Fault injection: wrappers around the real components, used next to them.
 
 // faultEngine wraps a real engine; while failWrites is set, every PostWrite
-// returns an op that fails.
+// returns an op that fails; while inUse is set, DeregisterMemory refuses as
+// an engine does while a write uses the memory.
 type faultEngine struct {
 	transfer.Engine
 	failWrites atomic.Bool
+	inUse      atomic.Bool
+}
+
+func (e *faultEngine) DeregisterMemory(d transfer.Desc) error {
+	if e.inUse.Load() {
+		return fmt.Errorf("injected: %v in use: %w", d, transfer.ErrInUse)
+	}
+	return e.Engine.DeregisterMemory(d)
 }
 
 func (e *faultEngine) PostWrite(peer string, ops []transfer.WriteOp) (transfer.Op, error) {
