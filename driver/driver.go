@@ -172,7 +172,7 @@ func (d *Driver) Run(ctx context.Context, t Target, o Options) (Result, error) {
 	start := time.Now()
 	var end time.Time
 	var submitErr error
-	inflight := 0
+	live := 0 // requests in flight now
 	for i := range reqs {
 		if ctx.Err() == nil {
 			select {
@@ -197,8 +197,8 @@ func (d *Driver) Run(ctx context.Context, t Target, o Options) (Result, error) {
 		}
 		steady := inFlight < o.Requests && i >= inFlight
 		mu.Lock()
-		inflight++
-		res.PeakInFlight = max(res.PeakInFlight, inflight)
+		live++
+		res.PeakInFlight = max(res.PeakInFlight, live)
 		mu.Unlock()
 		wg.Add(1)
 		go func() {
@@ -215,7 +215,7 @@ func (d *Driver) Run(ctx context.Context, t Target, o Options) (Result, error) {
 			}
 			mu.Lock()
 			defer mu.Unlock()
-			inflight--
+			live--
 			if done.After(end) {
 				end = done
 			}
