@@ -28,7 +28,7 @@ func (r *Registry) Add(d transfer.Desc) error {
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	i := sort.Search(len(r.ranges), func(i int) bool { return r.ranges[i].Addr >= d.Addr })
+	i := r.search(d.Addr)
 	if i < len(r.ranges) && r.ranges[i].Addr < d.End() {
 		if r.ranges[i] == d {
 			return nil
@@ -60,14 +60,14 @@ func CheckRanges(ranges []transfer.Desc) error {
 }
 
 // Remove unregisters exactly d. It returns an error wrapping ErrInUse while
-// d is pinned: a copy in flight still reads or writes it.
+// d is pinned: an operation in flight still reads or writes it.
 func (r *Registry) Remove(d transfer.Desc) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for i, x := range r.ranges {
 		if x.Addr == d.Addr && x.Len == d.Len {
 			if n := r.pins[x.Addr]; n > 0 {
-				return fmt.Errorf("mem: deregister %v: %d copies in flight use it: %w", d, n, transfer.ErrInUse)
+				return fmt.Errorf("mem: deregister %v: %d operations in flight use it: %w", d, n, transfer.ErrInUse)
 			}
 			r.ranges = append(r.ranges[:i], r.ranges[i+1:]...)
 			return nil
@@ -77,15 +77,15 @@ func (r *Registry) Remove(d transfer.Desc) error {
 }
 
 // Pin marks the registered ranges that start at starts (as Find returned
-// them) as in use, once per entry, so Remove refuses them until Unpin. When
+// them) as in use by one operation, once per entry, so Remove refuses them
+// until Unpin. When
 // one of them is no longer registered it pins nothing and returns an error
 // wrapping ErrNotRegistered.
 func (r *Registry) Pin(starts []uint64) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for _, a := range starts {
-		i := sort.Search(len(r.ranges), func(i int) bool { return r.ranges[i].Addr >= a })
-		if i == len(r.ranges) || r.ranges[i].Addr != a {
+		if i := r.search(a); i == len(r.ranges) || r.ranges[i].Addr != a {
 			return fmt.Errorf("mem: pin %#x: range deregistered meanwhile: %w", a, transfer.ErrNotRegistered)
 		}
 	}
@@ -96,6 +96,23 @@ func (r *Registry) Pin(starts []uint64) error {
 		r.pins[a]++
 	}
 	return nil
+}
+
+// Pinned returns the number of pins held over all ranges: 0 once every
+// operation that pinned memory has ended.
+func (r *Registry) Pinned() int {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	n := 0
+	for _, c := range r.pins {
+		n += c
+	}
+	return n
+}
+
+// search returns the index of the first range starting at or after a.
+func (r *Registry) search(a uint64) int {
+	return sort.Search(len(r.ranges), func(i int) bool { return r.ranges[i].Addr >= a })
 }
 
 // Unpin releases what one Pin(starts) took.

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"slices"
 	"sync"
 	"sync/atomic"
 
@@ -23,10 +24,8 @@ type Engine struct {
 
 	// memMu orders registration changes against validation and pinning:
 	// validators hold it for reading, (de)registration for writing.
-	memMu  sync.RWMutex
-	reg    mem.Registry
-	pinMu  sync.Mutex
-	pinned map[rangeKey]int // in-flight users per registered range
+	memMu sync.RWMutex
+	reg   mem.Registry
 
 	mu       sync.Mutex // guards closed, peers, incoming and wg.Add
 	closed   bool
@@ -81,7 +80,6 @@ func New(cfg Config) (*Engine, error) {
 		log:      cfg.Logger.With("engine", cfg.Name),
 		ln:       ln,
 		addr:     addr,
-		pinned:   make(map[rangeKey]int),
 		peers:    make(map[string]*peer),
 		incoming: make(map[*inConn]struct{}),
 		done:     make(chan struct{}),
@@ -148,38 +146,10 @@ func (e *Engine) RegisterMemory(d transfer.Desc) error {
 func (e *Engine) DeregisterMemory(d transfer.Desc) error {
 	e.memMu.Lock()
 	defer e.memMu.Unlock()
-	e.pinMu.Lock()
-	n := e.pinned[rangeKey{d.Addr, d.Len}]
-	e.pinMu.Unlock()
-	if n > 0 {
-		return fmt.Errorf("tcp: deregister %v: %d transfers in flight: %w", d, n, transfer.ErrInUse)
-	}
-	if err := e.reg.Remove(d); err != nil {
+	if err := e.reg.Remove(d); err != nil { // refuses ranges pinned by transfers in flight
 		return fmt.Errorf("tcp: deregister: %w", err)
 	}
 	return nil
-}
-
-// pin marks ranges in use; the caller holds memMu for reading.
-func (e *Engine) pin(keys []rangeKey) {
-	e.pinMu.Lock()
-	for _, k := range keys {
-		e.pinned[k]++
-	}
-	e.pinMu.Unlock()
-}
-
-func (e *Engine) unpin(keys []rangeKey) {
-	if len(keys) == 0 {
-		return
-	}
-	e.pinMu.Lock()
-	for _, k := range keys {
-		if e.pinned[k]--; e.pinned[k] <= 0 {
-			delete(e.pinned, k)
-		}
-	}
-	e.pinMu.Unlock()
 }
 
 // Metadata returns the versioned blob a peer passes to LoadPeer: this
@@ -326,10 +296,10 @@ func (e *Engine) PostWrite(peerName string, ops []transfer.WriteOp) (transfer.Op
 
 // pinSources checks every source against the registry and pins the ranges
 // they use, atomically with respect to DeregisterMemory.
-func (e *Engine) pinSources(ops []transfer.WriteOp) ([]rangeKey, error) {
+func (e *Engine) pinSources(ops []transfer.WriteOp) ([]uint64, error) {
 	e.memMu.RLock()
 	defer e.memMu.RUnlock()
-	var pins []rangeKey
+	var pins []uint64
 	var last transfer.Desc
 	for i, op := range ops {
 		if op.Src.Len == 0 || last.Contains(op.Src.Addr, op.Src.Len) && last.Len > 0 {
@@ -340,22 +310,14 @@ func (e *Engine) pinSources(ops []transfer.WriteOp) ([]rangeKey, error) {
 			return nil, fmt.Errorf("op %d source: %w", i, err)
 		}
 		last = d
-		k := rangeKey{d.Addr, d.Len}
-		if !containsKey(pins, k) {
-			pins = append(pins, k)
+		if !slices.Contains(pins, d.Addr) {
+			pins = append(pins, d.Addr)
 		}
 	}
-	e.pin(pins)
+	if err := e.reg.Pin(pins); err != nil {
+		return nil, err
+	}
 	return pins, nil
-}
-
-func containsKey(keys []rangeKey, k rangeKey) bool {
-	for _, x := range keys {
-		if x == k {
-			return true
-		}
-	}
-	return false
 }
 
 // split cuts ops into parts of at most the stripe budget and MaxSegments.

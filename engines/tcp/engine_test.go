@@ -171,8 +171,8 @@ func TestSenderRejectsBeforeSending(t *testing.T) {
 	if n != 0 {
 		t.Fatalf("b has %d incoming connections after rejected posts", n)
 	}
-	if len(a.pinned) != 0 {
-		t.Fatalf("rejected posts left pins: %v", a.pinned)
+	if n := a.reg.Pinned(); n != 0 {
+		t.Fatalf("rejected posts left %d pins", n)
 	}
 }
 

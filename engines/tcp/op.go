@@ -7,16 +7,13 @@ import (
 	"github.com/bouncekv/bounce/transfer"
 )
 
-// rangeKey identifies a registered range for in-use accounting.
-type rangeKey struct{ addr, n uint64 }
-
 // writeOp is the transfer.Op returned by PostWrite. It is terminal once every
 // part is resolved: acknowledged, rejected, or failed after the goroutine
 // writing it stopped touching the source memory.
 type writeOp struct {
 	e    *Engine
 	peer string
-	pins []rangeKey
+	pins []uint64      // starts of the registered ranges the sources use
 	done chan struct{} // closed when terminal
 
 	mu       sync.Mutex
@@ -26,7 +23,7 @@ type writeOp struct {
 	released bool
 }
 
-func newWriteOp(e *Engine, peer string, parts int, pins []rangeKey) *writeOp {
+func newWriteOp(e *Engine, peer string, parts int, pins []uint64) *writeOp {
 	o := &writeOp{e: e, peer: peer, pins: pins, pending: parts, done: make(chan struct{})}
 	if parts == 0 {
 		o.finish()
@@ -51,7 +48,7 @@ func (o *writeOp) partDone(err error) {
 // finish unpins the source ranges, then publishes the terminal status, so a
 // caller that sees Done can deregister the memory at once.
 func (o *writeOp) finish() {
-	o.e.unpin(o.pins)
+	o.e.reg.Unpin(o.pins)
 	o.mu.Lock()
 	o.status = transfer.Done
 	if o.err != nil {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -289,7 +290,7 @@ func (e *Engine) land(r *inReader, conn net.Conn, id uint64, segs []segment, tot
 		return e.reply(conn, encodeNack(id, nackCode(verr), verr.Error()))
 	}
 	err := r.fullv(bufs)
-	e.unpin(pins)
+	e.reg.Unpin(pins)
 	if err != nil {
 		return fmt.Errorf("read payload of part %d: %w", id, err)
 	}
@@ -300,10 +301,10 @@ func (e *Engine) land(r *inReader, conn net.Conn, id uint64, segs []segment, tot
 
 // resolveDsts maps segments to registered memory, appended to bufs (the
 // connection's reused slice), and pins it.
-func (e *Engine) resolveDsts(segs []segment, bufs [][]byte) ([][]byte, []rangeKey, error) {
+func (e *Engine) resolveDsts(segs []segment, bufs [][]byte) ([][]byte, []uint64, error) {
 	e.memMu.RLock()
 	defer e.memMu.RUnlock()
-	var pins []rangeKey
+	var pins []uint64
 	var last transfer.Desc
 	for i, s := range segs {
 		if last.Len == 0 || !last.Contains(s.addr, s.n) {
@@ -312,13 +313,15 @@ func (e *Engine) resolveDsts(segs []segment, bufs [][]byte) ([][]byte, []rangeKe
 				return bufs, nil, fmt.Errorf("tcp: incoming segment %d: %w", i, err)
 			}
 			last = d
-			if k := (rangeKey{d.Addr, d.Len}); !containsKey(pins, k) {
-				pins = append(pins, k)
+			if !slices.Contains(pins, d.Addr) {
+				pins = append(pins, d.Addr)
 			}
 		}
 		bufs = append(bufs, mem.Unsafe(s.addr, s.n))
 	}
-	e.pin(pins)
+	if err := e.reg.Pin(pins); err != nil {
+		return bufs, nil, fmt.Errorf("tcp: incoming write: %w", err)
+	}
 	return bufs, pins, nil
 }
 

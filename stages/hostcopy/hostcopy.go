@@ -16,6 +16,7 @@ import (
 	"fmt"
 	"math/bits"
 	"runtime"
+	"slices"
 	"sync"
 	"sync/atomic"
 
@@ -134,12 +135,9 @@ type copyCtx struct {
 
 // touch records that the copy uses the registered range starting at a.
 func (c *copyCtx) touch(a uint64) {
-	for _, p := range c.pins {
-		if p == a {
-			return
-		}
+	if !slices.Contains(c.pins, a) {
+		c.pins = append(c.pins, a)
 	}
-	c.pins = append(c.pins, a)
 }
 
 // share is one worker's part of an operation.
