@@ -58,7 +58,8 @@ type Result struct {
 	PeakInFlight int
 	// NotQuiescent counts failed requests whose memory may still be touched
 	// by a transport after Run returned (Abandon did not prove otherwise
-	// within AbandonWait): neither buffer may be reused or freed.
+	// within AbandonWait): neither buffer may be reused or freed, and Run's
+	// error wraps transfer.ErrNotQuiescent.
 	NotQuiescent int
 }
 
@@ -129,7 +130,8 @@ func (o Options) RequestSpec(i int) workload.Spec {
 // ends, the requests still pending are abandoned (see Result.NotQuiescent).
 // A request that fails is counted, not fatal. Run returns an error when the
 // run could not start, or, with the partial Result, when ctx ended or a
-// submit failed before every request was submitted.
+// submit failed before every request was submitted, and an error wrapping
+// transfer.ErrNotQuiescent when the buffers are unsafe to reuse.
 func (d *Driver) Run(ctx context.Context, t Target, o Options) (Result, error) {
 	if err := o.Spec.Validate(); err != nil {
 		return Result{}, err
@@ -247,10 +249,12 @@ func (d *Driver) Run(ctx context.Context, t Target, o Options) (Result, error) {
 	}
 	slices.Sort(res.Latencies)
 	slices.Sort(res.Steady)
-	if submitErr != nil {
-		// Every request submitted was waited for or abandoned: unless
-		// NotQuiescent says otherwise, nothing touches the buffers now.
-		return res, submitErr
+	// Every request submitted was waited for or abandoned: unless
+	// NotQuiescent says otherwise, nothing touches the buffers now.
+	if res.NotQuiescent > 0 {
+		unsafe := fmt.Errorf("driver: %d failed request(s) not proven quiescent after %v, so the buffers must not be reused (first error: %v): %w",
+			res.NotQuiescent, AbandonWait, res.FirstErr, transfer.ErrNotQuiescent)
+		return res, errors.Join(unsafe, submitErr)
 	}
-	return res, nil
+	return res, submitErr
 }

@@ -19,6 +19,7 @@ import (
 	"github.com/bouncekv/bounce/config"
 	"github.com/bouncekv/bounce/driver"
 	"github.com/bouncekv/bounce/pipeline"
+	"github.com/bouncekv/bounce/transfer"
 	"github.com/bouncekv/bounce/workload"
 )
 
@@ -425,24 +426,21 @@ func (o *benchOptions) cell(ctx context.Context, s *session, g benchreport.Group
 	rctx, cancel := context.WithTimeout(ctx, o.cellTimeout)
 	res, err := s.d.Run(rctx, s.tgt, driver.Options{Spec: rs, Requests: requests, InFlight: g.Concurrency, Route: rt})
 	cancel()
-	if uerr := unsafeBuffers(res); uerr != nil {
-		return benchreport.Cell{}, runtime(fmt.Errorf("%s %s #%d: %w", g, route, it, uerr))
+	if errors.Is(err, transfer.ErrNotQuiescent) { // the buffers cannot be reused: stop the sweep
+		return benchreport.Cell{}, runtime(fmt.Errorf("%s %s #%d: %w", g, route, it, err))
 	}
 	if err != nil {
 		c := benchreport.NewCell(g, route, it, order, requests, requests, 0, 0, nil)
 		c.Verified, c.Error = benchreport.VerifiedFailed, err.Error()
 		return c, nil
 	}
-	window := res.Latencies
-	if g.Generations > 1 {
-		window = res.Steady
+	window, all := res.Latencies, (*benchreport.LatencyStats)(nil)
+	if g.Generations > 1 { // a closed loop: latency over the steady state
+		s := benchreport.Summarize(res.Latencies)
+		window, all = res.Steady, &s
 	}
 	c := benchreport.NewCell(g, route, it, order, res.Requests, res.Failed, res.Bytes, res.Elapsed, window)
-	if g.Generations > 1 {
-		all := benchreport.Summarize(res.Latencies)
-		c.AllLatency = &all
-	}
-	c.Took, c.Reason, c.PeakInFlight = res.Route, res.Reason, res.PeakInFlight
+	c.AllLatency, c.Took, c.Reason, c.PeakInFlight = all, res.Route, res.Reason, res.PeakInFlight
 	switch {
 	case res.Failed > 0:
 		c.Verified = benchreport.VerifiedFailed
