@@ -55,10 +55,7 @@ func WritePlots(dir string, r *Report) ([]string, error) {
 		if err != nil {
 			return paths, err
 		}
-		name := fmt.Sprintf("latency-cdf-%s-%dx%s-%s-c%d.png", g.Workload, g.Count, FormatSize(g.DescSize), g.Layout, g.Concurrency)
-		if g.Generations > 1 {
-			name = strings.TrimSuffix(name, ".png") + fmt.Sprintf("-loop%d.png", g.Generations)
-		}
+		name := fmt.Sprintf("latency-cdf-%s-%dx%s-%s-c%d%s.png", g.Workload, g.Count, FormatSize(g.DescSize), g.Layout, g.Concurrency, g.loopTag("-"))
 		path := filepath.Join(dir, fileSafe(name))
 		if err := p.Save(plotWidth, plotHeight, path); err != nil {
 			return paths, fmt.Errorf("benchreport: save %s: %w", path, err)
@@ -141,9 +138,9 @@ func throughputPlot(rows []Row, layout string, cfg Config) (*plot.Plot, string, 
 	if len(sel) == 0 {
 		return nil, "", false, nil
 	}
-	mode, suffix := fmt.Sprintf("%d concurrent", lowest), ""
+	mode := fmt.Sprintf("%d concurrent", lowest)
 	if g := sel[0].Generations; g > 1 {
-		mode, suffix = fmt.Sprintf("closed loop of %d, %d generations", lowest, g), fmt.Sprintf("-loop%d", g)
+		mode = fmt.Sprintf("closed loop of %d, %d generations", lowest, g)
 	}
 	p := plot.New()
 	p.Title.Text = fmt.Sprintf("Throughput vs descriptor size (%s, %s)\n%s", layout, mode, subtitle(cfg))
@@ -185,7 +182,7 @@ func throughputPlot(rows []Row, layout string, cfg Config) (*plot.Plot, string, 
 	p.Y.Min = 0
 	p.Y.Max *= 1.15
 	p.Y.Tick.Marker = niceTicks{}
-	return p, fmt.Sprintf("throughput-%s-c%d%s.png", fileSafe(layout), lowest, suffix), true, nil
+	return p, fmt.Sprintf("throughput-%s-c%d%s.png", fileSafe(layout), lowest, sel[0].loopTag("-")), true, nil
 }
 
 // highestConcurrency returns, per workload shape and layout, the group at

@@ -117,11 +117,15 @@ func (g Group) Bytes() uint64 { return g.DescSize * uint64(g.Count) }
 
 // String names the group for tables and plots.
 func (g Group) String() string {
-	s := fmt.Sprintf("%s %dx%s %s c%d", g.Workload, g.Count, FormatSize(g.DescSize), g.Layout, g.Concurrency)
+	return fmt.Sprintf("%s %dx%s %s c%d%s", g.Workload, g.Count, FormatSize(g.DescSize), g.Layout, g.Concurrency, g.loopTag(" "))
+}
+
+// loopTag names a closed loop ("<sep>loopK"), or is empty for a burst.
+func (g Group) loopTag(sep string) string {
 	if g.Generations > 1 {
-		s += fmt.Sprintf(" loop%d", g.Generations)
+		return fmt.Sprintf("%sloop%d", sep, g.Generations)
 	}
-	return s
+	return ""
 }
 
 // Cell is one measured run: a group on one route in one iteration.

@@ -120,9 +120,10 @@ type BounceConfig struct {
 	// MaxChunk caps one chunk (bounce.max_chunk, default 8MiB). Load clamps
 	// it to UsableCapacity with a notice; peers must agree on it.
 	MaxChunk Size
-	// MinChunk, when set (at least MinMinChunk), is where a request's chunk sizes start and end:
-	// they ramp up from it to MaxChunk and taper off toward the end, so a
-	// single request's gather, write and scatter overlap sooner — about 10%
+	// MinChunk, when set (at least MinMinChunk), is where a request's chunk
+	// sizes start and end: they ramp up from it to MaxChunk and taper off
+	// toward the end, so a single request's gather, write and scatter
+	// overlap sooner — about 10%
 	// lower latency for one 16 MiB request, but a wider tail under sustained
 	// load (docs/BENCHMARKS.md). bounce.min_chunk, default 0 (off: every
 	// chunk MaxChunk; so is MaxChunk or more). Only the sender uses it;

@@ -196,8 +196,9 @@ func New(dir Direction, cfg Settings) (*Engine, error) {
 // memory, in which case nothing is written. Runs that move no bytes (Len or
 // Count zero) are skipped. The caller may reuse runs once Submit returns.
 //
-// The memory the runs name must stay registered and mapped until the
-// operation is terminal.
+// The registered ranges the region and runs lie in stay pinned until the
+// operation is terminal (the Registry refuses to remove them); the memory
+// must stay mapped as long.
 func (e *Engine) Submit(region transfer.Desc, runs []transfer.Run) (transfer.Op, error) {
 	e.mu.Lock()
 	if e.closed {
