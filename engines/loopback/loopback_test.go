@@ -9,6 +9,7 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/bouncekv/bounce/engines/enginetest"
 	"github.com/bouncekv/bounce/engines/loopback"
 	"github.com/bouncekv/bounce/mem"
 	"github.com/bouncekv/bounce/transfer"
@@ -45,20 +46,7 @@ func register(t *testing.T, e *loopback.Engine, b *mem.Buffer) transfer.Desc {
 }
 
 // load makes from know to.
-func load(t *testing.T, from, to *loopback.Engine) {
-	t.Helper()
-	md, err := to.Metadata()
-	if err != nil {
-		t.Fatal(err)
-	}
-	name, err := from.LoadPeer(md)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if name != to.Name() {
-		t.Fatalf("LoadPeer = %q, want %q", name, to.Name())
-	}
-}
+var load = enginetest.Load
 
 func sub(d transfer.Desc, off, n uint64) transfer.Desc {
 	return transfer.Desc{Addr: d.Addr + off, Len: n, Kind: transfer.Host}

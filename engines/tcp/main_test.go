@@ -15,6 +15,7 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/bouncekv/bounce/engines/enginetest"
 	"github.com/bouncekv/bounce/internal/childproc"
 	"github.com/bouncekv/bounce/mem"
 	"github.com/bouncekv/bounce/transfer"
@@ -179,20 +180,7 @@ func fill(b []byte, seed uint64) {
 }
 
 // connect makes a know b (a dials b on first use).
-func connect(t testing.TB, a, b *Engine) {
-	t.Helper()
-	md, err := b.Metadata()
-	if err != nil {
-		t.Fatal(err)
-	}
-	name, err := a.LoadPeer(md)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if name != b.Name() {
-		t.Fatalf("LoadPeer returned %q, want %q", name, b.Name())
-	}
-}
+var connect = enginetest.Load
 
 // hangGuard bounds every wait in the tests; it is not a performance
 // threshold, only a guard against a hang.

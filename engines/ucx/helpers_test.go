@@ -10,8 +10,10 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/bouncekv/bounce/engines/enginetest"
 	"github.com/bouncekv/bounce/internal/childproc"
 	"github.com/bouncekv/bounce/mem"
+	"github.com/bouncekv/bounce/mem/memtest"
 	"github.com/bouncekv/bounce/transfer"
 )
 
@@ -42,38 +44,11 @@ func newEngine(t testing.TB, cfg Config) *Engine {
 
 // alloc maps size bytes freed at cleanup. Call it before newEngine for an
 // engine that registers the buffer, so the engine closes first.
-func alloc(t testing.TB, size uint64) *mem.Buffer {
-	t.Helper()
-	b, err := mem.Alloc(size)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { b.Free() })
-	return b
-}
+func alloc(t testing.TB, size uint64) *mem.Buffer { return memtest.Buffer(t, nil, size) }
 
-func register(t testing.TB, e *Engine, b *mem.Buffer) {
-	t.Helper()
-	if err := e.RegisterMemory(b.Desc()); err != nil {
-		t.Fatalf("%s: register: %v", e.Name(), err)
-	}
-}
-
-// load makes dst known to src.
-func load(t testing.TB, src, dst *Engine) {
-	t.Helper()
-	md, err := dst.Metadata()
-	if err != nil {
-		t.Fatal(err)
-	}
-	name, err := src.LoadPeer(md)
-	if err != nil {
-		t.Fatalf("%s: load %s: %v", src.Name(), dst.Name(), err)
-	}
-	if name != dst.Name() {
-		t.Fatalf("LoadPeer returned %q, want %q", name, dst.Name())
-	}
-}
+// register registers a buffer; load makes its second engine known to its
+// first.
+var register, load = enginetest.Register, enginetest.Load
 
 // pair is two engines, each with a registered buffer of size bytes, where a
 // has loaded b.
