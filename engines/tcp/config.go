@@ -1,6 +1,7 @@
 package tcp
 
 import (
+	"cmp"
 	"fmt"
 	"log/slog"
 	"net"
@@ -64,30 +65,14 @@ type Config struct {
 
 // withDefaults returns c with zero fields replaced by defaults.
 func (c Config) withDefaults() Config {
-	if c.Listen == "" {
-		c.Listen = DefaultListen
-	}
-	if c.Connections == 0 {
-		c.Connections = DefaultConnections
-	}
-	if c.DialTimeout == 0 {
-		c.DialTimeout = DefaultDialTimeout
-	}
-	if c.WriteTimeout == 0 {
-		c.WriteTimeout = DefaultWriteTimeout
-	}
-	if c.IdleTimeout == 0 {
-		c.IdleTimeout = DefaultIdleTimeout
-	}
-	if c.NotifyQueue == 0 {
-		c.NotifyQueue = DefaultNotifyQueue
-	}
-	if c.RecvQueue == 0 {
-		c.RecvQueue = DefaultRecvQueue
-	}
-	if c.StripeBytes == 0 {
-		c.StripeBytes = DefaultStripeBytes
-	}
+	c.Listen = cmp.Or(c.Listen, DefaultListen)
+	c.Connections = cmp.Or(c.Connections, DefaultConnections)
+	c.DialTimeout = cmp.Or(c.DialTimeout, DefaultDialTimeout)
+	c.WriteTimeout = cmp.Or(c.WriteTimeout, DefaultWriteTimeout)
+	c.IdleTimeout = cmp.Or(c.IdleTimeout, DefaultIdleTimeout)
+	c.NotifyQueue = cmp.Or(c.NotifyQueue, DefaultNotifyQueue)
+	c.RecvQueue = cmp.Or(c.RecvQueue, DefaultRecvQueue)
+	c.StripeBytes = cmp.Or(c.StripeBytes, DefaultStripeBytes)
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
