@@ -136,6 +136,18 @@ type Notifier interface {
 	RecvNotification(timeout time.Duration) (Message, error)
 }
 
+// Fencer is the optional capability of an Engine whose target-side
+// ForgetPeer is a proven fence: once ForgetPeer(peer) returns, every path by
+// which that peer could write local memory (established connections,
+// connections still being set up, writes queued or in progress) is cut, and
+// the peer stays refused until it is loaded again. FencesForgottenPeers
+// reports whether this engine instance keeps that promise. The pipeline
+// re-grants a forgotten peer's regions at once only when it does; otherwise
+// it quarantines them first, because a slow peer may still land a write.
+type Fencer interface {
+	FencesForgottenPeers() bool
+}
+
 // ControlChannel carries the bounce control messages (WANT, GRANT, DATA, ACK)
 // between agents. It is safe for concurrent use.
 //
