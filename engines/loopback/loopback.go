@@ -83,6 +83,9 @@ type Engine struct {
 	peers  map[string]*peer
 	out    map[*writeOp]struct{} // posted by this engine, not terminal
 	in     map[*writeOp]struct{} // targeting this engine, not terminal
+	// forgotten names the engines ForgetPeer fenced off and LoadPeer has
+	// not loaded again: their writes into this engine are refused.
+	forgotten map[string]struct{}
 
 	inbox     chan transfer.Message
 	done      chan struct{} // closed by Close
@@ -93,6 +96,7 @@ type Engine struct {
 var (
 	_ transfer.Engine   = (*Engine)(nil)
 	_ transfer.Notifier = (*Engine)(nil)
+	_ transfer.Fencer   = (*Engine)(nil)
 )
 
 // peer is a loaded peer: the engine and the memory its metadata listed.
@@ -127,15 +131,16 @@ func (f *Fabric) NewEngine(name string, opts ...Options) (*Engine, error) {
 	}
 	f.nextInc++
 	e := &Engine{
-		fab:   f,
-		name:  name,
-		inc:   f.nextInc,
-		opts:  o,
-		peers: make(map[string]*peer),
-		out:   make(map[*writeOp]struct{}),
-		in:    make(map[*writeOp]struct{}),
-		inbox: make(chan transfer.Message, o.InboxSize),
-		done:  make(chan struct{}),
+		fab:       f,
+		name:      name,
+		inc:       f.nextInc,
+		opts:      o,
+		peers:     make(map[string]*peer),
+		out:       make(map[*writeOp]struct{}),
+		in:        make(map[*writeOp]struct{}),
+		forgotten: make(map[string]struct{}),
+		inbox:     make(chan transfer.Message, o.InboxSize),
+		done:      make(chan struct{}),
 	}
 	f.engines[name] = e
 	return e, nil
@@ -210,7 +215,8 @@ func (e *Engine) Metadata() ([]byte, error) {
 // again refreshes the memory it may be written to. Errors wrap
 // ErrBadMetadata (undecodable, or from another fabric), ErrUnknownPeer (no
 // such engine open on this fabric) or ErrPeerLost (the metadata belongs to
-// an engine of that name that has since closed).
+// an engine of that name that has since closed). Loading a forgotten peer
+// admits its writes into this engine again.
 func (e *Engine) LoadPeer(md []byte) (string, error) {
 	m, err := decodeMetadata(md)
 	if err != nil {
@@ -238,11 +244,18 @@ func (e *Engine) LoadPeer(md []byte) (string, error) {
 		return "", fmt.Errorf("loopback %s: load peer %q: metadata of a closed incarnation: %w", e.name, m.name, transfer.ErrPeerLost)
 	}
 	e.peers[m.name] = &peer{eng: t, view: view}
+	delete(e.forgotten, m.name)
 	return m.name, nil
 }
 
-// ForgetPeer drops a loaded peer. Its operations still in flight fail with
-// ErrPeerLost; ForgetPeer returns once all of them are terminal.
+// ForgetPeer drops a peer, in both directions. Operations this engine
+// posted to it fail with ErrPeerLost, and so do the peer's operations
+// writing into this engine; from then on the peer's writes into this
+// engine are refused with ErrPeerLost until LoadPeer loads it again.
+// ForgetPeer returns once all of those operations are terminal, so no
+// byte of the peer lands here after it returns (a copy already under way
+// is waited for). A name that is neither loaded nor writing here is
+// ErrUnknownPeer, and is refused all the same.
 func (e *Engine) ForgetPeer(name string) error {
 	f := e.fab
 	f.mu.Lock()
@@ -250,16 +263,19 @@ func (e *Engine) ForgetPeer(name string) error {
 		f.mu.Unlock()
 		return fmt.Errorf("loopback %s: forget peer %q: %w", e.name, name, transfer.ErrClosed)
 	}
-	p, ok := e.peers[name]
-	if !ok {
-		f.mu.Unlock()
-		return fmt.Errorf("loopback %s: forget peer %q: %w", e.name, name, transfer.ErrUnknownPeer)
-	}
+	p, loaded := e.peers[name]
 	delete(e.peers, name)
+	e.forgotten[name] = struct{}{}
 	var pending []*writeOp
 	for o := range e.out {
-		if o.dst == p.eng {
+		if loaded && o.dst == p.eng {
 			o.abortLocked(fmt.Errorf("loopback %s: write to %q: peer forgotten: %w", e.name, name, transfer.ErrPeerLost))
+			pending = append(pending, o)
+		}
+	}
+	for o := range e.in {
+		if o.src.name == name {
+			o.abortLocked(fmt.Errorf("loopback %s: write to %q: the target forgot this engine: %w", name, e.name, transfer.ErrPeerLost))
 			pending = append(pending, o)
 		}
 	}
@@ -267,8 +283,16 @@ func (e *Engine) ForgetPeer(name string) error {
 	for _, o := range pending {
 		<-o.finished
 	}
+	if !loaded && len(pending) == 0 {
+		return fmt.Errorf("loopback %s: forget peer %q: %w", e.name, name, transfer.ErrUnknownPeer)
+	}
 	return nil
 }
+
+// FencesForgottenPeers reports true: ForgetPeer fails and waits out the
+// peer's writes into this engine and refuses its later ones until the peer
+// is loaded again (transfer.Fencer).
+func (e *Engine) FencesForgottenPeers() bool { return true }
 
 // PostWrite checks every write and starts copying them on a new goroutine.
 // Each source must lie in memory registered here; each destination in
@@ -311,6 +335,9 @@ func (e *Engine) PostWrite(peerName string, ops []transfer.WriteOp) (transfer.Op
 	t := p.eng
 	if t.closed {
 		return nil, fmt.Errorf("%s: %w", ctx("peer closed"), transfer.ErrPeerLost)
+	}
+	if _, ok := t.forgotten[e.name]; ok {
+		return nil, fmt.Errorf("%s: %w", ctx("the peer forgot this engine (it must load it again)"), transfer.ErrPeerLost)
 	}
 	for i, w := range own {
 		if _, err := e.reg.Find(w.Src.Addr, w.Src.Len); err != nil {
@@ -387,7 +414,7 @@ func (e *Engine) run(o *writeOp) {
 
 // Notify queues payload (copied) in the peer's inbox without blocking. It
 // returns ErrQueueFull when the inbox is full, ErrUnknownPeer when the peer
-// is not loaded and ErrPeerLost when it has closed. Notifications to one
+// is not loaded and ErrPeerLost when it has closed or forgot this engine. Notifications to one
 // peer arrive in the order they were sent.
 func (e *Engine) Notify(peerName string, payload []byte) error {
 	e.fab.mu.Lock()
@@ -399,7 +426,7 @@ func (e *Engine) Notify(peerName string, payload []byte) error {
 	if !ok {
 		return fmt.Errorf("loopback %s: notify %q: %w", e.name, peerName, transfer.ErrUnknownPeer)
 	}
-	if p.eng.closed {
+	if _, forgotten := p.eng.forgotten[e.name]; p.eng.closed || forgotten {
 		return fmt.Errorf("loopback %s: notify %q: %w", e.name, peerName, transfer.ErrPeerLost)
 	}
 	select {

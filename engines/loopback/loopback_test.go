@@ -525,3 +525,57 @@ func TestNewEngineValidation(t *testing.T) {
 		}
 	}
 }
+
+// TestTargetForgetFencesPeer: once B.ForgetPeer(A) returns, A's write in
+// flight into B fails and lands nothing, and so does every write A posts
+// later, until B loads A again.
+func TestTargetForgetFencesPeer(t *testing.T) {
+	gate := make(chan struct{})
+	a, b, src, dst, done := pair(t, loopback.Options{Gate: gate})
+	inFlight, err := a.PostWrite("b", []transfer.WriteOp{{Src: src.Desc(), Dst: dst.Desc()}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// B never loaded A: a peer that only writes to B is forgotten too.
+	if err := b.ForgetPeer("a"); err != nil {
+		t.Fatalf("B.ForgetPeer(a) with a write of a in flight: %v", err)
+	}
+	if s, err := inFlight.Poll(); s != transfer.Failed || !errors.Is(err, transfer.ErrPeerLost) {
+		t.Fatalf("in-flight write after B forgot A = %v, %v; want failed with ErrPeerLost", s, err)
+	}
+	close(gate) // nothing stalls any more
+	later, err := a.PostWrite("b", []transfer.WriteOp{{Src: src.Desc(), Dst: dst.Desc()}})
+	if err == nil {
+		s, perr := await(t, later, done)
+		if s != transfer.Failed || !errors.Is(perr, transfer.ErrPeerLost) {
+			t.Fatalf("write posted after B forgot A = %v, %v; want failed with ErrPeerLost", s, perr)
+		}
+		_ = later.Release()
+	} else if !errors.Is(err, transfer.ErrPeerLost) {
+		t.Fatalf("post after B forgot A: %v; want ErrPeerLost", err)
+	}
+	time.Sleep(20 * time.Millisecond)
+	if !bytes.Equal(dst.Bytes(), make([]byte, len(dst.Bytes()))) {
+		t.Fatal("bytes of a forgotten peer landed")
+	}
+	if err := b.ForgetPeer("nobody"); !errors.Is(err, transfer.ErrUnknownPeer) {
+		t.Fatalf("forget of a peer never seen: %v; want ErrUnknownPeer", err)
+	}
+	if !b.FencesForgottenPeers() {
+		t.Fatal("loopback does not claim the fence")
+	}
+	// Loading A again admits its writes.
+	load(t, b, a)
+	op, err := a.PostWrite("b", []transfer.WriteOp{{Src: src.Desc(), Dst: dst.Desc()}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s, err := await(t, op, done); s != transfer.Done {
+		t.Fatalf("after B loaded A again = %v, %v", s, err)
+	}
+	if !bytes.Equal(dst.Bytes(), src.Bytes()) {
+		t.Fatal("bytes differ after B loaded A again")
+	}
+	_ = inFlight.Release()
+	_ = op.Release()
+}

@@ -34,6 +34,15 @@
 // that frame's destination written (never anything outside it); the frame
 // is never acknowledged, so the sender's operation fails.
 //
+// ForgetPeer is a fence on the target side as well (transfer.Fencer):
+// once it returns, no byte the forgotten peer sent or sends lands here.
+// Its named connections are reset and waited for, a read into local
+// memory in progress included; a connection still dialing or in HELLO is
+// refused (a connection-level NACK, then a reset) when its HELLO names
+// the peer, and so is every later one, until LoadPeer loads the peer
+// again. The dialer's writes on a refused connection fail with
+// ErrPeerLost.
+//
 // A part is resolved only after the goroutine writing it returned from the
 // socket write, so a terminal operation never reads its source memory again.
 // When a connection breaks, its unacknowledged parts fail with ErrPeerLost;

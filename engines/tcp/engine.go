@@ -27,11 +27,15 @@ type Engine struct {
 	memMu sync.RWMutex
 	reg   mem.Registry
 
-	mu       sync.Mutex // guards closed, peers, incoming and wg.Add
+	mu       sync.Mutex // guards closed, peers, incoming, forgotten and wg.Add
 	closed   bool
 	peers    map[string]*peer
 	incoming map[*inConn]struct{}
-	wg       sync.WaitGroup
+	// forgotten holds the peers ForgetPeer dropped and LoadPeer has not
+	// loaded again: their HELLO is refused, so no connection of theirs,
+	// however far its setup had got, ever lands a byte.
+	forgotten map[string]struct{}
+	wg        sync.WaitGroup
 
 	done      chan struct{} // closed by Close
 	closeOnce sync.Once
@@ -44,6 +48,7 @@ var (
 	_ transfer.Engine   = (*Engine)(nil)
 	_ transfer.Notifier = (*Engine)(nil)
 	_ transfer.Writer   = (*Engine)(nil)
+	_ transfer.Fencer   = (*Engine)(nil)
 )
 
 // New validates cfg, listens on cfg.Listen at once and starts accepting
@@ -76,14 +81,15 @@ func New(cfg Config) (*Engine, error) {
 		addr = ta.String()
 	}
 	e := &Engine{
-		cfg:      cfg,
-		log:      cfg.Logger.With("engine", cfg.Name),
-		ln:       ln,
-		addr:     addr,
-		peers:    make(map[string]*peer),
-		incoming: make(map[*inConn]struct{}),
-		done:     make(chan struct{}),
-		recvq:    make(chan transfer.Message, cfg.RecvQueue),
+		cfg:       cfg,
+		log:       cfg.Logger.With("engine", cfg.Name),
+		ln:        ln,
+		addr:      addr,
+		peers:     make(map[string]*peer),
+		incoming:  make(map[*inConn]struct{}),
+		forgotten: make(map[string]struct{}),
+		done:      make(chan struct{}),
+		recvq:     make(chan transfer.Message, cfg.RecvQueue),
 	}
 	e.wg.Add(1)
 	go e.acceptLoop()
@@ -169,13 +175,14 @@ func (e *Engine) metadata() []byte {
 // peer again with the same address refreshes its ranges and keeps its
 // connections; a new address replaces the peer (its in-flight writes fail
 // with ErrPeerLost). Connections are dialed lazily, on the first write or
-// notification. Bad metadata is ErrBadMetadata with the reason.
+// notification. Loading a forgotten peer admits its connections again.
+// Bad metadata is ErrBadMetadata with the reason.
 func (e *Engine) LoadPeer(md []byte) (string, error) {
 	m, err := decodeMetadata(md)
 	if err != nil {
 		return "", err
 	}
-	old, err := e.addPeer(m, true)
+	old, err := e.addPeer(m)
 	if err != nil {
 		return "", err
 	}
@@ -185,19 +192,17 @@ func (e *Engine) LoadPeer(md []byte) (string, error) {
 	return m.name, nil
 }
 
-// addPeer records m. With replace false (a peer learned from HELLO) a known
-// peer is left as it is. It returns a replaced peer for the caller to shut
-// down outside the lock.
-func (e *Engine) addPeer(m metadata, replace bool) (*peer, error) {
+// addPeer records m, which a caller loaded, and admits the peer again if
+// it was forgotten. It returns a replaced peer for the caller to shut down
+// outside the lock.
+func (e *Engine) addPeer(m metadata) (*peer, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.closed {
 		return nil, fmt.Errorf("tcp: load peer %q: %w", m.name, transfer.ErrClosed)
 	}
+	delete(e.forgotten, m.name)
 	old := e.peers[m.name]
-	if old != nil && !replace {
-		return nil, nil
-	}
 	if old != nil && old.addr == m.addr {
 		old.setRanges(m.ranges)
 		return nil, nil
@@ -207,25 +212,30 @@ func (e *Engine) addPeer(m metadata, replace bool) (*peer, error) {
 }
 
 // ForgetPeer drops the peer, closes its connections (both directions) and
-// fails its in-flight writes with ErrPeerLost. It returns once those writes
-// are terminal and the peer's incoming connections have stopped serving, so
-// no byte the peer sent lands in registered memory after it returns.
+// fails its in-flight writes with ErrPeerLost. It is a fence on the target
+// side too: from the moment it takes effect the peer is refused — a
+// connection of the peer not yet named by its HELLO (still dialing, or
+// accepted with its HELLO unread) is closed when the HELLO names it, and
+// every named one is cut before its next frame — until LoadPeer loads the
+// peer again. It returns once the peer's writes are terminal and its named
+// connections have stopped serving (a read into local memory in progress
+// included), so no byte the peer sent, or sends later, lands in registered
+// memory after it returns. A peer that only wrote to us (never loaded
+// here) is forgotten the same way; a name this engine never heard of is
+// ErrUnknownPeer, and is refused all the same.
 func (e *Engine) ForgetPeer(name string) error {
 	e.mu.Lock()
 	p := e.peers[name]
 	delete(e.peers, name)
+	e.forgotten[name] = struct{}{}
 	var ins []*inConn
 	for ic := range e.incoming {
-		if ic.name.Load() != nil && *ic.name.Load() == name {
+		if n := ic.name.Load(); n != nil && *n == name {
+			ic.cut.Store(true)
 			ins = append(ins, ic)
 		}
 	}
 	e.mu.Unlock()
-	if p == nil && len(ins) == 0 {
-		return fmt.Errorf("tcp: forget peer %q: %w", name, transfer.ErrUnknownPeer)
-	}
-	// A peer that only wrote to us (never loaded here) is forgotten too:
-	// its connections stop before this returns.
 	for _, ic := range ins {
 		ic.abort()
 	}
@@ -235,8 +245,16 @@ func (e *Engine) ForgetPeer(name string) error {
 	if p != nil {
 		p.shutdown(fmt.Errorf("tcp: peer %q forgotten: %w", name, transfer.ErrPeerLost))
 	}
+	if p == nil && len(ins) == 0 {
+		return fmt.Errorf("tcp: forget peer %q: %w", name, transfer.ErrUnknownPeer)
+	}
 	return nil
 }
+
+// FencesForgottenPeers reports true: ForgetPeer cuts every connection of
+// the peer, refuses the ones still being set up and keeps refusing the
+// peer until it is loaded again (transfer.Fencer).
+func (e *Engine) FencesForgottenPeers() bool { return true }
 
 func (e *Engine) peer(name string) (*peer, error) {
 	e.mu.Lock()

@@ -20,7 +20,8 @@ import (
 // inConn is a connection a peer dialed to this engine.
 type inConn struct {
 	conn   net.Conn
-	name   atomic.Pointer[string] // the peer's name, once its HELLO arrived
+	name   atomic.Pointer[string] // the peer's name, once its HELLO was admitted
+	cut    atomic.Bool            // set by ForgetPeer: land nothing more
 	closed chan struct{}
 	once   sync.Once
 	served chan struct{} // closed once serve returned: no more bytes land
@@ -223,8 +224,10 @@ func (e *Engine) serve(ic *inConn) error {
 		e.reply(conn, encodeNack(0, nackBadMetadata, err.Error()))
 		return err
 	}
-	ic.name.Store(&m.name)
-	if _, err := e.addPeer(m, false); err != nil {
+	if err := e.admit(ic, m); err != nil {
+		if errors.Is(err, transfer.ErrPeerLost) {
+			e.reply(conn, encodeNack(0, nackOther, err.Error()))
+		}
 		return err
 	}
 	log := e.log.With("peer", m.name, "remote", conn.RemoteAddr())
@@ -252,6 +255,9 @@ func (e *Engine) serve(ic *inConn) error {
 		if err := r.full(body); err != nil {
 			return err
 		}
+		if ic.cut.Load() {
+			return fmt.Errorf("peer %q forgotten: %w", m.name, transfer.ErrPeerLost)
+		}
 		switch h.typ {
 		case frameWrite:
 			var total uint64
@@ -275,6 +281,26 @@ func (e *Engine) serve(ic *inConn) error {
 			return fmt.Errorf("unexpected frame type %d from sender: %w", h.typ, errProtocol)
 		}
 	}
+}
+
+// admit names ic after the HELLO m, unless m names a forgotten peer; a peer
+// that was never loaded is learned. Naming and the forgotten check happen
+// under one lock with ForgetPeer's scan, so a connection is either named
+// before a forget (and cut by it) or refused after it.
+func (e *Engine) admit(ic *inConn, m metadata) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.closed {
+		return fmt.Errorf("tcp: hello from %q: %w", m.name, transfer.ErrClosed)
+	}
+	if _, ok := e.forgotten[m.name]; ok {
+		return fmt.Errorf("tcp: hello from %q refused: the peer was forgotten (ForgetPeer) and not loaded again: %w", m.name, transfer.ErrPeerLost)
+	}
+	ic.name.Store(&m.name)
+	if e.peers[m.name] == nil {
+		e.peers[m.name] = newPeer(e, m)
+	}
+	return nil
 }
 
 // land validates every segment against this engine's registry, then reads
