@@ -15,6 +15,9 @@ type Stats struct {
 	IncompatiblePeers, BadPeerDescriptors uint64
 	// Scatter failures (no ACK was sent).
 	ScatterFailures uint64
+	// Scatters cancelled before they started because their flow was
+	// cancelled, expired or its peer forgotten (nothing was copied).
+	CancelledScatters uint64
 	// Flows reclaimed because their sender went silent (see FlowExpiry).
 	ExpiredFlows uint64
 	// WANTs sent (cancels included), grants sent and bytes moved through
@@ -29,6 +32,7 @@ type counters struct {
 	badMessages, lateData, rejectedWants, badRuns atomic.Uint64
 	incompatiblePeers, badPeerDesc                atomic.Uint64
 	scatterFailures, expiredFlows                 atomic.Uint64
+	cancelledScatters                             atomic.Uint64
 	wants, grants, bounceBytes                    atomic.Uint64
 }
 
@@ -41,7 +45,7 @@ func (a *Agent) Stats() Stats {
 		SendDrops:   c.sendDrops.Load(),
 		BadMessages: c.badMessages.Load(), LateData: c.lateData.Load(), RejectedWants: c.rejectedWants.Load(), BadRuns: c.badRuns.Load(),
 		IncompatiblePeers: c.incompatiblePeers.Load(), BadPeerDescriptors: c.badPeerDesc.Load(),
-		ScatterFailures: c.scatterFailures.Load(), ExpiredFlows: c.expiredFlows.Load(),
+		ScatterFailures: c.scatterFailures.Load(), ExpiredFlows: c.expiredFlows.Load(), CancelledScatters: c.cancelledScatters.Load(),
 		Wants: c.wants.Load(), Grants: c.grants.Load(), BounceBytes: c.bounceBytes.Load(),
 	}
 }

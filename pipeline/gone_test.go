@@ -1,0 +1,75 @@
+package pipeline
+
+import (
+	"bytes"
+	"testing"
+	"time"
+
+	"github.com/bouncekv/bounce/mem"
+	"github.com/bouncekv/bounce/pipeline/wire"
+	"github.com/bouncekv/bounce/transfer"
+)
+
+// "Gone means gone": once a flow is cancelled, expired or its peer
+// forgotten, nothing of it lands in the receiver's memory any more.
+
+func withBusyScatter(bs **busyScatterer) nodeOpt {
+	return func(s *Settings) {
+		f := &busyScatterer{Scatterer: s.Scatterer}
+		s.Scatterer = f
+		*bs = f
+	}
+}
+
+// TestGivenUpFlowQueuedScatterNeverRuns: a DATA whose scatter waits for a
+// busy copy pool, then its flow is given up (the sender cancels, the flow
+// expires, the peer is forgotten). Once the pool frees, the scatter must not
+// run: the destination keeps its bytes, no ACK is sent, the region is freed.
+func TestGivenUpFlowQueuedScatterNeverRuns(t *testing.T) {
+	for _, how := range []string{"cancel", "expiry", "forget-peer"} {
+		t.Run(how, func(t *testing.T) {
+			w := newWorld(t)
+			cfg := testConfig()
+			cfg.RequestTimeout = 100 * time.Millisecond // FlowExpiry 400ms
+			var bs *busyScatterer
+			b := w.node("b", cfg, withBusyScatter(&bs))
+			dst := b.buffer(t, 1<<20)
+			for i := range dst {
+				dst[i] = 0xab
+			}
+			im := newImpostor(t, w, b)
+			bs.busy.Store(true)
+			const req = 5
+			// Two chunks: the second stays granted and unwritten, so the
+			// flow holds a region and a silent sender's flow expires.
+			im.send(t, "b", &wire.Want{Request: req, ChunkBytes: []uint64{64 << 10, 64 << 10}, Endpoint: im.ch.LocalEndpoint()})
+			g, ok := im.recv(t, 5*time.Second).(*wire.Grant)
+			if !ok || len(g.Credits) != 2 {
+				t.Fatalf("expected one GRANT with 2 credits, got %#v", g)
+			}
+			im.send(t, "b", &wire.Data{Request: req, Chunk: 0, Region: g.Credits[0].Region,
+				Runs: []transfer.Run{{Addr: mem.DescOf(dst).Addr, Len: 64 << 10, Count: 1}}})
+			eventually(t, func() bool { return bs.tries.Load() > 0 }) // queued behind the busy pool
+			switch how {
+			case "cancel":
+				im.send(t, "b", &wire.Want{Request: req, Endpoint: im.ch.LocalEndpoint()})
+			case "forget-peer":
+				if err := b.ForgetPeer("evil"); err != nil {
+					t.Fatal(err)
+				}
+			}
+			eventually(t, func() bool { return b.ArenaStats().Flows == 0 })
+			bs.busy.Store(false)
+			settled(t, b)
+			if !bytes.Equal(dst, bytes.Repeat([]byte{0xab}, len(dst))) {
+				t.Fatal("a scatter of the given-up flow ran: the destination changed")
+			}
+			if m := im.recv(t, 50*time.Millisecond); m != nil {
+				t.Fatalf("unexpected reply %#v for a given-up flow", m)
+			}
+			if got := b.Stats().CancelledScatters; got != 1 {
+				t.Fatalf("cancelled scatters = %d, want 1", got)
+			}
+		})
+	}
+}
