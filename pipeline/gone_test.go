@@ -73,3 +73,38 @@ func TestGivenUpFlowQueuedScatterNeverRuns(t *testing.T) {
 		})
 	}
 }
+
+// TestRepeatedWantReservesOnce: a repeated WANT of a live flow reserves
+// nothing more and is counted; a WANT with a different chunk list is
+// refused with a NACK and leaves the flow as it was.
+func TestRepeatedWantReservesOnce(t *testing.T) {
+	w := newWorld(t)
+	b := w.node("b", testConfig())
+	im := newImpostor(t, w, b)
+	want := &wire.Want{Request: 3, ChunkBytes: []uint64{64 << 10, 64 << 10}, Endpoint: im.ch.LocalEndpoint()}
+	im.send(t, "b", want)
+	if g, ok := im.recv(t, 5*time.Second).(*wire.Grant); !ok || len(g.Credits) != 2 {
+		t.Fatalf("expected one GRANT with 2 credits, got %#v", g)
+	}
+	before := b.ArenaStats()
+	im.send(t, "b", want)
+	if m := im.recv(t, 100*time.Millisecond); m != nil {
+		t.Fatalf("a repeated WANT got %#v", m)
+	}
+	eventually(t, func() bool { return b.Stats().DuplicateWants == 1 })
+	if after := b.ArenaStats(); after != before {
+		t.Fatalf("a repeated WANT changed the arena: %+v -> %+v", before, after)
+	}
+	im.send(t, "b", &wire.Want{Request: 3, ChunkBytes: []uint64{64 << 10, 64 << 10, 64 << 10}, Endpoint: im.ch.LocalEndpoint()})
+	if n, ok := im.recv(t, 5*time.Second).(*wire.Nack); !ok || n.Request != 3 || n.Code != wire.NackConflictingWant {
+		t.Fatalf("a conflicting WANT got %#v, want a NACK %v", n, wire.NackConflictingWant)
+	}
+	if got := b.Stats().RejectedWants; got != 1 {
+		t.Fatalf("rejected wants = %d, want 1", got)
+	}
+	if after := b.ArenaStats(); after != before {
+		t.Fatalf("a conflicting WANT changed the arena: %+v -> %+v", before, after)
+	}
+	im.send(t, "b", &wire.Want{Request: 3, Endpoint: im.ch.LocalEndpoint()})
+	settled(t, b)
+}

@@ -40,7 +40,18 @@ func (r *reactor) onWant(peer string, w *wire.Want) {
 			return
 		}
 	}
-	if err := r.sched.Want(key, w.ChunkBytes); err != nil {
+	switch err := r.sched.Want(key, w.ChunkBytes); {
+	case errors.Is(err, credit.ErrDuplicateWant):
+		// A repeated message: the flow already has its reservation.
+		r.a.stats.duplicateWants.Add(1)
+		r.log.Info("duplicate WANT dropped", "peer", peer, "request", w.Request)
+		return
+	case errors.Is(err, credit.ErrConflictingWant):
+		r.a.stats.rejectedWants.Add(1)
+		r.log.Warn("WANT rejected: it conflicts with the live flow", "peer", peer, "request", w.Request, "err", err)
+		r.nack(peer, w.Request, wire.WholeRequest, wire.NackConflictingWant, err.Error())
+		return
+	case err != nil:
 		r.a.stats.rejectedWants.Add(1)
 		r.nack(peer, w.Request, wire.WholeRequest, wire.NackMalformed, err.Error())
 		return

@@ -9,7 +9,11 @@ type Stats struct {
 	// Control messages that could not be sent (queue full, unknown peer).
 	SendDrops uint64
 	// Malformed or unexpected control messages dropped, by reason.
+	// RejectedWants counts refused WANTs (a WANT conflicting with its live
+	// flow included); DuplicateWants counts repeated WANTs of a live flow,
+	// dropped without a reply.
 	BadMessages, LateData, RejectedWants, BadRuns uint64
+	DuplicateWants                                uint64
 	// Peers kept on the direct path by the handshake, and peer descriptors
 	// that failed to decode.
 	IncompatiblePeers, BadPeerDescriptors uint64
@@ -30,6 +34,7 @@ type counters struct {
 	succeeded, failed                             atomic.Uint64
 	sendDrops                                     atomic.Uint64
 	badMessages, lateData, rejectedWants, badRuns atomic.Uint64
+	duplicateWants                                atomic.Uint64
 	incompatiblePeers, badPeerDesc                atomic.Uint64
 	scatterFailures, expiredFlows                 atomic.Uint64
 	cancelledScatters                             atomic.Uint64
@@ -44,6 +49,7 @@ func (a *Agent) Stats() Stats {
 		Succeeded: c.succeeded.Load(), Failed: c.failed.Load(),
 		SendDrops:   c.sendDrops.Load(),
 		BadMessages: c.badMessages.Load(), LateData: c.lateData.Load(), RejectedWants: c.rejectedWants.Load(), BadRuns: c.badRuns.Load(),
+		DuplicateWants:    c.duplicateWants.Load(),
 		IncompatiblePeers: c.incompatiblePeers.Load(), BadPeerDescriptors: c.badPeerDesc.Load(),
 		ScatterFailures: c.scatterFailures.Load(), ExpiredFlows: c.expiredFlows.Load(), CancelledScatters: c.cancelledScatters.Load(),
 		Wants: c.wants.Load(), Grants: c.grants.Load(), BounceBytes: c.bounceBytes.Load(),

@@ -15,6 +15,16 @@
 // scatter ends); or local (sender gather staging, eager or credit-backed).
 // Scheduler.Check verifies this conservation invariant.
 //
+// # Wants
+//
+// A flow is wanted once: Want creates it with its whole chunk list, and its
+// chunks are granted in that order. While the flow is live (chunks pending
+// or regions held), a repeated Want with the same list is dropped
+// (ErrDuplicateWant: the network or a confused sender repeated a message;
+// the reservation must not double) and one with a different list is a
+// protocol error (ErrConflictingWant); neither changes anything. After the
+// flow ended, a Want of the same key is a new flow.
+//
 // # Scheduling
 //
 // Schedule grants regions round-robin: each sweep starts at the cursor, grants
@@ -22,7 +32,7 @@
 // cursor past it; sweeps repeat until none can grant. A flow is ready when it
 // has pending chunks and holds fewer than MaxInflight regions (W); only ready
 // flows sit on the ring, so flows parked at their cap or waiting for WANTs
-// cost nothing per grant. A flow that becomes ready (a new WANT, or a region
+// cost nothing per grant. A flow that becomes ready (a new flow, or a region
 // freed below its cap) joins the ring just before the cursor: last in the
 // current round. A head chunk that does not fit is skipped (backpressure,
 // never an error).

@@ -2,6 +2,7 @@ package credit
 
 import (
 	"errors"
+	"slices"
 	"sort"
 	"testing"
 
@@ -14,6 +15,7 @@ type model struct {
 	capacity uint64
 	w        int
 	pending  map[FlowKey][]uint64
+	wanted   map[FlowKey][]uint64 // each live flow's Want
 	next     map[FlowKey]int
 	held     map[uint64]mRegion // regions of live flows
 	orphans  map[uint64]mRegion
@@ -190,7 +192,7 @@ func TestSchedulerProperties(t *testing.T) {
 		}
 		m := &model{
 			s: s, capacity: s.Capacity(), w: cfg.MaxInflight,
-			pending: map[FlowKey][]uint64{}, next: map[FlowKey]int{},
+			pending: map[FlowKey][]uint64{}, wanted: map[FlowKey][]uint64{}, next: map[FlowKey]int{},
 			held: map[uint64]mRegion{}, orphans: map[uint64]mRegion{}, locals: map[uint64]mLocal{},
 		}
 		// Mostly small chunks, some large ones (which drive drain mode), a few
@@ -206,26 +208,46 @@ func TestSchedulerProperties(t *testing.T) {
 		actions := map[string]func(*rapid.T){
 			"want": func(t *rapid.T) {
 				k := drawKey(t, "k")
+				live := len(m.pending[k]) > 0 || m.heldBy(k) > 0
 				chunks := rapid.SliceOfN(size, 0, 4).Draw(t, "chunks")
+				if live && rapid.Bool().Draw(t, "repeat") {
+					chunks = append([]uint64(nil), m.wanted[k]...) // a repeated WANT
+				}
 				valid := true
 				for _, n := range chunks {
 					valid = valid && n != 0 && n <= m.capacity
 				}
 				before := s.Stats()
 				err := s.Want(k, chunks)
-				if valid != (err == nil) {
-					t.Fatalf("Want(%v, %v) = %v, valid %v", k, chunks, err, valid)
-				}
-				if !valid {
-					if after := s.Stats(); after != before {
-						t.Fatalf("rejected Want changed stats: %+v -> %+v", before, after)
+				switch {
+				case !valid:
+					if err == nil {
+						t.Fatalf("Want(%v, %v) accepted an invalid size", k, chunks)
 					}
+				case len(chunks) == 0:
+					if err != nil {
+						t.Fatalf("Want(%v, nil) = %v, want a no-op", k, err)
+					}
+				case live && slices.Equal(chunks, m.wanted[k]):
+					if !errors.Is(err, ErrDuplicateWant) {
+						t.Fatalf("repeated Want(%v, %v) = %v, want ErrDuplicateWant", k, chunks, err)
+					}
+				case live:
+					if !errors.Is(err, ErrConflictingWant) {
+						t.Fatalf("conflicting Want(%v, %v) of a flow that wanted %v = %v, want ErrConflictingWant", k, chunks, m.wanted[k], err)
+					}
+				default:
+					if err != nil {
+						t.Fatalf("Want(%v, %v) = %v", k, chunks, err)
+					}
+					m.next[k] = 0 // a fresh flow numbers its chunks from 0
+					m.pending[k] = chunks
+					m.wanted[k] = chunks
 					return
 				}
-				if len(m.pending[k]) == 0 && m.heldBy(k) == 0 {
-					m.next[k] = 0 // a fresh flow numbers its chunks from 0
+				if after := s.Stats(); after != before {
+					t.Fatalf("Want(%v, %v) = %v changed stats: %+v -> %+v", k, chunks, err, before, after)
 				}
-				m.pending[k] = append(m.pending[k], chunks...)
 			},
 			"schedule": func(t *rapid.T) {
 				for _, g := range s.Schedule() {

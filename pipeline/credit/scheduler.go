@@ -3,6 +3,7 @@ package credit
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 
 	"github.com/bouncekv/bounce/transfer"
@@ -24,6 +25,12 @@ var (
 	ErrNotLocal = errors.New("not a local staging region")
 	// ErrNotEager means PromoteLocal named a credit-backed staging region.
 	ErrNotEager = errors.New("local region is not eager")
+	// ErrDuplicateWant means Want named a live flow with the chunk list it
+	// already wanted: a repeated WANT, to be dropped.
+	ErrDuplicateWant = errors.New("duplicate want for a live flow")
+	// ErrConflictingWant means Want named a live flow with a different chunk
+	// list: a flow is wanted once, so this is a protocol error.
+	ErrConflictingWant = errors.New("want for a live flow with a different chunk list")
 )
 
 // DefaultBypassRounds is the number of full rounds a blocked flow may be
@@ -41,9 +48,9 @@ type FlowKey struct {
 func (k FlowKey) String() string { return fmt.Sprintf("%s/%d", k.Peer, k.Request) }
 
 // Grant is one credit: the region [Offset, Offset+Len) of the arena is
-// reserved for chunk Chunk of flow Flow. Chunk counts the flow's chunks from
-// 0 across all its Wants; Len is the chunk's requested bytes (the region's
-// buddy block may be larger).
+// reserved for chunk Chunk of flow Flow. Chunk indexes the flow's Want from
+// 0; Len is the chunk's requested bytes (the region's buddy block may be
+// larger).
 type Grant struct {
 	Flow   FlowKey
 	Chunk  int
@@ -120,9 +127,8 @@ type Scheduler struct {
 // flow is one (peer, request) stream.
 type flow struct {
 	key     FlowKey
-	pending []uint64 // chunk bytes; pending[head:] are still wanted
-	head    int
-	granted int      // chunks granted so far = index of the next chunk
+	pending []uint64 // the flow's Want, chunk bytes; pending[head:] are still wanted
+	head    int      // chunks granted so far = index of the next chunk
 	held    []uint64 // region offsets, scattering ones included
 
 	prev, next *flow // ring links, valid while inRing
@@ -183,10 +189,14 @@ func (s *Scheduler) Capacity() uint64 { return s.buddy.Capacity() }
 // takes, or 0 when n is 0 or exceeds Capacity().
 func (s *Scheduler) BlockSize(n uint64) uint64 { return s.buddy.BlockSize(n) }
 
-// Want appends chunks of the given byte sizes to flow k, creating the flow
-// when it is new. Chunk indices continue across Wants of one flow. Every
-// size must be in [1, Capacity()]; otherwise Want changes nothing and returns
-// an error. An empty list is a no-op (use Cancel to withdraw a flow).
+// Want creates flow k wanting chunks of the given byte sizes, granted in
+// order as chunks 0, 1, ... A flow is wanted once: while k is live (it has
+// chunks pending or regions held), a Want with the same list changes
+// nothing and returns ErrDuplicateWant (a repeated message), and one with a
+// different list changes nothing and returns ErrConflictingWant (a protocol
+// error). Every size must be in [1, Capacity()]; otherwise Want changes
+// nothing and returns an error. An empty list is a no-op (use Cancel to
+// withdraw a flow).
 func (s *Scheduler) Want(k FlowKey, chunkBytes []uint64) error {
 	for i, n := range chunkBytes {
 		if n == 0 || n > s.Capacity() {
@@ -196,12 +206,14 @@ func (s *Scheduler) Want(k FlowKey, chunkBytes []uint64) error {
 	if len(chunkBytes) == 0 {
 		return nil
 	}
-	f := s.flows[k]
-	if f == nil {
-		f = &flow{key: k}
-		s.flows[k] = f
+	if f := s.flows[k]; f != nil {
+		if slices.Equal(f.pending, chunkBytes) {
+			return fmt.Errorf("credit: want %v: %w", k, ErrDuplicateWant)
+		}
+		return fmt.Errorf("credit: want %v: %d chunks, the live flow wanted %d: %w", k, len(chunkBytes), len(f.pending), ErrConflictingWant)
 	}
-	f.pending = append(f.pending, chunkBytes...)
+	f := &flow{key: k, pending: slices.Clone(chunkBytes)}
+	s.flows[k] = f
 	s.pending += len(chunkBytes)
 	s.update(f)
 	return nil
@@ -476,16 +488,9 @@ func (s *Scheduler) Stats() Stats {
 // grant gives f's head chunk the block at off and moves the cursor past f.
 func (s *Scheduler) grant(f *flow, off uint64) Grant {
 	n := f.pending[f.head]
+	g := Grant{Flow: f.key, Chunk: f.head, Offset: off, Len: n}
 	f.head++
-	if f.head == len(f.pending) {
-		f.pending, f.head = f.pending[:0], 0
-	} else if f.head >= 32 && 2*f.head >= len(f.pending) {
-		f.pending = f.pending[:copy(f.pending, f.pending[f.head:])]
-		f.head = 0
-	}
 	s.pending--
-	g := Grant{Flow: f.key, Chunk: f.granted, Offset: off, Len: n}
-	f.granted++
 	size := s.buddy.BlockSize(n) // the block Alloc(n) just took
 	s.regions[off] = region{key: f.key, f: f, chunk: g.Chunk, len: n, size: size}
 	f.held = append(f.held, off)

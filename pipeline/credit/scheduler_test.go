@@ -197,22 +197,57 @@ func TestWantRejectsBadChunks(t *testing.T) {
 	mustCheck(t, s)
 }
 
-func TestChunkIndicesContinueAcrossWants(t *testing.T) {
+// TestRepeatedWant: a flow is wanted once. A repeated WANT of a live flow
+// (same chunk list) reserves nothing more and reports ErrDuplicateWant; a
+// different list is ErrConflictingWant; either leaves the flow as it was,
+// even once all its chunks are granted. Once the flow ended, a Want starts a
+// new flow from chunk 0.
+func TestRepeatedWant(t *testing.T) {
 	s := mustNew(t, Config{Capacity: 1 << 20, Granularity: 1 << 10, MaxInflight: 8})
 	k := key("p", 1)
-	_ = s.Want(k, []uint64{100, 200})
-	first := s.Schedule()
-	_ = s.Want(k, []uint64{300})
-	second := s.Schedule()
-	all := append(first, second...)
-	if len(all) != 3 {
-		t.Fatalf("grants %+v", all)
+	if err := s.Want(k, []uint64{100, 200, 300}); err != nil {
+		t.Fatal(err)
 	}
-	for i, g := range all {
-		if g.Chunk != i || g.Len != uint64(100*(i+1)) {
-			t.Errorf("grant %d = %+v", i, g)
+	first := s.Schedule()
+	if len(first) != 3 {
+		t.Fatalf("grants %+v", first)
+	}
+	before := s.Stats()
+	for _, tc := range []struct {
+		chunks []uint64
+		want   error
+	}{
+		{[]uint64{100, 200, 300}, ErrDuplicateWant},
+		{[]uint64{100, 200}, ErrConflictingWant},
+		{[]uint64{100, 200, 300, 400}, ErrConflictingWant},
+		{[]uint64{300}, ErrConflictingWant},
+	} {
+		if err := s.Want(k, tc.chunks); !errors.Is(err, tc.want) {
+			t.Errorf("Want(%v) = %v, want %v", tc.chunks, err, tc.want)
+		}
+		if gs := s.Schedule(); len(gs) != 0 {
+			t.Fatalf("Want(%v) of a live flow led to grants %+v", tc.chunks, gs)
+		}
+		if after := s.Stats(); after != before {
+			t.Fatalf("Want(%v) changed the scheduler: %+v -> %+v", tc.chunks, before, after)
+		}
+		mustCheck(t, s)
+	}
+	for _, g := range first {
+		if err := s.Drop(k, g.Offset); err != nil {
+			t.Fatal(err)
 		}
 	}
+	if s.Active(k) {
+		t.Fatal("flow still live after its last region was dropped")
+	}
+	if err := s.Want(k, []uint64{400}); err != nil {
+		t.Fatal(err)
+	}
+	if gs := s.Schedule(); len(gs) != 1 || gs[0].Chunk != 0 || gs[0].Len != 400 {
+		t.Fatalf("a new flow after the old one ended: grants %+v", gs)
+	}
+	mustCheck(t, s)
 }
 
 // TestFlowErasedWhenDone shows flows leave every table once their last
