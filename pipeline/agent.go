@@ -44,11 +44,14 @@ type Config struct {
 	// QuiesceTimeout bounds how long a failing request waits for its ops to
 	// stop before it is published retired but not quiescent.
 	QuiesceTimeout time.Duration
-	// FlowExpiry is how long a receiver keeps a flow whose sender has gone
-	// silent (no WANT, DATA or cancel) before it reclaims the flow's
-	// regions; a sender that crashed mid-request would otherwise hold them
-	// until ForgetPeer. Zero means 4 × RequestTimeout: by then a live
-	// sender has failed the request and cancelled it itself.
+	// FlowExpiry is how long a receiver keeps a flow that holds granted
+	// regions (not being scattered) while its sender stays silent (no WANT,
+	// DATA or cancel since the flow's latest grant) before it reclaims the
+	// flow's regions; a sender that crashed mid-request would otherwise hold
+	// them until ForgetPeer. A flow still waiting for a grant, or whose
+	// regions are all being scattered, waits for the receiver and never
+	// expires. Zero means 4 × RequestTimeout: by then a live sender has
+	// failed the request and cancelled it itself.
 	FlowExpiry time.Duration
 	// EagerGather starts gathers before the GRANT arrives (bounded by W and
 	// half the arena).

@@ -108,3 +108,62 @@ func TestRepeatedWantReservesOnce(t *testing.T) {
 	im.send(t, "b", &wire.Want{Request: 3, Endpoint: im.ch.LocalEndpoint()})
 	settled(t, b)
 }
+
+// TestPendingFlowDoesNotExpire: a flow waiting for its first grant (the
+// arena is full) and a flow whose regions are all being scattered wait for
+// the receiver, not for their senders: neither expires, however long that
+// takes. The granted flow's silence counts from its grant: it is not
+// reclaimed at once for having waited, only once it stays silent after it.
+func TestPendingFlowDoesNotExpire(t *testing.T) {
+	w := newWorld(t)
+	cfg := testConfig()
+	cfg.MaxInflight = 8
+	cfg.RequestTimeout = 50 * time.Millisecond
+	cfg.FlowExpiry = 200 * time.Millisecond
+	var bs *busyScatterer
+	b := w.node("b", cfg, withBusyScatter(&bs))
+	dst := b.buffer(t, 8<<20)
+	hog, waiter := newNamedImpostor(t, w, b, "hog"), newNamedImpostor(t, w, b, "waiter")
+	bs.busy.Store(true)
+	// The hog takes the whole arena and hands every region to a scatter
+	// that waits for the busy copy pool.
+	chunks := make([]uint64, 8)
+	for i := range chunks {
+		chunks[i] = 1 << 20
+	}
+	hog.send(t, "b", &wire.Want{Request: 1, ChunkBytes: chunks, Endpoint: hog.ch.LocalEndpoint()})
+	g, ok := hog.recv(t, 5*time.Second).(*wire.Grant)
+	if !ok || len(g.Credits) != 8 {
+		t.Fatalf("expected one GRANT with 8 credits, got %#v", g)
+	}
+	for i, cr := range g.Credits {
+		hog.send(t, "b", &wire.Data{Request: 1, Chunk: cr.Chunk, Region: cr.Region,
+			Runs: []transfer.Run{{Addr: mem.DescOf(dst).Addr + uint64(i)<<20, Len: 1 << 20, Count: 1}}})
+	}
+	eventually(t, func() bool { return b.ArenaStats().Scattering == 8 })
+	waiter.send(t, "b", &wire.Want{Request: 2, ChunkBytes: []uint64{1 << 20}, Endpoint: waiter.ch.LocalEndpoint()})
+	time.Sleep(3 * cfg.FlowExpiry) // both flows wait for the receiver
+	if got := b.Stats().ExpiredFlows; got != 0 {
+		t.Fatalf("%d flows expired while they waited for the receiver", got)
+	}
+	if st := b.ArenaStats(); st.Flows != 2 || st.Pending != 1 {
+		t.Fatalf("arena %+v: want the hog's flow and the waiter's pending chunk", st)
+	}
+	bs.busy.Store(false)
+	for range 8 {
+		if a, ok := hog.recv(t, 5*time.Second).(*wire.Ack); !ok || a.Request != 1 {
+			t.Fatalf("expected the hog's ACKs, got %#v", a)
+		}
+	}
+	if g, ok := waiter.recv(t, 5*time.Second).(*wire.Grant); !ok || g.Request != 2 {
+		t.Fatalf("the waiting flow got %#v, want its GRANT", g)
+	}
+	granted := time.Now()
+	time.Sleep(cfg.FlowExpiry / 4)
+	if got := b.Stats().ExpiredFlows; got != 0 && time.Since(granted) < cfg.FlowExpiry {
+		t.Fatal("the flow was reclaimed right after its grant: its silence was counted from its WANT")
+	}
+	// Silent after its grant, it is reclaimed.
+	eventually(t, func() bool { return b.Stats().ExpiredFlows == 1 })
+	settled(t, b)
+}

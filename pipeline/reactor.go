@@ -32,7 +32,7 @@ type reactor struct {
 	direct      map[uint64]*directReq
 
 	// receiver role
-	flowSeen  map[credit.FlowKey]time.Time // last WANT or DATA of each flow
+	flowSeen  map[credit.FlowKey]time.Time // last WANT, DATA or grant of each flow
 	lastSweep time.Time
 	ctrlPeers map[string]string // control peers added from WANT endpoints
 	jobs      chan *scatterTask

@@ -62,7 +62,11 @@ func (r *reactor) onWant(peer string, w *wire.Want) {
 
 // expireFlows reclaims the flows whose sender has been silent for longer
 // than FlowExpiry (a crashed sender never cancels), and forgets the
-// bookkeeping of flows that ended.
+// bookkeeping of flows that ended. Only a flow that holds granted regions
+// waiting for its sender (not scattering) can be stale: a flow waiting for
+// its first grant, or whose regions are all being scattered, waits for the
+// receiver, not for its sender. The silence is counted from the flow's last
+// WANT, DATA or grant, whichever came last.
 func (r *reactor) expireFlows(now time.Time) {
 	if r.sched == nil {
 		return
@@ -72,7 +76,7 @@ func (r *reactor) expireFlows(now time.Time) {
 		switch {
 		case !r.sched.Active(key):
 			delete(r.flowSeen, key)
-		case now.Sub(seen) > r.cfg.FlowExpiry:
+		case now.Sub(seen) > r.cfg.FlowExpiry && r.sched.IdleRegions(key) > 0:
 			delete(r.flowSeen, key)
 			r.cancelFlow(key)
 			r.a.stats.expiredFlows.Add(1)
@@ -127,12 +131,16 @@ func (r *reactor) schedule() {
 	}
 	var order []*out
 	byFlow := make(map[credit.FlowKey]*out, 4)
+	now := time.Now()
 	for _, g := range grants {
 		o := byFlow[g.Flow]
 		if o == nil {
 			o = &out{key: g.Flow}
 			byFlow[g.Flow] = o
 			order = append(order, o)
+			// The sender's silence counts from its latest grant: it cannot
+			// answer a credit before it has it.
+			r.flowSeen[g.Flow] = now
 		}
 		o.credits = append(o.credits, wire.Credit{
 			Chunk: uint32(g.Chunk), Region: g.Offset, Addr: r.a.arenaD.Addr + g.Offset, Len: g.Len, Device: r.a.arenaD.Device,

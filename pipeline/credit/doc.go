@@ -31,7 +31,7 @@
 // one region to the first ready flow whose head chunk fits, and moves the
 // cursor past it; sweeps repeat until none can grant. A flow is ready when it
 // has pending chunks and holds fewer than MaxInflight regions (W); only ready
-// flows sit on the ring, so flows parked at their cap or waiting for WANTs
+// flows sit on the ring, so flows parked at their cap or with every chunk granted
 // cost nothing per grant. A flow that becomes ready (a new flow, or a region
 // freed below its cap) joins the ring just before the cursor: last in the
 // current round. A head chunk that does not fit is skipped (backpressure,

@@ -271,6 +271,23 @@ func (s *Scheduler) Schedule() []Grant {
 // held (scattering ones included).
 func (s *Scheduler) Active(k FlowKey) bool { return s.flows[k] != nil }
 
+// IdleRegions returns the number of regions flow k holds that are granted
+// and not being scattered: regions only its sender can move on (by a DATA
+// or a cancel). 0 for an unknown flow.
+func (s *Scheduler) IdleRegions(k FlowKey) int {
+	f := s.flows[k]
+	if f == nil {
+		return 0
+	}
+	n := 0
+	for _, off := range f.held {
+		if !s.regions[off].scattering {
+			n++
+		}
+	}
+	return n
+}
+
 // Held reports whether the region at off is held by flow k (scattering or
 // not). Orphaned regions are held by no flow.
 func (s *Scheduler) Held(k FlowKey, off uint64) bool {

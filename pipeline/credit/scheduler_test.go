@@ -631,3 +631,31 @@ func TestDrainCancelled(t *testing.T) {
 	}
 	mustCheck(t, s)
 }
+
+// TestIdleRegions counts a flow's granted regions that wait for its sender:
+// not pending chunks, not regions being scattered.
+func TestIdleRegions(t *testing.T) {
+	const unit = 1 << 12
+	s := mustNew(t, Config{Capacity: 2 * unit, Granularity: unit, MaxInflight: 4})
+	k := key("p", 1)
+	_ = s.Want(k, repeat(3, unit))
+	if n := s.IdleRegions(k); n != 0 {
+		t.Fatalf("pending only: %d idle regions", n)
+	}
+	gs := s.Schedule()
+	if len(gs) != 2 {
+		t.Fatalf("grants %+v", gs)
+	}
+	if n := s.IdleRegions(k); n != 2 {
+		t.Fatalf("two granted: %d idle regions", n)
+	}
+	if err := s.BeginScatter(k, gs[0].Offset); err != nil {
+		t.Fatal(err)
+	}
+	if n := s.IdleRegions(k); n != 1 {
+		t.Fatalf("one scattering: %d idle regions", n)
+	}
+	if n := s.IdleRegions(key("p", 2)); n != 0 {
+		t.Fatalf("unknown flow: %d idle regions", n)
+	}
+}
