@@ -152,6 +152,20 @@ type peerInfo struct {
 	name   string
 	bounce bool
 	reason string // why not bounce
+	// forgotten is set by ForgetPeer before it removes the peer anywhere,
+	// so a request submitted to this incarnation of the peer that then
+	// meets an unknown peer knows it was lost (ErrPeerLost).
+	forgotten atomic.Bool
+}
+
+// lostErr reports err as a lost peer when the peer was forgotten and err is
+// what the control channel or the engine say about a peer they no longer
+// know: the request raced ForgetPeer.
+func (pi *peerInfo) lostErr(err error) error {
+	if err == nil || !pi.forgotten.Load() || errors.Is(err, transfer.ErrPeerLost) || !errors.Is(err, transfer.ErrUnknownPeer) {
+		return err
+	}
+	return fmt.Errorf("%w: peer %q was forgotten: %w", transfer.ErrPeerLost, pi.name, err)
 }
 
 // New builds and starts an agent. A bounce set-up failure (arena, scheduler,
@@ -380,11 +394,16 @@ func (a *Agent) PeerRoute(peer string) (bounce bool, reason string, known bool) 
 }
 
 // ForgetPeer drops a peer: its handshake, its control path and its engine
-// state. The peer's flows on this receiver are reclaimed and every in-flight
-// request to it fails with ErrPeerLost. A later LoadPeer must re-validate.
+// state. The peer's flows on this receiver are reclaimed and every request
+// to it in flight, including one whose Submit raced ForgetPeer, fails with
+// ErrPeerLost. A Submit that starts after ForgetPeer returned is refused
+// with ErrUnknownPeer. A later LoadPeer must re-validate.
 func (a *Agent) ForgetPeer(peer string) error {
 	a.peersMu.Lock()
-	delete(a.peers, peer)
+	if pi, ok := a.peers[peer]; ok {
+		pi.forgotten.Store(true)
+		delete(a.peers, peer)
+	}
 	a.peersMu.Unlock()
 	var errs []error
 	if a.set.Control != nil {
@@ -433,10 +452,10 @@ func (a *Agent) Submit(req Request) (*Batch, error) {
 			return nil, err
 		}
 		a.stats.bounceSubmits.Add(1)
-		a.post(func(r *reactor) { r.submitBounce(b, req.Peer, p) })
+		a.post(func(r *reactor) { r.submitBounce(b, pi, p) })
 	default:
 		a.stats.directSubmits.Add(1)
-		a.post(func(r *reactor) { r.submitDirect(b, req) })
+		a.post(func(r *reactor) { r.submitDirect(b, pi, req) })
 	}
 	return b, nil
 }

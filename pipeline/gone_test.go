@@ -2,6 +2,8 @@ package pipeline
 
 import (
 	"bytes"
+	"errors"
+	"sync"
 	"testing"
 	"time"
 
@@ -166,4 +168,109 @@ func TestPendingFlowDoesNotExpire(t *testing.T) {
 	// Silent after its grant, it is reclaimed.
 	eventually(t, func() bool { return b.Stats().ExpiredFlows == 1 })
 	settled(t, b)
+}
+
+// holdReactor parks n's reactor until the returned release is called, so
+// commands posted meanwhile run later, in order.
+func holdReactor(t *testing.T, n *node) (release func()) {
+	t.Helper()
+	held, gate := make(chan struct{}), make(chan struct{})
+	n.post(func(*reactor) {
+		close(held)
+		<-gate
+	})
+	<-held
+	var once sync.Once
+	release = func() { once.Do(func() { close(gate) }) }
+	t.Cleanup(release)
+	return release
+}
+
+// TestForgetPeerRacingSubmit: a Submit accepted just before ForgetPeer (its
+// request reaches the reactor after the peer was removed from the control
+// channel and the engine) fails with ErrPeerLost, on both routes, and
+// nothing of it lands.
+func TestForgetPeerRacingSubmit(t *testing.T) {
+	w := newWorld(t)
+	a, b := w.node("a", testConfig()), w.node("b", testConfig())
+	j := simple(t, a, b, 60)
+	connect(t, a, b)
+	release := holdReactor(t, a)
+	bounce, err := a.Submit(Request{Peer: "b", Src: j.src, Dst: j.dst})
+	if err != nil {
+		t.Fatal(err)
+	}
+	direct, err := a.Submit(Request{Peer: "b", Src: j.src[:1], Dst: j.dst[:1]})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if bounce.Route() != RouteBounce || direct.Route() != RouteDirect {
+		t.Fatalf("routes %v, %v: want bounce and direct", bounce.Route(), direct.Route())
+	}
+	if err := a.ForgetPeer("b"); err != nil {
+		t.Fatal(err)
+	}
+	release()
+	for _, bt := range []*Batch{bounce, direct} {
+		if err := wait(t, bt); !errors.Is(err, transfer.ErrPeerLost) {
+			t.Fatalf("%v batch: err = %v, want ErrPeerLost", bt.Route(), err)
+		}
+		if _, quiet := bt.Retirement(); !quiet {
+			t.Fatalf("%v batch: not quiescent, though nothing started", bt.Route())
+		}
+	}
+	if !bytes.Equal(j.dstB, make([]byte, len(j.dstB))) {
+		t.Fatal("bytes of a request to a forgotten peer landed")
+	}
+	if _, err := a.Submit(Request{Peer: "b", Src: j.src, Dst: j.dst}); !errors.Is(err, transfer.ErrUnknownPeer) {
+		t.Fatalf("submit after ForgetPeer returned: err = %v, want ErrUnknownPeer", err)
+	}
+	settled(t, a, b)
+}
+
+// TestForgetPeerRacingSubmitLoop races Submit and ForgetPeer freely:
+// Submits run back to back until one is refused, ForgetPeer comes once the
+// first was accepted. Every batch succeeds or fails with ErrPeerLost, and the
+// refused Submit says ErrUnknownPeer.
+func TestForgetPeerRacingSubmitLoop(t *testing.T) {
+	w := newWorld(t)
+	a, b := w.node("a", testConfig()), w.node("b", testConfig())
+	j := simple(t, a, b, 61)
+	for i := range 20 {
+		connect(t, a, b)
+		var batches []*Batch
+		first, done := make(chan struct{}), make(chan struct{})
+		go func() {
+			defer close(done)
+			for n := 0; ; n++ {
+				bt, err := a.Submit(Request{Peer: "b", Src: j.src, Dst: j.dst})
+				if err != nil {
+					if !errors.Is(err, transfer.ErrUnknownPeer) {
+						t.Errorf("round %d: submit: %v", i, err)
+					}
+					if n == 0 {
+						close(first)
+					}
+					return
+				}
+				batches = append(batches, bt)
+				if n == 0 {
+					close(first)
+				}
+			}
+		}()
+		<-first
+		if err := a.ForgetPeer("b"); err != nil {
+			t.Fatal(err)
+		}
+		<-done
+		for _, bt := range batches {
+			if err := wait(t, bt); err != nil && !errors.Is(err, transfer.ErrPeerLost) {
+				t.Fatalf("round %d: batch %d of %d: err = %v, want nil or ErrPeerLost", i, bt.ID(), len(batches), err)
+			}
+		}
+		if err := b.ForgetPeer("a"); err != nil {
+			t.Fatal(err)
+		}
+	}
 }
