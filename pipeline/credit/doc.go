@@ -12,8 +12,16 @@
 // Every byte of the arena is, at any moment, exactly one of: free; held by
 // one remote flow (granted, written, queued or scattering); orphaned (its flow
 // was cancelled while a scatter was reading it, so it is freed only when that
-// scatter ends); or local (sender gather staging, eager or credit-backed).
+// scatter ends); local (sender gather staging, eager or credit-backed); or
+// quarantined (reclaimed from a flow whose sender may still land a write in
+// it: held by nobody, never granted, freed only by ReleaseQuarantined).
 // Scheduler.Check verifies this conservation invariant.
+//
+// A flow is reclaimed with Cancel (its idle regions are free at once) when
+// its sender can no longer write them, and with Quarantine or
+// QuarantinePeer otherwise (an expired flow, a lost peer its engine did not
+// fence). The scheduler keeps no clock: its owner decides when a quarantine
+// is over and calls ReleaseQuarantined.
 //
 // # Wants
 //

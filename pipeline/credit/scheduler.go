@@ -23,6 +23,9 @@ var (
 	ErrNotScattering = errors.New("region is not scattering")
 	// ErrNotLocal means the offset is not a local staging region.
 	ErrNotLocal = errors.New("not a local staging region")
+	// ErrNotQuarantined means ReleaseQuarantined named an offset that is not
+	// a quarantined region.
+	ErrNotQuarantined = errors.New("region is not quarantined")
 	// ErrNotEager means PromoteLocal named a credit-backed staging region.
 	ErrNotEager = errors.New("local region is not eager")
 	// ErrDuplicateWant means Want named a live flow with the chunk list it
@@ -76,7 +79,7 @@ type Config struct {
 
 // Stats is a snapshot of the scheduler's accounting. Byte counts are in
 // buddy block bytes, so Capacity = FreeBytes + HeldBytes + OrphanBytes +
-// LocalBytes.
+// LocalBytes + QuarantinedBytes.
 type Stats struct {
 	Capacity, FreeBytes, HeldBytes, LocalBytes, EagerBytes uint64
 	// Flows is the number of live flows (with pending chunks or held
@@ -90,6 +93,11 @@ type Stats struct {
 	// Regions is the number of held regions, Locals the number of local
 	// staging regions.
 	Regions, Locals int
+	// Quarantined is the number of quarantined regions (reclaimed from a
+	// flow whose sender may still write them) and QuarantinedBytes their
+	// block bytes.
+	Quarantined      int
+	QuarantinedBytes uint64
 	// Pending is the number of chunks wanted but not yet granted; Ready is
 	// the number of flows on the ring (pending and under their cap).
 	Pending, Ready int
@@ -105,9 +113,10 @@ type Scheduler struct {
 	w            int
 	bypassRounds int
 
-	flows   map[FlowKey]*flow
-	regions map[uint64]region
-	locals  map[uint64]local
+	flows       map[FlowKey]*flow
+	regions     map[uint64]region
+	locals      map[uint64]local
+	quarantined map[uint64]uint64 // block size of each quarantined region
 
 	cursor    *flow // next flow a sweep looks at; nil when the ring is empty
 	ringLen   int
@@ -121,6 +130,7 @@ type Scheduler struct {
 
 	pending                                   int
 	heldBytes, orphanBytes, localBytes, eager uint64
+	quarantinedBytes                          uint64
 	scattering, orphans                       int
 }
 
@@ -179,6 +189,7 @@ func New(cfg Config) (*Scheduler, error) {
 		flows:        make(map[FlowKey]*flow),
 		regions:      make(map[uint64]region),
 		locals:       make(map[uint64]local),
+		quarantined:  make(map[uint64]uint64),
 	}, nil
 }
 
@@ -377,15 +388,34 @@ func (s *Scheduler) Drop(k FlowKey, off uint64) error {
 // Cancel reclaims flow k: its pending chunks are dropped, its regions that
 // are not scattering are freed now, scattering ones become orphans freed by
 // EndScatter, and the flow is erased. It returns the number of regions freed
-// now; an unknown flow is 0.
+// now; an unknown flow is 0. Cancel is for a flow whose sender can no
+// longer write any of its regions (it cancelled once its writes were over);
+// otherwise use Quarantine.
 func (s *Scheduler) Cancel(k FlowKey) int {
+	return len(s.reclaim(k, false))
+}
+
+// Quarantine reclaims flow k like Cancel, except that its regions that are
+// not scattering are quarantined instead of freed: its sender may still land
+// a write in them (it expired, or its peer was lost without proof that it can
+// no longer write). A quarantined region is held by nobody and never granted
+// until ReleaseQuarantined frees it. It returns the quarantined offsets (nil
+// for an unknown flow). Scattering regions become orphans as with Cancel:
+// their DATA said the write was over.
+func (s *Scheduler) Quarantine(k FlowKey) []uint64 {
+	return s.reclaim(k, true)
+}
+
+// reclaim erases flow k and returns the offsets of its idle regions, which
+// it frees, or quarantines when quarantine is set.
+func (s *Scheduler) reclaim(k FlowKey, quarantine bool) []uint64 {
 	f := s.flows[k]
 	if f == nil {
-		return 0
+		return nil
 	}
 	s.pending -= len(f.pending) - f.head
 	f.pending, f.head = nil, 0
-	freed := 0
+	var idle []uint64
 	for _, off := range f.held {
 		r := s.regions[off]
 		s.heldBytes -= r.size
@@ -397,29 +427,64 @@ func (s *Scheduler) Cancel(k FlowKey) int {
 			continue
 		}
 		delete(s.regions, off)
-		s.buddy.Free(off)
-		freed++
+		if quarantine {
+			s.quarantined[off] = r.size
+			s.quarantinedBytes += r.size
+		} else {
+			s.buddy.Free(off)
+		}
+		idle = append(idle, off)
 	}
 	f.held = nil
 	s.update(f) // erases it
-	return freed
+	return idle
+}
+
+// ReleaseQuarantined frees a quarantined region once its quarantine is over
+// (the owner keeps the clock). It fails with ErrNotQuarantined otherwise.
+func (s *Scheduler) ReleaseQuarantined(off uint64) error {
+	size, ok := s.quarantined[off]
+	if !ok {
+		return fmt.Errorf("credit: release quarantined %#x: %w", off, ErrNotQuarantined)
+	}
+	delete(s.quarantined, off)
+	s.quarantinedBytes -= size
+	s.buddy.Free(off)
+	return nil
 }
 
 // ReclaimPeer cancels every flow of peer, in request order, and returns the
-// regions freed now. It walks the whole flow table (peer loss is rare).
+// regions freed now. It walks the whole flow table (peer loss is rare). Use
+// it only when the peer can no longer write (its engine fenced it);
+// otherwise QuarantinePeer.
 func (s *Scheduler) ReclaimPeer(peer string) int {
-	var reqs []uint64
-	for k := range s.flows {
-		if k.Peer == peer {
-			reqs = append(reqs, k.Request)
-		}
-	}
-	sort.Slice(reqs, func(i, j int) bool { return reqs[i] < reqs[j] })
 	freed := 0
-	for _, r := range reqs {
-		freed += s.Cancel(FlowKey{Peer: peer, Request: r})
+	for _, k := range s.peerFlows(peer) {
+		freed += s.Cancel(k)
 	}
 	return freed
+}
+
+// QuarantinePeer quarantines every flow of peer (see Quarantine), in
+// request order, and returns the quarantined offsets.
+func (s *Scheduler) QuarantinePeer(peer string) []uint64 {
+	var out []uint64
+	for _, k := range s.peerFlows(peer) {
+		out = append(out, s.Quarantine(k)...)
+	}
+	return out
+}
+
+// peerFlows returns the keys of peer's flows in request order.
+func (s *Scheduler) peerFlows(peer string) []FlowKey {
+	var keys []FlowKey
+	for k := range s.flows {
+		if k.Peer == peer {
+			keys = append(keys, k)
+		}
+	}
+	sort.Slice(keys, func(i, j int) bool { return keys[i].Request < keys[j].Request })
+	return keys
 }
 
 // AcquireLocal takes an n-byte gather staging region for the local sender
@@ -491,10 +556,13 @@ func (s *Scheduler) Stats() Stats {
 		Orphans:     s.orphans,
 		Draining:    s.drain != nil,
 		OrphanBytes: s.orphanBytes,
-		Regions:     len(s.regions) - s.orphans,
-		Locals:      len(s.locals),
-		Pending:     s.pending,
-		Ready:       s.ringLen,
+
+		Quarantined:      len(s.quarantined),
+		QuarantinedBytes: s.quarantinedBytes,
+		Regions:          len(s.regions) - s.orphans,
+		Locals:           len(s.locals),
+		Pending:          s.pending,
+		Ready:            s.ringLen,
 	}
 	if s.drain != nil {
 		st.DrainFlow = s.drain.key

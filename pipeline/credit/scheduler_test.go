@@ -659,3 +659,56 @@ func TestIdleRegions(t *testing.T) {
 		t.Fatalf("unknown flow: %d idle regions", n)
 	}
 }
+
+// TestQuarantine: a quarantined region belongs to nobody and is never
+// granted until it is released; a scattering region of the same flow
+// becomes an orphan as with Cancel.
+func TestQuarantine(t *testing.T) {
+	const unit = 1 << 12
+	s := mustNew(t, Config{Capacity: 2 * unit, Granularity: unit, MaxInflight: 4})
+	gone, next := key("gone", 1), key("next", 1)
+	_ = s.Want(gone, repeat(2, unit))
+	gs := s.Schedule()
+	if len(gs) != 2 {
+		t.Fatalf("grants %+v", gs)
+	}
+	if err := s.BeginScatter(gone, gs[0].Offset); err != nil {
+		t.Fatal(err)
+	}
+	q := s.Quarantine(gone)
+	if len(q) != 1 || q[0] != gs[1].Offset {
+		t.Fatalf("Quarantine = %#x, want [%#x]", q, gs[1].Offset)
+	}
+	if st := s.Stats(); st.Quarantined != 1 || st.QuarantinedBytes != unit || st.Orphans != 1 || st.Flows != 0 {
+		t.Fatalf("stats %+v", st)
+	}
+	if _, ok := s.Region(q[0]); ok || s.Held(gone, q[0]) {
+		t.Fatal("a quarantined region is still visible as held")
+	}
+	if err := s.BeginScatter(gone, q[0]); !errors.Is(err, ErrNotHeld) {
+		t.Fatalf("BeginScatter of a quarantined region: %v", err)
+	}
+	mustCheck(t, s)
+	_ = s.Want(next, repeat(1, unit))
+	if _, _, err := s.EndScatter(gs[0].Offset); err != nil {
+		t.Fatal(err)
+	}
+	if g := s.Schedule(); len(g) != 1 || g[0].Offset != gs[0].Offset {
+		t.Fatalf("grants %+v: want only the orphan's freed region", g)
+	}
+	_ = s.Cancel(next)
+	_ = s.Want(next, repeat(2, unit))
+	if g := s.Schedule(); len(g) != 1 || g[0].Offset == q[0] {
+		t.Fatalf("grants %+v while %#x is quarantined", g, q[0])
+	}
+	if err := s.ReleaseQuarantined(q[0]); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.ReleaseQuarantined(q[0]); !errors.Is(err, ErrNotQuarantined) {
+		t.Fatalf("second release: %v", err)
+	}
+	if g := s.Schedule(); len(g) != 1 || g[0].Offset != q[0] {
+		t.Fatalf("grants %+v after the release, want %#x", g, q[0])
+	}
+	mustCheck(t, s)
+}
