@@ -44,11 +44,14 @@ type Config struct {
 	// QuiesceTimeout bounds how long a failing request waits for its ops to
 	// stop before it is published retired but not quiescent.
 	QuiesceTimeout time.Duration
-	// FlowExpiry is how long a receiver keeps a flow whose sender has gone
-	// silent (no WANT, DATA or cancel) before it reclaims the flow's
-	// regions; a sender that crashed mid-request would otherwise hold them
-	// until ForgetPeer. Zero means 4 × RequestTimeout: by then a live
-	// sender has failed the request and cancelled it itself.
+	// FlowExpiry is how long a receiver keeps a flow that holds granted
+	// regions (not being scattered) while its sender stays silent (no WANT,
+	// DATA or cancel since the flow's latest grant) before it reclaims the
+	// flow's regions; a sender that crashed mid-request would otherwise hold
+	// them until ForgetPeer. A flow still waiting for a grant, or whose
+	// regions are all being scattered, waits for the receiver and never
+	// expires. Zero means 4 × RequestTimeout: by then a live sender has
+	// failed the request and cancelled it itself.
 	FlowExpiry time.Duration
 	// EagerGather starts gathers before the GRANT arrives (bounded by W and
 	// half the arena).
@@ -149,6 +152,20 @@ type peerInfo struct {
 	name   string
 	bounce bool
 	reason string // why not bounce
+	// forgotten is set by ForgetPeer before it removes the peer anywhere,
+	// so a request submitted to this incarnation of the peer that then
+	// meets an unknown peer knows it was lost (ErrPeerLost).
+	forgotten atomic.Bool
+}
+
+// lostErr reports err as a lost peer when the peer was forgotten and err is
+// what the control channel or the engine say about a peer they no longer
+// know: the request raced ForgetPeer.
+func (pi *peerInfo) lostErr(err error) error {
+	if err == nil || !pi.forgotten.Load() || errors.Is(err, transfer.ErrPeerLost) || !errors.Is(err, transfer.ErrUnknownPeer) {
+		return err
+	}
+	return fmt.Errorf("%w: peer %q was forgotten: %w", transfer.ErrPeerLost, pi.name, err)
 }
 
 // New builds and starts an agent. A bounce set-up failure (arena, scheduler,
@@ -377,11 +394,16 @@ func (a *Agent) PeerRoute(peer string) (bounce bool, reason string, known bool) 
 }
 
 // ForgetPeer drops a peer: its handshake, its control path and its engine
-// state. The peer's flows on this receiver are reclaimed and every in-flight
-// request to it fails with ErrPeerLost. A later LoadPeer must re-validate.
+// state. The peer's flows on this receiver are reclaimed and every request
+// to it in flight, including one whose Submit raced ForgetPeer, fails with
+// ErrPeerLost. A Submit that starts after ForgetPeer returned is refused
+// with ErrUnknownPeer. A later LoadPeer must re-validate.
 func (a *Agent) ForgetPeer(peer string) error {
 	a.peersMu.Lock()
-	delete(a.peers, peer)
+	if pi, ok := a.peers[peer]; ok {
+		pi.forgotten.Store(true)
+		delete(a.peers, peer)
+	}
 	a.peersMu.Unlock()
 	var errs []error
 	if a.set.Control != nil {
@@ -430,10 +452,10 @@ func (a *Agent) Submit(req Request) (*Batch, error) {
 			return nil, err
 		}
 		a.stats.bounceSubmits.Add(1)
-		a.post(func(r *reactor) { r.submitBounce(b, req.Peer, p) })
+		a.post(func(r *reactor) { r.submitBounce(b, pi, p) })
 	default:
 		a.stats.directSubmits.Add(1)
-		a.post(func(r *reactor) { r.submitDirect(b, req) })
+		a.post(func(r *reactor) { r.submitDirect(b, pi, req) })
 	}
 	return b, nil
 }

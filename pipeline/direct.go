@@ -13,14 +13,19 @@ import (
 type directReq struct {
 	b        *Batch
 	peer     string
+	pi       *peerInfo
 	op       transfer.Op
 	posted   time.Time
 	timedOut bool
 }
 
-func (r *reactor) submitDirect(b *Batch, req Request) {
+func (r *reactor) submitDirect(b *Batch, pi *peerInfo, req Request) {
 	if r.shuttingDown {
 		r.publish(b, fmt.Errorf("pipeline: submit: %w", transfer.ErrClosed), true)
+		return
+	}
+	if pi.forgotten.Load() {
+		r.publish(b, fmt.Errorf("pipeline: submit to %q: forgotten before the request started: %w", req.Peer, transfer.ErrPeerLost), true)
 		return
 	}
 	ops := make([]transfer.WriteOp, 0, len(req.Src))
@@ -37,10 +42,10 @@ func (r *reactor) submitDirect(b *Batch, req Request) {
 	op, err := r.a.set.Engine.PostWrite(req.Peer, ops)
 	if err != nil {
 		// Nothing was posted, so nothing touches the caller's memory.
-		r.publish(b, fmt.Errorf("pipeline: direct write to %q: %w", req.Peer, err), true)
+		r.publish(b, pi.lostErr(fmt.Errorf("pipeline: direct write to %q: %w", req.Peer, err)), true)
 		return
 	}
-	r.direct[b.id] = &directReq{b: b, peer: req.Peer, op: op, posted: time.Now()}
+	r.direct[b.id] = &directReq{b: b, peer: req.Peer, pi: pi, op: op, posted: time.Now()}
 }
 
 func (r *reactor) pollDirect() bool {
@@ -61,7 +66,7 @@ func (r *reactor) pollDirect() bool {
 				d.b.markFault()
 			}
 			quiet = !errors.Is(err, transfer.ErrNotQuiescent)
-			err = fmt.Errorf("pipeline: direct write to %q: %w", d.peer, err)
+			err = d.pi.lostErr(fmt.Errorf("pipeline: direct write to %q: %w", d.peer, err))
 		}
 		r.publish(d.b, err, quiet)
 	}

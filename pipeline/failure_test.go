@@ -197,7 +197,12 @@ type impostor struct {
 }
 
 func newImpostor(t *testing.T, w *world, target *node) *impostor {
-	ch, err := w.net.NewChannel("evil", inproc.Options{})
+	return newNamedImpostor(t, w, target, "evil")
+}
+
+// newNamedImpostor is a raw control channel named name, speaking to target.
+func newNamedImpostor(t *testing.T, w *world, target *node, name string) *impostor {
+	ch, err := w.net.NewChannel(name, inproc.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -118,3 +118,19 @@ func (o *stalledOp) Release() error {
 		}
 	}
 }
+
+// busyScatterer wraps a real scatterer; while busy is set every Scatter
+// answers ErrBusy (a full copy pool) and counts the try.
+type busyScatterer struct {
+	transfer.Scatterer
+	busy  atomic.Bool
+	tries atomic.Int64
+}
+
+func (s *busyScatterer) Scatter(region transfer.Desc, runs []transfer.Run) (transfer.Op, error) {
+	if s.busy.Load() {
+		s.tries.Add(1)
+		return nil, fmt.Errorf("injected: copy pool full: %w", transfer.ErrBusy)
+	}
+	return s.Scatterer.Scatter(region, runs)
+}

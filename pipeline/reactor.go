@@ -32,13 +32,14 @@ type reactor struct {
 	direct      map[uint64]*directReq
 
 	// receiver role
-	flowSeen  map[credit.FlowKey]time.Time // last WANT or DATA of each flow
+	flowSeen  map[credit.FlowKey]time.Time // last WANT, DATA or grant of each flow
 	lastSweep time.Time
 	ctrlPeers map[string]string // control peers added from WANT endpoints
-	jobs      chan scatterJob
+	jobs      chan *scatterTask
+	tasks     map[uint64]*scatterTask // queued or running scatters by region offset
 	resMu     sync.Mutex
-	results   []scatterResult
-	scatters  int // scatter jobs handed to workers and not yet reported
+	results   []*scatterTask // finished tasks reported by the workers
+	scatters  int            // scatter tasks handed to workers and not yet reported
 
 	inbox chan transfer.Message
 	quit  chan struct{}
@@ -53,19 +54,6 @@ type reactor struct {
 	lastRetry time.Time
 }
 
-type scatterJob struct {
-	key    credit.FlowKey
-	chunk  uint32
-	region uint64
-	len    uint64
-	runs   []transfer.Run
-}
-
-type scatterResult struct {
-	job scatterJob
-	err error
-}
-
 func newReactor(a *Agent, sched *credit.Scheduler) *reactor {
 	r := &reactor{
 		a:         a,
@@ -77,12 +65,13 @@ func newReactor(a *Agent, sched *credit.Scheduler) *reactor {
 		direct:    make(map[uint64]*directReq),
 		flowSeen:  make(map[credit.FlowKey]time.Time),
 		ctrlPeers: make(map[string]string),
+		tasks:     make(map[uint64]*scatterTask),
 		inbox:     make(chan transfer.Message, 4096),
 		quit:      make(chan struct{}),
 	}
 	if sched != nil {
 		// Every queued job holds a distinct region, so this never fills.
-		r.jobs = make(chan scatterJob, int(sched.Capacity()/a.cfg.Granularity)+1)
+		r.jobs = make(chan *scatterTask, int(sched.Capacity()/a.cfg.Granularity)+1)
 	}
 	return r
 }
@@ -98,12 +87,22 @@ func (r *reactor) startHelpers(wg *sync.WaitGroup) {
 		r.pump()
 	}()
 	for i := 0; i < r.cfg.ScatterWorkers; i++ {
+		w := &scatterWorker{scatterer: r.a.set.Scatterer, tasks: r.jobs, quit: r.quit, report: r.reportScatter}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			r.scatterWorker()
+			w.run()
 		}()
 	}
+}
+
+// reportScatter queues a finished scatter task for the reactor; it runs on
+// the worker's goroutine.
+func (r *reactor) reportScatter(t *scatterTask) {
+	r.resMu.Lock()
+	r.results = append(r.results, t)
+	r.resMu.Unlock()
+	r.a.kick()
 }
 
 // pump moves control messages from the channel into the reactor's inbox.
@@ -298,6 +297,7 @@ func (r *reactor) forgetPeer(peer string) {
 	delete(r.ctrlPeers, peer)
 	if r.sched != nil {
 		r.sched.ReclaimPeer(peer)
+		r.cancelScatters(func(k credit.FlowKey) bool { return k.Peer == peer })
 		r.schedule()
 	}
 	for _, q := range r.reqs {

@@ -3,7 +3,6 @@ package pipeline
 import (
 	"errors"
 	"fmt"
-	"runtime"
 	"time"
 
 	"github.com/bouncekv/bounce/pipeline/credit"
@@ -20,7 +19,7 @@ func (r *reactor) onWant(peer string, w *wire.Want) {
 	key := credit.FlowKey{Peer: peer, Request: w.Request}
 	epErr := r.addControlPeer(peer, w.Endpoint)
 	if w.IsCancel() {
-		r.sched.Cancel(key)
+		r.cancelFlow(key)
 		delete(r.flowSeen, key)
 		r.schedule()
 		return
@@ -41,7 +40,18 @@ func (r *reactor) onWant(peer string, w *wire.Want) {
 			return
 		}
 	}
-	if err := r.sched.Want(key, w.ChunkBytes); err != nil {
+	switch err := r.sched.Want(key, w.ChunkBytes); {
+	case errors.Is(err, credit.ErrDuplicateWant):
+		// A repeated message: the flow already has its reservation.
+		r.a.stats.duplicateWants.Add(1)
+		r.log.Info("duplicate WANT dropped", "peer", peer, "request", w.Request)
+		return
+	case errors.Is(err, credit.ErrConflictingWant):
+		r.a.stats.rejectedWants.Add(1)
+		r.log.Warn("WANT rejected: it conflicts with the live flow", "peer", peer, "request", w.Request, "err", err)
+		r.nack(peer, w.Request, wire.WholeRequest, wire.NackConflictingWant, err.Error())
+		return
+	case err != nil:
 		r.a.stats.rejectedWants.Add(1)
 		r.nack(peer, w.Request, wire.WholeRequest, wire.NackMalformed, err.Error())
 		return
@@ -52,7 +62,11 @@ func (r *reactor) onWant(peer string, w *wire.Want) {
 
 // expireFlows reclaims the flows whose sender has been silent for longer
 // than FlowExpiry (a crashed sender never cancels), and forgets the
-// bookkeeping of flows that ended.
+// bookkeeping of flows that ended. Only a flow that holds granted regions
+// waiting for its sender (not scattering) can be stale: a flow waiting for
+// its first grant, or whose regions are all being scattered, waits for the
+// receiver, not for its sender. The silence is counted from the flow's last
+// WANT, DATA or grant, whichever came last.
 func (r *reactor) expireFlows(now time.Time) {
 	if r.sched == nil {
 		return
@@ -62,9 +76,9 @@ func (r *reactor) expireFlows(now time.Time) {
 		switch {
 		case !r.sched.Active(key):
 			delete(r.flowSeen, key)
-		case now.Sub(seen) > r.cfg.FlowExpiry:
+		case now.Sub(seen) > r.cfg.FlowExpiry && r.sched.IdleRegions(key) > 0:
 			delete(r.flowSeen, key)
-			r.sched.Cancel(key) // regions still scattering are freed when their scatter ends
+			r.cancelFlow(key)
 			r.a.stats.expiredFlows.Add(1)
 			r.log.Warn("flow reclaimed: its sender went silent", "peer", key.Peer, "request", key.Request, "silent_for", now.Sub(seen))
 			expired = true
@@ -117,12 +131,16 @@ func (r *reactor) schedule() {
 	}
 	var order []*out
 	byFlow := make(map[credit.FlowKey]*out, 4)
+	now := time.Now()
 	for _, g := range grants {
 		o := byFlow[g.Flow]
 		if o == nil {
 			o = &out{key: g.Flow}
 			byFlow[g.Flow] = o
 			order = append(order, o)
+			// The sender's silence counts from its latest grant: it cannot
+			// answer a credit before it has it.
+			r.flowSeen[g.Flow] = now
 		}
 		o.credits = append(o.credits, wire.Credit{
 			Chunk: uint32(g.Chunk), Region: g.Offset, Addr: r.a.arenaD.Addr + g.Offset, Len: g.Len, Device: r.a.arenaD.Device,
@@ -162,76 +180,28 @@ func (r *reactor) onData(peer string, d *wire.Data) {
 		r.log.Warn("DATA for a region already scattering dropped", "peer", peer, "err", err)
 		return
 	}
+	t := &scatterTask{key: key, chunk: d.Chunk, region: r.regionDesc(d.Region, grant.Len), off: d.Region, runs: d.Runs}
 	r.scatters++
-	r.jobs <- scatterJob{key: key, chunk: d.Chunk, region: d.Region, len: grant.Len, runs: d.Runs}
+	r.tasks[d.Region] = t
+	r.jobs <- t
 }
 
-// scatterWorker runs scatter jobs: launch (retrying while the copy pool is
-// busy), wait for completion, report to the reactor.
-func (r *reactor) scatterWorker() {
-	for {
-		var job scatterJob
-		select {
-		case job = <-r.jobs:
-		case <-r.quit:
-			return
-		}
-		err := r.runScatter(job)
-		r.resMu.Lock()
-		r.results = append(r.results, scatterResult{job: job, err: err})
-		r.resMu.Unlock()
-		r.a.kick()
-	}
+// cancelFlow reclaims flow key: its idle regions are freed, and its queued
+// scatters are cancelled so that none starts any more. A scatter already
+// running finishes (its region is freed then, without an ACK).
+func (r *reactor) cancelFlow(key credit.FlowKey) {
+	r.sched.Cancel(key)
+	r.cancelScatters(func(k credit.FlowKey) bool { return k == key })
 }
 
-func (r *reactor) runScatter(job scatterJob) error {
-	region := r.regionDesc(job.region, job.len)
-	back := time.Microsecond
-	var op transfer.Op
-	for {
-		var err error
-		op, err = r.a.set.Scatterer.Scatter(region, job.runs)
-		if err == nil {
-			break
-		}
-		if !errors.Is(err, transfer.ErrBusy) {
-			return err
-		}
-		if !r.sleep(&back) {
-			return transfer.ErrClosed
+// cancelScatters cancels every queued scatter task of the flows match
+// selects; it counts those that had not started (they never will).
+func (r *reactor) cancelScatters(match func(credit.FlowKey) bool) {
+	for _, t := range r.tasks {
+		if match(t.key) && t.cancel() {
+			r.a.stats.cancelledScatters.Add(1)
 		}
 	}
-	back = time.Microsecond
-	for {
-		st, err := op.Poll()
-		if st.Terminal() {
-			if rerr := op.Release(); rerr != nil && err == nil {
-				err = rerr
-			}
-			return err
-		}
-		if !r.sleep(&back) {
-			return fmt.Errorf("scatter abandoned at shutdown: %w", transfer.ErrNotQuiescent)
-		}
-	}
-}
-
-// sleep backs off exponentially up to 200µs; false once the reactor quit.
-func (r *reactor) sleep(back *time.Duration) bool {
-	select {
-	case <-r.quit:
-		return false
-	default:
-	}
-	if *back < 16*time.Microsecond {
-		runtime.Gosched()
-	} else {
-		time.Sleep(*back)
-	}
-	if *back < 200*time.Microsecond {
-		*back *= 2
-	}
-	return true
 }
 
 func (r *reactor) drainScatterResults() bool {
@@ -239,21 +209,24 @@ func (r *reactor) drainScatterResults() bool {
 	res := r.results
 	r.results = nil
 	r.resMu.Unlock()
-	for _, s := range res {
+	for _, t := range res {
 		r.scatters--
-		_, orphan, err := r.sched.EndScatter(s.job.region)
+		delete(r.tasks, t.off)
+		_, orphan, err := r.sched.EndScatter(t.off)
 		if err != nil {
-			r.log.Error("end scatter", "region", s.job.region, "err", err)
+			r.log.Error("end scatter", "region", t.off, "err", err)
 		}
 		switch {
-		case s.err != nil:
+		case errors.Is(t.err, errScatterCancelled):
+			// Its flow was given up before it started: nothing was copied.
+		case t.err != nil:
 			// No ACK: the sender must never believe these bytes landed.
 			r.a.stats.scatterFailures.Add(1)
-			r.log.Warn("scatter failed; no ACK sent", "peer", s.job.key.Peer, "request", s.job.key.Request, "chunk", s.job.chunk, "err", s.err)
+			r.log.Warn("scatter failed; no ACK sent", "peer", t.key.Peer, "request", t.key.Request, "chunk", t.chunk, "err", t.err)
 		case orphan:
 			// The flow was reclaimed while scattering: nobody to ACK.
 		default:
-			_ = r.send(s.job.key.Peer, &wire.Ack{Request: s.job.key.Request, Chunk: s.job.chunk, Region: s.job.region})
+			_ = r.send(t.key.Peer, &wire.Ack{Request: t.key.Request, Chunk: t.chunk, Region: t.off})
 		}
 	}
 	if len(res) > 0 {

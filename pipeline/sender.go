@@ -34,6 +34,7 @@ type sendChunk struct {
 type sendReq struct {
 	id    uint64
 	peer  string
+	pi    *peerInfo // the peer as it was loaded when the request was submitted
 	b     *Batch
 	plan  *plan.Plan
 	ch    []sendChunk
@@ -57,12 +58,17 @@ type chunkRef struct {
 	k int
 }
 
-func (r *reactor) submitBounce(b *Batch, peer string, p *plan.Plan) {
+func (r *reactor) submitBounce(b *Batch, pi *peerInfo, p *plan.Plan) {
 	if r.shuttingDown {
 		r.publish(b, fmt.Errorf("pipeline: submit: %w", transfer.ErrClosed), true)
 		return
 	}
-	q := &sendReq{id: b.id, peer: peer, b: b, plan: p, ch: make([]sendChunk, len(p.Chunks)), lastProgress: time.Now()}
+	peer := pi.name
+	if pi.forgotten.Load() {
+		r.publish(b, fmt.Errorf("pipeline: submit to %q: forgotten before the request started: %w", peer, transfer.ErrPeerLost), true)
+		return
+	}
+	q := &sendReq{id: b.id, peer: peer, pi: pi, b: b, plan: p, ch: make([]sendChunk, len(p.Chunks)), lastProgress: time.Now()}
 	if len(p.Chunks) == 0 {
 		r.publish(b, nil, true)
 		return
@@ -355,7 +361,7 @@ func (r *reactor) fail(q *sendReq, err error) {
 	if q.err != nil {
 		return
 	}
-	q.err, q.failedAt = err, time.Now()
+	q.err, q.failedAt = q.pi.lostErr(err), time.Now()
 	delete(r.parked, q.id)
 	for k := range q.ch {
 		if c := &q.ch[k]; c.st == cGathered {

@@ -9,12 +9,19 @@ type Stats struct {
 	// Control messages that could not be sent (queue full, unknown peer).
 	SendDrops uint64
 	// Malformed or unexpected control messages dropped, by reason.
+	// RejectedWants counts refused WANTs (a WANT conflicting with its live
+	// flow included); DuplicateWants counts repeated WANTs of a live flow,
+	// dropped without a reply.
 	BadMessages, LateData, RejectedWants, BadRuns uint64
+	DuplicateWants                                uint64
 	// Peers kept on the direct path by the handshake, and peer descriptors
 	// that failed to decode.
 	IncompatiblePeers, BadPeerDescriptors uint64
 	// Scatter failures (no ACK was sent).
 	ScatterFailures uint64
+	// Scatters cancelled before they started because their flow was
+	// cancelled, expired or its peer forgotten (nothing was copied).
+	CancelledScatters uint64
 	// Flows reclaimed because their sender went silent (see FlowExpiry).
 	ExpiredFlows uint64
 	// WANTs sent (cancels included), grants sent and bytes moved through
@@ -27,8 +34,10 @@ type counters struct {
 	succeeded, failed                             atomic.Uint64
 	sendDrops                                     atomic.Uint64
 	badMessages, lateData, rejectedWants, badRuns atomic.Uint64
+	duplicateWants                                atomic.Uint64
 	incompatiblePeers, badPeerDesc                atomic.Uint64
 	scatterFailures, expiredFlows                 atomic.Uint64
+	cancelledScatters                             atomic.Uint64
 	wants, grants, bounceBytes                    atomic.Uint64
 }
 
@@ -40,8 +49,9 @@ func (a *Agent) Stats() Stats {
 		Succeeded: c.succeeded.Load(), Failed: c.failed.Load(),
 		SendDrops:   c.sendDrops.Load(),
 		BadMessages: c.badMessages.Load(), LateData: c.lateData.Load(), RejectedWants: c.rejectedWants.Load(), BadRuns: c.badRuns.Load(),
+		DuplicateWants:    c.duplicateWants.Load(),
 		IncompatiblePeers: c.incompatiblePeers.Load(), BadPeerDescriptors: c.badPeerDesc.Load(),
-		ScatterFailures: c.scatterFailures.Load(), ExpiredFlows: c.expiredFlows.Load(),
+		ScatterFailures: c.scatterFailures.Load(), ExpiredFlows: c.expiredFlows.Load(), CancelledScatters: c.cancelledScatters.Load(),
 		Wants: c.wants.Load(), Grants: c.grants.Load(), BounceBytes: c.bounceBytes.Load(),
 	}
 }

@@ -55,32 +55,39 @@ func BenchmarkBuddyAllocFree(b *testing.B) {
 }
 
 // driver runs the receiver's steady state: the oldest granted region is
-// scattered and freed, its flow wants one more chunk, and Schedule refills.
+// scattered and freed, a flow whose last region that was is followed by a
+// new flow of the same peer (the next request) wanting 2W chunks, and
+// Schedule refills. The number of live flows stays constant.
 type driver struct {
-	s    *Scheduler
-	fifo []Grant
-	head int
-	size func(FlowKey) uint64
+	s     *Scheduler
+	fifo  []Grant
+	head  int
+	flows int
+	w     int
+	size  func(FlowKey) uint64
 }
 
 func newDriver(tb testing.TB, flows, w int, capacity, granule uint64, size func(FlowKey) uint64) *driver {
 	s := mustNew(tb, Config{Capacity: capacity, Granularity: granule, MaxInflight: w})
-	d := &driver{s: s, size: size}
+	d := &driver{s: s, flows: flows, w: w, size: size}
 	for i := range flows {
-		k := FlowKey{Peer: fmt.Sprintf("peer-%d", i%64), Request: uint64(i)}
-		chunks := make([]uint64, 2*w)
-		for j := range chunks {
-			chunks[j] = size(k)
-		}
-		if err := s.Want(k, chunks); err != nil {
-			tb.Fatal(err)
-		}
+		d.want(tb, FlowKey{Peer: fmt.Sprintf("peer-%d", i%64), Request: uint64(i)})
 	}
 	d.fifo = s.Schedule()
 	if len(d.fifo) == 0 {
 		tb.Fatal("driver: nothing granted")
 	}
 	return d
+}
+
+func (d *driver) want(tb testing.TB, k FlowKey) {
+	chunks := make([]uint64, 2*d.w)
+	for j := range chunks {
+		chunks[j] = d.size(k)
+	}
+	if err := d.s.Want(k, chunks); err != nil {
+		tb.Fatal(err)
+	}
 }
 
 // step retires the oldest region and returns the number of new grants.
@@ -93,8 +100,8 @@ func (d *driver) step(tb testing.TB) int {
 	if _, _, err := d.s.EndScatter(g.Offset); err != nil {
 		tb.Fatal(err)
 	}
-	if err := d.s.Want(g.Flow, []uint64{d.size(g.Flow)}); err != nil {
-		tb.Fatal(err)
+	if !d.s.Active(g.Flow) {
+		d.want(tb, FlowKey{Peer: g.Flow.Peer, Request: g.Flow.Request + uint64(d.flows)})
 	}
 	gs := d.s.Schedule()
 	if d.head > 4096 && 2*d.head > len(d.fifo) {
@@ -136,7 +143,8 @@ var schedCases = []schedCase{
 }
 
 // BenchmarkSchedule measures the receiver steady state with 10,000 active
-// flows: one op is one scatter completion, one WANT top-up and one Schedule.
+// flows: one op is one scatter completion, a new flow's WANT when that
+// completion ended a flow, and one Schedule.
 // ns/grant divides the whole loop's time by the grants it produced.
 func BenchmarkSchedule(b *testing.B) {
 	for _, tc := range schedCases {

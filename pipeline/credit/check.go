@@ -6,8 +6,8 @@ import "fmt"
 // violation it finds:
 //   - conservation: every allocated arena block is exactly one held region
 //     (of one live flow, scattering or not), one orphaned scattering region,
-//     or one local staging region, and free + held + orphaned + local bytes
-//     equal the capacity;
+//     one local staging region or one quarantined region, and free + held +
+//     orphaned + local + quarantined bytes equal the capacity;
 //   - no flow holds more than W regions, and each flow's held list matches
 //     the regions that name it;
 //   - eager staging bytes stay within Capacity()/2;
@@ -31,9 +31,15 @@ func (s *Scheduler) Check() error {
 		}
 		r, isRegion := s.regions[off]
 		l, isLocal := s.locals[off]
+		q, isQuarantined := s.quarantined[off]
 		switch {
 		case isRegion && isLocal:
 			err = fmt.Errorf("credit: check: block %#x is both a region of %v and local staging", off, r.key)
+		case isQuarantined && (isRegion || isLocal):
+			err = fmt.Errorf("credit: check: block %#x is quarantined and also a region (%v) or local (%v)", off, isRegion, isLocal)
+		case isQuarantined && q != size:
+			err = fmt.Errorf("credit: check: quarantined %#x records %d bytes, block is %d", off, q, size)
+		case isQuarantined:
 		case !isRegion && !isLocal:
 			err = fmt.Errorf("credit: check: block %#x (%d bytes) is allocated but owned by nobody (leak)", off, size)
 		case isRegion && r.size != size:
@@ -45,8 +51,12 @@ func (s *Scheduler) Check() error {
 	if err != nil {
 		return err
 	}
-	if n := uint64(len(s.regions) + len(s.locals)); n != blocks {
-		return fmt.Errorf("credit: check: %d regions + %d locals but %d allocated blocks", len(s.regions), len(s.locals), blocks)
+	if n := uint64(len(s.regions) + len(s.locals) + len(s.quarantined)); n != blocks {
+		return fmt.Errorf("credit: check: %d regions + %d locals + %d quarantined but %d allocated blocks", len(s.regions), len(s.locals), len(s.quarantined), blocks)
+	}
+	var quarantined uint64
+	for _, size := range s.quarantined {
+		quarantined += size
 	}
 
 	var held, orphanBytes, localBytes, eager uint64
@@ -91,9 +101,11 @@ func (s *Scheduler) Check() error {
 		return fmt.Errorf("credit: check: local %d / eager %d bytes, counters say %d / %d", localBytes, eager, s.localBytes, s.eager)
 	case eager > s.Capacity()/2:
 		return fmt.Errorf("credit: check: eager staging %d bytes exceeds half the arena (%d)", eager, s.Capacity()/2)
-	case s.buddy.FreeBytes()+held+orphanBytes+localBytes != s.Capacity():
-		return fmt.Errorf("credit: check: free %d + held %d + orphaned %d + local %d != capacity %d",
-			s.buddy.FreeBytes(), held, orphanBytes, localBytes, s.Capacity())
+	case quarantined != s.quarantinedBytes:
+		return fmt.Errorf("credit: check: quarantined regions sum to %d bytes, counter says %d", quarantined, s.quarantinedBytes)
+	case s.buddy.FreeBytes()+held+orphanBytes+localBytes+quarantined != s.Capacity():
+		return fmt.Errorf("credit: check: free %d + held %d + orphaned %d + local %d + quarantined %d != capacity %d",
+			s.buddy.FreeBytes(), held, orphanBytes, localBytes, quarantined, s.Capacity())
 	}
 
 	pending, ready := 0, 0

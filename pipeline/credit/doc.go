@@ -12,8 +12,26 @@
 // Every byte of the arena is, at any moment, exactly one of: free; held by
 // one remote flow (granted, written, queued or scattering); orphaned (its flow
 // was cancelled while a scatter was reading it, so it is freed only when that
-// scatter ends); or local (sender gather staging, eager or credit-backed).
+// scatter ends); local (sender gather staging, eager or credit-backed); or
+// quarantined (reclaimed from a flow whose sender may still land a write in
+// it: held by nobody, never granted, freed only by ReleaseQuarantined).
 // Scheduler.Check verifies this conservation invariant.
+//
+// A flow is reclaimed with Cancel (its idle regions are free at once) when
+// its sender can no longer write them, and with Quarantine or
+// QuarantinePeer otherwise (an expired flow, a lost peer its engine did not
+// fence). The scheduler keeps no clock: its owner decides when a quarantine
+// is over and calls ReleaseQuarantined.
+//
+// # Wants
+//
+// A flow is wanted once: Want creates it with its whole chunk list, and its
+// chunks are granted in that order. While the flow is live (chunks pending
+// or regions held), a repeated Want with the same list is dropped
+// (ErrDuplicateWant: the network or a confused sender repeated a message;
+// the reservation must not double) and one with a different list is a
+// protocol error (ErrConflictingWant); neither changes anything. After the
+// flow ended, a Want of the same key is a new flow.
 //
 // # Scheduling
 //
@@ -21,8 +39,8 @@
 // one region to the first ready flow whose head chunk fits, and moves the
 // cursor past it; sweeps repeat until none can grant. A flow is ready when it
 // has pending chunks and holds fewer than MaxInflight regions (W); only ready
-// flows sit on the ring, so flows parked at their cap or waiting for WANTs
-// cost nothing per grant. A flow that becomes ready (a new WANT, or a region
+// flows sit on the ring, so flows parked at their cap or with every chunk granted
+// cost nothing per grant. A flow that becomes ready (a new flow, or a region
 // freed below its cap) joins the ring just before the cursor: last in the
 // current round. A head chunk that does not fit is skipped (backpressure,
 // never an error).

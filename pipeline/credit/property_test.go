@@ -2,6 +2,7 @@ package credit
 
 import (
 	"errors"
+	"slices"
 	"sort"
 	"testing"
 
@@ -14,10 +15,12 @@ type model struct {
 	capacity uint64
 	w        int
 	pending  map[FlowKey][]uint64
+	wanted   map[FlowKey][]uint64 // each live flow's Want
 	next     map[FlowKey]int
 	held     map[uint64]mRegion // regions of live flows
 	orphans  map[uint64]mRegion
 	locals   map[uint64]mLocal
+	quar     map[uint64]uint64 // quarantined regions: block size
 }
 
 type mRegion struct {
@@ -58,6 +61,11 @@ func (m *model) overlaps(off, size uint64) bool {
 			return true
 		}
 	}
+	for o, sz := range m.quar {
+		if hit(o, sz) {
+			return true
+		}
+	}
 	return false
 }
 
@@ -73,6 +81,9 @@ func (m *model) drawOffset(t *rapid.T, want func(off uint64) bool) uint64 {
 		all = append(all, o)
 	}
 	for o := range m.locals {
+		all = append(all, o)
+	}
+	for o := range m.quar {
 		all = append(all, o)
 	}
 	sort.Slice(all, func(i, j int) bool { return all[i] < all[j] })
@@ -100,8 +111,14 @@ func (m *model) heldBy(k FlowKey) int {
 
 // cancel applies Cancel(k) to the model and returns the regions it frees now.
 func (m *model) cancel(k FlowKey) int {
+	return len(m.reclaim(k, false))
+}
+
+// reclaim applies Cancel(k) or, with quarantine, Quarantine(k) to the model
+// and returns the offsets of the idle regions it frees or quarantines.
+func (m *model) reclaim(k FlowKey, quarantine bool) []uint64 {
 	delete(m.pending, k)
-	freed := 0
+	var idle []uint64
 	for o, r := range m.held {
 		if r.k != k {
 			continue
@@ -109,11 +126,21 @@ func (m *model) cancel(k FlowKey) int {
 		delete(m.held, o)
 		if r.scattering {
 			m.orphans[o] = r
-		} else {
-			freed++
+			continue
 		}
+		if quarantine {
+			m.quar[o] = r.size
+		}
+		idle = append(idle, o)
 	}
-	return freed
+	return idle
+}
+
+func sameSet(a, b []uint64) bool {
+	a, b = slices.Clone(a), slices.Clone(b)
+	slices.Sort(a)
+	slices.Sort(b)
+	return slices.Equal(a, b)
 }
 
 func (m *model) flows() int {
@@ -147,6 +174,11 @@ func (m *model) check(t *rapid.T) {
 			eager += l.size
 		}
 	}
+	var quar uint64
+	for _, sz := range m.quar {
+		used += sz
+		quar += sz
+	}
 	scattering := len(m.orphans)
 	for _, r := range m.held {
 		if r.scattering {
@@ -164,6 +196,16 @@ func (m *model) check(t *rapid.T) {
 		t.Fatalf("Orphans %d Scattering %d, model %d %d", st.Orphans, st.Scattering, len(m.orphans), scattering)
 	case st.Regions != len(m.held) || st.Locals != len(m.locals):
 		t.Fatalf("Regions %d Locals %d, model %d %d", st.Regions, st.Locals, len(m.held), len(m.locals))
+	case st.Quarantined != len(m.quar) || st.QuarantinedBytes != quar:
+		t.Fatalf("Quarantined %d (%d bytes), model %d (%d bytes)", st.Quarantined, st.QuarantinedBytes, len(m.quar), quar)
+	case st.FreeBytes+st.HeldBytes+st.OrphanBytes+st.LocalBytes+st.QuarantinedBytes != st.Capacity:
+		t.Fatalf("conservation: free %d + held %d + orphaned %d + local %d + quarantined %d != capacity %d",
+			st.FreeBytes, st.HeldBytes, st.OrphanBytes, st.LocalBytes, st.QuarantinedBytes, st.Capacity)
+	}
+	for o := range m.quar {
+		if _, ok := m.s.Region(o); ok {
+			t.Fatalf("quarantined %#x is visible as a region", o)
+		}
 	}
 	for o, r := range m.held {
 		if !m.s.Held(r.k, o) {
@@ -190,8 +232,8 @@ func TestSchedulerProperties(t *testing.T) {
 		}
 		m := &model{
 			s: s, capacity: s.Capacity(), w: cfg.MaxInflight,
-			pending: map[FlowKey][]uint64{}, next: map[FlowKey]int{},
-			held: map[uint64]mRegion{}, orphans: map[uint64]mRegion{}, locals: map[uint64]mLocal{},
+			pending: map[FlowKey][]uint64{}, wanted: map[FlowKey][]uint64{}, next: map[FlowKey]int{},
+			held: map[uint64]mRegion{}, orphans: map[uint64]mRegion{}, locals: map[uint64]mLocal{}, quar: map[uint64]uint64{},
 		}
 		// Mostly small chunks, some large ones (which drive drain mode), a few
 		// at or past the limits.
@@ -206,26 +248,46 @@ func TestSchedulerProperties(t *testing.T) {
 		actions := map[string]func(*rapid.T){
 			"want": func(t *rapid.T) {
 				k := drawKey(t, "k")
+				live := len(m.pending[k]) > 0 || m.heldBy(k) > 0
 				chunks := rapid.SliceOfN(size, 0, 4).Draw(t, "chunks")
+				if live && rapid.Bool().Draw(t, "repeat") {
+					chunks = append([]uint64(nil), m.wanted[k]...) // a repeated WANT
+				}
 				valid := true
 				for _, n := range chunks {
 					valid = valid && n != 0 && n <= m.capacity
 				}
 				before := s.Stats()
 				err := s.Want(k, chunks)
-				if valid != (err == nil) {
-					t.Fatalf("Want(%v, %v) = %v, valid %v", k, chunks, err, valid)
-				}
-				if !valid {
-					if after := s.Stats(); after != before {
-						t.Fatalf("rejected Want changed stats: %+v -> %+v", before, after)
+				switch {
+				case !valid:
+					if err == nil {
+						t.Fatalf("Want(%v, %v) accepted an invalid size", k, chunks)
 					}
+				case len(chunks) == 0:
+					if err != nil {
+						t.Fatalf("Want(%v, nil) = %v, want a no-op", k, err)
+					}
+				case live && slices.Equal(chunks, m.wanted[k]):
+					if !errors.Is(err, ErrDuplicateWant) {
+						t.Fatalf("repeated Want(%v, %v) = %v, want ErrDuplicateWant", k, chunks, err)
+					}
+				case live:
+					if !errors.Is(err, ErrConflictingWant) {
+						t.Fatalf("conflicting Want(%v, %v) of a flow that wanted %v = %v, want ErrConflictingWant", k, chunks, m.wanted[k], err)
+					}
+				default:
+					if err != nil {
+						t.Fatalf("Want(%v, %v) = %v", k, chunks, err)
+					}
+					m.next[k] = 0 // a fresh flow numbers its chunks from 0
+					m.pending[k] = chunks
+					m.wanted[k] = chunks
 					return
 				}
-				if len(m.pending[k]) == 0 && m.heldBy(k) == 0 {
-					m.next[k] = 0 // a fresh flow numbers its chunks from 0
+				if after := s.Stats(); after != before {
+					t.Fatalf("Want(%v, %v) = %v changed stats: %+v -> %+v", k, chunks, err, before, after)
 				}
-				m.pending[k] = append(m.pending[k], chunks...)
 			},
 			"schedule": func(t *rapid.T) {
 				for _, g := range s.Schedule() {
@@ -236,6 +298,11 @@ func TestSchedulerProperties(t *testing.T) {
 					bs := s.BlockSize(g.Len)
 					if g.Offset%bs != 0 || g.Offset+bs > m.capacity {
 						t.Fatalf("grant %+v: block %d misaligned or beyond %d", g, bs, m.capacity)
+					}
+					for o, sz := range m.quar {
+						if g.Offset < o+sz && o < g.Offset+bs {
+							t.Fatalf("grant %+v overlaps quarantined region %#x", g, o)
+						}
 					}
 					if m.overlaps(g.Offset, bs) {
 						t.Fatalf("grant %+v overlaps a live region (scattering, orphaned, held or local)", g)
@@ -334,6 +401,35 @@ func TestSchedulerProperties(t *testing.T) {
 					t.Fatalf("ReclaimPeer(%q) freed %d, model %d", p, got, want)
 				}
 			},
+			"quarantine": func(t *rapid.T) {
+				k := drawKey(t, "k")
+				want := m.reclaim(k, true)
+				if got := s.Quarantine(k); !sameSet(got, want) {
+					t.Fatalf("Quarantine(%v) = %#x, model %#x", k, got, want)
+				}
+			},
+			"quarantinePeer": func(t *rapid.T) {
+				p := rapid.SampledFrom(append([]string{"nobody"}, propPeers...)).Draw(t, "peer")
+				var want []uint64
+				for _, r := range propReqs {
+					want = append(want, m.reclaim(FlowKey{Peer: p, Request: r}, true)...)
+				}
+				if got := s.QuarantinePeer(p); !sameSet(got, want) {
+					t.Fatalf("QuarantinePeer(%q) = %#x, model %#x", p, got, want)
+				}
+			},
+			"releaseQuarantined": func(t *rapid.T) {
+				off := m.drawOffset(t, func(o uint64) bool { _, ok := m.quar[o]; return ok })
+				_, want := m.quar[off]
+				err := s.ReleaseQuarantined(off)
+				if want != (err == nil) {
+					t.Fatalf("ReleaseQuarantined(%#x) = %v, model expects ok=%v", off, err, want)
+				}
+				if !want && !errors.Is(err, ErrNotQuarantined) {
+					t.Fatalf("ReleaseQuarantined(%#x) error %v", off, err)
+				}
+				delete(m.quar, off)
+			},
 			"acquireLocal": func(t *rapid.T) {
 				n := size.Draw(t, "n")
 				eager := rapid.Bool().Draw(t, "eager")
@@ -387,6 +483,7 @@ func TestSchedulerProperties(t *testing.T) {
 		}{
 			{"schedule", 4}, {"want", 4}, {"beginScatter", 3}, {"endScatter", 3}, {"drop", 1},
 			{"acquireLocal", 2}, {"releaseLocal", 2}, {"promoteLocal", 1}, {"cancel", 1}, {"reclaimPeer", 1},
+			{"quarantine", 1}, {"releaseQuarantined", 2}, {"quarantinePeer", 1},
 		} {
 			for range w.n {
 				names = append(names, w.name)
@@ -414,6 +511,12 @@ func TestSchedulerProperties(t *testing.T) {
 					t.Fatal(err)
 				}
 				delete(m.locals, o)
+			}
+			for o := range m.quar {
+				if err := s.ReleaseQuarantined(o); err != nil {
+					t.Fatal(err)
+				}
+				delete(m.quar, o)
 			}
 			for o, r := range m.held {
 				if r.scattering {

@@ -3,6 +3,7 @@ package credit
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 
 	"github.com/bouncekv/bounce/transfer"
@@ -22,8 +23,17 @@ var (
 	ErrNotScattering = errors.New("region is not scattering")
 	// ErrNotLocal means the offset is not a local staging region.
 	ErrNotLocal = errors.New("not a local staging region")
+	// ErrNotQuarantined means ReleaseQuarantined named an offset that is not
+	// a quarantined region.
+	ErrNotQuarantined = errors.New("region is not quarantined")
 	// ErrNotEager means PromoteLocal named a credit-backed staging region.
 	ErrNotEager = errors.New("local region is not eager")
+	// ErrDuplicateWant means Want named a live flow with the chunk list it
+	// already wanted: a repeated WANT, to be dropped.
+	ErrDuplicateWant = errors.New("duplicate want for a live flow")
+	// ErrConflictingWant means Want named a live flow with a different chunk
+	// list: a flow is wanted once, so this is a protocol error.
+	ErrConflictingWant = errors.New("want for a live flow with a different chunk list")
 )
 
 // DefaultBypassRounds is the number of full rounds a blocked flow may be
@@ -41,9 +51,9 @@ type FlowKey struct {
 func (k FlowKey) String() string { return fmt.Sprintf("%s/%d", k.Peer, k.Request) }
 
 // Grant is one credit: the region [Offset, Offset+Len) of the arena is
-// reserved for chunk Chunk of flow Flow. Chunk counts the flow's chunks from
-// 0 across all its Wants; Len is the chunk's requested bytes (the region's
-// buddy block may be larger).
+// reserved for chunk Chunk of flow Flow. Chunk indexes the flow's Want from
+// 0; Len is the chunk's requested bytes (the region's buddy block may be
+// larger).
 type Grant struct {
 	Flow   FlowKey
 	Chunk  int
@@ -69,7 +79,7 @@ type Config struct {
 
 // Stats is a snapshot of the scheduler's accounting. Byte counts are in
 // buddy block bytes, so Capacity = FreeBytes + HeldBytes + OrphanBytes +
-// LocalBytes.
+// LocalBytes + QuarantinedBytes.
 type Stats struct {
 	Capacity, FreeBytes, HeldBytes, LocalBytes, EagerBytes uint64
 	// Flows is the number of live flows (with pending chunks or held
@@ -83,6 +93,11 @@ type Stats struct {
 	// Regions is the number of held regions, Locals the number of local
 	// staging regions.
 	Regions, Locals int
+	// Quarantined is the number of quarantined regions (reclaimed from a
+	// flow whose sender may still write them) and QuarantinedBytes their
+	// block bytes.
+	Quarantined      int
+	QuarantinedBytes uint64
 	// Pending is the number of chunks wanted but not yet granted; Ready is
 	// the number of flows on the ring (pending and under their cap).
 	Pending, Ready int
@@ -98,9 +113,10 @@ type Scheduler struct {
 	w            int
 	bypassRounds int
 
-	flows   map[FlowKey]*flow
-	regions map[uint64]region
-	locals  map[uint64]local
+	flows       map[FlowKey]*flow
+	regions     map[uint64]region
+	locals      map[uint64]local
+	quarantined map[uint64]uint64 // block size of each quarantined region
 
 	cursor    *flow // next flow a sweep looks at; nil when the ring is empty
 	ringLen   int
@@ -114,15 +130,15 @@ type Scheduler struct {
 
 	pending                                   int
 	heldBytes, orphanBytes, localBytes, eager uint64
+	quarantinedBytes                          uint64
 	scattering, orphans                       int
 }
 
 // flow is one (peer, request) stream.
 type flow struct {
 	key     FlowKey
-	pending []uint64 // chunk bytes; pending[head:] are still wanted
-	head    int
-	granted int      // chunks granted so far = index of the next chunk
+	pending []uint64 // the flow's Want, chunk bytes; pending[head:] are still wanted
+	head    int      // chunks granted so far = index of the next chunk
 	held    []uint64 // region offsets, scattering ones included
 
 	prev, next *flow // ring links, valid while inRing
@@ -173,6 +189,7 @@ func New(cfg Config) (*Scheduler, error) {
 		flows:        make(map[FlowKey]*flow),
 		regions:      make(map[uint64]region),
 		locals:       make(map[uint64]local),
+		quarantined:  make(map[uint64]uint64),
 	}, nil
 }
 
@@ -183,10 +200,14 @@ func (s *Scheduler) Capacity() uint64 { return s.buddy.Capacity() }
 // takes, or 0 when n is 0 or exceeds Capacity().
 func (s *Scheduler) BlockSize(n uint64) uint64 { return s.buddy.BlockSize(n) }
 
-// Want appends chunks of the given byte sizes to flow k, creating the flow
-// when it is new. Chunk indices continue across Wants of one flow. Every
-// size must be in [1, Capacity()]; otherwise Want changes nothing and returns
-// an error. An empty list is a no-op (use Cancel to withdraw a flow).
+// Want creates flow k wanting chunks of the given byte sizes, granted in
+// order as chunks 0, 1, ... A flow is wanted once: while k is live (it has
+// chunks pending or regions held), a Want with the same list changes
+// nothing and returns ErrDuplicateWant (a repeated message), and one with a
+// different list changes nothing and returns ErrConflictingWant (a protocol
+// error). Every size must be in [1, Capacity()]; otherwise Want changes
+// nothing and returns an error. An empty list is a no-op (use Cancel to
+// withdraw a flow).
 func (s *Scheduler) Want(k FlowKey, chunkBytes []uint64) error {
 	for i, n := range chunkBytes {
 		if n == 0 || n > s.Capacity() {
@@ -196,12 +217,14 @@ func (s *Scheduler) Want(k FlowKey, chunkBytes []uint64) error {
 	if len(chunkBytes) == 0 {
 		return nil
 	}
-	f := s.flows[k]
-	if f == nil {
-		f = &flow{key: k}
-		s.flows[k] = f
+	if f := s.flows[k]; f != nil {
+		if slices.Equal(f.pending, chunkBytes) {
+			return fmt.Errorf("credit: want %v: %w", k, ErrDuplicateWant)
+		}
+		return fmt.Errorf("credit: want %v: %d chunks, the live flow wanted %d: %w", k, len(chunkBytes), len(f.pending), ErrConflictingWant)
 	}
-	f.pending = append(f.pending, chunkBytes...)
+	f := &flow{key: k, pending: slices.Clone(chunkBytes)}
+	s.flows[k] = f
 	s.pending += len(chunkBytes)
 	s.update(f)
 	return nil
@@ -258,6 +281,23 @@ func (s *Scheduler) Schedule() []Grant {
 // Active reports whether flow k exists: it has chunks pending or regions
 // held (scattering ones included).
 func (s *Scheduler) Active(k FlowKey) bool { return s.flows[k] != nil }
+
+// IdleRegions returns the number of regions flow k holds that are granted
+// and not being scattered: regions only its sender can move on (by a DATA
+// or a cancel). 0 for an unknown flow.
+func (s *Scheduler) IdleRegions(k FlowKey) int {
+	f := s.flows[k]
+	if f == nil {
+		return 0
+	}
+	n := 0
+	for _, off := range f.held {
+		if !s.regions[off].scattering {
+			n++
+		}
+	}
+	return n
+}
 
 // Held reports whether the region at off is held by flow k (scattering or
 // not). Orphaned regions are held by no flow.
@@ -348,15 +388,34 @@ func (s *Scheduler) Drop(k FlowKey, off uint64) error {
 // Cancel reclaims flow k: its pending chunks are dropped, its regions that
 // are not scattering are freed now, scattering ones become orphans freed by
 // EndScatter, and the flow is erased. It returns the number of regions freed
-// now; an unknown flow is 0.
+// now; an unknown flow is 0. Cancel is for a flow whose sender can no
+// longer write any of its regions (it cancelled once its writes were over);
+// otherwise use Quarantine.
 func (s *Scheduler) Cancel(k FlowKey) int {
+	return len(s.reclaim(k, false))
+}
+
+// Quarantine reclaims flow k like Cancel, except that its regions that are
+// not scattering are quarantined instead of freed: its sender may still land
+// a write in them (it expired, or its peer was lost without proof that it can
+// no longer write). A quarantined region is held by nobody and never granted
+// until ReleaseQuarantined frees it. It returns the quarantined offsets (nil
+// for an unknown flow). Scattering regions become orphans as with Cancel:
+// their DATA said the write was over.
+func (s *Scheduler) Quarantine(k FlowKey) []uint64 {
+	return s.reclaim(k, true)
+}
+
+// reclaim erases flow k and returns the offsets of its idle regions, which
+// it frees, or quarantines when quarantine is set.
+func (s *Scheduler) reclaim(k FlowKey, quarantine bool) []uint64 {
 	f := s.flows[k]
 	if f == nil {
-		return 0
+		return nil
 	}
 	s.pending -= len(f.pending) - f.head
 	f.pending, f.head = nil, 0
-	freed := 0
+	var idle []uint64
 	for _, off := range f.held {
 		r := s.regions[off]
 		s.heldBytes -= r.size
@@ -368,29 +427,64 @@ func (s *Scheduler) Cancel(k FlowKey) int {
 			continue
 		}
 		delete(s.regions, off)
-		s.buddy.Free(off)
-		freed++
+		if quarantine {
+			s.quarantined[off] = r.size
+			s.quarantinedBytes += r.size
+		} else {
+			s.buddy.Free(off)
+		}
+		idle = append(idle, off)
 	}
 	f.held = nil
 	s.update(f) // erases it
-	return freed
+	return idle
+}
+
+// ReleaseQuarantined frees a quarantined region once its quarantine is over
+// (the owner keeps the clock). It fails with ErrNotQuarantined otherwise.
+func (s *Scheduler) ReleaseQuarantined(off uint64) error {
+	size, ok := s.quarantined[off]
+	if !ok {
+		return fmt.Errorf("credit: release quarantined %#x: %w", off, ErrNotQuarantined)
+	}
+	delete(s.quarantined, off)
+	s.quarantinedBytes -= size
+	s.buddy.Free(off)
+	return nil
 }
 
 // ReclaimPeer cancels every flow of peer, in request order, and returns the
-// regions freed now. It walks the whole flow table (peer loss is rare).
+// regions freed now. It walks the whole flow table (peer loss is rare). Use
+// it only when the peer can no longer write (its engine fenced it);
+// otherwise QuarantinePeer.
 func (s *Scheduler) ReclaimPeer(peer string) int {
-	var reqs []uint64
-	for k := range s.flows {
-		if k.Peer == peer {
-			reqs = append(reqs, k.Request)
-		}
-	}
-	sort.Slice(reqs, func(i, j int) bool { return reqs[i] < reqs[j] })
 	freed := 0
-	for _, r := range reqs {
-		freed += s.Cancel(FlowKey{Peer: peer, Request: r})
+	for _, k := range s.peerFlows(peer) {
+		freed += s.Cancel(k)
 	}
 	return freed
+}
+
+// QuarantinePeer quarantines every flow of peer (see Quarantine), in
+// request order, and returns the quarantined offsets.
+func (s *Scheduler) QuarantinePeer(peer string) []uint64 {
+	var out []uint64
+	for _, k := range s.peerFlows(peer) {
+		out = append(out, s.Quarantine(k)...)
+	}
+	return out
+}
+
+// peerFlows returns the keys of peer's flows in request order.
+func (s *Scheduler) peerFlows(peer string) []FlowKey {
+	var keys []FlowKey
+	for k := range s.flows {
+		if k.Peer == peer {
+			keys = append(keys, k)
+		}
+	}
+	sort.Slice(keys, func(i, j int) bool { return keys[i].Request < keys[j].Request })
+	return keys
 }
 
 // AcquireLocal takes an n-byte gather staging region for the local sender
@@ -462,10 +556,13 @@ func (s *Scheduler) Stats() Stats {
 		Orphans:     s.orphans,
 		Draining:    s.drain != nil,
 		OrphanBytes: s.orphanBytes,
-		Regions:     len(s.regions) - s.orphans,
-		Locals:      len(s.locals),
-		Pending:     s.pending,
-		Ready:       s.ringLen,
+
+		Quarantined:      len(s.quarantined),
+		QuarantinedBytes: s.quarantinedBytes,
+		Regions:          len(s.regions) - s.orphans,
+		Locals:           len(s.locals),
+		Pending:          s.pending,
+		Ready:            s.ringLen,
 	}
 	if s.drain != nil {
 		st.DrainFlow = s.drain.key
@@ -476,16 +573,9 @@ func (s *Scheduler) Stats() Stats {
 // grant gives f's head chunk the block at off and moves the cursor past f.
 func (s *Scheduler) grant(f *flow, off uint64) Grant {
 	n := f.pending[f.head]
+	g := Grant{Flow: f.key, Chunk: f.head, Offset: off, Len: n}
 	f.head++
-	if f.head == len(f.pending) {
-		f.pending, f.head = f.pending[:0], 0
-	} else if f.head >= 32 && 2*f.head >= len(f.pending) {
-		f.pending = f.pending[:copy(f.pending, f.pending[f.head:])]
-		f.head = 0
-	}
 	s.pending--
-	g := Grant{Flow: f.key, Chunk: f.granted, Offset: off, Len: n}
-	f.granted++
 	size := s.buddy.BlockSize(n) // the block Alloc(n) just took
 	s.regions[off] = region{key: f.key, f: f, chunk: g.Chunk, len: n, size: size}
 	f.held = append(f.held, off)

@@ -197,22 +197,57 @@ func TestWantRejectsBadChunks(t *testing.T) {
 	mustCheck(t, s)
 }
 
-func TestChunkIndicesContinueAcrossWants(t *testing.T) {
+// TestRepeatedWant: a flow is wanted once. A repeated WANT of a live flow
+// (same chunk list) reserves nothing more and reports ErrDuplicateWant; a
+// different list is ErrConflictingWant; either leaves the flow as it was,
+// even once all its chunks are granted. Once the flow ended, a Want starts a
+// new flow from chunk 0.
+func TestRepeatedWant(t *testing.T) {
 	s := mustNew(t, Config{Capacity: 1 << 20, Granularity: 1 << 10, MaxInflight: 8})
 	k := key("p", 1)
-	_ = s.Want(k, []uint64{100, 200})
-	first := s.Schedule()
-	_ = s.Want(k, []uint64{300})
-	second := s.Schedule()
-	all := append(first, second...)
-	if len(all) != 3 {
-		t.Fatalf("grants %+v", all)
+	if err := s.Want(k, []uint64{100, 200, 300}); err != nil {
+		t.Fatal(err)
 	}
-	for i, g := range all {
-		if g.Chunk != i || g.Len != uint64(100*(i+1)) {
-			t.Errorf("grant %d = %+v", i, g)
+	first := s.Schedule()
+	if len(first) != 3 {
+		t.Fatalf("grants %+v", first)
+	}
+	before := s.Stats()
+	for _, tc := range []struct {
+		chunks []uint64
+		want   error
+	}{
+		{[]uint64{100, 200, 300}, ErrDuplicateWant},
+		{[]uint64{100, 200}, ErrConflictingWant},
+		{[]uint64{100, 200, 300, 400}, ErrConflictingWant},
+		{[]uint64{300}, ErrConflictingWant},
+	} {
+		if err := s.Want(k, tc.chunks); !errors.Is(err, tc.want) {
+			t.Errorf("Want(%v) = %v, want %v", tc.chunks, err, tc.want)
+		}
+		if gs := s.Schedule(); len(gs) != 0 {
+			t.Fatalf("Want(%v) of a live flow led to grants %+v", tc.chunks, gs)
+		}
+		if after := s.Stats(); after != before {
+			t.Fatalf("Want(%v) changed the scheduler: %+v -> %+v", tc.chunks, before, after)
+		}
+		mustCheck(t, s)
+	}
+	for _, g := range first {
+		if err := s.Drop(k, g.Offset); err != nil {
+			t.Fatal(err)
 		}
 	}
+	if s.Active(k) {
+		t.Fatal("flow still live after its last region was dropped")
+	}
+	if err := s.Want(k, []uint64{400}); err != nil {
+		t.Fatal(err)
+	}
+	if gs := s.Schedule(); len(gs) != 1 || gs[0].Chunk != 0 || gs[0].Len != 400 {
+		t.Fatalf("a new flow after the old one ended: grants %+v", gs)
+	}
+	mustCheck(t, s)
 }
 
 // TestFlowErasedWhenDone shows flows leave every table once their last
@@ -593,6 +628,87 @@ func TestDrainCancelled(t *testing.T) {
 	}
 	if gs := s.Schedule(); len(gs) != 1 {
 		t.Fatalf("grants after drain flow cancelled: %q", grantNames(gs))
+	}
+	mustCheck(t, s)
+}
+
+// TestIdleRegions counts a flow's granted regions that wait for its sender:
+// not pending chunks, not regions being scattered.
+func TestIdleRegions(t *testing.T) {
+	const unit = 1 << 12
+	s := mustNew(t, Config{Capacity: 2 * unit, Granularity: unit, MaxInflight: 4})
+	k := key("p", 1)
+	_ = s.Want(k, repeat(3, unit))
+	if n := s.IdleRegions(k); n != 0 {
+		t.Fatalf("pending only: %d idle regions", n)
+	}
+	gs := s.Schedule()
+	if len(gs) != 2 {
+		t.Fatalf("grants %+v", gs)
+	}
+	if n := s.IdleRegions(k); n != 2 {
+		t.Fatalf("two granted: %d idle regions", n)
+	}
+	if err := s.BeginScatter(k, gs[0].Offset); err != nil {
+		t.Fatal(err)
+	}
+	if n := s.IdleRegions(k); n != 1 {
+		t.Fatalf("one scattering: %d idle regions", n)
+	}
+	if n := s.IdleRegions(key("p", 2)); n != 0 {
+		t.Fatalf("unknown flow: %d idle regions", n)
+	}
+}
+
+// TestQuarantine: a quarantined region belongs to nobody and is never
+// granted until it is released; a scattering region of the same flow
+// becomes an orphan as with Cancel.
+func TestQuarantine(t *testing.T) {
+	const unit = 1 << 12
+	s := mustNew(t, Config{Capacity: 2 * unit, Granularity: unit, MaxInflight: 4})
+	gone, next := key("gone", 1), key("next", 1)
+	_ = s.Want(gone, repeat(2, unit))
+	gs := s.Schedule()
+	if len(gs) != 2 {
+		t.Fatalf("grants %+v", gs)
+	}
+	if err := s.BeginScatter(gone, gs[0].Offset); err != nil {
+		t.Fatal(err)
+	}
+	q := s.Quarantine(gone)
+	if len(q) != 1 || q[0] != gs[1].Offset {
+		t.Fatalf("Quarantine = %#x, want [%#x]", q, gs[1].Offset)
+	}
+	if st := s.Stats(); st.Quarantined != 1 || st.QuarantinedBytes != unit || st.Orphans != 1 || st.Flows != 0 {
+		t.Fatalf("stats %+v", st)
+	}
+	if _, ok := s.Region(q[0]); ok || s.Held(gone, q[0]) {
+		t.Fatal("a quarantined region is still visible as held")
+	}
+	if err := s.BeginScatter(gone, q[0]); !errors.Is(err, ErrNotHeld) {
+		t.Fatalf("BeginScatter of a quarantined region: %v", err)
+	}
+	mustCheck(t, s)
+	_ = s.Want(next, repeat(1, unit))
+	if _, _, err := s.EndScatter(gs[0].Offset); err != nil {
+		t.Fatal(err)
+	}
+	if g := s.Schedule(); len(g) != 1 || g[0].Offset != gs[0].Offset {
+		t.Fatalf("grants %+v: want only the orphan's freed region", g)
+	}
+	_ = s.Cancel(next)
+	_ = s.Want(next, repeat(2, unit))
+	if g := s.Schedule(); len(g) != 1 || g[0].Offset == q[0] {
+		t.Fatalf("grants %+v while %#x is quarantined", g, q[0])
+	}
+	if err := s.ReleaseQuarantined(q[0]); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.ReleaseQuarantined(q[0]); !errors.Is(err, ErrNotQuarantined) {
+		t.Fatalf("second release: %v", err)
+	}
+	if g := s.Schedule(); len(g) != 1 || g[0].Offset != q[0] {
+		t.Fatalf("grants %+v after the release, want %#x", g, q[0])
 	}
 	mustCheck(t, s)
 }

@@ -105,7 +105,10 @@ type Message interface {
 
 // Want asks the receiver for one credit per chunk, in chunk order. An empty
 // ChunkBytes is a cancel: the receiver drops the flow and reclaims every
-// region it granted to it. Endpoint is the sender's control endpoint, so the
+// region it granted to it. A sender sends one WANT per request: while the
+// request's flow is live on the receiver, a repeat with the same chunk list
+// is dropped (and counted), and one with a different list is refused with
+// NackConflictingWant, leaving the flow as it was. Endpoint is the sender's control endpoint, so the
 // receiver can reach it back; TraceParent is a W3C traceparent (may be
 // empty), opaque to the codec. Chunk sizes must be positive.
 type Want struct {
@@ -190,6 +193,10 @@ const (
 	NackChunkTooLarge
 	// NackMalformed: the message could not be decoded.
 	NackMalformed
+	// NackConflictingWant: a WANT named a request whose flow is live with a
+	// different chunk list. A flow is wanted once; the receiver leaves the
+	// live flow as it was.
+	NackConflictingWant
 )
 
 // String names the code ("bad-runs", ...).
@@ -209,6 +216,8 @@ func (c NackCode) String() string {
 		return "chunk-too-large"
 	case NackMalformed:
 		return "malformed"
+	case NackConflictingWant:
+		return "conflicting-want"
 	default:
 		return fmt.Sprintf("nack(%d)", uint16(c))
 	}

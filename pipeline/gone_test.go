@@ -1,0 +1,276 @@
+package pipeline
+
+import (
+	"bytes"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/bouncekv/bounce/mem"
+	"github.com/bouncekv/bounce/pipeline/wire"
+	"github.com/bouncekv/bounce/transfer"
+)
+
+// "Gone means gone": once a flow is cancelled, expired or its peer
+// forgotten, nothing of it lands in the receiver's memory any more.
+
+func withBusyScatter(bs **busyScatterer) nodeOpt {
+	return func(s *Settings) {
+		f := &busyScatterer{Scatterer: s.Scatterer}
+		s.Scatterer = f
+		*bs = f
+	}
+}
+
+// TestGivenUpFlowQueuedScatterNeverRuns: a DATA whose scatter waits for a
+// busy copy pool, then its flow is given up (the sender cancels, the flow
+// expires, the peer is forgotten). Once the pool frees, the scatter must not
+// run: the destination keeps its bytes, no ACK is sent, the region is freed.
+func TestGivenUpFlowQueuedScatterNeverRuns(t *testing.T) {
+	for _, how := range []string{"cancel", "expiry", "forget-peer"} {
+		t.Run(how, func(t *testing.T) {
+			w := newWorld(t)
+			cfg := testConfig()
+			cfg.RequestTimeout = 100 * time.Millisecond // FlowExpiry 400ms
+			var bs *busyScatterer
+			b := w.node("b", cfg, withBusyScatter(&bs))
+			dst := b.buffer(t, 1<<20)
+			for i := range dst {
+				dst[i] = 0xab
+			}
+			im := newImpostor(t, w, b)
+			bs.busy.Store(true)
+			const req = 5
+			// Two chunks: the second stays granted and unwritten, so the
+			// flow holds a region and a silent sender's flow expires.
+			im.send(t, "b", &wire.Want{Request: req, ChunkBytes: []uint64{64 << 10, 64 << 10}, Endpoint: im.ch.LocalEndpoint()})
+			g, ok := im.recv(t, 5*time.Second).(*wire.Grant)
+			if !ok || len(g.Credits) != 2 {
+				t.Fatalf("expected one GRANT with 2 credits, got %#v", g)
+			}
+			im.send(t, "b", &wire.Data{Request: req, Chunk: 0, Region: g.Credits[0].Region,
+				Runs: []transfer.Run{{Addr: mem.DescOf(dst).Addr, Len: 64 << 10, Count: 1}}})
+			eventually(t, func() bool { return bs.tries.Load() > 0 }) // queued behind the busy pool
+			switch how {
+			case "cancel":
+				im.send(t, "b", &wire.Want{Request: req, Endpoint: im.ch.LocalEndpoint()})
+			case "forget-peer":
+				if err := b.ForgetPeer("evil"); err != nil {
+					t.Fatal(err)
+				}
+			}
+			eventually(t, func() bool { return b.ArenaStats().Flows == 0 })
+			bs.busy.Store(false)
+			settled(t, b)
+			if !bytes.Equal(dst, bytes.Repeat([]byte{0xab}, len(dst))) {
+				t.Fatal("a scatter of the given-up flow ran: the destination changed")
+			}
+			if m := im.recv(t, 50*time.Millisecond); m != nil {
+				t.Fatalf("unexpected reply %#v for a given-up flow", m)
+			}
+			if got := b.Stats().CancelledScatters; got != 1 {
+				t.Fatalf("cancelled scatters = %d, want 1", got)
+			}
+		})
+	}
+}
+
+// TestRepeatedWantReservesOnce: a repeated WANT of a live flow reserves
+// nothing more and is counted; a WANT with a different chunk list is
+// refused with a NACK and leaves the flow as it was.
+func TestRepeatedWantReservesOnce(t *testing.T) {
+	w := newWorld(t)
+	b := w.node("b", testConfig())
+	im := newImpostor(t, w, b)
+	want := &wire.Want{Request: 3, ChunkBytes: []uint64{64 << 10, 64 << 10}, Endpoint: im.ch.LocalEndpoint()}
+	im.send(t, "b", want)
+	if g, ok := im.recv(t, 5*time.Second).(*wire.Grant); !ok || len(g.Credits) != 2 {
+		t.Fatalf("expected one GRANT with 2 credits, got %#v", g)
+	}
+	before := b.ArenaStats()
+	im.send(t, "b", want)
+	if m := im.recv(t, 100*time.Millisecond); m != nil {
+		t.Fatalf("a repeated WANT got %#v", m)
+	}
+	eventually(t, func() bool { return b.Stats().DuplicateWants == 1 })
+	if after := b.ArenaStats(); after != before {
+		t.Fatalf("a repeated WANT changed the arena: %+v -> %+v", before, after)
+	}
+	im.send(t, "b", &wire.Want{Request: 3, ChunkBytes: []uint64{64 << 10, 64 << 10, 64 << 10}, Endpoint: im.ch.LocalEndpoint()})
+	if n, ok := im.recv(t, 5*time.Second).(*wire.Nack); !ok || n.Request != 3 || n.Code != wire.NackConflictingWant {
+		t.Fatalf("a conflicting WANT got %#v, want a NACK %v", n, wire.NackConflictingWant)
+	}
+	if got := b.Stats().RejectedWants; got != 1 {
+		t.Fatalf("rejected wants = %d, want 1", got)
+	}
+	if after := b.ArenaStats(); after != before {
+		t.Fatalf("a conflicting WANT changed the arena: %+v -> %+v", before, after)
+	}
+	im.send(t, "b", &wire.Want{Request: 3, Endpoint: im.ch.LocalEndpoint()})
+	settled(t, b)
+}
+
+// TestPendingFlowDoesNotExpire: a flow waiting for its first grant (the
+// arena is full) and a flow whose regions are all being scattered wait for
+// the receiver, not for their senders: neither expires, however long that
+// takes. The granted flow's silence counts from its grant: it is not
+// reclaimed at once for having waited, only once it stays silent after it.
+func TestPendingFlowDoesNotExpire(t *testing.T) {
+	w := newWorld(t)
+	cfg := testConfig()
+	cfg.MaxInflight = 8
+	cfg.RequestTimeout = 50 * time.Millisecond
+	cfg.FlowExpiry = 200 * time.Millisecond
+	var bs *busyScatterer
+	b := w.node("b", cfg, withBusyScatter(&bs))
+	dst := b.buffer(t, 8<<20)
+	hog, waiter := newNamedImpostor(t, w, b, "hog"), newNamedImpostor(t, w, b, "waiter")
+	bs.busy.Store(true)
+	// The hog takes the whole arena and hands every region to a scatter
+	// that waits for the busy copy pool.
+	chunks := make([]uint64, 8)
+	for i := range chunks {
+		chunks[i] = 1 << 20
+	}
+	hog.send(t, "b", &wire.Want{Request: 1, ChunkBytes: chunks, Endpoint: hog.ch.LocalEndpoint()})
+	g, ok := hog.recv(t, 5*time.Second).(*wire.Grant)
+	if !ok || len(g.Credits) != 8 {
+		t.Fatalf("expected one GRANT with 8 credits, got %#v", g)
+	}
+	for i, cr := range g.Credits {
+		hog.send(t, "b", &wire.Data{Request: 1, Chunk: cr.Chunk, Region: cr.Region,
+			Runs: []transfer.Run{{Addr: mem.DescOf(dst).Addr + uint64(i)<<20, Len: 1 << 20, Count: 1}}})
+	}
+	eventually(t, func() bool { return b.ArenaStats().Scattering == 8 })
+	waiter.send(t, "b", &wire.Want{Request: 2, ChunkBytes: []uint64{1 << 20}, Endpoint: waiter.ch.LocalEndpoint()})
+	time.Sleep(3 * cfg.FlowExpiry) // both flows wait for the receiver
+	if got := b.Stats().ExpiredFlows; got != 0 {
+		t.Fatalf("%d flows expired while they waited for the receiver", got)
+	}
+	if st := b.ArenaStats(); st.Flows != 2 || st.Pending != 1 {
+		t.Fatalf("arena %+v: want the hog's flow and the waiter's pending chunk", st)
+	}
+	bs.busy.Store(false)
+	for range 8 {
+		if a, ok := hog.recv(t, 5*time.Second).(*wire.Ack); !ok || a.Request != 1 {
+			t.Fatalf("expected the hog's ACKs, got %#v", a)
+		}
+	}
+	if g, ok := waiter.recv(t, 5*time.Second).(*wire.Grant); !ok || g.Request != 2 {
+		t.Fatalf("the waiting flow got %#v, want its GRANT", g)
+	}
+	granted := time.Now()
+	time.Sleep(cfg.FlowExpiry / 4)
+	if got := b.Stats().ExpiredFlows; got != 0 && time.Since(granted) < cfg.FlowExpiry {
+		t.Fatal("the flow was reclaimed right after its grant: its silence was counted from its WANT")
+	}
+	// Silent after its grant, it is reclaimed.
+	eventually(t, func() bool { return b.Stats().ExpiredFlows == 1 })
+	settled(t, b)
+}
+
+// holdReactor parks n's reactor until the returned release is called, so
+// commands posted meanwhile run later, in order.
+func holdReactor(t *testing.T, n *node) (release func()) {
+	t.Helper()
+	held, gate := make(chan struct{}), make(chan struct{})
+	n.post(func(*reactor) {
+		close(held)
+		<-gate
+	})
+	<-held
+	var once sync.Once
+	release = func() { once.Do(func() { close(gate) }) }
+	t.Cleanup(release)
+	return release
+}
+
+// TestForgetPeerRacingSubmit: a Submit accepted just before ForgetPeer (its
+// request reaches the reactor after the peer was removed from the control
+// channel and the engine) fails with ErrPeerLost, on both routes, and
+// nothing of it lands.
+func TestForgetPeerRacingSubmit(t *testing.T) {
+	w := newWorld(t)
+	a, b := w.node("a", testConfig()), w.node("b", testConfig())
+	j := simple(t, a, b, 60)
+	connect(t, a, b)
+	release := holdReactor(t, a)
+	bounce, err := a.Submit(Request{Peer: "b", Src: j.src, Dst: j.dst})
+	if err != nil {
+		t.Fatal(err)
+	}
+	direct, err := a.Submit(Request{Peer: "b", Src: j.src[:1], Dst: j.dst[:1]})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if bounce.Route() != RouteBounce || direct.Route() != RouteDirect {
+		t.Fatalf("routes %v, %v: want bounce and direct", bounce.Route(), direct.Route())
+	}
+	if err := a.ForgetPeer("b"); err != nil {
+		t.Fatal(err)
+	}
+	release()
+	for _, bt := range []*Batch{bounce, direct} {
+		if err := wait(t, bt); !errors.Is(err, transfer.ErrPeerLost) {
+			t.Fatalf("%v batch: err = %v, want ErrPeerLost", bt.Route(), err)
+		}
+		if _, quiet := bt.Retirement(); !quiet {
+			t.Fatalf("%v batch: not quiescent, though nothing started", bt.Route())
+		}
+	}
+	if !bytes.Equal(j.dstB, make([]byte, len(j.dstB))) {
+		t.Fatal("bytes of a request to a forgotten peer landed")
+	}
+	if _, err := a.Submit(Request{Peer: "b", Src: j.src, Dst: j.dst}); !errors.Is(err, transfer.ErrUnknownPeer) {
+		t.Fatalf("submit after ForgetPeer returned: err = %v, want ErrUnknownPeer", err)
+	}
+	settled(t, a, b)
+}
+
+// TestForgetPeerRacingSubmitLoop races Submit and ForgetPeer freely:
+// Submits run back to back until one is refused, ForgetPeer comes once the
+// first was accepted. Every batch succeeds or fails with ErrPeerLost, and the
+// refused Submit says ErrUnknownPeer.
+func TestForgetPeerRacingSubmitLoop(t *testing.T) {
+	w := newWorld(t)
+	a, b := w.node("a", testConfig()), w.node("b", testConfig())
+	j := simple(t, a, b, 61)
+	for i := range 20 {
+		connect(t, a, b)
+		var batches []*Batch
+		first, done := make(chan struct{}), make(chan struct{})
+		go func() {
+			defer close(done)
+			for n := 0; ; n++ {
+				bt, err := a.Submit(Request{Peer: "b", Src: j.src, Dst: j.dst})
+				if err != nil {
+					if !errors.Is(err, transfer.ErrUnknownPeer) {
+						t.Errorf("round %d: submit: %v", i, err)
+					}
+					if n == 0 {
+						close(first)
+					}
+					return
+				}
+				batches = append(batches, bt)
+				if n == 0 {
+					close(first)
+				}
+			}
+		}()
+		<-first
+		if err := a.ForgetPeer("b"); err != nil {
+			t.Fatal(err)
+		}
+		<-done
+		for _, bt := range batches {
+			if err := wait(t, bt); err != nil && !errors.Is(err, transfer.ErrPeerLost) {
+				t.Fatalf("round %d: batch %d of %d: err = %v, want nil or ErrPeerLost", i, bt.ID(), len(batches), err)
+			}
+		}
+		if err := b.ForgetPeer("a"); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
