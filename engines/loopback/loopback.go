@@ -67,6 +67,12 @@ type Options struct {
 	// received from it (closing it releases all). A stalled operation stays
 	// pending, still fails on ForgetPeer or Close, and writes nothing.
 	Gate <-chan struct{}
+	// Hold, when set, runs on the operation's goroutine before the bytes
+	// move (after Gate) and may block; abort is closed when the operation
+	// is failed by ForgetPeer or Close, and Hold must return by then. A
+	// held operation stays pending and writes nothing; one failed while
+	// held writes nothing at all. It lets a test stall writes on purpose.
+	Hold func(abort <-chan struct{})
 }
 
 // Engine is one agent's endpoint on a Fabric. It implements transfer.Engine
@@ -380,6 +386,9 @@ func (e *Engine) run(o *writeOp) {
 		case <-g:
 		case <-o.abortC:
 		}
+	}
+	if h := e.opts.Hold; h != nil {
+		h(o.abortC)
 	}
 	e.fab.mu.Lock()
 	err := o.abortErr

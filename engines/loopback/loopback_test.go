@@ -579,3 +579,49 @@ func TestTargetForgetFencesPeer(t *testing.T) {
 	_ = inFlight.Release()
 	_ = op.Release()
 }
+
+// TestHoldStallsUntilReleasedOrAborted: a held write stays pending and
+// writes nothing; it lands once Hold returns, and one failed while held
+// (ForgetPeer) writes nothing at all.
+func TestHoldStallsUntilReleasedOrAborted(t *testing.T) {
+	release := make(chan struct{})
+	hold := func(abort <-chan struct{}) {
+		select {
+		case <-release:
+		case <-abort:
+		}
+	}
+	a, _, src, dst, done := pair(t, loopback.Options{Hold: hold})
+	op, err := a.PostWrite("b", []transfer.WriteOp{{Src: src.Desc(), Dst: dst.Desc()}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(10 * time.Millisecond)
+	if s, _ := op.Poll(); s != transfer.Pending || !bytes.Equal(dst.Bytes(), make([]byte, len(dst.Bytes()))) {
+		t.Fatalf("held write = %v, or it wrote bytes", s)
+	}
+	close(release)
+	if s, err := await(t, op, done); s != transfer.Done || !bytes.Equal(dst.Bytes(), src.Bytes()) {
+		t.Fatalf("released write = %v, %v (or bytes differ)", s, err)
+	}
+	_ = op.Release()
+
+	release = make(chan struct{})
+	clear(dst.Bytes())
+	op, err = a.PostWrite("b", []transfer.WriteOp{{Src: src.Desc(), Dst: dst.Desc()}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.ForgetPeer("b"); err != nil {
+		t.Fatal(err)
+	}
+	if s, err := op.Poll(); s != transfer.Failed || !errors.Is(err, transfer.ErrPeerLost) {
+		t.Fatalf("write failed while held = %v, %v; want failed with ErrPeerLost", s, err)
+	}
+	close(release)
+	time.Sleep(10 * time.Millisecond)
+	if !bytes.Equal(dst.Bytes(), make([]byte, len(dst.Bytes()))) {
+		t.Fatal("a write failed while held wrote bytes")
+	}
+	_ = op.Release()
+}
