@@ -12,6 +12,8 @@ import (
 	"github.com/bouncekv/bounce/config"
 	"github.com/bouncekv/bounce/conformance"
 	"github.com/bouncekv/bounce/engines/loopback"
+	"github.com/bouncekv/bounce/engines/tcp"
+	"github.com/bouncekv/bounce/engines/ucx"
 	"github.com/bouncekv/bounce/mem"
 	"github.com/bouncekv/bounce/node"
 	"github.com/bouncekv/bounce/stages/write"
@@ -111,26 +113,64 @@ func settings(name string) node.Settings {
 }
 
 // EngineFactory returns fresh engine pairs "a" and "b" from ef; KillB
-// closes b abruptly.
+// closes b abruptly. The pair names what the suite cannot find out by
+// itself: the engine's internal fragment size and largest notification
+// (tcp, ucx) and, for loopback, a way to stall a's writes on purpose.
 func EngineFactory(ef node.EngineFactory, o Options) conformance.EngineFactory {
 	o.fill()
 	return func() (conformance.EnginePair, error) {
 		ef := fresh(ef)
-		a, err := ef.CreateEngine(settings("a"), o.Engine)
+		var create func(name string) (transfer.Engine, error)
+		var valve *conformance.Valve
+		if lf, ok := ef.(*node.LoopbackFactory); ok {
+			// Built here rather than by the factory, to give a a hook that
+			// stalls its writes (StallWrites).
+			valve = &conformance.Valve{}
+			create = func(name string) (transfer.Engine, error) {
+				opts := loopback.Options{}
+				if name == "a" {
+					opts.Hold = valve.Wait
+				}
+				return lf.Fabric.NewEngine(name, opts)
+			}
+		} else {
+			create = func(name string) (transfer.Engine, error) { return ef.CreateEngine(settings(name), o.Engine) }
+		}
+		a, err := create("a")
 		if err != nil {
 			return conformance.EnginePair{}, err
 		}
-		b, err := ef.CreateEngine(settings("b"), o.Engine)
+		b, err := create("b")
 		if err != nil {
 			a.Close()
 			return conformance.EnginePair{}, err
 		}
-		return conformance.EnginePair{
+		p := conformance.EnginePair{
 			A: a, B: b,
 			KillB:   func() { b.Close() },
 			Cleanup: func() { a.Close(); b.Close() },
-		}, nil
+		}
+		if valve != nil {
+			p.StallWrites = valve.Stall
+		}
+		p.FragmentSize, p.MaxNotification = limits(a, o.Engine)
+		return p, nil
 	}
+}
+
+// limits returns the internal fragment size and the largest notification
+// of the in-tree engines that have them (zero where unknown: the suite
+// then applies its own floor, or finds the largest notification itself).
+func limits(e transfer.Engine, cfg config.EngineConfig) (uint64, int) {
+	switch e.(type) {
+	case *tcp.Engine:
+		return tcp.MaxFramePayload, tcp.MaxNotification
+	case *ucx.Engine:
+		if _, set := cfg.Options["fragment_size"]; !set {
+			return ucx.DefaultFragmentSize, 0
+		}
+	}
+	return 0, 0
 }
 
 // ControlFactory returns fresh channel sets "a", "b", "c"; a control plane

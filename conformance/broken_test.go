@@ -12,12 +12,13 @@ import (
 	"github.com/bouncekv/bounce/transfer"
 )
 
-// brokenCfg keeps the runs against broken fixtures short: small sizes and
-// a short OpTimeout, since many rules end by waiting it out.
+// brokenCfg keeps the runs against broken fixtures short: small sizes (the
+// suite adds a write above 1 MiB) and a short OpTimeout, since many rules
+// end by waiting it out.
 func brokenCfg() conformance.Config {
 	return conformance.Config{
 		Sizes:     []uint64{1, 4097, 65536},
-		OpTimeout: 400 * time.Millisecond,
+		OpTimeout: time.Second,
 		Seed:      7,
 	}
 }
@@ -69,6 +70,16 @@ func TestRejectsBrokenEngines(t *testing.T) {
 		{broken.SwallowFailure, "engine/failure-reported", []string{"Poll reported done", "swallowed"}, []string{"engine/byte-exact", "engine/done-means-landed", "engine/release-terminal"}},
 		{broken.LateWrite, "engine/quiescent-after-done", []string{"changed from", "after Poll reported done"}, []string{"engine/byte-exact", "engine/done-means-landed", "engine/failure-reported"}},
 		{broken.LeakGoroutine, "engine/no-goroutine-leak", []string{"after rule engine/byte-exact", "broken/broken.go"}, []string{"engine/byte-exact", "engine/done-means-landed"}},
+		{broken.IgnoreTargetForget, "engine/target-forget", []string{"B.ForgetPeer(A)"}, []string{"engine/byte-exact", "engine/forget-peer", "engine/source-forget"}},
+		{broken.LandAfterLost, "engine/source-forget", []string{"after A.ForgetPeer: Poll reported failed", "once an op reports ErrPeerLost none of its bytes may land"}, []string{"engine/byte-exact", "engine/target-forget"}},
+		{broken.UnstableStatus, "engine/terminal-stable", []string{"after other ops were released it reported pending", "a terminal status (and its error) never changes"}, []string{"engine/byte-exact", "engine/poll-contract"}},
+		{broken.UnprovenGiveUp, "engine/not-quiescent", []string{"given up by the engine", "does not wrap", "must say ErrNotQuiescent"}, []string{"engine/byte-exact", "engine/failure-reported"}},
+		{broken.ReorderLarge, "engine/notify-order-sizes", []string{"order per peer holds for every payload size"}, []string{"engine/notify-order", "engine/byte-exact"}},
+		// brokenCfg's Sizes stop at 64 KiB: the suite adds the large writes.
+		{broken.CorruptLarge, "engine/byte-exact", []string{"write of 1052673 bytes"}, []string{"engine/failure-reported"}},
+		{broken.CorruptAboveFragment, "engine/byte-exact", []string{"write of 2101249 bytes"}, []string{"engine/failure-reported"}},
+		{broken.SyncPost, "engine/post-async", []string{"PostWrite did not return within CallTimeout", "while A's writes were stalled"}, []string{"engine/byte-exact"}},
+		{broken.LateRefusedWrite, "engine/failure-reported", []string{"write from unregistered source memory was refused", "destination buffer byte"}, []string{"engine/byte-exact"}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.fault.String(), func(t *testing.T) {
@@ -85,10 +96,74 @@ func TestRejectsBrokenEngines(t *testing.T) {
 			case broken.LeakGoroutine:
 				// Each leaking rule costs goleak's retries (~0.5s).
 				cfg.Only = []string{"engine/byte-exact", "engine/done-means-landed", "engine/no-goroutine-leak"}
+			case broken.SyncPost:
+				// Rules that stall a write hang in its post until abandoned.
+				cfg.Only = []string{"engine/byte-exact", "engine/post-async"}
+			case broken.LateRefusedWrite:
+				// Room for the late copy to land even on a loaded machine.
+				cfg.Settle = 100 * time.Millisecond
+			case broken.LandAfterLost:
+				// The late bytes come 50ms after ForgetPeer: after the
+				// snapshots, within Settle.
+				cfg.Settle = 250 * time.Millisecond
 			}
 			rep := conformance.CheckEngine(newPair, cfg)
 			requireRejected(t, rep, tc.rule, tc.want, tc.passing)
 		})
+	}
+}
+
+// TestRejectsSyncPostWithoutStall: without EnginePair.StallWrites, an
+// engine whose ops are never pending is reported, not skipped.
+func TestRejectsSyncPostWithoutStall(t *testing.T) {
+	newPair, stop := broken.Engines(broken.SyncPost)
+	defer stop()
+	noStall := func() (conformance.EnginePair, error) {
+		p, err := newPair()
+		p.StallWrites = nil
+		return p, err
+	}
+	cfg := brokenCfg()
+	cfg.Only = []string{"engine/byte-exact", "engine/post-async", "engine/not-quiescent"}
+	rep := conformance.CheckEngine(noStall, cfg)
+	requireRejected(t, rep, "engine/post-async", []string{"was pending at its first Poll in 20 attempts", "it must be asynchronous"}, []string{"engine/byte-exact"})
+	if r, _ := rep.Result("engine/not-quiescent"); r.Outcome != conformance.Skip || !strings.Contains(r.Message, "StallWrites is nil") {
+		t.Errorf("engine/not-quiescent: %s %q, want skipped naming the missing StallWrites", r.Outcome, r.Message)
+	}
+}
+
+// TestFailureBlamesTheCaseThatWrote: with LateRefusedWrite only the
+// unregistered-source case writes; no other case may be blamed.
+func TestFailureBlamesTheCaseThatWrote(t *testing.T) {
+	newPair, stop := broken.Engines(broken.LateRefusedWrite)
+	defer stop()
+	cfg := brokenCfg()
+	cfg.Settle = 100 * time.Millisecond
+	cfg.Only = []string{"engine/failure-reported"}
+	rep := conformance.CheckEngine(newPair, cfg)
+	res, _ := rep.Result("engine/failure-reported")
+	for _, other := range []string{"write to unregistered destination memory", "write straddling", "write from a source straddling", "wraps the address space", "Src.Len != Dst.Len", "post of two writes"} {
+		if strings.Contains(res.Message, other) {
+			t.Errorf("the failure blames %q, which wrote nothing: %s", other, res.Message)
+		}
+	}
+	if !strings.Contains(res.Message, "write from unregistered source memory") {
+		t.Errorf("the failure does not name the case that wrote: %q", res.Message)
+	}
+}
+
+func TestSkipReasonsShown(t *testing.T) {
+	cfg := brokenCfg()
+	cfg.Only = []string{"engine/unknown-peer"}
+	cfg.Skip = []string{"engine/target-forget"}
+	cfg.SkipReasons = map[string]string{"engine/target-forget": "the engine documents it cannot fence"}
+	rep := conformance.CheckEngine(loopbackPair, cfg)
+	if r, _ := rep.Result("engine/target-forget"); r.Outcome != conformance.Skip || !strings.Contains(r.Message, "the engine documents it cannot fence") {
+		t.Errorf("engine/target-forget: %s %q, want skipped with its reason", r.Outcome, r.Message)
+	}
+	cfg.SkipReasons = map[string]string{"engine/byte-exact": "not listed in Skip"}
+	if r, _ := conformance.CheckEngine(loopbackPair, cfg).Result("engine/config"); r.Outcome != conformance.Fail {
+		t.Errorf("a reason for a rule not in Skip: %s %q, want a config failure", r.Outcome, r.Message)
 	}
 }
 

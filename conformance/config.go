@@ -13,7 +13,11 @@ type Config struct {
 	// of an engine or stage).
 	Subject string
 	// Sizes are the transfer sizes, in bytes, that the data rules move.
-	// Default: 1, 7, 4096, 4097, 65536, 1 MiB and 8 MiB.
+	// Default: 1, 7, 4096, 4097, 65536, 1 MiB and 8 MiB. Whatever is
+	// given, the suite adds a size above 1 MiB when none is (1 MiB + 4097)
+	// and, for an engine whose EnginePair.FragmentSize is set, one above
+	// that fragment size, so no list certifies less than the large writes
+	// that break engines most often.
 	Sizes []uint64
 	// Concurrency is the number of goroutines the concurrency rules post
 	// from. Default 8.
@@ -36,6 +40,10 @@ type Config struct {
 	Only []string
 	// Skip lists the IDs of rules not to run; they are reported as skipped.
 	Skip []string
+	// SkipReasons says why a rule listed in Skip is skipped (say, what the
+	// implementation documents it cannot promise); the reason is shown in
+	// the rule's result. Every key must be listed in Skip.
+	SkipReasons map[string]string
 	// IgnoreGoroutines names functions (as in goleak.IgnoreAnyFunction)
 	// whose goroutines are expected to outlive a rule, such as a library's
 	// lazily started background worker.
@@ -62,6 +70,32 @@ func DefaultSizes() []uint64 {
 // maxSize is the largest accepted Config.Sizes entry.
 const maxSize = 1 << 30
 
+// largeFloor is the size the suite always runs a write above: a list
+// without one gets largeFloor + floorExtra.
+const (
+	largeFloor = 1 << 20
+	floorExtra = 4097
+)
+
+// sizeFloors returns sizes with a size above largeFloor and, when frag is
+// not zero, one above frag added where none is. It never changes sizes.
+func sizeFloors(sizes []uint64, frag uint64) []uint64 {
+	out := append([]uint64(nil), sizes...)
+	for _, floor := range []uint64{largeFloor, frag} {
+		if floor == 0 || floor+floorExtra > maxSize {
+			continue
+		}
+		above := false
+		for _, n := range out {
+			above = above || n > floor
+		}
+		if !above {
+			out = append(out, floor+floorExtra)
+		}
+	}
+	return out
+}
+
 // withDefaults fills zero fields and validates the result.
 func (c Config) withDefaults() (Config, error) {
 	if len(c.Sizes) == 0 {
@@ -74,6 +108,7 @@ func (c Config) withDefaults() (Config, error) {
 			return c, fmt.Errorf("Config.Sizes: %d outside [1, %d]", n, uint64(maxSize))
 		}
 	}
+	c.Sizes = sizeFloors(c.Sizes, 0)
 	if c.Concurrency == 0 {
 		c.Concurrency = DefaultConcurrency
 	}
@@ -103,6 +138,15 @@ func (c Config) withDefaults() (Config, error) {
 			}
 		}
 	}
+	for id := range c.SkipReasons {
+		listed := false
+		for _, s := range c.Skip {
+			listed = listed || s == id
+		}
+		if !listed {
+			return c, fmt.Errorf("Config.SkipReasons: rule %q is not listed in Config.Skip", id)
+		}
+	}
 	return c, nil
 }
 
@@ -119,6 +163,9 @@ func (c Config) maxSize() uint64 {
 func (c Config) selected(id string) (bool, string) {
 	for _, s := range c.Skip {
 		if s == id {
+			if why := c.SkipReasons[id]; why != "" {
+				return false, "listed in Config.Skip: " + why
+			}
 			return false, "listed in Config.Skip"
 		}
 	}

@@ -27,9 +27,16 @@
 //
 //	[engine/byte-exact] write of 4097 bytes (src+1 → dst+3): destination byte 17 = 0x3a, want 0x91 (1 byte differs)
 //
-// Optional capabilities (transfer.Notifier, multi-op posts, a way to kill a
-// peer, ErrBusy backpressure, catching an op while it is pending) are probed
-// and their rules skipped, never failed, when absent. Every rule is bounded:
+// Optional capabilities (transfer.Notifier, transfer.Fencer, multi-op
+// posts, a way to kill a peer or to stall the writer's data path on purpose,
+// ErrBusy backpressure, catching an op while it is pending) are probed and
+// their rules skipped with the reason, never failed, when absent; a rule an
+// implementation documents it cannot keep is listed in Config.Skip with its
+// Config.SkipReasons entry. An engine that is never seen pending is
+// reported by engine/post-async, not skipped. Whatever Config.Sizes says,
+// the data rules always include a write above 1 MiB and one above the
+// engine's fragment size (EnginePair.FragmentSize), and each invalid write
+// has buffers of its own, so a failure names the case that wrote. Every rule is bounded:
 // an operation that never becomes terminal fails after Config.OpTimeout, and
 // a rule stuck inside a call to the implementation is abandoned after
 // 3×OpTimeout, so a broken implementation cannot hang the suite.

@@ -26,6 +26,21 @@ type EnginePair struct {
 	// factory made. It is called once after each rule, also after the rule
 	// closed or killed an engine itself.
 	Cleanup func()
+	// StallWrites, if set, stalls A's data path on purpose until release
+	// is called: writes A posts or has in flight move no byte and stay
+	// pending meanwhile, except that ForgetPeer and Close may still fail
+	// them. A fixture over an engine with a hook before it moves bytes
+	// implements it with a Valve. Nil skips engine/not-quiescent, and
+	// engine/post-async, engine/source-forget and engine/target-forget
+	// then rely on large writes being in flight (their results say so).
+	StallWrites func() (release func())
+	// FragmentSize is the largest piece the engine moves as one unit
+	// inside (a frame, a put); the data rules then always include a write
+	// above it. Zero means unknown (only the 1 MiB floor applies).
+	FragmentSize uint64
+	// MaxNotification is the largest notification payload the engine
+	// accepts; zero means the suite finds it by trying (at most 1 MiB).
+	MaxNotification int
 }
 
 // EngineFactory returns a fresh EnginePair for one rule.
@@ -73,10 +88,11 @@ func engineSuite(newPair EngineFactory) suite[*enginePeer] {
 				return opened[*enginePeer]{cleanup: cleanup}, errors.New("EnginePair.A or B is nil")
 			}
 			return opened[*enginePeer]{
-				f:       &enginePeer{EnginePair: p},
-				cleanup: cleanup,
-				alloc:   p.Alloc,
-				subject: fmt.Sprintf("%T", p.A),
+				f:        &enginePeer{EnginePair: p},
+				cleanup:  cleanup,
+				alloc:    p.Alloc,
+				subject:  fmt.Sprintf("%T", p.A),
+				fragment: p.FragmentSize,
 			}, nil
 		},
 	}
@@ -155,8 +171,13 @@ func engineRules() []rule[*enginePeer] {
 		rule[*enginePeer]{"engine/reload-peer", "memory the peer registers after it was loaded is writable once its metadata is loaded again, under the same peer name", connected(ruleReloadPeer)},
 		rule[*enginePeer]{"engine/deregister-in-flight", "A.DeregisterMemory of a source an in-flight write reads returns transfer.ErrInUse, or nil once the write let go of it, and the write completes byte-exact; B.DeregisterMemory of its destination returns ErrInUse (the write completes byte-exact) or nil, after which nothing lands there", connected(ruleDeregisterInFlight)},
 		rule[*enginePeer]{"engine/forget-peer", "ForgetPeer makes in-flight writes terminal within OpTimeout (Failed ones wrap transfer.ErrPeerLost and are quiescent), later posts fail with transfer.ErrUnknownPeer, and loading the peer again works", connected(ruleForgetPeer)},
+		rule[*enginePeer]{"engine/source-forget", "once A.ForgetPeer(B) made a write fail with transfer.ErrPeerLost, none of its bytes land later; every in-flight write is watched at once, from its first terminal Poll (A's writes are stalled first when EnginePair.StallWrites is set)", connected(ruleSourceForget)},
+		rule[*enginePeer]{"engine/target-forget", "once B.ForgetPeer(A) returns, no byte of any write A posted — in flight or posted later — changes B's memory (snapshot, wait, compare), and later posts never report Done; an engine claiming transfer.Fencer is checked over three rounds (cold and warm) and must admit A again after B loads it (skipped when B declares FencesForgottenPeers false)", connected(ruleTargetForget)},
+		rule[*enginePeer]{"engine/not-quiescent", "a write stalled on purpose (EnginePair.StallWrites) and given up — by the engine or by A.ForgetPeer — is terminal within OpTimeout and either fails wrapping transfer.ErrNotQuiescent or lands nothing once the stall ends (skipped without StallWrites)", connected(ruleNotQuiescent)},
+		rule[*enginePeer]{"engine/post-async", "PostWrite returns within CallTimeout without waiting for the bytes: a stalled write (EnginePair.StallWrites) is posted and pending; without StallWrites, some large write must be pending at its first Poll, and one that never is is reported as a failure", connected(rulePostAsync)},
 		rule[*enginePeer]{"engine/peer-loss", "when B dies (EnginePair.KillB) every in-flight write is terminal within OpTimeout, Failed ones wrap transfer.ErrPeerLost, and no later write reports Done (skipped without KillB)", connected(rulePeerLoss)},
 		rule[*enginePeer]{"engine/notify-order", "1,000 notifications to one peer arrive in order, none lost or duplicated, and Notify never blocks (skipped without transfer.Notifier)", connected(ruleNotifyOrder)},
+		rule[*enginePeer]{"engine/notify-order-sizes", "notifications of mixed payload sizes up to the engine's maximum (EnginePair.MaxNotification, or found by trying) arrive in order and byte-exact (skipped without transfer.Notifier)", connected(ruleNotifyOrderSizes)},
 		rule[*enginePeer]{"engine/notify-sender", "a received notification names its sender as the receiver loaded it (skipped without transfer.Notifier)", connected(ruleNotifySender)},
 		rule[*enginePeer]{"engine/notify-no-crosstalk", "notifications sent both ways at once each reach only the other engine, with the right sender, in order (skipped without transfer.Notifier)", connected(ruleNotifyCrosstalk)},
 		rule[*enginePeer]{"engine/notify-timeout", "RecvNotification with nothing sent returns transfer.ErrTimeout after at most its timeout (skipped without transfer.Notifier)", connected(ruleNotifyTimeout)},
@@ -477,32 +498,15 @@ func inFlight(c *rc, e *enginePeer, k int) ([]*job, []transfer.Op, error) {
 // settleLost waits for ops cut off by a lost peer: each must be terminal
 // within OpTimeout, Done ones byte-exact, Failed ones wrap ErrPeerLost (or
 // ErrNotQuiescent) and, unless not quiescent, touch nothing afterwards.
+// Every op is watched at once (settleAll), from its first terminal Poll.
 func settleLost(c *rc, jobs []*job, ops []transfer.Op, event string) (failed int, err error) {
-	for i, op := range ops {
-		j := jobs[i]
-		o, err := c.wait(op, j.what+" after "+event)
-		if err != nil {
-			return failed, err
-		}
-		switch {
-		case o.st == transfer.Done:
-			if m := j.mismatch(); m != "" {
-				return failed, fmt.Errorf("%s reported done after %s, but %s", j.what, event, m)
-			}
-		case errors.Is(o.err, transfer.ErrNotQuiescent):
+	outs, err := settleAll(c, jobs, ops, event, nil)
+	for _, o := range outs {
+		if o.st == transfer.Failed {
 			failed++
-		case !errors.Is(o.err, transfer.ErrPeerLost):
-			return failed, fmt.Errorf("%s failed after %s with %q; want an error wrapping %q", j.what, event, o.err, transfer.ErrPeerLost)
-		default:
-			failed++
-			if m := c.watchQuiet(j, "Poll reported failed"); m != "" {
-				c.tainted("%s touched memory after Failed", j.what)
-				return failed, fmt.Errorf("%s after %s: %s: a terminal Poll promises quiescence (or ErrNotQuiescent)", j.what, event, m)
-			}
 		}
-		_ = op.Release()
 	}
-	return failed, nil
+	return failed, err
 }
 
 func ruleForgetPeer(c *rc, e *enginePeer) error {

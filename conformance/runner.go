@@ -36,6 +36,9 @@ type opened[F any] struct {
 	cleanup func()
 	alloc   AllocFunc
 	subject string
+	// fragment is the implementation's internal fragment size, if known:
+	// the rule's sizes then include one above it.
+	fragment uint64
 }
 
 // suite is the rules of one kind and the way to open its fixtures.
@@ -182,6 +185,7 @@ func (s suite[F]) runRule(r rule[F], cfg Config, subject *string) (res Result, l
 			if err != nil {
 				return fmt.Errorf("fixture: %w", err)
 			}
+			c.cfg.Sizes = sizeFloors(c.cfg.Sizes, o.fragment)
 			c.step("running the rule")
 			return r.run(c, o.f)
 		})

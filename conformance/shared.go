@@ -39,6 +39,7 @@ func dataRules[F any](kind string, noun string, mk func(c *rc, f F) (rig, error)
 		{kind + "/done-means-landed", fmt.Sprintf("when Poll first reports Done for a %s, every destination byte already holds its final value", noun), with(ruleDoneMeansLanded)},
 		{kind + "/quiescent-after-done", fmt.Sprintf("after Poll reports Done the %s neither reads the source nor writes the destination any more", noun), with(ruleQuiescentAfterDone)},
 		{kind + "/poll-contract", "Poll never blocks, reports Done without an error and Failed with one, and once terminal keeps reporting the same status", with(rulePollContract)},
+		{kind + "/terminal-stable", "a terminal Poll answers the same (status and error) after time has passed and after other ops were released", with(ruleTerminalStable)},
 		{kind + "/failure-reported", fmt.Sprintf("a %s outside registered or granted memory is refused by the call or ends Failed, never Done, and writes nothing", noun), with(ruleFailureReported)},
 		{kind + "/failure-sentinel", "the error of a refused out-of-bounds or unregistered access wraps transfer.ErrOutOfBounds or transfer.ErrNotRegistered", with(ruleFailureSentinel)},
 		{kind + "/release-terminal", "Release returns nil after Poll reported Done and after it reported Failed", with(ruleReleaseTerminal)},

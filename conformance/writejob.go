@@ -68,67 +68,95 @@ func (w *writeRig) job(c *rc, n uint64, variant int) (*job, error) {
 	return j, nil
 }
 
-// badJobs prepares writes the implementation must refuse: the source and
-// destination buffers are registered only up to regLen, and a third buffer
-// is not registered at all.
+// badJobs prepares writes the implementation must refuse. Each case has
+// buffers of its own — a source and a destination registered only up to
+// regLen, and a buffer not registered at all — so a write that lands is
+// blamed on the case that made it.
 func (w *writeRig) badJobs(c *rc) ([]*job, error) {
 	const regLen, tail, n = 4096, 64, 64
-	src, err := c.buf(regLen + tail)
-	if err != nil {
-		return nil, err
-	}
-	dst, err := c.buf(regLen + tail)
-	if err != nil {
-		return nil, err
-	}
-	loose, err := c.buf(regLen)
-	if err != nil {
-		return nil, err
-	}
-	c.fill(src)
-	c.fill(dst)
-	c.fill(loose)
-	if err := w.regSrc(mem.DescOf(src[:regLen])); err != nil {
-		return nil, fmt.Errorf("registering source: %w", err)
-	}
-	if err := w.regDst(mem.DescOf(dst[:regLen])); err != nil {
-		return nil, fmt.Errorf("registering destination: %w", err)
-	}
 	bounds := []error{transfer.ErrOutOfBounds, transfer.ErrNotRegistered}
+	type bufs struct{ src, dst, loose []byte }
+	alloc := func() (bufs, error) {
+		var b bufs
+		var err error
+		if b.src, err = c.buf(regLen + tail); err != nil {
+			return b, err
+		}
+		if b.dst, err = c.buf(regLen + tail); err != nil {
+			return b, err
+		}
+		if b.loose, err = c.buf(regLen); err != nil {
+			return b, err
+		}
+		c.fill(b.src)
+		c.fill(b.dst)
+		c.fill(b.loose)
+		if err := w.regSrc(mem.DescOf(b.src[:regLen])); err != nil {
+			return b, fmt.Errorf("registering source: %w", err)
+		}
+		if err := w.regDst(mem.DescOf(b.dst[:regLen])); err != nil {
+			return b, fmt.Errorf("registering destination: %w", err)
+		}
+		return b, nil
+	}
 	cases := []struct {
 		what      string
-		src, dst  transfer.Desc
+		write     func(b bufs) (src, dst transfer.Desc)
 		sentinels []error
 	}{
-		{"write to unregistered destination memory", mem.DescOf(src[:n]), mem.DescOf(loose[:n]), bounds},
-		{"write straddling the end of the registered destination", mem.DescOf(src[:n]), mem.DescOf(dst[regLen-n/2 : regLen+n/2]), bounds},
-		{"write from unregistered source memory", mem.DescOf(loose[:n]), mem.DescOf(dst[:n]), bounds},
-		{"write from a source straddling the end of registered memory", mem.DescOf(src[regLen-n/2 : regLen+n/2]), mem.DescOf(dst[:n]), bounds},
-		{"write to a destination that wraps the address space", mem.DescOf(src[:n]), transfer.Desc{Addr: ^uint64(0) - n/2, Len: n, Kind: transfer.Host}, bounds},
-		{"write with Src.Len != Dst.Len", mem.DescOf(src[:n]), mem.DescOf(dst[:n/2]), nil},
+		{"write to unregistered destination memory", func(b bufs) (transfer.Desc, transfer.Desc) {
+			return mem.DescOf(b.src[:n]), mem.DescOf(b.loose[:n])
+		}, bounds},
+		{"write straddling the end of the registered destination", func(b bufs) (transfer.Desc, transfer.Desc) {
+			return mem.DescOf(b.src[:n]), mem.DescOf(b.dst[regLen-n/2 : regLen+n/2])
+		}, bounds},
+		{"write from unregistered source memory", func(b bufs) (transfer.Desc, transfer.Desc) {
+			return mem.DescOf(b.loose[:n]), mem.DescOf(b.dst[:n])
+		}, bounds},
+		{"write from a source straddling the end of registered memory", func(b bufs) (transfer.Desc, transfer.Desc) {
+			return mem.DescOf(b.src[regLen-n/2 : regLen+n/2]), mem.DescOf(b.dst[:n])
+		}, bounds},
+		{"write to a destination that wraps the address space", func(b bufs) (transfer.Desc, transfer.Desc) {
+			return mem.DescOf(b.src[:n]), transfer.Desc{Addr: ^uint64(0) - n/2, Len: n, Kind: transfer.Host}
+		}, bounds},
+		{"write with Src.Len != Dst.Len", func(b bufs) (transfer.Desc, transfer.Desc) {
+			return mem.DescOf(b.src[:n]), mem.DescOf(b.dst[:n/2])
+		}, nil},
+	}
+	watch := func(j *job, b bufs) {
+		j.watch("source buffer", b.src, nil)
+		j.watch("destination buffer", b.dst, nil)
+		j.watch("unregistered buffer", b.loose, nil)
 	}
 	var out []*job
 	for _, k := range cases {
-		j := &job{what: k.what, src: k.src, dst: k.dst, sentinels: k.sentinels}
+		b, err := alloc()
+		if err != nil {
+			return nil, err
+		}
+		src, dst := k.write(b)
+		j := &job{what: k.what, src: src, dst: dst, sentinels: k.sentinels}
 		j.post = func() (transfer.Op, error) { return w.write(j.src, j.dst) }
+		watch(j, b)
 		out = append(out, j)
 	}
 	if w.multi != nil {
-		ops := []transfer.WriteOp{
-			{Src: mem.DescOf(src[:n]), Dst: mem.DescOf(dst[:n])},
-			{Src: mem.DescOf(src[n : 2*n]), Dst: mem.DescOf(loose[:n])},
+		b, err := alloc()
+		if err != nil {
+			return nil, err
 		}
-		out = append(out, &job{
+		ops := []transfer.WriteOp{
+			{Src: mem.DescOf(b.src[:n]), Dst: mem.DescOf(b.dst[:n])},
+			{Src: mem.DescOf(b.src[n : 2*n]), Dst: mem.DescOf(b.loose[:n])},
+		}
+		j := &job{
 			what:      "post of two writes whose second targets unregistered memory",
 			post:      func() (transfer.Op, error) { return w.multi(ops) },
 			sentinels: bounds,
 			optional:  true,
-		})
-	}
-	for _, j := range out {
-		j.watch("source buffer", src, nil)
-		j.watch("destination buffer", dst, nil)
-		j.watch("unregistered buffer", loose, nil)
+		}
+		watch(j, b)
+		out = append(out, j)
 	}
 	return out, nil
 }

@@ -107,8 +107,11 @@ type Message struct {
 // PostWrite posts one or many writes as a single operation. Every source must
 // lie in memory registered with this engine and every destination in memory
 // the peer registered; anything else is rejected with ErrNotRegistered or
-// ErrOutOfBounds before a byte moves. The operation is Done only when every
-// byte is visible at the target. ForgetPeer fails the peer's in-flight
+// ErrOutOfBounds before a byte moves. PostWrite is asynchronous: it returns
+// once the writes are checked and handed to the transport, without waiting
+// for bytes to move (a stalled link leaves the operation Pending, not the
+// call blocked); progress is observed through the Op. The operation is Done
+// only when every byte is visible at the target. ForgetPeer fails the peer's in-flight
 // operations (ErrPeerLost) and a peer that dies does the same within a bound.
 // ForgetPeer also works on the target side: once it returns, no write the
 // peer posted lands in local memory any more (the pipeline relies on this

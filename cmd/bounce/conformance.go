@@ -108,7 +108,7 @@ CI systems.`,
 	fl.StringSliceVar(&skip, "skip", nil, "skip these rule IDs")
 	fl.Int64Var(&seed, "seed", 1, "seed for patterns and random plans")
 	fl.DurationVar(&opTimeout, "op-timeout", 0, "bound on every wait for an operation (default 10s)")
-	fl.StringVar(&sizes, "sizes", "", "transfer sizes, e.g. 1,4KiB,8MiB (default 1,7,4096,4097,64KiB,1MiB,8MiB)")
+	fl.StringVar(&sizes, "sizes", "", "transfer sizes, e.g. 1,4KiB,8MiB (default 1,7,4096,4097,64KiB,1MiB,8MiB; a write above 1 MiB and above the engine's fragment size is always added)")
 	fl.BoolVar(&list, "list", false, "list every rule and exit")
 	return cmd
 }

@@ -7,7 +7,9 @@ package broken
 
 import (
 	"fmt"
+	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/bouncekv/bounce/conformance"
@@ -40,6 +42,38 @@ const (
 	// LeakGoroutine starts a goroutine per engine that Close does not stop
 	// (engine/no-goroutine-leak).
 	LeakGoroutine
+	// IgnoreTargetForget gives B a ForgetPeer that returns nil and does
+	// nothing, while B claims transfer.Fencer (engine/target-forget).
+	IgnoreTargetForget
+	// LandAfterLost makes A.ForgetPeer report the peer's in-flight writes
+	// failed with ErrPeerLost at once, and their bytes land a little later
+	// all the same (engine/source-forget).
+	LandAfterLost
+	// UnstableStatus forgets every terminal status when any op is
+	// released: such ops poll Pending again (engine/terminal-stable).
+	UnstableStatus
+	// UnprovenGiveUp gives up on a write pending for long (a stalled one)
+	// with ErrTimeout, not ErrNotQuiescent, and the write lands once the
+	// stall ends (engine/not-quiescent).
+	UnprovenGiveUp
+	// ReorderLarge delivers notifications above 4 KiB a little late, so
+	// smaller ones sent after them overtake them
+	// (engine/notify-order-sizes).
+	ReorderLarge
+	// CorruptLarge flips a byte of every write above 1 MiB
+	// (engine/byte-exact, whatever Config.Sizes says).
+	CorruptLarge
+	// CorruptAboveFragment declares EnginePair.FragmentSize 2 MiB and flips
+	// a byte of every write above it (engine/byte-exact, whatever
+	// Config.Sizes says).
+	CorruptAboveFragment
+	// SyncPost makes PostWrite wait for the write to finish before it
+	// returns (engine/post-async).
+	SyncPost
+	// LateRefusedWrite refuses a write from unregistered source memory as
+	// it should, then copies it a little later (engine/failure-reported,
+	// which must blame that case and no other).
+	LateRefusedWrite
 )
 
 // String names the fault.
@@ -57,6 +91,24 @@ func (f Fault) String() string {
 		return "late-write"
 	case LeakGoroutine:
 		return "leak-goroutine"
+	case IgnoreTargetForget:
+		return "ignore-target-forget"
+	case LandAfterLost:
+		return "land-after-lost"
+	case UnstableStatus:
+		return "unstable-status"
+	case UnprovenGiveUp:
+		return "unproven-give-up"
+	case ReorderLarge:
+		return "reorder-large"
+	case CorruptLarge:
+		return "corrupt-large"
+	case CorruptAboveFragment:
+		return "corrupt-above-fragment"
+	case SyncPost:
+		return "sync-post"
+	case LateRefusedWrite:
+		return "late-refused-write"
 	default:
 		return fmt.Sprintf("fault(%d)", int(f))
 	}
@@ -67,18 +119,28 @@ func (f Fault) String() string {
 const (
 	earlyDelay = 20 * time.Millisecond
 	lateDelay  = 5 * time.Millisecond
+	// giveUpAfter is how long UnprovenGiveUp lets a write stay pending.
+	giveUpAfter = 50 * time.Millisecond
+	// reorderAbove is the payload size above which ReorderLarge delays.
+	reorderAbove = 4 << 10
+	// lostDelay is how long after ForgetPeer LandAfterLost lands bytes.
+	lostDelay = 50 * time.Millisecond
+	// fragmentSize is what CorruptAboveFragment declares.
+	fragmentSize = 2 << 20
 )
 
-// Engines returns an EngineFactory of loopback pairs whose A engine has
-// fault f, and stop, which ends any goroutine the fault leaked; call it
-// when done with the factory.
+// Engines returns an EngineFactory of loopback pairs whose A engine (or,
+// for IgnoreTargetForget, B) has fault f, and stop, which ends any
+// goroutine the fault leaked; call it when done with the factory. Every
+// pair offers EnginePair.StallWrites.
 func Engines(f Fault) (newPair conformance.EngineFactory, stop func()) {
 	quit := make(chan struct{})
 	var once sync.Once
 	stop = func() { once.Do(func() { close(quit) }) }
 	newPair = func() (conformance.EnginePair, error) {
 		fab := loopback.NewFabric()
-		a, err := fab.NewEngine("a")
+		valve := &conformance.Valve{}
+		a, err := fab.NewEngine("a", loopback.Options{Hold: valve.Wait})
 		if err != nil {
 			return conformance.EnginePair{}, err
 		}
@@ -87,16 +149,26 @@ func Engines(f Fault) (newPair conformance.EngineFactory, stop func()) {
 			a.Close()
 			return conformance.EnginePair{}, err
 		}
-		e := &engine{Engine: a, note: a, fault: f}
+		ea := &engine{Engine: a, note: a, fault: f}
+		var eb transfer.Engine = b
+		if f == IgnoreTargetForget {
+			ea.fault = 0
+			eb = &engine{Engine: b, note: b, fault: f}
+		}
 		if f == LeakGoroutine {
 			go func() { <-quit }()
 		}
-		return conformance.EnginePair{
-			A:       e,
-			B:       b,
-			KillB:   func() { b.Close() },
-			Cleanup: func() { e.Close(); b.Close() },
-		}, nil
+		p := conformance.EnginePair{
+			A:           ea,
+			B:           eb,
+			KillB:       func() { b.Close() },
+			Cleanup:     func() { ea.Close(); eb.Close() },
+			StallWrites: valve.Stall,
+		}
+		if f == CorruptAboveFragment {
+			p.FragmentSize = fragmentSize
+		}
+		return p, nil
 	}
 	return newPair, stop
 }
@@ -106,21 +178,123 @@ type engine struct {
 	transfer.Engine
 	note  transfer.Notifier
 	fault Fault
-	wg    sync.WaitGroup // goroutines writing late
+	wg    sync.WaitGroup // goroutines writing or notifying late
+
+	releases atomic.Uint64 // UnstableStatus: ops released so far
+
+	mu      sync.Mutex
+	closing bool            // Close has begun: no more late goroutines
+	live    []*lostOp       // LandAfterLost: ops not seen terminal
+	regs    []transfer.Desc // LateRefusedWrite: memory registered here
 }
 
-// Notify forwards to the wrapped engine.
-func (e *engine) Notify(peer string, payload []byte) error { return e.note.Notify(peer, payload) }
+// Notify forwards to the wrapped engine; ReorderLarge delays large ones.
+func (e *engine) Notify(peer string, payload []byte) error {
+	if e.fault == ReorderLarge && len(payload) > reorderAbove {
+		p := append([]byte(nil), payload...)
+		e.late(func() {
+			time.Sleep(2 * time.Millisecond)
+			_ = e.note.Notify(peer, p)
+		})
+		return nil
+	}
+	return e.note.Notify(peer, payload)
+}
 
 // RecvNotification forwards to the wrapped engine.
 func (e *engine) RecvNotification(timeout time.Duration) (transfer.Message, error) {
 	return e.note.RecvNotification(timeout)
 }
 
+// FencesForgottenPeers claims the fence (the wrapped loopback engine keeps
+// it, unless the fault is IgnoreTargetForget).
+func (e *engine) FencesForgottenPeers() bool { return true }
+
+// RegisterMemory forwards, remembering the range for LateRefusedWrite.
+func (e *engine) RegisterMemory(d transfer.Desc) error {
+	if err := e.Engine.RegisterMemory(d); err != nil {
+		return err
+	}
+	e.mu.Lock()
+	e.regs = append(e.regs, d)
+	e.mu.Unlock()
+	return nil
+}
+
+// DeregisterMemory forwards, forgetting the range.
+func (e *engine) DeregisterMemory(d transfer.Desc) error {
+	if err := e.Engine.DeregisterMemory(d); err != nil {
+		return err
+	}
+	e.mu.Lock()
+	e.regs = slices.DeleteFunc(e.regs, func(r transfer.Desc) bool { return r == d })
+	e.mu.Unlock()
+	return nil
+}
+
+// ForgetPeer forwards, except as IgnoreTargetForget and LandAfterLost say.
+func (e *engine) ForgetPeer(peer string) error {
+	switch e.fault {
+	case IgnoreTargetForget:
+		return nil
+	case LandAfterLost:
+		e.mu.Lock()
+		var late []transfer.WriteOp
+		for _, o := range e.live {
+			if st, _ := o.Op.Poll(); o.peer == peer && !st.Terminal() {
+				o.mu.Lock()
+				o.lost = fmt.Errorf("broken: write to %q: peer forgotten: %w", peer, transfer.ErrPeerLost)
+				o.mu.Unlock()
+				late = append(late, o.ops...)
+			}
+		}
+		e.live = nil
+		e.mu.Unlock()
+		err := e.Engine.ForgetPeer(peer)
+		e.late(func() {
+			time.Sleep(lostDelay)
+			for _, w := range late {
+				copy(mem.Unsafe(w.Dst.Addr, w.Dst.Len), mem.Unsafe(w.Src.Addr, w.Src.Len))
+			}
+		})
+		return err
+	}
+	return e.Engine.ForgetPeer(peer)
+}
+
+// late runs f on a goroutine Close waits for, unless Close has begun.
+func (e *engine) late(f func()) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.closing {
+		return
+	}
+	e.wg.Add(1)
+	go func() {
+		defer e.wg.Done()
+		f()
+	}()
+}
+
 // Close waits for the late writers, then closes the wrapped engine.
 func (e *engine) Close() error {
+	e.mu.Lock()
+	e.closing = true
+	e.mu.Unlock()
 	e.wg.Wait()
 	return e.Engine.Close()
+}
+
+// registered reports whether d overlaps memory registered here.
+func (e *engine) registered(d transfer.Desc) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for _, r := range e.regs {
+		if d.Addr < r.Addr+r.Len && r.Addr < d.Addr+d.Len {
+			return true
+		}
+	}
+	return false
 }
 
 // PostWrite posts through the wrapped engine and breaks the result.
@@ -128,14 +302,12 @@ func (e *engine) PostWrite(peer string, ops []transfer.WriteOp) (transfer.Op, er
 	ops = append([]transfer.WriteOp(nil), ops...)
 	switch e.fault {
 	case EarlyDone:
-		e.wg.Add(1)
-		go func() {
-			defer e.wg.Done()
+		e.late(func() {
 			time.Sleep(earlyDelay)
 			if op, err := e.Engine.PostWrite(peer, ops); err == nil {
 				waitOp(op)
 			}
-		}()
+		})
 		return doneOp{}, nil
 	case SwallowFailure:
 		op, err := e.Engine.PostWrite(peer, ops)
@@ -146,17 +318,138 @@ func (e *engine) PostWrite(peer string, ops []transfer.WriteOp) (transfer.Op, er
 	}
 	op, err := e.Engine.PostWrite(peer, ops)
 	if err != nil {
+		if w := ops[0]; e.fault == LateRefusedWrite && len(ops) == 1 && w.Src.Len == w.Dst.Len && w.Src.Len > 0 && !e.registered(w.Src) {
+			e.late(func() {
+				time.Sleep(lateDelay)
+				copy(mem.Unsafe(w.Dst.Addr, w.Dst.Len), mem.Unsafe(w.Src.Addr, w.Src.Len))
+			})
+		}
 		return nil, err
+	}
+	var total uint64
+	for _, w := range ops {
+		total += w.Dst.Len
 	}
 	switch e.fault {
 	case CorruptByte:
 		return &corruptOp{Op: op, dst: ops[0].Dst}, nil
+	case CorruptLarge, CorruptAboveFragment:
+		limit := uint64(1 << 20)
+		if e.fault == CorruptAboveFragment {
+			limit = fragmentSize
+		}
+		if total > limit {
+			return &corruptOp{Op: op, dst: ops[0].Dst}, nil
+		}
 	case NeverComplete:
 		return pendingOp{}, nil
 	case LateWrite:
 		return &lateOp{Op: op, e: e, ops: ops}, nil
+	case LandAfterLost:
+		o := &lostOp{Op: op, peer: peer, ops: ops}
+		e.mu.Lock()
+		e.live = append(e.live, o)
+		e.mu.Unlock()
+		return o, nil
+	case UnstableStatus:
+		return &unstableOp{Op: op, e: e}, nil
+	case UnprovenGiveUp:
+		return &giveUpOp{Op: op, posted: time.Now()}, nil
+	case SyncPost:
+		for {
+			if st, _ := op.Poll(); st.Terminal() {
+				break
+			}
+			time.Sleep(50 * time.Microsecond)
+		}
 	}
 	return op, nil
+}
+
+// lostOp reports ErrPeerLost once its engine's ForgetPeer said so.
+type lostOp struct {
+	transfer.Op
+	peer string
+	ops  []transfer.WriteOp
+	mu   sync.Mutex
+	lost error
+}
+
+func (o *lostOp) Poll() (transfer.Status, error) {
+	o.mu.Lock()
+	lost := o.lost
+	o.mu.Unlock()
+	if lost != nil {
+		return transfer.Failed, lost
+	}
+	return o.Op.Poll()
+}
+
+func (o *lostOp) Release() error {
+	o.mu.Lock()
+	lost := o.lost
+	o.mu.Unlock()
+	if lost != nil {
+		_ = o.Op.Release() // may still be pending: the lie of this fault
+		return nil
+	}
+	return o.Op.Release()
+}
+
+// unstableOp forgets its terminal status once any op of its engine was
+// released after it.
+type unstableOp struct {
+	transfer.Op
+	e    *engine
+	seen bool
+	gen  uint64
+}
+
+func (o *unstableOp) Poll() (transfer.Status, error) {
+	st, err := o.Op.Poll()
+	if !st.Terminal() {
+		return st, err
+	}
+	if !o.seen {
+		o.seen, o.gen = true, o.e.releases.Load()
+	}
+	if o.e.releases.Load() != o.gen {
+		return transfer.Pending, nil
+	}
+	return st, err
+}
+
+func (o *unstableOp) Release() error {
+	o.e.releases.Add(1)
+	return o.Op.Release()
+}
+
+// giveUpOp fails a write pending for longer than giveUpAfter with a plain
+// timeout, although the write may still land.
+type giveUpOp struct {
+	transfer.Op
+	posted time.Time
+	gaveUp bool
+}
+
+func (o *giveUpOp) Poll() (transfer.Status, error) {
+	if o.gaveUp {
+		return transfer.Failed, fmt.Errorf("broken: write gave up after %v: %w", giveUpAfter, transfer.ErrTimeout)
+	}
+	st, err := o.Op.Poll()
+	if st == transfer.Pending && time.Since(o.posted) > giveUpAfter {
+		o.gaveUp = true
+		return o.Poll()
+	}
+	return st, err
+}
+
+func (o *giveUpOp) Release() error {
+	if o.gaveUp {
+		_ = o.Op.Release() // may still be pending: the give-up's lie
+		return nil
+	}
+	return o.Op.Release()
 }
 
 func waitOp(op transfer.Op) {
@@ -222,14 +515,12 @@ func (o *lateOp) Poll() (transfer.Status, error) {
 	if st == transfer.Done && !o.again {
 		o.again = true
 		ops := o.ops
-		o.e.wg.Add(1)
-		go func() {
-			defer o.e.wg.Done()
+		o.e.late(func() {
 			time.Sleep(lateDelay)
 			for _, w := range ops {
 				copy(mem.Unsafe(w.Dst.Addr, w.Dst.Len), mem.Unsafe(w.Src.Addr, w.Src.Len))
 			}
-		}()
+		})
 	}
 	return st, err
 }

