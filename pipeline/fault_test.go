@@ -1,6 +1,7 @@
 package pipeline
 
 import (
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -17,6 +18,9 @@ type faultEngine struct {
 	transfer.Engine
 	failWrites atomic.Bool
 	inUse      atomic.Bool
+	// unproven makes every PostWrite return an op that fails without proof
+	// that the write stopped (ErrNotQuiescent); nothing is written.
+	unproven atomic.Bool
 }
 
 func (e *faultEngine) DeregisterMemory(d transfer.Desc) error {
@@ -27,6 +31,9 @@ func (e *faultEngine) DeregisterMemory(d transfer.Desc) error {
 }
 
 func (e *faultEngine) PostWrite(peer string, ops []transfer.WriteOp) (transfer.Op, error) {
+	if e.unproven.Load() {
+		return &doneOp{err: fmt.Errorf("injected: write may still land: %w", transfer.ErrNotQuiescent)}, nil
+	}
 	if e.failWrites.Load() {
 		return &doneOp{err: fmt.Errorf("injected engine failure: %w", transfer.ErrPeerLost)}, nil
 	}
@@ -133,4 +140,22 @@ func (s *busyScatterer) Scatter(region transfer.Desc, runs []transfer.Run) (tran
 		return nil, fmt.Errorf("injected: copy pool full: %w", transfer.ErrBusy)
 	}
 	return s.Scatterer.Scatter(region, runs)
+}
+
+// plainEngine hides every optional capability of the engine it wraps (a
+// Fencer among them): the agent sees an engine that proves nothing.
+type plainEngine struct{ transfer.Engine }
+
+// fencingEngine claims to fence forgotten peers (transfer.Fencer), for
+// fault injection: its ForgetPeer forgets the peer in the real engine and
+// reports success even for a peer the real engine never loaded.
+type fencingEngine struct{ transfer.Engine }
+
+func (e *fencingEngine) FencesForgottenPeers() bool { return true }
+
+func (e *fencingEngine) ForgetPeer(peer string) error {
+	if err := e.Engine.ForgetPeer(peer); err != nil && !errors.Is(err, transfer.ErrUnknownPeer) {
+		return err
+	}
+	return nil
 }
