@@ -425,15 +425,17 @@ func (a *Agent) ForgetPeer(peer string) error {
 			errs = append(errs, err)
 		}
 	}
-	// The engine first. An engine that fences forgotten peers (and did
-	// forget this one) proves no write from it lands any more, so the
-	// regions reclaimed below may be granted to others at once; otherwise
-	// they are quarantined first.
+	// The engine first. An engine that fences forgotten peers, once its
+	// ForgetPeer returned without failing (an unknown peer has nothing left
+	// to cut), proves no write from the peer lands any more, so the regions
+	// reclaimed below may be granted to others at once; otherwise they are
+	// quarantined first.
 	err := a.set.Engine.ForgetPeer(peer)
-	if err != nil && !errors.Is(err, transfer.ErrUnknownPeer) {
+	forgot := err == nil || errors.Is(err, transfer.ErrUnknownPeer)
+	if !forgot {
 		errs = append(errs, err)
 	}
-	fenced := err == nil && fences(a.set.Engine)
+	fenced := forgot && fences(a.set.Engine)
 	a.post(func(r *reactor) { r.forgetPeer(peer, fenced) })
 	return errors.Join(errs...)
 }

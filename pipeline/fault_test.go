@@ -1,7 +1,6 @@
 package pipeline
 
 import (
-	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -146,16 +145,8 @@ func (s *busyScatterer) Scatter(region transfer.Desc, runs []transfer.Run) (tran
 // Fencer among them): the agent sees an engine that proves nothing.
 type plainEngine struct{ transfer.Engine }
 
-// fencingEngine claims to fence forgotten peers (transfer.Fencer), for
-// fault injection: its ForgetPeer forgets the peer in the real engine and
-// reports success even for a peer the real engine never loaded.
+// fencingEngine claims to fence forgotten peers (transfer.Fencer) whatever
+// the engine it wraps does, for fault injection.
 type fencingEngine struct{ transfer.Engine }
 
 func (e *fencingEngine) FencesForgottenPeers() bool { return true }
-
-func (e *fencingEngine) ForgetPeer(peer string) error {
-	if err := e.Engine.ForgetPeer(peer); err != nil && !errors.Is(err, transfer.ErrUnknownPeer) {
-		return err
-	}
-	return nil
-}

@@ -345,15 +345,21 @@ func TestExpiredRegionQuarantined(t *testing.T) {
 // are quarantined unless the engine fences forgotten peers; with a fencing
 // engine they are granted again at once.
 func TestForgottenPeerRegionQuarantine(t *testing.T) {
-	for _, fencing := range []bool{false, true} {
-		name := map[bool]string{false: "not-fencing", true: "fencing"}[fencing]
-		t.Run(name, func(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		fencing bool
+		wrap    nodeOpt
+	}{
+		{"not-fencing", false, func(s *Settings) { s.Engine = &plainEngine{s.Engine} }},
+		{"fencing-fake", true, func(s *Settings) { s.Engine = &fencingEngine{s.Engine} }},
+		{"loopback-fences", true, func(*Settings) {}}, // the real engine is a transfer.Fencer
+	} {
+		t.Run(tc.name, func(t *testing.T) {
 			w := newWorld(t)
+			fencing, wrap := tc.fencing, tc.wrap
 			quarantine := 400 * time.Millisecond
-			wrap := func(s *Settings) { s.Engine = &plainEngine{s.Engine} }
 			if fencing {
 				quarantine = time.Hour // a grant in seconds proves no quarantine
-				wrap = func(s *Settings) { s.Engine = &fencingEngine{s.Engine} }
 			}
 			cfg := quarantineConfig(quarantine)
 			cfg.RequestTimeout = 5 * time.Second // no expiry in this test
