@@ -152,6 +152,13 @@ type BounceConfig struct {
 	// RequestTimeout fails a request that makes no progress for this long
 	// (bounce.request_timeout, default 30s, 1ms..24h).
 	RequestTimeout time.Duration
+	// Quarantine keeps a region reclaimed from a flow whose sender may
+	// still write it (an expired flow, a forgotten peer whose engine does
+	// not fence forgotten peers) out of use for this long before it is
+	// granted again (bounce.quarantine, default 0: 1 × request_timeout, as
+	// the reference design; 0 or 1ms..24h). It cannot be turned off; see
+	// pipeline.Config.Quarantine.
+	Quarantine time.Duration
 	// EagerGather gathers before the GRANT arrives (bounce.eager_gather,
 	// default true).
 	EagerGather bool
@@ -381,6 +388,9 @@ func (b *BounceConfig) validate() []*KeyError {
 	}
 	if b.RequestTimeout < time.Millisecond || b.RequestTimeout > 24*time.Hour {
 		add(outOfRange("bounce.request_timeout", b.RequestTimeout, "must be between 1ms and 24h"))
+	}
+	if b.Quarantine != 0 && (b.Quarantine < time.Millisecond || b.Quarantine > 24*time.Hour) {
+		add(outOfRange("bounce.quarantine", b.Quarantine, "must be 0 (1 × request_timeout) or between 1ms and 24h"))
 	}
 	return errs
 }

@@ -17,8 +17,8 @@
 //	agent:          name
 //	bounce:         enabled, arena_size, granularity, max_chunk, min_chunk, max_inflight,
 //	                copy_contexts, copy_workers, scatter_workers, min_descriptors,
-//	                max_avg_descriptor, request_timeout, eager_gather,
-//	                zero_copy_args, disable_merging
+//	                max_avg_descriptor, request_timeout, quarantine,
+//	                eager_gather, zero_copy_args, disable_merging
 //	engine:         kind, plugin, listen, connections, options
 //	control_plane:  kind, interface, bind_address, send_hwm, plugin
 //	stages:         gather, scatter, plugin

@@ -39,6 +39,7 @@ func fields() []field {
 		{"bounce.min_descriptors", "route through bounce from this many descriptors on", func(c *Config) any { return &c.Bounce.MinDescriptors }},
 		{"bounce.max_avg_descriptor", "route through bounce up to this average descriptor size", func(c *Config) any { return &c.Bounce.MaxAvgDescriptor }},
 		{"bounce.request_timeout", "fail a request without progress for this long, 1ms..24h", func(c *Config) any { return &c.Bounce.RequestTimeout }},
+		{"bounce.quarantine", "keep reclaimed regions a slow sender may still write unused this long; 0 = request_timeout, 1ms..24h", func(c *Config) any { return &c.Bounce.Quarantine }},
 		{"bounce.eager_gather", "gather before the GRANT arrives", func(c *Config) any { return &c.Bounce.EagerGather }},
 		{"bounce.zero_copy_args", "GPU stages read their plan from pinned host memory", func(c *Config) any { return &c.Bounce.ZeroCopyArgs }},
 		{"bounce.disable_merging", "one scatter run per descriptor (debugging only)", func(c *Config) any { return &c.Bounce.DisableMerging }},

@@ -234,6 +234,7 @@ func PipelineConfig(b config.BounceConfig) pipeline.Config {
 		MinDescriptors:   b.MinDescriptors,
 		MaxAvgDescriptor: uint64(b.MaxAvgDescriptor),
 		RequestTimeout:   b.RequestTimeout,
+		Quarantine:       b.Quarantine, // 0: pipeline.Config's default, 1 × RequestTimeout
 		QuiesceTimeout:   min(b.RequestTimeout, 5*time.Second),
 		EagerGather:      b.EagerGather,
 		DisableMerging:   b.DisableMerging,

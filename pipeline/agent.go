@@ -53,6 +53,17 @@ type Config struct {
 	// expires. Zero means 4 × RequestTimeout: by then a live sender has
 	// failed the request and cancelled it itself.
 	FlowExpiry time.Duration
+	// Quarantine is how long a region reclaimed from a flow whose sender
+	// may still write it stays out of use before it can be granted again:
+	// the regions of an expired flow, and those of a forgotten peer unless
+	// the engine fences forgotten peers (transfer.Fencer). A sender that was
+	// only slow (a partition, a stalled NIC) may still land a write there,
+	// which must not reach another flow's region. Zero (or negative) means
+	// 1 × RequestTimeout, as in the reference design: a live sender fails
+	// a request that made no progress for that long. It cannot be turned
+	// off; a cancel from the sender itself frees its regions at once (it
+	// cancels only once its writes are over).
+	Quarantine time.Duration
 	// EagerGather starts gathers before the GRANT arrives (bounded by W and
 	// half the arena).
 	EagerGather bool
@@ -89,6 +100,9 @@ func (c *Config) fill() {
 	c.RequestTimeout = cmp.Or(c.RequestTimeout, d.RequestTimeout)
 	c.QuiesceTimeout = cmp.Or(c.QuiesceTimeout, d.QuiesceTimeout)
 	c.FlowExpiry = cmp.Or(c.FlowExpiry, 4*c.RequestTimeout)
+	if c.Quarantine <= 0 {
+		c.Quarantine = c.RequestTimeout
+	}
 }
 
 // Settings are the agent's injected dependencies. The agent does not own
@@ -411,13 +425,26 @@ func (a *Agent) ForgetPeer(peer string) error {
 			errs = append(errs, err)
 		}
 	}
-	// The engine first: once it forgot the peer no write from it lands, so
-	// the regions reclaimed below can be granted to others safely.
-	if err := a.set.Engine.ForgetPeer(peer); err != nil && !errors.Is(err, transfer.ErrUnknownPeer) {
+	// The engine first. An engine that fences forgotten peers, once its
+	// ForgetPeer returned without failing (an unknown peer has nothing left
+	// to cut), proves no write from the peer lands any more, so the regions
+	// reclaimed below may be granted to others at once; otherwise they are
+	// quarantined first.
+	err := a.set.Engine.ForgetPeer(peer)
+	forgot := err == nil || errors.Is(err, transfer.ErrUnknownPeer)
+	if !forgot {
 		errs = append(errs, err)
 	}
-	a.post(func(r *reactor) { r.forgetPeer(peer) })
+	fenced := forgot && fences(a.set.Engine)
+	a.post(func(r *reactor) { r.forgetPeer(peer, fenced) })
 	return errors.Join(errs...)
+}
+
+// fences reports whether eng proves a forgotten peer can no longer write
+// local memory (transfer.Fencer).
+func fences(eng transfer.Engine) bool {
+	f, ok := eng.(transfer.Fencer)
+	return ok && f.FencesForgottenPeers()
 }
 
 // Submit starts a transfer and returns at once. Argument errors (mismatched

@@ -17,6 +17,9 @@ type faultEngine struct {
 	transfer.Engine
 	failWrites atomic.Bool
 	inUse      atomic.Bool
+	// unproven makes every PostWrite return an op that fails without proof
+	// that the write stopped (ErrNotQuiescent); nothing is written.
+	unproven atomic.Bool
 }
 
 func (e *faultEngine) DeregisterMemory(d transfer.Desc) error {
@@ -27,6 +30,9 @@ func (e *faultEngine) DeregisterMemory(d transfer.Desc) error {
 }
 
 func (e *faultEngine) PostWrite(peer string, ops []transfer.WriteOp) (transfer.Op, error) {
+	if e.unproven.Load() {
+		return &doneOp{err: fmt.Errorf("injected: write may still land: %w", transfer.ErrNotQuiescent)}, nil
+	}
 	if e.failWrites.Load() {
 		return &doneOp{err: fmt.Errorf("injected engine failure: %w", transfer.ErrPeerLost)}, nil
 	}
@@ -134,3 +140,13 @@ func (s *busyScatterer) Scatter(region transfer.Desc, runs []transfer.Run) (tran
 	}
 	return s.Scatterer.Scatter(region, runs)
 }
+
+// plainEngine hides every optional capability of the engine it wraps (a
+// Fencer among them): the agent sees an engine that proves nothing.
+type plainEngine struct{ transfer.Engine }
+
+// fencingEngine claims to fence forgotten peers (transfer.Fencer) whatever
+// the engine it wraps does, for fault injection.
+type fencingEngine struct{ transfer.Engine }
+
+func (e *fencingEngine) FencesForgottenPeers() bool { return true }

@@ -234,9 +234,13 @@ func TestForgetPeerRacingSubmit(t *testing.T) {
 // refused Submit says ErrUnknownPeer.
 func TestForgetPeerRacingSubmitLoop(t *testing.T) {
 	w := newWorld(t)
-	a, b := w.node("a", testConfig()), w.node("b", testConfig())
+	// A WANT of a's still in flight when b forgets a starts a flow that a
+	// never serves; b reclaims it by expiry, kept short here.
+	cfgB := testConfig()
+	cfgB.FlowExpiry = time.Second
+	a, b := w.node("a", testConfig()), w.node("b", cfgB)
 	j := simple(t, a, b, 61)
-	for i := range 20 {
+	for i := range 10 {
 		connect(t, a, b)
 		var batches []*Batch
 		first, done := make(chan struct{}), make(chan struct{})
@@ -272,5 +276,169 @@ func TestForgetPeerRacingSubmitLoop(t *testing.T) {
 		if err := b.ForgetPeer("a"); err != nil {
 			t.Fatal(err)
 		}
+		// b may still be scattering chunks that landed before a gave up, or
+		// hold flows of WANTs that arrived after it forgot a: wait for all
+		// of it before the destination is reused or freed.
+		settled(t, a, b)
 	}
+}
+
+// quarantineConfig is an agent whose arena holds exactly one 1 MiB region,
+// so a waiting flow can only be granted the region another flow gave up.
+func quarantineConfig(quarantine time.Duration) Config {
+	c := testConfig()
+	c.ArenaSize = 1 << 20
+	c.MaxChunk = 1 << 20
+	c.RequestTimeout = 100 * time.Millisecond // FlowExpiry 400ms
+	c.Quarantine = quarantine
+	return c
+}
+
+// giveUpAndWait has slow take the whole arena of b and next wait for it.
+// It returns the region slow was granted.
+func giveUpAndWait(t *testing.T, b *node, slow, next *impostor) uint64 {
+	t.Helper()
+	slow.send(t, "b", &wire.Want{Request: 1, ChunkBytes: []uint64{1 << 20}, Endpoint: slow.ch.LocalEndpoint()})
+	g, ok := slow.recv(t, 5*time.Second).(*wire.Grant)
+	if !ok || len(g.Credits) != 1 {
+		t.Fatalf("expected a GRANT, got %#v", g)
+	}
+	next.send(t, "b", &wire.Want{Request: 2, ChunkBytes: []uint64{1 << 20}, Endpoint: next.ch.LocalEndpoint()})
+	eventually(t, func() bool { return b.ArenaStats().Pending == 1 })
+	return g.Credits[0].Region
+}
+
+// expectQuarantined checks that b keeps region off out of use (it is not
+// granted to next) for at least half of quarantine, then grants it to next.
+func expectQuarantined(t *testing.T, b *node, next *impostor, off uint64, quarantine time.Duration) {
+	t.Helper()
+	if st := b.Stats(); st.QuarantinedRegions != 1 || st.QuarantinedBytes != 1<<20 || st.Quarantines != 1 {
+		t.Fatalf("stats %+v: want one 1 MiB region in quarantine", st)
+	}
+	if st := b.ArenaStats(); st.Quarantined != 1 || st.FreeBytes != 0 || st.Flows != 1 {
+		t.Fatalf("arena %+v: want the region quarantined, the next flow waiting", st)
+	}
+	conserve(t, b)
+	if m := next.recv(t, quarantine/2); m != nil {
+		t.Fatalf("during the quarantine the waiting flow got %#v", m)
+	}
+	g, ok := next.recv(t, 5*time.Second).(*wire.Grant)
+	if !ok || len(g.Credits) != 1 || g.Credits[0].Region != off {
+		t.Fatalf("after the quarantine: got %#v, want a GRANT of region %#x", g, off)
+	}
+	if st := b.Stats(); st.QuarantinedRegions != 0 || st.QuarantinedBytes != 0 {
+		t.Fatalf("stats %+v after the quarantine", st)
+	}
+}
+
+// TestExpiredRegionQuarantined: the region of an expired flow (its sender
+// may only be slow and still land a write) is not granted to another flow
+// until its quarantine is over; a late DATA for it is dropped.
+func TestExpiredRegionQuarantined(t *testing.T) {
+	w := newWorld(t)
+	const quarantine = 400 * time.Millisecond
+	b := w.node("b", quarantineConfig(quarantine))
+	slow, next := newNamedImpostor(t, w, b, "slow"), newNamedImpostor(t, w, b, "next")
+	off := giveUpAndWait(t, b, slow, next)
+	eventually(t, func() bool { return b.Stats().ExpiredFlows == 1 })
+	expectQuarantined(t, b, next, off, quarantine)
+	dst := b.buffer(t, 1<<20)
+	slow.send(t, "b", &wire.Data{Request: 1, Region: off, Runs: []transfer.Run{{Addr: mem.DescOf(dst).Addr, Len: 4096, Count: 1}}})
+	eventually(t, func() bool { return b.Stats().LateData == 1 })
+	next.send(t, "b", &wire.Want{Request: 2, Endpoint: next.ch.LocalEndpoint()})
+	settled(t, b)
+}
+
+// TestForgottenPeerRegionQuarantine: after ForgetPeer the peer's regions
+// are quarantined unless the engine fences forgotten peers; with a fencing
+// engine they are granted again at once.
+func TestForgottenPeerRegionQuarantine(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		fencing bool
+		wrap    nodeOpt
+	}{
+		{"not-fencing", false, func(s *Settings) { s.Engine = &plainEngine{s.Engine} }},
+		{"fencing-fake", true, func(s *Settings) { s.Engine = &fencingEngine{s.Engine} }},
+		{"loopback-fences", true, func(*Settings) {}}, // the real engine is a transfer.Fencer
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w := newWorld(t)
+			fencing, wrap := tc.fencing, tc.wrap
+			quarantine := 400 * time.Millisecond
+			if fencing {
+				quarantine = time.Hour // a grant in seconds proves no quarantine
+			}
+			cfg := quarantineConfig(quarantine)
+			cfg.RequestTimeout = 5 * time.Second // no expiry in this test
+			b := w.node("b", cfg, wrap)
+			slow, next := newNamedImpostor(t, w, b, "slow"), newNamedImpostor(t, w, b, "next")
+			off := giveUpAndWait(t, b, slow, next)
+			if err := b.ForgetPeer("slow"); err != nil {
+				t.Fatal(err)
+			}
+			if !fencing {
+				eventually(t, func() bool { return b.Stats().Quarantines == 1 })
+				expectQuarantined(t, b, next, off, quarantine)
+			} else {
+				g, ok := next.recv(t, 5*time.Second).(*wire.Grant)
+				if !ok || len(g.Credits) != 1 || g.Credits[0].Region != off {
+					t.Fatalf("got %#v, want a GRANT of the forgotten peer's region %#x", g, off)
+				}
+				if st := b.Stats(); st.Quarantines != 0 {
+					t.Fatalf("stats %+v: a fenced peer's region was quarantined", st)
+				}
+			}
+			next.send(t, "b", &wire.Want{Request: 2, Endpoint: next.ch.LocalEndpoint()})
+			settled(t, b)
+		})
+	}
+}
+
+// TestQuarantineDefault: an unset (or negative) quarantine is 1 × the
+// request timeout; a set one is kept.
+func TestQuarantineDefault(t *testing.T) {
+	for _, tc := range []struct{ set, want time.Duration }{
+		{0, 7 * time.Second}, {-time.Second, 7 * time.Second}, {time.Second, time.Second},
+	} {
+		c := Config{RequestTimeout: 7 * time.Second, Quarantine: tc.set}
+		c.fill()
+		if c.Quarantine != tc.want {
+			t.Errorf("Quarantine %v with RequestTimeout 7s: got %v, want %v", tc.set, c.Quarantine, tc.want)
+		}
+	}
+	if c := DefaultConfig(); c.Quarantine != 0 {
+		t.Errorf("DefaultConfig().Quarantine = %v, want 0 (derived in fill)", c.Quarantine)
+	}
+}
+
+// TestUnprovenWriteSendsNoCancel: a write that ended without proof that it
+// stopped may still land in its granted region, so the sender sends no
+// cancel (which would free the region at once); the receiver reclaims the
+// silent flow by expiry and quarantines the region.
+func TestUnprovenWriteSendsNoCancel(t *testing.T) {
+	w := newWorld(t)
+	var fe *faultEngine
+	cfg := shortTimeouts() // FlowExpiry 1.2s
+	a, b := w.node("a", cfg, withFaultEngine(&fe)), w.node("b", cfg)
+	j := simple(t, a, b, 70)
+	connect(t, a, b)
+	fe.unproven.Store(true)
+	bt, err := a.Submit(Request{Peer: "b", Src: j.src, Dst: j.dst})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := wait(t, bt); !errors.Is(err, transfer.ErrNotQuiescent) {
+		t.Fatalf("err = %v, want ErrNotQuiescent", err)
+	}
+	time.Sleep(100 * time.Millisecond) // a cancel would have arrived by now
+	if st := b.ArenaStats(); st.Flows != 1 || st.Regions == 0 {
+		t.Fatalf("receiver arena %+v: the flow was cancelled although its write may still land", st)
+	}
+	eventually(t, func() bool { return b.Stats().ExpiredFlows == 1 })
+	if b.Stats().Quarantines == 0 {
+		t.Fatal("the expired flow's regions were not quarantined")
+	}
+	settled(t, b)
+	conserve(t, a) // a keeps the staging region the unproven write may still read
 }

@@ -79,6 +79,7 @@ func testConfig() Config {
 	c.MinDescriptors = 64
 	c.RequestTimeout = 5 * time.Second
 	c.QuiesceTimeout = time.Second
+	c.Quarantine = 250 * time.Millisecond // settled() after a peer loss waits for it
 	return c
 }
 

@@ -32,14 +32,17 @@ type reactor struct {
 	direct      map[uint64]*directReq
 
 	// receiver role
-	flowSeen  map[credit.FlowKey]time.Time // last WANT, DATA or grant of each flow
-	lastSweep time.Time
-	ctrlPeers map[string]string // control peers added from WANT endpoints
-	jobs      chan *scatterTask
-	tasks     map[uint64]*scatterTask // queued or running scatters by region offset
-	resMu     sync.Mutex
-	results   []*scatterTask // finished tasks reported by the workers
-	scatters  int            // scatter tasks handed to workers and not yet reported
+	flowSeen map[credit.FlowKey]time.Time // last WANT, DATA or grant of each flow
+	// quarantined lists quarantined regions in release order (every
+	// quarantine lasts cfg.Quarantine, so the order is by time too).
+	quarantined []quarantined
+	lastSweep   time.Time
+	ctrlPeers   map[string]string // control peers added from WANT endpoints
+	jobs        chan *scatterTask
+	tasks       map[uint64]*scatterTask // queued or running scatters by region offset
+	resMu       sync.Mutex
+	results     []*scatterTask // finished tasks reported by the workers
+	scatters    int            // scatter tasks handed to workers and not yet reported
 
 	inbox chan transfer.Message
 	quit  chan struct{}
@@ -52,6 +55,12 @@ type reactor struct {
 	cmdBuf    []func(*reactor)
 	lastCheck time.Time
 	lastRetry time.Time
+}
+
+// quarantined is a region that goes back to the free pool at until.
+type quarantined struct {
+	off   uint64
+	until time.Time
 }
 
 func newReactor(a *Agent, sched *credit.Scheduler) *reactor {
@@ -237,6 +246,7 @@ func (r *reactor) tick() bool {
 	if now := time.Now(); now.Sub(r.lastCheck) >= time.Millisecond {
 		r.lastCheck = now
 		r.checkTimeouts(now)
+		r.releaseQuarantine(now)
 		if now.Sub(r.lastSweep) >= r.cfg.FlowExpiry/8 {
 			r.lastSweep = now
 			r.expireFlows(now)
@@ -293,10 +303,18 @@ func (r *reactor) send(peer string, m wire.Message) error {
 	return err
 }
 
-func (r *reactor) forgetPeer(peer string) {
+// forgetPeer reclaims the peer's flows and fails the requests to it.
+// fenced says the engine proved the peer can no longer write local memory
+// (it fences forgotten peers and just forgot this one): the regions are
+// free at once; otherwise they are quarantined.
+func (r *reactor) forgetPeer(peer string, fenced bool) {
 	delete(r.ctrlPeers, peer)
 	if r.sched != nil {
-		r.sched.ReclaimPeer(peer)
+		if fenced {
+			r.sched.ReclaimPeer(peer)
+		} else {
+			r.quarantine(r.sched.QuarantinePeer(peer))
+		}
 		r.cancelScatters(func(k credit.FlowKey) bool { return k.Peer == peer })
 		r.schedule()
 	}

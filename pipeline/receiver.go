@@ -78,7 +78,10 @@ func (r *reactor) expireFlows(now time.Time) {
 			delete(r.flowSeen, key)
 		case now.Sub(seen) > r.cfg.FlowExpiry && r.sched.IdleRegions(key) > 0:
 			delete(r.flowSeen, key)
-			r.cancelFlow(key)
+			// The sender may only be slow: a write it still lands must not
+			// reach a region granted to another flow meanwhile.
+			r.quarantine(r.sched.Quarantine(key))
+			r.cancelScatters(func(k credit.FlowKey) bool { return k == key })
 			r.a.stats.expiredFlows.Add(1)
 			r.log.Warn("flow reclaimed: its sender went silent", "peer", key.Peer, "request", key.Request, "silent_for", now.Sub(seen))
 			expired = true
@@ -87,6 +90,44 @@ func (r *reactor) expireFlows(now time.Time) {
 	if expired {
 		r.schedule()
 	}
+}
+
+// quarantine starts the quarantine of regions the scheduler just
+// quarantined; releaseQuarantine frees them when it is over.
+func (r *reactor) quarantine(offs []uint64) {
+	if len(offs) == 0 {
+		return
+	}
+	until := time.Now().Add(r.cfg.Quarantine)
+	for _, off := range offs {
+		r.quarantined = append(r.quarantined, quarantined{off: off, until: until})
+	}
+	r.a.stats.quarantines.Add(uint64(len(offs)))
+	r.publishQuarantine()
+}
+
+// releaseQuarantine frees the regions whose quarantine is over.
+func (r *reactor) releaseQuarantine(now time.Time) {
+	n := 0
+	for n < len(r.quarantined) && !now.Before(r.quarantined[n].until) {
+		if err := r.sched.ReleaseQuarantined(r.quarantined[n].off); err != nil {
+			r.log.Error("release quarantined region", "off", r.quarantined[n].off, "err", err)
+		}
+		n++
+	}
+	if n == 0 {
+		return
+	}
+	r.quarantined = r.quarantined[:copy(r.quarantined, r.quarantined[n:])]
+	r.publishQuarantine()
+	r.schedule()
+}
+
+// publishQuarantine mirrors the quarantine gauges into the agent's stats.
+func (r *reactor) publishQuarantine() {
+	st := r.sched.Stats()
+	r.a.stats.quarantinedRegions.Store(uint64(st.Quarantined))
+	r.a.stats.quarantinedBytes.Store(st.QuarantinedBytes)
 }
 
 func (r *reactor) addControlPeer(peer, endpoint string) error {

@@ -283,8 +283,12 @@ func (r *reactor) writeDone(q *sendReq, k int, st transfer.Status, err error) {
 	if st == transfer.Failed && errors.Is(err, transfer.ErrNotQuiescent) {
 		// The engine may still read the staging region: never reuse it.
 		// The caller's memory is not involved (the gather finished), so the
-		// batch itself stays releasable.
+		// batch itself stays releasable. The write may also still land in
+		// the granted region, so no cancel is sent: a cancel frees the
+		// regions at once, while the receiver's expiry of the silent flow
+		// quarantines them first.
 		c.staged = false
+		q.noCancel = true
 	} else {
 		r.dropStaging(c) // the engine no longer reads the staging region
 	}
@@ -372,8 +376,9 @@ func (r *reactor) fail(q *sendReq, err error) {
 }
 
 // settle publishes a failing request once the caller's memory is provably
-// untouched, sends the cancel once no write can still land in a granted
-// region, and forgets the request once nothing of it is outstanding.
+// untouched, sends the cancel once every write is terminal (and none ended
+// without proof that it stopped: then no cancel is sent, see writeDone), and
+// forgets the request once nothing of it is outstanding.
 func (r *reactor) settle(q *sendReq) {
 	if q.err == nil {
 		return

@@ -24,6 +24,10 @@ type Stats struct {
 	CancelledScatters uint64
 	// Flows reclaimed because their sender went silent (see FlowExpiry).
 	ExpiredFlows uint64
+	// Quarantines counts regions quarantined since the start (see
+	// Config.Quarantine); QuarantinedRegions and QuarantinedBytes are the
+	// regions (and their arena bytes) in quarantine now.
+	Quarantines, QuarantinedRegions, QuarantinedBytes uint64
 	// WANTs sent (cancels included), grants sent and bytes moved through
 	// the bounce path.
 	Wants, Grants, BounceBytes uint64
@@ -38,6 +42,8 @@ type counters struct {
 	incompatiblePeers, badPeerDesc                atomic.Uint64
 	scatterFailures, expiredFlows                 atomic.Uint64
 	cancelledScatters                             atomic.Uint64
+	quarantines                                   atomic.Uint64
+	quarantinedRegions, quarantinedBytes          atomic.Uint64
 	wants, grants, bounceBytes                    atomic.Uint64
 }
 
@@ -52,6 +58,7 @@ func (a *Agent) Stats() Stats {
 		DuplicateWants:    c.duplicateWants.Load(),
 		IncompatiblePeers: c.incompatiblePeers.Load(), BadPeerDescriptors: c.badPeerDesc.Load(),
 		ScatterFailures: c.scatterFailures.Load(), ExpiredFlows: c.expiredFlows.Load(), CancelledScatters: c.cancelledScatters.Load(),
+		Quarantines: c.quarantines.Load(), QuarantinedRegions: c.quarantinedRegions.Load(), QuarantinedBytes: c.quarantinedBytes.Load(),
 		Wants: c.wants.Load(), Grants: c.grants.Load(), BounceBytes: c.bounceBytes.Load(),
 	}
 }
