@@ -227,19 +227,27 @@ type StagesConfig struct {
 	Plugin string
 }
 
-// TelemetryConfig configures tracing.
+// TelemetryConfig configures tracing and metrics (package telemetry builds
+// the providers from it).
 type TelemetryConfig struct {
 	// Traces is none, otlp or stdout (telemetry.traces, default none).
 	Traces string
-	// OTLPEndpoint is the OTLP/gRPC collector's host:port
-	// (telemetry.otlp_endpoint, default 127.0.0.1:4317).
+	// OTLPEndpoint is the OTLP/gRPC collector's host:port, spoken in
+	// plaintext (telemetry.otlp_endpoint). Empty (the default) leaves the
+	// endpoint to the standard OTEL_EXPORTER_OTLP_TRACES_ENDPOINT or
+	// OTEL_EXPORTER_OTLP_ENDPOINT variables, else 127.0.0.1:4317.
 	OTLPEndpoint string
-	// ServiceName names this process in traces (telemetry.service_name,
-	// default bounce).
+	// ServiceName names this process in traces and metrics
+	// (telemetry.service_name). Empty (the default) means OTEL_SERVICE_NAME,
+	// else "bounce".
 	ServiceName string
-	// SampleRatio is the fraction of requests traced (telemetry.sample_ratio,
-	// default 1, 0..1).
+	// SampleRatio is the fraction of new traces sampled; a span whose
+	// parent is sampled is always sampled (telemetry.sample_ratio, default
+	// 1, 0..1). OTEL_TRACES_SAMPLER, when set, replaces this sampler.
 	SampleRatio float64
+	// MetricsListen is the host:port of the Prometheus endpoint (/metrics)
+	// (telemetry.metrics.listen); empty (the default) serves none.
+	MetricsListen string
 }
 
 // MinMinChunk is the smallest bounce.min_chunk other than 0: below it the
@@ -273,10 +281,8 @@ func Default() Config {
 		},
 		Stages: StagesConfig{Gather: "host", Scatter: "host"},
 		Telemetry: TelemetryConfig{
-			Traces:       "none",
-			OTLPEndpoint: "127.0.0.1:4317",
-			ServiceName:  "bounce",
-			SampleRatio:  1,
+			Traces:      "none",
+			SampleRatio: 1,
 		},
 	}
 }
@@ -497,11 +503,14 @@ func (t *TelemetryConfig) validate() []*KeyError {
 	var errs fieldErrors
 	add := errs.add
 	add(oneOf("telemetry.traces", t.Traces, "none", "otlp", "stdout"))
-	if t.OTLPEndpoint != "" || t.Traces == "otlp" {
+	if t.OTLPEndpoint != "" {
 		add(checkHostPort("telemetry.otlp_endpoint", t.OTLPEndpoint))
 	}
-	if t.ServiceName == "" {
-		add(outOfRange("telemetry.service_name", t.ServiceName, "must not be empty"))
+	if t.MetricsListen != "" {
+		add(checkHostPort("telemetry.metrics.listen", t.MetricsListen))
+	}
+	if strings.ContainsFunc(t.ServiceName, unicode.IsControl) {
+		add(outOfRange("telemetry.service_name", t.ServiceName, "must not contain control characters"))
 	}
 	if !(t.SampleRatio >= 0 && t.SampleRatio <= 1) {
 		add(outOfRange("telemetry.sample_ratio", strconv.FormatFloat(t.SampleRatio, 'g', -1, 64), "must be between 0 and 1"))

@@ -91,7 +91,7 @@ func TestKeysMatchTheDocumentedSet(t *testing.T) {
 		"engine.kind", "engine.plugin", "engine.listen", "engine.connections", "engine.options",
 		"control_plane.kind", "control_plane.interface", "control_plane.bind_address", "control_plane.send_hwm", "control_plane.plugin",
 		"stages.gather", "stages.scatter", "stages.plugin",
-		"telemetry.traces", "telemetry.otlp_endpoint", "telemetry.service_name", "telemetry.sample_ratio",
+		"telemetry.traces", "telemetry.otlp_endpoint", "telemetry.service_name", "telemetry.sample_ratio", "telemetry.metrics.listen",
 	}
 	if got := Keys(); !slices.Equal(got, want) {
 		t.Fatalf("Keys() =\n%v\nwant\n%v", got, want)
@@ -152,7 +152,7 @@ func TestDefaults(t *testing.T) {
 	}
 	if d.Engine.Kind != "tcp" || d.Engine.Connections != 4 || d.ControlPlane.Kind != "zmq" || d.ControlPlane.SendHWM != 1000 ||
 		d.Stages.Gather != "host" || d.Stages.Scatter != "host" || d.Telemetry.Traces != "none" ||
-		d.Telemetry.OTLPEndpoint != "127.0.0.1:4317" || d.Telemetry.ServiceName != "bounce" || d.Telemetry.SampleRatio != 1 {
+		d.Telemetry.OTLPEndpoint != "" || d.Telemetry.ServiceName != "" || d.Telemetry.MetricsListen != "" || d.Telemetry.SampleRatio != 1 {
 		t.Fatalf("defaults: %+v", d)
 	}
 	if !strings.HasSuffix(d.Agent.Name, "-"+strconv.Itoa(os.Getpid())) {
@@ -497,8 +497,8 @@ func TestValidateRanges(t *testing.T) {
 		{"stages.plugin", func(c *Config) { c.Stages.Plugin = "/s.so" }, "/s.so", "only used"},
 		{"telemetry.traces", func(c *Config) { c.Telemetry.Traces = "jaeger" }, "jaeger", "none, otlp, stdout"},
 		{"telemetry.otlp_endpoint", func(c *Config) { c.Telemetry.OTLPEndpoint = "collector" }, "collector", "host:port"},
-		{"telemetry.otlp_endpoint", func(c *Config) { c.Telemetry.OTLPEndpoint, c.Telemetry.Traces = "", "otlp" }, "", "host:port"},
-		{"telemetry.service_name", func(c *Config) { c.Telemetry.ServiceName = "" }, "", "empty"},
+		{"telemetry.metrics.listen", func(c *Config) { c.Telemetry.MetricsListen = "localhost" }, "localhost", "host:port"},
+		{"telemetry.service_name", func(c *Config) { c.Telemetry.ServiceName = "a\nb" }, "a\nb", "control characters"},
 		{"telemetry.sample_ratio", func(c *Config) { c.Telemetry.SampleRatio = 1.5 }, "1.5", "between 0 and 1"},
 		{"telemetry.sample_ratio", func(c *Config) { c.Telemetry.SampleRatio = -0.1 }, "-0.1", "between 0 and 1"},
 	}
@@ -621,5 +621,30 @@ func TestRegisterFlagsHelp(t *testing.T) {
 	}
 	if fl := fs.Lookup("bounce.enabled"); fl.NoOptDefVal != "true" {
 		t.Fatal("bool flag needs a value")
+	}
+}
+
+// telemetry.metrics.listen is a grouped key (three levels): it loads from
+// every layer, and an unknown key inside the group is an error naming it.
+func TestGroupedKeyThroughEveryLayer(t *testing.T) {
+	path := writeFile(t, "telemetry:\n  metrics:\n    listen: 127.0.0.1:9464\n")
+	if got := mustLoad(t, LoadOptions{File: path}).Config.Telemetry.MetricsListen; got != "127.0.0.1:9464" {
+		t.Fatalf("file: metrics listen %q", got)
+	}
+	l := mustLoad(t, LoadOptions{File: path, Environ: []string{"BOUNCE_TELEMETRY_METRICS_LISTEN=127.0.0.1:9465"}})
+	if got := l.Config.Telemetry.MetricsListen; got != "127.0.0.1:9465" || l.Sources["telemetry.metrics.listen"] != "env:BOUNCE_TELEMETRY_METRICS_LISTEN" {
+		t.Fatalf("env: metrics listen %q from %q", got, l.Sources["telemetry.metrics.listen"])
+	}
+	fs := flags(t, "--telemetry.metrics.listen=[::1]:0")
+	if got := mustLoad(t, LoadOptions{File: path, Flags: fs}).Config.Telemetry.MetricsListen; got != "[::1]:0" {
+		t.Fatalf("flag: metrics listen %q", got)
+	}
+	_, err := Load(LoadOptions{FileData: []byte("telemetry: {metrics: {port: 9}}")})
+	if err == nil || !strings.Contains(err.Error(), "telemetry.metrics.port") || !errors.Is(err, ErrUnknownKey) {
+		t.Fatalf("unknown grouped key: %v", err)
+	}
+	_, err = Load(LoadOptions{FileData: []byte("telemetry: {metrics: {listen: nowhere}}")})
+	if err == nil || !strings.Contains(err.Error(), "telemetry.metrics.listen") || !strings.Contains(err.Error(), "host:port") {
+		t.Fatalf("bad grouped value: %v", err)
 	}
 }

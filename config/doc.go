@@ -22,7 +22,7 @@
 //	engine:         kind, plugin, listen, connections, options
 //	control_plane:  kind, interface, bind_address, send_hwm, plugin
 //	stages:         gather, scatter, plugin
-//	telemetry:      traces, otlp_endpoint, service_name, sample_ratio
+//	telemetry:      traces, otlp_endpoint, service_name, sample_ratio, metrics.listen
 //
 // Sizes take units B, K/KB/KiB, M/MB/MiB, G/GB/GiB and T/TB/TiB in any case,
 // all powers of two ("512mb" is 512 MiB); durations are Go durations ("30s",

@@ -197,15 +197,65 @@ func textValue(key, value string, src Source, errs *[]*KeyError) any {
 	return m
 }
 
-// lookup finds a dotted key (section.name) in a nested map.
+// lookup finds a dotted key (section.name, or section.group.name) in a
+// nested map.
 func lookup(m map[string]any, key string) (any, bool) {
-	section, name := splitKey(key)
-	sec, ok := m[section].(map[string]any)
-	if !ok {
-		return nil, false
+	parts := strings.Split(key, ".")
+	for _, p := range parts[:len(parts)-1] {
+		sub, ok := m[p].(map[string]any)
+		if !ok {
+			return nil, false
+		}
+		m = sub
 	}
-	v, ok := sec[name]
+	v, ok := m[parts[len(parts)-1]]
 	return v, ok
+}
+
+// setNested stores v under the dotted name (name or group.name) in m,
+// creating the group's mapping.
+func setNested(m map[string]any, name string, v any) {
+	group, leaf, ok := strings.Cut(name, ".")
+	if !ok {
+		m[name] = v
+		return
+	}
+	sub, _ := m[group].(map[string]any)
+	if sub == nil {
+		sub = map[string]any{}
+		m[group] = sub
+	}
+	setNested(sub, leaf, v)
+}
+
+// flattenGroups turns the mappings of a section that hold grouped keys
+// (telemetry: {metrics: {listen: ...}}) into dotted names
+// ("metrics.listen"); every other entry keeps its name.
+func flattenGroups(section string, m map[string]any, byKey map[string]field) map[string]any {
+	out := make(map[string]any, len(m))
+	var walk func(prefix string, m map[string]any)
+	walk = func(prefix string, m map[string]any) {
+		for name, v := range m {
+			full := prefix + name
+			sub, isMap := v.(map[string]any)
+			if _, known := byKey[section+"."+full]; !known && isMap && isGroup(byKey, section+"."+full+".") {
+				walk(full+".", sub)
+				continue
+			}
+			out[full] = v
+		}
+	}
+	walk("", m)
+	return out
+}
+
+func isGroup(byKey map[string]field, prefix string) bool {
+	for k := range byKey {
+		if strings.HasPrefix(k, prefix) {
+			return true
+		}
+	}
+	return false
 }
 
 // checkLayer checks one layer's nested map against the schema: unknown
@@ -245,6 +295,7 @@ func checkLayer(fs []field, raw map[string]any, srcOf func(string) Source, sourc
 				Reason: "want a mapping of " + section + " keys: " + strings.Join(sectionKeys[section], ", ")})
 			continue
 		}
+		m = flattenGroups(section, m, byKey)
 		out := map[string]any{}
 		for _, name := range slices.Sorted(maps.Keys(m)) {
 			key := section + "." + name
@@ -278,7 +329,7 @@ func checkLayer(fs []field, raw map[string]any, srcOf func(string) Source, sourc
 				}
 			}
 			sources[key] = srcOf(key)
-			out[name] = v
+			setNested(out, name, v)
 		}
 		if len(out) > 0 {
 			clean[section] = out

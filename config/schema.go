@@ -61,9 +61,10 @@ func fields() []field {
 		{"stages.plugin", "stage plugin path (a stage set to plugin)", func(c *Config) any { return &c.Stages.Plugin }},
 
 		{"telemetry.traces", "trace exporter: none, otlp or stdout", func(c *Config) any { return &c.Telemetry.Traces }},
-		{"telemetry.otlp_endpoint", "OTLP/gRPC collector host:port", func(c *Config) any { return &c.Telemetry.OTLPEndpoint }},
-		{"telemetry.service_name", "service name in traces", func(c *Config) any { return &c.Telemetry.ServiceName }},
-		{"telemetry.sample_ratio", "fraction of requests traced, 0..1", func(c *Config) any { return &c.Telemetry.SampleRatio }},
+		{"telemetry.otlp_endpoint", "OTLP/gRPC collector host:port (plaintext); empty = OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT, else 127.0.0.1:4317", func(c *Config) any { return &c.Telemetry.OTLPEndpoint }},
+		{"telemetry.service_name", "service name in traces and metrics; empty = OTEL_SERVICE_NAME, else bounce", func(c *Config) any { return &c.Telemetry.ServiceName }},
+		{"telemetry.sample_ratio", "fraction of new traces sampled (parent-based), 0..1; OTEL_TRACES_SAMPLER overrides it", func(c *Config) any { return &c.Telemetry.SampleRatio }},
+		{"telemetry.metrics.listen", "serve Prometheus metrics on this host:port (/metrics); empty = off", func(c *Config) any { return &c.Telemetry.MetricsListen }},
 	}
 }
 
@@ -78,10 +79,10 @@ func splitKey(key string) (section, name string) {
 // BOUNCE_BOUNCE_ARENA_SIZE).
 func envName(key string) string {
 	section, name := splitKey(key)
-	if section == "bounce" {
-		return EnvPrefix + strings.ToUpper(name)
+	if section != "bounce" {
+		name = section + "_" + name
 	}
-	return EnvPrefix + strings.ToUpper(section+"_"+name)
+	return EnvPrefix + strings.ToUpper(strings.ReplaceAll(name, ".", "_"))
 }
 
 // flagName maps a dotted key to its flag name: the key with underscores
