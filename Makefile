@@ -4,7 +4,10 @@ PKGS      ?= ./...
 BENCHTIME ?= 1x
 FUZZTIME  ?= 20s
 
-.PHONY: run test bench lint fuzz setup build clean
+# Jaeger (tools/jaeger: a module of its own, with Jaeger as a Go tool).
+JAEGER    ?= bin/jaeger
+
+.PHONY: run test bench lint fuzz setup build clean jaeger jaeger-bin
 
 setup:
 	./scripts/setup.sh
@@ -16,10 +19,21 @@ build: setup
 run: build
 	./bin/bounce run
 
-## test: the whole suite under the race detector
-test: setup
+## test: the whole suite under the race detector (builds Jaeger first, for
+## the end-to-end trace test)
+test: setup jaeger-bin
 	$(GO) vet $(PKGS)
-	$(GO) test -race -count=1 -timeout 20m $(PKGS)
+	BOUNCE_JAEGER=$(abspath $(JAEGER)) $(GO) test -race -count=1 -timeout 20m $(PKGS)
+
+## jaeger: a real Jaeger on 127.0.0.1 (OTLP 4317/4318, UI and API on
+## http://127.0.0.1:16686), spans in memory; the first build takes minutes
+jaeger: jaeger-bin
+	./$(JAEGER) --config tools/jaeger/loopback.yaml
+
+jaeger-bin: $(JAEGER)
+
+$(JAEGER): tools/jaeger/go.mod tools/jaeger/go.sum
+	cd tools/jaeger && $(GO) build -o $(abspath $(JAEGER)) github.com/jaegertracing/jaeger/cmd/jaeger
 
 ## bench: Go benchmarks (ratios measured side by side in one run)
 bench: setup

@@ -18,9 +18,14 @@ import (
 	"sync"
 	"time"
 
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/bouncekv/bounce/config"
 	"github.com/bouncekv/bounce/mem"
 	"github.com/bouncekv/bounce/pipeline"
+	"github.com/bouncekv/bounce/telemetry"
 	"github.com/bouncekv/bounce/transfer"
 )
 
@@ -35,6 +40,11 @@ type Settings struct {
 	// Notify wakes the agent's reactor when an op completes; components
 	// that can signal completion call it (it never blocks).
 	Notify func()
+	// TracerProvider, MeterProvider and Propagator are the node's
+	// OpenTelemetry providers, never nil (no-op ones when telemetry is off).
+	TracerProvider trace.TracerProvider
+	MeterProvider  metric.MeterProvider
+	Propagator     propagation.TextMapPropagator
 }
 
 // EngineFactory creates a transfer engine of one kind.
@@ -112,54 +122,82 @@ type Node struct {
 	Scatterer transfer.Scatterer
 	Registry  *mem.Registry
 	Config    config.Config
+	// Telemetry are the providers the node's components use. When the
+	// node built them from Config.Telemetry, Close flushes and stops them.
+	Telemetry *telemetry.Providers
 
-	closeOnce sync.Once
-	closeErr  error
+	ownTelemetry bool
+	closeOnce    sync.Once
+	closeErr     error
 }
 
-// Build normalizes and validates cfg (logging any adjustment, such as the
-// max chunk clamped to the arena) and builds a started node. On error
-// everything built so far is closed.
+// Options are Build's optional dependencies.
+type Options struct {
+	// Logger is the node's logger; nil discards. Build wraps its handler so
+	// records logged with a span's context carry trace_id and span_id.
+	Logger *slog.Logger
+	// Telemetry are the providers to use; nil means Build makes them from
+	// cfg.Telemetry (telemetry.New) and Close shuts them down.
+	Telemetry *telemetry.Providers
+}
+
+// Build is BuildWith with only a logger: the node's telemetry comes from
+// cfg.Telemetry.
 func Build(cfg config.Config, f Factories, logger *slog.Logger) (*Node, error) {
+	return BuildWith(cfg, f, Options{Logger: logger})
+}
+
+// BuildWith normalizes and validates cfg (logging any adjustment, such as
+// the max chunk clamped to the arena) and builds a started node. On error
+// everything built so far is closed.
+func BuildWith(cfg config.Config, f Factories, o Options) (*Node, error) {
+	logger := o.Logger
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
+	logger = slog.New(telemetry.LogHandler(logger.Handler()))
 	for _, notice := range cfg.Normalize() {
 		logger.Info(notice)
 	}
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("node: %w", err)
 	}
-	if cfg.Telemetry.Traces != "none" {
-		// The keys are part of the configuration schema already; the
-		// exporters are not built yet. Say so rather than stay silent.
-		logger.Warn("tracing is not implemented in this build: telemetry settings are accepted and ignored",
-			"telemetry.traces", cfg.Telemetry.Traces)
+	n := &Node{Registry: &mem.Registry{}, Config: cfg, Telemetry: o.Telemetry}
+	if n.Telemetry == nil {
+		tel, err := telemetry.New(context.Background(), cfg.Telemetry, telemetry.Options{Instance: cfg.Agent.Name})
+		if err != nil {
+			return nil, fmt.Errorf("node: %w", err)
+		}
+		n.Telemetry, n.ownTelemetry = tel, true
 	}
 	wake := make(chan struct{}, 1)
 	s := Settings{
 		Name:     cfg.Agent.Name,
 		Logger:   logger,
-		Registry: &mem.Registry{},
+		Registry: n.Registry,
 		Notify: func() {
 			select {
 			case wake <- struct{}{}:
 			default:
 			}
 		},
+		TracerProvider: n.Telemetry.TracerProvider,
+		MeterProvider:  n.Telemetry.MeterProvider,
+		Propagator:     n.Telemetry.Propagator,
 	}
-	n := &Node{Registry: s.Registry, Config: cfg}
 	fail := func(err error) (*Node, error) {
 		n.closeParts()
+		n.closeTelemetry()
 		return nil, err
 	}
 	ef, ok := f.Engines[cfg.Engine.Kind]
 	if !ok {
+		n.closeTelemetry()
 		return nil, fmt.Errorf("node: engine.kind %q: no such engine in this build (have %v)", cfg.Engine.Kind, keys(f.Engines))
 	}
 	eng, err := ef.CreateEngine(s, cfg.Engine)
 	if err != nil {
-		return nil, fmt.Errorf("node: create %s engine: %w", cfg.Engine.Kind, err)
+		return fail(fmt.Errorf("node: create %s engine: %w", cfg.Engine.Kind, err))
 	}
 	n.Engine = eng
 	if cfg.Bounce.Enabled {
@@ -172,15 +210,23 @@ func Build(cfg config.Config, f Factories, logger *slog.Logger) (*Node, error) {
 		}
 	}
 	pc := PipelineConfig(cfg.Bounce)
+	kinds := pipeline.Kinds{Engine: cfg.Engine.Kind}
+	if n.Control != nil {
+		kinds.Control, kinds.Gather, kinds.Scatter = cfg.ControlPlane.Kind, cfg.Stages.Gather, cfg.Stages.Scatter
+	}
 	n.Agent, err = pipeline.New(pipeline.Settings{
-		Name:      cfg.Agent.Name,
-		Engine:    n.Engine,
-		Control:   n.Control,
-		Gatherer:  n.Gatherer,
-		Scatterer: n.Scatterer,
-		Registry:  s.Registry,
-		Wake:      wake,
-		Logger:    logger,
+		Name:           cfg.Agent.Name,
+		Engine:         n.Engine,
+		Control:        n.Control,
+		Gatherer:       n.Gatherer,
+		Scatterer:      n.Scatterer,
+		Registry:       s.Registry,
+		Wake:           wake,
+		Logger:         logger,
+		TracerProvider: s.TracerProvider,
+		MeterProvider:  s.MeterProvider,
+		Propagator:     s.Propagator,
+		Kinds:          kinds,
 	}, pc)
 	if err != nil {
 		return fail(fmt.Errorf("node: %w", err))
@@ -241,8 +287,8 @@ func PipelineConfig(b config.BounceConfig) pipeline.Config {
 	}
 }
 
-// Close shuts the agent down (bounded by ctx) and closes every component.
-// It is idempotent.
+// Close shuts the agent down (bounded by ctx), closes every component and
+// then flushes and stops the telemetry the node built. It is idempotent.
 func (n *Node) Close(ctx context.Context) error {
 	n.closeOnce.Do(func() {
 		var errs []error
@@ -250,9 +296,21 @@ func (n *Node) Close(ctx context.Context) error {
 			errs = append(errs, n.Agent.Shutdown(ctx))
 		}
 		errs = append(errs, n.closeParts())
+		if n.ownTelemetry {
+			errs = append(errs, n.Telemetry.Shutdown(ctx))
+		}
 		n.closeErr = errors.Join(errs...)
 	})
 	return n.closeErr
+}
+
+// closeTelemetry stops telemetry the node built, on a failed Build.
+func (n *Node) closeTelemetry() {
+	if n.ownTelemetry {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = n.Telemetry.Shutdown(ctx)
+	}
 }
 
 func (n *Node) closeBounceParts() error {

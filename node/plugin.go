@@ -71,7 +71,7 @@ func (f PluginEngineFactory) CreateEngine(s Settings, cfg config.EngineConfig) (
 	if cfg.Connections != 0 {
 		opts["connections"] = strconv.Itoa(cfg.Connections)
 	}
-	c, err := plugins.Load(path, plugins.KindEngine, s.Logger)
+	c, err := plugins.LoadWith(path, plugins.KindEngine, plugins.LoadOpts{Logger: s.Logger, TracerProvider: s.TracerProvider, Propagator: s.Propagator})
 	if err != nil {
 		return nil, err
 	}
@@ -107,7 +107,7 @@ func (f PluginControlFactory) CreateControl(s Settings, cfg config.ControlPlaneC
 	if cfg.SendHWM != 0 {
 		opts["send_hwm"] = strconv.Itoa(cfg.SendHWM)
 	}
-	c, err := plugins.Load(path, plugins.KindControl, s.Logger)
+	c, err := plugins.LoadWith(path, plugins.KindControl, plugins.LoadOpts{Logger: s.Logger, TracerProvider: s.TracerProvider, Propagator: s.Propagator})
 	if err != nil {
 		return nil, err
 	}

@@ -10,6 +10,10 @@ import (
 	"sync/atomic"
 	"time"
 
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/bouncekv/bounce/mem"
 	"github.com/bouncekv/bounce/pipeline/credit"
 	"github.com/bouncekv/bounce/pipeline/wire"
@@ -129,6 +133,14 @@ type Settings struct {
 	// Logger receives warnings (dropped messages, rejected peers); nil
 	// discards them.
 	Logger *slog.Logger
+	// TracerProvider, MeterProvider and Propagator are the agent's
+	// OpenTelemetry dependencies; nil means the otel globals. A no-op
+	// TracerProvider (trace/noop) turns every span off at no cost.
+	TracerProvider trace.TracerProvider
+	MeterProvider  metric.MeterProvider
+	Propagator     propagation.TextMapPropagator
+	// Kinds names the components above for span attributes.
+	Kinds Kinds
 }
 
 // Agent is one bounce endpoint: sender and receiver at once.
@@ -158,6 +170,7 @@ type Agent struct {
 	closing  atomic.Bool
 
 	stats counters
+	obs   *obs
 	r     *reactor
 	wg    sync.WaitGroup
 }
@@ -211,6 +224,7 @@ func New(s Settings, cfg Config) (*Agent, error) {
 		kickCh:  make(chan struct{}, 1),
 		stopped: make(chan struct{}),
 	}
+	a.obs = newObs(a, s)
 	var sched *credit.Scheduler
 	if err := a.initBounce(&sched); err != nil {
 		a.bounceOn, a.noBounce = false, err.Error()
@@ -451,6 +465,13 @@ func fences(eng transfer.Engine) bool {
 // descriptors, unknown peer, agent shut down) are returned directly; every
 // other failure resolves the batch.
 func (a *Agent) Submit(req Request) (*Batch, error) {
+	return a.SubmitContext(context.Background(), req)
+}
+
+// SubmitContext is Submit with a context whose span, if any, becomes the
+// parent of the transfer's span. Cancelling ctx does not cancel the
+// transfer (see Batch.Abandon).
+func (a *Agent) SubmitContext(ctx context.Context, req Request) (*Batch, error) {
 	if a.closing.Load() {
 		return nil, fmt.Errorf("pipeline: submit: %w", transfer.ErrClosed)
 	}
@@ -468,9 +489,11 @@ func (a *Agent) Submit(req Request) (*Batch, error) {
 	if !ok {
 		return nil, fmt.Errorf("pipeline: submit to %q: %w (call LoadPeer first)", req.Peer, transfer.ErrUnknownPeer)
 	}
-	route, reason := a.route(req, pi)
+	start := time.Now()
+	route, why, reason := a.route(req, pi)
 	id := a.nextID.Add(1)
 	b := newBatch(id, route, reason, req.OnComplete)
+	b.obs.start, b.obs.why = start, why
 	b.abandon = func(timeout time.Duration) transfer.AbandonOutcome { return a.abandon(b, timeout) }
 	switch route {
 	case RouteBounce:
@@ -478,9 +501,16 @@ func (a *Agent) Submit(req Request) (*Batch, error) {
 		if err != nil {
 			return nil, err
 		}
+		b.obs.bytes = p.Payload
+		a.obs.submitted(ctx, b, req.Peer, len(req.Src), reason)
+		a.obs.planned(b, p)
 		a.stats.bounceSubmits.Add(1)
 		a.post(func(r *reactor) { r.submitBounce(b, pi, p) })
 	default:
+		for _, d := range req.Src {
+			b.obs.bytes += d.Len
+		}
+		a.obs.submitted(ctx, b, req.Peer, len(req.Src), reason)
 		a.stats.directSubmits.Add(1)
 		a.post(func(r *reactor) { r.submitDirect(b, pi, req) })
 	}
@@ -503,6 +533,7 @@ func (a *Agent) Shutdown(ctx context.Context) error {
 			<-a.stopped
 		}
 		a.wg.Wait()
+		a.obs.close()
 		if a.arena != nil {
 			if a.r.arenaQuiet {
 				if derr := a.set.Engine.DeregisterMemory(a.arenaD); derr != nil && !errors.Is(derr, transfer.ErrClosed) {

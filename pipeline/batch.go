@@ -67,6 +67,8 @@ type Batch struct {
 	cbWG      sync.WaitGroup
 
 	abandon func(time.Duration) transfer.AbandonOutcome // set by the agent
+
+	obs batchObs // telemetry (set in Submit, then used on the reactor)
 }
 
 func newBatch(id uint64, route Route, reason string, onDone func(*Batch)) *Batch {

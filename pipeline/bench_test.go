@@ -1,8 +1,18 @@
 package pipeline
 
 import (
+	"context"
+	"runtime"
 	"testing"
 	"time"
+
+	metricnoop "go.opentelemetry.io/otel/metric/noop"
+	"go.opentelemetry.io/otel/propagation"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	tracenoop "go.opentelemetry.io/otel/trace/noop"
+
+	"github.com/bouncekv/bounce/mem"
 )
 
 // BenchmarkHostPipeline moves 16,384 x 4 KiB fragmented blocks between two
@@ -47,4 +57,78 @@ func BenchmarkHostPipeline(b *testing.B) {
 	b.ReportMetric(mb/tb.Seconds(), "bounce-MB/s")
 	b.ReportMetric(mb/td.Seconds(), "direct-MB/s")
 	b.ReportMetric(td.Seconds()/tb.Seconds(), "bounce/direct")
+}
+
+// BenchmarkTracingOverhead moves 81,920 x 4 KiB fragmented blocks (one rank
+// of Llama-3.1-70B at TP=8, block 16) over the bounce path between two
+// pairs of agents on the loopback engine, one pair untraced (the no-op
+// TracerProvider) and one traced with every span sampled and batch-exported
+// (to a discarding exporter), alternating in every iteration. It reports
+// both throughputs, their ratio (traced/untraced) and the heap allocations
+// of one transfer in each mode.
+func BenchmarkTracingOverhead(b *testing.B) {
+	w := newWorld(b)
+	cfg := DefaultConfig()
+	cfg.ArenaSize = 64 << 20
+	cfg.MaxChunk = 8 << 20
+	cfg.Granularity = 1 << 20
+	tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(tracetest.NewNoopExporter()), sdktrace.WithSampler(sdktrace.AlwaysSample()))
+	b.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	traced := func(s *Settings) { s.TracerProvider, s.Propagator = tp, propagation.TraceContext{} }
+	off := func(s *Settings) {
+		s.TracerProvider, s.MeterProvider = tracenoop.NewTracerProvider(), metricnoop.NewMeterProvider()
+	}
+	x, y := w.node("x", cfg, off), w.node("y", cfg, off)
+	u, v := w.node("u", cfg, traced), w.node("v", cfg, traced)
+	const n, size = 81920, 4096
+	sb, db := x.buffer(b, n*size), y.buffer(b, n*size)
+	for _, p := range []struct {
+		n *node
+		b []byte
+	}{{u, sb}, {v, db}} {
+		if err := p.n.RegisterMemory(mem.DescOf(p.b)); err != nil {
+			b.Fatal(err)
+		}
+	}
+	connect(b, x, y)
+	connect(b, u, v)
+	j := prepare(sb, db, kvLayout{count: n, size: size, fragmented: true}, 42)
+	run := func(from *node, to string) (time.Duration, uint64) {
+		var ms0, ms1 runtime.MemStats
+		runtime.ReadMemStats(&ms0)
+		start := time.Now()
+		bt, err := from.Submit(Request{Peer: to, Src: j.src, Dst: j.dst, Route: RouteBounce})
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := wait(b, bt); err != nil {
+			b.Fatal(err)
+		}
+		d := time.Since(start)
+		runtime.ReadMemStats(&ms1)
+		if bt.Route() != RouteBounce {
+			b.Fatalf("route %v", bt.Route())
+		}
+		return d, ms1.Mallocs - ms0.Mallocs
+	}
+	run(x, "y") // warm both pairs up outside the measurement
+	run(u, "v")
+	var toff, ton time.Duration
+	var aoff, aon uint64
+	b.SetBytes(2 * n * size)
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		d, a := run(x, "y")
+		toff, aoff = toff+d, aoff+a
+		d, a = run(u, "v")
+		ton, aon = ton+d, aon+a
+	}
+	b.StopTimer()
+	j.verify(b)
+	mb := float64(n*size) * float64(b.N) / 1e6
+	b.ReportMetric(mb/toff.Seconds(), "untraced-MB/s")
+	b.ReportMetric(mb/ton.Seconds(), "traced-MB/s")
+	b.ReportMetric(toff.Seconds()/ton.Seconds(), "traced/untraced")
+	b.ReportMetric(float64(aoff)/float64(b.N), "untraced-allocs/transfer")
+	b.ReportMetric(float64(aon)/float64(b.N), "traced-allocs/transfer")
 }

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/bouncekv/bounce/transfer"
 )
 
@@ -17,6 +19,7 @@ type directReq struct {
 	op       transfer.Op
 	posted   time.Time
 	timedOut bool
+	span     trace.Span // the post's span; nil unless traced
 }
 
 func (r *reactor) submitDirect(b *Batch, pi *peerInfo, req Request) {
@@ -39,13 +42,22 @@ func (r *reactor) submitDirect(b *Batch, pi *peerInfo, req Request) {
 		r.publish(b, nil, true)
 		return
 	}
-	op, err := r.a.set.Engine.PostWrite(req.Peer, ops)
+	ctx, span := r.a.obs.directPosted(b, req.Peer, len(ops))
+	var op transfer.Op
+	var err error
+	if cp, ok := r.a.set.Engine.(transfer.ContextPoster); ok && span != nil {
+		op, err = cp.PostWriteContext(ctx, req.Peer, ops)
+	} else {
+		op, err = r.a.set.Engine.PostWrite(req.Peer, ops)
+	}
 	if err != nil {
 		// Nothing was posted, so nothing touches the caller's memory.
-		r.publish(b, pi.lostErr(fmt.Errorf("pipeline: direct write to %q: %w", req.Peer, err)), true)
+		err = pi.lostErr(fmt.Errorf("pipeline: direct write to %q: %w", req.Peer, err))
+		r.a.obs.directEnded(span, err)
+		r.publish(b, err, true)
 		return
 	}
-	r.direct[b.id] = &directReq{b: b, peer: req.Peer, pi: pi, op: op, posted: time.Now()}
+	r.direct[b.id] = &directReq{b: b, peer: req.Peer, pi: pi, op: op, posted: time.Now(), span: span}
 }
 
 func (r *reactor) pollDirect() bool {
@@ -68,6 +80,7 @@ func (r *reactor) pollDirect() bool {
 			quiet = !errors.Is(err, transfer.ErrNotQuiescent)
 			err = d.pi.lostErr(fmt.Errorf("pipeline: direct write to %q: %w", d.peer, err))
 		}
+		r.a.obs.directEnded(d.span, err)
 		r.publish(d.b, err, quiet)
 	}
 	return progressed

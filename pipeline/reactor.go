@@ -41,8 +41,9 @@ type reactor struct {
 	jobs        chan *scatterTask
 	tasks       map[uint64]*scatterTask // queued or running scatters by region offset
 	resMu       sync.Mutex
-	results     []*scatterTask // finished tasks reported by the workers
-	scatters    int            // scatter tasks handed to workers and not yet reported
+	results     []*scatterTask                // finished tasks reported by the workers
+	scatters    int                           // scatter tasks handed to workers and not yet reported
+	rtraces     map[credit.FlowKey]*recvTrace // receiver spans of traced flows
 
 	inbox chan transfer.Message
 	quit  chan struct{}
@@ -75,6 +76,7 @@ func newReactor(a *Agent, sched *credit.Scheduler) *reactor {
 		flowSeen:  make(map[credit.FlowKey]time.Time),
 		ctrlPeers: make(map[string]string),
 		tasks:     make(map[uint64]*scatterTask),
+		rtraces:   make(map[credit.FlowKey]*recvTrace),
 		inbox:     make(chan transfer.Message, 4096),
 		quit:      make(chan struct{}),
 	}
@@ -267,6 +269,7 @@ func (r *reactor) onMessage(m transfer.Message) {
 	msg, err := wire.Unmarshal(m.Payload)
 	if err != nil {
 		r.a.stats.badMessages.Add(1)
+		r.a.obs.reject(r, m.Peer, rejectMalformed)
 		r.log.Warn("dropped malformed control message", "peer", m.Peer, "err", err)
 		return
 	}
@@ -283,6 +286,7 @@ func (r *reactor) onMessage(m transfer.Message) {
 		r.onNack(m.Peer, msg)
 	default:
 		r.a.stats.badMessages.Add(1)
+		r.a.obs.reject(r, m.Peer, rejectUnexpected)
 	}
 }
 
@@ -308,6 +312,7 @@ func (r *reactor) send(peer string, m wire.Message) error {
 // (it fences forgotten peers and just forgot this one): the regions are
 // free at once; otherwise they are quarantined.
 func (r *reactor) forgetPeer(peer string, fenced bool) {
+	r.a.obs.peerFlowsEnded(r, peer, "reclaimed")
 	delete(r.ctrlPeers, peer)
 	if r.sched != nil {
 		if fenced {
@@ -350,17 +355,27 @@ func (r *reactor) finished() bool {
 	}
 	if r.force {
 		r.abandonAll()
+		r.endFlowSpans()
 		return true
 	}
 	if len(r.reqs) == 0 && len(r.direct) == 0 && r.scatters == 0 {
+		r.endFlowSpans()
 		return true
 	}
 	if time.Since(r.shutdownAt) > r.cfg.QuiesceTimeout {
 		r.log.Warn("shutdown: ops still outstanding after the quiesce timeout", "requests", len(r.reqs), "direct", len(r.direct), "scatters", r.scatters)
 		r.abandonAll()
+		r.endFlowSpans()
 		return true
 	}
 	return false
+}
+
+// endFlowSpans ends the receiver spans of flows still open at shutdown.
+func (r *reactor) endFlowSpans() {
+	for key := range r.rtraces {
+		r.a.obs.flowEnded(r, key, "shutdown")
+	}
 }
 
 // abandonAll publishes every remaining batch as failed; those with ops still

@@ -19,6 +19,7 @@ func (r *reactor) onWant(peer string, w *wire.Want) {
 	key := credit.FlowKey{Peer: peer, Request: w.Request}
 	epErr := r.addControlPeer(peer, w.Endpoint)
 	if w.IsCancel() {
+		r.a.obs.flowEnded(r, key, "cancelled")
 		r.cancelFlow(key)
 		delete(r.flowSeen, key)
 		r.schedule()
@@ -26,6 +27,7 @@ func (r *reactor) onWant(peer string, w *wire.Want) {
 	}
 	if epErr != nil {
 		r.a.stats.rejectedWants.Add(1)
+		r.a.obs.reject(r, peer, rejectBadWant)
 		r.log.Warn("WANT rejected: bad sender endpoint", "peer", peer, "request", w.Request, "err", epErr)
 		return
 	}
@@ -36,6 +38,7 @@ func (r *reactor) onWant(peer string, w *wire.Want) {
 	for i, n := range w.ChunkBytes {
 		if n == 0 || n > r.cfg.MaxChunk {
 			r.a.stats.rejectedWants.Add(1)
+			r.a.obs.reject(r, peer, rejectBadWant)
 			r.nack(peer, w.Request, uint32(i), wire.NackChunkTooLarge, fmt.Sprintf("chunk %d has %d bytes; accepted 1..%d", i, n, r.cfg.MaxChunk))
 			return
 		}
@@ -44,19 +47,23 @@ func (r *reactor) onWant(peer string, w *wire.Want) {
 	case errors.Is(err, credit.ErrDuplicateWant):
 		// A repeated message: the flow already has its reservation.
 		r.a.stats.duplicateWants.Add(1)
+		r.a.obs.reject(r, peer, rejectDuplicateWant)
 		r.log.Info("duplicate WANT dropped", "peer", peer, "request", w.Request)
 		return
 	case errors.Is(err, credit.ErrConflictingWant):
 		r.a.stats.rejectedWants.Add(1)
+		r.a.obs.reject(r, peer, rejectBadWant)
 		r.log.Warn("WANT rejected: it conflicts with the live flow", "peer", peer, "request", w.Request, "err", err)
 		r.nack(peer, w.Request, wire.WholeRequest, wire.NackConflictingWant, err.Error())
 		return
 	case err != nil:
 		r.a.stats.rejectedWants.Add(1)
+		r.a.obs.reject(r, peer, rejectBadWant)
 		r.nack(peer, w.Request, wire.WholeRequest, wire.NackMalformed, err.Error())
 		return
 	}
 	r.flowSeen[key] = time.Now()
+	r.a.obs.wantReceived(r, key, w)
 	r.schedule()
 }
 
@@ -76,8 +83,10 @@ func (r *reactor) expireFlows(now time.Time) {
 		switch {
 		case !r.sched.Active(key):
 			delete(r.flowSeen, key)
+			r.a.obs.flowEnded(r, key, "")
 		case now.Sub(seen) > r.cfg.FlowExpiry && r.sched.IdleRegions(key) > 0:
 			delete(r.flowSeen, key)
+			r.a.obs.flowEnded(r, key, "expired")
 			// The sender may only be slow: a write it still lands must not
 			// reach a region granted to another flow meanwhile.
 			r.quarantine(r.sched.Quarantine(key))
@@ -151,6 +160,7 @@ func (r *reactor) nack(peer string, req uint64, chunk uint32, code wire.NackCode
 	if _, ok := r.ctrlPeers[peer]; !ok {
 		return // no reverse path to tell it
 	}
+	r.a.obs.nack("sent", code)
 	_ = r.send(peer, &wire.Nack{Request: req, Chunk: chunk, Code: code, Reason: reason})
 }
 
@@ -174,6 +184,7 @@ func (r *reactor) schedule() {
 	byFlow := make(map[credit.FlowKey]*out, 4)
 	now := time.Now()
 	for _, g := range grants {
+		r.a.obs.grantedChunk(r, g)
 		o := byFlow[g.Flow]
 		if o == nil {
 			o = &out{key: g.Flow}
@@ -202,12 +213,14 @@ func (r *reactor) onData(peer string, d *wire.Data) {
 	grant, ok := r.sched.Region(d.Region)
 	if !ok || grant.Orphan || grant.Flow != key {
 		r.a.stats.lateData.Add(1)
+		r.a.obs.reject(r, peer, rejectLateData)
 		r.log.Info("late or foreign DATA dropped", "peer", peer, "request", d.Request, "region", d.Region)
 		return
 	}
 	if _, err := plan.CheckRuns(d.Runs, grant.Len); err != nil {
 		r.a.stats.badRuns.Add(1)
-		r.log.Warn("DATA rejected: scatter runs outside the grant", "peer", peer, "request", d.Request, "err", err)
+		r.a.obs.reject(r, peer, rejectBadRuns)
+		r.log.WarnContext(spanContext(r.a.obs.extract(d.TraceParent)), "DATA rejected: scatter runs outside the grant", "peer", peer, "request", d.Request, "err", err)
 		if err := r.sched.Drop(key, d.Region); err != nil {
 			r.log.Error("drop rejected region", "err", err)
 		}
@@ -218,10 +231,12 @@ func (r *reactor) onData(peer string, d *wire.Data) {
 	r.flowSeen[key] = time.Now()
 	if err := r.sched.BeginScatter(key, d.Region); err != nil {
 		r.a.stats.lateData.Add(1)
+		r.a.obs.reject(r, peer, rejectLateData)
 		r.log.Warn("DATA for a region already scattering dropped", "peer", peer, "err", err)
 		return
 	}
 	t := &scatterTask{key: key, chunk: d.Chunk, region: r.regionDesc(d.Region, grant.Len), off: d.Region, runs: d.Runs}
+	r.a.obs.scatterQueued(r, t, d)
 	r.scatters++
 	r.tasks[d.Region] = t
 	r.jobs <- t
@@ -257,13 +272,14 @@ func (r *reactor) drainScatterResults() bool {
 		if err != nil {
 			r.log.Error("end scatter", "region", t.off, "err", err)
 		}
+		r.a.obs.scatterEnded(r, t, t.err, t.err == nil && !orphan)
 		switch {
 		case errors.Is(t.err, errScatterCancelled):
 			// Its flow was given up before it started: nothing was copied.
 		case t.err != nil:
 			// No ACK: the sender must never believe these bytes landed.
 			r.a.stats.scatterFailures.Add(1)
-			r.log.Warn("scatter failed; no ACK sent", "peer", t.key.Peer, "request", t.key.Request, "chunk", t.chunk, "err", t.err)
+			r.log.WarnContext(spanContext(t.parent), "scatter failed; no ACK sent", "peer", t.key.Peer, "request", t.key.Request, "chunk", t.chunk, "err", t.err)
 		case orphan:
 			// The flow was reclaimed while scattering: nobody to ACK.
 		default:

@@ -7,38 +7,39 @@ import (
 	"github.com/bouncekv/bounce/transfer"
 )
 
-// route decides bounce or direct and says why.
-func (a *Agent) route(req Request, pi *peerInfo) (Route, string) {
+// route decides bounce or direct and says why: a low-cardinality reason
+// (for metrics and span attributes) and the text for logs and summaries.
+func (a *Agent) route(req Request, pi *peerInfo) (Route, string, string) {
 	if req.Route == RouteDirect {
-		return RouteDirect, "direct route requested"
+		return RouteDirect, whyDirectRequested, "direct route requested"
 	}
 	if !a.bounceOn {
-		return RouteDirect, "bounce off locally: " + a.noBounce
+		return RouteDirect, whyLocalOff, "bounce off locally: " + a.noBounce
 	}
 	if !pi.bounce {
-		return RouteDirect, "peer not bounce-capable: " + pi.reason
+		return RouteDirect, whyPeerNotCapable, "peer not bounce-capable: " + pi.reason
 	}
 	n := len(req.Src)
 	if n == 0 {
-		return RouteDirect, "empty transfer"
+		return RouteDirect, whyEmpty, "empty transfer"
 	}
 	if !uniform(req.Src) || !uniform(req.Dst) {
-		return RouteDirect, "descriptors span several devices on one side"
+		return RouteDirect, whyMixedDevices, "descriptors span several devices on one side"
 	}
 	if req.Route == RouteBounce {
-		return RouteBounce, "bounce route requested"
+		return RouteBounce, whyBounceRequested, "bounce route requested"
 	}
 	if n < a.cfg.MinDescriptors {
-		return RouteDirect, fmt.Sprintf("%d descriptors < min_descriptors %d", n, a.cfg.MinDescriptors)
+		return RouteDirect, whyFewDescriptors, fmt.Sprintf("%d descriptors < min_descriptors %d", n, a.cfg.MinDescriptors)
 	}
 	var total uint64
 	for _, d := range req.Src {
 		total += d.Len
 	}
 	if avg := total / uint64(n); avg > a.cfg.MaxAvgDescriptor {
-		return RouteDirect, fmt.Sprintf("average descriptor %d B > max_avg_descriptor %d B", avg, a.cfg.MaxAvgDescriptor)
+		return RouteDirect, whyLargeDescriptors, fmt.Sprintf("average descriptor %d B > max_avg_descriptor %d B", avg, a.cfg.MaxAvgDescriptor)
 	}
-	return RouteBounce, "eligible"
+	return RouteBounce, whyEligible, "eligible"
 }
 
 func uniform(ds []transfer.Desc) bool {

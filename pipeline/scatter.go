@@ -7,6 +7,8 @@ import (
 	"sync"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/bouncekv/bounce/pipeline/credit"
 	"github.com/bouncekv/bounce/transfer"
 )
@@ -26,6 +28,11 @@ type scatterTask struct {
 	region transfer.Desc // the granted region in the local arena
 	off    uint64        // the region's arena offset
 	runs   []transfer.Run
+
+	// Telemetry, set and read on the reactor only: the DATA's arrival and
+	// the sender's chunk span it carried (zero unless the flow is traced).
+	at     time.Time
+	parent trace.SpanContext
 
 	mu        sync.Mutex
 	started   bool

@@ -29,6 +29,9 @@ type sendChunk struct {
 	eager  bool   // staging counted against the eager budget
 	credit *wire.Credit
 	op     transfer.Op
+
+	started time.Time   // gather start, for the chunk latency metric
+	tr      *chunkTrace // nil unless the request is traced
 }
 
 type sendReq struct {
@@ -78,7 +81,9 @@ func (r *reactor) submitBounce(b *Batch, pi *peerInfo, p *plan.Plan) {
 		sizes[i] = c.Bytes
 	}
 	r.reqs[q.id] = q
-	if err := r.send(peer, &wire.Want{Request: q.id, ChunkBytes: sizes, Endpoint: r.a.set.Control.LocalEndpoint()}); err != nil {
+	want := &wire.Want{Request: q.id, ChunkBytes: sizes, Endpoint: r.a.set.Control.LocalEndpoint()}
+	r.a.obs.inject(b.obs.ctx, &want.TraceParent)
+	if err := r.send(peer, want); err != nil {
 		q.noCancel = true // the flow never reached the peer
 		r.fail(q, fmt.Errorf("pipeline: send WANT to %q: %w", peer, err))
 		return
@@ -118,6 +123,8 @@ func (r *reactor) advance(q *sendReq) {
 			return
 		}
 		c.st, c.staged, c.off, c.eager, c.op = cGathering, true, off, eager, op
+		c.started = time.Now()
+		r.a.obs.chunkStarted(q, k, c.started)
 		q.gathers++
 		q.live++
 		q.next++
@@ -162,6 +169,7 @@ func (r *reactor) onGrant(peer string, g *wire.Grant) {
 	}
 	if q.peer != peer {
 		r.a.stats.badMessages.Add(1)
+		r.a.obs.reject(r, peer, rejectUnexpected)
 		r.log.Warn("GRANT from the wrong peer dropped", "peer", peer, "request", g.Request, "owner", q.peer)
 		return
 	}
@@ -169,11 +177,13 @@ func (r *reactor) onGrant(peer string, g *wire.Grant) {
 		k := int(cr.Chunk)
 		if k >= len(q.ch) || q.ch[k].credit != nil || cr.Len < q.plan.Chunks[k].Bytes {
 			r.a.stats.badMessages.Add(1)
+			r.a.obs.reject(r, peer, rejectBadCredit)
 			r.fail(q, fmt.Errorf("pipeline: peer %q sent an invalid credit %+v for request %d", peer, cr, q.id))
 			return
 		}
 		c := &q.ch[k]
 		c.credit = &cr
+		r.a.obs.granted(q, k, c.credit)
 		q.lastProgress = time.Now()
 		if c.staged && c.eager {
 			if err := r.sched.PromoteLocal(c.off); err != nil {
@@ -224,6 +234,7 @@ func (r *reactor) gatherDone(q *sendReq, k int, st transfer.Status, err error) {
 	c := &q.ch[k]
 	q.gathers--
 	r.retryParked = true // a copy context is free again
+	r.a.obs.gatherEnded(q, k, err)
 	if st == transfer.Failed {
 		if errors.Is(err, transfer.ErrDeviceFault) {
 			q.b.markFault()
@@ -237,6 +248,7 @@ func (r *reactor) gatherDone(q *sendReq, k int, st transfer.Status, err error) {
 		r.fail(q, fmt.Errorf("pipeline: gather chunk %d: %w", k, err))
 	}
 	if q.err != nil {
+		r.a.obs.chunkFailed(q, k, q.err)
 		r.dropStaging(c)
 		r.settle(q)
 		return
@@ -258,8 +270,10 @@ func (r *reactor) postWrite(q *sendReq, k int) {
 	c := &q.ch[k]
 	n := q.plan.Chunks[k].Bytes
 	dst := transfer.Desc{Addr: c.credit.Addr, Len: n, Device: c.credit.Device, Kind: q.plan.Chunks[k].DstKind}
-	op, err := r.a.set.Writer.Write(q.peer, r.regionDesc(c.off, n), dst)
+	r.a.obs.writeStarted(q, k)
+	op, err := r.a.obs.write(r.a.set.Writer, c.tr, q.peer, r.regionDesc(c.off, n), dst)
 	if err != nil {
+		r.a.obs.writeEnded(q, k, err)
 		r.dropStaging(c)
 		r.fail(q, fmt.Errorf("pipeline: write chunk %d to %q: %w", k, q.peer, err))
 		return
@@ -280,6 +294,7 @@ func (r *reactor) pollWrites() bool {
 func (r *reactor) writeDone(q *sendReq, k int, st transfer.Status, err error) {
 	c := &q.ch[k]
 	q.writes--
+	r.a.obs.writeEnded(q, k, err)
 	if st == transfer.Failed && errors.Is(err, transfer.ErrNotQuiescent) {
 		// The engine may still read the staging region: never reuse it.
 		// The caller's memory is not involved (the gather finished), so the
@@ -300,11 +315,16 @@ func (r *reactor) writeDone(q *sendReq, k int, st transfer.Status, err error) {
 		}
 	}
 	if q.err != nil {
+		r.a.obs.chunkFailed(q, k, q.err)
 		r.settle(q)
 		return
 	}
 	ch := q.plan.Chunks[k]
-	if err := r.send(q.peer, &wire.Data{Request: q.id, Chunk: uint32(k), Region: c.credit.Region, Runs: ch.Scatter}); err != nil {
+	data := &wire.Data{Request: q.id, Chunk: uint32(k), Region: c.credit.Region, Runs: ch.Scatter}
+	r.a.obs.dataSending(q, k, data)
+	err = r.send(q.peer, data)
+	r.a.obs.dataSent(q, k, data, err)
+	if err != nil {
 		r.fail(q, fmt.Errorf("pipeline: send DATA for chunk %d: %w", k, err))
 		r.settle(q)
 		return
@@ -322,10 +342,12 @@ func (r *reactor) onAck(peer string, m *wire.Ack) {
 	k := int(m.Chunk)
 	if q.peer != peer || k >= len(q.ch) || q.ch[k].st != cDataSent || q.ch[k].credit.Region != m.Region {
 		r.a.stats.badMessages.Add(1)
+		r.a.obs.reject(r, peer, rejectUnexpected)
 		r.log.Warn("unexpected ACK dropped", "peer", peer, "request", m.Request, "chunk", m.Chunk)
 		return
 	}
 	q.ch[k].st = cAcked
+	r.a.obs.acked(q, k)
 	q.acked++
 	q.live--
 	q.lastProgress = time.Now()
@@ -340,11 +362,12 @@ func (r *reactor) onAck(peer string, m *wire.Ack) {
 }
 
 func (r *reactor) onNack(peer string, m *wire.Nack) {
+	r.a.obs.nack("received", m.Code)
 	q, ok := r.reqs[m.Request]
 	if !ok || q.peer != peer {
 		return
 	}
-	r.fail(q, fmt.Errorf("pipeline: peer %q refused request %d chunk %d (code %d): %s", peer, m.Request, m.Chunk, m.Code, m.Reason))
+	r.fail(q, fmt.Errorf("pipeline: peer %q refused request %d chunk %d (code %d): %s: %w", peer, m.Request, m.Chunk, m.Code, m.Reason, ErrRefused))
 }
 
 // peerLost fails every other request to peer: the engine reported the peer
@@ -366,6 +389,8 @@ func (r *reactor) fail(q *sendReq, err error) {
 		return
 	}
 	q.err, q.failedAt = q.pi.lostErr(err), time.Now()
+	r.a.obs.reqFailed(q, q.err)
+	r.log.DebugContext(q.b.obs.logContext(), "request failing", "request", q.id, "peer", q.peer, "err", q.err)
 	delete(r.parked, q.id)
 	for k := range q.ch {
 		if c := &q.ch[k]; c.st == cGathered {
@@ -401,12 +426,14 @@ func (r *reactor) settle(q *sendReq) {
 
 // publish resolves a batch once and counts the outcome.
 func (r *reactor) publish(b *Batch, err error, quiescent bool) {
-	if !b.finish(err, quiescent) {
+	if b.Status().Terminal() { // only the reactor resolves batches
 		if quiescent {
 			b.markQuiescent()
 		}
 		return
 	}
+	r.a.obs.resolved(b, err, quiescent) // spans end before Wait returns
+	b.finish(err, quiescent)
 	if err == nil {
 		r.a.stats.succeeded.Add(1)
 	} else {
@@ -432,7 +459,9 @@ func (r *reactor) checkTimeouts(now time.Time) {
 
 // abandon fails the batch if it is still pending and waits, at most timeout,
 // for proof that nothing touches the caller's memory.
-func (a *Agent) abandon(b *Batch, timeout time.Duration) transfer.AbandonOutcome {
+func (a *Agent) abandon(b *Batch, timeout time.Duration) (out transfer.AbandonOutcome) {
+	start := time.Now()
+	defer func() { a.obs.abandoned(b, timeout, start, out) }()
 	a.post(func(r *reactor) {
 		if q, ok := r.reqs[b.id]; ok {
 			r.fail(q, fmt.Errorf("pipeline: request %d: %w", b.id, ErrAbandoned))

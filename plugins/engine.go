@@ -49,10 +49,16 @@ func open[C opener](c *Client, kind, what, name string, opts map[string]string) 
 // within CallTimeout, mapping a transport failure and the reply's error to
 // errors that wrap transfer's sentinels.
 func call[R interface{ GetError() *pb.Error }](c *Client, noun, what string, f func(context.Context) (R, error)) error {
+	return callIn(context.Background(), c, noun, what, f)
+}
+
+// callIn is call with a parent context: its values (the trace span) travel
+// with the call, its cancellation does not.
+func callIn[R interface{ GetError() *pb.Error }](parent context.Context, c *Client, noun, what string, f func(context.Context) (R, error)) error {
 	if c.closed() {
 		return fmt.Errorf("plugin: %s: %s closed: %w", what, noun, transfer.ErrClosed)
 	}
-	cx, cancel := ctx(CallTimeout)
+	cx, cancel := context.WithTimeout(context.WithoutCancel(parent), CallTimeout)
 	defer cancel()
 	rep, err := f(cx)
 	if err != nil {
@@ -167,9 +173,15 @@ func (e *remoteEngine) ForgetPeer(peer string) error {
 // malformed reply (no handle, a handle already live) is an error wrapping
 // ErrNotQuiescent: the plugin may have started a write the host cannot poll.
 func (e *remoteEngine) PostWrite(peer string, ops []transfer.WriteOp) (transfer.Op, error) {
+	return e.PostWriteContext(context.Background(), peer, ops)
+}
+
+// PostWriteContext is PostWrite whose RPC carries ctx's trace context in
+// its gRPC metadata, so the plugin's span of the post joins the trace.
+func (e *remoteEngine) PostWriteContext(ctx context.Context, peer string, ops []transfer.WriteOp) (transfer.Op, error) {
 	what := fmt.Sprintf("post %d write(s) to %q", len(ops), peer)
 	var rep *pb.HandleReply
-	err := e.call(what, func(cx context.Context) (_ interface{ GetError() *pb.Error }, err error) {
+	err := callIn(ctx, e.c, "engine", what, func(cx context.Context) (_ interface{ GetError() *pb.Error }, err error) {
 		rep, err = e.rpc.PostWrite(cx, &pb.PostWriteRequest{Peer: []byte(peer), Ops: toProtoWrites(ops)})
 		return rep, err
 	})

@@ -26,6 +26,8 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/go-plugin"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
 
 	pb "github.com/bouncekv/bounce/plugins/internal/proto"
@@ -71,6 +73,12 @@ func Handshake() plugin.HandshakeConfig {
 type ServeOpts struct {
 	Engine  func(name string, opts map[string]string) (transfer.Engine, error)
 	Control func(name string, opts map[string]string) (transfer.ControlChannel, error)
+	// TracerProvider and Propagator trace the calls the host makes for a
+	// traced operation (their spans join the host's trace); nil means the
+	// otel globals. The plugin process inherits the host's environment, so
+	// a provider built from OTEL_* variables exports where the host does.
+	TracerProvider trace.TracerProvider
+	Propagator     propagation.TextMapPropagator
 }
 
 // Serve runs the plugin side until the host ends the process. It is the
@@ -81,7 +89,9 @@ func Serve(o ServeOpts) {
 	plugin.Serve(&plugin.ServeConfig{
 		HandshakeConfig: Handshake(),
 		Plugins:         serverPlugins(o, newMapper()),
-		GRPCServer:      plugin.DefaultGRPCServer,
+		GRPCServer: func(opts []grpc.ServerOption) *grpc.Server {
+			return plugin.DefaultGRPCServer(append(opts, grpc.StatsHandler(serverTracing(o.TracerProvider, o.Propagator))))
+		},
 	})
 }
 
@@ -153,6 +163,23 @@ type Client struct {
 // ("engine", "control", "gather" or "scatter"). Starting is bounded by
 // StartTimeout; the plugin's log lines go to logger (nil discards them).
 func Load(path, kind string, logger *slog.Logger) (*Client, error) {
+	return LoadWith(path, kind, LoadOpts{Logger: logger})
+}
+
+// LoadOpts are LoadWith's optional dependencies.
+type LoadOpts struct {
+	// Logger receives the plugin's log lines; nil discards them.
+	Logger *slog.Logger
+	// TracerProvider and Propagator trace the calls made for a traced
+	// operation and put its trace context in their gRPC metadata; nil
+	// means the otel globals.
+	TracerProvider trace.TracerProvider
+	Propagator     propagation.TextMapPropagator
+}
+
+// LoadWith is Load with telemetry.
+func LoadWith(path, kind string, o LoadOpts) (*Client, error) {
+	logger := o.Logger
 	if !validKind(kind) {
 		return nil, fmt.Errorf("plugin %s: unknown kind %q; accepted: %v", path, kind, Kinds())
 	}
@@ -163,6 +190,7 @@ func Load(path, kind string, logger *slog.Logger) (*Client, error) {
 		AllowedProtocols: []plugin.Protocol{plugin.ProtocolGRPC},
 		StartTimeout:     StartTimeout,
 		Logger:           hclogger(logger),
+		GRPCDialOptions:  []grpc.DialOption{grpc.WithStatsHandler(clientTracing(o.TracerProvider, o.Propagator))},
 	})
 	rpc, err := pc.Client()
 	if err != nil {

@@ -1,6 +1,7 @@
 package transfer
 
 import (
+	"context"
 	"fmt"
 	"time"
 )
@@ -149,6 +150,21 @@ type Notifier interface {
 // it quarantines them first, because a slow peer may still land a write.
 type Fencer interface {
 	FencesForgottenPeers() bool
+}
+
+// ContextPoster is the optional capability of an Engine that takes the
+// context of a post along with it: its trace span, so that work the engine
+// does elsewhere (an engine plugin's process) joins the transfer's trace.
+// PostWriteContext is PostWrite in every other respect; ctx does not bound
+// the write.
+type ContextPoster interface {
+	PostWriteContext(ctx context.Context, peer string, ops []WriteOp) (Op, error)
+}
+
+// ContextWriter is the optional capability of a Writer that takes the
+// context of a write along with it, as ContextPoster does for engines.
+type ContextWriter interface {
+	WriteContext(ctx context.Context, peer string, src, dst Desc) (Op, error)
 }
 
 // ControlChannel carries the bounce control messages (WANT, GRANT, DATA, ACK)

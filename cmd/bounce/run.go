@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"net"
 	"strings"
 	"time"
 
@@ -11,6 +12,7 @@ import (
 	"github.com/bouncekv/bounce/config"
 	"github.com/bouncekv/bounce/driver"
 	"github.com/bouncekv/bounce/pipeline"
+	"github.com/bouncekv/bounce/telemetry"
 	"github.com/bouncekv/bounce/workload"
 )
 
@@ -69,6 +71,9 @@ func mainJob(cmd *cobra.Command, cfg config.Config, childArgs []string, spec wor
 	if on, why, _ := s.n.Agent.PeerRoute(s.tgt.Peer); !on {
 		fmt.Fprintf(out, "note: the bounce path is unavailable (%s); every transfer takes the direct path\n", why)
 	}
+	if addr := s.n.Telemetry.MetricsAddr(); addr != "" {
+		fmt.Fprintf(out, "metrics: sender http://%s/metrics, receiver http://%s/metrics\n", addr, s.recv.hello.Metrics)
+	}
 	routes := []pipeline.Route{pipeline.RouteBounce}
 	if compare {
 		routes = append(routes, pipeline.RouteDirect)
@@ -122,12 +127,21 @@ func mainJob(cmd *cobra.Command, cfg config.Config, childArgs []string, spec wor
 
 // localPair derives, from the configuration cmd loaded, the sender's
 // configuration and the receiver child's arguments for two agents on this
-// machine: the agents are named <name>-send and <name>-recv, and the control
-// plane binds on loopback unless an address or interface was configured.
+// machine: the agents are named <name>-send and <name>-recv, so are their
+// services in traces (<service>-send, <service>-recv), the receiver serves
+// its metrics on a port of its own, and the control plane binds on loopback
+// unless an address or interface was configured.
 func localPair(cmd *cobra.Command, cfg config.Config) (config.Config, []string) {
 	base := cfg.Agent.Name
 	cfg.Agent.Name = base + "-send"
-	childArgs := append(configArgs(cmd, "agent.name"), "--agent.name="+base+"-recv")
+	svc := telemetry.ServiceName(cfg.Telemetry, nil)
+	cfg.Telemetry.ServiceName = svc + "-send"
+	childArgs := append(configArgs(cmd, "agent.name", "telemetry.service-name", "telemetry.metrics.listen"),
+		"--agent.name="+base+"-recv", "--telemetry.service-name="+svc+"-recv")
+	if cfg.Telemetry.MetricsListen != "" {
+		host, _, _ := net.SplitHostPort(cfg.Telemetry.MetricsListen)
+		childArgs = append(childArgs, "--telemetry.metrics.listen="+net.JoinHostPort(host, "0"))
+	}
 	if cfg.ControlPlane.BindAddress == "" && cfg.ControlPlane.Interface == "" {
 		cfg.ControlPlane.BindAddress = "127.0.0.1"
 		childArgs = append(childArgs, "--control-plane.bind-address=127.0.0.1")

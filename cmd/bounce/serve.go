@@ -28,6 +28,9 @@ type hello struct {
 	BufferAddr uint64 `json:"buffer_addr"`
 	BufferLen  uint64 `json:"buffer_len"`
 	Bounce     bool   `json:"bounce"`
+	// Metrics is the Prometheus endpoint's host:port, when one is served
+	// (telemetry.metrics.listen).
+	Metrics string `json:"metrics,omitempty"`
 }
 
 // command is one line of the stdin control protocol of `serve --stdin-control`.
@@ -108,7 +111,8 @@ With --stdin-control it reads JSON commands from stdin instead (used by
 				return runtime(err)
 			}
 			on, _ := n.Agent.BounceEnabled()
-			line, _ := json.Marshal(hello{Name: n.Agent.Name(), Descriptor: base64.StdEncoding.EncodeToString(blob), BufferAddr: buf.Desc().Addr, BufferLen: buf.Desc().Len, Bounce: on})
+			line, _ := json.Marshal(hello{Name: n.Agent.Name(), Descriptor: base64.StdEncoding.EncodeToString(blob), BufferAddr: buf.Desc().Addr, BufferLen: buf.Desc().Len, Bounce: on,
+				Metrics: n.Telemetry.MetricsAddr()})
 			w := cmd.OutOrStdout()
 			if out != "" {
 				if err := os.WriteFile(out, append(line, '\n'), 0o644); err != nil {

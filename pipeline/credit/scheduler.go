@@ -570,6 +570,18 @@ func (s *Scheduler) Stats() Stats {
 	return st
 }
 
+// HeldByPeer returns the block bytes of the regions each peer's flows hold
+// (scattering ones included, orphans excluded). It allocates the map.
+func (s *Scheduler) HeldByPeer() map[string]uint64 {
+	out := make(map[string]uint64)
+	for _, rg := range s.regions {
+		if rg.f != nil {
+			out[rg.key.Peer] += rg.size
+		}
+	}
+	return out
+}
+
 // grant gives f's head chunk the block at off and moves the cursor past f.
 func (s *Scheduler) grant(f *flow, off uint64) Grant {
 	n := f.pending[f.head]

@@ -9,6 +9,10 @@ import (
 
 const testTraceParent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 
+// testTraceContext is a trace field holding a tracestate after the
+// traceparent, the way the pipeline's carrier writes one.
+const testTraceContext = testTraceParent + "\nrojo=00f067aa0ba902b7,congo=t61rcWkgMzE"
+
 type namedMessage struct {
 	name string
 	msg  Message
@@ -21,6 +25,7 @@ func sampleMessages() []namedMessage {
 		{"want-cancel-empty", &Want{}},
 		{"want-cancel-endpoint", &Want{Request: 7, Endpoint: "tcp://10.0.0.2:41000"}},
 		{"want-typical", &Want{Request: 42, ChunkBytes: []uint64{32 << 20, 32 << 20, 4096}, Endpoint: "tcp://10.0.0.2:41000", TraceParent: testTraceParent}},
+		{"want-traced-state", &Want{Request: 43, ChunkBytes: []uint64{8 << 20}, Endpoint: "tcp://10.0.0.2:41000", TraceParent: testTraceContext}},
 		{"want-max", &Want{Request: math.MaxUint64, ChunkBytes: []uint64{math.MaxUint64, 1}, Endpoint: long, TraceParent: long}},
 		{"grant-one", &Grant{Request: 1, Credits: []Credit{{Chunk: 0, Region: 0, Addr: 0x7f0000000000, Len: 1 << 20, Device: 0}}}},
 		{"grant-max", &Grant{Request: math.MaxUint64, Credits: []Credit{
@@ -34,6 +39,7 @@ func sampleMessages() []namedMessage {
 			{RegionOff: 1 << 19, Addr: 0x90000, Len: 32, Count: 1, RegionStride: 7, AddrStride: 9},
 			{RegionOff: 1 << 19, Addr: 0xa0000, Len: 8, Count: 3},
 		}}},
+		{"data-traced-state", &Data{Request: 43, Chunk: 0, Region: 8 << 20, TraceParent: testTraceContext, Runs: []transfer.Run{{RegionOff: 0, Addr: 0x1000, Len: 4096, Count: 1}}}},
 		{"data-max", &Data{Request: math.MaxUint64, Chunk: math.MaxUint32, Region: math.MaxUint64, TraceParent: long, Runs: []transfer.Run{
 			{RegionOff: math.MaxUint64 - 1, Addr: math.MaxUint64 - 1, Len: 1, Count: 1},
 			{RegionOff: 0, Addr: 0, Len: 1, Count: math.MaxUint64},

@@ -108,9 +108,13 @@ type Message interface {
 // region it granted to it. A sender sends one WANT per request: while the
 // request's flow is live on the receiver, a repeat with the same chunk list
 // is dropped (and counted), and one with a different list is refused with
-// NackConflictingWant, leaving the flow as it was. Endpoint is the sender's control endpoint, so the
-// receiver can reach it back; TraceParent is a W3C traceparent (may be
-// empty), opaque to the codec. Chunk sizes must be positive.
+// NackConflictingWant, leaving the flow as it was. Endpoint is the sender's
+// control endpoint, so the receiver can reach it back. TraceParent is the
+// trace field: W3C trace context (a traceparent, optionally followed by a
+// newline and a tracestate), opaque to the codec and empty when the sender
+// does not trace; every encoder of this version writes it (a length-prefixed
+// string), so there is no older form to accept. Chunk sizes must be
+// positive.
 type Want struct {
 	Request     uint64
 	ChunkBytes  []uint64
@@ -148,7 +152,9 @@ func (*Grant) Type() Type { return TypeGrant }
 // Data tells the receiver that chunk Chunk of a request landed in region
 // Region, with the scatter runs (region offsets relative to the region) that
 // place it. It carries at least one run; each run must have positive Len and
-// Count and spans that do not overflow.
+// Count and spans that do not overflow. TraceParent is the trace field, as
+// in Want (the sender's chunk span); decoding an empty one allocates
+// nothing.
 type Data struct {
 	Request     uint64
 	Chunk       uint32

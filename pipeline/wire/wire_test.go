@@ -543,6 +543,29 @@ func TestUnmarshalDataReusesRuns(t *testing.T) {
 	if allocs != 3 { // the *Data, its runs and its trace parent
 		t.Fatalf("Unmarshal of DATA allocated %v times, want 3", allocs)
 	}
+	// An untraced DATA (empty trace field) costs nothing for the field.
+	untraced := *msg
+	untraced.TraceParent = ""
+	ub, err := Marshal(&untraced)
+	if err != nil {
+		t.Fatal(err)
+	}
+	allocs = testing.AllocsPerRun(20, func() {
+		if err := UnmarshalData(ub, &d); err != nil || d.TraceParent != "" {
+			t.Fatalf("untraced: %q, %v", d.TraceParent, err)
+		}
+	})
+	if allocs != 0 {
+		t.Fatalf("UnmarshalData of an untraced DATA allocated %v times", allocs)
+	}
+	allocs = testing.AllocsPerRun(20, func() {
+		if _, err := Unmarshal(ub); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if allocs != 2 { // the *Data and its runs
+		t.Fatalf("Unmarshal of an untraced DATA allocated %v times, want 2", allocs)
+	}
 	allocs = testing.AllocsPerRun(20, func() {
 		if _, err := AppendMarshal(b[:0], msg); err != nil {
 			t.Fatal(err)

@@ -4,6 +4,7 @@
 package write
 
 import (
+	"context"
 	"fmt"
 
 	"github.com/bouncekv/bounce/transfer"
@@ -15,7 +16,10 @@ type Writer struct {
 	engine transfer.Engine
 }
 
-var _ transfer.Writer = (*Writer)(nil)
+var (
+	_ transfer.Writer        = (*Writer)(nil)
+	_ transfer.ContextWriter = (*Writer)(nil)
+)
 
 // New returns a Writer that posts through engine.
 func New(engine transfer.Engine) *Writer { return &Writer{engine: engine} }
@@ -25,6 +29,12 @@ func New(engine transfer.Engine) *Writer { return &Writer{engine: engine} }
 // and be positive (otherwise the error wraps transfer.ErrOutOfBounds);
 // engine errors are returned wrapped.
 func (w *Writer) Write(peer string, src, dst transfer.Desc) (transfer.Op, error) {
+	return w.WriteContext(context.Background(), peer, src, dst)
+}
+
+// WriteContext is Write that hands ctx (the chunk's trace span) to an
+// engine that takes one (transfer.ContextPoster).
+func (w *Writer) WriteContext(ctx context.Context, peer string, src, dst transfer.Desc) (transfer.Op, error) {
 	if w.engine == nil {
 		return nil, fmt.Errorf("write: to %q: no engine: %w", peer, transfer.ErrClosed)
 	}
@@ -32,7 +42,16 @@ func (w *Writer) Write(peer string, src, dst transfer.Desc) (transfer.Op, error)
 		return nil, fmt.Errorf("write: to %q: source %v and destination %v must have the same positive length: %w",
 			peer, src, dst, transfer.ErrOutOfBounds)
 	}
-	op, err := w.engine.PostWrite(peer, []transfer.WriteOp{{Src: src, Dst: dst}})
+	ops := []transfer.WriteOp{{Src: src, Dst: dst}}
+	var (
+		op  transfer.Op
+		err error
+	)
+	if cp, ok := w.engine.(transfer.ContextPoster); ok {
+		op, err = cp.PostWriteContext(ctx, peer, ops)
+	} else {
+		op, err = w.engine.PostWrite(peer, ops)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("write: to %q: %w", peer, err)
 	}

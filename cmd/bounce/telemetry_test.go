@@ -1,0 +1,354 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+)
+
+var (
+	jaegerOnce sync.Once
+	jaegerPath string
+	jaegerErr  error
+)
+
+// jaegerBinary returns a Jaeger all-in-one binary: $BOUNCE_JAEGER (make
+// test builds it first), else one this test builds from tools/jaeger into
+// the user cache (about 3 minutes and 2.2 GB the first time, reused after).
+// It never skips silently: only -short skips, saying so.
+func jaegerBinary(t *testing.T) string {
+	t.Helper()
+	if p := os.Getenv("BOUNCE_JAEGER"); p != "" {
+		if _, err := os.Stat(p); err != nil {
+			t.Fatalf("BOUNCE_JAEGER=%s: %v (run `make jaeger-bin`)", p, err)
+		}
+		return p
+	}
+	if testing.Short() {
+		t.Skip("SKIPPED: the Jaeger end-to-end test needs a Jaeger binary; -short does not build one (set BOUNCE_JAEGER or run `make test`)")
+	}
+	jaegerOnce.Do(func() {
+		dir, err := os.UserCacheDir()
+		if err != nil {
+			dir = os.TempDir()
+		}
+		jaegerPath = filepath.Join(dir, "bounce", "jaeger-v1.76.0")
+		if _, err := os.Stat(jaegerPath); err == nil {
+			return
+		}
+		t.Logf("building Jaeger into %s (first time: minutes)", jaegerPath)
+		ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, "go", "build", "-o", jaegerPath, "github.com/jaegertracing/jaeger/cmd/jaeger")
+		cmd.Dir = filepath.Join("..", "..", "tools", "jaeger")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			jaegerErr = fmt.Errorf("%v: %s", err, out)
+		}
+	})
+	if jaegerErr != nil {
+		t.Fatalf("build Jaeger: %v", jaegerErr)
+	}
+	return jaegerPath
+}
+
+// freePorts returns n distinct free loopback ports.
+func freePorts(t *testing.T, n int) []string {
+	t.Helper()
+	var out []string
+	var lns []net.Listener
+	for range n {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		lns = append(lns, ln)
+		out = append(out, ln.Addr().String())
+	}
+	for _, ln := range lns {
+		ln.Close()
+	}
+	return out
+}
+
+// jaeger is a running Jaeger process on loopback ports of its own.
+type jaeger struct {
+	otlp, query string
+}
+
+func startJaeger(t *testing.T) *jaeger {
+	t.Helper()
+	bin := jaegerBinary(t)
+	ports := freePorts(t, 4)
+	j := &jaeger{otlp: ports[0], query: ports[2]}
+	cmd := exec.Command(bin, "--config", filepath.Join("..", "..", "tools", "jaeger", "loopback.yaml"))
+	cmd.Env = append(os.Environ(), "JAEGER_OTLP_GRPC="+ports[0], "JAEGER_OTLP_HTTP="+ports[1], "JAEGER_QUERY_HTTP="+ports[2], "JAEGER_QUERY_GRPC="+ports[3])
+	var logs syncBuffer
+	cmd.Stdout, cmd.Stderr = &logs, &logs
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		if t.Failed() {
+			t.Logf("jaeger output:\n%s", logs.String())
+		}
+	})
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		resp, err := http.Get("http://" + j.query + "/api/services")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return j
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("Jaeger's query API never came up on %s: %v\n%s", j.query, err, logs.String())
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// jaegerTrace is the part of Jaeger's /api/traces answer the test reads.
+type jaegerTrace struct {
+	TraceID string `json:"traceID"`
+	Spans   []struct {
+		SpanID        string `json:"spanID"`
+		OperationName string `json:"operationName"`
+		ProcessID     string `json:"processID"`
+		References    []struct {
+			RefType string `json:"refType"`
+			TraceID string `json:"traceID"`
+			SpanID  string `json:"spanID"`
+		} `json:"references"`
+	} `json:"spans"`
+	Processes map[string]struct {
+		ServiceName string `json:"serviceName"`
+	} `json:"processes"`
+}
+
+func (j *jaeger) traces(t *testing.T, service, operation string) []jaegerTrace {
+	t.Helper()
+	q := url.Values{"service": {service}, "operation": {operation}, "limit": {"20"}, "lookback": {"1h"}}
+	resp, err := http.Get("http://" + j.query + "/api/traces?" + q.Encode())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var body struct {
+		Data []jaegerTrace `json:"data"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&body); err != nil {
+		t.Fatalf("decode /api/traces: %v", err)
+	}
+	return body.Data
+}
+
+// TestTraceInJaeger is the end-to-end trace: `bounce run` (a sender and a
+// receiver in two processes) exports over OTLP to a real Jaeger, and
+// Jaeger's API holds one trace with the spans of both services, the
+// expected operations and the parent links between them.
+func TestTraceInJaeger(t *testing.T) {
+	j := startJaeger(t)
+	svc := fmt.Sprintf("e2e%d", os.Getpid())
+	out, errOut, code := bounce(t, "run", "--workload", "llama70b-tp8-b16", "--count", "4096", "--requests", "1",
+		"--compare=false", "--warm-up=false", "--telemetry.traces", "otlp", "--telemetry.otlp-endpoint", j.otlp,
+		"--telemetry.service-name", svc)
+	if code != 0 {
+		t.Fatalf("bounce run exit %d\n%s\n%s", code, out, errOut)
+	}
+	send, recv := svc+"-send", svc+"-recv"
+	var traces []jaegerTrace
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		traces = j.traces(t, send, "bounce.transfer")
+		if len(traces) == 1 && len(traces[0].Processes) == 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("Jaeger has %d traces of %s/bounce.transfer (want 1 holding both services): %+v", len(traces), send, traces)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	tr := traces[0]
+	services := map[string]string{} // process id -> service
+	for id, p := range tr.Processes {
+		services[id] = p.ServiceName
+	}
+	ops := map[string]map[string]int{send: {}, recv: {}}
+	byID := map[string]string{} // span id -> operation
+	for _, s := range tr.Spans {
+		svcName := services[s.ProcessID]
+		if ops[svcName] == nil {
+			t.Fatalf("span %s from unexpected service %q", s.OperationName, svcName)
+		}
+		ops[svcName][s.OperationName]++
+		byID[s.SpanID] = svcName + "/" + s.OperationName
+	}
+	chunks := ops[send]["bounce.chunk"]
+	if chunks < 2 {
+		t.Fatalf("%d chunk spans, want at least 2 (%v)", chunks, ops)
+	}
+	for _, op := range []string{"bounce.gather", "bounce.write", "bounce.data.send", "bounce.ack.wait"} {
+		if ops[send][op] != chunks {
+			t.Errorf("%s: %d %s spans, want one per chunk (%d)", send, ops[send][op], op, chunks)
+		}
+	}
+	if ops[send]["bounce.transfer"] != 1 || ops[recv]["bounce.receive"] != 1 {
+		t.Errorf("operations %v: want one bounce.transfer and one bounce.receive", ops)
+	}
+	for _, op := range []string{"bounce.grant.wait", "bounce.scatter"} {
+		if ops[recv][op] != chunks {
+			t.Errorf("%s: %d %s spans, want one per chunk (%d)", recv, ops[recv][op], op, chunks)
+		}
+	}
+	// Parent links, as Jaeger shows them.
+	wantParent := map[string]string{
+		send + "/bounce.chunk":      send + "/bounce.transfer",
+		send + "/bounce.gather":     send + "/bounce.chunk",
+		send + "/bounce.write":      send + "/bounce.chunk",
+		recv + "/bounce.receive":    send + "/bounce.transfer",
+		recv + "/bounce.grant.wait": recv + "/bounce.receive",
+		recv + "/bounce.scatter":    send + "/bounce.chunk",
+	}
+	for _, s := range tr.Spans {
+		name := byID[s.SpanID]
+		want, ok := wantParent[name]
+		if !ok {
+			continue
+		}
+		var parent string
+		for _, r := range s.References {
+			if r.RefType == "CHILD_OF" && r.TraceID == tr.TraceID {
+				parent = byID[r.SpanID]
+			}
+		}
+		if parent != want {
+			t.Errorf("%s: parent %q, want %q", name, parent, want)
+		}
+	}
+}
+
+// TestPrometheusEndpoint scrapes a running `bounce serve` after a transfer
+// and parses the exposition with the Prometheus text parser.
+func TestPrometheusEndpoint(t *testing.T) {
+	dir := t.TempDir()
+	desc := filepath.Join(dir, "recv.json")
+	work := []string{"--workload", "llama70b-tp8-b16", "--count", "4096", "--requests", "1"}
+	serve := exec.Command(cliBinary(t), "serve", "--agent.name", "recv", "--buffer-size", "64MiB", "--descriptor-out", desc,
+		"--control-plane.bind-address", "127.0.0.1", "--telemetry.metrics.listen", "127.0.0.1:0", "--telemetry.service-name", "scrape")
+	var serr syncBuffer
+	serve.Stderr = &serr
+	if err := serve.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		_ = serve.Process.Kill()
+		_ = serve.Wait()
+	}()
+	waitForFile(t, desc, &serr)
+	raw, err := os.ReadFile(desc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var h hello
+	if err := json.Unmarshal(raw, &h); err != nil || h.Metrics == "" {
+		t.Fatalf("descriptor line %s: %v (want a metrics address)", raw, err)
+	}
+	out, errOut, code := bounce(t, append([]string{"send", "--peer", desc, "--agent.name", "send", "--control-plane.bind-address", "127.0.0.1"}, work...)...)
+	if code != 0 {
+		t.Fatalf("send exit %d\n%s\n%s", code, out, errOut)
+	}
+	families := scrape(t, h.Metrics)
+	gauge := func(name string, labels map[string]string) (float64, bool) {
+		f, ok := families[name]
+		if !ok {
+			return 0, false
+		}
+		for _, m := range f.GetMetric() {
+			if matches(m, labels) {
+				if f.GetType() == dto.MetricType_GAUGE {
+					return m.GetGauge().GetValue(), true
+				}
+				return m.GetCounter().GetValue(), true
+			}
+		}
+		return 0, false
+	}
+	var total float64
+	for _, state := range []string{"free", "held", "staging", "orphan"} {
+		v, ok := gauge("bounce_arena_bytes", map[string]string{"bounce_state": state})
+		if !ok {
+			t.Fatalf("no bounce_arena_bytes{bounce_state=%q} in %v", state, names(families))
+		}
+		total += v
+	}
+	if total != 256<<20 {
+		t.Errorf("arena bytes by state sum to %v, want the 256 MiB arena", total)
+	}
+	if v, ok := gauge("bounce_control_dropped_total", nil); !ok || v != 0 {
+		t.Errorf("bounce_control_dropped_total = %v (present %v), want 0", v, ok)
+	}
+	if f := families["bounce_control_dropped_total"]; f != nil && f.GetType() != dto.MetricType_COUNTER {
+		t.Errorf("bounce_control_dropped_total is a %v", f.GetType())
+	}
+	if v, ok := gauge("target_info", map[string]string{"service_name": "scrape", "service_instance_id": "recv"}); !ok || v != 1 {
+		t.Errorf("target_info for service scrape/recv: %v %v (%v)", v, ok, names(families))
+	}
+}
+
+func scrape(t *testing.T, addr string) map[string]*dto.MetricFamily {
+	t.Helper()
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET /metrics: %s", resp.Status)
+	}
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := p.TextToMetricFamilies(resp.Body)
+	if err != nil {
+		t.Fatalf("the exposition does not parse: %v", err)
+	}
+	return families
+}
+
+func matches(m *dto.Metric, labels map[string]string) bool {
+	have := map[string]string{}
+	for _, l := range m.GetLabel() {
+		have[l.GetName()] = l.GetValue()
+	}
+	for k, v := range labels {
+		if have[k] != v {
+			return false
+		}
+	}
+	return true
+}
+
+func names(f map[string]*dto.MetricFamily) []string {
+	var out []string
+	for n := range f {
+		if strings.HasPrefix(n, "bounce") || n == "target_info" {
+			out = append(out, n)
+		}
+	}
+	return out
+}
