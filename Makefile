@@ -23,7 +23,7 @@ run: build
 ## the end-to-end trace test)
 test: setup jaeger-bin
 	$(GO) vet $(PKGS)
-	BOUNCE_JAEGER=$(abspath $(JAEGER)) $(GO) test -race -count=1 -timeout 20m $(PKGS)
+	JAEGER_BINARY=$(abspath $(JAEGER)) $(GO) test -race -count=1 -timeout 20m $(PKGS)
 
 ## jaeger: a real Jaeger on 127.0.0.1 (OTLP 4317/4318, UI and API on
 ## http://127.0.0.1:16686), spans in memory; the first build takes minutes

@@ -301,7 +301,7 @@ func newObs(a *Agent, s Settings) *obs {
 		errs = append(errs, err)
 		return c
 	}
-	arena := gauge("bounce.arena.bytes", "By", "Arena bytes by state: free, held (by remote flows), staging (local gathers), orphan.")
+	arena := gauge("bounce.arena.bytes", "By", "Arena bytes by state: free, held (by remote flows), staging (local gathers), orphan, quarantined.")
 	held := gauge("bounce.credits.held", "By", "Arena bytes granted to each peer's flows.")
 	parked := gauge("bounce.requests.parked", "{request}", "Sender requests waiting for arena bytes or copy contexts.")
 	active := gauge("bounce.requests.active", "{request}", "Requests in flight, by route.")
@@ -321,6 +321,7 @@ func newObs(a *Agent, s Settings) *obs {
 		ob.ObserveInt64(arena, int64(snap.arena.HeldBytes), metric.WithAttributes(attrState.String("held")))
 		ob.ObserveInt64(arena, int64(snap.arena.LocalBytes), metric.WithAttributes(attrState.String("staging")))
 		ob.ObserveInt64(arena, int64(snap.arena.OrphanBytes), metric.WithAttributes(attrState.String("orphan")))
+		ob.ObserveInt64(arena, int64(snap.arena.QuarantinedBytes), metric.WithAttributes(attrState.String("quarantined")))
 		for peer, n := range snap.held {
 			ob.ObserveInt64(held, int64(n), metric.WithAttributes(attrPeer.String(peer)))
 		}

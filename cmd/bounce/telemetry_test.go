@@ -26,20 +26,20 @@ var (
 	jaegerErr  error
 )
 
-// jaegerBinary returns a Jaeger all-in-one binary: $BOUNCE_JAEGER (make
+// jaegerBinary returns a Jaeger all-in-one binary: $JAEGER_BINARY (make
 // test builds it first), else one this test builds from tools/jaeger into
 // the user cache (about 3 minutes and 2.2 GB the first time, reused after).
 // It never skips silently: only -short skips, saying so.
 func jaegerBinary(t *testing.T) string {
 	t.Helper()
-	if p := os.Getenv("BOUNCE_JAEGER"); p != "" {
+	if p := os.Getenv("JAEGER_BINARY"); p != "" {
 		if _, err := os.Stat(p); err != nil {
-			t.Fatalf("BOUNCE_JAEGER=%s: %v (run `make jaeger-bin`)", p, err)
+			t.Fatalf("JAEGER_BINARY=%s: %v (run `make jaeger-bin`)", p, err)
 		}
 		return p
 	}
 	if testing.Short() {
-		t.Skip("SKIPPED: the Jaeger end-to-end test needs a Jaeger binary; -short does not build one (set BOUNCE_JAEGER or run `make test`)")
+		t.Skip("SKIPPED: the Jaeger end-to-end test needs a Jaeger binary; -short does not build one (set JAEGER_BINARY or run `make test`)")
 	}
 	jaegerOnce.Do(func() {
 		dir, err := os.UserCacheDir()
@@ -291,7 +291,7 @@ func TestPrometheusEndpoint(t *testing.T) {
 		return 0, false
 	}
 	var total float64
-	for _, state := range []string{"free", "held", "staging", "orphan"} {
+	for _, state := range []string{"free", "held", "staging", "orphan", "quarantined"} {
 		v, ok := gauge("bounce_arena_bytes", map[string]string{"bounce_state": state})
 		if !ok {
 			t.Fatalf("no bounce_arena_bytes{bounce_state=%q} in %v", state, names(families))
