@@ -3,6 +3,7 @@ package pipeline
 import (
 	"context"
 	"runtime"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -10,9 +11,9 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/embedded"
 	tracenoop "go.opentelemetry.io/otel/trace/noop"
-
-	"github.com/bouncekv/bounce/mem"
 )
 
 // BenchmarkHostPipeline moves 16,384 x 4 KiB fragmented blocks between two
@@ -61,44 +62,36 @@ func BenchmarkHostPipeline(b *testing.B) {
 
 // BenchmarkTracingOverhead moves 81,920 x 4 KiB fragmented blocks (one rank
 // of Llama-3.1-70B at TP=8, block 16) over the bounce path between two
-// pairs of agents on the loopback engine, one pair untraced (the no-op
-// TracerProvider) and one traced with every span sampled and batch-exported
-// (to a discarding exporter), alternating in every iteration (in an order
-// that alternates too). It reports
-// both throughputs, their ratio (traced/untraced) and the heap allocations
-// of one transfer in each mode.
+// agents on the loopback engine, with tracing off and on (every span
+// sampled, batch-exported to a discarding exporter) in alternating
+// transfers, in an order that alternates too. One pair of agents serves
+// both modes (a switch in their TracerProvider), so no difference between
+// two pairs' memory or goroutines enters the ratio. It reports both
+// throughputs, their ratio (traced/untraced) and the heap allocations of one
+// transfer in each mode.
 func BenchmarkTracingOverhead(b *testing.B) {
 	w := newWorld(b)
 	cfg := DefaultConfig()
 	cfg.ArenaSize = 64 << 20
 	cfg.MaxChunk = 8 << 20
 	cfg.Granularity = 1 << 20
-	tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(tracetest.NewNoopExporter()), sdktrace.WithSampler(sdktrace.AlwaysSample()))
-	b.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
-	traced := func(s *Settings) { s.TracerProvider, s.Propagator = tp, propagation.TraceContext{} }
-	off := func(s *Settings) {
-		s.TracerProvider, s.MeterProvider = tracenoop.NewTracerProvider(), metricnoop.NewMeterProvider()
+	sdk := sdktrace.NewTracerProvider(sdktrace.WithBatcher(tracetest.NewNoopExporter()), sdktrace.WithSampler(sdktrace.AlwaysSample()))
+	b.Cleanup(func() { _ = sdk.Shutdown(context.Background()) })
+	tp := &switchTP{sdk: sdk}
+	set := func(s *Settings) {
+		s.TracerProvider, s.MeterProvider, s.Propagator = tp, metricnoop.NewMeterProvider(), propagation.TraceContext{}
 	}
-	x, y := w.node("x", cfg, off), w.node("y", cfg, off)
-	u, v := w.node("u", cfg, traced), w.node("v", cfg, traced)
+	x, y := w.node("x", cfg, set), w.node("y", cfg, set)
 	const n, size = 81920, 4096
-	sb, db := x.buffer(b, n*size), y.buffer(b, n*size)
-	for _, p := range []struct {
-		n *node
-		b []byte
-	}{{u, sb}, {v, db}} {
-		if err := p.n.RegisterMemory(mem.DescOf(p.b)); err != nil {
-			b.Fatal(err)
-		}
-	}
+	src, dst := x.buffer(b, n*size), y.buffer(b, n*size)
 	connect(b, x, y)
-	connect(b, u, v)
-	j := prepare(sb, db, kvLayout{count: n, size: size, fragmented: true}, 42)
-	run := func(from *node, to string) (time.Duration, uint64) {
+	j := prepare(src, dst, kvLayout{count: n, size: size, fragmented: true}, 42)
+	run := func(traced bool) (time.Duration, uint64) {
+		tp.on.Store(traced)
 		var ms0, ms1 runtime.MemStats
 		runtime.ReadMemStats(&ms0)
 		start := time.Now()
-		bt, err := from.Submit(Request{Peer: to, Src: j.src, Dst: j.dst, Route: RouteBounce})
+		bt, err := x.Submit(Request{Peer: "y", Src: j.src, Dst: j.dst, Route: RouteBounce})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -112,20 +105,18 @@ func BenchmarkTracingOverhead(b *testing.B) {
 		}
 		return d, ms1.Mallocs - ms0.Mallocs
 	}
-	run(x, "y") // warm both pairs up outside the measurement
-	run(u, "v")
+	run(false) // warm up outside the measurement
+	run(true)
 	var toff, ton time.Duration
 	var aoff, aon uint64
 	b.SetBytes(2 * n * size)
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
-		// Alternate which pair goes first, so neither gains from order.
 		for _, traced := range [2][2]bool{{false, true}, {true, false}}[i%2] {
+			d, a := run(traced)
 			if traced {
-				d, a := run(u, "v")
 				ton, aon = ton+d, aon+a
 			} else {
-				d, a := run(x, "y")
 				toff, aoff = toff+d, aoff+a
 			}
 		}
@@ -138,4 +129,31 @@ func BenchmarkTracingOverhead(b *testing.B) {
 	b.ReportMetric(toff.Seconds()/ton.Seconds(), "traced/untraced")
 	b.ReportMetric(float64(aoff)/float64(b.N), "untraced-allocs/transfer")
 	b.ReportMetric(float64(aon)/float64(b.N), "traced-allocs/transfer")
+}
+
+// switchTP is a TracerProvider whose tracers start SDK spans while on is
+// set and no-op spans otherwise.
+type switchTP struct {
+	embedded.TracerProvider
+	on  atomic.Bool
+	sdk trace.TracerProvider
+}
+
+// Tracer returns a tracer that follows the switch.
+func (p *switchTP) Tracer(name string, opts ...trace.TracerOption) trace.Tracer {
+	return switchTracer{p: p, sdk: p.sdk.Tracer(name, opts...)}
+}
+
+type switchTracer struct {
+	embedded.Tracer
+	p   *switchTP
+	sdk trace.Tracer
+}
+
+// Start starts an SDK span while the switch is on, else a no-op span.
+func (t switchTracer) Start(ctx context.Context, name string, opts ...trace.SpanStartOption) (context.Context, trace.Span) {
+	if t.p.on.Load() {
+		return t.sdk.Start(ctx, name, opts...)
+	}
+	return tracenoop.Tracer{}.Start(ctx, name, opts...)
 }
