@@ -387,7 +387,9 @@ func (o *obs) submitted(ctx context.Context, b *Batch, peer string, descs int, r
 	}
 	ctx, span := o.tracer.Start(ctx, spanTransfer, trace.WithSpanKind(trace.SpanKindProducer))
 	if !span.IsRecording() {
-		b.obs.sc = span.SpanContext()
+		// Sampled out: no spans here, but the WANT still carries the
+		// context (unsampled), so a parent-based receiver drops it too.
+		b.obs.ctx, b.obs.sc = ctx, span.SpanContext()
 		return
 	}
 	span.SetAttributes(attrRoute.String(b.route.String()), attrReason.String(b.obs.why), attrReasonText.String(reasonText),

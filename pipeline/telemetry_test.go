@@ -693,3 +693,29 @@ func TestUntracedHooksAllocateNothing(t *testing.T) {
 type nopWriter struct{}
 
 func (nopWriter) Write(string, transfer.Desc, transfer.Desc) (transfer.Op, error) { return nil, nil }
+
+// A transfer the sender samples out still carries its (unsampled) context,
+// so a receiver with a parent-based sampler records nothing of it either.
+func TestSampledOutTransferStaysUnsampled(t *testing.T) {
+	w := newWorld(t)
+	oa, ob := newObserved(t), newObserved(t)
+	never := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(oa.spans), sdktrace.WithSampler(sdktrace.NeverSample()))
+	parentBased := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(ob.spans), sdktrace.WithSampler(sdktrace.ParentBased(sdktrace.AlwaysSample())))
+	defer never.Shutdown(context.Background())
+	defer parentBased.Shutdown(context.Background())
+	a := w.node("a", testConfig(), withObs(oa), func(s *Settings) { s.TracerProvider = never })
+	b := w.node("b", testConfig(), withObs(ob), func(s *Settings) { s.TracerProvider = parentBased })
+	j := kvJob(t, a, b, 256, 6)
+	connect(t, a, b)
+	bt, err := a.Submit(Request{Peer: "b", Src: j.src, Dst: j.dst})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := wait(t, bt); err != nil {
+		t.Fatal(err)
+	}
+	settled(t, a, b)
+	if got := len(oa.spans.Ended()) + len(ob.spans.Ended()); got != 0 {
+		t.Fatalf("a sampled-out transfer recorded %v on the sender and %v on the receiver", spanNames(oa.spans.Ended()), spanNames(ob.spans.Ended()))
+	}
+}

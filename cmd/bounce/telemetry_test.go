@@ -160,17 +160,22 @@ func (j *jaeger) traces(t *testing.T, service, operation string) []jaegerTrace {
 }
 
 // TestTraceInJaeger is the end-to-end trace: `bounce run` (a sender and a
-// receiver in two processes) exports over OTLP to a real Jaeger, and
+// receiver in two processes) exports over OTLP to a real Jaeger, found
+// through OTEL_EXPORTER_OTLP_ENDPOINT and named by OTEL_SERVICE_NAME, and
 // Jaeger's API holds one trace with the spans of both services, the
 // expected operations and the parent links between them.
 func TestTraceInJaeger(t *testing.T) {
 	j := startJaeger(t)
 	svc := fmt.Sprintf("e2e%d", os.Getpid())
-	out, errOut, code := bounce(t, "run", "--workload", "llama70b-tp8-b16", "--count", "4096", "--requests", "1",
-		"--compare=false", "--warm-up=false", "--telemetry.traces", "otlp", "--telemetry.otlp-endpoint", j.otlp,
-		"--telemetry.service-name", svc)
-	if code != 0 {
-		t.Fatalf("bounce run exit %d\n%s\n%s", code, out, errOut)
+	// The collector and the service name come from the standard OTEL_*
+	// variables, which both processes read (the receiver inherits them).
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	run := exec.CommandContext(ctx, cliBinary(t), "run", "--workload", "llama70b-tp8-b16", "--count", "4096", "--requests", "1",
+		"--compare=false", "--warm-up=false", "--telemetry.traces", "otlp")
+	run.Env = append(os.Environ(), "OTEL_EXPORTER_OTLP_ENDPOINT=http://"+j.otlp, "OTEL_SERVICE_NAME="+svc)
+	if out, err := run.CombinedOutput(); err != nil {
+		t.Fatalf("bounce run: %v\n%s", err, out)
 	}
 	send, recv := svc+"-send", svc+"-recv"
 	var traces []jaegerTrace
