@@ -639,7 +639,20 @@ func TestGroupedKeyThroughEveryLayer(t *testing.T) {
 	if got := mustLoad(t, LoadOptions{File: path, Flags: fs}).Config.Telemetry.MetricsListen; got != "[::1]:0" {
 		t.Fatalf("flag: metrics listen %q", got)
 	}
-	_, err := Load(LoadOptions{FileData: []byte("telemetry: {metrics: {port: 9}}")})
+	// The rendered YAML nests the group and loads back.
+	c := Default()
+	c.Telemetry.MetricsListen = "127.0.0.1:9464"
+	y, err := c.YAML()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(y), "\n  metrics:\n") || !strings.Contains(string(y), "\n    listen: 127.0.0.1:9464\n") {
+		t.Fatalf("rendered YAML does not nest telemetry.metrics.listen:\n%s", y)
+	}
+	if got := mustLoad(t, LoadOptions{FileData: y}).Config.Telemetry.MetricsListen; got != "127.0.0.1:9464" {
+		t.Fatalf("rendered YAML loads back metrics listen %q", got)
+	}
+	_, err = Load(LoadOptions{FileData: []byte("telemetry: {metrics: {port: 9}}")})
 	if err == nil || !strings.Contains(err.Error(), "telemetry.metrics.port") || !errors.Is(err, ErrUnknownKey) {
 		t.Fatalf("unknown grouped key: %v", err)
 	}

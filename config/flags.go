@@ -110,6 +110,11 @@ func (c Config) YAML() ([]byte, error) {
 			sections[section] = sec
 			root.Content = append(root.Content, strNode(section), sec)
 		}
+		// A grouped key (telemetry.metrics.listen) nests under its group.
+		for group, rest, ok := strings.Cut(name, "."); ok; group, rest, ok = strings.Cut(rest, ".") {
+			sec = subMapping(sec, group)
+			name = rest
+		}
 		k := strNode(name)
 		k.HeadComment = f.help
 		sec.Content = append(sec.Content, k, valueNode(f.ptr(&c)))
@@ -124,6 +129,18 @@ func (c Config) YAML() ([]byte, error) {
 		return nil, fmt.Errorf("config: render YAML: %w", err)
 	}
 	return []byte(b.String()), nil
+}
+
+// subMapping returns the mapping under key in m, adding it when missing.
+func subMapping(m *yamlv3.Node, key string) *yamlv3.Node {
+	for i := 0; i+1 < len(m.Content); i += 2 {
+		if m.Content[i].Value == key && m.Content[i+1].Kind == yamlv3.MappingNode {
+			return m.Content[i+1]
+		}
+	}
+	sub := &yamlv3.Node{Kind: yamlv3.MappingNode}
+	m.Content = append(m.Content, strNode(key), sub)
+	return sub
 }
 
 func strNode(s string) *yamlv3.Node {
