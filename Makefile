@@ -7,7 +7,7 @@ FUZZTIME  ?= 20s
 # Jaeger (tools/jaeger: a module of its own, with Jaeger as a Go tool).
 JAEGER    ?= bin/jaeger
 
-.PHONY: run test bench lint fuzz setup build clean jaeger jaeger-bin
+.PHONY: run test bench lint fuzz setup build clean jaeger jaeger-bin ptx
 
 setup:
 	./scripts/setup.sh
@@ -50,6 +50,11 @@ fuzz:
 	    echo "== $$pkg $$f"; $(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) $$pkg || exit 1; \
 	  done; \
 	done
+
+## ptx: regenerate the committed CUDA kernels' PTX (needs nvcc; builds use the committed file)
+NVCC ?= nvcc
+ptx:
+	$(NVCC) -ptx -arch=compute_80 -O3 -o cuda/kernels/copy.ptx cuda/kernels/copy.cu
 
 clean:
 	rm -rf bin out

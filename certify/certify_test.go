@@ -8,6 +8,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/bouncekv/bounce/conformance"
+	"github.com/bouncekv/bounce/cuda"
 	"github.com/bouncekv/bounce/node"
 )
 
@@ -50,12 +51,19 @@ func TestBuiltins(t *testing.T) {
 		{"writer", "loopback", Options{}, nil, nil},
 		{"writer", "tcp", Options{}, nil, nil},
 		{"writer", "ucx", Options{}, nil, nil},
+		{"engine", "cudacopy", Options{}, nil, nil},
+		{"writer", "cudacopy", Options{}, nil, nil},
 	} {
 		name := tc.kind + "/" + tc.name
 		if tc.o.Carrier != "" {
 			name += "-over-" + tc.o.Carrier
 		}
 		t.Run(name, func(t *testing.T) {
+			if tc.name == "cudacopy" {
+				if _, err := cuda.Open(""); err != nil {
+					t.Skipf("skipping: %v (cudacopy needs a GPU)", err)
+				}
+			}
 			c := cfg
 			c.Skip, c.SkipReasons = tc.skip, tc.why
 			rep, err := Run(f, tc.kind, tc.name, tc.o, c)

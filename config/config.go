@@ -163,8 +163,15 @@ type BounceConfig struct {
 	// default true).
 	EagerGather bool
 	// ZeroCopyArgs lets GPU stages read their plan from pinned host memory
-	// (bounce.zero_copy_args, default true).
+	// (bounce.zero_copy_args, default true); false stages it to the device
+	// before each launch.
 	ZeroCopyArgs bool
+	// ArenaMemory is where the arena lives (bounce.arena_memory): device
+	// (cuMemAlloc on stages.device), pinned-host (page-locked and mapped for
+	// the device), host (mmap'd), or auto (default): device when the engine
+	// and the gather stage both handle CUDA memory, pinned-host when only
+	// the stages do, else host.
+	ArenaMemory string
 	// DisableMerging sends one run per descriptor; debugging only
 	// (bounce.disable_merging, default false).
 	DisableMerging bool
@@ -180,7 +187,8 @@ func (b BounceConfig) UsableCapacity() Size {
 
 // EngineConfig selects and tunes the data-plane engine.
 type EngineConfig struct {
-	// Kind is loopback, tcp, ucx, nixl or plugin (engine.kind, default tcp).
+	// Kind is loopback, tcp, ucx, nixl, cudacopy or plugin (engine.kind,
+	// default tcp).
 	Kind string
 	// Plugin is the plugin path, required when Kind is plugin and refused
 	// otherwise (engine.plugin).
@@ -225,6 +233,14 @@ type StagesConfig struct {
 	// Plugin is the plugin path, required when a stage is plugin and refused
 	// otherwise (stages.plugin).
 	Plugin string
+	// Device is the CUDA ordinal the cuda stages and a device arena use
+	// (stages.device, default 0, 0..1023).
+	Device int
+	// Fallback says what a cuda stage does where CUDA is unavailable
+	// (stages.fallback): host (default) builds the host stage instead, with
+	// one log line; refuse fails the stage (the node serves the direct
+	// path).
+	Fallback string
 }
 
 // TelemetryConfig configures tracing and metrics (package telemetry builds
@@ -273,13 +289,14 @@ func Default() Config {
 			RequestTimeout:   30 * time.Second,
 			EagerGather:      true,
 			ZeroCopyArgs:     true,
+			ArenaMemory:      "auto",
 		},
 		Engine: EngineConfig{Kind: "tcp", Listen: "127.0.0.1:0", Connections: 4},
 		ControlPlane: ControlPlaneConfig{
 			Kind:    "zmq",
 			SendHWM: 1000,
 		},
-		Stages: StagesConfig{Gather: "host", Scatter: "host"},
+		Stages: StagesConfig{Gather: "host", Scatter: "host", Fallback: "host"},
 		Telemetry: TelemetryConfig{
 			Traces:      "none",
 			SampleRatio: 1,
@@ -398,6 +415,7 @@ func (b *BounceConfig) validate() []*KeyError {
 	if b.Quarantine != 0 && (b.Quarantine < time.Millisecond || b.Quarantine > 24*time.Hour) {
 		add(outOfRange("bounce.quarantine", b.Quarantine, "must be 0 (1 × request_timeout) or between 1ms and 24h"))
 	}
+	add(oneOf("bounce.arena_memory", b.ArenaMemory, "auto", "device", "pinned-host", "host"))
 	return errs
 }
 
@@ -444,7 +462,7 @@ func (e *EngineConfig) Validate() error { return joinKeyErrors(e.validate()) }
 func (e *EngineConfig) validate() []*KeyError {
 	var errs fieldErrors
 	add := errs.add
-	add(oneOf("engine.kind", e.Kind, "loopback", "tcp", "ucx", "nixl", "plugin"))
+	add(oneOf("engine.kind", e.Kind, "loopback", "tcp", "ucx", "nixl", "cudacopy", "plugin"))
 	add(pluginRule("engine.plugin", e.Plugin, e.Kind == "plugin", "engine.kind"))
 	if e.Listen != "" || e.Kind == "tcp" {
 		add(checkHostPort("engine.listen", e.Listen))
@@ -490,6 +508,10 @@ func (s *StagesConfig) Validate() error { return joinKeyErrors(s.validate()) }
 func (s *StagesConfig) validate() []*KeyError {
 	var errs fieldErrors
 	add := errs.add
+	add(oneOf("stages.fallback", s.Fallback, "host", "refuse"))
+	if s.Device < 0 || s.Device > 1023 {
+		add(outOfRange("stages.device", s.Device, "must be between 0 and 1023"))
+	}
 	add(oneOf("stages.gather", s.Gather, "host", "cuda", "plugin"))
 	add(oneOf("stages.scatter", s.Scatter, "host", "cuda", "plugin"))
 	add(pluginRule("stages.plugin", s.Plugin, s.Gather == "plugin" || s.Scatter == "plugin", "stages.gather or stages.scatter"))

@@ -41,10 +41,11 @@ func fields() []field {
 		{"bounce.request_timeout", "fail a request without progress for this long, 1ms..24h", func(c *Config) any { return &c.Bounce.RequestTimeout }},
 		{"bounce.quarantine", "keep reclaimed regions a slow sender may still write unused this long; 0 = request_timeout, 1ms..24h", func(c *Config) any { return &c.Bounce.Quarantine }},
 		{"bounce.eager_gather", "gather before the GRANT arrives", func(c *Config) any { return &c.Bounce.EagerGather }},
-		{"bounce.zero_copy_args", "GPU stages read their plan from pinned host memory", func(c *Config) any { return &c.Bounce.ZeroCopyArgs }},
+		{"bounce.zero_copy_args", "GPU stages read their plan from pinned host memory (false: staged to the device)", func(c *Config) any { return &c.Bounce.ZeroCopyArgs }},
+		{"bounce.arena_memory", "arena memory: auto, device, pinned-host or host", func(c *Config) any { return &c.Bounce.ArenaMemory }},
 		{"bounce.disable_merging", "one scatter run per descriptor (debugging only)", func(c *Config) any { return &c.Bounce.DisableMerging }},
 
-		{"engine.kind", "data-plane engine: loopback, tcp, ucx, nixl or plugin", func(c *Config) any { return &c.Engine.Kind }},
+		{"engine.kind", "data-plane engine: loopback, tcp, ucx, nixl, cudacopy or plugin", func(c *Config) any { return &c.Engine.Kind }},
 		{"engine.plugin", "engine plugin path (engine.kind=plugin)", func(c *Config) any { return &c.Engine.Plugin }},
 		{"engine.listen", "tcp engine listen host:port", func(c *Config) any { return &c.Engine.Listen }},
 		{"engine.connections", "tcp connections per peer, 1..256", func(c *Config) any { return &c.Engine.Connections }},
@@ -59,6 +60,8 @@ func fields() []field {
 		{"stages.gather", "gather stage: host, cuda or plugin", func(c *Config) any { return &c.Stages.Gather }},
 		{"stages.scatter", "scatter stage: host, cuda or plugin", func(c *Config) any { return &c.Stages.Scatter }},
 		{"stages.plugin", "stage plugin path (a stage set to plugin)", func(c *Config) any { return &c.Stages.Plugin }},
+		{"stages.device", "CUDA device of the cuda stages and a device arena, 0..1023", func(c *Config) any { return &c.Stages.Device }},
+		{"stages.fallback", "a cuda stage without CUDA: host (use the host stage) or refuse", func(c *Config) any { return &c.Stages.Fallback }},
 
 		{"telemetry.traces", "trace exporter: none, otlp or stdout", func(c *Config) any { return &c.Telemetry.Traces }},
 		{"telemetry.otlp_endpoint", "OTLP/gRPC collector host:port (plaintext); empty = OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT, else 127.0.0.1:4317", func(c *Config) any { return &c.Telemetry.OTLPEndpoint }},

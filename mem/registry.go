@@ -8,20 +8,26 @@ import (
 	"github.com/bouncekv/bounce/transfer"
 )
 
-// Registry is a set of registered host memory ranges. It resolves a
-// descriptor to a byte slice only when the whole range lies inside one
-// registered range. A range pinned by a copy in flight cannot be removed.
-// It is safe for concurrent use.
+// Registry is a set of registered memory ranges: host memory, and CUDA
+// device memory (under unified addressing a device range never overlaps a
+// host one, so both share one address-ordered list). Find and Slice resolve
+// host ranges only; a device range is found (bounds-checked, never sliced)
+// by FindKind. A range pinned by a copy in flight cannot be removed. It is
+// safe for concurrent use.
 type Registry struct {
 	mu     sync.RWMutex
 	ranges []transfer.Desc // sorted by Addr, non-overlapping
 	pins   map[uint64]int  // pin count by range Addr
 }
 
-// Add registers d. Zero-length, non-host and overlapping ranges are errors.
+// Add registers d. Zero-length and overlapping ranges, memory kinds other
+// than Host and CUDA, and host ranges with a device number are errors.
 func (r *Registry) Add(d transfer.Desc) error {
-	if d.Kind != transfer.Host {
-		return fmt.Errorf("mem: register %v: only host memory: %w", d, transfer.ErrUnsupported)
+	if d.Kind != transfer.Host && d.Kind != transfer.CUDA {
+		return fmt.Errorf("mem: register %v: unknown memory kind: %w", d, transfer.ErrUnsupported)
+	}
+	if d.Kind == transfer.Host && d.Device != 0 {
+		return fmt.Errorf("mem: register %v: host memory has device 0: %w", d, transfer.ErrUnsupported)
 	}
 	if d.Len == 0 || d.Addr+d.Len < d.Addr {
 		return fmt.Errorf("mem: register %v: empty or wrapping range: %w", d, transfer.ErrOutOfBounds)
@@ -128,8 +134,28 @@ func (r *Registry) Unpin(starts []uint64) {
 	}
 }
 
-// Find returns the registered range holding [addr, addr+n).
+// Find returns the registered host range holding [addr, addr+n). Bytes
+// in a registered device range are an error wrapping ErrUnsupported: a
+// caller of Find dereferences host addresses.
 func (r *Registry) Find(addr, n uint64) (transfer.Desc, error) {
+	return r.FindKind(transfer.Host, 0, addr, n)
+}
+
+// FindKind returns the registered range holding [addr, addr+n), which must
+// be memory of kind on device (else an error wrapping ErrUnsupported).
+func (r *Registry) FindKind(kind transfer.MemKind, device int32, addr, n uint64) (transfer.Desc, error) {
+	d, err := r.FindAny(addr, n)
+	if err != nil {
+		return d, err
+	}
+	if d.Kind != kind || d.Device != device {
+		return transfer.Desc{}, fmt.Errorf("mem: [%#x+%d] lies in %v, not %s memory of device %d: %w", addr, n, d, kind, device, transfer.ErrUnsupported)
+	}
+	return d, nil
+}
+
+// FindAny returns the registered range of any kind holding [addr, addr+n).
+func (r *Registry) FindAny(addr, n uint64) (transfer.Desc, error) {
 	r.mu.RLock()
 	defer r.mu.RUnlock()
 	d, err := FindRange(r.ranges, addr, n)

@@ -9,10 +9,15 @@ import (
 	"github.com/bouncekv/bounce/controlplane/inproc"
 	"github.com/bouncekv/bounce/controlplane/nixlnotif"
 	"github.com/bouncekv/bounce/controlplane/zmq"
+	"github.com/bouncekv/bounce/cuda"
+	"github.com/bouncekv/bounce/engines/cudacopy"
 	"github.com/bouncekv/bounce/engines/loopback"
 	"github.com/bouncekv/bounce/engines/tcp"
 	"github.com/bouncekv/bounce/engines/ucx"
+	gathercuda "github.com/bouncekv/bounce/stages/gather/cuda"
 	gatherhost "github.com/bouncekv/bounce/stages/gather/host"
+	"github.com/bouncekv/bounce/stages/gpucopy"
+	scattercuda "github.com/bouncekv/bounce/stages/scatter/cuda"
 	scatterhost "github.com/bouncekv/bounce/stages/scatter/host"
 	"github.com/bouncekv/bounce/transfer"
 )
@@ -20,20 +25,110 @@ import (
 // Builtin returns the in-tree implementations. The loopback engine and the
 // inproc control plane connect only nodes built from the same table.
 func Builtin() Factories {
+	lib := &cuda.Lib{}
 	return Factories{
+		CUDA: lib,
 		Engines: map[string]EngineFactory{
 			"loopback": &LoopbackFactory{Fabric: loopback.NewFabric()},
 			"tcp":      TCPFactory{},
 			"ucx":      UCXFactory{},
+			"cudacopy": &CUDACopyFactory{Fabric: cudacopy.NewFabric(lib)},
 		},
 		Controls: map[string]ControlFactory{
 			"zmq":       ZMQFactory{},
 			"nixlnotif": NixlNotifFactory{},
 			"inproc":    &InprocFactory{Network: inproc.NewNetwork()},
 		},
-		Gatherers:  map[string]GatherFactory{"host": HostGatherFactory{}},
-		Scatterers: map[string]ScatterFactory{"host": HostScatterFactory{}},
+		Gatherers:  map[string]GatherFactory{"host": HostGatherFactory{}, "cuda": CUDAGatherFactory{Lib: lib}},
+		Scatterers: map[string]ScatterFactory{"host": HostScatterFactory{}, "cuda": CUDAScatterFactory{Lib: lib}},
 	}
+}
+
+// CUDACopyFactory creates single-host GPU engines on one fabric (agents of
+// one process).
+type CUDACopyFactory struct{ Fabric *cudacopy.Fabric }
+
+// Type returns "cudacopy".
+func (*CUDACopyFactory) Type() string { return "cudacopy" }
+
+// CreateEngine creates an engine on the fabric. Options: device (CUDA
+// ordinal, default 0), batch (true: multi-op writes through
+// cuMemcpyBatchAsync where the driver has it; default false).
+func (f *CUDACopyFactory) CreateEngine(s Settings, cfg config.EngineConfig) (transfer.Engine, error) {
+	c := cudacopy.Config{Name: s.Name, Device: s.CUDADevice, OnComplete: s.Notify}
+	err := options("engine.options", cfg.Options, map[string]func(string) error{
+		"device": func(v string) (err error) {
+			c.Device, err = strconv.Atoi(v)
+			if err == nil && c.Device < 0 {
+				err = fmt.Errorf("want a CUDA ordinal >= 0")
+			}
+			return err
+		},
+		"batch": func(v string) (err error) { c.Batch, err = strconv.ParseBool(v); return },
+	})
+	if err != nil {
+		return nil, err
+	}
+	return f.Fabric.NewEngine(c)
+}
+
+// CUDAGatherFactory creates CUDA gather stages on stages.device.
+type CUDAGatherFactory struct{ Lib *cuda.Lib }
+
+// Type returns "cuda".
+func (CUDAGatherFactory) Type() string { return "cuda" }
+
+// CreateGatherer sizes the pool from bounce.copy_contexts and reads the
+// piece table zero-copy when bounce.zero_copy_args. Without a GPU the error
+// wraps cuda.ErrUnavailable.
+func (f CUDAGatherFactory) CreateGatherer(s Settings, cfg config.BounceConfig) (transfer.Gatherer, error) {
+	gs, err := cudaStage(f.Lib, s, cfg)
+	if err != nil {
+		return nil, err
+	}
+	g, err := gathercuda.New(gs)
+	if err != nil {
+		_ = gs.OnClose()
+		return nil, err
+	}
+	return g, nil
+}
+
+// CUDAScatterFactory creates CUDA scatter stages on stages.device.
+type CUDAScatterFactory struct{ Lib *cuda.Lib }
+
+// Type returns "cuda".
+func (CUDAScatterFactory) Type() string { return "cuda" }
+
+// CreateScatterer is CreateGatherer's twin.
+func (f CUDAScatterFactory) CreateScatterer(s Settings, cfg config.BounceConfig) (transfer.Scatterer, error) {
+	gs, err := cudaStage(f.Lib, s, cfg)
+	if err != nil {
+		return nil, err
+	}
+	sc, err := scattercuda.New(gs)
+	if err != nil {
+		_ = gs.OnClose()
+		return nil, err
+	}
+	return sc, nil
+}
+
+// cudaStage opens the driver and retains the device's primary context for
+// one stage, which releases it on Close.
+func cudaStage(lib *cuda.Lib, s Settings, cfg config.BounceConfig) (gpucopy.Settings, error) {
+	if lib == nil {
+		return gpucopy.Settings{}, fmt.Errorf("cuda stage: no driver: %w", cuda.ErrUnavailable)
+	}
+	drv, err := lib.Open()
+	if err != nil {
+		return gpucopy.Settings{}, err
+	}
+	c, err := drv.Primary(s.CUDADevice)
+	if err != nil {
+		return gpucopy.Settings{}, err
+	}
+	return gpucopy.Settings{Context: c, Registry: s.Registry, Contexts: cfg.CopyContexts, ZeroCopyTable: cfg.ZeroCopyArgs, OnClose: c.Release}, nil
 }
 
 // LoopbackFactory creates in-process engines on one fabric.

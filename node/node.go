@@ -23,6 +23,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/bouncekv/bounce/config"
+	"github.com/bouncekv/bounce/cuda"
 	"github.com/bouncekv/bounce/mem"
 	"github.com/bouncekv/bounce/pipeline"
 	"github.com/bouncekv/bounce/telemetry"
@@ -45,6 +46,8 @@ type Settings struct {
 	TracerProvider trace.TracerProvider
 	MeterProvider  metric.MeterProvider
 	Propagator     propagation.TextMapPropagator
+	// CUDADevice is the CUDA ordinal of the cuda stages (stages.device).
+	CUDADevice int
 }
 
 // EngineFactory creates a transfer engine of one kind.
@@ -78,6 +81,9 @@ type Factories struct {
 	Controls   map[string]ControlFactory
 	Gatherers  map[string]GatherFactory
 	Scatterers map[string]ScatterFactory
+	// CUDA is the driver the cuda components and device or pinned-host
+	// arenas share (opened on first use); nil means none in this build.
+	CUDA *cuda.Lib
 }
 
 // MakeFactories builds the table from lists; a kind listed twice is an error.
@@ -125,8 +131,13 @@ type Node struct {
 	// Telemetry are the providers the node's components use. When the
 	// node built them from Config.Telemetry, Close flushes and stops them.
 	Telemetry *telemetry.Providers
+	// ArenaMemory is the arena memory chosen (host, pinned-host or device;
+	// empty while the bounce path is off).
+	ArenaMemory string
 
 	ownTelemetry bool
+	arenaCtx     *cuda.Context // retained for a device or pinned-host arena
+	newArena     func(name string, size uint64) (pipeline.Arena, error)
 	closeOnce    sync.Once
 	closeErr     error
 }
@@ -184,6 +195,7 @@ func BuildWith(cfg config.Config, f Factories, o Options) (*Node, error) {
 		TracerProvider: n.Telemetry.TracerProvider,
 		MeterProvider:  n.Telemetry.MeterProvider,
 		Propagator:     n.Telemetry.Propagator,
+		CUDADevice:     cfg.Stages.Device,
 	}
 	fail := func(err error) (*Node, error) {
 		n.closeParts()
@@ -204,7 +216,7 @@ func BuildWith(cfg config.Config, f Factories, o Options) (*Node, error) {
 		// A control plane or stage that cannot be built only disables the
 		// bounce path (degrade, never break): the agent serves every
 		// transfer on the direct path and says why.
-		if err := n.buildBounce(s, cfg, f); err != nil {
+		if err := n.buildBounce(s, cfg, f, logger); err != nil {
 			logger.Warn("bounce path unavailable; serving the direct path", "reason", err)
 			n.closeBounceParts()
 		}
@@ -221,6 +233,7 @@ func BuildWith(cfg config.Config, f Factories, o Options) (*Node, error) {
 		Gatherer:       n.Gatherer,
 		Scatterer:      n.Scatterer,
 		Registry:       s.Registry,
+		NewArena:       n.newArena,
 		Wake:           wake,
 		Logger:         logger,
 		TracerProvider: s.TracerProvider,
@@ -234,7 +247,7 @@ func BuildWith(cfg config.Config, f Factories, o Options) (*Node, error) {
 	return n, nil
 }
 
-func (n *Node) buildBounce(s Settings, cfg config.Config, f Factories) error {
+func (n *Node) buildBounce(s Settings, cfg config.Config, f Factories, logger *slog.Logger) error {
 	cf, ok := f.Controls[cfg.ControlPlane.Kind]
 	if !ok {
 		return fmt.Errorf("control_plane.kind %q: no such control plane in this build (have %v)", cfg.ControlPlane.Kind, keys(f.Controls))
@@ -254,15 +267,63 @@ func (n *Node) buildBounce(s Settings, cfg config.Config, f Factories) error {
 	}
 	n.Control = ctrl
 	g, err := gf.CreateGatherer(s, cfg.Bounce)
+	if fb, ok := f.Gatherers["host"]; ok && cfg.Stages.Gather == "cuda" && cfg.Stages.Fallback == "host" && errors.Is(err, cuda.ErrUnavailable) {
+		logger.Warn("cuda gather stage unavailable; using the host gather stage (stages.fallback=host)", "reason", err)
+		g, err = fb.CreateGatherer(s, cfg.Bounce)
+	}
 	if err != nil {
 		return fmt.Errorf("create %s gather stage: %w", cfg.Stages.Gather, err)
 	}
 	n.Gatherer = g
 	sc, err := sf.CreateScatterer(s, cfg.Bounce)
+	if fb, ok := f.Scatterers["host"]; ok && cfg.Stages.Scatter == "cuda" && cfg.Stages.Fallback == "host" && errors.Is(err, cuda.ErrUnavailable) {
+		logger.Warn("cuda scatter stage unavailable; using the host scatter stage (stages.fallback=host)", "reason", err)
+		sc, err = fb.CreateScatterer(s, cfg.Bounce)
+	}
 	if err != nil {
 		return fmt.Errorf("create %s scatter stage: %w", cfg.Stages.Scatter, err)
 	}
 	n.Scatterer = sc
+	return n.chooseArena(cfg, f, logger)
+}
+
+// chooseArena resolves bounce.arena_memory against what the engine and the
+// stages handle and prepares the arena's allocator.
+func (n *Node) chooseArena(cfg config.Config, f Factories, logger *slog.Logger) error {
+	kind := cfg.Bounce.ArenaMemory
+	if kind == "auto" || kind == "" {
+		stagesCUDA := transfer.Handles(n.Gatherer, transfer.CUDA) && transfer.Handles(n.Scatterer, transfer.CUDA)
+		switch {
+		case stagesCUDA && transfer.Handles(n.Engine, transfer.CUDA):
+			kind = "device"
+		case stagesCUDA:
+			kind = "pinned-host"
+		default:
+			kind = "host"
+		}
+	}
+	n.ArenaMemory = kind
+	if kind == "host" {
+		return nil
+	}
+	if f.CUDA == nil {
+		return fmt.Errorf("bounce.arena_memory %s: no CUDA driver in this build", kind)
+	}
+	drv, err := f.CUDA.Open()
+	if err != nil {
+		return fmt.Errorf("bounce.arena_memory %s: %w", kind, err)
+	}
+	c, err := drv.Primary(cfg.Stages.Device)
+	if err != nil {
+		return fmt.Errorf("bounce.arena_memory %s: %w", kind, err)
+	}
+	n.arenaCtx = c
+	if kind == "device" {
+		n.newArena = func(_ string, size uint64) (pipeline.Arena, error) { return c.NewDeviceArena(size) }
+	} else {
+		n.newArena = func(_ string, size uint64) (pipeline.Arena, error) { return c.NewPinnedArena(size) }
+	}
+	logger.Info("bounce arena memory", "bounce.arena_memory", kind, "stages.device", cfg.Stages.Device)
 	return nil
 }
 
@@ -327,6 +388,7 @@ func (n *Node) closeBounceParts() error {
 		errs = append(errs, n.Control.Close())
 		n.Control = nil
 	}
+	n.newArena, n.ArenaMemory = nil, ""
 	return errors.Join(errs...)
 }
 
@@ -334,6 +396,10 @@ func (n *Node) closeParts() error {
 	errs := []error{n.closeBounceParts()}
 	if n.Engine != nil {
 		errs = append(errs, n.Engine.Close())
+	}
+	if n.arenaCtx != nil {
+		errs = append(errs, n.arenaCtx.Release())
+		n.arenaCtx = nil
 	}
 	return errors.Join(errs...)
 }

@@ -127,6 +127,11 @@ type Settings struct {
 	// Registry is the host memory the stages validate against. The agent
 	// adds its arena and every RegisterMemory to it.
 	Registry *mem.Registry
+	// NewArena, if set, allocates the bounce arena (device memory or
+	// pinned host memory, say); nil maps host memory (mem.NewArena). The
+	// gatherer must write the arena's memory kind and the engine read it,
+	// else the bounce path is off.
+	NewArena func(name string, size uint64) (Arena, error)
 	// Wake, if set, is signalled by stages or engines when an op completes,
 	// so the reactor reacts without polling delay.
 	Wake <-chan struct{}
@@ -143,6 +148,13 @@ type Settings struct {
 	Kinds Kinds
 }
 
+// Arena is the memory of a bounce arena: one range, freed by Close once
+// nothing touches it.
+type Arena interface {
+	Desc() transfer.Desc
+	Close() error
+}
+
 // Agent is one bounce endpoint: sender and receiver at once.
 type Agent struct {
 	name string
@@ -150,7 +162,7 @@ type Agent struct {
 	set  Settings
 	log  *slog.Logger
 
-	arena    *mem.Arena
+	arena    Arena
 	arenaD   transfer.Desc
 	bounceOn bool   // bounce path usable locally
 	noBounce string // why not, when !bounceOn
@@ -259,11 +271,24 @@ func (a *Agent) initBounce(out **credit.Scheduler) error {
 		a.log.Info("max chunk clamped to the arena's usable capacity", "max_chunk", a.cfg.MaxChunk, "capacity", sched.Capacity())
 		a.cfg.MaxChunk = sched.Capacity()
 	}
-	arena, err := mem.NewArena(a.name, sched.Capacity())
+	newArena := a.set.NewArena
+	if newArena == nil {
+		newArena = func(name string, size uint64) (Arena, error) { return mem.NewArena(name, size) }
+	}
+	arena, err := newArena(a.name, sched.Capacity())
 	if err != nil {
-		return err
+		return fmt.Errorf("arena: %w", err)
 	}
 	d := arena.Desc()
+	for _, c := range []struct {
+		x    any
+		what string
+	}{{a.set.Gatherer, "gather stage"}, {a.set.Scatterer, "scatter stage"}, {a.set.Engine, "engine"}} {
+		if !transfer.Handles(c.x, d.Kind) {
+			arena.Close()
+			return fmt.Errorf("the %s cannot touch the %s arena %v", c.what, d.Kind, d)
+		}
+	}
 	if err := a.set.Registry.Add(d); err != nil {
 		arena.Close()
 		return fmt.Errorf("register arena with the stages: %w", err)
@@ -491,6 +516,9 @@ func (a *Agent) SubmitContext(ctx context.Context, req Request) (*Batch, error) 
 	}
 	start := time.Now()
 	route, why, reason := a.route(req, pi)
+	if err := a.checkKinds(route, req); err != nil {
+		return nil, fmt.Errorf("pipeline: submit to %q: %w", req.Peer, err)
+	}
 	id := a.nextID.Add(1)
 	b := newBatch(id, route, reason, req.OnComplete)
 	b.obs.start, b.obs.why = start, why

@@ -26,6 +26,9 @@ func (a *Agent) route(req Request, pi *peerInfo) (Route, string, string) {
 	if !uniform(req.Src) || !uniform(req.Dst) {
 		return RouteDirect, whyMixedDevices, "descriptors span several devices on one side"
 	}
+	if k := req.Src[0].Kind; !transfer.Handles(a.set.Gatherer, k) {
+		return RouteDirect, whyMemoryKind, fmt.Sprintf("the gather stage cannot read %s memory", k)
+	}
 	if req.Route == RouteBounce {
 		return RouteBounce, whyBounceRequested, "bounce route requested"
 	}
@@ -40,6 +43,21 @@ func (a *Agent) route(req Request, pi *peerInfo) (Route, string, string) {
 		return RouteDirect, whyLargeDescriptors, fmt.Sprintf("average descriptor %d B > max_avg_descriptor %d B", avg, a.cfg.MaxAvgDescriptor)
 	}
 	return RouteBounce, whyEligible, "eligible"
+}
+
+// checkKinds refuses, before anything moves, a request whose memory the
+// route's first stage cannot touch: the engine reads the sources and
+// writes the destinations of the direct path; the gather stage reads the
+// sources of the bounce path (the peer's scatter stage checks the
+// destinations against its own memory).
+func (a *Agent) checkKinds(route Route, req Request) error {
+	if route == RouteBounce {
+		return transfer.CheckKinds(a.set.Gatherer, "the gather stage", req.Src)
+	}
+	if err := transfer.CheckKinds(a.set.Engine, "the engine", req.Src); err != nil {
+		return err
+	}
+	return transfer.CheckKinds(a.set.Engine, "the engine", req.Dst)
 }
 
 func uniform(ds []transfer.Desc) bool {

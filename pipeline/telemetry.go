@@ -81,6 +81,7 @@ const (
 	whyPeerNotCapable   = "peer_not_capable"
 	whyEmpty            = "empty"
 	whyMixedDevices     = "mixed_devices"
+	whyMemoryKind       = "memory_kind" // sources the gather stage cannot read
 	whyFewDescriptors   = "few_descriptors"
 	whyLargeDescriptors = "large_descriptors"
 	whyEligible         = "eligible"
@@ -284,7 +285,7 @@ func newObs(a *Agent, s Settings) *obs {
 				rec: []metric.RecordOption{metric.WithAttributeSet(set)},
 			}
 		}
-		for _, why := range []string{whyDirectRequested, whyBounceRequested, whyLocalOff, whyPeerNotCapable, whyEmpty, whyMixedDevices, whyFewDescriptors, whyLargeDescriptors, whyEligible} {
+		for _, why := range []string{whyDirectRequested, whyBounceRequested, whyLocalOff, whyPeerNotCapable, whyEmpty, whyMixedDevices, whyMemoryKind, whyFewDescriptors, whyLargeDescriptors, whyEligible} {
 			set := attribute.NewSet(attrRoute.String(rt.String()), attrReason.String(why))
 			o.byDecision[routeOutcomeKey{rt.String(), why}] = []metric.AddOption{metric.WithAttributeSet(set)}
 		}

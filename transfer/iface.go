@@ -213,3 +213,39 @@ type Scatterer interface {
 type Writer interface {
 	Write(peer string, src, dst Desc) (Op, error)
 }
+
+// MemoryKinder is the optional capability of an Engine, Gatherer or
+// Scatterer that touches more than host memory: MemoryKinds lists the
+// memory kinds it reads and writes. An implementation without it handles
+// Host memory only.
+type MemoryKinder interface {
+	MemoryKinds() []MemKind
+}
+
+// Handles reports whether x (an Engine, Gatherer or Scatterer) reads and
+// writes memory of kind k: the kinds it declares through MemoryKinder, or
+// Host alone.
+func Handles(x any, k MemKind) bool {
+	mk, ok := x.(MemoryKinder)
+	if !ok {
+		return k == Host
+	}
+	for _, have := range mk.MemoryKinds() {
+		if have == k {
+			return true
+		}
+	}
+	return false
+}
+
+// CheckKinds returns an error wrapping ErrUnsupported naming the first
+// descriptor of ds whose memory kind x cannot touch; what names x in the
+// message.
+func CheckKinds(x any, what string, ds []Desc) error {
+	for i, d := range ds {
+		if !Handles(x, d.Kind) {
+			return fmt.Errorf("%s cannot touch %s memory (descriptor %d %v): %w", what, d.Kind, i, d, ErrUnsupported)
+		}
+	}
+	return nil
+}

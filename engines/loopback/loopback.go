@@ -163,6 +163,9 @@ func (e *Engine) RegisterMemory(d transfer.Desc) error {
 	if e.closed {
 		return fmt.Errorf("loopback %s: register %v: %w", e.name, d, transfer.ErrClosed)
 	}
+	if d.Kind != transfer.Host {
+		return fmt.Errorf("loopback %s: register %v: only host memory: %w", e.name, d, transfer.ErrUnsupported)
+	}
 	if err := e.reg.Add(d); err != nil {
 		return fmt.Errorf("loopback %s: register: %w", e.name, err)
 	}

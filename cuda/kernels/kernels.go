@@ -1,0 +1,168 @@
+// Package kernels holds the bounce gather and scatter kernels as PTX
+// (copy.ptx, compiled from copy.cu by `make ptx` and committed, so builds
+// need no CUDA toolkit) and the host side that feeds them: the piece table
+// a chunk's runs are cut into (pure Go, tested without a GPU) and the
+// launch.
+package kernels
+
+import (
+	_ "embed"
+	"encoding/binary"
+	"fmt"
+	"math/bits"
+
+	"github.com/bouncekv/bounce/cuda"
+	"github.com/bouncekv/bounce/transfer"
+)
+
+// PTX is the compiled kernel module.
+//
+//go:embed copy.ptx
+var PTX []byte
+
+// Kernel names in the module.
+const (
+	GatherKernel  = "bounce_gather"
+	ScatterKernel = "bounce_scatter"
+)
+
+// PieceBytes is the most bytes one piece moves: the unit one warp copies
+// before it takes the next piece. Small enough that a chunk of a few MiB
+// spreads over thousands of warps, large enough that the table stays a
+// few percent of the bytes.
+const PieceBytes = 8 << 10
+
+// PieceSize is the encoded size of one piece: six little-endian uint64s
+// (region offset, address, length, count, region stride, address stride),
+// the layout of copy.cu's struct Piece.
+const PieceSize = 48
+
+// Pieces cuts runs into pieces of at most max bytes (max > 0) and appends
+// them to dst. A run whose copies are contiguous on both sides (Count 1 or
+// both strides equal to Len) becomes one copy cut into max-byte pieces; a
+// strided run becomes groups of copies, at most max bytes a group, or each
+// copy cut into pieces when one copy exceeds max. Runs that move nothing
+// are dropped. The result moves exactly the bytes of runs. Callers
+// validate runs first (no overflow: hostcopy-style checks).
+func Pieces(dst []transfer.Run, runs []transfer.Run, max uint64) []transfer.Run {
+	for _, r := range runs {
+		if r.Len == 0 || r.Count == 0 {
+			continue
+		}
+		if r.Count == 1 || (r.RegionStride == r.Len && r.AddrStride == r.Len) {
+			dst = cut(dst, r.RegionOff, r.Addr, r.Len*r.Count, max)
+			continue
+		}
+		if r.Len >= max {
+			for k := range r.Count {
+				dst = cut(dst, r.RegionOff+k*r.RegionStride, r.Addr+k*r.AddrStride, r.Len, max)
+			}
+			continue
+		}
+		g := max / r.Len
+		for k := uint64(0); k < r.Count; k += g {
+			n := min(g, r.Count-k)
+			dst = append(dst, transfer.Run{
+				RegionOff: r.RegionOff + k*r.RegionStride, Addr: r.Addr + k*r.AddrStride,
+				Len: r.Len, Count: n, RegionStride: r.RegionStride, AddrStride: r.AddrStride,
+			})
+		}
+	}
+	return dst
+}
+
+func cut(dst []transfer.Run, off, addr, n, max uint64) []transfer.Run {
+	for n > 0 {
+		l := min(n, max)
+		dst = append(dst, transfer.Run{RegionOff: off, Addr: addr, Len: l, Count: 1, RegionStride: l, AddrStride: l})
+		off, addr, n = off+l, addr+l, n-l
+	}
+	return dst
+}
+
+// Encode writes pieces into buf in the kernel's layout; buf must hold
+// len(pieces)*PieceSize bytes.
+func Encode(buf []byte, pieces []transfer.Run) error {
+	if hi, lo := bits.Mul64(uint64(len(pieces)), PieceSize); hi != 0 || lo > uint64(len(buf)) {
+		return fmt.Errorf("kernels: %d pieces need %d bytes, buffer has %d", len(pieces), uint64(len(pieces))*PieceSize, len(buf))
+	}
+	for i, p := range pieces {
+		b := buf[i*PieceSize:]
+		binary.LittleEndian.PutUint64(b[0:], p.RegionOff)
+		binary.LittleEndian.PutUint64(b[8:], p.Addr)
+		binary.LittleEndian.PutUint64(b[16:], p.Len)
+		binary.LittleEndian.PutUint64(b[24:], p.Count)
+		binary.LittleEndian.PutUint64(b[32:], p.RegionStride)
+		binary.LittleEndian.PutUint64(b[40:], p.AddrStride)
+	}
+	return nil
+}
+
+// BlockThreads is the launch's block size: eight warps.
+const BlockThreads = 256
+
+// Grid returns the number of blocks for n pieces on a device of sms
+// multiprocessors: one warp per piece, at most eight blocks (64 warps) per
+// multiprocessor, the rest taken grid-stride.
+func Grid(n uint64, sms int) uint32 {
+	warps := uint64(BlockThreads / 32)
+	blocks := (n + warps - 1) / warps
+	limit := uint64(max(sms, 1)) * 8
+	return uint32(max(1, min(blocks, limit)))
+}
+
+// Module is the kernel module loaded in one context.
+type Module struct {
+	mod     *cuda.Module
+	gather  *cuda.Function
+	scatter *cuda.Function
+	sms     int
+}
+
+// Load JIT-compiles ptx (PTX when nil) in c.
+func Load(c *cuda.Context, ptx []byte) (*Module, error) {
+	if ptx == nil {
+		ptx = PTX
+	}
+	sms, err := c.Attribute(cuda.AttrMultiprocessorCount)
+	if err != nil {
+		return nil, err
+	}
+	mod, err := c.LoadPTX(ptx)
+	if err != nil {
+		return nil, fmt.Errorf("kernels: load module: %w", err)
+	}
+	m := &Module{mod: mod, sms: sms}
+	if m.gather, err = mod.Function(GatherKernel); err == nil {
+		m.scatter, err = mod.Function(ScatterKernel)
+	}
+	if err != nil {
+		_ = mod.Unload()
+		return nil, err
+	}
+	return m, nil
+}
+
+// NewArgs allocates the parameter block of one launch slot.
+func NewArgs(c *cuda.Context) (*cuda.Args, error) { return c.NewArgs(3) }
+
+// Launch queues one gather (or scatter, when !gather) of n pieces at table
+// (a device address: device memory, or the device mapping of pinned host
+// memory) between the region at device address region and the pieces'
+// addresses, on s, with args as its parameter block.
+func (m *Module) Launch(gather bool, s *cuda.Stream, args *cuda.Args, region, table cuda.DevicePtr, n uint64) error {
+	if n == 0 {
+		return nil
+	}
+	f := m.scatter
+	if gather {
+		f = m.gather
+	}
+	args.SetU64(0, uint64(region))
+	args.SetU64(1, uint64(table))
+	args.SetU64(2, n)
+	return f.Launch(s, cuda.Dim3{X: Grid(n, m.sms), Y: 1, Z: 1}, cuda.Dim3{X: BlockThreads, Y: 1, Z: 1}, 0, args)
+}
+
+// Unload unloads the module.
+func (m *Module) Unload() error { return m.mod.Unload() }

@@ -1,0 +1,602 @@
+// Package cudacopy is a single-host transfer.Engine on one GPU (or peer
+// GPUs of one host): engines made by one Fabric, in one process, write into
+// each other's registered memory with asynchronous CUDA copies —
+// cuMemcpyDtoDAsync on one device, cuMemcpyPeerAsync between devices,
+// cuMemcpyAsync where a side is pinned host memory — and an operation is
+// Done when its CUDA event has completed, which Poll queries without
+// blocking.
+//
+// Its direct path is the honest per-descriptor baseline: one copy per
+// write op, or one cuMemcpyBatchAsync per BatchMax ops where the driver
+// exports it (Config.Batch). Registered host memory is page-locked with
+// cuMemHostRegister (unless the driver already knows it as pinned), so the
+// engine also serves host memory. Cross-process CUDA IPC is not built.
+package cudacopy
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/bouncekv/bounce/cuda"
+	"github.com/bouncekv/bounce/mem"
+	"github.com/bouncekv/bounce/transfer"
+)
+
+// Limits.
+const (
+	// MaxStreams bounds the operations in flight per engine; a post beyond
+	// it is ErrBusy.
+	MaxStreams = 256
+	// BatchMax is the most copies one cuMemcpyBatchAsync call carries.
+	BatchMax = 4096
+	// waitBound bounds how long ForgetPeer and Close wait for copies.
+	waitBound = 10 * time.Second
+)
+
+// Fabric connects the engines created from it (one process, one driver).
+// It is safe for concurrent use.
+type Fabric struct {
+	id  uint64
+	lib *cuda.Lib
+
+	mu      sync.Mutex
+	engines map[string]*Engine
+	nextInc uint64
+}
+
+// NewFabric returns an empty fabric whose engines open the driver through
+// lib (a nil lib opens cuda.LibName lazily).
+func NewFabric(lib *cuda.Lib) *Fabric {
+	if lib == nil {
+		lib = &cuda.Lib{}
+	}
+	return &Fabric{id: rand.Uint64(), lib: lib, engines: map[string]*Engine{}}
+}
+
+// Config configures an engine.
+type Config struct {
+	// Name is the engine's name, unique on the fabric.
+	Name string
+	// Device is the CUDA ordinal the engine's streams run on.
+	Device int
+	// Batch posts a multi-op write as cuMemcpyBatchAsync calls where the
+	// driver exports it (else one async copy per op).
+	Batch bool
+	// OnComplete, when set, is called after Poll first observes an
+	// operation terminal. It must not block.
+	OnComplete func()
+}
+
+// Engine is one agent's endpoint on a Fabric. It is safe for concurrent use.
+type Engine struct {
+	fab   *Fabric
+	name  string
+	inc   uint64
+	cfg   Config
+	cc    *cuda.Context
+	reg   mem.Registry
+	owned map[uint64]bool // host ranges this engine cuMemHostRegister'ed
+
+	// Guarded by fab.mu.
+	closed  bool
+	peers   map[string]*Engine
+	out     map[*writeOp]struct{}
+	in      map[*writeOp]struct{}
+	streams []*slot // idle
+	nslots  int
+	batch   *cuda.BatchCopy
+}
+
+type slot struct {
+	stream *cuda.Stream
+	event  *cuda.Event
+}
+
+var _ transfer.Engine = (*Engine)(nil)
+
+// NewEngine opens the driver (on first use), retains the device's primary
+// context and creates the engine. Without a GPU the error wraps
+// cuda.ErrUnavailable.
+func (f *Fabric) NewEngine(cfg Config) (*Engine, error) {
+	if err := transfer.CheckName(cfg.Name); err != nil {
+		return nil, fmt.Errorf("cudacopy: new engine: %w", err)
+	}
+	drv, err := f.lib.Open()
+	if err != nil {
+		return nil, fmt.Errorf("cudacopy: new engine %q: %w", cfg.Name, err)
+	}
+	cc, err := drv.Primary(cfg.Device)
+	if err != nil {
+		return nil, fmt.Errorf("cudacopy: new engine %q: %w", cfg.Name, err)
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if _, dup := f.engines[cfg.Name]; dup {
+		_ = cc.Release()
+		return nil, fmt.Errorf("cudacopy: new engine %q: name already in use on this fabric", cfg.Name)
+	}
+	f.nextInc++
+	e := &Engine{fab: f, name: cfg.Name, inc: f.nextInc, cfg: cfg, cc: cc, owned: map[uint64]bool{},
+		peers: map[string]*Engine{}, out: map[*writeOp]struct{}{}, in: map[*writeOp]struct{}{}}
+	if cfg.Batch && drv.HasBatchCopy() {
+		if e.batch, err = cc.NewBatchCopy(BatchMax); err != nil {
+			_ = cc.Release()
+			return nil, fmt.Errorf("cudacopy: new engine %q: %w", cfg.Name, err)
+		}
+	}
+	f.engines[cfg.Name] = e
+	return e, nil
+}
+
+// Name returns the engine's name.
+func (e *Engine) Name() string { return e.name }
+
+// Context returns the engine's CUDA context.
+func (e *Engine) Context() *cuda.Context { return e.cc }
+
+// MemoryKinds reports CUDA and host memory (host memory is page-locked on
+// registration).
+func (e *Engine) MemoryKinds() []transfer.MemKind {
+	return []transfer.MemKind{transfer.CUDA, transfer.Host}
+}
+
+// Batched reports whether multi-op writes go through cuMemcpyBatchAsync.
+func (e *Engine) Batched() bool { return e.batch != nil }
+
+// RegisterMemory makes d a write source and destination. CUDA memory must
+// be of a device this engine's device reaches; host memory is page-locked
+// for the device unless it already is.
+func (e *Engine) RegisterMemory(d transfer.Desc) error {
+	if d.Kind == transfer.CUDA {
+		if int(d.Device) != e.cc.Device() {
+			return fmt.Errorf("cudacopy %s: register %v: memory of device %d, engine on device %d: %w", e.name, d, d.Device, e.cc.Device(), transfer.ErrUnsupported)
+		}
+		if t, err := e.cc.PointerMemoryType(d.Addr); err != nil || t != cuda.MemoryTypeDevice {
+			return fmt.Errorf("cudacopy %s: register %v: not device memory the driver knows (%v): %w", e.name, d, err, transfer.ErrUnsupported)
+		}
+	}
+	e.fab.mu.Lock()
+	defer e.fab.mu.Unlock()
+	if e.closed {
+		return fmt.Errorf("cudacopy %s: register %v: %w", e.name, d, transfer.ErrClosed)
+	}
+	if slices.Contains(e.reg.Ranges(), d) {
+		return nil
+	}
+	pinned := false
+	if d.Kind == transfer.Host {
+		if _, err := e.cc.HostDevicePointer(uintptr(d.Addr)); err != nil {
+			if _, err := e.cc.HostRegister(uintptr(d.Addr), d.Len); err != nil {
+				return fmt.Errorf("cudacopy %s: register %v: page-lock: %w", e.name, d, err)
+			}
+			pinned = true
+		}
+	}
+	if err := e.reg.Add(d); err != nil {
+		if pinned {
+			_ = e.cc.HostUnregister(uintptr(d.Addr))
+		}
+		return fmt.Errorf("cudacopy %s: register: %w", e.name, err)
+	}
+	if pinned {
+		e.owned[d.Addr] = true
+	}
+	return nil
+}
+
+// DeregisterMemory removes exactly d; ErrInUse while a write in flight
+// reads or writes it.
+func (e *Engine) DeregisterMemory(d transfer.Desc) error {
+	e.fab.mu.Lock()
+	defer e.fab.mu.Unlock()
+	if e.closed {
+		return fmt.Errorf("cudacopy %s: deregister %v: %w", e.name, d, transfer.ErrClosed)
+	}
+	for o := range e.out {
+		for _, w := range o.ops {
+			if overlaps(w.Src, d) {
+				return fmt.Errorf("cudacopy %s: deregister %v: source of a write in flight: %w", e.name, d, transfer.ErrInUse)
+			}
+		}
+	}
+	for o := range e.in {
+		for _, w := range o.ops {
+			if overlaps(w.Dst, d) {
+				return fmt.Errorf("cudacopy %s: deregister %v: destination of a write in flight: %w", e.name, d, transfer.ErrInUse)
+			}
+		}
+	}
+	if err := e.reg.Remove(d); err != nil {
+		return fmt.Errorf("cudacopy %s: %w", e.name, err)
+	}
+	if e.owned[d.Addr] {
+		delete(e.owned, d.Addr)
+		if err := e.cc.HostUnregister(uintptr(d.Addr)); err != nil {
+			return fmt.Errorf("cudacopy %s: deregister %v: %w", e.name, d, err)
+		}
+	}
+	return nil
+}
+
+func overlaps(a, b transfer.Desc) bool { return a.Addr < b.Addr+b.Len && b.Addr < a.Addr+a.Len }
+
+// Metadata layout, little-endian: magic "BCMD", version 1, fabric id (8),
+// incarnation (8), name length (2), name.
+const (
+	mdMagic   = "BCMD"
+	mdVersion = 1
+	mdFixed   = 4 + 1 + 8 + 8 + 2
+)
+
+// Metadata identifies this engine on its fabric.
+func (e *Engine) Metadata() ([]byte, error) {
+	e.fab.mu.Lock()
+	closed := e.closed
+	e.fab.mu.Unlock()
+	if closed {
+		return nil, fmt.Errorf("cudacopy %s: metadata: %w", e.name, transfer.ErrClosed)
+	}
+	return encodeMetadata(e.fab.id, e.inc, e.name), nil
+}
+
+func encodeMetadata(fabric, inc uint64, name string) []byte {
+	b := append([]byte(mdMagic), mdVersion)
+	b = binary.LittleEndian.AppendUint64(b, fabric)
+	b = binary.LittleEndian.AppendUint64(b, inc)
+	b = binary.LittleEndian.AppendUint16(b, uint16(len(name)))
+	return append(b, name...)
+}
+
+// decodeMetadata parses Metadata; every failure wraps ErrBadMetadata.
+func decodeMetadata(b []byte) (fabric, inc uint64, name string, err error) {
+	if len(b) < mdFixed {
+		return 0, 0, "", fmt.Errorf("%d bytes, want at least %d: %w", len(b), mdFixed, transfer.ErrBadMetadata)
+	}
+	if string(b[:4]) != mdMagic {
+		return 0, 0, "", fmt.Errorf("bad magic %q: %w", b[:4], transfer.ErrBadMetadata)
+	}
+	if b[4] != mdVersion {
+		return 0, 0, "", fmt.Errorf("version %d, want %d: %w", b[4], mdVersion, transfer.ErrBadMetadata)
+	}
+	fabric = binary.LittleEndian.Uint64(b[5:])
+	inc = binary.LittleEndian.Uint64(b[13:])
+	n := int(binary.LittleEndian.Uint16(b[21:]))
+	if len(b) != mdFixed+n {
+		return 0, 0, "", fmt.Errorf("name of %d bytes in %d bytes of metadata: %w", n, len(b), transfer.ErrBadMetadata)
+	}
+	name = string(b[mdFixed:])
+	if err := transfer.CheckName(name); err != nil {
+		return 0, 0, "", fmt.Errorf("%v: %w", err, transfer.ErrBadMetadata)
+	}
+	return fabric, inc, name, nil
+}
+
+// LoadPeer decodes a peer's Metadata. Errors wrap ErrBadMetadata (bad
+// bytes or another fabric), ErrUnknownPeer (no such open engine) or
+// ErrPeerLost (a closed incarnation).
+func (e *Engine) LoadPeer(md []byte) (string, error) {
+	fabric, inc, name, err := decodeMetadata(md)
+	if err != nil {
+		return "", fmt.Errorf("cudacopy %s: load peer: %w", e.name, err)
+	}
+	if fabric != e.fab.id {
+		return "", fmt.Errorf("cudacopy %s: load peer %q: metadata from another fabric: %w", e.name, name, transfer.ErrBadMetadata)
+	}
+	e.fab.mu.Lock()
+	defer e.fab.mu.Unlock()
+	if e.closed {
+		return "", fmt.Errorf("cudacopy %s: load peer %q: %w", e.name, name, transfer.ErrClosed)
+	}
+	t, ok := e.fab.engines[name]
+	switch {
+	case !ok:
+		return "", fmt.Errorf("cudacopy %s: load peer %q: no such engine on this fabric: %w", e.name, name, transfer.ErrUnknownPeer)
+	case t.inc != inc:
+		return "", fmt.Errorf("cudacopy %s: load peer %q: metadata of a closed incarnation: %w", e.name, name, transfer.ErrPeerLost)
+	}
+	if t.cc.Device() != e.cc.Device() {
+		ok, err := e.cc.CanAccessPeer(t.cc)
+		if err != nil || !ok {
+			return "", fmt.Errorf("cudacopy %s: load peer %q: device %d cannot reach device %d (%v): %w", e.name, name, e.cc.Device(), t.cc.Device(), err, transfer.ErrUnsupported)
+		}
+		if err := e.cc.EnablePeerAccess(t.cc); err != nil {
+			return "", fmt.Errorf("cudacopy %s: load peer %q: %w", e.name, name, err)
+		}
+	}
+	e.peers[name] = t
+	return name, nil
+}
+
+// ForgetPeer drops a loaded peer: its writes in flight fail with
+// ErrPeerLost once their copies have stopped (a GPU copy cannot be
+// cancelled; ForgetPeer waits for it, bounded).
+func (e *Engine) ForgetPeer(name string) error {
+	e.fab.mu.Lock()
+	if e.closed {
+		e.fab.mu.Unlock()
+		return fmt.Errorf("cudacopy %s: forget peer %q: %w", e.name, name, transfer.ErrClosed)
+	}
+	t, ok := e.peers[name]
+	if !ok {
+		e.fab.mu.Unlock()
+		return fmt.Errorf("cudacopy %s: forget peer %q: %w", e.name, name, transfer.ErrUnknownPeer)
+	}
+	delete(e.peers, name)
+	var pending []*writeOp
+	for o := range e.out {
+		if o.dst == t {
+			o.abort = fmt.Errorf("cudacopy %s: write to %q: peer forgotten: %w", e.name, name, transfer.ErrPeerLost)
+			pending = append(pending, o)
+		}
+	}
+	e.fab.mu.Unlock()
+	return waitOps(pending)
+}
+
+// waitOps polls ops until each is terminal, bounded by waitBound.
+func waitOps(ops []*writeOp) error {
+	deadline := time.Now().Add(waitBound)
+	for _, o := range ops {
+		for {
+			if s, _ := o.Poll(); s.Terminal() {
+				break
+			}
+			if time.Now().After(deadline) {
+				return fmt.Errorf("cudacopy: a copy still runs after %v: %w", waitBound, transfer.ErrNotQuiescent)
+			}
+			time.Sleep(50 * time.Microsecond)
+		}
+	}
+	return nil
+}
+
+// PostWrite checks every write and queues the copies on one stream. Each
+// source must lie in memory registered here and each destination in
+// memory the peer registered, else ErrNotRegistered or ErrOutOfBounds (and
+// ErrUnsupported for a memory kind the engine cannot touch) and nothing is
+// queued. More than MaxStreams operations in flight is ErrBusy.
+func (e *Engine) PostWrite(peerName string, ops []transfer.WriteOp) (transfer.Op, error) {
+	ctx := func(format string, args ...any) string {
+		return fmt.Sprintf("cudacopy %s: post write to %q: ", e.name, peerName) + fmt.Sprintf(format, args...)
+	}
+	if len(ops) == 0 {
+		return nil, fmt.Errorf("%s", ctx("no writes"))
+	}
+	for i, w := range ops {
+		if err := transfer.CheckKinds(e, "cudacopy", []transfer.Desc{w.Src, w.Dst}); err != nil {
+			return nil, fmt.Errorf("%s: %w", ctx("write %d", i), err)
+		}
+		if w.Src.Len == 0 || w.Src.Len != w.Dst.Len {
+			return nil, fmt.Errorf("%s: %w", ctx("write %d: source length %d, destination length %d", i, w.Src.Len, w.Dst.Len), transfer.ErrOutOfBounds)
+		}
+	}
+	own := slices.Clone(ops)
+	f := e.fab
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if e.closed {
+		return nil, fmt.Errorf("%s: %w", ctx("engine"), transfer.ErrClosed)
+	}
+	t, ok := e.peers[peerName]
+	if !ok {
+		return nil, fmt.Errorf("%s: %w", ctx("peer not loaded"), transfer.ErrUnknownPeer)
+	}
+	if t.closed {
+		return nil, fmt.Errorf("%s: %w", ctx("peer closed"), transfer.ErrPeerLost)
+	}
+	for i, w := range own {
+		if _, err := e.reg.FindKind(w.Src.Kind, w.Src.Device, w.Src.Addr, w.Src.Len); err != nil {
+			return nil, fmt.Errorf("%s: %w", ctx("write %d source", i), err)
+		}
+		if _, err := t.reg.FindKind(w.Dst.Kind, w.Dst.Device, w.Dst.Addr, w.Dst.Len); err != nil {
+			return nil, fmt.Errorf("%s: %w", ctx("write %d destination not registered by the peer", i), err)
+		}
+	}
+	s, err := e.slotLocked()
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", ctx("streams"), err)
+	}
+	if err := e.queue(s, t, own); err != nil {
+		// Whatever was queued before the failure must finish before the
+		// slot is reused or the error returned.
+		_ = s.stream.Synchronize()
+		e.streams = append(e.streams, s)
+		return nil, fmt.Errorf("%s: %w", ctx("queue"), err)
+	}
+	o := &writeOp{src: e, dst: t, peer: peerName, ops: own, slot: s}
+	e.out[o] = struct{}{}
+	t.in[o] = struct{}{}
+	return o, nil
+}
+
+func (e *Engine) slotLocked() (*slot, error) {
+	if n := len(e.streams); n > 0 {
+		s := e.streams[n-1]
+		e.streams = e.streams[:n-1]
+		return s, nil
+	}
+	if e.nslots >= MaxStreams {
+		return nil, fmt.Errorf("%d writes in flight: %w", MaxStreams, transfer.ErrBusy)
+	}
+	st, err := e.cc.NewStream()
+	if err != nil {
+		return nil, err
+	}
+	ev, err := e.cc.NewEvent(false)
+	if err != nil {
+		_ = st.Destroy()
+		return nil, err
+	}
+	e.nslots++
+	return &slot{stream: st, event: ev}, nil
+}
+
+// queue puts the copies of ops on s's stream and records its event.
+func (e *Engine) queue(s *slot, t *Engine, ops []transfer.WriteOp) error {
+	peer := t.cc.Device() != e.cc.Device()
+	if e.batch != nil && len(ops) > 1 && !peer {
+		for lo := 0; lo < len(ops); lo += BatchMax {
+			hi := min(lo+BatchMax, len(ops))
+			for i, w := range ops[lo:hi] {
+				e.batch.Set(i, cuda.DevicePtr(w.Dst.Addr), cuda.DevicePtr(w.Src.Addr), w.Src.Len)
+			}
+			if err := e.batch.Post(s.stream, hi-lo); err != nil {
+				return err
+			}
+		}
+		return s.event.Record(s.stream)
+	}
+	for _, w := range ops {
+		dst, src := cuda.DevicePtr(w.Dst.Addr), cuda.DevicePtr(w.Src.Addr)
+		var err error
+		switch {
+		case peer && w.Src.Kind == transfer.CUDA && w.Dst.Kind == transfer.CUDA:
+			err = s.stream.CopyPeer(dst, t.cc, src, e.cc, w.Src.Len)
+		case w.Src.Kind == transfer.CUDA && w.Dst.Kind == transfer.CUDA:
+			err = s.stream.CopyDtoD(dst, src, w.Src.Len)
+		default:
+			err = s.stream.Copy(dst, src, w.Src.Len)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return s.event.Record(s.stream)
+}
+
+// InFlight returns the number of operations posted and not yet seen
+// terminal.
+func (e *Engine) InFlight() int {
+	e.fab.mu.Lock()
+	defer e.fab.mu.Unlock()
+	return len(e.out)
+}
+
+// Close fails this engine's writes in flight (ErrClosed) and writes into it
+// (ErrPeerLost) once their copies have stopped, and frees its streams. It
+// is idempotent.
+func (e *Engine) Close() error {
+	f := e.fab
+	f.mu.Lock()
+	if e.closed {
+		f.mu.Unlock()
+		return nil
+	}
+	e.closed = true
+	if f.engines[e.name] == e {
+		delete(f.engines, e.name)
+	}
+	var pending []*writeOp
+	for o := range e.out {
+		o.abort = fmt.Errorf("cudacopy %s: write to %q: engine closed: %w", e.name, o.peer, transfer.ErrClosed)
+		pending = append(pending, o)
+	}
+	for o := range e.in {
+		o.abort = fmt.Errorf("cudacopy %s: write to %q: peer closed: %w", o.src.name, o.peer, transfer.ErrPeerLost)
+		pending = append(pending, o)
+	}
+	clear(e.peers)
+	f.mu.Unlock()
+	err := waitOps(pending)
+	f.mu.Lock()
+	idle := e.streams
+	e.streams = nil
+	owned := e.owned
+	e.owned = map[uint64]bool{}
+	f.mu.Unlock()
+	var errs []error
+	if err != nil {
+		errs = append(errs, err)
+	} else {
+		for _, s := range idle {
+			errs = append(errs, s.event.Destroy(), s.stream.Destroy())
+		}
+		for a := range owned {
+			errs = append(errs, e.cc.HostUnregister(uintptr(a)))
+		}
+		if e.batch != nil {
+			errs = append(errs, e.batch.Free())
+		}
+		errs = append(errs, e.cc.Release())
+	}
+	return errors.Join(errs...)
+}
+
+// writeOp is one posted batch of writes.
+type writeOp struct {
+	src, dst *Engine
+	peer     string
+	ops      []transfer.WriteOp
+	slot     *slot
+	abort    error // guarded by fab.mu: the failure to report once the copies stopped
+
+	mu       sync.Mutex
+	state    transfer.Status
+	err      error
+	released bool
+}
+
+// Poll queries the operation's event without blocking.
+func (o *writeOp) Poll() (transfer.Status, error) {
+	o.mu.Lock()
+	if o.state != transfer.Pending {
+		defer o.mu.Unlock()
+		return o.state, o.err
+	}
+	done, qerr := o.slot.event.Query()
+	if !done && qerr == nil {
+		o.mu.Unlock()
+		return transfer.Pending, nil
+	}
+	f := o.src.fab
+	f.mu.Lock()
+	abort := o.abort
+	delete(o.src.out, o)
+	delete(o.dst.in, o)
+	f.mu.Unlock()
+	switch {
+	case qerr != nil:
+		o.state, o.err = transfer.Failed, fmt.Errorf("cudacopy %s: write to %q: %w: %w", o.src.name, o.peer, qerr, transfer.ErrDeviceFault)
+	case abort != nil:
+		o.state, o.err = transfer.Failed, abort
+	default:
+		o.state = transfer.Done
+	}
+	s, err := o.state, o.err
+	o.mu.Unlock()
+	if cb := o.src.cfg.OnComplete; cb != nil {
+		cb()
+	}
+	return s, err
+}
+
+// Release returns the operation's stream once it is terminal.
+func (o *writeOp) Release() error {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.state == transfer.Pending {
+		return fmt.Errorf("cudacopy %s: release write to %q: %w", o.src.name, o.peer, transfer.ErrInUse)
+	}
+	if o.released {
+		return fmt.Errorf("cudacopy %s: release write to %q: already released: %w", o.src.name, o.peer, transfer.ErrClosed)
+	}
+	o.released = true
+	if errors.Is(o.err, transfer.ErrDeviceFault) {
+		return nil // never reuse a stream of a faulted device
+	}
+	f := o.src.fab
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if o.src.closed {
+		_ = o.slot.event.Destroy()
+		_ = o.slot.stream.Destroy()
+		return nil
+	}
+	o.src.streams = append(o.src.streams, o.slot)
+	return nil
+}

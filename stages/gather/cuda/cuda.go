@@ -1,0 +1,48 @@
+// Package cuda is the CUDA transfer.Gatherer: it copies scattered CUDA (or pinned host) memory into one contiguous region
+// with one kernel launch per operation, completion by a CUDA event that
+// Poll queries without blocking (see package gpucopy).
+package cuda
+
+import (
+	"github.com/bouncekv/bounce/stages/gpucopy"
+	"github.com/bouncekv/bounce/transfer"
+)
+
+// Settings configures a Gatherer.
+type Settings = gpucopy.Settings
+
+// Gatherer is the CUDA gather stage. It is safe for concurrent use.
+type Gatherer struct {
+	e *gpucopy.Engine
+}
+
+var _ transfer.Gatherer = (*Gatherer)(nil)
+
+// New validates s, loads the kernels and builds the context pool; Close
+// frees it.
+func New(s Settings) (*Gatherer, error) {
+	e, err := gpucopy.New(gpucopy.Gather, s)
+	if err != nil {
+		return nil, err
+	}
+	return &Gatherer{e: e}, nil
+}
+
+// Gather checks region and runs against the registry (CUDA memory of the
+// stage's device or pinned, device-mapped host memory) and launches one
+// kernel for all runs. A full pool is transfer.ErrBusy; bad runs are
+// transfer.ErrOutOfBounds, ErrNotRegistered or ErrUnsupported, and nothing
+// moves. The returned Op must be released once terminal.
+func (x *Gatherer) Gather(region transfer.Desc, runs []transfer.Run) (transfer.Op, error) {
+	return x.e.Submit(region, runs)
+}
+
+// MemoryKinds reports host (pinned) and CUDA memory.
+func (x *Gatherer) MemoryKinds() []transfer.MemKind { return x.e.MemoryKinds() }
+
+// Idle returns the number of copy contexts free right now.
+func (x *Gatherer) Idle() int { return x.e.Idle() }
+
+// Close waits for launched copies (bounded) and frees the pool. It is
+// idempotent.
+func (x *Gatherer) Close() error { return x.e.Close() }

@@ -1,0 +1,510 @@
+// Package gpucopy is the engine shared by the CUDA gather and scatter
+// stages: one kernel launch per operation (never one per descriptor) over a
+// bounded pool of copy contexts, each a CUDA stream, an event, a kernel
+// parameter block and a piece table.
+//
+// Submit checks the region and every run against the registry before any
+// byte moves: each registered range touched must be CUDA memory of the
+// stage's device or host memory pinned and mapped for it (cuMemHostAlloc,
+// cuMemHostRegister). It cuts the runs into pieces (package kernels),
+// encodes them into the context's pinned table, stages the table to the
+// device when the table is not read zero-copy, launches the kernel and
+// records the event. Poll queries the event and never blocks; Release
+// returns the context. The registered ranges stay pinned until the
+// operation is terminal.
+package gpucopy
+
+import (
+	"errors"
+	"fmt"
+	"math/bits"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/bouncekv/bounce/cuda"
+	"github.com/bouncekv/bounce/cuda/kernels"
+	"github.com/bouncekv/bounce/mem"
+	"github.com/bouncekv/bounce/transfer"
+)
+
+// Direction says which way a run's bytes move.
+type Direction uint8
+
+const (
+	// Gather copies each run's addresses into the region.
+	Gather Direction = iota
+	// Scatter copies the region out to each run's addresses.
+	Scatter
+)
+
+// String returns "gather" or "scatter".
+func (d Direction) String() string {
+	if d == Scatter {
+		return "scatter"
+	}
+	return "gather"
+}
+
+// Defaults and limits of Settings.
+const (
+	DefaultContexts = 8
+	MaxContexts     = 1024
+	// initialPieces is the piece capacity each context's table starts with;
+	// a larger operation grows it (a one-off allocation).
+	initialPieces = 4096
+	// closeWait bounds how long Close waits for launched work.
+	closeWait = 10 * time.Second
+)
+
+// Settings configure an Engine.
+type Settings struct {
+	// Context is the CUDA context of the device the kernels run on.
+	// Required; the engine does not release it.
+	Context *cuda.Context
+	// Registry holds the memory that regions and run addresses must lie
+	// in. Required.
+	Registry *mem.Registry
+	// Contexts bounds the operations submitted and not yet released
+	// (default DefaultContexts); beyond it Submit returns ErrBusy.
+	Contexts int
+	// ZeroCopyTable makes the kernel read its piece table straight from
+	// pinned host memory; false stages the table to device memory first
+	// (one small async copy on the same stream).
+	ZeroCopyTable bool
+	// PTX overrides the embedded kernel module (nil: kernels.PTX).
+	PTX []byte
+	// OnClose, when set, runs once at the end of Close (a factory that
+	// retained Context releases it there).
+	OnClose func() error
+}
+
+// Engine runs CUDA copies in one direction. It is safe for concurrent use.
+type Engine struct {
+	dir     Direction
+	name    string
+	cc      *cuda.Context
+	reg     *mem.Registry
+	mod     *kernels.Module
+	zero    bool
+	onClose func() error
+
+	mu     sync.Mutex
+	closed bool
+	free   []*copyCtx
+	all    []*copyCtx
+	live   map[*op]struct{}
+}
+
+type copyCtx struct {
+	stream *cuda.Stream
+	event  *cuda.Event
+	args   *cuda.Args
+	host   cuda.HostMem   // encoded piece table (pinned, device-mapped)
+	dev    cuda.DevicePtr // staged copy of the table (0 when zero-copy)
+	cap    int            // pieces the table holds
+	runs   []transfer.Run // the submitted runs, validated
+	pieces []transfer.Run
+	pins   []uint64
+}
+
+// New validates s, loads the kernels and builds the context pool.
+func New(dir Direction, s Settings) (*Engine, error) {
+	name := dir.String() + "/cuda"
+	if s.Context == nil {
+		return nil, fmt.Errorf("%s: config: Context is required", name)
+	}
+	if s.Registry == nil {
+		return nil, fmt.Errorf("%s: config: Registry is required", name)
+	}
+	n := s.Contexts
+	switch {
+	case n == 0:
+		n = DefaultContexts
+	case n < 0 || n > MaxContexts:
+		return nil, fmt.Errorf("%s: config: Contexts %d outside [1, %d]", name, s.Contexts, MaxContexts)
+	}
+	mod, err := kernels.Load(s.Context, s.PTX)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", name, err)
+	}
+	e := &Engine{dir: dir, name: name, cc: s.Context, reg: s.Registry, mod: mod, zero: s.ZeroCopyTable, onClose: s.OnClose, live: map[*op]struct{}{}}
+	for range n {
+		c, err := e.newCtx()
+		if err != nil {
+			e.destroy()
+			return nil, fmt.Errorf("%s: %w", name, err)
+		}
+		e.all = append(e.all, c)
+		e.free = append(e.free, c)
+	}
+	return e, nil
+}
+
+func (e *Engine) newCtx() (*copyCtx, error) {
+	c := &copyCtx{}
+	var err error
+	if c.stream, err = e.cc.NewStream(); err != nil {
+		return nil, err
+	}
+	if c.event, err = e.cc.NewEvent(false); err != nil {
+		_ = c.stream.Destroy()
+		return nil, err
+	}
+	if c.args, err = kernels.NewArgs(e.cc); err != nil {
+		e.freeCtx(c)
+		return nil, err
+	}
+	if err := e.grow(c, initialPieces); err != nil {
+		e.freeCtx(c)
+		return nil, err
+	}
+	return c, nil
+}
+
+// grow gives c a table of at least n pieces. c is idle.
+func (e *Engine) grow(c *copyCtx, n int) error {
+	if n <= c.cap {
+		return nil
+	}
+	n = max(n, 2*c.cap)
+	host, err := e.cc.HostAlloc(uint64(n) * kernels.PieceSize)
+	if err != nil {
+		return err
+	}
+	var dev cuda.DevicePtr
+	if !e.zero {
+		if dev, err = e.cc.MemAlloc(uint64(n) * kernels.PieceSize); err != nil {
+			_ = e.cc.HostFree(host)
+			return err
+		}
+	}
+	e.freeTable(c)
+	c.host, c.dev, c.cap = host, dev, n
+	return nil
+}
+
+func (e *Engine) freeTable(c *copyCtx) {
+	if c.host.Host != 0 {
+		_ = e.cc.HostFree(c.host)
+		c.host = cuda.HostMem{}
+	}
+	if c.dev != 0 {
+		_ = e.cc.MemFree(c.dev)
+		c.dev = 0
+	}
+	c.cap = 0
+}
+
+func (e *Engine) freeCtx(c *copyCtx) {
+	e.freeTable(c)
+	if c.args != nil {
+		_ = c.args.Free()
+	}
+	if c.event != nil {
+		_ = c.event.Destroy()
+	}
+	if c.stream != nil {
+		_ = c.stream.Destroy()
+	}
+}
+
+// MemoryKinds reports that the engine copies CUDA memory of its device
+// and host memory pinned for it.
+func (e *Engine) MemoryKinds() []transfer.MemKind {
+	return []transfer.MemKind{transfer.Host, transfer.CUDA}
+}
+
+// Idle returns the number of copy contexts free right now.
+func (e *Engine) Idle() int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return len(e.free)
+}
+
+// Submit checks region and runs and launches the copy. It never blocks on
+// the copy: ErrBusy when every context is in use, ErrClosed after Close,
+// and ErrOutOfBounds, ErrNotRegistered or ErrUnsupported (memory the
+// device cannot reach) when a run falls outside the region or the
+// registered memory, in which case nothing moves.
+func (e *Engine) Submit(region transfer.Desc, runs []transfer.Run) (transfer.Op, error) {
+	e.mu.Lock()
+	if e.closed {
+		e.mu.Unlock()
+		return nil, fmt.Errorf("%s: submit: %w", e.name, transfer.ErrClosed)
+	}
+	n := len(e.free)
+	if n == 0 {
+		e.mu.Unlock()
+		return nil, fmt.Errorf("%s: submit: all copy contexts in use: %w", e.name, transfer.ErrBusy)
+	}
+	c := e.free[n-1]
+	e.free = e.free[:n-1]
+	e.mu.Unlock()
+
+	c.runs = append(c.runs[:0], runs...)
+	c.pins = c.pins[:0]
+	if err := e.validate(c, region); err != nil {
+		e.put(c)
+		return nil, fmt.Errorf("%s: %w", e.name, err)
+	}
+	if err := e.reg.Pin(c.pins); err != nil {
+		e.put(c)
+		return nil, fmt.Errorf("%s: %w", e.name, err)
+	}
+	o := &op{e: e, c: c}
+	if err := e.launch(c, region); err != nil {
+		// Nothing was queued after a failed table copy or launch, or the
+		// stream is broken; wait for what was queued before saying so.
+		_ = c.stream.Synchronize()
+		e.reg.Unpin(c.pins)
+		e.put(c)
+		return nil, fmt.Errorf("%s: %w", e.name, err)
+	}
+	e.mu.Lock()
+	e.live[o] = struct{}{}
+	e.mu.Unlock()
+	return o, nil
+}
+
+func (e *Engine) launch(c *copyCtx, region transfer.Desc) error {
+	c.pieces = kernels.Pieces(c.pieces[:0], c.runs, kernels.PieceBytes)
+	np := len(c.pieces)
+	if err := e.grow(c, np); err != nil {
+		return fmt.Errorf("piece table of %d pieces: %w", np, err)
+	}
+	bytes := uint64(np) * kernels.PieceSize
+	if np > 0 {
+		if err := kernels.Encode(c.host.Bytes()[:bytes], c.pieces); err != nil {
+			return err
+		}
+		table := c.host.Dev
+		if !e.zero {
+			if err := c.stream.CopyHtoD(c.dev, c.host.Host, bytes); err != nil {
+				return fmt.Errorf("stage piece table: %w", err)
+			}
+			table = c.dev
+		}
+		if err := e.mod.Launch(e.dir == Gather, c.stream, c.args, cuda.DevicePtr(region.Addr), table, uint64(np)); err != nil {
+			return fmt.Errorf("launch: %w", err)
+		}
+	}
+	return c.event.Record(c.stream)
+}
+
+// validate checks the region and every run of c and records the
+// registered ranges they touch in c.pins. It touches no payload byte.
+func (e *Engine) validate(c *copyCtx, region transfer.Desc) error {
+	if region.Len == 0 {
+		return fmt.Errorf("region %v: empty: %w", region, transfer.ErrOutOfBounds)
+	}
+	rd, err := e.reg.FindKind(region.Kind, region.Device, region.Addr, region.Len)
+	if err != nil {
+		return fmt.Errorf("region %v: %w", region, err)
+	}
+	if err := e.touch(c, rd); err != nil {
+		return fmt.Errorf("region %v: %w", region, err)
+	}
+	for i, r := range c.runs {
+		if r.Len == 0 || r.Count == 0 {
+			continue
+		}
+		if hi, _ := bits.Mul64(r.Len, r.Count); hi != 0 {
+			return fmt.Errorf("run %d: %d copies of %d bytes overflow: %w", i, r.Count, r.Len, transfer.ErrOutOfBounds)
+		}
+		_, end, ok := r.RegionSpan()
+		if !ok {
+			return fmt.Errorf("run %d: region offsets overflow: %w", i, transfer.ErrOutOfBounds)
+		}
+		if end > region.Len {
+			return fmt.Errorf("run %d: region bytes up to offset %d exceed the %d-byte region: %w", i, end, region.Len, transfer.ErrOutOfBounds)
+		}
+		if err := e.checkAddrs(c, r); err != nil {
+			return fmt.Errorf("run %d: %w", i, err)
+		}
+	}
+	return nil
+}
+
+// checkAddrs proves every copy of r lies in one registered range the
+// device reaches; a strided run whose span crosses ranges is checked range
+// by range, so the cost is bounded by the number of ranges, not by Count.
+func (e *Engine) checkAddrs(c *copyCtx, r transfer.Run) error {
+	start, end, ok := r.AddrSpan()
+	if !ok {
+		return fmt.Errorf("addresses overflow (addr %#x, len %d, count %d, stride %d): %w", r.Addr, r.Len, r.Count, r.AddrStride, transfer.ErrOutOfBounds)
+	}
+	if d, err := e.reg.FindAny(start, end-start); err == nil {
+		return e.touch(c, d)
+	} else if r.Count == 1 || r.AddrStride == 0 {
+		return err
+	}
+	for k := uint64(0); k < r.Count; {
+		d, err := e.reg.FindAny(r.Addr+k*r.AddrStride, r.Len)
+		if err != nil {
+			return fmt.Errorf("copy %d: %w", k, err)
+		}
+		if err := e.touch(c, d); err != nil {
+			return err
+		}
+		k = (d.End()-r.Len-r.Addr)/r.AddrStride + 1
+	}
+	return nil
+}
+
+// touch records that the copy uses registered range d, after checking the
+// device reaches it.
+func (e *Engine) touch(c *copyCtx, d transfer.Desc) error {
+	if slices.Contains(c.pins, d.Addr) {
+		return nil
+	}
+	if err := e.reachable(d); err != nil {
+		return err
+	}
+	c.pins = append(c.pins, d.Addr)
+	return nil
+}
+
+// reachable reports why the kernel cannot touch registered range d.
+func (e *Engine) reachable(d transfer.Desc) error {
+	switch d.Kind {
+	case transfer.CUDA:
+		if int(d.Device) != e.cc.Device() {
+			return fmt.Errorf("%v is memory of device %d, the stage runs on device %d: %w", d, d.Device, e.cc.Device(), transfer.ErrUnsupported)
+		}
+		return nil
+	case transfer.Host:
+		dp, err := e.cc.HostDevicePointer(uintptr(d.Addr))
+		if err != nil {
+			return fmt.Errorf("%v is host memory not pinned for the device (cuMemHostAlloc or cuMemHostRegister it): %v: %w", d, err, transfer.ErrUnsupported)
+		}
+		if uint64(dp) != d.Addr {
+			return fmt.Errorf("%v is pinned host memory mapped at device address %#x, not its host address: %w", d, uint64(dp), transfer.ErrUnsupported)
+		}
+		return nil
+	default:
+		return fmt.Errorf("%v: unknown memory kind: %w", d, transfer.ErrUnsupported)
+	}
+}
+
+func (e *Engine) put(c *copyCtx) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.closed {
+		e.freeCtx(c)
+		return
+	}
+	e.free = append(e.free, c)
+}
+
+// Close waits (bounded) for launched copies, finishes their operations
+// (they keep their status and may still be released) and frees every idle
+// context. It is idempotent.
+func (e *Engine) Close() error {
+	e.mu.Lock()
+	if e.closed {
+		e.mu.Unlock()
+		return nil
+	}
+	e.closed = true
+	live := make([]*op, 0, len(e.live))
+	for o := range e.live {
+		live = append(live, o)
+	}
+	e.mu.Unlock()
+	var errs []error
+	deadline := time.Now().Add(closeWait)
+	for _, o := range live {
+		for {
+			s, _ := o.Poll()
+			if s.Terminal() {
+				break
+			}
+			if time.Now().After(deadline) {
+				errs = append(errs, fmt.Errorf("%s: close: a copy still runs after %v: %w", e.name, closeWait, transfer.ErrNotQuiescent))
+				break
+			}
+			time.Sleep(100 * time.Microsecond)
+		}
+	}
+	e.mu.Lock()
+	free := e.free
+	e.free = nil
+	e.mu.Unlock()
+	for _, c := range free {
+		e.freeCtx(c)
+	}
+	if len(errs) == 0 {
+		errs = append(errs, e.mod.Unload())
+		if e.onClose != nil {
+			errs = append(errs, e.onClose())
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// destroy frees the pool of a New that failed half-way.
+func (e *Engine) destroy() {
+	for _, c := range e.all {
+		e.freeCtx(c)
+	}
+	_ = e.mod.Unload()
+}
+
+// op is one launched copy.
+type op struct {
+	e *Engine
+	c *copyCtx
+
+	mu       sync.Mutex
+	state    transfer.Status
+	err      error
+	released bool
+}
+
+// Poll queries the copy's event without blocking.
+func (o *op) Poll() (transfer.Status, error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.state != transfer.Pending {
+		return o.state, o.err
+	}
+	done, err := o.c.event.Query()
+	if !done && err == nil {
+		return transfer.Pending, nil
+	}
+	if err != nil {
+		// A failed query is a sticky device error: the kernel's memory
+		// accesses cannot be proved finished.
+		o.state, o.err = transfer.Failed, fmt.Errorf("%s: %w: %w", o.e.name, err, transfer.ErrDeviceFault)
+	} else {
+		o.state = transfer.Done
+		// Failed copies keep their ranges pinned: nothing proves the
+		// device stopped touching them.
+		o.e.reg.Unpin(o.c.pins)
+	}
+	o.e.mu.Lock()
+	delete(o.e.live, o)
+	o.e.mu.Unlock()
+	return o.state, o.err
+}
+
+// Release returns the copy context once the operation is terminal.
+func (o *op) Release() error {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.state == transfer.Pending {
+		return fmt.Errorf("%s: release: copy still running: %w", o.e.name, transfer.ErrInUse)
+	}
+	if o.released {
+		return fmt.Errorf("%s: release: operation already released: %w", o.e.name, transfer.ErrClosed)
+	}
+	o.released = true
+	if o.state == transfer.Failed {
+		// The context's stream and table may still be in use by a faulted
+		// device: never reuse it.
+		return nil
+	}
+	o.e.put(o.c)
+	return nil
+}

@@ -1,0 +1,239 @@
+package gpucopy_test
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/bouncekv/bounce/cuda/cudatest"
+	"github.com/bouncekv/bounce/mem"
+	"github.com/bouncekv/bounce/mem/memtest"
+	"github.com/bouncekv/bounce/stages/gpucopy"
+	"github.com/bouncekv/bounce/transfer"
+)
+
+func TestNewNeedsAContextAndRegistry(t *testing.T) {
+	if _, err := gpucopy.New(gpucopy.Gather, gpucopy.Settings{Registry: &mem.Registry{}}); err == nil || !strings.Contains(err.Error(), "Context is required") {
+		t.Fatalf("New without Context = %v", err)
+	}
+}
+
+// wait polls op until terminal (the reactor's way: Poll never blocks).
+func wait(t *testing.T, op transfer.Op) (transfer.Status, error) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		s, err := op.Poll()
+		if s.Terminal() {
+			return s, err
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("op never became terminal")
+		}
+		time.Sleep(20 * time.Microsecond)
+	}
+}
+
+type fixture struct {
+	reg *mem.Registry
+	g   *gpucopy.Engine
+	s   *gpucopy.Engine
+}
+
+func newFixture(t *testing.T, contexts int, zero bool) (*fixture, *cudaCtx) {
+	c := cudatest.Context(t)
+	reg := &mem.Registry{}
+	set := gpucopy.Settings{Context: c, Registry: reg, Contexts: contexts, ZeroCopyTable: zero, PTX: cudatest.PTX(t)}
+	g, err := gpucopy.New(gpucopy.Gather, set)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := gpucopy.New(gpucopy.Scatter, set)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := g.Close(); err != nil {
+			t.Errorf("close gather: %v", err)
+		}
+		if err := s.Close(); err != nil {
+			t.Errorf("close scatter: %v", err)
+		}
+		if n := reg.Pinned(); n != 0 {
+			t.Errorf("%d ranges still pinned after close", n)
+		}
+	})
+	return &fixture{reg: reg, g: g, s: s}, &cudaCtx{c}
+}
+
+// TestGatherScatterByteExact runs random plans (fragmented and contiguous,
+// unaligned, sizes from 1 byte, strided) through both stages on device
+// memory and on a pinned host region, checking every byte of both sides.
+func TestGatherScatterByteExact(t *testing.T) {
+	for _, zero := range []bool{true, false} {
+		f, cc := newFixture(t, 4, zero)
+		c := cc.c
+		cases := []cudatest.PlanOptions{
+			{Runs: 1, MaxLen: 1},
+			{Runs: 1000, MaxLen: 7},
+			{Runs: 2000, MaxLen: 4096, Aligned: true},
+			{Runs: 2000, MaxLen: 4096, Aligned: true, Shuffled: true},
+			{Runs: 500, MaxLen: 20000, Shuffled: true},
+			{Runs: 300, MaxLen: 3000, Strided: true, Shuffled: true},
+			{Runs: 64, MaxLen: 1 << 20, Aligned: true},
+		}
+		for i, o := range cases {
+			for _, pinnedRegion := range []bool{false, true} {
+				p := cudatest.RandomPlan(uint64(100+i), o)
+				var region transfer.Desc
+				if pinnedRegion {
+					region, _ = cudatest.Pinned(t, c, p.RegionSize+32)
+				} else {
+					region = cudatest.Device(t, c, p.RegionSize+32)
+				}
+				pool := cudatest.Device(t, c, p.PoolSize+32)
+				for _, d := range []transfer.Desc{region, pool} {
+					if err := f.reg.Add(d); err != nil {
+						t.Fatal(err)
+					}
+				}
+				sub := transfer.Desc{Addr: region.Addr + 16, Len: p.RegionSize, Kind: region.Kind, Device: region.Device}
+				pbase := pool.Addr + uint64(i%7)
+				regionB := cudatest.Fill(t, c, region, uint64(i))
+				poolB := cudatest.Fill(t, c, pool, uint64(i)+50)
+				op, err := f.g.Submit(sub, p.At(pbase))
+				if err != nil {
+					t.Fatal(err)
+				}
+				if s, err := wait(t, op); s != transfer.Done {
+					t.Fatalf("case %d: gather %v: %v", i, s, err)
+				}
+				if err := op.Release(); err != nil {
+					t.Fatal(err)
+				}
+				p.Apply(true, regionB[16:], poolB[pbase-pool.Addr:])
+				if d := cudatest.Diff(cudatest.Read(t, c, region), regionB); d != "" {
+					t.Fatalf("case %d (zero-copy %v, pinned region %v): gather: %s", i, zero, pinnedRegion, d)
+				}
+				// Scatter fresh region bytes back out.
+				regionB = cudatest.Fill(t, c, region, uint64(i)+900)
+				op, err = f.s.Submit(sub, p.At(pbase))
+				if err != nil {
+					t.Fatal(err)
+				}
+				if s, err := wait(t, op); s != transfer.Done {
+					t.Fatalf("case %d: scatter %v: %v", i, s, err)
+				}
+				if err := op.Release(); err != nil {
+					t.Fatal(err)
+				}
+				p.Apply(false, regionB[16:], poolB[pbase-pool.Addr:])
+				if d := cudatest.Diff(cudatest.Read(t, c, pool), poolB); d != "" {
+					t.Fatalf("case %d (zero-copy %v, pinned region %v): scatter: %s", i, zero, pinnedRegion, d)
+				}
+				if n := f.reg.Pinned(); n != 0 {
+					t.Fatalf("%d pins left after release", n)
+				}
+				for _, d := range []transfer.Desc{region, pool} {
+					if err := f.reg.Remove(d); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+		}
+	}
+}
+
+func TestRefusesWhatTheDeviceCannotReach(t *testing.T) {
+	f, cc := newFixture(t, 2, true)
+	c := cc.c
+	region := cudatest.Device(t, c, 1<<20)
+	if err := f.reg.Add(region); err != nil {
+		t.Fatal(err)
+	}
+	pageable := memtest.Buffer(t, f.reg, 1<<16) // ordinary host memory, registered
+	_, err := f.g.Submit(region, []transfer.Run{{RegionOff: 0, Addr: pageable.Desc().Addr, Len: 100, Count: 1}})
+	if !errors.Is(err, transfer.ErrUnsupported) || !strings.Contains(err.Error(), "not pinned") {
+		t.Fatalf("gather from pageable host memory = %v, want ErrUnsupported naming pinning", err)
+	}
+	// Out of the region, unregistered source, overflow: nothing launched.
+	dev := cudatest.Device(t, c, 4096)
+	if _, err := f.g.Submit(region, []transfer.Run{{RegionOff: 0, Addr: dev.Addr, Len: 10, Count: 1}}); !errors.Is(err, transfer.ErrNotRegistered) {
+		t.Fatalf("unregistered source = %v", err)
+	}
+	if err := f.reg.Add(dev); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.g.Submit(region, []transfer.Run{{RegionOff: region.Len - 5, Addr: dev.Addr, Len: 10, Count: 1}}); !errors.Is(err, transfer.ErrOutOfBounds) {
+		t.Fatalf("run past the region = %v", err)
+	}
+	if _, err := f.g.Submit(region, []transfer.Run{{RegionOff: 0, Addr: dev.Addr + 4090, Len: 10, Count: 1}}); !errors.Is(err, transfer.ErrOutOfBounds) {
+		t.Fatalf("run past the source = %v", err)
+	}
+	if _, err := f.g.Submit(region, []transfer.Run{{Addr: dev.Addr, Len: 1 << 40, Count: 1 << 40}}); !errors.Is(err, transfer.ErrOutOfBounds) {
+		t.Fatalf("overflowing run = %v", err)
+	}
+	if n := f.reg.Pinned(); n != 0 {
+		t.Fatalf("refused submits left %d pins", n)
+	}
+}
+
+func TestBusyWhenThePoolIsExhausted(t *testing.T) {
+	f, cc := newFixture(t, 2, true)
+	c := cc.c
+	region := cudatest.Device(t, c, 64<<20)
+	src := cudatest.Device(t, c, 64<<20)
+	for _, d := range []transfer.Desc{region, src} {
+		if err := f.reg.Add(d); err != nil {
+			t.Fatal(err)
+		}
+	}
+	runs := []transfer.Run{{Addr: src.Addr, Len: 64 << 20, Count: 1}}
+	a, err := f.g.Submit(region, runs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := f.g.Submit(region, runs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.g.Submit(region, runs); !errors.Is(err, transfer.ErrBusy) {
+		t.Fatalf("third submit on a pool of 2 = %v, want ErrBusy", err)
+	}
+	if err := f.reg.Remove(src); !errors.Is(err, transfer.ErrInUse) {
+		// Either still pinned (copy running) or the copy already ended;
+		// only the pinned case may refuse.
+		if s, _ := a.Poll(); !s.Terminal() {
+			t.Fatalf("deregister during a copy = %v, want ErrInUse", err)
+		}
+	}
+	for _, op := range []transfer.Op{a, b} {
+		if s, err := wait(t, op); s != transfer.Done {
+			t.Fatalf("copy %v: %v", s, err)
+		}
+		if err := op.Release(); err != nil {
+			t.Fatal(err)
+		}
+		if err := op.Release(); !errors.Is(err, transfer.ErrClosed) {
+			t.Fatalf("second release = %v", err)
+		}
+	}
+	if f.g.Idle() != 2 {
+		t.Fatalf("idle = %d after release, want 2", f.g.Idle())
+	}
+}
+
+func TestSubmitAfterClose(t *testing.T) {
+	f, cc := newFixture(t, 1, false)
+	region := cudatest.Device(t, cc.c, 4096)
+	if err := f.reg.Add(region); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.g.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.g.Submit(region, nil); !errors.Is(err, transfer.ErrClosed) {
+		t.Fatalf("submit after close = %v", err)
+	}
+}

@@ -1,0 +1,5 @@
+package gpucopy_test
+
+import "github.com/bouncekv/bounce/cuda"
+
+type cudaCtx struct{ c *cuda.Context }
