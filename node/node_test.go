@@ -29,7 +29,7 @@ func testConfig(name, engine, control string) config.Config {
 	return c
 }
 
-func build(t *testing.T, cfg config.Config, f Factories) *Node {
+func build(t testing.TB, cfg config.Config, f Factories) *Node {
 	t.Helper()
 	n, err := Build(cfg, f, nil)
 	if err != nil {

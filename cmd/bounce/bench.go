@@ -464,7 +464,7 @@ func (s *session) memory(plan benchPlan, arena uint64) (benchreport.Memory, erro
 	if m.SenderPeakRSS, err = benchreport.PeakRSS(os.Getpid()); err != nil {
 		return m, err
 	}
-	if m.ReceiverPeakRSS, err = benchreport.PeakRSS(s.recv.cmd.Process.Pid); err != nil {
+	if m.ReceiverPeakRSS, err = benchreport.PeakRSS(s.recv.pid); err != nil {
 		return m, err
 	}
 	return m, nil

@@ -9,16 +9,60 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"sync"
 	"time"
+
+	"github.com/bouncekv/bounce/node"
 )
 
-// receiver is a `bounce serve --stdin-control` child process.
+// receiver is a `bounce serve --stdin-control` child process, or the same
+// command run in this process for engines whose agents meet only within
+// one process (startLocalReceiver).
 type receiver struct {
-	cmd   *exec.Cmd
 	stdin io.WriteCloser
 	lines chan []byte
 	hello hello
 	blob  []byte
+	wait  func() error // waits for the receiver to exit
+	stop  func()       // kills it
+	pid   int          // its process (this one's when in-process)
+}
+
+// inProcessEngines are the engine kinds whose agents reach each other only
+// within one process: bounce run and bench start their receiver in-process
+// for them.
+var inProcessEngines = map[string]bool{"loopback": true, "cudacopy": true}
+
+// startLocalReceiver runs serve --stdin-control with args on a goroutine
+// of this process, building its agent from f, and waits (at most timeout)
+// for its descriptor line.
+func startLocalReceiver(f node.Factories, args []string, stderr io.Writer, timeout time.Duration) (*receiver, error) {
+	cmd := newServeCmdWith(func() node.Factories { return f })
+	cmd.SetArgs(append([]string{"--stdin-control"}, args...))
+	inR, inW := io.Pipe()
+	outR, outW := io.Pipe()
+	cmd.SetIn(inR)
+	cmd.SetOut(outW)
+	cmd.SetErr(stderr)
+	cmd.SilenceUsage, cmd.SilenceErrors = true, true
+	done := make(chan error, 1)
+	go func() {
+		err := cmd.Execute()
+		if err != nil {
+			fmt.Fprintf(stderr, "in-process receiver: %v\n", err)
+		}
+		outW.Close()
+		done <- err
+	}()
+	r := &receiver{stdin: inW, lines: make(chan []byte, 4), pid: os.Getpid()}
+	var once sync.Once
+	var werr error
+	r.wait = func() error {
+		once.Do(func() { werr = <-done })
+		return werr
+	}
+	r.stop = func() { inW.Close(); _ = r.wait() }
+	return r, r.start(outR, timeout)
 }
 
 // startReceiver starts this executable as a serve child with args and waits
@@ -41,7 +85,13 @@ func startReceiver(args []string, stderr io.Writer, timeout time.Duration) (*rec
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start receiver: %w", err)
 	}
-	r := &receiver{cmd: cmd, stdin: stdin, lines: make(chan []byte, 4)}
+	r := &receiver{stdin: stdin, lines: make(chan []byte, 4), wait: cmd.Wait, pid: cmd.Process.Pid}
+	r.stop = func() { cmd.Process.Kill(); cmd.Wait() }
+	return r, r.start(stdout, timeout)
+}
+
+// start reads the receiver's output lines and waits for its descriptor.
+func (r *receiver) start(stdout io.Reader, timeout time.Duration) error {
 	go func() {
 		defer close(r.lines)
 		sc := bufio.NewScanner(stdout)
@@ -53,17 +103,17 @@ func startReceiver(args []string, stderr io.Writer, timeout time.Duration) (*rec
 	line, err := r.next(timeout)
 	if err != nil {
 		r.kill()
-		return nil, fmt.Errorf("receiver did not publish its descriptor: %w", err)
+		return fmt.Errorf("receiver did not publish its descriptor: %w", err)
 	}
 	if err := json.Unmarshal(line, &r.hello); err != nil {
 		r.kill()
-		return nil, fmt.Errorf("receiver descriptor line %q: %w", line, err)
+		return fmt.Errorf("receiver descriptor line %q: %w", line, err)
 	}
 	if r.blob, err = base64.StdEncoding.DecodeString(r.hello.Descriptor); err != nil {
 		r.kill()
-		return nil, fmt.Errorf("receiver descriptor: %w", err)
+		return fmt.Errorf("receiver descriptor: %w", err)
 	}
-	return r, nil
+	return nil
 }
 
 func (r *receiver) next(timeout time.Duration) ([]byte, error) {
@@ -103,18 +153,15 @@ func (r *receiver) close() error {
 	_, _ = r.call(command{Op: "quit"}, 5*time.Second)
 	r.stdin.Close()
 	done := make(chan error, 1)
-	go func() { done <- r.cmd.Wait() }()
+	go func() { done <- r.wait() }()
 	select {
 	case err := <-done:
 		return err
 	case <-time.After(15 * time.Second):
-		r.cmd.Process.Kill()
+		r.stop()
 		<-done
 		return errors.New("receiver did not exit; killed")
 	}
 }
 
-func (r *receiver) kill() {
-	r.cmd.Process.Kill()
-	r.cmd.Wait()
-}
+func (r *receiver) kill() { r.stop() }

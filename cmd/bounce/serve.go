@@ -52,7 +52,11 @@ type reply struct {
 	Verified int `json:"verified,omitempty"`
 }
 
-func newServeCmd() *cobra.Command {
+func newServeCmd() *cobra.Command { return newServeCmdWith(factories) }
+
+// newServeCmdWith is serve building its agent from fs (bounce run shares
+// its table with an in-process receiver, so in-process engines meet).
+func newServeCmdWith(fs func() node.Factories) *cobra.Command {
 	var bufSize string
 	var out string
 	var stdinControl bool
@@ -93,7 +97,7 @@ With --stdin-control it reads JSON commands from stdin instead (used by
 				return usage(fmt.Errorf("--buffer-size %q: a positive byte size like 512MiB", bufSize))
 			}
 			log := logger(cmd)
-			n, err := node.Build(l.Config, factories(), log)
+			n, err := node.Build(l.Config, fs(), log)
 			if err != nil {
 				return usage(err)
 			}

@@ -27,7 +27,15 @@ type session struct {
 // startSession starts the receiver child and the sender node and introduces
 // them to each other.
 func startSession(cmd *cobra.Command, cfg config.Config, childArgs []string, capacity uint64) (*session, error) {
-	recv, err := startReceiver(childArgs, cmd.ErrOrStderr(), 60*time.Second)
+	f := factories()
+	var recv *receiver
+	var err error
+	if inProcessEngines[cfg.Engine.Kind] {
+		fmt.Fprintf(cmd.ErrOrStderr(), "engine %s connects agents of one process only: the receiver runs in this process\n", cfg.Engine.Kind)
+		recv, err = startLocalReceiver(f, childArgs, cmd.ErrOrStderr(), 60*time.Second)
+	} else {
+		recv, err = startReceiver(childArgs, cmd.ErrOrStderr(), 60*time.Second)
+	}
 	if err != nil {
 		return nil, runtime(err)
 	}
@@ -36,7 +44,7 @@ func startSession(cmd *cobra.Command, cfg config.Config, childArgs []string, cap
 		s.close()
 		return nil, wrap(err)
 	}
-	if s.n, err = node.Build(cfg, factories(), logger(cmd)); err != nil {
+	if s.n, err = node.Build(cfg, f, logger(cmd)); err != nil {
 		return fail(usage, err)
 	}
 	if _, err := s.n.Agent.LoadPeer(recv.blob); err != nil {
