@@ -92,7 +92,7 @@ type symbols struct {
 	memcpyDtoDAsync, memcpyPeerAsync, memcpyBatchAsync, memGetAddressRange uintptr
 	memcpyAsync                                                            uintptr
 	moduleLoadDataEx, moduleUnload, moduleGetFunction, launchKernel        uintptr
-	pointerGetAttribute                                                    uintptr
+	pointerGetAttribute, occupancy                                         uintptr
 }
 
 // Open loads the driver library at path (LibName when empty), resolves the
@@ -135,6 +135,7 @@ func Open(path string) (*Driver, error) {
 		{&f.moduleLoadDataEx, "cuModuleLoadDataEx"}, {&f.moduleUnload, "cuModuleUnload"},
 		{&f.moduleGetFunction, "cuModuleGetFunction"}, {&f.launchKernel, "cuLaunchKernel"},
 		{&f.pointerGetAttribute, "cuPointerGetAttribute"},
+		{&f.occupancy, "cuOccupancyMaxActiveBlocksPerMultiprocessor"},
 	}
 	for _, s := range required {
 		p, err := purego.Dlsym(h, s.name)

@@ -70,6 +70,16 @@ type Function struct {
 // Name returns the kernel's name.
 func (f *Function) Name() string { return f.name }
 
+// ActiveBlocks returns how many blocks of blockSize threads (and no
+// dynamic shared memory) one multiprocessor holds at once.
+func (f *Function) ActiveBlocks(blockSize int) (int, error) {
+	var n int32
+	if err := f.c.call("cuOccupancyMaxActiveBlocksPerMultiprocessor", f.c.d.fn.occupancy, uintptr(unsafe.Pointer(&n)), f.h, uintptr(blockSize), 0); err != nil {
+		return 0, err
+	}
+	return int(n), nil
+}
+
 // Dim3 is a grid or block shape.
 type Dim3 struct{ X, Y, Z uint32 }
 

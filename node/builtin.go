@@ -72,8 +72,12 @@ func (f *CUDACopyFactory) CreateEngine(s Settings, cfg config.EngineConfig) (tra
 	return f.Fabric.NewEngine(c)
 }
 
-// CUDAGatherFactory creates CUDA gather stages on stages.device.
-type CUDAGatherFactory struct{ Lib *cuda.Lib }
+// CUDAGatherFactory creates CUDA gather stages on stages.device from the
+// embedded kernels (or PTX, when set).
+type CUDAGatherFactory struct {
+	Lib *cuda.Lib
+	PTX []byte
+}
 
 // Type returns "cuda".
 func (CUDAGatherFactory) Type() string { return "cuda" }
@@ -82,7 +86,7 @@ func (CUDAGatherFactory) Type() string { return "cuda" }
 // piece table zero-copy when bounce.zero_copy_args. Without a GPU the error
 // wraps cuda.ErrUnavailable.
 func (f CUDAGatherFactory) CreateGatherer(s Settings, cfg config.BounceConfig) (transfer.Gatherer, error) {
-	gs, err := cudaStage(f.Lib, s, cfg)
+	gs, err := cudaStage(f.Lib, f.PTX, s, cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -94,15 +98,19 @@ func (f CUDAGatherFactory) CreateGatherer(s Settings, cfg config.BounceConfig) (
 	return g, nil
 }
 
-// CUDAScatterFactory creates CUDA scatter stages on stages.device.
-type CUDAScatterFactory struct{ Lib *cuda.Lib }
+// CUDAScatterFactory creates CUDA scatter stages on stages.device from the
+// embedded kernels (or PTX, when set).
+type CUDAScatterFactory struct {
+	Lib *cuda.Lib
+	PTX []byte
+}
 
 // Type returns "cuda".
 func (CUDAScatterFactory) Type() string { return "cuda" }
 
 // CreateScatterer is CreateGatherer's twin.
 func (f CUDAScatterFactory) CreateScatterer(s Settings, cfg config.BounceConfig) (transfer.Scatterer, error) {
-	gs, err := cudaStage(f.Lib, s, cfg)
+	gs, err := cudaStage(f.Lib, f.PTX, s, cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -116,7 +124,7 @@ func (f CUDAScatterFactory) CreateScatterer(s Settings, cfg config.BounceConfig)
 
 // cudaStage opens the driver and retains the device's primary context for
 // one stage, which releases it on Close.
-func cudaStage(lib *cuda.Lib, s Settings, cfg config.BounceConfig) (gpucopy.Settings, error) {
+func cudaStage(lib *cuda.Lib, ptx []byte, s Settings, cfg config.BounceConfig) (gpucopy.Settings, error) {
 	if lib == nil {
 		return gpucopy.Settings{}, fmt.Errorf("cuda stage: no driver: %w", cuda.ErrUnavailable)
 	}
@@ -128,7 +136,7 @@ func cudaStage(lib *cuda.Lib, s Settings, cfg config.BounceConfig) (gpucopy.Sett
 	if err != nil {
 		return gpucopy.Settings{}, err
 	}
-	return gpucopy.Settings{Context: c, Registry: s.Registry, Contexts: cfg.CopyContexts, ZeroCopyTable: cfg.ZeroCopyArgs, OnClose: c.Release}, nil
+	return gpucopy.Settings{Context: c, Registry: s.Registry, Contexts: cfg.CopyContexts, ZeroCopyTable: cfg.ZeroCopyArgs, PTX: ptx, OnClose: c.Release}, nil
 }
 
 // LoopbackFactory creates in-process engines on one fabric.

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/bouncekv/bounce/config"
 	"github.com/bouncekv/bounce/cuda"
 	"github.com/bouncekv/bounce/cuda/cudatest"
 	"github.com/bouncekv/bounce/pipeline"
@@ -25,7 +26,7 @@ import (
 //	go test -run '^$' -bench GPUPipeline -benchtime 5x ./node/
 func BenchmarkGPUPipeline(b *testing.B) {
 	c := cudatest.Context(b)
-	f := Builtin()
+	f := gpuFactories(b)
 	cfg := func(name, batch string) *Node {
 		cf := gpuConfig(name)
 		cf.Bounce.ArenaSize, cf.Bounce.MaxChunk, cf.Bounce.MinDescriptors = 256<<20, 8<<20, 1024
@@ -155,5 +156,44 @@ func connectTB(tb testing.TB, a, b *Node) {
 	}
 	if _, err := a.Agent.LoadPeer(blob); err != nil {
 		tb.Fatal(err)
+	}
+}
+
+// BenchmarkGPUBounce is the bounce route of BenchmarkGPUPipeline alone
+// (81,920 × 4 KiB fragmented), for CPU profiles of the pipeline's host
+// side:
+//
+//	go test -run '^$' -bench GPUBounce -benchtime 20x -cpuprofile cpu.prof ./node/
+func BenchmarkGPUBounce(b *testing.B) {
+	c := cudatest.Context(b)
+	f := gpuFactories(b)
+	cfg := func(name string) config.Config {
+		c := gpuConfig(name)
+		c.Bounce.ArenaSize, c.Bounce.MaxChunk = 256<<20, 8<<20
+		return c
+	}
+	a, bn := build(b, cfg("a"), f), build(b, cfg("b"), f)
+	connectTB(b, a, bn)
+	connectTB(b, bn, a)
+	spec := workload.Spec{DescSize: 4096, Count: 81920, Fragmented: true, Seed: 5}
+	src := cudatest.Device(b, c, spec.Bytes())
+	dst := cudatest.Device(b, c, spec.Bytes())
+	if err := a.Agent.RegisterMemory(src); err != nil {
+		b.Fatal(err)
+	}
+	if err := bn.Agent.RegisterMemory(dst); err != nil {
+		b.Fatal(err)
+	}
+	sd, dd := spec.Descs(src, dst)
+	req := pipeline.Request{Peer: "b", Src: sd, Dst: dd, Route: pipeline.RouteBounce}
+	if _, err := move(a, req); err != nil {
+		b.Fatal(err)
+	}
+	b.SetBytes(int64(spec.Bytes()))
+	b.ResetTimer()
+	for range b.N {
+		if _, err := move(a, req); err != nil {
+			b.Fatal(err)
+		}
 	}
 }

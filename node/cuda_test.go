@@ -28,6 +28,15 @@ func noGPU() Factories {
 	return f
 }
 
+// TestWithPluginsKeepsTheCUDADriver: the CLI's table (Builtin plus the
+// plugin kinds) still has the driver device and pinned-host arenas use.
+func TestWithPluginsKeepsTheCUDADriver(t *testing.T) {
+	f := Builtin()
+	if got := WithPlugins(f, "").CUDA; got == nil || got != f.CUDA {
+		t.Fatalf("WithPlugins dropped Factories.CUDA (%v, want %v)", got, f.CUDA)
+	}
+}
+
 func cudaStagesConfig(name string) config.Config {
 	c := testConfig(name, "loopback", "inproc")
 	c.Stages.Gather, c.Stages.Scatter = "cuda", "cuda"
@@ -128,6 +137,16 @@ func connect(t *testing.T, a, b *Node) {
 	}
 }
 
+// gpuFactories is Builtin with the cuda stages loading the PTX the test
+// run names (cudatest.PTXEnv), if any.
+func gpuFactories(tb testing.TB) Factories {
+	f := Builtin()
+	ptx := cudatest.PTX(tb)
+	f.Gatherers["cuda"] = CUDAGatherFactory{Lib: f.CUDA, PTX: ptx}
+	f.Scatterers["cuda"] = CUDAScatterFactory{Lib: f.CUDA, PTX: ptx}
+	return f
+}
+
 func gpuConfig(name string) config.Config {
 	c := testConfig(name, "cudacopy", "inproc")
 	c.Stages.Gather, c.Stages.Scatter = "cuda", "cuda"
@@ -143,7 +162,7 @@ func gpuConfig(name string) config.Config {
 func TestGPUPipelineByteExact(t *testing.T) {
 	c := cudatest.Context(t)
 	for _, zero := range []bool{true, false} {
-		f := Builtin()
+		f := gpuFactories(t)
 		ca, cb := gpuConfig("a"), gpuConfig("b")
 		ca.Bounce.ZeroCopyArgs, cb.Bounce.ZeroCopyArgs = zero, zero
 		a, b := build(t, ca, f), build(t, cb, f)

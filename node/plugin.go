@@ -20,6 +20,7 @@ func WithPlugins(f Factories, path string) Factories {
 		Controls:   maps.Clone(f.Controls),
 		Gatherers:  maps.Clone(f.Gatherers),
 		Scatterers: maps.Clone(f.Scatterers),
+		CUDA:       f.CUDA,
 	}
 	if out.Engines == nil {
 		out.Engines = map[string]EngineFactory{}

@@ -101,14 +101,13 @@ func Encode(buf []byte, pieces []transfer.Run) error {
 // BlockThreads is the launch's block size: eight warps.
 const BlockThreads = 256
 
-// Grid returns the number of blocks for n pieces on a device of sms
-// multiprocessors: one warp per piece, at most eight blocks (64 warps) per
-// multiprocessor, the rest taken grid-stride.
-func Grid(n uint64, sms int) uint32 {
+// Grid returns the number of blocks for n pieces when the device holds
+// wave blocks at once: one warp per piece, at most one wave (more pieces
+// are taken grid-stride, so no block waits for a second wave).
+func Grid(n uint64, wave int) uint32 {
 	warps := uint64(BlockThreads / 32)
 	blocks := (n + warps - 1) / warps
-	limit := uint64(max(sms, 1)) * 8
-	return uint32(max(1, min(blocks, limit)))
+	return uint32(max(1, min(blocks, uint64(max(wave, 1)))))
 }
 
 // Module is the kernel module loaded in one context.
@@ -116,7 +115,7 @@ type Module struct {
 	mod     *cuda.Module
 	gather  *cuda.Function
 	scatter *cuda.Function
-	sms     int
+	wave    int // blocks resident at once on the whole device
 }
 
 // Load JIT-compiles ptx (PTX when nil) in c.
@@ -132,14 +131,19 @@ func Load(c *cuda.Context, ptx []byte) (*Module, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kernels: load module: %w", err)
 	}
-	m := &Module{mod: mod, sms: sms}
+	m := &Module{mod: mod}
 	if m.gather, err = mod.Function(GatherKernel); err == nil {
 		m.scatter, err = mod.Function(ScatterKernel)
+	}
+	var per int
+	if err == nil {
+		per, err = m.gather.ActiveBlocks(BlockThreads)
 	}
 	if err != nil {
 		_ = mod.Unload()
 		return nil, err
 	}
+	m.wave = sms * max(per, 1)
 	return m, nil
 }
 
@@ -161,8 +165,12 @@ func (m *Module) Launch(gather bool, s *cuda.Stream, args *cuda.Args, region, ta
 	args.SetU64(0, uint64(region))
 	args.SetU64(1, uint64(table))
 	args.SetU64(2, n)
-	return f.Launch(s, cuda.Dim3{X: Grid(n, m.sms), Y: 1, Z: 1}, cuda.Dim3{X: BlockThreads, Y: 1, Z: 1}, 0, args)
+	return f.Launch(s, cuda.Dim3{X: Grid(n, m.wave), Y: 1, Z: 1}, cuda.Dim3{X: BlockThreads, Y: 1, Z: 1}, 0, args)
 }
+
+// Wave returns the blocks the device holds at once (the launch's largest
+// grid).
+func (m *Module) Wave() int { return m.wave }
 
 // Unload unloads the module.
 func (m *Module) Unload() error { return m.mod.Unload() }

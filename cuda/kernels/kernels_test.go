@@ -76,11 +76,11 @@ func TestEncodeLayout(t *testing.T) {
 func TestGrid(t *testing.T) {
 	for _, c := range []struct {
 		n    uint64
-		sms  int
+		wave int
 		want uint32
-	}{{0, 132, 1}, {1, 132, 1}, {8, 132, 1}, {9, 132, 2}, {100000, 132, 132 * 8}, {5, 0, 1}} {
-		if got := kernels.Grid(c.n, c.sms); got != c.want {
-			t.Errorf("Grid(%d, %d) = %d, want %d", c.n, c.sms, got, c.want)
+	}{{0, 528, 1}, {1, 528, 1}, {8, 528, 1}, {9, 528, 2}, {100000, 528, 528}, {5, 0, 1}} {
+		if got := kernels.Grid(c.n, c.wave); got != c.want {
+			t.Errorf("Grid(%d, %d) = %d, want %d", c.n, c.wave, got, c.want)
 		}
 	}
 }

@@ -106,6 +106,7 @@ type copyCtx struct {
 	runs   []transfer.Run // the submitted runs, validated
 	pieces []transfer.Run
 	pins   []uint64
+	last   transfer.Desc // the registered range the previous run lay in
 }
 
 // New validates s, loads the kernels and builds the context pool.
@@ -244,6 +245,7 @@ func (e *Engine) Submit(region transfer.Desc, runs []transfer.Run) (transfer.Op,
 
 	c.runs = append(c.runs[:0], runs...)
 	c.pins = c.pins[:0]
+	c.last = transfer.Desc{}
 	if err := e.validate(c, region); err != nil {
 		e.put(c)
 		return nil, fmt.Errorf("%s: %w", e.name, err)
@@ -334,6 +336,9 @@ func (e *Engine) checkAddrs(c *copyCtx, r transfer.Run) error {
 	if !ok {
 		return fmt.Errorf("addresses overflow (addr %#x, len %d, count %d, stride %d): %w", r.Addr, r.Len, r.Count, r.AddrStride, transfer.ErrOutOfBounds)
 	}
+	if c.last.Len != 0 && c.last.Contains(start, end-start) {
+		return nil // the common case: the same range as the previous run
+	}
 	if d, err := e.reg.FindAny(start, end-start); err == nil {
 		return e.touch(c, d)
 	} else if r.Count == 1 || r.AddrStride == 0 {
@@ -356,12 +361,14 @@ func (e *Engine) checkAddrs(c *copyCtx, r transfer.Run) error {
 // device reaches it.
 func (e *Engine) touch(c *copyCtx, d transfer.Desc) error {
 	if slices.Contains(c.pins, d.Addr) {
+		c.last = d
 		return nil
 	}
 	if err := e.reachable(d); err != nil {
 		return err
 	}
 	c.pins = append(c.pins, d.Addr)
+	c.last = d
 	return nil
 }
 
