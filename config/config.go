@@ -162,9 +162,10 @@ type BounceConfig struct {
 	// EagerGather gathers before the GRANT arrives (bounce.eager_gather,
 	// default true).
 	EagerGather bool
-	// ZeroCopyArgs lets GPU stages read their plan from pinned host memory
-	// (bounce.zero_copy_args, default true); false stages it to the device
-	// before each launch.
+	// ZeroCopyArgs lets GPU stages read their plan (the piece table) from
+	// pinned host memory (bounce.zero_copy_args, default false: staged to
+	// the device before each launch, which measured faster at every block
+	// size on the H200; docs/BENCHMARKS.md).
 	ZeroCopyArgs bool
 	// ArenaMemory is where the arena lives (bounce.arena_memory): device
 	// (cuMemAlloc on stages.device), pinned-host (page-locked and mapped for
@@ -288,7 +289,7 @@ func Default() Config {
 			MaxAvgDescriptor: 16 * KiB,
 			RequestTimeout:   30 * time.Second,
 			EagerGather:      true,
-			ZeroCopyArgs:     true,
+			ZeroCopyArgs:     false,
 			ArenaMemory:      "auto",
 		},
 		Engine: EngineConfig{Kind: "tcp", Listen: "127.0.0.1:0", Connections: 4},

@@ -147,7 +147,7 @@ func TestDefaults(t *testing.T) {
 	b := d.Bounce
 	if !b.Enabled || b.ArenaSize != 256*MiB || b.Granularity != MiB || b.MaxChunk != 8*MiB || b.MinChunk != 0 || b.MaxInflight != 8 ||
 		b.CopyContexts != 8 || b.ScatterWorkers != 4 || b.MinDescriptors != 1024 || b.MaxAvgDescriptor != 16*KiB ||
-		b.RequestTimeout != 30*time.Second || !b.EagerGather || !b.ZeroCopyArgs || b.DisableMerging {
+		b.RequestTimeout != 30*time.Second || !b.EagerGather || b.ZeroCopyArgs || b.DisableMerging {
 		t.Fatalf("bounce defaults: %+v", b)
 	}
 	if d.Engine.Kind != "tcp" || d.Engine.Connections != 4 || d.ControlPlane.Kind != "zmq" || d.ControlPlane.SendHWM != 1000 ||

@@ -154,6 +154,19 @@ func gpuConfig(name string) config.Config {
 	return c
 }
 
+// TestGPUStagesOnHostBuffers: cuda stages with device arenas serve host
+// buffers too (cudacopy page-locks them on registration, the kernels reach
+// them over PCIe) — what bounce run does with --stages.gather cuda.
+func TestGPUStagesOnHostBuffers(t *testing.T) {
+	cudatest.Context(t)
+	f := gpuFactories(t)
+	a, b := build(t, gpuConfig("a"), f), build(t, gpuConfig("b"), f)
+	if a.ArenaMemory != "device" {
+		t.Fatalf("arena memory %q, want device", a.ArenaMemory)
+	}
+	moveAndVerify(t, a, b, pipeline.RouteBounce)
+}
+
 // TestGPUPipelineByteExact moves random plans between device buffers of
 // two agents in one process (gather kernel → cudacopy write → scatter
 // kernel, device arenas): fragmented and contiguous, unaligned, sizes from

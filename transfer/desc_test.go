@@ -1,8 +1,10 @@
 package transfer
 
 import (
+	"errors"
 	"math"
 	"math/big"
+	"strings"
 	"testing"
 
 	"pgregory.net/rapid"
@@ -54,5 +56,26 @@ func TestContains(t *testing.T) {
 	}
 	if Done.String() != "done" || !Failed.Terminal() || Pending.Terminal() {
 		t.Fatal("status helpers")
+	}
+}
+
+type cudaOnly struct{}
+
+func (cudaOnly) MemoryKinds() []MemKind { return []MemKind{CUDA} }
+
+func TestHandlesAndCheckKinds(t *testing.T) {
+	if !Handles(struct{}{}, Host) || Handles(struct{}{}, CUDA) {
+		t.Fatal("an implementation without MemoryKinds must handle host memory only")
+	}
+	if Handles(cudaOnly{}, Host) || !Handles(cudaOnly{}, CUDA) {
+		t.Fatal("declared kinds ignored")
+	}
+	ds := []Desc{{Addr: 1, Len: 1, Kind: CUDA}, {Addr: 2, Len: 1, Kind: Host}}
+	err := CheckKinds(cudaOnly{}, "the stage", ds)
+	if !errors.Is(err, ErrUnsupported) || !strings.Contains(err.Error(), "descriptor 1") || !strings.Contains(err.Error(), "host memory") {
+		t.Fatalf("CheckKinds = %v, want ErrUnsupported naming descriptor 1 and host memory", err)
+	}
+	if err := CheckKinds(struct{}{}, "x", ds[1:]); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -242,8 +242,16 @@ func Handles(x any, k MemKind) bool {
 // descriptor of ds whose memory kind x cannot touch; what names x in the
 // message.
 func CheckKinds(x any, what string, ds []Desc) error {
+	var ok [256]bool // by MemKind, resolved once: this runs per descriptor
+	if mk, has := x.(MemoryKinder); has {
+		for _, k := range mk.MemoryKinds() {
+			ok[k] = true
+		}
+	} else {
+		ok[Host] = true
+	}
 	for i, d := range ds {
-		if !Handles(x, d.Kind) {
+		if !ok[d.Kind] {
 			return fmt.Errorf("%s cannot touch %s memory (descriptor %d %v): %w", what, d.Kind, i, d, ErrUnsupported)
 		}
 	}

@@ -359,7 +359,8 @@ func waitOps(ops []*writeOp) error {
 // source must lie in memory registered here and each destination in
 // memory the peer registered, else ErrNotRegistered or ErrOutOfBounds (and
 // ErrUnsupported for a memory kind the engine cannot touch) and nothing is
-// queued. More than MaxStreams operations in flight is ErrBusy.
+// queued. The copy follows the registered memory's kind, whatever kind
+// the descriptor names. More than MaxStreams operations in flight is ErrBusy.
 func (e *Engine) PostWrite(peerName string, ops []transfer.WriteOp) (transfer.Op, error) {
 	ctx := func(format string, args ...any) string {
 		return fmt.Sprintf("cudacopy %s: post write to %q: ", e.name, peerName) + fmt.Sprintf(format, args...)
@@ -389,13 +390,23 @@ func (e *Engine) PostWrite(peerName string, ops []transfer.WriteOp) (transfer.Op
 	if t.closed {
 		return nil, fmt.Errorf("%s: %w", ctx("peer closed"), transfer.ErrPeerLost)
 	}
-	for i, w := range own {
-		if _, err := e.reg.FindKind(w.Src.Kind, w.Src.Device, w.Src.Addr, w.Src.Len); err != nil {
+	// The registrations, not the descriptors' kinds, say what memory an
+	// address is: both engines live in this process, so the peer's
+	// registry is authoritative (a sender does not learn the kind of the
+	// peer's arena from a GRANT). Every range found is one this engine
+	// handles, on a device it reaches.
+	for i := range own {
+		w := &own[i]
+		sd, err := e.reg.FindAny(w.Src.Addr, w.Src.Len)
+		if err != nil {
 			return nil, fmt.Errorf("%s: %w", ctx("write %d source", i), err)
 		}
-		if _, err := t.reg.FindKind(w.Dst.Kind, w.Dst.Device, w.Dst.Addr, w.Dst.Len); err != nil {
+		dd, err := t.reg.FindAny(w.Dst.Addr, w.Dst.Len)
+		if err != nil {
 			return nil, fmt.Errorf("%s: %w", ctx("write %d destination not registered by the peer", i), err)
 		}
+		w.Src.Kind, w.Src.Device = sd.Kind, sd.Device
+		w.Dst.Kind, w.Dst.Device = dd.Kind, dd.Device
 	}
 	s, err := e.slotLocked()
 	if err != nil {

@@ -120,11 +120,24 @@ func TestRefusesUnregisteredAndForeignMemory(t *testing.T) {
 	if err := b.RegisterMemory(dst); err != nil {
 		t.Fatal(err)
 	}
-	// A descriptor that claims host memory at a device address is refused.
+	// A descriptor that names host memory at a device address (as the
+	// pipeline does for a peer's device arena, whose kind no GRANT
+	// carries) is copied as the device memory the peer registered.
+	want := cudatest.Fill(t, c, src, 9)
 	lie := w
 	lie.Dst.Kind = transfer.Host
-	if _, err := a.PostWrite("b", []transfer.WriteOp{lie}); !errors.Is(err, transfer.ErrUnsupported) {
-		t.Fatalf("host-kind descriptor over device memory = %v, want ErrUnsupported", err)
+	op, err := a.PostWrite("b", []transfer.WriteOp{lie})
+	if err != nil {
+		t.Fatalf("host-kind descriptor over registered device memory = %v", err)
+	}
+	if s, err := wait(t, op); s != transfer.Done {
+		t.Fatalf("write %v: %v", s, err)
+	}
+	if err := op.Release(); err != nil {
+		t.Fatal(err)
+	}
+	if d := cudatest.Diff(cudatest.Read(t, c, dst)[:100], want[:100]); d != "" {
+		t.Fatalf("copy by registered kind: %s", d)
 	}
 	past := w
 	past.Dst.Addr = dst.Addr + 4000
