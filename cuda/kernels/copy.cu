@@ -2,13 +2,32 @@
 // this file to copy.ptx (committed; builds embed it, no CUDA toolkit
 // needed). The host side (kernels.go) cuts a chunk's runs into pieces of at
 // most a few KiB; one warp copies one piece at a time (grid-stride over the
-// piece table), so one launch serves a whole chunk whatever its shape.
+// piece table, one wave of resident blocks), so one launch serves a whole
+// chunk whatever its shape. Pieces must not overlap each other's
+// destinations or sources (the pipeline's plans never do).
 //
 // A piece is transfer.Run's layout: count copies of len bytes, copy k
 // between region + region_off + k*region_stride and addr + k*addr_stride.
 // The table is read either from device memory (staged) or straight from
 // pinned host memory (zero-copy): the kernel only sees a pointer.
 #include <stdint.h>
+
+// Tuning knobs (nvcc -D...), defaults as committed: the fewest resident
+// blocks of 256 threads per multiprocessor the register budget must allow,
+// the vector path's accesses in flight per lane, and whether runs of four
+// small pieces are copied with their loads batched. The defaults were the
+// fastest of seven variants on the H200 (docs/BENCHMARKS.md): capping
+// registers harder spills, and spilling costs more than the lost
+// occupancy.
+#ifndef BOUNCE_MIN_BLOCKS
+#define BOUNCE_MIN_BLOCKS 2
+#endif
+#ifndef BOUNCE_UNROLL
+#define BOUNCE_UNROLL 8
+#endif
+#ifndef BOUNCE_SMALL4
+#define BOUNCE_SMALL4 1
+#endif
 
 struct Piece {
     uint64_t region_off;
@@ -20,8 +39,9 @@ struct Piece {
 };
 
 // copy_vec copies n bytes with T-sized accesses: a byte head up to dst's
-// T alignment, the aligned middle four accesses per lane at a time, a
-// byte tail. Requires (dst ^ src) % sizeof(T) == 0.
+// T alignment, the aligned middle eight accesses per lane at a time (a
+// 4 KiB block in one round of loads for uint4), a byte tail. Requires
+// (dst ^ src) % sizeof(T) == 0.
 template <typename T>
 __device__ __forceinline__ void copy_vec(uint8_t* dst, const uint8_t* src, uint64_t n, unsigned lane) {
     const uint64_t A = sizeof(T);
@@ -35,6 +55,15 @@ __device__ __forceinline__ void copy_vec(uint8_t* dst, const uint8_t* src, uint6
     T* d = reinterpret_cast<T*>(dst);
     const T* s = reinterpret_cast<const T*>(src);
     uint64_t i = lane;
+#if BOUNCE_UNROLL >= 8
+    for (; i + 224 < nv; i += 256) {
+        T v[8];
+#pragma unroll
+        for (int u = 0; u < 8; ++u) v[u] = s[i + 32 * u];
+#pragma unroll
+        for (int u = 0; u < 8; ++u) d[i + 32 * u] = v[u];
+    }
+#endif
     for (; i + 96 < nv; i += 128) {
         T a = s[i], b = s[i + 32], c = s[i + 64], e = s[i + 96];
         d[i] = a;
@@ -68,31 +97,99 @@ __device__ __forceinline__ void copy_bytes(uint8_t* dst, const uint8_t* src, uin
     }
 }
 
+__device__ __forceinline__ Piece shfl_piece(const Piece& p, unsigned j) {
+    const unsigned full = 0xffffffffu;
+    Piece q;
+    q.region_off = __shfl_sync(full, (unsigned long long)p.region_off, j);
+    q.addr = __shfl_sync(full, (unsigned long long)p.addr, j);
+    q.len = __shfl_sync(full, (unsigned long long)p.len, j);
+    q.count = __shfl_sync(full, (unsigned long long)p.count, j);
+    q.region_stride = __shfl_sync(full, (unsigned long long)p.region_stride, j);
+    q.addr_stride = __shfl_sync(full, (unsigned long long)p.addr_stride, j);
+    return q;
+}
+
+// small reports whether piece q is one copy of at most 512 bytes, 16-byte
+// aligned on both sides: one uint4 per lane at most.
+__device__ __forceinline__ bool small(const uint8_t* region, const Piece& q) {
+    return q.count == 1 && q.len <= 512 && ((q.len | (uintptr_t)(region + q.region_off) | q.addr) & 15) == 0;
+}
+
 template <bool GATHER>
-__device__ __forceinline__ void run_pieces(uint8_t* region, const Piece* pieces, uint64_t n) {
+__device__ __forceinline__ void copy_piece(uint8_t* region, const Piece& p, unsigned lane) {
+    for (uint64_t k = 0; k < p.count; ++k) {
+        uint8_t* r = region + p.region_off + k * p.region_stride;
+        uint8_t* a = reinterpret_cast<uint8_t*>(p.addr + k * p.addr_stride);
+        if (GATHER) {
+            copy_bytes(r, a, p.len, lane);
+        } else {
+            copy_bytes(a, r, p.len, lane);
+        }
+    }
+}
+
+// run_pieces: warp w copies pieces w, w+W, w+2W, ... (W warps in the grid).
+// Each lane loads one of the warp's next 32 pieces, so the table is read
+// 32 pieces per round trip, then the warp takes them one by one, broadcast
+// by shuffles. Runs of four small aligned pieces are copied with all four
+// loads in flight before the stores.
+template <bool GATHER>
+__device__ __forceinline__ void run_pieces(uint8_t* region, const Piece* __restrict__ pieces, uint64_t n) {
     const unsigned lane = threadIdx.x & 31;
     const uint64_t warp = ((uint64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     const uint64_t warps = ((uint64_t)gridDim.x * blockDim.x) >> 5;
-    for (uint64_t w = warp; w < n; w += warps) {
-        const Piece p = pieces[w];
-        for (uint64_t k = 0; k < p.count; ++k) {
-            uint8_t* r = region + p.region_off + k * p.region_stride;
-            uint8_t* a = reinterpret_cast<uint8_t*>(p.addr + k * p.addr_stride);
-            if (GATHER) {
-                copy_bytes(r, a, p.len, lane);
-            } else {
-                copy_bytes(a, r, p.len, lane);
+    for (uint64_t base = warp; base < n; base += 32 * warps) {
+        const uint64_t mine = base + lane * warps;
+        Piece p = {0, 0, 0, 0, 0, 0};
+        if (mine < n) p = pieces[mine];
+        const uint64_t left = (n - base + warps - 1) / warps;
+        const unsigned cnt = left < 32 ? (unsigned)left : 32u;
+        unsigned j = 0;
+        while (j < cnt) {
+            if (BOUNCE_SMALL4 && j + 4 <= cnt) {
+                Piece q[4];
+                bool all = true;
+#pragma unroll
+                for (int u = 0; u < 4; ++u) {
+                    q[u] = shfl_piece(p, j + u);
+                    all = all && small(region, q[u]);
+                }
+                if (all) {
+                    uint4 v[4];
+                    const uint64_t off = (uint64_t)lane * 16;
+#pragma unroll
+                    for (int u = 0; u < 4; ++u) {
+                        if (off < q[u].len) {
+                            const uint8_t* s = GATHER ? reinterpret_cast<const uint8_t*>(q[u].addr) : region + q[u].region_off;
+                            v[u] = *reinterpret_cast<const uint4*>(s + off);
+                        }
+                    }
+#pragma unroll
+                    for (int u = 0; u < 4; ++u) {
+                        if (off < q[u].len) {
+                            uint8_t* d = GATHER ? region + q[u].region_off : reinterpret_cast<uint8_t*>(q[u].addr);
+                            *reinterpret_cast<uint4*>(d + off) = v[u];
+                        }
+                    }
+                    j += 4;
+                    continue;
+                }
+                copy_piece<GATHER>(region, q[0], lane);
+                ++j;
+                continue;
             }
+            copy_piece<GATHER>(region, shfl_piece(p, j), lane);
+            ++j;
         }
     }
 }
 
 // bounce_gather copies every piece's addresses into the region.
-extern "C" __global__ void __launch_bounds__(256) bounce_gather(uint8_t* region, const Piece* pieces, uint64_t n) {
+extern "C" __global__ void __launch_bounds__(256, BOUNCE_MIN_BLOCKS) bounce_gather(uint8_t* region, const Piece* pieces, uint64_t n) {
     run_pieces<true>(region, pieces, n);
 }
 
 // bounce_scatter copies the region out to every piece's addresses.
-extern "C" __global__ void __launch_bounds__(256) bounce_scatter(uint8_t* region, const Piece* pieces, uint64_t n) {
+extern "C" __global__ void __launch_bounds__(256, BOUNCE_MIN_BLOCKS) bounce_scatter(uint8_t* region, const Piece* pieces, uint64_t n) {
     run_pieces<false>(region, pieces, n);
 }
