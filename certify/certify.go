@@ -11,6 +11,7 @@ import (
 
 	"github.com/bouncekv/bounce/config"
 	"github.com/bouncekv/bounce/conformance"
+	"github.com/bouncekv/bounce/engines/cudacopy"
 	"github.com/bouncekv/bounce/engines/loopback"
 	"github.com/bouncekv/bounce/engines/tcp"
 	"github.com/bouncekv/bounce/engines/ucx"
@@ -115,7 +116,8 @@ func settings(name string) node.Settings {
 // EngineFactory returns fresh engine pairs "a" and "b" from ef; KillB
 // closes b abruptly. The pair names what the suite cannot find out by
 // itself: the engine's internal fragment size and largest notification
-// (tcp, ucx) and, for loopback, a way to stall a's writes on purpose.
+// (tcp, ucx) and, for loopback and cudacopy, a way to stall a's writes on
+// purpose.
 func EngineFactory(ef node.EngineFactory, o Options) conformance.EngineFactory {
 	o.fill()
 	return func() (conformance.EnginePair, error) {
@@ -132,6 +134,17 @@ func EngineFactory(ef node.EngineFactory, o Options) conformance.EngineFactory {
 					opts.Hold = valve.Wait
 				}
 				return lf.Fabric.NewEngine(name, opts)
+			}
+		} else if cf, ok := ef.(*node.CUDACopyFactory); ok {
+			// The same for cudacopy: a's copies are queued only once its
+			// Hold returns.
+			valve = &conformance.Valve{}
+			create = func(name string) (transfer.Engine, error) {
+				c := cudacopy.Config{Name: name}
+				if name == "a" {
+					c.Hold = valve.Wait
+				}
+				return cf.Fabric.NewEngine(c)
 			}
 		} else {
 			create = func(name string) (transfer.Engine, error) { return ef.CreateEngine(settings(name), o.Engine) }

@@ -70,6 +70,12 @@ type Config struct {
 	// OnComplete, when set, is called after Poll first observes an
 	// operation terminal. It must not block.
 	OnComplete func()
+	// Hold, when set, runs on a goroutine of each posted operation before
+	// its copies are queued and may block; abort is closed when the
+	// operation is failed by ForgetPeer or Close, and Hold must return by
+	// then. A held operation stays pending and moves nothing; one failed
+	// while held moves nothing at all. It lets a test stall writes.
+	Hold func(abort <-chan struct{})
 }
 
 // Engine is one agent's endpoint on a Fabric. It is safe for concurrent use.
@@ -85,6 +91,7 @@ type Engine struct {
 	// Guarded by fab.mu.
 	closed  bool
 	peers   map[string]*Engine
+	fenced  map[string]bool // forgotten peers, refused until loaded again
 	out     map[*writeOp]struct{}
 	in      map[*writeOp]struct{}
 	streams []*slot // idle
@@ -97,7 +104,15 @@ type slot struct {
 	event  *cuda.Event
 }
 
-var _ transfer.Engine = (*Engine)(nil)
+var (
+	_ transfer.Engine = (*Engine)(nil)
+	_ transfer.Fencer = (*Engine)(nil)
+)
+
+// FencesForgottenPeers reports true: once ForgetPeer(p) returns, p's
+// copies into this engine's memory have stopped and its later posts are
+// refused until p is loaded again.
+func (e *Engine) FencesForgottenPeers() bool { return true }
 
 // NewEngine opens the driver (on first use), retains the device's primary
 // context and creates the engine. Without a GPU the error wraps
@@ -122,7 +137,7 @@ func (f *Fabric) NewEngine(cfg Config) (*Engine, error) {
 	}
 	f.nextInc++
 	e := &Engine{fab: f, name: cfg.Name, inc: f.nextInc, cfg: cfg, cc: cc, owned: map[uint64]bool{},
-		peers: map[string]*Engine{}, out: map[*writeOp]struct{}{}, in: map[*writeOp]struct{}{}}
+		peers: map[string]*Engine{}, fenced: map[string]bool{}, out: map[*writeOp]struct{}{}, in: map[*writeOp]struct{}{}}
 	if cfg.Batch && drv.HasBatchCopy() {
 		if e.batch, err = cc.NewBatchCopy(BatchMax); err != nil {
 			_ = cc.Release()
@@ -309,33 +324,46 @@ func (e *Engine) LoadPeer(md []byte) (string, error) {
 		}
 	}
 	e.peers[name] = t
+	delete(e.fenced, name)
 	return name, nil
 }
 
-// ForgetPeer drops a loaded peer: its writes in flight fail with
-// ErrPeerLost once their copies have stopped (a GPU copy cannot be
-// cancelled; ForgetPeer waits for it, bounded).
+// ForgetPeer drops a peer on both sides of the data path: this engine's
+// writes to it and its writes into this engine fail with ErrPeerLost once
+// their copies have stopped (a GPU copy cannot be cancelled; ForgetPeer
+// waits for it, bounded), and the peer's later posts into this engine are
+// refused until it is loaded again. A peer that was never loaded is
+// fenced all the same and reported as ErrUnknownPeer.
 func (e *Engine) ForgetPeer(name string) error {
 	e.fab.mu.Lock()
 	if e.closed {
 		e.fab.mu.Unlock()
 		return fmt.Errorf("cudacopy %s: forget peer %q: %w", e.name, name, transfer.ErrClosed)
 	}
-	t, ok := e.peers[name]
-	if !ok {
-		e.fab.mu.Unlock()
-		return fmt.Errorf("cudacopy %s: forget peer %q: %w", e.name, name, transfer.ErrUnknownPeer)
-	}
+	_, known := e.peers[name]
 	delete(e.peers, name)
+	e.fenced[name] = true
 	var pending []*writeOp
 	for o := range e.out {
-		if o.dst == t {
-			o.abort = fmt.Errorf("cudacopy %s: write to %q: peer forgotten: %w", e.name, name, transfer.ErrPeerLost)
+		if o.peer == name {
+			o.failLocked(fmt.Errorf("cudacopy %s: write to %q: peer forgotten: %w", e.name, name, transfer.ErrPeerLost))
+			pending = append(pending, o)
+		}
+	}
+	for o := range e.in {
+		if o.src.name == name {
+			o.failLocked(fmt.Errorf("cudacopy %s: write to %q: the target forgot this engine: %w", o.src.name, e.name, transfer.ErrPeerLost))
 			pending = append(pending, o)
 		}
 	}
 	e.fab.mu.Unlock()
-	return waitOps(pending)
+	if err := waitOps(pending); err != nil {
+		return fmt.Errorf("cudacopy %s: forget peer %q: %w", e.name, name, err)
+	}
+	if !known {
+		return fmt.Errorf("cudacopy %s: forget peer %q: %w", e.name, name, transfer.ErrUnknownPeer)
+	}
+	return nil
 }
 
 // waitOps polls ops until each is terminal, bounded by waitBound.
@@ -390,6 +418,9 @@ func (e *Engine) PostWrite(peerName string, ops []transfer.WriteOp) (transfer.Op
 	if t.closed {
 		return nil, fmt.Errorf("%s: %w", ctx("peer closed"), transfer.ErrPeerLost)
 	}
+	if t.fenced[e.name] {
+		return nil, fmt.Errorf("%s: %w", ctx("the peer forgot this engine (it must load it again)"), transfer.ErrPeerLost)
+	}
 	// The registrations, not the descriptors' kinds, say what memory an
 	// address is: both engines live in this process, so the peer's
 	// registry is authoritative (a sender does not learn the kind of the
@@ -412,6 +443,13 @@ func (e *Engine) PostWrite(peerName string, ops []transfer.WriteOp) (transfer.Op
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", ctx("streams"), err)
 	}
+	o := &writeOp{src: e, dst: t, peer: peerName, ops: own, slot: s, abortC: make(chan struct{}), held: make(chan struct{})}
+	if h := e.cfg.Hold; h != nil {
+		e.out[o] = struct{}{}
+		t.in[o] = struct{}{}
+		go e.release(o, h)
+		return o, nil
+	}
 	if err := e.queue(s, t, own); err != nil {
 		// Whatever was queued before the failure must finish before the
 		// slot is reused or the error returned.
@@ -419,10 +457,28 @@ func (e *Engine) PostWrite(peerName string, ops []transfer.WriteOp) (transfer.Op
 		e.streams = append(e.streams, s)
 		return nil, fmt.Errorf("%s: %w", ctx("queue"), err)
 	}
-	o := &writeOp{src: e, dst: t, peer: peerName, ops: own, slot: s}
+	close(o.held)
 	e.out[o] = struct{}{}
 	t.in[o] = struct{}{}
 	return o, nil
+}
+
+// release queues a held operation's copies once Hold returns, unless the
+// operation was failed meanwhile (then nothing moves).
+func (e *Engine) release(o *writeOp, hold func(abort <-chan struct{})) {
+	hold(o.abortC)
+	e.fab.mu.Lock()
+	defer e.fab.mu.Unlock()
+	defer close(o.held)
+	if o.abort != nil {
+		o.cancelled = true
+		return
+	}
+	if err := e.queue(o.slot, o.dst, o.ops); err != nil {
+		_ = o.slot.stream.Synchronize()
+		o.abort = fmt.Errorf("cudacopy %s: write to %q: queue: %w", e.name, o.peer, err)
+		o.cancelled = true
+	}
 }
 
 func (e *Engine) slotLocked() (*slot, error) {
@@ -504,11 +560,11 @@ func (e *Engine) Close() error {
 	}
 	var pending []*writeOp
 	for o := range e.out {
-		o.abort = fmt.Errorf("cudacopy %s: write to %q: engine closed: %w", e.name, o.peer, transfer.ErrClosed)
+		o.failLocked(fmt.Errorf("cudacopy %s: write to %q: engine closed: %w", e.name, o.peer, transfer.ErrClosed))
 		pending = append(pending, o)
 	}
 	for o := range e.in {
-		o.abort = fmt.Errorf("cudacopy %s: write to %q: peer closed: %w", o.src.name, o.peer, transfer.ErrPeerLost)
+		o.failLocked(fmt.Errorf("cudacopy %s: write to %q: peer closed: %w", o.src.name, o.peer, transfer.ErrPeerLost))
 		pending = append(pending, o)
 	}
 	clear(e.peers)
@@ -546,10 +602,23 @@ type writeOp struct {
 	slot     *slot
 	abort    error // guarded by fab.mu: the failure to report once the copies stopped
 
+	abortC    chan struct{} // closed with the first abort (ends a Hold)
+	held      chan struct{} // closed once the copies are queued or cancelled
+	cancelled bool          // guarded by fab.mu: failed while held, nothing queued
+
 	mu       sync.Mutex
 	state    transfer.Status
 	err      error
 	released bool
+}
+
+// failLocked records the failure the operation reports once its copies
+// have stopped and ends a Hold. Caller holds fab.mu.
+func (o *writeOp) failLocked(err error) {
+	if o.abort == nil {
+		o.abort = err
+		close(o.abortC)
+	}
 }
 
 // Poll queries the operation's event without blocking.
@@ -559,12 +628,24 @@ func (o *writeOp) Poll() (transfer.Status, error) {
 		defer o.mu.Unlock()
 		return o.state, o.err
 	}
-	done, qerr := o.slot.event.Query()
+	select {
+	case <-o.held:
+	default:
+		o.mu.Unlock()
+		return transfer.Pending, nil // held: nothing queued yet
+	}
+	f := o.src.fab
+	f.mu.Lock()
+	cancelled := o.cancelled
+	f.mu.Unlock()
+	done, qerr := true, error(nil)
+	if !cancelled {
+		done, qerr = o.slot.event.Query()
+	}
 	if !done && qerr == nil {
 		o.mu.Unlock()
 		return transfer.Pending, nil
 	}
-	f := o.src.fab
 	f.mu.Lock()
 	abort := o.abort
 	delete(o.src.out, o)

@@ -169,3 +169,73 @@ func TestMetadataRejectsGarbage(t *testing.T) {
 		}
 	}
 }
+
+// TestTargetForgetFences: once the target forgets the writer, the
+// writer's posts are refused until the target loads it again; a write
+// held before its copies were queued and then forgotten moves nothing.
+func TestTargetForgetFences(t *testing.T) {
+	c := cudatest.Context(t)
+	f := cudacopy.NewFabric(nil)
+	gate := make(chan struct{})
+	a, err := f.NewEngine(cudacopy.Config{Name: "a", Hold: func(abort <-chan struct{}) {
+		select {
+		case <-gate:
+		case <-abort:
+		}
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	b, err := f.NewEngine(cudacopy.Config{Name: "b"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	enginetest.Load(t, a, b)
+	enginetest.Load(t, b, a)
+	src, dst := cudatest.Device(t, c, 4096), cudatest.Device(t, c, 4096)
+	if err := a.RegisterMemory(src); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.RegisterMemory(dst); err != nil {
+		t.Fatal(err)
+	}
+	cudatest.Fill(t, c, src, 1)
+	before := cudatest.Fill(t, c, dst, 2)
+	w := []transfer.WriteOp{{Src: src, Dst: dst}}
+	held, err := a.PostWrite("b", w)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s, _ := held.Poll(); s != transfer.Pending {
+		t.Fatalf("held write %v, want pending", s)
+	}
+	if err := b.ForgetPeer("a"); err != nil {
+		t.Fatal(err)
+	}
+	if s, err := wait(t, held); s != transfer.Failed || !errors.Is(err, transfer.ErrPeerLost) {
+		t.Fatalf("held write after the target forgot the writer: %v, %v", s, err)
+	}
+	if d := cudatest.Diff(cudatest.Read(t, c, dst), before); d != "" {
+		t.Fatalf("a forgotten held write moved bytes: %s", d)
+	}
+	if err := held.Release(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.PostWrite("b", w); !errors.Is(err, transfer.ErrPeerLost) {
+		t.Fatalf("post after the target forgot the writer = %v, want ErrPeerLost", err)
+	}
+	close(gate)
+	enginetest.Load(t, b, a)
+	op, err := a.PostWrite("b", w)
+	if err != nil {
+		t.Fatalf("post after the target loaded the writer again: %v", err)
+	}
+	if s, err := wait(t, op); s != transfer.Done {
+		t.Fatalf("write %v: %v", s, err)
+	}
+	if err := op.Release(); err != nil {
+		t.Fatal(err)
+	}
+}
