@@ -18,10 +18,10 @@
 //	bounce:         enabled, arena_size, granularity, max_chunk, min_chunk, max_inflight,
 //	                copy_contexts, copy_workers, scatter_workers, min_descriptors,
 //	                max_avg_descriptor, request_timeout, quarantine,
-//	                eager_gather, zero_copy_args, disable_merging
+//	                eager_gather, zero_copy_args, arena_memory, disable_merging
 //	engine:         kind, plugin, listen, connections, options
 //	control_plane:  kind, interface, bind_address, send_hwm, plugin
-//	stages:         gather, scatter, plugin
+//	stages:         gather, scatter, plugin, device, fallback
 //	telemetry:      traces, otlp_endpoint, service_name, sample_ratio, metrics.listen
 //
 // Sizes take units B, K/KB/KiB, M/MB/MiB, G/GB/GiB and T/TB/TiB in any case,
