@@ -98,6 +98,29 @@ func TestRunTwoProcesses(t *testing.T) {
 	}
 }
 
+// TestRunInProcessEngine: an engine whose agents meet only within one
+// process (loopback; cudacopy on a GPU) runs its receiver in-process, with
+// the same verification (before, the child's separate fabric could not
+// load the sender).
+func TestRunInProcessEngine(t *testing.T) {
+	out, errOut, code := bounce(t, "run", "--workload", "gptoss120b-tp8-b16", "--count", "2048", "--requests", "2",
+		"--engine.kind", "loopback", "--control-plane.kind", "inproc", "--bounce.arena-size", "32MiB", "--bounce.max-chunk", "4MiB")
+	if code != 0 {
+		t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", code, out, errOut)
+	}
+	if !strings.Contains(errOut, "the receiver runs in this process") {
+		t.Fatalf("stderr does not say the receiver runs in-process:\n%s", errOut)
+	}
+	for _, want := range []string{"bounce  ", "direct  ", "every byte verified"} {
+		if !strings.Contains(out, want) {
+			t.Fatalf("summary lacks %q:\n%s", want, out)
+		}
+	}
+	if strings.Contains(out, "asked") {
+		t.Fatalf("a route was rerouted:\n%s", out)
+	}
+}
+
 // TestServeSend runs the two-host flow on one machine: serve publishes its
 // descriptor to a file and expects a workload, send loads the descriptor and
 // moves it, and serve verifies every byte and exits 0.
