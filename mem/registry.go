@@ -16,8 +16,10 @@ import (
 // safe for concurrent use.
 type Registry struct {
 	mu     sync.RWMutex
-	ranges []transfer.Desc // sorted by Addr, non-overlapping
-	pins   map[uint64]int  // pin count by range Addr
+	ranges []transfer.Desc   // sorted by Addr, non-overlapping
+	pins   map[uint64]int    // pin count by range Addr
+	gens   map[uint64]uint64 // registration number by range Addr
+	next   uint64
 }
 
 // Add registers d. Zero-length and overlapping ranges, memory kinds other
@@ -47,6 +49,11 @@ func (r *Registry) Add(d transfer.Desc) error {
 	r.ranges = append(r.ranges, transfer.Desc{})
 	copy(r.ranges[i+1:], r.ranges[i:])
 	r.ranges[i] = d
+	if r.gens == nil {
+		r.gens = make(map[uint64]uint64)
+	}
+	r.next++
+	r.gens[d.Addr] = r.next
 	return nil
 }
 
@@ -76,6 +83,7 @@ func (r *Registry) Remove(d transfer.Desc) error {
 				return fmt.Errorf("mem: deregister %v: %d operations in flight use it: %w", d, n, transfer.ErrInUse)
 			}
 			r.ranges = append(r.ranges[:i], r.ranges[i+1:]...)
+			delete(r.gens, x.Addr)
 			return nil
 		}
 	}
@@ -163,6 +171,20 @@ func (r *Registry) FindAny(addr, n uint64) (transfer.Desc, error) {
 		return d, fmt.Errorf("mem: %w", err)
 	}
 	return d, nil
+}
+
+// Lookup is Find that also returns the range's registration number, unique
+// per Add: a range removed and registered again (perhaps other memory at
+// the same address) gets a new one. Code that caches something per
+// registered range (a plugin's mapping of it) compares numbers.
+func (r *Registry) Lookup(addr, n uint64) (transfer.Desc, uint64, error) {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	d, err := FindRange(r.ranges, addr, n)
+	if err != nil {
+		return d, 0, fmt.Errorf("mem: %w", err)
+	}
+	return d, r.gens[d.Addr], nil
 }
 
 // FindRange returns the range of sorted, non-overlapping ranges (see

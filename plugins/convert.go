@@ -30,3 +30,19 @@ func fromProtoWrites(ops []*pb.WriteOp) []transfer.WriteOp {
 	}
 	return out
 }
+
+func toProtoRuns(runs []transfer.Run) []*pb.Run {
+	out := make([]*pb.Run, len(runs))
+	for i, r := range runs {
+		out[i] = &pb.Run{RegionOff: r.RegionOff, Addr: r.Addr, Len: r.Len, Count: r.Count, RegionStride: r.RegionStride, AddrStride: r.AddrStride}
+	}
+	return out
+}
+
+func fromProtoRuns(runs []*pb.Run) []transfer.Run {
+	out := make([]transfer.Run, len(runs))
+	for i, r := range runs {
+		out[i] = transfer.Run{RegionOff: r.GetRegionOff(), Addr: r.GetAddr(), Len: r.GetLen(), Count: r.GetCount(), RegionStride: r.GetRegionStride(), AddrStride: r.GetAddrStride()}
+	}
+	return out
+}

@@ -28,7 +28,7 @@ func open[C opener](c *Client, kind, what, name string, opts map[string]string) 
 	rpc, ok := c.raw.(C)
 	if !ok {
 		c.Close()
-		return zero, nil, fmt.Errorf("plugin %s: no %s client (got %T)", c.path, what, c.raw)
+		return zero, nil, fmt.Errorf("plugin %s: no %s client (got %T)", c.name, what, c.raw)
 	}
 	cx, cancel := ctx(CallTimeout)
 	defer cancel()
@@ -40,7 +40,7 @@ func open[C opener](c *Client, kind, what, name string, opts map[string]string) 
 	}
 	if err != nil {
 		c.Close()
-		return zero, nil, fmt.Errorf("plugin %s: open %s %q: %w", c.path, what, name, err)
+		return zero, nil, fmt.Errorf("plugin %s: open %s %q: %w", c.name, what, name, err)
 	}
 	return rpc, rep, nil
 }
@@ -56,7 +56,7 @@ func call[R interface{ GetError() *pb.Error }](c *Client, noun, what string, f f
 // with the call, its cancellation does not.
 func callIn[R interface{ GetError() *pb.Error }](parent context.Context, c *Client, noun, what string, f func(context.Context) (R, error)) error {
 	if c.closed() {
-		return fmt.Errorf("plugin: %s: %s closed: %w", what, noun, transfer.ErrClosed)
+		return fmt.Errorf("plugin %s: %s: %s closed: %w", c.name, what, noun, transfer.ErrClosed)
 	}
 	cx, cancel := context.WithTimeout(context.WithoutCancel(parent), CallTimeout)
 	defer cancel()
@@ -65,7 +65,7 @@ func callIn[R interface{ GetError() *pb.Error }](parent context.Context, c *Clie
 		return c.rpcErr(what, err)
 	}
 	if rerr := fromProtoError(rep.GetError()); rerr != nil {
-		return fmt.Errorf("plugin: %s: %w", what, rerr)
+		return fmt.Errorf("plugin %s: %s: %w", c.name, what, rerr)
 	}
 	return nil
 }
@@ -189,7 +189,7 @@ func (e *remoteEngine) PostWriteContext(ctx context.Context, peer string, ops []
 		return nil, err
 	}
 	if err := e.hs.claim(rep.GetHandle()); err != nil {
-		return nil, fmt.Errorf("plugin: %s: %v: %w", what, err, transfer.ErrNotQuiescent)
+		return nil, fmt.Errorf("plugin %s: %s: %v: %w", e.c.name, what, err, transfer.ErrNotQuiescent)
 	}
 	return &remoteOp{c: e.c, rpc: enginePoller{e.rpc}, what: what, h: rep.GetHandle(), done: e.hs.drop}, nil
 }
@@ -217,7 +217,7 @@ func (n *remoteNotifier) RecvNotification(timeout time.Duration) (transfer.Messa
 // recvMessage is a bounded blocking receive over gRPC.
 func recvMessage(c *Client, what string, timeout time.Duration, f func(context.Context, *pb.RecvRequest) (*pb.MessageReply, error)) (transfer.Message, error) {
 	if c.closed() {
-		return transfer.Message{}, fmt.Errorf("plugin: %s: %w", what, transfer.ErrClosed)
+		return transfer.Message{}, fmt.Errorf("plugin %s: %s: %w", c.name, what, transfer.ErrClosed)
 	}
 	timeout = max(timeout, 0)
 	cx, cancel := ctx(timeout + waitSlack)
@@ -225,12 +225,12 @@ func recvMessage(c *Client, what string, timeout time.Duration, f func(context.C
 	rep, err := f(cx, &pb.RecvRequest{TimeoutNs: int64(timeout)})
 	if err != nil {
 		if c.gone() {
-			return transfer.Message{}, fmt.Errorf("plugin: %s: %w", what, transfer.ErrClosed)
+			return transfer.Message{}, fmt.Errorf("plugin %s: %s: %w", c.name, what, transfer.ErrClosed)
 		}
 		return transfer.Message{}, c.rpcErr(what, err)
 	}
 	if rerr := fromProtoError(rep.GetError()); rerr != nil {
-		return transfer.Message{}, fmt.Errorf("plugin: %s: %w", what, rerr)
+		return transfer.Message{}, fmt.Errorf("plugin %s: %s: %w", c.name, what, rerr)
 	}
 	return transfer.Message{Peer: string(rep.GetPeer()), Payload: rep.GetPayload()}, nil
 }
@@ -254,6 +254,9 @@ type engineServer struct {
 	pb.UnimplementedEngineServer
 	open func(name string, opts map[string]string) (transfer.Engine, error)
 	maps *mapper
+	// lent marks the host's own engine served back to a writer plugin:
+	// the host alone registers memory, loads peers and closes it.
+	lent bool
 
 	mu     sync.Mutex
 	eng    transfer.Engine
@@ -273,9 +276,24 @@ func (s *engineServer) engine() (transfer.Engine, error) {
 
 func reply(err error) *pb.Reply { return &pb.Reply{Error: toProtoError(err)} }
 
+// lendEngine serves the host's engine e to a writer plugin.
+func lendEngine(e transfer.Engine) *engineServer { return &engineServer{eng: e, lent: true} }
+
+// owned refuses what only the owner of a lent engine may do.
+func (s *engineServer) owned(what string) error {
+	if s.lent {
+		return fmt.Errorf("plugin: %s: the host owns its engine; a writer plugin may only post writes, notify and read metadata: %w", what, transfer.ErrUnsupported)
+	}
+	return nil
+}
+
 func (s *engineServer) Open(_ context.Context, r *pb.OpenRequest) (*pb.OpenReply, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.lent { // describe the lent engine
+		_, notifier := s.eng.(transfer.Notifier)
+		return &pb.OpenReply{Name: []byte(s.eng.Name()), Notifier: notifier}, nil
+	}
 	if s.eng != nil || s.closed {
 		return &pb.OpenReply{Error: toProtoError(errors.New("plugin: this process already opened its engine"))}, nil
 	}
@@ -289,6 +307,9 @@ func (s *engineServer) Open(_ context.Context, r *pb.OpenRequest) (*pb.OpenReply
 }
 
 func (s *engineServer) RegisterMemory(_ context.Context, r *pb.RegisterRequest) (*pb.Reply, error) {
+	if err := s.owned("RegisterMemory"); err != nil {
+		return reply(err), nil
+	}
 	e, err := s.engine()
 	if err != nil {
 		return reply(err), nil
@@ -308,6 +329,9 @@ func (s *engineServer) RegisterMemory(_ context.Context, r *pb.RegisterRequest) 
 }
 
 func (s *engineServer) DeregisterMemory(_ context.Context, r *pb.DescRequest) (*pb.Reply, error) {
+	if err := s.owned("DeregisterMemory"); err != nil {
+		return reply(err), nil
+	}
 	e, err := s.engine()
 	if err != nil {
 		return reply(err), nil
@@ -339,6 +363,9 @@ func (s *engineServer) Metadata(context.Context, *pb.Empty) (*pb.BytesReply, err
 }
 
 func (s *engineServer) LoadPeer(_ context.Context, r *pb.BytesRequest) (*pb.PeerReply, error) {
+	if err := s.owned("LoadPeer"); err != nil {
+		return &pb.PeerReply{Error: toProtoError(err)}, nil
+	}
 	e, err := s.engine()
 	if err != nil {
 		return &pb.PeerReply{Error: toProtoError(err)}, nil
@@ -348,6 +375,9 @@ func (s *engineServer) LoadPeer(_ context.Context, r *pb.BytesRequest) (*pb.Peer
 }
 
 func (s *engineServer) ForgetPeer(_ context.Context, r *pb.PeerRequest) (*pb.Reply, error) {
+	if err := s.owned("ForgetPeer"); err != nil {
+		return reply(err), nil
+	}
 	e, err := s.engine()
 	if err != nil {
 		return reply(err), nil
@@ -401,6 +431,9 @@ func (s *engineServer) RecvNotification(_ context.Context, r *pb.RecvRequest) (*
 }
 
 func (s *engineServer) Close(context.Context, *pb.Empty) (*pb.Reply, error) {
+	if err := s.owned("Close"); err != nil {
+		return reply(err), nil
+	}
 	s.mu.Lock()
 	e, closed := s.eng, s.closed
 	s.closed = true

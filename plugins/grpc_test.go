@@ -17,6 +17,9 @@ import (
 	"github.com/bouncekv/bounce/engines/tcp"
 	"github.com/bouncekv/bounce/mem"
 	pb "github.com/bouncekv/bounce/plugins/internal/proto"
+	gatherhost "github.com/bouncekv/bounce/stages/gather/host"
+	scatterhost "github.com/bouncekv/bounce/stages/scatter/host"
+	"github.com/bouncekv/bounce/stages/write"
 	"github.com/bouncekv/bounce/transfer"
 )
 
@@ -260,7 +263,7 @@ func (b *badEngine) Close(context.Context, *pb.Empty) (*pb.Reply, error) { retur
 
 func badHop(t *testing.T, b *badEngine) transfer.Engine {
 	set := plugin.PluginSet{KindEngine: &grpcPlugin{
-		server: func(s *grpc.Server) { pb.RegisterEngineServer(s, b) },
+		server: func(_ *plugin.GRPCBroker, s *grpc.Server) { pb.RegisterEngineServer(s, b) },
 		client: hostPlugins()[KindEngine].(*grpcPlugin).client,
 	}}
 	client, _ := plugin.TestPluginGRPCConn(t, false, set)
@@ -358,4 +361,86 @@ func TestClosedClient(t *testing.T) {
 	if d := time.Since(start); d > CallTimeout {
 		t.Fatalf("calls after close took %v", d)
 	}
+}
+
+// hostStages serves the in-tree host gather and scatter stages, as a
+// plugin binary would.
+func hostStages() ServeOpts {
+	return ServeOpts{
+		Gatherer: func(_ string, _ map[string]string, reg *mem.Registry) (transfer.Gatherer, error) {
+			return gatherhost.New(gatherhost.Settings{Registry: reg, Contexts: 8})
+		},
+		Scatterer: func(_ string, _ map[string]string, reg *mem.Registry) (transfer.Scatterer, error) {
+			return scatterhost.New(scatterhost.Settings{Registry: reg, Contexts: 8})
+		},
+	}
+}
+
+// TestStageConformanceOverGRPC runs the gather and scatter rules through
+// the gRPC hop: the host's registry decides what is shared, the plugin's
+// stage validates against what it was shared.
+func TestStageConformanceOverGRPC(t *testing.T) {
+	cfg := conformance.Config{Seed: 1}
+	t.Run("gather", func(t *testing.T) {
+		conformance.Gatherer(t, func() (conformance.GathererFixture, error) {
+			reg := &mem.Registry{}
+			g, err := hop(t, hostStages(), KindGather).Gatherer("g", nil, reg)
+			if err != nil {
+				return conformance.GathererFixture{}, err
+			}
+			return conformance.GathererFixture{Gatherer: g, Register: reg.Add}, nil
+		}, cfg)
+	})
+	t.Run("scatter", func(t *testing.T) {
+		conformance.Scatterer(t, func() (conformance.ScattererFixture, error) {
+			reg := &mem.Registry{}
+			s, err := hop(t, hostStages(), KindScatter).Scatterer("s", nil, reg)
+			if err != nil {
+				return conformance.ScattererFixture{}, err
+			}
+			return conformance.ScattererFixture{Scatterer: s, Register: reg.Add}, nil
+		}, cfg)
+	})
+}
+
+// TestWriterConformanceOverGRPC runs the writer rules through the gRPC
+// hop: the plugin's writer posts through the host's engine, lent back to
+// it over the broker.
+func TestWriterConformanceOverGRPC(t *testing.T) {
+	cfg := conformance.Config{Seed: 1, Sizes: []uint64{1, 4097, 1 << 20}}
+	conformance.Writer(t, func() (conformance.WriterFixture, error) {
+		fab := loopback.NewFabric()
+		a, err := fab.NewEngine("a", loopback.Options{})
+		if err != nil {
+			return conformance.WriterFixture{}, err
+		}
+		b, err := fab.NewEngine("b", loopback.Options{})
+		if err != nil {
+			a.Close()
+			return conformance.WriterFixture{}, err
+		}
+		w, err := hop(t, ServeOpts{Writer: func(_ string, _ map[string]string, e transfer.Engine) (transfer.Writer, error) {
+			return write.New(e), nil
+		}}, KindWriter).Writer("a", nil, a)
+		if err != nil {
+			a.Close()
+			b.Close()
+			return conformance.WriterFixture{}, err
+		}
+		return conformance.WriterFixture{
+			Writer: w, Peer: "b", RegisterSource: a.RegisterMemory,
+			Grant: func(d transfer.Desc) error {
+				if err := b.RegisterMemory(d); err != nil {
+					return err
+				}
+				md, err := b.Metadata()
+				if err != nil {
+					return err
+				}
+				_, err = a.LoadPeer(md)
+				return err
+			},
+			Cleanup: func() { w.Close(); a.Close(); b.Close() },
+		}, nil
+	}, cfg)
 }

@@ -72,6 +72,9 @@ type remoteOp struct {
 	what string
 	h    uint64
 	done func(h uint64) // forgets the handle on the host side
+	// settled, if set, runs once when the op is first seen terminal (a
+	// stage unpins the memory it used).
+	settled func()
 
 	mu       sync.Mutex
 	terminal bool
@@ -106,26 +109,35 @@ func (o *remoteOp) Poll() (transfer.Status, error) {
 	switch {
 	case rep.GetStatus() > uint32(transfer.Failed):
 		o.terminal, o.local, o.st = true, true, transfer.Failed
-		o.err = fmt.Errorf("plugin: poll %s (handle %d): malformed reply: status %d is not pending, done or failed; the plugin may still use the memory: %w", o.what, o.h, rep.GetStatus(), transfer.ErrNotQuiescent)
+		o.err = fmt.Errorf("plugin %s: poll %s (handle %d): malformed reply: status %d is not pending, done or failed; the plugin may still use the memory: %w", o.c.name, o.what, o.h, rep.GetStatus(), transfer.ErrNotQuiescent)
 	case st == transfer.Pending:
 		return transfer.Pending, nil
 	case st == transfer.Done && rerr != nil:
 		o.terminal, o.st = true, transfer.Failed
-		o.err = fmt.Errorf("plugin: poll %s (handle %d): malformed reply: done with an error: %w", o.what, o.h, rerr)
+		o.err = fmt.Errorf("plugin %s: poll %s (handle %d): malformed reply: done with an error: %w", o.c.name, o.what, o.h, rerr)
 	case st == transfer.Failed && rerr == nil:
 		o.terminal, o.st = true, transfer.Failed
-		o.err = fmt.Errorf("plugin: poll %s (handle %d): failed without a cause", o.what, o.h)
+		o.err = fmt.Errorf("plugin %s: poll %s (handle %d): failed without a cause", o.c.name, o.what, o.h)
 	case st == transfer.Failed:
-		o.terminal, o.st, o.err = true, transfer.Failed, fmt.Errorf("plugin: %s: %w", o.what, rerr)
+		o.terminal, o.st, o.err = true, transfer.Failed, fmt.Errorf("plugin %s: %s: %w", o.c.name, o.what, rerr)
 	default:
 		o.terminal, o.st = true, transfer.Done
 	}
+	o.settle()
 	return o.st, o.err
 }
 
 func (o *remoteOp) resolveLocal(err error) (transfer.Status, error) {
 	o.terminal, o.local, o.st, o.err = true, true, transfer.Failed, err
+	o.settle()
 	return o.st, o.err
+}
+
+func (o *remoteOp) settle() {
+	if o.settled != nil {
+		o.settled()
+		o.settled = nil
+	}
 }
 
 // Release frees the op in the plugin; an op the host resolved itself has
@@ -134,10 +146,10 @@ func (o *remoteOp) Release() error {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if o.released {
-		return fmt.Errorf("plugin: release %s (handle %d): already released", o.what, o.h)
+		return fmt.Errorf("plugin %s: release %s (handle %d): already released", o.c.name, o.what, o.h)
 	}
 	if !o.terminal {
-		return fmt.Errorf("plugin: release %s (handle %d): still pending: %w", o.what, o.h, transfer.ErrInUse)
+		return fmt.Errorf("plugin %s: release %s (handle %d): still pending: %w", o.c.name, o.what, o.h, transfer.ErrInUse)
 	}
 	if !o.local && !o.c.gone() {
 		rep, err := o.rpc.Release(o.h)
@@ -146,7 +158,7 @@ func (o *remoteOp) Release() error {
 				return o.c.rpcErr("release "+o.what, err)
 			}
 		} else if rerr := fromProtoError(rep.GetError()); rerr != nil {
-			return fmt.Errorf("plugin: release %s: %w", o.what, rerr)
+			return fmt.Errorf("plugin %s: release %s: %w", o.c.name, o.what, rerr)
 		}
 	}
 	o.released = true

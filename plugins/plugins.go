@@ -1,25 +1,37 @@
-// Package plugins runs bounce engines and control channels in separate
-// processes on hashicorp/go-plugin over gRPC. (Gather and scatter stage
-// plugins are not served yet; the wire protocol reserves a Stage service for
-// them.)
+// Package plugins runs any of bounce's five components — an engine, a
+// control channel, a gather stage, a scatter stage or a writer — in a
+// separate process on hashicorp/go-plugin over gRPC.
 //
-// The host loads a plugin binary with Load and gets ordinary transfer.Engine
-// or transfer.ControlChannel values whose methods are gRPC calls; a plugin author wraps an implementation in a
-// one-line main with Serve. Operations cross the wire as handles that the
-// host polls; errors carry their transfer sentinels, so errors.Is works on
-// the host. KV bytes never cross gRPC: host memory registered with a plugin
-// is memfd-backed (mem.Alloc, mem.NewArena) and the plugin maps it at the
-// same virtual addresses (see docs/PLUGINS.md).
+// The host loads a plugin binary with Load (or LoadSpec) and gets ordinary
+// transfer.Engine, transfer.ControlChannel, transfer.Gatherer,
+// transfer.Scatterer or transfer.Writer values whose methods are gRPC
+// calls; a plugin author wraps implementations in a one-line main with
+// Serve. Operations cross the wire as handles that the host polls (one call
+// per chunk, never per descriptor); errors carry their transfer sentinels,
+// so errors.Is works on the host. KV bytes never cross gRPC: host memory
+// given to a plugin is memfd-backed (mem.Alloc, mem.NewArena) and the plugin
+// maps it at the same virtual addresses (see docs/PLUGINS.md).
 //
-// One plugin process serves one instance: closing the engine or channel a
-// Client opened also closes the Client and ends the process.
+// Plugins are secure by default: the connection is mutually authenticated
+// TLS (go-plugin's AutoMTLS), a binary can be pinned by its SHA-256
+// (Spec.Checksum), and the plugin's environment holds only what Spec.Env
+// lists unless Spec.InheritEnv is set. One plugin process serves one
+// instance: closing the component a Client opened also closes the Client
+// and ends the process.
 package plugins
 
 import (
+	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
 	"fmt"
+	"io"
 	"log/slog"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync"
 	"time"
@@ -30,6 +42,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
 
+	"github.com/bouncekv/bounce/mem"
 	pb "github.com/bouncekv/bounce/plugins/internal/proto"
 	"github.com/bouncekv/bounce/transfer"
 )
@@ -38,10 +51,13 @@ import (
 const (
 	KindEngine  = "engine"
 	KindControl = "control"
+	KindGather  = "gather"
+	KindScatter = "scatter"
+	KindWriter  = "writer"
 )
 
 // Kinds lists the plugin kinds Load accepts.
-func Kinds() []string { return []string{KindEngine, KindControl} }
+func Kinds() []string { return []string{KindEngine, KindControl, KindGather, KindScatter, KindWriter} }
 
 // Timeouts of the host side.
 const (
@@ -56,27 +72,53 @@ const (
 	waitSlack = 2 * time.Second
 )
 
+// ProtocolVersion is the version of the bounce plugin protocol this
+// package speaks. Host and plugin must speak the same one: a plugin built
+// against another version is refused at start with a message naming both.
+// Version 1 was engines and control channels without mTLS; version 2 adds
+// the stage and writer services.
+const ProtocolVersion = 2
+
 // Handshake is the go-plugin handshake bounce hosts and plugins share. A
-// binary started without the cookie refuses to run as a plugin.
+// binary started without the cookie refuses to run as a plugin. The
+// versions themselves are negotiated through go-plugin's versioned plugin
+// sets (ProtocolVersion).
 func Handshake() plugin.HandshakeConfig {
 	return plugin.HandshakeConfig{
-		ProtocolVersion:  1,
+		ProtocolVersion:  ProtocolVersion,
 		MagicCookieKey:   "BOUNCE_PLUGIN",
 		MagicCookieValue: "bounce-kv-plugin-v1",
 	}
 }
 
 // ServeOpts lists the constructors a plugin binary offers; nil ones are not
-// served. Options come from the host's configuration (engine.options, plus
-// "listen" and "connections" when set; control_plane fields
-// "bind_address", "interface" and "send_hwm").
+// served. Each gets the agent's name and the options the host passes (see
+// docs/PLUGINS.md, "Options the host passes").
 type ServeOpts struct {
-	Engine  func(name string, opts map[string]string) (transfer.Engine, error)
+	// Engine opens the engine. Options: engine.options and the plugin
+	// block's options, plus "listen" and "connections" when set.
+	Engine func(name string, opts map[string]string) (transfer.Engine, error)
+	// Control opens the control channel. Options: the plugin block's
+	// options plus "bind_address", "interface" and "send_hwm" when set.
 	Control func(name string, opts map[string]string) (transfer.ControlChannel, error)
+	// Gatherer opens the gather stage. reg holds the host memory the host
+	// shared with this process (mapped at the same addresses); validate
+	// every run against it. Options: the plugin block's options plus
+	// "copy_contexts" and "copy_workers".
+	Gatherer func(name string, opts map[string]string, reg *mem.Registry) (transfer.Gatherer, error)
+	// Scatterer opens the scatter stage, like Gatherer.
+	Scatterer func(name string, opts map[string]string, reg *mem.Registry) (transfer.Scatterer, error)
+	// Writer opens the writer. engine is the host's engine, reached back
+	// over the plugin connection: PostWrite, Poll, Metadata, Name and
+	// Notify work; the host alone registers memory, loads peers and
+	// closes it. A writer that implements io.Closer is closed with the
+	// plugin. Options: the plugin block's options.
+	Writer func(name string, opts map[string]string, engine transfer.Engine) (transfer.Writer, error)
 	// TracerProvider and Propagator trace the calls the host makes for a
 	// traced operation (their spans join the host's trace); nil means the
-	// otel globals. The plugin process inherits the host's environment, so
-	// a provider built from OTEL_* variables exports where the host does.
+	// otel globals. A plugin's environment is explicit (Spec.Env): list the
+	// OTEL_* variables in its plugin block's env (or set inherit_env) for a
+	// provider built from them to export where the host does.
 	TracerProvider trace.TracerProvider
 	Propagator     propagation.TextMapPropagator
 }
@@ -85,10 +127,14 @@ type ServeOpts struct {
 // whole main of a plugin binary:
 //
 //	func main() { plugins.Serve(plugins.ServeOpts{Engine: newEngine}) }
+//
+// The plugin must not write to stdout (the handshake uses it); what it
+// writes to stderr reaches the host's log, one record per line, tagged
+// with the plugin's name.
 func Serve(o ServeOpts) {
 	plugin.Serve(&plugin.ServeConfig{
-		HandshakeConfig: Handshake(),
-		Plugins:         serverPlugins(o, newMapper()),
+		HandshakeConfig:  Handshake(),
+		VersionedPlugins: map[int]plugin.PluginSet{ProtocolVersion: serverPlugins(o, newMapper())},
 		GRPCServer: func(opts []grpc.ServerOption) *grpc.Server {
 			return plugin.DefaultGRPCServer(append(opts, grpc.StatsHandler(serverTracing(o.TracerProvider, o.Propagator))))
 		},
@@ -99,13 +145,40 @@ func Serve(o ServeOpts) {
 func serverPlugins(o ServeOpts, m *mapper) plugin.PluginSet {
 	ps := plugin.PluginSet{}
 	if o.Engine != nil {
-		ps[KindEngine] = &grpcPlugin{server: func(s *grpc.Server) {
+		ps[KindEngine] = &grpcPlugin{server: func(_ *plugin.GRPCBroker, s *grpc.Server) {
 			pb.RegisterEngineServer(s, &engineServer{open: o.Engine, maps: m})
 		}}
 	}
 	if o.Control != nil {
-		ps[KindControl] = &grpcPlugin{server: func(s *grpc.Server) {
+		ps[KindControl] = &grpcPlugin{server: func(_ *plugin.GRPCBroker, s *grpc.Server) {
 			pb.RegisterControlServer(s, &controlServer{open: o.Control})
+		}}
+	}
+	if o.Gatherer != nil {
+		ps[KindGather] = &grpcPlugin{server: func(_ *plugin.GRPCBroker, s *grpc.Server) {
+			pb.RegisterGatherServer(s, newStageServer(KindGather, m, func(name string, opts map[string]string, reg *mem.Registry) (stageImpl, error) {
+				g, err := o.Gatherer(name, opts, reg)
+				if err != nil {
+					return nil, err
+				}
+				return gatherImpl{g}, nil
+			}))
+		}}
+	}
+	if o.Scatterer != nil {
+		ps[KindScatter] = &grpcPlugin{server: func(_ *plugin.GRPCBroker, s *grpc.Server) {
+			pb.RegisterScatterServer(s, newStageServer(KindScatter, m, func(name string, opts map[string]string, reg *mem.Registry) (stageImpl, error) {
+				sc, err := o.Scatterer(name, opts, reg)
+				if err != nil {
+					return nil, err
+				}
+				return scatterImpl{sc}, nil
+			}))
+		}}
+	}
+	if o.Writer != nil {
+		ps[KindWriter] = &grpcPlugin{server: func(b *plugin.GRPCBroker, s *grpc.Server) {
+			pb.RegisterWriterServer(s, &writerServer{open: o.Writer, broker: b})
 		}}
 	}
 	return ps
@@ -114,8 +187,13 @@ func serverPlugins(o ServeOpts, m *mapper) plugin.PluginSet {
 // hostPlugins is the host-side go-plugin table: every kind, client half.
 func hostPlugins() plugin.PluginSet {
 	return plugin.PluginSet{
-		KindEngine:  &grpcPlugin{client: func(c *grpc.ClientConn) any { return pb.NewEngineClient(c) }},
-		KindControl: &grpcPlugin{client: func(c *grpc.ClientConn) any { return pb.NewControlClient(c) }},
+		KindEngine:  &grpcPlugin{client: func(c *grpc.ClientConn, _ *plugin.GRPCBroker) any { return pb.NewEngineClient(c) }},
+		KindControl: &grpcPlugin{client: func(c *grpc.ClientConn, _ *plugin.GRPCBroker) any { return pb.NewControlClient(c) }},
+		KindGather:  &grpcPlugin{client: func(c *grpc.ClientConn, _ *plugin.GRPCBroker) any { return pb.NewGatherClient(c) }},
+		KindScatter: &grpcPlugin{client: func(c *grpc.ClientConn, _ *plugin.GRPCBroker) any { return pb.NewScatterClient(c) }},
+		KindWriter: &grpcPlugin{client: func(c *grpc.ClientConn, b *plugin.GRPCBroker) any {
+			return writerConn{rpc: pb.NewWriterClient(c), broker: b}
+		}},
 	}
 }
 
@@ -123,34 +201,35 @@ func hostPlugins() plugin.PluginSet {
 // a client constructor (host side).
 type grpcPlugin struct {
 	plugin.NetRPCUnsupportedPlugin
-	server func(*grpc.Server)
-	client func(*grpc.ClientConn) any
+	server func(*plugin.GRPCBroker, *grpc.Server)
+	client func(*grpc.ClientConn, *plugin.GRPCBroker) any
 }
 
 // GRPCServer registers the kind's service.
-func (p *grpcPlugin) GRPCServer(_ *plugin.GRPCBroker, s *grpc.Server) error {
+func (p *grpcPlugin) GRPCServer(b *plugin.GRPCBroker, s *grpc.Server) error {
 	if p.server == nil {
 		return fmt.Errorf("plugin: this side serves no such kind")
 	}
-	p.server(s)
+	p.server(b, s)
 	return nil
 }
 
 // GRPCClient returns the kind's generated client.
-func (p *grpcPlugin) GRPCClient(_ context.Context, _ *plugin.GRPCBroker, c *grpc.ClientConn) (any, error) {
+func (p *grpcPlugin) GRPCClient(_ context.Context, b *plugin.GRPCBroker, c *grpc.ClientConn) (any, error) {
 	if p.client == nil {
 		return nil, fmt.Errorf("plugin: this side has no client for this kind")
 	}
-	return p.client(c), nil
+	return p.client(c, b), nil
 }
 
 // Client is a loaded plugin process serving one kind. It opens one
 // instance; closing that instance closes the Client.
 type Client struct {
 	kind    string
-	path    string
+	name    string // the plugin's name in errors and log lines
 	raw     any
 	exited  func() bool
+	status  func() string // how the process ended, once exited
 	kill    func()
 	pid     int
 	once    sync.Once
@@ -159,11 +238,39 @@ type Client struct {
 	closedC chan struct{}
 }
 
-// Load starts the plugin binary at path and connects to its kind service
-// ("engine", "control", "gather" or "scatter"). Starting is bounded by
-// StartTimeout; the plugin's log lines go to logger (nil discards them).
+// Spec says how the host starts a plugin binary. Every field but Path has
+// a secure zero value: no arguments, an environment holding only Env (and
+// go-plugin's own handshake variables), no checksum pin.
+type Spec struct {
+	// Path is the plugin binary. A bare name means a file in the current
+	// directory: plugins are never looked up in $PATH.
+	Path string
+	// Args are the binary's arguments.
+	Args []string
+	// Env is the plugin's environment, NAME=value entries.
+	Env []string
+	// InheritEnv passes the host's whole environment too (before Env).
+	InheritEnv bool
+	// Checksum, when set, pins the binary: "sha256:<64 hex digits>". A
+	// binary with another digest is refused before it starts.
+	Checksum string
+	// Name tags the plugin's log lines and errors; default the base name
+	// of Path.
+	Name string
+	// Logger receives the plugin's stderr, one record per line with
+	// plugin=Name; nil discards it.
+	Logger *slog.Logger
+	// TracerProvider and Propagator trace the calls made for a traced
+	// operation and put its trace context in their gRPC metadata; nil
+	// means the otel globals.
+	TracerProvider trace.TracerProvider
+	Propagator     propagation.TextMapPropagator
+}
+
+// Load starts the plugin binary at path with the default Spec and connects
+// to its kind service (one of Kinds). See LoadSpec.
 func Load(path, kind string, logger *slog.Logger) (*Client, error) {
-	return LoadWith(path, kind, LoadOpts{Logger: logger})
+	return LoadSpec(Spec{Path: path, Logger: logger}, kind)
 }
 
 // LoadOpts are LoadWith's optional dependencies.
@@ -177,42 +284,157 @@ type LoadOpts struct {
 	Propagator     propagation.TextMapPropagator
 }
 
-// LoadWith is Load with telemetry.
+// LoadWith is Load with telemetry; LoadSpec takes both and the rest.
 func LoadWith(path, kind string, o LoadOpts) (*Client, error) {
-	logger := o.Logger
-	if !validKind(kind) {
-		return nil, fmt.Errorf("plugin %s: unknown kind %q; accepted: %v", path, kind, Kinds())
+	return LoadSpec(Spec{Path: path, Logger: o.Logger, TracerProvider: o.TracerProvider, Propagator: o.Propagator}, kind)
+}
+
+// ParseChecksum decodes a "sha256:<hex>" pin.
+func ParseChecksum(s string) ([]byte, error) {
+	hexPart, ok := strings.CutPrefix(s, "sha256:")
+	if !ok {
+		return nil, fmt.Errorf("checksum %q: want sha256:<64 hex digits>", s)
 	}
+	sum, err := hex.DecodeString(hexPart)
+	if err != nil || len(sum) != sha256.Size {
+		return nil, fmt.Errorf("checksum %q: want sha256:<64 hex digits>", s)
+	}
+	return sum, nil
+}
+
+// FileChecksum returns the "sha256:<hex>" pin of the file at path.
+func FileChecksum(path string) (string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		return "", err
+	}
+	return "sha256:" + hex.EncodeToString(h.Sum(nil)), nil
+}
+
+// LoadSpec starts the plugin binary s describes and connects to its kind
+// service over mutually authenticated TLS. Starting is bounded by
+// StartTimeout; a binary that is missing, fails its checksum, is not a
+// bounce plugin, speaks another protocol version or does not serve kind is
+// a clear error naming the plugin and the cause.
+func LoadSpec(s Spec, kind string) (*Client, error) {
+	if s.Name == "" {
+		s.Name = filepath.Base(s.Path)
+	}
+	if !validKind(kind) {
+		return nil, fmt.Errorf("plugin %s: unknown kind %q; accepted: %v", s.Name, kind, Kinds())
+	}
+	if s.Path == "" {
+		return nil, fmt.Errorf("plugin: no binary path")
+	}
+	// Never $PATH: a bare name is a file in the current directory.
+	path, err := filepath.Abs(s.Path)
+	if err != nil {
+		return nil, fmt.Errorf("plugin %s: %w", s.Name, err)
+	}
+	if st, err := os.Stat(path); err != nil {
+		return nil, fmt.Errorf("plugin %s: %w", s.Name, err)
+	} else if st.IsDir() || st.Mode()&0o111 == 0 {
+		return nil, fmt.Errorf("plugin %s: %s is not an executable file", s.Name, path)
+	}
+	var secure *plugin.SecureConfig
+	if s.Checksum != "" {
+		sum, err := ParseChecksum(s.Checksum)
+		if err != nil {
+			return nil, fmt.Errorf("plugin %s: %w", s.Name, err)
+		}
+		secure = &plugin.SecureConfig{Checksum: sum, Hash: sha256.New()}
+	}
+	for _, e := range s.Env {
+		if k, _, ok := strings.Cut(e, "="); !ok || k == "" {
+			return nil, fmt.Errorf("plugin %s: env entry %q: want NAME=value", s.Name, e)
+		}
+	}
+	cmd := exec.Command(path, s.Args...)
+	cmd.Env = []string{}
+	if s.InheritEnv {
+		cmd.Env = append(cmd.Env, os.Environ()...)
+	}
+	cmd.Env = append(cmd.Env, s.Env...)
+	logs := newLineLogger(s.Logger, s.Name)
 	pc := plugin.NewClient(&plugin.ClientConfig{
 		HandshakeConfig:  Handshake(),
-		Plugins:          hostPlugins(),
-		Cmd:              exec.Command(path),
+		VersionedPlugins: map[int]plugin.PluginSet{ProtocolVersion: hostPlugins()},
+		Cmd:              cmd,
+		SkipHostEnv:      true, // cmd.Env is the whole environment
+		SecureConfig:     secure,
+		AutoMTLS:         true,
 		AllowedProtocols: []plugin.Protocol{plugin.ProtocolGRPC},
 		StartTimeout:     StartTimeout,
-		Logger:           hclogger(logger),
-		GRPCDialOptions:  []grpc.DialOption{grpc.WithStatsHandler(clientTracing(o.TracerProvider, o.Propagator))},
+		Stderr:           logs,
+		// go-plugin's own logger would re-log stderr lines (at debug);
+		// they reach Logger through Stderr instead.
+		Logger: hclog.NewNullLogger(),
+		GRPCDialOptions: []grpc.DialOption{grpc.WithStatsHandler(clientTracing(s.TracerProvider, s.Propagator))},
 	})
+	fail := func(what string, err error) (*Client, error) {
+		pc.Kill()
+		logs.flush()
+		return nil, fmt.Errorf("plugin %s: %s: %w", s.Name, what, explainStart(err, pc, cmd))
+	}
 	rpc, err := pc.Client()
 	if err != nil {
-		pc.Kill()
-		return nil, fmt.Errorf("plugin %s: start: %w", path, err)
+		if errors.Is(err, plugin.ErrChecksumsDoNotMatch) {
+			got, _ := FileChecksum(path)
+			pc.Kill()
+			return nil, fmt.Errorf("plugin %s: refusing to start %s: checksum mismatch: configured %s, the binary is %s", s.Name, path, s.Checksum, got)
+		}
+		return fail("start", err)
 	}
 	raw, err := rpc.Dispense(kind)
 	if err != nil {
-		pc.Kill()
-		return nil, fmt.Errorf("plugin %s: it does not serve kind %q: %w", path, kind, err)
+		return fail(fmt.Sprintf("it does not serve kind %q", kind), err)
 	}
-	c := &Client{kind: kind, path: path, raw: raw, exited: pc.Exited, kill: pc.Kill, closedC: make(chan struct{})}
+	c := &Client{kind: kind, name: s.Name, raw: raw, exited: pc.Exited, kill: func() { pc.Kill(); logs.flush() }, closedC: make(chan struct{})}
+	c.status = func() string { return exitStatus(pc, cmd) }
 	if rc := pc.ReattachConfig(); rc != nil {
 		c.pid = rc.Pid
 	}
 	return c, nil
 }
 
+// exitStatus says how the plugin process ended ("signal: killed", "exit
+// status 2"), or "" while it runs. go-plugin marks Exited only after
+// cmd.Wait returned, so ProcessState is set by then.
+func exitStatus(pc *plugin.Client, cmd *exec.Cmd) string {
+	if !pc.Exited() || cmd.ProcessState == nil {
+		return ""
+	}
+	return cmd.ProcessState.String()
+}
+
+// explainStart adds the cause go-plugin's start errors leave implicit: the
+// process's exit status, or a protocol version mismatch spelled out.
+func explainStart(err error, pc *plugin.Client, cmd *exec.Cmd) error {
+	msg := err.Error()
+	switch {
+	case strings.Contains(msg, "incompatible API version"):
+		return fmt.Errorf("it speaks another bounce plugin protocol version than this host (%d); rebuild it against this release of github.com/bouncekv/bounce/plugins: %w", ProtocolVersion, err)
+	case strings.Contains(msg, "Unrecognized remote plugin message"):
+		return fmt.Errorf("not a bounce plugin (it wrote something other than the go-plugin handshake to stdout): %w", err)
+	}
+	for i := 0; i < 50 && !pc.Exited(); i++ {
+		time.Sleep(2 * time.Millisecond) // let the exit status land
+	}
+	if st := exitStatus(pc, cmd); st != "" {
+		return fmt.Errorf("%w (process %s)", err, st)
+	}
+	return err
+}
+
 // newClient wraps an already connected kind client (tests: an in-process
 // gRPC hop); stop ends the connection.
 func newClient(kind, name string, raw any, stop func()) *Client {
-	return &Client{kind: kind, path: name, raw: raw, exited: func() bool { return false }, kill: stop, closedC: make(chan struct{})}
+	return &Client{kind: kind, name: name, raw: raw, exited: func() bool { return false }, status: func() string { return "" }, kill: stop, closedC: make(chan struct{})}
 }
 
 func validKind(k string) bool {
@@ -223,6 +445,16 @@ func validKind(k string) bool {
 	}
 	return false
 }
+
+// Name returns the plugin's name (Spec.Name).
+func (c *Client) Name() string { return c.name }
+
+// ExitStatus says how the plugin process ended ("signal: killed", "exit
+// status 1"); it is "" while the process runs.
+func (c *Client) ExitStatus() string { return c.status() }
+
+// Exited reports whether the plugin process has ended.
+func (c *Client) Exited() bool { return c.exited() }
 
 // Pid returns the plugin's process id (0 when not known).
 func (c *Client) Pid() int { return c.pid }
@@ -253,38 +485,81 @@ func (c *Client) gone() bool { return c.closed() || c.exited() }
 // claim marks the Client's one instance as opened.
 func (c *Client) claim(kind string) error {
 	if c.kind != kind {
-		return fmt.Errorf("plugin %s: loaded as %q, not %q", c.path, c.kind, kind)
+		return fmt.Errorf("plugin %s: loaded as %q, not %q", c.name, c.kind, kind)
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.opened {
-		return fmt.Errorf("plugin %s: one plugin process serves one %s; load another", c.path, kind)
+		return fmt.Errorf("plugin %s: one plugin process serves one %s; load another", c.name, kind)
 	}
 	if c.closed() {
-		return fmt.Errorf("plugin %s: %w", c.path, transfer.ErrClosed)
+		return fmt.Errorf("plugin %s: %w", c.name, transfer.ErrClosed)
 	}
 	c.opened = true
 	return nil
 }
 
-// rpcErr is rpcError with the Client's closed state.
-func (c *Client) rpcErr(what string, err error) error { return rpcError(what, err, c.closed()) }
+// rpcErr is rpcError with the Client's name, closed state and, once the
+// process has exited, its exit status.
+func (c *Client) rpcErr(what string, err error) error {
+	what = c.name + ": " + what
+	if st := c.status(); st != "" && !c.closed() {
+		return fmt.Errorf("plugin %s: plugin process exited (%s): %v: %w", what, st, err, transfer.ErrPeerLost)
+	}
+	return rpcError(what, err, c.closed())
+}
 
 func ctx(d time.Duration) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.Background(), d)
 }
 
-// hclogger adapts slog for go-plugin; nil discards.
-func hclogger(l *slog.Logger) hclog.Logger {
-	if l == nil {
-		return hclog.NewNullLogger()
-	}
-	return hclog.New(&hclog.LoggerOptions{Name: "plugin", Output: slogWriter{l}, Level: hclog.Info, DisableTime: true})
+// lineLogger turns a plugin's stderr into log records, one per line,
+// tagged plugin=<name>. go-plugin writes a line and its newline separately,
+// so it buffers until the newline.
+type lineLogger struct {
+	l    *slog.Logger
+	name string
+	mu   sync.Mutex
+	buf  []byte
 }
 
-type slogWriter struct{ l *slog.Logger }
+func newLineLogger(l *slog.Logger, name string) *lineLogger {
+	if l == nil {
+		l = slog.New(slog.DiscardHandler)
+	}
+	return &lineLogger{l: l, name: name}
+}
 
-func (w slogWriter) Write(p []byte) (int, error) {
-	w.l.Info(strings.TrimSpace(string(p)))
+// Write logs every complete line of p.
+func (w *lineLogger) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.buf = append(w.buf, p...)
+	for {
+		i := bytes.IndexByte(w.buf, '\n')
+		if i < 0 {
+			break
+		}
+		w.emit(w.buf[:i])
+		w.buf = w.buf[i+1:]
+	}
+	if len(w.buf) > 64<<10 { // a runaway line: log what there is
+		w.emit(w.buf)
+		w.buf = nil
+	}
 	return len(p), nil
+}
+
+func (w *lineLogger) emit(line []byte) {
+	if s := strings.TrimRight(string(line), "\r"); s != "" {
+		w.l.Info(s, "plugin", w.name)
+	}
+}
+
+// flush logs a last line without a newline.
+func (w *lineLogger) flush() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.emit(w.buf)
+	w.buf = nil
 }

@@ -28,7 +28,7 @@ import (
 // anonymous memory) cannot be shared and is ErrUnsupported.
 func shareOf(d transfer.Desc) (*pb.Share, error) {
 	if d.Kind != transfer.Host {
-		return nil, fmt.Errorf("plugin: share %v: only host memory can be shared with a plugin: %w", d, transfer.ErrUnsupported)
+		return nil, fmt.Errorf("plugin: share %v: not yet: device memory cannot cross to a plugin (only host memory can be shared): %w", d, transfer.ErrUnsupported)
 	}
 	if d.Len == 0 || d.Addr+d.Len < d.Addr {
 		return nil, fmt.Errorf("plugin: share %v: empty or wrapping range: %w", d, transfer.ErrOutOfBounds)

@@ -533,9 +533,12 @@ func (x *Reply) GetError() *Error {
 }
 
 type OpenRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Name          []byte                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
-	Options       map[string]string      `protobuf:"bytes,2,rep,name=options,proto3" json:"options,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Name    []byte                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Options map[string]string      `protobuf:"bytes,2,rep,name=options,proto3" json:"options,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// broker_id, for a writer, is the go-plugin broker stream on which the
+	// host serves its engine (the Engine service) back to the plugin.
+	BrokerId      uint32 `protobuf:"varint,3,opt,name=broker_id,json=brokerId,proto3" json:"broker_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -582,6 +585,13 @@ func (x *OpenRequest) GetOptions() map[string]string {
 		return x.Options
 	}
 	return nil
+}
+
+func (x *OpenRequest) GetBrokerId() uint32 {
+	if x != nil {
+		return x.BrokerId
+	}
+	return 0
 }
 
 type OpenReply struct {
@@ -1363,6 +1373,68 @@ func (x *StageRequest) GetRuns() []*Run {
 	return nil
 }
 
+// WriteRequest is one bulk write of a writer: src (local) into dst (granted
+// at peer).
+type WriteRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Peer          []byte                 `protobuf:"bytes,1,opt,name=peer,proto3" json:"peer,omitempty"`
+	Src           *Desc                  `protobuf:"bytes,2,opt,name=src,proto3" json:"src,omitempty"`
+	Dst           *Desc                  `protobuf:"bytes,3,opt,name=dst,proto3" json:"dst,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WriteRequest) Reset() {
+	*x = WriteRequest{}
+	mi := &file_plugin_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WriteRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WriteRequest) ProtoMessage() {}
+
+func (x *WriteRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_plugin_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WriteRequest.ProtoReflect.Descriptor instead.
+func (*WriteRequest) Descriptor() ([]byte, []int) {
+	return file_plugin_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *WriteRequest) GetPeer() []byte {
+	if x != nil {
+		return x.Peer
+	}
+	return nil
+}
+
+func (x *WriteRequest) GetSrc() *Desc {
+	if x != nil {
+		return x.Src
+	}
+	return nil
+}
+
+func (x *WriteRequest) GetDst() *Desc {
+	if x != nil {
+		return x.Dst
+	}
+	return nil
+}
+
 var File_plugin_proto protoreflect.FileDescriptor
 
 const file_plugin_proto_rawDesc = "" +
@@ -1396,10 +1468,11 @@ const file_plugin_proto_rawDesc = "" +
 	"\x03dst\x18\x02 \x01(\v2\x16.bounce.plugin.v1.DescR\x03dst\"\a\n" +
 	"\x05Empty\"6\n" +
 	"\x05Reply\x12-\n" +
-	"\x05error\x18\x01 \x01(\v2\x17.bounce.plugin.v1.ErrorR\x05error\"\xa3\x01\n" +
+	"\x05error\x18\x01 \x01(\v2\x17.bounce.plugin.v1.ErrorR\x05error\"\xc0\x01\n" +
 	"\vOpenRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\fR\x04name\x12D\n" +
-	"\aoptions\x18\x02 \x03(\v2*.bounce.plugin.v1.OpenRequest.OptionsEntryR\aoptions\x1a:\n" +
+	"\aoptions\x18\x02 \x03(\v2*.bounce.plugin.v1.OpenRequest.OptionsEntryR\aoptions\x12\x1b\n" +
+	"\tbroker_id\x18\x03 \x01(\rR\bbrokerId\x1a:\n" +
 	"\fOptionsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x86\x01\n" +
@@ -1448,7 +1521,11 @@ const file_plugin_proto_rawDesc = "" +
 	"\apayload\x18\x03 \x01(\fR\apayload\"i\n" +
 	"\fStageRequest\x12.\n" +
 	"\x06region\x18\x01 \x01(\v2\x16.bounce.plugin.v1.DescR\x06region\x12)\n" +
-	"\x04runs\x18\x02 \x03(\v2\x15.bounce.plugin.v1.RunR\x04runs*\xc3\x02\n" +
+	"\x04runs\x18\x02 \x03(\v2\x15.bounce.plugin.v1.RunR\x04runs\"v\n" +
+	"\fWriteRequest\x12\x12\n" +
+	"\x04peer\x18\x01 \x01(\fR\x04peer\x12(\n" +
+	"\x03src\x18\x02 \x01(\v2\x16.bounce.plugin.v1.DescR\x03src\x12(\n" +
+	"\x03dst\x18\x03 \x01(\v2\x16.bounce.plugin.v1.DescR\x03dst*\xc3\x02\n" +
 	"\x04Code\x12\x14\n" +
 	"\x10CODE_UNSPECIFIED\x10\x00\x12\r\n" +
 	"\tCODE_BUSY\x10\x01\x12\x13\n" +
@@ -1487,12 +1564,26 @@ const file_plugin_proto_rawDesc = "" +
 	"RemovePeer\x12\x1d.bounce.plugin.v1.PeerRequest\x1a\x17.bounce.plugin.v1.Reply\x12A\n" +
 	"\x04Send\x12 .bounce.plugin.v1.MessageRequest\x1a\x17.bounce.plugin.v1.Reply\x12E\n" +
 	"\x04Recv\x12\x1d.bounce.plugin.v1.RecvRequest\x1a\x1e.bounce.plugin.v1.MessageReply\x129\n" +
-	"\x05Close\x12\x17.bounce.plugin.v1.Empty\x1a\x17.bounce.plugin.v1.Reply2\xdc\x03\n" +
-	"\x05Stage\x12>\n" +
-	"\x04Open\x12\x1d.bounce.plugin.v1.OpenRequest\x1a\x17.bounce.plugin.v1.Reply\x12C\n" +
+	"\x05Close\x12\x17.bounce.plugin.v1.Empty\x1a\x17.bounce.plugin.v1.Reply2\xe1\x03\n" +
+	"\x06Gather\x12B\n" +
+	"\x04Open\x12\x1d.bounce.plugin.v1.OpenRequest\x1a\x1b.bounce.plugin.v1.OpenReply\x12C\n" +
 	"\x05Share\x12!.bounce.plugin.v1.RegisterRequest\x1a\x17.bounce.plugin.v1.Reply\x12A\n" +
 	"\aUnshare\x12\x1d.bounce.plugin.v1.DescRequest\x1a\x17.bounce.plugin.v1.Reply\x12E\n" +
 	"\x04Copy\x12\x1e.bounce.plugin.v1.StageRequest\x1a\x1d.bounce.plugin.v1.HandleReply\x12D\n" +
+	"\x04Poll\x12\x1f.bounce.plugin.v1.HandleRequest\x1a\x1b.bounce.plugin.v1.PollReply\x12C\n" +
+	"\aRelease\x12\x1f.bounce.plugin.v1.HandleRequest\x1a\x17.bounce.plugin.v1.Reply\x129\n" +
+	"\x05Close\x12\x17.bounce.plugin.v1.Empty\x1a\x17.bounce.plugin.v1.Reply2\xe2\x03\n" +
+	"\aScatter\x12B\n" +
+	"\x04Open\x12\x1d.bounce.plugin.v1.OpenRequest\x1a\x1b.bounce.plugin.v1.OpenReply\x12C\n" +
+	"\x05Share\x12!.bounce.plugin.v1.RegisterRequest\x1a\x17.bounce.plugin.v1.Reply\x12A\n" +
+	"\aUnshare\x12\x1d.bounce.plugin.v1.DescRequest\x1a\x17.bounce.plugin.v1.Reply\x12E\n" +
+	"\x04Copy\x12\x1e.bounce.plugin.v1.StageRequest\x1a\x1d.bounce.plugin.v1.HandleReply\x12D\n" +
+	"\x04Poll\x12\x1f.bounce.plugin.v1.HandleRequest\x1a\x1b.bounce.plugin.v1.PollReply\x12C\n" +
+	"\aRelease\x12\x1f.bounce.plugin.v1.HandleRequest\x1a\x17.bounce.plugin.v1.Reply\x129\n" +
+	"\x05Close\x12\x17.bounce.plugin.v1.Empty\x1a\x17.bounce.plugin.v1.Reply2\xda\x02\n" +
+	"\x06Writer\x12B\n" +
+	"\x04Open\x12\x1d.bounce.plugin.v1.OpenRequest\x1a\x1b.bounce.plugin.v1.OpenReply\x12F\n" +
+	"\x05Write\x12\x1e.bounce.plugin.v1.WriteRequest\x1a\x1d.bounce.plugin.v1.HandleReply\x12D\n" +
 	"\x04Poll\x12\x1f.bounce.plugin.v1.HandleRequest\x1a\x1b.bounce.plugin.v1.PollReply\x12C\n" +
 	"\aRelease\x12\x1f.bounce.plugin.v1.HandleRequest\x1a\x17.bounce.plugin.v1.Reply\x129\n" +
 	"\x05Close\x12\x17.bounce.plugin.v1.Empty\x1a\x17.bounce.plugin.v1.ReplyB9Z7github.com/bouncekv/bounce/plugins/internal/proto;protob\x06proto3"
@@ -1510,7 +1601,7 @@ func file_plugin_proto_rawDescGZIP() []byte {
 }
 
 var file_plugin_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_plugin_proto_msgTypes = make([]protoimpl.MessageInfo, 24)
+var file_plugin_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
 var file_plugin_proto_goTypes = []any{
 	(Code)(0),                // 0: bounce.plugin.v1.Code
 	(*Error)(nil),            // 1: bounce.plugin.v1.Error
@@ -1536,14 +1627,15 @@ var file_plugin_proto_goTypes = []any{
 	(*RecvRequest)(nil),      // 21: bounce.plugin.v1.RecvRequest
 	(*MessageReply)(nil),     // 22: bounce.plugin.v1.MessageReply
 	(*StageRequest)(nil),     // 23: bounce.plugin.v1.StageRequest
-	nil,                      // 24: bounce.plugin.v1.OpenRequest.OptionsEntry
+	(*WriteRequest)(nil),     // 24: bounce.plugin.v1.WriteRequest
+	nil,                      // 25: bounce.plugin.v1.OpenRequest.OptionsEntry
 }
 var file_plugin_proto_depIdxs = []int32{
 	0,  // 0: bounce.plugin.v1.Error.codes:type_name -> bounce.plugin.v1.Code
 	2,  // 1: bounce.plugin.v1.WriteOp.src:type_name -> bounce.plugin.v1.Desc
 	2,  // 2: bounce.plugin.v1.WriteOp.dst:type_name -> bounce.plugin.v1.Desc
 	1,  // 3: bounce.plugin.v1.Reply.error:type_name -> bounce.plugin.v1.Error
-	24, // 4: bounce.plugin.v1.OpenRequest.options:type_name -> bounce.plugin.v1.OpenRequest.OptionsEntry
+	25, // 4: bounce.plugin.v1.OpenRequest.options:type_name -> bounce.plugin.v1.OpenRequest.OptionsEntry
 	1,  // 5: bounce.plugin.v1.OpenReply.error:type_name -> bounce.plugin.v1.Error
 	2,  // 6: bounce.plugin.v1.RegisterRequest.desc:type_name -> bounce.plugin.v1.Desc
 	3,  // 7: bounce.plugin.v1.RegisterRequest.share:type_name -> bounce.plugin.v1.Share
@@ -1556,61 +1648,87 @@ var file_plugin_proto_depIdxs = []int32{
 	1,  // 14: bounce.plugin.v1.MessageReply.error:type_name -> bounce.plugin.v1.Error
 	2,  // 15: bounce.plugin.v1.StageRequest.region:type_name -> bounce.plugin.v1.Desc
 	4,  // 16: bounce.plugin.v1.StageRequest.runs:type_name -> bounce.plugin.v1.Run
-	8,  // 17: bounce.plugin.v1.Engine.Open:input_type -> bounce.plugin.v1.OpenRequest
-	10, // 18: bounce.plugin.v1.Engine.RegisterMemory:input_type -> bounce.plugin.v1.RegisterRequest
-	11, // 19: bounce.plugin.v1.Engine.DeregisterMemory:input_type -> bounce.plugin.v1.DescRequest
-	6,  // 20: bounce.plugin.v1.Engine.Metadata:input_type -> bounce.plugin.v1.Empty
-	12, // 21: bounce.plugin.v1.Engine.LoadPeer:input_type -> bounce.plugin.v1.BytesRequest
-	14, // 22: bounce.plugin.v1.Engine.ForgetPeer:input_type -> bounce.plugin.v1.PeerRequest
-	16, // 23: bounce.plugin.v1.Engine.PostWrite:input_type -> bounce.plugin.v1.PostWriteRequest
-	17, // 24: bounce.plugin.v1.Engine.Poll:input_type -> bounce.plugin.v1.HandleRequest
-	17, // 25: bounce.plugin.v1.Engine.Release:input_type -> bounce.plugin.v1.HandleRequest
-	20, // 26: bounce.plugin.v1.Engine.Notify:input_type -> bounce.plugin.v1.MessageRequest
-	21, // 27: bounce.plugin.v1.Engine.RecvNotification:input_type -> bounce.plugin.v1.RecvRequest
-	6,  // 28: bounce.plugin.v1.Engine.Close:input_type -> bounce.plugin.v1.Empty
-	8,  // 29: bounce.plugin.v1.Control.Open:input_type -> bounce.plugin.v1.OpenRequest
-	14, // 30: bounce.plugin.v1.Control.AddPeer:input_type -> bounce.plugin.v1.PeerRequest
-	14, // 31: bounce.plugin.v1.Control.RemovePeer:input_type -> bounce.plugin.v1.PeerRequest
-	20, // 32: bounce.plugin.v1.Control.Send:input_type -> bounce.plugin.v1.MessageRequest
-	21, // 33: bounce.plugin.v1.Control.Recv:input_type -> bounce.plugin.v1.RecvRequest
-	6,  // 34: bounce.plugin.v1.Control.Close:input_type -> bounce.plugin.v1.Empty
-	8,  // 35: bounce.plugin.v1.Stage.Open:input_type -> bounce.plugin.v1.OpenRequest
-	10, // 36: bounce.plugin.v1.Stage.Share:input_type -> bounce.plugin.v1.RegisterRequest
-	11, // 37: bounce.plugin.v1.Stage.Unshare:input_type -> bounce.plugin.v1.DescRequest
-	23, // 38: bounce.plugin.v1.Stage.Copy:input_type -> bounce.plugin.v1.StageRequest
-	17, // 39: bounce.plugin.v1.Stage.Poll:input_type -> bounce.plugin.v1.HandleRequest
-	17, // 40: bounce.plugin.v1.Stage.Release:input_type -> bounce.plugin.v1.HandleRequest
-	6,  // 41: bounce.plugin.v1.Stage.Close:input_type -> bounce.plugin.v1.Empty
-	9,  // 42: bounce.plugin.v1.Engine.Open:output_type -> bounce.plugin.v1.OpenReply
-	7,  // 43: bounce.plugin.v1.Engine.RegisterMemory:output_type -> bounce.plugin.v1.Reply
-	7,  // 44: bounce.plugin.v1.Engine.DeregisterMemory:output_type -> bounce.plugin.v1.Reply
-	13, // 45: bounce.plugin.v1.Engine.Metadata:output_type -> bounce.plugin.v1.BytesReply
-	15, // 46: bounce.plugin.v1.Engine.LoadPeer:output_type -> bounce.plugin.v1.PeerReply
-	7,  // 47: bounce.plugin.v1.Engine.ForgetPeer:output_type -> bounce.plugin.v1.Reply
-	18, // 48: bounce.plugin.v1.Engine.PostWrite:output_type -> bounce.plugin.v1.HandleReply
-	19, // 49: bounce.plugin.v1.Engine.Poll:output_type -> bounce.plugin.v1.PollReply
-	7,  // 50: bounce.plugin.v1.Engine.Release:output_type -> bounce.plugin.v1.Reply
-	7,  // 51: bounce.plugin.v1.Engine.Notify:output_type -> bounce.plugin.v1.Reply
-	22, // 52: bounce.plugin.v1.Engine.RecvNotification:output_type -> bounce.plugin.v1.MessageReply
-	7,  // 53: bounce.plugin.v1.Engine.Close:output_type -> bounce.plugin.v1.Reply
-	9,  // 54: bounce.plugin.v1.Control.Open:output_type -> bounce.plugin.v1.OpenReply
-	7,  // 55: bounce.plugin.v1.Control.AddPeer:output_type -> bounce.plugin.v1.Reply
-	7,  // 56: bounce.plugin.v1.Control.RemovePeer:output_type -> bounce.plugin.v1.Reply
-	7,  // 57: bounce.plugin.v1.Control.Send:output_type -> bounce.plugin.v1.Reply
-	22, // 58: bounce.plugin.v1.Control.Recv:output_type -> bounce.plugin.v1.MessageReply
-	7,  // 59: bounce.plugin.v1.Control.Close:output_type -> bounce.plugin.v1.Reply
-	7,  // 60: bounce.plugin.v1.Stage.Open:output_type -> bounce.plugin.v1.Reply
-	7,  // 61: bounce.plugin.v1.Stage.Share:output_type -> bounce.plugin.v1.Reply
-	7,  // 62: bounce.plugin.v1.Stage.Unshare:output_type -> bounce.plugin.v1.Reply
-	18, // 63: bounce.plugin.v1.Stage.Copy:output_type -> bounce.plugin.v1.HandleReply
-	19, // 64: bounce.plugin.v1.Stage.Poll:output_type -> bounce.plugin.v1.PollReply
-	7,  // 65: bounce.plugin.v1.Stage.Release:output_type -> bounce.plugin.v1.Reply
-	7,  // 66: bounce.plugin.v1.Stage.Close:output_type -> bounce.plugin.v1.Reply
-	42, // [42:67] is the sub-list for method output_type
-	17, // [17:42] is the sub-list for method input_type
-	17, // [17:17] is the sub-list for extension type_name
-	17, // [17:17] is the sub-list for extension extendee
-	0,  // [0:17] is the sub-list for field type_name
+	2,  // 17: bounce.plugin.v1.WriteRequest.src:type_name -> bounce.plugin.v1.Desc
+	2,  // 18: bounce.plugin.v1.WriteRequest.dst:type_name -> bounce.plugin.v1.Desc
+	8,  // 19: bounce.plugin.v1.Engine.Open:input_type -> bounce.plugin.v1.OpenRequest
+	10, // 20: bounce.plugin.v1.Engine.RegisterMemory:input_type -> bounce.plugin.v1.RegisterRequest
+	11, // 21: bounce.plugin.v1.Engine.DeregisterMemory:input_type -> bounce.plugin.v1.DescRequest
+	6,  // 22: bounce.plugin.v1.Engine.Metadata:input_type -> bounce.plugin.v1.Empty
+	12, // 23: bounce.plugin.v1.Engine.LoadPeer:input_type -> bounce.plugin.v1.BytesRequest
+	14, // 24: bounce.plugin.v1.Engine.ForgetPeer:input_type -> bounce.plugin.v1.PeerRequest
+	16, // 25: bounce.plugin.v1.Engine.PostWrite:input_type -> bounce.plugin.v1.PostWriteRequest
+	17, // 26: bounce.plugin.v1.Engine.Poll:input_type -> bounce.plugin.v1.HandleRequest
+	17, // 27: bounce.plugin.v1.Engine.Release:input_type -> bounce.plugin.v1.HandleRequest
+	20, // 28: bounce.plugin.v1.Engine.Notify:input_type -> bounce.plugin.v1.MessageRequest
+	21, // 29: bounce.plugin.v1.Engine.RecvNotification:input_type -> bounce.plugin.v1.RecvRequest
+	6,  // 30: bounce.plugin.v1.Engine.Close:input_type -> bounce.plugin.v1.Empty
+	8,  // 31: bounce.plugin.v1.Control.Open:input_type -> bounce.plugin.v1.OpenRequest
+	14, // 32: bounce.plugin.v1.Control.AddPeer:input_type -> bounce.plugin.v1.PeerRequest
+	14, // 33: bounce.plugin.v1.Control.RemovePeer:input_type -> bounce.plugin.v1.PeerRequest
+	20, // 34: bounce.plugin.v1.Control.Send:input_type -> bounce.plugin.v1.MessageRequest
+	21, // 35: bounce.plugin.v1.Control.Recv:input_type -> bounce.plugin.v1.RecvRequest
+	6,  // 36: bounce.plugin.v1.Control.Close:input_type -> bounce.plugin.v1.Empty
+	8,  // 37: bounce.plugin.v1.Gather.Open:input_type -> bounce.plugin.v1.OpenRequest
+	10, // 38: bounce.plugin.v1.Gather.Share:input_type -> bounce.plugin.v1.RegisterRequest
+	11, // 39: bounce.plugin.v1.Gather.Unshare:input_type -> bounce.plugin.v1.DescRequest
+	23, // 40: bounce.plugin.v1.Gather.Copy:input_type -> bounce.plugin.v1.StageRequest
+	17, // 41: bounce.plugin.v1.Gather.Poll:input_type -> bounce.plugin.v1.HandleRequest
+	17, // 42: bounce.plugin.v1.Gather.Release:input_type -> bounce.plugin.v1.HandleRequest
+	6,  // 43: bounce.plugin.v1.Gather.Close:input_type -> bounce.plugin.v1.Empty
+	8,  // 44: bounce.plugin.v1.Scatter.Open:input_type -> bounce.plugin.v1.OpenRequest
+	10, // 45: bounce.plugin.v1.Scatter.Share:input_type -> bounce.plugin.v1.RegisterRequest
+	11, // 46: bounce.plugin.v1.Scatter.Unshare:input_type -> bounce.plugin.v1.DescRequest
+	23, // 47: bounce.plugin.v1.Scatter.Copy:input_type -> bounce.plugin.v1.StageRequest
+	17, // 48: bounce.plugin.v1.Scatter.Poll:input_type -> bounce.plugin.v1.HandleRequest
+	17, // 49: bounce.plugin.v1.Scatter.Release:input_type -> bounce.plugin.v1.HandleRequest
+	6,  // 50: bounce.plugin.v1.Scatter.Close:input_type -> bounce.plugin.v1.Empty
+	8,  // 51: bounce.plugin.v1.Writer.Open:input_type -> bounce.plugin.v1.OpenRequest
+	24, // 52: bounce.plugin.v1.Writer.Write:input_type -> bounce.plugin.v1.WriteRequest
+	17, // 53: bounce.plugin.v1.Writer.Poll:input_type -> bounce.plugin.v1.HandleRequest
+	17, // 54: bounce.plugin.v1.Writer.Release:input_type -> bounce.plugin.v1.HandleRequest
+	6,  // 55: bounce.plugin.v1.Writer.Close:input_type -> bounce.plugin.v1.Empty
+	9,  // 56: bounce.plugin.v1.Engine.Open:output_type -> bounce.plugin.v1.OpenReply
+	7,  // 57: bounce.plugin.v1.Engine.RegisterMemory:output_type -> bounce.plugin.v1.Reply
+	7,  // 58: bounce.plugin.v1.Engine.DeregisterMemory:output_type -> bounce.plugin.v1.Reply
+	13, // 59: bounce.plugin.v1.Engine.Metadata:output_type -> bounce.plugin.v1.BytesReply
+	15, // 60: bounce.plugin.v1.Engine.LoadPeer:output_type -> bounce.plugin.v1.PeerReply
+	7,  // 61: bounce.plugin.v1.Engine.ForgetPeer:output_type -> bounce.plugin.v1.Reply
+	18, // 62: bounce.plugin.v1.Engine.PostWrite:output_type -> bounce.plugin.v1.HandleReply
+	19, // 63: bounce.plugin.v1.Engine.Poll:output_type -> bounce.plugin.v1.PollReply
+	7,  // 64: bounce.plugin.v1.Engine.Release:output_type -> bounce.plugin.v1.Reply
+	7,  // 65: bounce.plugin.v1.Engine.Notify:output_type -> bounce.plugin.v1.Reply
+	22, // 66: bounce.plugin.v1.Engine.RecvNotification:output_type -> bounce.plugin.v1.MessageReply
+	7,  // 67: bounce.plugin.v1.Engine.Close:output_type -> bounce.plugin.v1.Reply
+	9,  // 68: bounce.plugin.v1.Control.Open:output_type -> bounce.plugin.v1.OpenReply
+	7,  // 69: bounce.plugin.v1.Control.AddPeer:output_type -> bounce.plugin.v1.Reply
+	7,  // 70: bounce.plugin.v1.Control.RemovePeer:output_type -> bounce.plugin.v1.Reply
+	7,  // 71: bounce.plugin.v1.Control.Send:output_type -> bounce.plugin.v1.Reply
+	22, // 72: bounce.plugin.v1.Control.Recv:output_type -> bounce.plugin.v1.MessageReply
+	7,  // 73: bounce.plugin.v1.Control.Close:output_type -> bounce.plugin.v1.Reply
+	9,  // 74: bounce.plugin.v1.Gather.Open:output_type -> bounce.plugin.v1.OpenReply
+	7,  // 75: bounce.plugin.v1.Gather.Share:output_type -> bounce.plugin.v1.Reply
+	7,  // 76: bounce.plugin.v1.Gather.Unshare:output_type -> bounce.plugin.v1.Reply
+	18, // 77: bounce.plugin.v1.Gather.Copy:output_type -> bounce.plugin.v1.HandleReply
+	19, // 78: bounce.plugin.v1.Gather.Poll:output_type -> bounce.plugin.v1.PollReply
+	7,  // 79: bounce.plugin.v1.Gather.Release:output_type -> bounce.plugin.v1.Reply
+	7,  // 80: bounce.plugin.v1.Gather.Close:output_type -> bounce.plugin.v1.Reply
+	9,  // 81: bounce.plugin.v1.Scatter.Open:output_type -> bounce.plugin.v1.OpenReply
+	7,  // 82: bounce.plugin.v1.Scatter.Share:output_type -> bounce.plugin.v1.Reply
+	7,  // 83: bounce.plugin.v1.Scatter.Unshare:output_type -> bounce.plugin.v1.Reply
+	18, // 84: bounce.plugin.v1.Scatter.Copy:output_type -> bounce.plugin.v1.HandleReply
+	19, // 85: bounce.plugin.v1.Scatter.Poll:output_type -> bounce.plugin.v1.PollReply
+	7,  // 86: bounce.plugin.v1.Scatter.Release:output_type -> bounce.plugin.v1.Reply
+	7,  // 87: bounce.plugin.v1.Scatter.Close:output_type -> bounce.plugin.v1.Reply
+	9,  // 88: bounce.plugin.v1.Writer.Open:output_type -> bounce.plugin.v1.OpenReply
+	18, // 89: bounce.plugin.v1.Writer.Write:output_type -> bounce.plugin.v1.HandleReply
+	19, // 90: bounce.plugin.v1.Writer.Poll:output_type -> bounce.plugin.v1.PollReply
+	7,  // 91: bounce.plugin.v1.Writer.Release:output_type -> bounce.plugin.v1.Reply
+	7,  // 92: bounce.plugin.v1.Writer.Close:output_type -> bounce.plugin.v1.Reply
+	56, // [56:93] is the sub-list for method output_type
+	19, // [19:56] is the sub-list for method input_type
+	19, // [19:19] is the sub-list for extension type_name
+	19, // [19:19] is the sub-list for extension extendee
+	0,  // [0:19] is the sub-list for field type_name
 }
 
 func init() { file_plugin_proto_init() }
@@ -1624,9 +1742,9 @@ func file_plugin_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_plugin_proto_rawDesc), len(file_plugin_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   24,
+			NumMessages:   25,
 			NumExtensions: 0,
-			NumServices:   3,
+			NumServices:   5,
 		},
 		GoTypes:           file_plugin_proto_goTypes,
 		DependencyIndexes: file_plugin_proto_depIdxs,

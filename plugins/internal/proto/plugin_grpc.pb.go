@@ -188,7 +188,7 @@ func (c *engineClient) Close(ctx context.Context, in *Empty, opts ...grpc.CallOp
 }
 
 // EngineServer is the server API for Engine service.
-// All implementations must embed UnimplementedEngineServer
+// All implementations should embed UnimplementedEngineServer
 // for forward compatibility.
 //
 // Engine mirrors transfer.Engine and transfer.Notifier. Operations are
@@ -206,10 +206,9 @@ type EngineServer interface {
 	Notify(context.Context, *MessageRequest) (*Reply, error)
 	RecvNotification(context.Context, *RecvRequest) (*MessageReply, error)
 	Close(context.Context, *Empty) (*Reply, error)
-	mustEmbedUnimplementedEngineServer()
 }
 
-// UnimplementedEngineServer must be embedded to have
+// UnimplementedEngineServer should be embedded to have
 // forward compatible implementations.
 //
 // NOTE: this should be embedded by value instead of pointer to avoid a nil
@@ -252,8 +251,7 @@ func (UnimplementedEngineServer) RecvNotification(context.Context, *RecvRequest)
 func (UnimplementedEngineServer) Close(context.Context, *Empty) (*Reply, error) {
 	return nil, status.Error(codes.Unimplemented, "method Close not implemented")
 }
-func (UnimplementedEngineServer) mustEmbedUnimplementedEngineServer() {}
-func (UnimplementedEngineServer) testEmbeddedByValue()                {}
+func (UnimplementedEngineServer) testEmbeddedByValue() {}
 
 // UnsafeEngineServer may be embedded to opt out of forward compatibility for this service.
 // Use of this interface is not recommended, as added methods to EngineServer will
@@ -641,7 +639,7 @@ func (c *controlClient) Close(ctx context.Context, in *Empty, opts ...grpc.CallO
 }
 
 // ControlServer is the server API for Control service.
-// All implementations must embed UnimplementedControlServer
+// All implementations should embed UnimplementedControlServer
 // for forward compatibility.
 //
 // Control mirrors transfer.ControlChannel.
@@ -652,10 +650,9 @@ type ControlServer interface {
 	Send(context.Context, *MessageRequest) (*Reply, error)
 	Recv(context.Context, *RecvRequest) (*MessageReply, error)
 	Close(context.Context, *Empty) (*Reply, error)
-	mustEmbedUnimplementedControlServer()
 }
 
-// UnimplementedControlServer must be embedded to have
+// UnimplementedControlServer should be embedded to have
 // forward compatible implementations.
 //
 // NOTE: this should be embedded by value instead of pointer to avoid a nil
@@ -680,8 +677,7 @@ func (UnimplementedControlServer) Recv(context.Context, *RecvRequest) (*MessageR
 func (UnimplementedControlServer) Close(context.Context, *Empty) (*Reply, error) {
 	return nil, status.Error(codes.Unimplemented, "method Close not implemented")
 }
-func (UnimplementedControlServer) mustEmbedUnimplementedControlServer() {}
-func (UnimplementedControlServer) testEmbeddedByValue()                 {}
+func (UnimplementedControlServer) testEmbeddedByValue() {}
 
 // UnsafeControlServer may be embedded to opt out of forward compatibility for this service.
 // Use of this interface is not recommended, as added methods to ControlServer will
@@ -846,24 +842,27 @@ var Control_ServiceDesc = grpc.ServiceDesc{
 }
 
 const (
-	Stage_Open_FullMethodName    = "/bounce.plugin.v1.Stage/Open"
-	Stage_Share_FullMethodName   = "/bounce.plugin.v1.Stage/Share"
-	Stage_Unshare_FullMethodName = "/bounce.plugin.v1.Stage/Unshare"
-	Stage_Copy_FullMethodName    = "/bounce.plugin.v1.Stage/Copy"
-	Stage_Poll_FullMethodName    = "/bounce.plugin.v1.Stage/Poll"
-	Stage_Release_FullMethodName = "/bounce.plugin.v1.Stage/Release"
-	Stage_Close_FullMethodName   = "/bounce.plugin.v1.Stage/Close"
+	Gather_Open_FullMethodName    = "/bounce.plugin.v1.Gather/Open"
+	Gather_Share_FullMethodName   = "/bounce.plugin.v1.Gather/Share"
+	Gather_Unshare_FullMethodName = "/bounce.plugin.v1.Gather/Unshare"
+	Gather_Copy_FullMethodName    = "/bounce.plugin.v1.Gather/Copy"
+	Gather_Poll_FullMethodName    = "/bounce.plugin.v1.Gather/Poll"
+	Gather_Release_FullMethodName = "/bounce.plugin.v1.Gather/Release"
+	Gather_Close_FullMethodName   = "/bounce.plugin.v1.Gather/Close"
 )
 
-// StageClient is the client API for Stage service.
+// GatherClient is the client API for Gather service.
 //
 // For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
 //
-// Stage mirrors transfer.Gatherer or transfer.Scatterer (the plugin kind
-// dispensed says which). Share makes a registered host range visible to the
-// stage before a Copy names it.
-type StageClient interface {
-	Open(ctx context.Context, in *OpenRequest, opts ...grpc.CallOption) (*Reply, error)
+// Gather mirrors transfer.Gatherer; Scatter, with the same calls, mirrors
+// transfer.Scatterer (two services, so one binary may serve both). Share
+// makes a registered host range visible to the stage (it maps the memfd at
+// the same address and adds it to the stage's registry) before a Copy names
+// it; Unshare undoes it. Copy is one call per chunk: the region and all of
+// its runs.
+type GatherClient interface {
+	Open(ctx context.Context, in *OpenRequest, opts ...grpc.CallOption) (*OpenReply, error)
 	Share(ctx context.Context, in *RegisterRequest, opts ...grpc.CallOption) (*Reply, error)
 	Unshare(ctx context.Context, in *DescRequest, opts ...grpc.CallOption) (*Reply, error)
 	Copy(ctx context.Context, in *StageRequest, opts ...grpc.CallOption) (*HandleReply, error)
@@ -872,311 +871,898 @@ type StageClient interface {
 	Close(ctx context.Context, in *Empty, opts ...grpc.CallOption) (*Reply, error)
 }
 
-type stageClient struct {
+type gatherClient struct {
 	cc grpc.ClientConnInterface
 }
 
-func NewStageClient(cc grpc.ClientConnInterface) StageClient {
-	return &stageClient{cc}
+func NewGatherClient(cc grpc.ClientConnInterface) GatherClient {
+	return &gatherClient{cc}
 }
 
-func (c *stageClient) Open(ctx context.Context, in *OpenRequest, opts ...grpc.CallOption) (*Reply, error) {
+func (c *gatherClient) Open(ctx context.Context, in *OpenRequest, opts ...grpc.CallOption) (*OpenReply, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	out := new(Reply)
-	err := c.cc.Invoke(ctx, Stage_Open_FullMethodName, in, out, cOpts...)
+	out := new(OpenReply)
+	err := c.cc.Invoke(ctx, Gather_Open_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
 	return out, nil
 }
 
-func (c *stageClient) Share(ctx context.Context, in *RegisterRequest, opts ...grpc.CallOption) (*Reply, error) {
+func (c *gatherClient) Share(ctx context.Context, in *RegisterRequest, opts ...grpc.CallOption) (*Reply, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(Reply)
-	err := c.cc.Invoke(ctx, Stage_Share_FullMethodName, in, out, cOpts...)
+	err := c.cc.Invoke(ctx, Gather_Share_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
 	return out, nil
 }
 
-func (c *stageClient) Unshare(ctx context.Context, in *DescRequest, opts ...grpc.CallOption) (*Reply, error) {
+func (c *gatherClient) Unshare(ctx context.Context, in *DescRequest, opts ...grpc.CallOption) (*Reply, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(Reply)
-	err := c.cc.Invoke(ctx, Stage_Unshare_FullMethodName, in, out, cOpts...)
+	err := c.cc.Invoke(ctx, Gather_Unshare_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
 	return out, nil
 }
 
-func (c *stageClient) Copy(ctx context.Context, in *StageRequest, opts ...grpc.CallOption) (*HandleReply, error) {
+func (c *gatherClient) Copy(ctx context.Context, in *StageRequest, opts ...grpc.CallOption) (*HandleReply, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(HandleReply)
-	err := c.cc.Invoke(ctx, Stage_Copy_FullMethodName, in, out, cOpts...)
+	err := c.cc.Invoke(ctx, Gather_Copy_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
 	return out, nil
 }
 
-func (c *stageClient) Poll(ctx context.Context, in *HandleRequest, opts ...grpc.CallOption) (*PollReply, error) {
+func (c *gatherClient) Poll(ctx context.Context, in *HandleRequest, opts ...grpc.CallOption) (*PollReply, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(PollReply)
-	err := c.cc.Invoke(ctx, Stage_Poll_FullMethodName, in, out, cOpts...)
+	err := c.cc.Invoke(ctx, Gather_Poll_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
 	return out, nil
 }
 
-func (c *stageClient) Release(ctx context.Context, in *HandleRequest, opts ...grpc.CallOption) (*Reply, error) {
+func (c *gatherClient) Release(ctx context.Context, in *HandleRequest, opts ...grpc.CallOption) (*Reply, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(Reply)
-	err := c.cc.Invoke(ctx, Stage_Release_FullMethodName, in, out, cOpts...)
+	err := c.cc.Invoke(ctx, Gather_Release_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
 	return out, nil
 }
 
-func (c *stageClient) Close(ctx context.Context, in *Empty, opts ...grpc.CallOption) (*Reply, error) {
+func (c *gatherClient) Close(ctx context.Context, in *Empty, opts ...grpc.CallOption) (*Reply, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(Reply)
-	err := c.cc.Invoke(ctx, Stage_Close_FullMethodName, in, out, cOpts...)
+	err := c.cc.Invoke(ctx, Gather_Close_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
 	return out, nil
 }
 
-// StageServer is the server API for Stage service.
-// All implementations must embed UnimplementedStageServer
+// GatherServer is the server API for Gather service.
+// All implementations should embed UnimplementedGatherServer
 // for forward compatibility.
 //
-// Stage mirrors transfer.Gatherer or transfer.Scatterer (the plugin kind
-// dispensed says which). Share makes a registered host range visible to the
-// stage before a Copy names it.
-type StageServer interface {
-	Open(context.Context, *OpenRequest) (*Reply, error)
+// Gather mirrors transfer.Gatherer; Scatter, with the same calls, mirrors
+// transfer.Scatterer (two services, so one binary may serve both). Share
+// makes a registered host range visible to the stage (it maps the memfd at
+// the same address and adds it to the stage's registry) before a Copy names
+// it; Unshare undoes it. Copy is one call per chunk: the region and all of
+// its runs.
+type GatherServer interface {
+	Open(context.Context, *OpenRequest) (*OpenReply, error)
 	Share(context.Context, *RegisterRequest) (*Reply, error)
 	Unshare(context.Context, *DescRequest) (*Reply, error)
 	Copy(context.Context, *StageRequest) (*HandleReply, error)
 	Poll(context.Context, *HandleRequest) (*PollReply, error)
 	Release(context.Context, *HandleRequest) (*Reply, error)
 	Close(context.Context, *Empty) (*Reply, error)
-	mustEmbedUnimplementedStageServer()
 }
 
-// UnimplementedStageServer must be embedded to have
+// UnimplementedGatherServer should be embedded to have
 // forward compatible implementations.
 //
 // NOTE: this should be embedded by value instead of pointer to avoid a nil
 // pointer dereference when methods are called.
-type UnimplementedStageServer struct{}
+type UnimplementedGatherServer struct{}
 
-func (UnimplementedStageServer) Open(context.Context, *OpenRequest) (*Reply, error) {
+func (UnimplementedGatherServer) Open(context.Context, *OpenRequest) (*OpenReply, error) {
 	return nil, status.Error(codes.Unimplemented, "method Open not implemented")
 }
-func (UnimplementedStageServer) Share(context.Context, *RegisterRequest) (*Reply, error) {
+func (UnimplementedGatherServer) Share(context.Context, *RegisterRequest) (*Reply, error) {
 	return nil, status.Error(codes.Unimplemented, "method Share not implemented")
 }
-func (UnimplementedStageServer) Unshare(context.Context, *DescRequest) (*Reply, error) {
+func (UnimplementedGatherServer) Unshare(context.Context, *DescRequest) (*Reply, error) {
 	return nil, status.Error(codes.Unimplemented, "method Unshare not implemented")
 }
-func (UnimplementedStageServer) Copy(context.Context, *StageRequest) (*HandleReply, error) {
+func (UnimplementedGatherServer) Copy(context.Context, *StageRequest) (*HandleReply, error) {
 	return nil, status.Error(codes.Unimplemented, "method Copy not implemented")
 }
-func (UnimplementedStageServer) Poll(context.Context, *HandleRequest) (*PollReply, error) {
+func (UnimplementedGatherServer) Poll(context.Context, *HandleRequest) (*PollReply, error) {
 	return nil, status.Error(codes.Unimplemented, "method Poll not implemented")
 }
-func (UnimplementedStageServer) Release(context.Context, *HandleRequest) (*Reply, error) {
+func (UnimplementedGatherServer) Release(context.Context, *HandleRequest) (*Reply, error) {
 	return nil, status.Error(codes.Unimplemented, "method Release not implemented")
 }
-func (UnimplementedStageServer) Close(context.Context, *Empty) (*Reply, error) {
+func (UnimplementedGatherServer) Close(context.Context, *Empty) (*Reply, error) {
 	return nil, status.Error(codes.Unimplemented, "method Close not implemented")
 }
-func (UnimplementedStageServer) mustEmbedUnimplementedStageServer() {}
-func (UnimplementedStageServer) testEmbeddedByValue()               {}
+func (UnimplementedGatherServer) testEmbeddedByValue() {}
 
-// UnsafeStageServer may be embedded to opt out of forward compatibility for this service.
-// Use of this interface is not recommended, as added methods to StageServer will
+// UnsafeGatherServer may be embedded to opt out of forward compatibility for this service.
+// Use of this interface is not recommended, as added methods to GatherServer will
 // result in compilation errors.
-type UnsafeStageServer interface {
-	mustEmbedUnimplementedStageServer()
+type UnsafeGatherServer interface {
+	mustEmbedUnimplementedGatherServer()
 }
 
-func RegisterStageServer(s grpc.ServiceRegistrar, srv StageServer) {
-	// If the following call panics, it indicates UnimplementedStageServer was
+func RegisterGatherServer(s grpc.ServiceRegistrar, srv GatherServer) {
+	// If the following call panics, it indicates UnimplementedGatherServer was
 	// embedded by pointer and is nil.  This will cause panics if an
 	// unimplemented method is ever invoked, so we test this at initialization
 	// time to prevent it from happening at runtime later due to I/O.
 	if t, ok := srv.(interface{ testEmbeddedByValue() }); ok {
 		t.testEmbeddedByValue()
 	}
-	s.RegisterService(&Stage_ServiceDesc, srv)
+	s.RegisterService(&Gather_ServiceDesc, srv)
 }
 
-func _Stage_Open_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+func _Gather_Open_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(OpenRequest)
 	if err := dec(in); err != nil {
 		return nil, err
 	}
 	if interceptor == nil {
-		return srv.(StageServer).Open(ctx, in)
+		return srv.(GatherServer).Open(ctx, in)
 	}
 	info := &grpc.UnaryServerInfo{
 		Server:     srv,
-		FullMethod: Stage_Open_FullMethodName,
+		FullMethod: Gather_Open_FullMethodName,
 	}
 	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
-		return srv.(StageServer).Open(ctx, req.(*OpenRequest))
+		return srv.(GatherServer).Open(ctx, req.(*OpenRequest))
 	}
 	return interceptor(ctx, in, info, handler)
 }
 
-func _Stage_Share_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+func _Gather_Share_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(RegisterRequest)
 	if err := dec(in); err != nil {
 		return nil, err
 	}
 	if interceptor == nil {
-		return srv.(StageServer).Share(ctx, in)
+		return srv.(GatherServer).Share(ctx, in)
 	}
 	info := &grpc.UnaryServerInfo{
 		Server:     srv,
-		FullMethod: Stage_Share_FullMethodName,
+		FullMethod: Gather_Share_FullMethodName,
 	}
 	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
-		return srv.(StageServer).Share(ctx, req.(*RegisterRequest))
+		return srv.(GatherServer).Share(ctx, req.(*RegisterRequest))
 	}
 	return interceptor(ctx, in, info, handler)
 }
 
-func _Stage_Unshare_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+func _Gather_Unshare_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(DescRequest)
 	if err := dec(in); err != nil {
 		return nil, err
 	}
 	if interceptor == nil {
-		return srv.(StageServer).Unshare(ctx, in)
+		return srv.(GatherServer).Unshare(ctx, in)
 	}
 	info := &grpc.UnaryServerInfo{
 		Server:     srv,
-		FullMethod: Stage_Unshare_FullMethodName,
+		FullMethod: Gather_Unshare_FullMethodName,
 	}
 	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
-		return srv.(StageServer).Unshare(ctx, req.(*DescRequest))
+		return srv.(GatherServer).Unshare(ctx, req.(*DescRequest))
 	}
 	return interceptor(ctx, in, info, handler)
 }
 
-func _Stage_Copy_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+func _Gather_Copy_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(StageRequest)
 	if err := dec(in); err != nil {
 		return nil, err
 	}
 	if interceptor == nil {
-		return srv.(StageServer).Copy(ctx, in)
+		return srv.(GatherServer).Copy(ctx, in)
 	}
 	info := &grpc.UnaryServerInfo{
 		Server:     srv,
-		FullMethod: Stage_Copy_FullMethodName,
+		FullMethod: Gather_Copy_FullMethodName,
 	}
 	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
-		return srv.(StageServer).Copy(ctx, req.(*StageRequest))
+		return srv.(GatherServer).Copy(ctx, req.(*StageRequest))
 	}
 	return interceptor(ctx, in, info, handler)
 }
 
-func _Stage_Poll_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+func _Gather_Poll_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(HandleRequest)
 	if err := dec(in); err != nil {
 		return nil, err
 	}
 	if interceptor == nil {
-		return srv.(StageServer).Poll(ctx, in)
+		return srv.(GatherServer).Poll(ctx, in)
 	}
 	info := &grpc.UnaryServerInfo{
 		Server:     srv,
-		FullMethod: Stage_Poll_FullMethodName,
+		FullMethod: Gather_Poll_FullMethodName,
 	}
 	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
-		return srv.(StageServer).Poll(ctx, req.(*HandleRequest))
+		return srv.(GatherServer).Poll(ctx, req.(*HandleRequest))
 	}
 	return interceptor(ctx, in, info, handler)
 }
 
-func _Stage_Release_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+func _Gather_Release_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(HandleRequest)
 	if err := dec(in); err != nil {
 		return nil, err
 	}
 	if interceptor == nil {
-		return srv.(StageServer).Release(ctx, in)
+		return srv.(GatherServer).Release(ctx, in)
 	}
 	info := &grpc.UnaryServerInfo{
 		Server:     srv,
-		FullMethod: Stage_Release_FullMethodName,
+		FullMethod: Gather_Release_FullMethodName,
 	}
 	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
-		return srv.(StageServer).Release(ctx, req.(*HandleRequest))
+		return srv.(GatherServer).Release(ctx, req.(*HandleRequest))
 	}
 	return interceptor(ctx, in, info, handler)
 }
 
-func _Stage_Close_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+func _Gather_Close_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(Empty)
 	if err := dec(in); err != nil {
 		return nil, err
 	}
 	if interceptor == nil {
-		return srv.(StageServer).Close(ctx, in)
+		return srv.(GatherServer).Close(ctx, in)
 	}
 	info := &grpc.UnaryServerInfo{
 		Server:     srv,
-		FullMethod: Stage_Close_FullMethodName,
+		FullMethod: Gather_Close_FullMethodName,
 	}
 	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
-		return srv.(StageServer).Close(ctx, req.(*Empty))
+		return srv.(GatherServer).Close(ctx, req.(*Empty))
 	}
 	return interceptor(ctx, in, info, handler)
 }
 
-// Stage_ServiceDesc is the grpc.ServiceDesc for Stage service.
+// Gather_ServiceDesc is the grpc.ServiceDesc for Gather service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
-var Stage_ServiceDesc = grpc.ServiceDesc{
-	ServiceName: "bounce.plugin.v1.Stage",
-	HandlerType: (*StageServer)(nil),
+var Gather_ServiceDesc = grpc.ServiceDesc{
+	ServiceName: "bounce.plugin.v1.Gather",
+	HandlerType: (*GatherServer)(nil),
 	Methods: []grpc.MethodDesc{
 		{
 			MethodName: "Open",
-			Handler:    _Stage_Open_Handler,
+			Handler:    _Gather_Open_Handler,
 		},
 		{
 			MethodName: "Share",
-			Handler:    _Stage_Share_Handler,
+			Handler:    _Gather_Share_Handler,
 		},
 		{
 			MethodName: "Unshare",
-			Handler:    _Stage_Unshare_Handler,
+			Handler:    _Gather_Unshare_Handler,
 		},
 		{
 			MethodName: "Copy",
-			Handler:    _Stage_Copy_Handler,
+			Handler:    _Gather_Copy_Handler,
 		},
 		{
 			MethodName: "Poll",
-			Handler:    _Stage_Poll_Handler,
+			Handler:    _Gather_Poll_Handler,
 		},
 		{
 			MethodName: "Release",
-			Handler:    _Stage_Release_Handler,
+			Handler:    _Gather_Release_Handler,
 		},
 		{
 			MethodName: "Close",
-			Handler:    _Stage_Close_Handler,
+			Handler:    _Gather_Close_Handler,
+		},
+	},
+	Streams:  []grpc.StreamDesc{},
+	Metadata: "plugin.proto",
+}
+
+const (
+	Scatter_Open_FullMethodName    = "/bounce.plugin.v1.Scatter/Open"
+	Scatter_Share_FullMethodName   = "/bounce.plugin.v1.Scatter/Share"
+	Scatter_Unshare_FullMethodName = "/bounce.plugin.v1.Scatter/Unshare"
+	Scatter_Copy_FullMethodName    = "/bounce.plugin.v1.Scatter/Copy"
+	Scatter_Poll_FullMethodName    = "/bounce.plugin.v1.Scatter/Poll"
+	Scatter_Release_FullMethodName = "/bounce.plugin.v1.Scatter/Release"
+	Scatter_Close_FullMethodName   = "/bounce.plugin.v1.Scatter/Close"
+)
+
+// ScatterClient is the client API for Scatter service.
+//
+// For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
+type ScatterClient interface {
+	Open(ctx context.Context, in *OpenRequest, opts ...grpc.CallOption) (*OpenReply, error)
+	Share(ctx context.Context, in *RegisterRequest, opts ...grpc.CallOption) (*Reply, error)
+	Unshare(ctx context.Context, in *DescRequest, opts ...grpc.CallOption) (*Reply, error)
+	Copy(ctx context.Context, in *StageRequest, opts ...grpc.CallOption) (*HandleReply, error)
+	Poll(ctx context.Context, in *HandleRequest, opts ...grpc.CallOption) (*PollReply, error)
+	Release(ctx context.Context, in *HandleRequest, opts ...grpc.CallOption) (*Reply, error)
+	Close(ctx context.Context, in *Empty, opts ...grpc.CallOption) (*Reply, error)
+}
+
+type scatterClient struct {
+	cc grpc.ClientConnInterface
+}
+
+func NewScatterClient(cc grpc.ClientConnInterface) ScatterClient {
+	return &scatterClient{cc}
+}
+
+func (c *scatterClient) Open(ctx context.Context, in *OpenRequest, opts ...grpc.CallOption) (*OpenReply, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(OpenReply)
+	err := c.cc.Invoke(ctx, Scatter_Open_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *scatterClient) Share(ctx context.Context, in *RegisterRequest, opts ...grpc.CallOption) (*Reply, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(Reply)
+	err := c.cc.Invoke(ctx, Scatter_Share_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *scatterClient) Unshare(ctx context.Context, in *DescRequest, opts ...grpc.CallOption) (*Reply, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(Reply)
+	err := c.cc.Invoke(ctx, Scatter_Unshare_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *scatterClient) Copy(ctx context.Context, in *StageRequest, opts ...grpc.CallOption) (*HandleReply, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(HandleReply)
+	err := c.cc.Invoke(ctx, Scatter_Copy_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *scatterClient) Poll(ctx context.Context, in *HandleRequest, opts ...grpc.CallOption) (*PollReply, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(PollReply)
+	err := c.cc.Invoke(ctx, Scatter_Poll_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *scatterClient) Release(ctx context.Context, in *HandleRequest, opts ...grpc.CallOption) (*Reply, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(Reply)
+	err := c.cc.Invoke(ctx, Scatter_Release_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *scatterClient) Close(ctx context.Context, in *Empty, opts ...grpc.CallOption) (*Reply, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(Reply)
+	err := c.cc.Invoke(ctx, Scatter_Close_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// ScatterServer is the server API for Scatter service.
+// All implementations should embed UnimplementedScatterServer
+// for forward compatibility.
+type ScatterServer interface {
+	Open(context.Context, *OpenRequest) (*OpenReply, error)
+	Share(context.Context, *RegisterRequest) (*Reply, error)
+	Unshare(context.Context, *DescRequest) (*Reply, error)
+	Copy(context.Context, *StageRequest) (*HandleReply, error)
+	Poll(context.Context, *HandleRequest) (*PollReply, error)
+	Release(context.Context, *HandleRequest) (*Reply, error)
+	Close(context.Context, *Empty) (*Reply, error)
+}
+
+// UnimplementedScatterServer should be embedded to have
+// forward compatible implementations.
+//
+// NOTE: this should be embedded by value instead of pointer to avoid a nil
+// pointer dereference when methods are called.
+type UnimplementedScatterServer struct{}
+
+func (UnimplementedScatterServer) Open(context.Context, *OpenRequest) (*OpenReply, error) {
+	return nil, status.Error(codes.Unimplemented, "method Open not implemented")
+}
+func (UnimplementedScatterServer) Share(context.Context, *RegisterRequest) (*Reply, error) {
+	return nil, status.Error(codes.Unimplemented, "method Share not implemented")
+}
+func (UnimplementedScatterServer) Unshare(context.Context, *DescRequest) (*Reply, error) {
+	return nil, status.Error(codes.Unimplemented, "method Unshare not implemented")
+}
+func (UnimplementedScatterServer) Copy(context.Context, *StageRequest) (*HandleReply, error) {
+	return nil, status.Error(codes.Unimplemented, "method Copy not implemented")
+}
+func (UnimplementedScatterServer) Poll(context.Context, *HandleRequest) (*PollReply, error) {
+	return nil, status.Error(codes.Unimplemented, "method Poll not implemented")
+}
+func (UnimplementedScatterServer) Release(context.Context, *HandleRequest) (*Reply, error) {
+	return nil, status.Error(codes.Unimplemented, "method Release not implemented")
+}
+func (UnimplementedScatterServer) Close(context.Context, *Empty) (*Reply, error) {
+	return nil, status.Error(codes.Unimplemented, "method Close not implemented")
+}
+func (UnimplementedScatterServer) testEmbeddedByValue() {}
+
+// UnsafeScatterServer may be embedded to opt out of forward compatibility for this service.
+// Use of this interface is not recommended, as added methods to ScatterServer will
+// result in compilation errors.
+type UnsafeScatterServer interface {
+	mustEmbedUnimplementedScatterServer()
+}
+
+func RegisterScatterServer(s grpc.ServiceRegistrar, srv ScatterServer) {
+	// If the following call panics, it indicates UnimplementedScatterServer was
+	// embedded by pointer and is nil.  This will cause panics if an
+	// unimplemented method is ever invoked, so we test this at initialization
+	// time to prevent it from happening at runtime later due to I/O.
+	if t, ok := srv.(interface{ testEmbeddedByValue() }); ok {
+		t.testEmbeddedByValue()
+	}
+	s.RegisterService(&Scatter_ServiceDesc, srv)
+}
+
+func _Scatter_Open_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(OpenRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ScatterServer).Open(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Scatter_Open_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ScatterServer).Open(ctx, req.(*OpenRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Scatter_Share_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RegisterRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ScatterServer).Share(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Scatter_Share_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ScatterServer).Share(ctx, req.(*RegisterRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Scatter_Unshare_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(DescRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ScatterServer).Unshare(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Scatter_Unshare_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ScatterServer).Unshare(ctx, req.(*DescRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Scatter_Copy_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(StageRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ScatterServer).Copy(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Scatter_Copy_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ScatterServer).Copy(ctx, req.(*StageRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Scatter_Poll_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(HandleRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ScatterServer).Poll(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Scatter_Poll_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ScatterServer).Poll(ctx, req.(*HandleRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Scatter_Release_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(HandleRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ScatterServer).Release(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Scatter_Release_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ScatterServer).Release(ctx, req.(*HandleRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Scatter_Close_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(Empty)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ScatterServer).Close(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Scatter_Close_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ScatterServer).Close(ctx, req.(*Empty))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+// Scatter_ServiceDesc is the grpc.ServiceDesc for Scatter service.
+// It's only intended for direct use with grpc.RegisterService,
+// and not to be introspected or modified (even as a copy)
+var Scatter_ServiceDesc = grpc.ServiceDesc{
+	ServiceName: "bounce.plugin.v1.Scatter",
+	HandlerType: (*ScatterServer)(nil),
+	Methods: []grpc.MethodDesc{
+		{
+			MethodName: "Open",
+			Handler:    _Scatter_Open_Handler,
+		},
+		{
+			MethodName: "Share",
+			Handler:    _Scatter_Share_Handler,
+		},
+		{
+			MethodName: "Unshare",
+			Handler:    _Scatter_Unshare_Handler,
+		},
+		{
+			MethodName: "Copy",
+			Handler:    _Scatter_Copy_Handler,
+		},
+		{
+			MethodName: "Poll",
+			Handler:    _Scatter_Poll_Handler,
+		},
+		{
+			MethodName: "Release",
+			Handler:    _Scatter_Release_Handler,
+		},
+		{
+			MethodName: "Close",
+			Handler:    _Scatter_Close_Handler,
+		},
+	},
+	Streams:  []grpc.StreamDesc{},
+	Metadata: "plugin.proto",
+}
+
+const (
+	Writer_Open_FullMethodName    = "/bounce.plugin.v1.Writer/Open"
+	Writer_Write_FullMethodName   = "/bounce.plugin.v1.Writer/Write"
+	Writer_Poll_FullMethodName    = "/bounce.plugin.v1.Writer/Poll"
+	Writer_Release_FullMethodName = "/bounce.plugin.v1.Writer/Release"
+	Writer_Close_FullMethodName   = "/bounce.plugin.v1.Writer/Close"
+)
+
+// WriterClient is the client API for Writer service.
+//
+// For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
+//
+// Writer mirrors transfer.Writer. Its plugin reaches the host's engine back
+// through the broker stream named in OpenRequest.broker_id.
+type WriterClient interface {
+	Open(ctx context.Context, in *OpenRequest, opts ...grpc.CallOption) (*OpenReply, error)
+	Write(ctx context.Context, in *WriteRequest, opts ...grpc.CallOption) (*HandleReply, error)
+	Poll(ctx context.Context, in *HandleRequest, opts ...grpc.CallOption) (*PollReply, error)
+	Release(ctx context.Context, in *HandleRequest, opts ...grpc.CallOption) (*Reply, error)
+	Close(ctx context.Context, in *Empty, opts ...grpc.CallOption) (*Reply, error)
+}
+
+type writerClient struct {
+	cc grpc.ClientConnInterface
+}
+
+func NewWriterClient(cc grpc.ClientConnInterface) WriterClient {
+	return &writerClient{cc}
+}
+
+func (c *writerClient) Open(ctx context.Context, in *OpenRequest, opts ...grpc.CallOption) (*OpenReply, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(OpenReply)
+	err := c.cc.Invoke(ctx, Writer_Open_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *writerClient) Write(ctx context.Context, in *WriteRequest, opts ...grpc.CallOption) (*HandleReply, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(HandleReply)
+	err := c.cc.Invoke(ctx, Writer_Write_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *writerClient) Poll(ctx context.Context, in *HandleRequest, opts ...grpc.CallOption) (*PollReply, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(PollReply)
+	err := c.cc.Invoke(ctx, Writer_Poll_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *writerClient) Release(ctx context.Context, in *HandleRequest, opts ...grpc.CallOption) (*Reply, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(Reply)
+	err := c.cc.Invoke(ctx, Writer_Release_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *writerClient) Close(ctx context.Context, in *Empty, opts ...grpc.CallOption) (*Reply, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(Reply)
+	err := c.cc.Invoke(ctx, Writer_Close_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// WriterServer is the server API for Writer service.
+// All implementations should embed UnimplementedWriterServer
+// for forward compatibility.
+//
+// Writer mirrors transfer.Writer. Its plugin reaches the host's engine back
+// through the broker stream named in OpenRequest.broker_id.
+type WriterServer interface {
+	Open(context.Context, *OpenRequest) (*OpenReply, error)
+	Write(context.Context, *WriteRequest) (*HandleReply, error)
+	Poll(context.Context, *HandleRequest) (*PollReply, error)
+	Release(context.Context, *HandleRequest) (*Reply, error)
+	Close(context.Context, *Empty) (*Reply, error)
+}
+
+// UnimplementedWriterServer should be embedded to have
+// forward compatible implementations.
+//
+// NOTE: this should be embedded by value instead of pointer to avoid a nil
+// pointer dereference when methods are called.
+type UnimplementedWriterServer struct{}
+
+func (UnimplementedWriterServer) Open(context.Context, *OpenRequest) (*OpenReply, error) {
+	return nil, status.Error(codes.Unimplemented, "method Open not implemented")
+}
+func (UnimplementedWriterServer) Write(context.Context, *WriteRequest) (*HandleReply, error) {
+	return nil, status.Error(codes.Unimplemented, "method Write not implemented")
+}
+func (UnimplementedWriterServer) Poll(context.Context, *HandleRequest) (*PollReply, error) {
+	return nil, status.Error(codes.Unimplemented, "method Poll not implemented")
+}
+func (UnimplementedWriterServer) Release(context.Context, *HandleRequest) (*Reply, error) {
+	return nil, status.Error(codes.Unimplemented, "method Release not implemented")
+}
+func (UnimplementedWriterServer) Close(context.Context, *Empty) (*Reply, error) {
+	return nil, status.Error(codes.Unimplemented, "method Close not implemented")
+}
+func (UnimplementedWriterServer) testEmbeddedByValue() {}
+
+// UnsafeWriterServer may be embedded to opt out of forward compatibility for this service.
+// Use of this interface is not recommended, as added methods to WriterServer will
+// result in compilation errors.
+type UnsafeWriterServer interface {
+	mustEmbedUnimplementedWriterServer()
+}
+
+func RegisterWriterServer(s grpc.ServiceRegistrar, srv WriterServer) {
+	// If the following call panics, it indicates UnimplementedWriterServer was
+	// embedded by pointer and is nil.  This will cause panics if an
+	// unimplemented method is ever invoked, so we test this at initialization
+	// time to prevent it from happening at runtime later due to I/O.
+	if t, ok := srv.(interface{ testEmbeddedByValue() }); ok {
+		t.testEmbeddedByValue()
+	}
+	s.RegisterService(&Writer_ServiceDesc, srv)
+}
+
+func _Writer_Open_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(OpenRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(WriterServer).Open(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Writer_Open_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(WriterServer).Open(ctx, req.(*OpenRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Writer_Write_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(WriteRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(WriterServer).Write(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Writer_Write_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(WriterServer).Write(ctx, req.(*WriteRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Writer_Poll_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(HandleRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(WriterServer).Poll(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Writer_Poll_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(WriterServer).Poll(ctx, req.(*HandleRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Writer_Release_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(HandleRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(WriterServer).Release(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Writer_Release_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(WriterServer).Release(ctx, req.(*HandleRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Writer_Close_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(Empty)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(WriterServer).Close(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Writer_Close_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(WriterServer).Close(ctx, req.(*Empty))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+// Writer_ServiceDesc is the grpc.ServiceDesc for Writer service.
+// It's only intended for direct use with grpc.RegisterService,
+// and not to be introspected or modified (even as a copy)
+var Writer_ServiceDesc = grpc.ServiceDesc{
+	ServiceName: "bounce.plugin.v1.Writer",
+	HandlerType: (*WriterServer)(nil),
+	Methods: []grpc.MethodDesc{
+		{
+			MethodName: "Open",
+			Handler:    _Writer_Open_Handler,
+		},
+		{
+			MethodName: "Write",
+			Handler:    _Writer_Write_Handler,
+		},
+		{
+			MethodName: "Poll",
+			Handler:    _Writer_Poll_Handler,
+		},
+		{
+			MethodName: "Release",
+			Handler:    _Writer_Release_Handler,
+		},
+		{
+			MethodName: "Close",
+			Handler:    _Writer_Close_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -1,0 +1,187 @@
+package plugins
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"sync"
+
+	"github.com/hashicorp/go-plugin"
+	"google.golang.org/grpc"
+
+	pb "github.com/bouncekv/bounce/plugins/internal/proto"
+	"github.com/bouncekv/bounce/transfer"
+)
+
+// writerConn is the host side of a writer plugin before it is opened: its
+// client and the broker that carries the host's engine back to it.
+type writerConn struct {
+	rpc    pb.WriterClient
+	broker *plugin.GRPCBroker
+}
+
+// RemoteWriter is a transfer.Writer in a plugin process. Close ends the
+// plugin process.
+type RemoteWriter struct {
+	c   *Client
+	rpc pb.WriterClient
+	hs  handles
+}
+
+// Writer opens the plugin's writer for agent name with opts, lending it
+// engine: the plugin posts its writes through the host's engine, reached
+// back over the plugin connection (go-plugin's broker), so the host keeps
+// registering memory and loading peers. The writer owns the Client.
+func (c *Client) Writer(name string, opts map[string]string, engine transfer.Engine) (*RemoteWriter, error) {
+	if err := c.claim(KindWriter); err != nil {
+		return nil, err
+	}
+	wc, ok := c.raw.(writerConn)
+	if !ok || wc.broker == nil {
+		c.Close()
+		return nil, fmt.Errorf("plugin %s: no writer client (got %T)", c.name, c.raw)
+	}
+	id := wc.broker.NextId()
+	go wc.broker.AcceptAndServe(id, func(opts []grpc.ServerOption) *grpc.Server {
+		s := grpc.NewServer(opts...)
+		pb.RegisterEngineServer(s, lendEngine(engine))
+		return s
+	})
+	cx, cancel := ctx(CallTimeout)
+	defer cancel()
+	rep, err := wc.rpc.Open(cx, &pb.OpenRequest{Name: []byte(name), Options: opts, BrokerId: id})
+	if err == nil {
+		err = fromProtoError(rep.GetError())
+	} else {
+		err = c.rpcErr("open writer", err)
+	}
+	if err != nil {
+		c.Close()
+		return nil, fmt.Errorf("plugin %s: open writer %q: %w", c.name, name, err)
+	}
+	return &RemoteWriter{c: c, rpc: wc.rpc}, nil
+}
+
+// Write posts one bulk write in the plugin and returns it by handle.
+func (w *RemoteWriter) Write(peer string, src, dst transfer.Desc) (transfer.Op, error) {
+	what := fmt.Sprintf("write %v to %q %v", src, peer, dst)
+	var rep *pb.HandleReply
+	err := call(w.c, "writer", what, func(cx context.Context) (_ *pb.HandleReply, err error) {
+		rep, err = w.rpc.Write(cx, &pb.WriteRequest{Peer: []byte(peer), Src: toProtoDesc(src), Dst: toProtoDesc(dst)})
+		return rep, err
+	})
+	if err != nil {
+		return nil, err
+	}
+	if err := w.hs.claim(rep.GetHandle()); err != nil {
+		return nil, fmt.Errorf("plugin %s: %s: %v: %w", w.c.name, what, err, transfer.ErrNotQuiescent)
+	}
+	return &remoteOp{c: w.c, rpc: writerPoller{w.rpc}, what: what, h: rep.GetHandle(), done: w.hs.drop}, nil
+}
+
+// Close closes the writer in the plugin and ends the plugin process.
+func (w *RemoteWriter) Close() error { return closeRemote(w.c, "writer", w.rpc.Close) }
+
+type writerPoller struct{ rpc pb.WriterClient }
+
+func (p writerPoller) Poll(h uint64) (*pb.PollReply, error) {
+	cx, cancel := ctx(PollTimeout)
+	defer cancel()
+	return p.rpc.Poll(cx, &pb.HandleRequest{Handle: h})
+}
+
+func (p writerPoller) Release(h uint64) (*pb.Reply, error) {
+	cx, cancel := ctx(CallTimeout)
+	defer cancel()
+	return p.rpc.Release(cx, &pb.HandleRequest{Handle: h})
+}
+
+// writerServer is the plugin side of the Writer service.
+type writerServer struct {
+	open   func(name string, opts map[string]string, engine transfer.Engine) (transfer.Writer, error)
+	broker *plugin.GRPCBroker
+
+	mu     sync.Mutex
+	w      transfer.Writer
+	host   *Client // the host's lent engine
+	closed bool
+	ops    opTable
+}
+
+func (s *writerServer) Open(_ context.Context, r *pb.OpenRequest) (*pb.OpenReply, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.w != nil || s.closed {
+		return &pb.OpenReply{Error: toProtoError(errors.New("plugin: this process already opened its writer"))}, nil
+	}
+	conn, err := s.broker.Dial(r.GetBrokerId())
+	if err != nil {
+		return &pb.OpenReply{Error: toProtoError(fmt.Errorf("plugin: reach the host's engine: %w", err))}, nil
+	}
+	rpc := pb.NewEngineClient(conn)
+	host := newClient(KindEngine, "host engine", rpc, func() { _ = conn.Close() })
+	cx, cancel := ctx(CallTimeout)
+	defer cancel()
+	desc, err := rpc.Open(cx, &pb.OpenRequest{})
+	if err != nil {
+		host.Close()
+		return &pb.OpenReply{Error: toProtoError(host.rpcErr("describe the host's engine", err))}, nil
+	}
+	var eng transfer.Engine = &remoteEngine{c: host, rpc: rpc, name: string(desc.GetName())}
+	if desc.GetNotifier() {
+		eng = &remoteNotifier{eng.(*remoteEngine)}
+	}
+	w, err := s.open(string(r.GetName()), r.GetOptions(), eng)
+	if err != nil {
+		host.Close()
+		return &pb.OpenReply{Error: toProtoError(err)}, nil
+	}
+	s.w, s.host = w, host
+	return &pb.OpenReply{Name: []byte(KindWriter)}, nil
+}
+
+func (s *writerServer) writer() (transfer.Writer, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.w == nil || s.closed {
+		return nil, fmt.Errorf("plugin: writer not open: %w", transfer.ErrClosed)
+	}
+	return s.w, nil
+}
+
+func (s *writerServer) Write(_ context.Context, r *pb.WriteRequest) (*pb.HandleReply, error) {
+	w, err := s.writer()
+	if err != nil {
+		return &pb.HandleReply{Error: toProtoError(err)}, nil
+	}
+	op, err := w.Write(string(r.GetPeer()), fromProtoDesc(r.GetSrc()), fromProtoDesc(r.GetDst()))
+	if err != nil {
+		return &pb.HandleReply{Error: toProtoError(err)}, nil
+	}
+	return &pb.HandleReply{Handle: s.ops.add(op)}, nil
+}
+
+func (s *writerServer) Poll(_ context.Context, r *pb.HandleRequest) (*pb.PollReply, error) {
+	return s.ops.poll(r.GetHandle()), nil
+}
+
+func (s *writerServer) Release(_ context.Context, r *pb.HandleRequest) (*pb.Reply, error) {
+	return s.ops.release(r.GetHandle()), nil
+}
+
+func (s *writerServer) Close(context.Context, *pb.Empty) (*pb.Reply, error) {
+	s.mu.Lock()
+	w, host, closed := s.w, s.host, s.closed
+	s.closed = true
+	s.mu.Unlock()
+	if w == nil || closed {
+		return &pb.Reply{}, nil
+	}
+	var err error
+	if c, ok := w.(io.Closer); ok {
+		err = c.Close()
+	}
+	host.Close()
+	return reply(err), nil
+}
