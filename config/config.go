@@ -191,9 +191,10 @@ type EngineConfig struct {
 	// Kind is loopback, tcp, ucx, nixl, cudacopy or plugin (engine.kind,
 	// default tcp).
 	Kind string
-	// Plugin is the plugin path, required when Kind is plugin and refused
-	// otherwise (engine.plugin).
-	Plugin string
+	// Plugin starts the engine plugin, required when Kind is plugin and
+	// refused otherwise (engine.plugin: a path, or a plugin block; see
+	// PluginConfig). The plugin gets Options and the block's options.
+	Plugin PluginConfig
 	// Listen is the tcp engine's host:port (engine.listen, default
 	// 127.0.0.1:0: loopback, ephemeral port; set a routable address for
 	// multi-node use).
@@ -220,20 +221,22 @@ type ControlPlaneConfig struct {
 	// SendHWM bounds each peer's send queue (control_plane.send_hwm,
 	// default 1000, 1..1048576).
 	SendHWM int
-	// Plugin is the plugin path, required when Kind is plugin and refused
-	// otherwise (control_plane.plugin).
-	Plugin string
+	// Plugin starts the control channel plugin, required when Kind is
+	// plugin and refused otherwise (control_plane.plugin: a path, or a
+	// plugin block; see PluginConfig).
+	Plugin PluginConfig
 }
 
-// StagesConfig selects the gather and scatter stages.
+// StagesConfig selects the gather, scatter and write stages. Each is a
+// built-in kind or {plugin: {path: ...}} (see StageConfig, PluginConfig).
 type StagesConfig struct {
-	// Gather is host, cuda or plugin (stages.gather, default host).
-	Gather string
-	// Scatter is host, cuda or plugin (stages.scatter, default host).
-	Scatter string
-	// Plugin is the plugin path, required when a stage is plugin and refused
-	// otherwise (stages.plugin).
-	Plugin string
+	// Gather is host, cuda or a plugin (stages.gather, default host).
+	Gather StageConfig
+	// Scatter is host, cuda or a plugin (stages.scatter, default host).
+	Scatter StageConfig
+	// Write is engine (one bulk write on the engine) or a plugin
+	// (stages.write, default engine).
+	Write StageConfig
 	// Device is the CUDA ordinal the cuda stages and a device arena use
 	// (stages.device, default 0, 0..1023).
 	Device int
@@ -292,12 +295,18 @@ func Default() Config {
 			ZeroCopyArgs:     false,
 			ArenaMemory:      "auto",
 		},
-		Engine: EngineConfig{Kind: "tcp", Listen: "127.0.0.1:0", Connections: 4},
+		Engine: EngineConfig{Kind: "tcp", Listen: "127.0.0.1:0", Connections: 4, Plugin: DefaultPlugin()},
 		ControlPlane: ControlPlaneConfig{
 			Kind:    "zmq",
 			SendHWM: 1000,
+			Plugin:  DefaultPlugin(),
 		},
-		Stages: StagesConfig{Gather: "host", Scatter: "host", Fallback: "host"},
+		Stages: StagesConfig{
+			Gather:   StageConfig{Kind: "host", Plugin: DefaultPlugin()},
+			Scatter:  StageConfig{Kind: "host", Plugin: DefaultPlugin()},
+			Write:    StageConfig{Kind: "engine", Plugin: DefaultPlugin()},
+			Fallback: "host",
+		},
 		Telemetry: TelemetryConfig{
 			Traces:      "none",
 			SampleRatio: 1,
@@ -430,18 +439,6 @@ func oneOf(key, v string, kinds ...string) *KeyError {
 	return outOfRange(key, v, "must be one of %s", strings.Join(kinds, ", "))
 }
 
-// pluginRule enforces "path required when a plugin is selected, refused
-// otherwise" (a stray path is almost always a layering mistake).
-func pluginRule(key, path string, selected bool, selector string) *KeyError {
-	switch {
-	case selected && path == "":
-		return outOfRange(key, path, "is required when %s is plugin", selector)
-	case !selected && path != "":
-		return outOfRange(key, path, "is only used when %s is plugin; clear it", selector)
-	}
-	return nil
-}
-
 // checkHostPort validates host:port with a numeric port 0..65535.
 func checkHostPort(key, v string) *KeyError {
 	host, port, err := net.SplitHostPort(v)
@@ -464,7 +461,7 @@ func (e *EngineConfig) validate() []*KeyError {
 	var errs fieldErrors
 	add := errs.add
 	add(oneOf("engine.kind", e.Kind, "loopback", "tcp", "ucx", "nixl", "cudacopy", "plugin"))
-	add(pluginRule("engine.plugin", e.Plugin, e.Kind == "plugin", "engine.kind"))
+	errs = append(errs, e.Plugin.validate("engine.plugin", e.Kind == "plugin", "engine.kind")...)
 	if e.Listen != "" || e.Kind == "tcp" {
 		add(checkHostPort("engine.listen", e.Listen))
 	}
@@ -486,7 +483,7 @@ func (c *ControlPlaneConfig) validate() []*KeyError {
 	var errs fieldErrors
 	add := errs.add
 	add(oneOf("control_plane.kind", c.Kind, "zmq", "nixlnotif", "inproc", "plugin"))
-	add(pluginRule("control_plane.plugin", c.Plugin, c.Kind == "plugin", "control_plane.kind"))
+	errs = append(errs, c.Plugin.validate("control_plane.plugin", c.Kind == "plugin", "control_plane.kind")...)
 	if c.Interface != "" && (len(c.Interface) > 15 || strings.ContainsAny(c.Interface, "/: \t\n") || strings.ContainsFunc(c.Interface, unicode.IsControl)) {
 		add(outOfRange("control_plane.interface", c.Interface, "must be a network interface name (at most 15 bytes, no '/', ':' or spaces)"))
 	}
@@ -513,9 +510,9 @@ func (s *StagesConfig) validate() []*KeyError {
 	if s.Device < 0 || s.Device > 1023 {
 		add(outOfRange("stages.device", s.Device, "must be between 0 and 1023"))
 	}
-	add(oneOf("stages.gather", s.Gather, "host", "cuda", "plugin"))
-	add(oneOf("stages.scatter", s.Scatter, "host", "cuda", "plugin"))
-	add(pluginRule("stages.plugin", s.Plugin, s.Gather == "plugin" || s.Scatter == "plugin", "stages.gather or stages.scatter"))
+	errs = append(errs, s.Gather.validate("stages.gather", "host", "cuda")...)
+	errs = append(errs, s.Scatter.validate("stages.scatter", "host", "cuda")...)
+	errs = append(errs, s.Write.validate("stages.write", "engine")...)
 	return errs
 }
 

@@ -90,7 +90,7 @@ func TestKeysMatchTheDocumentedSet(t *testing.T) {
 		"bounce.request_timeout", "bounce.quarantine", "bounce.eager_gather", "bounce.zero_copy_args", "bounce.arena_memory", "bounce.disable_merging",
 		"engine.kind", "engine.plugin", "engine.listen", "engine.connections", "engine.options",
 		"control_plane.kind", "control_plane.interface", "control_plane.bind_address", "control_plane.send_hwm", "control_plane.plugin",
-		"stages.gather", "stages.scatter", "stages.plugin", "stages.device", "stages.fallback",
+		"stages.gather", "stages.scatter", "stages.write", "stages.device", "stages.fallback",
 		"telemetry.traces", "telemetry.otlp_endpoint", "telemetry.service_name", "telemetry.sample_ratio", "telemetry.metrics.listen",
 	}
 	if got := Keys(); !slices.Equal(got, want) {
@@ -151,7 +151,7 @@ func TestDefaults(t *testing.T) {
 		t.Fatalf("bounce defaults: %+v", b)
 	}
 	if d.Engine.Kind != "tcp" || d.Engine.Connections != 4 || d.ControlPlane.Kind != "zmq" || d.ControlPlane.SendHWM != 1000 ||
-		d.Stages.Gather != "host" || d.Stages.Scatter != "host" || d.Telemetry.Traces != "none" ||
+		d.Stages.Gather.Kind != "host" || d.Stages.Scatter.Kind != "host" || d.Stages.Write.Kind != "engine" || d.Telemetry.Traces != "none" ||
 		d.Telemetry.OTLPEndpoint != "" || d.Telemetry.ServiceName != "" || d.Telemetry.MetricsListen != "" || d.Telemetry.SampleRatio != 1 {
 		t.Fatalf("defaults: %+v", d)
 	}
@@ -483,7 +483,14 @@ func TestValidateRanges(t *testing.T) {
 		{"stages.fallback", func(c *Config) { c.Stages.Fallback = "cpu" }, "cpu", "host, refuse"},
 		{"stages.device", func(c *Config) { c.Stages.Device = -1 }, "-1", "between 0 and 1023"},
 		{"engine.plugin", func(c *Config) { c.Engine.Kind = "plugin" }, "", "required"},
-		{"engine.plugin", func(c *Config) { c.Engine.Plugin = "/x.so" }, "/x.so", "only used"},
+		{"engine.plugin", func(c *Config) { c.Engine.Plugin.Path = "/x.so" }, "/x.so", "only used"},
+		{"engine.plugin.checksum", func(c *Config) {
+			c.Engine.Kind, c.Engine.Plugin.Path, c.Engine.Plugin.Checksum = "plugin", "/x", "md5:00"
+		}, "md5:00", "sha256:<64 hex digits>"},
+		{"engine.plugin.env", func(c *Config) {
+			c.Engine.Kind, c.Engine.Plugin.Path, c.Engine.Plugin.Env = "plugin", "/x", []string{"NOVALUE"}
+		}, "NOVALUE", "NAME=value"},
+		{"engine.plugin.max_restarts", func(c *Config) { c.Engine.Kind, c.Engine.Plugin.Path, c.Engine.Plugin.MaxRestarts = "plugin", "/x", -1 }, "-1", "between 0 and 100"},
 		{"engine.listen", func(c *Config) { c.Engine.Listen = "" }, "", "host:port"},
 		{"engine.listen", func(c *Config) { c.Engine.Listen = "127.0.0.1:99999" }, "127.0.0.1:99999", "0 to 65535"},
 		{"engine.connections", func(c *Config) { c.Engine.Connections = 0 }, "0", "between 1 and 256"},
@@ -494,10 +501,11 @@ func TestValidateRanges(t *testing.T) {
 		{"control_plane.bind_address", func(c *Config) { c.ControlPlane.BindAddress = "localhost" }, "localhost", "IP address"},
 		{"control_plane.bind_address", func(c *Config) { c.ControlPlane.BindAddress, c.ControlPlane.Interface = "10.0.0.1", "eth0" }, "10.0.0.1", "only one"},
 		{"control_plane.send_hwm", func(c *Config) { c.ControlPlane.SendHWM = 0 }, "0", "between 1 and 1048576"},
-		{"stages.gather", func(c *Config) { c.Stages.Gather = "gpu" }, "gpu", "host, cuda, plugin"},
-		{"stages.scatter", func(c *Config) { c.Stages.Scatter = "" }, "", "host, cuda, plugin"},
-		{"stages.plugin", func(c *Config) { c.Stages.Scatter = "plugin" }, "", "required"},
-		{"stages.plugin", func(c *Config) { c.Stages.Plugin = "/s.so" }, "/s.so", "only used"},
+		{"stages.gather", func(c *Config) { c.Stages.Gather.Kind = "gpu" }, "gpu", "host, cuda, plugin"},
+		{"stages.scatter", func(c *Config) { c.Stages.Scatter.Kind = "" }, "", "host, cuda, plugin"},
+		{"stages.write", func(c *Config) { c.Stages.Write.Kind = "host" }, "host", "engine, plugin"},
+		{"stages.scatter", func(c *Config) { c.Stages.Scatter.Kind = "plugin" }, "plugin", "{plugin: {path:"},
+		{"stages.gather.plugin", func(c *Config) { c.Stages.Gather.Plugin.Path = "/s.so" }, "/s.so", "only used"},
 		{"telemetry.traces", func(c *Config) { c.Telemetry.Traces = "jaeger" }, "jaeger", "none, otlp, stdout"},
 		{"telemetry.otlp_endpoint", func(c *Config) { c.Telemetry.OTLPEndpoint = "collector" }, "collector", "host:port"},
 		{"telemetry.metrics.listen", func(c *Config) { c.Telemetry.MetricsListen = "localhost" }, "localhost", "host:port"},
@@ -581,10 +589,16 @@ func TestYAMLRoundTrip(t *testing.T) {
 	c.Bounce.MaxAvgDescriptor = 1000
 	c.Bounce.RequestTimeout = 1500 * time.Millisecond
 	c.Bounce.DisableMerging = true
-	c.Engine.Kind, c.Engine.Plugin = "plugin", "/opt/engine.so"
+	c.Engine.Kind, c.Engine.Plugin.Path = "plugin", "/opt/engine.so"
+	c.Engine.Plugin.Checksum = "sha256:" + strings.Repeat("ab", 32)
+	c.Engine.Plugin.Env = []string{"A=1", "B=x=y"}
+	c.Engine.Plugin.Args = []string{"--rails", "4"}
 	c.Engine.Options = map[string]string{"yes": "no", "n": "12", "empty": "", "quote": `a "b"`, "colon": "a: b"}
 	c.ControlPlane.BindAddress = "::1"
-	c.Stages.Gather, c.Stages.Plugin = "plugin", "/opt/stage.so"
+	c.Stages.Gather = PluginStage("/opt/stage.so")
+	c.Stages.Write = PluginStage("/opt/writer")
+	c.Stages.Write.Plugin.Options = map[string]string{"stripes": "4"}
+	c.Stages.Write.Plugin.MaxRestarts = 0
 	c.Telemetry.SampleRatio = 0.125
 	c.Telemetry.ServiceName = "true" // a string that looks like a bool
 	if err := c.Validate(); err != nil {

@@ -168,6 +168,12 @@ func valueNode(ptr any) *yamlv3.Node {
 			return strNode(fmt.Sprint(*p))
 		}
 		return &n
+	case *PluginConfig, *StageConfig:
+		var n yamlv3.Node
+		if err := n.Encode(render(p)); err != nil {
+			return strNode(fmt.Sprint(render(p)))
+		}
+		return &n
 	default:
 		return strNode(fmt.Sprint(render(ptr)))
 	}

@@ -301,6 +301,10 @@ func checkLayer(fs []field, raw map[string]any, srcOf func(string) Source, sourc
 			key := section + "." + name
 			v := m[name]
 			f, ok := byKey[key]
+			if why, gone := removedKeys()[key]; !ok && gone {
+				errs = append(errs, &KeyError{Key: key, Value: show(v), Source: srcOf(key), Err: ErrUnknownKey, Reason: why})
+				continue
+			}
 			if !ok {
 				errs = append(errs, &KeyError{Key: key, Value: show(v), Source: srcOf(key), Err: ErrUnknownKey,
 					Reason: "unknown key; keys under " + section + ": " + strings.Join(sectionKeys[section], ", ")})

@@ -46,7 +46,7 @@ func fields() []field {
 		{"bounce.disable_merging", "one scatter run per descriptor (debugging only)", func(c *Config) any { return &c.Bounce.DisableMerging }},
 
 		{"engine.kind", "data-plane engine: loopback, tcp, ucx, nixl, cudacopy or plugin", func(c *Config) any { return &c.Engine.Kind }},
-		{"engine.plugin", "engine plugin path (engine.kind=plugin)", func(c *Config) any { return &c.Engine.Plugin }},
+		{"engine.plugin", "engine plugin (engine.kind=plugin): a path or {path, args, env, inherit_env, checksum, options, max_restarts, restart_backoff}", func(c *Config) any { return &c.Engine.Plugin }},
 		{"engine.listen", "tcp engine listen host:port", func(c *Config) any { return &c.Engine.Listen }},
 		{"engine.connections", "tcp connections per peer, 1..256", func(c *Config) any { return &c.Engine.Connections }},
 		{optionsKey, "engine-specific options, passed through", func(c *Config) any { return &c.Engine.Options }},
@@ -55,11 +55,11 @@ func fields() []field {
 		{"control_plane.interface", "NIC whose address the channel binds; empty = automatic", func(c *Config) any { return &c.ControlPlane.Interface }},
 		{"control_plane.bind_address", "explicit IP to bind instead of an interface", func(c *Config) any { return &c.ControlPlane.BindAddress }},
 		{"control_plane.send_hwm", "per-peer send queue bound, 1..1048576", func(c *Config) any { return &c.ControlPlane.SendHWM }},
-		{"control_plane.plugin", "control channel plugin path (control_plane.kind=plugin)", func(c *Config) any { return &c.ControlPlane.Plugin }},
+		{"control_plane.plugin", "control channel plugin (control_plane.kind=plugin): a path or a plugin block like engine.plugin", func(c *Config) any { return &c.ControlPlane.Plugin }},
 
-		{"stages.gather", "gather stage: host, cuda or plugin", func(c *Config) any { return &c.Stages.Gather }},
-		{"stages.scatter", "scatter stage: host, cuda or plugin", func(c *Config) any { return &c.Stages.Scatter }},
-		{"stages.plugin", "stage plugin path (a stage set to plugin)", func(c *Config) any { return &c.Stages.Plugin }},
+		{"stages.gather", "gather stage: host, cuda or {plugin: <plugin block like engine.plugin>}", func(c *Config) any { return &c.Stages.Gather }},
+		{"stages.scatter", "scatter stage: host, cuda or {plugin: <plugin block>}", func(c *Config) any { return &c.Stages.Scatter }},
+		{"stages.write", "write stage: engine (one bulk write on the engine) or {plugin: <plugin block>}", func(c *Config) any { return &c.Stages.Write }},
 		{"stages.device", "CUDA device of the cuda stages and a device arena, 0..1023", func(c *Config) any { return &c.Stages.Device }},
 		{"stages.fallback", "a cuda stage without CUDA: host (use the host stage) or refuse", func(c *Config) any { return &c.Stages.Fallback }},
 
@@ -144,6 +144,10 @@ func accepted(ptr any) string {
 		return "want a number"
 	case *map[string]string:
 		return "want a mapping of option names to scalar values (k1=v1,k2=v2 in environment variables and flags)"
+	case *PluginConfig:
+		return pluginForms
+	case *StageConfig:
+		return "want a stage kind, or {plugin: {...}} whose value is a plugin path or a mapping with keys path, args, env, inherit_env, checksum, options, max_restarts, restart_backoff"
 	default:
 		return "unsupported setting type"
 	}
@@ -156,6 +160,10 @@ func assign(ptr any, raw any) bool {
 		return false
 	}
 	switch p := ptr.(type) {
+	case *PluginConfig:
+		return assignPlugin(p, raw)
+	case *StageConfig:
+		return assignStage(p, raw)
 	case *string:
 		s, ok := raw.(string)
 		if ok {
@@ -353,6 +361,10 @@ func show(raw any) string {
 // layer use: sizes and durations as their text, options as a mapping.
 func render(ptr any) any {
 	switch p := ptr.(type) {
+	case *PluginConfig:
+		return renderPlugin(*p)
+	case *StageConfig:
+		return renderStage(*p)
 	case *string:
 		return *p
 	case *int:

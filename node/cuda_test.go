@@ -39,7 +39,7 @@ func TestWithPluginsKeepsTheCUDADriver(t *testing.T) {
 
 func cudaStagesConfig(name string) config.Config {
 	c := testConfig(name, "loopback", "inproc")
-	c.Stages.Gather, c.Stages.Scatter = "cuda", "cuda"
+	c.Stages.Gather.Kind, c.Stages.Scatter.Kind = "cuda", "cuda"
 	return c
 }
 
@@ -149,7 +149,7 @@ func gpuFactories(tb testing.TB) Factories {
 
 func gpuConfig(name string) config.Config {
 	c := testConfig(name, "cudacopy", "inproc")
-	c.Stages.Gather, c.Stages.Scatter = "cuda", "cuda"
+	c.Stages.Gather.Kind, c.Stages.Scatter.Kind = "cuda", "cuda"
 	c.Bounce.MinDescriptors = 1
 	return c
 }

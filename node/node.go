@@ -12,6 +12,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"maps"
 	"slices"
@@ -48,6 +49,10 @@ type Settings struct {
 	Propagator     propagation.TextMapPropagator
 	// CUDADevice is the CUDA ordinal of the cuda stages (stages.device).
 	CUDADevice int
+	// Plugin is the plugin block of the stage being created when its kind
+	// is plugin (stages.gather.plugin, ...); zero otherwise. Engines and
+	// control planes find theirs in their own section.
+	Plugin config.PluginConfig
 }
 
 // EngineFactory creates a transfer engine of one kind.
@@ -75,6 +80,14 @@ type ScatterFactory interface {
 	CreateScatterer(s Settings, cfg config.BounceConfig) (transfer.Scatterer, error)
 }
 
+// WriteFactory creates a write stage (the bulk write) of one kind over the
+// node's engine. The built-in "engine" kind (one write on the engine) needs
+// no factory.
+type WriteFactory interface {
+	Type() string
+	CreateWriter(s Settings, engine transfer.Engine) (transfer.Writer, error)
+}
+
 // Factories is the table of implementations a node can be built from.
 type Factories struct {
 	Engines    map[string]EngineFactory
@@ -83,7 +96,8 @@ type Factories struct {
 	Scatterers map[string]ScatterFactory
 	// CUDA is the driver the cuda components and device or pinned-host
 	// arenas share (opened on first use); nil means none in this build.
-	CUDA *cuda.Lib
+	CUDA    *cuda.Lib
+	Writers map[string]WriteFactory
 }
 
 // MakeFactories builds the table from lists; a kind listed twice is an error.
@@ -126,8 +140,10 @@ type Node struct {
 	Control   transfer.ControlChannel
 	Gatherer  transfer.Gatherer
 	Scatterer transfer.Scatterer
-	Registry  *mem.Registry
-	Config    config.Config
+	// Writer is the write stage; nil means one bulk write on Engine.
+	Writer   transfer.Writer
+	Registry *mem.Registry
+	Config   config.Config
 	// Telemetry are the providers the node's components use. When the
 	// node built them from Config.Telemetry, Close flushes and stops them.
 	Telemetry *telemetry.Providers
@@ -224,7 +240,7 @@ func BuildWith(cfg config.Config, f Factories, o Options) (*Node, error) {
 	pc := PipelineConfig(cfg.Bounce)
 	kinds := pipeline.Kinds{Engine: cfg.Engine.Kind}
 	if n.Control != nil {
-		kinds.Control, kinds.Gather, kinds.Scatter = cfg.ControlPlane.Kind, cfg.Stages.Gather, cfg.Stages.Scatter
+		kinds.Control, kinds.Gather, kinds.Scatter = cfg.ControlPlane.Kind, cfg.Stages.Gather.Kind, cfg.Stages.Scatter.Kind
 	}
 	n.Agent, err = pipeline.New(pipeline.Settings{
 		Name:           cfg.Agent.Name,
@@ -232,6 +248,7 @@ func BuildWith(cfg config.Config, f Factories, o Options) (*Node, error) {
 		Control:        n.Control,
 		Gatherer:       n.Gatherer,
 		Scatterer:      n.Scatterer,
+		Writer:         n.Writer,
 		Registry:       s.Registry,
 		NewArena:       n.newArena,
 		Wake:           wake,
@@ -252,13 +269,26 @@ func (n *Node) buildBounce(s Settings, cfg config.Config, f Factories, logger *s
 	if !ok {
 		return fmt.Errorf("control_plane.kind %q: no such control plane in this build (have %v)", cfg.ControlPlane.Kind, keys(f.Controls))
 	}
-	gf, ok := f.Gatherers[cfg.Stages.Gather]
+	gf, ok := f.Gatherers[cfg.Stages.Gather.Kind]
 	if !ok {
-		return fmt.Errorf("stages.gather %q: no such stage in this build (have %v)", cfg.Stages.Gather, keys(f.Gatherers))
+		return fmt.Errorf("stages.gather %q: no such stage in this build (have %v)", cfg.Stages.Gather.Kind, keys(f.Gatherers))
 	}
-	sf, ok := f.Scatterers[cfg.Stages.Scatter]
+	sf, ok := f.Scatterers[cfg.Stages.Scatter.Kind]
 	if !ok {
-		return fmt.Errorf("stages.scatter %q: no such stage in this build (have %v)", cfg.Stages.Scatter, keys(f.Scatterers))
+		return fmt.Errorf("stages.scatter %q: no such stage in this build (have %v)", cfg.Stages.Scatter.Kind, keys(f.Scatterers))
+	}
+	var wf WriteFactory
+	if k := cfg.Stages.Write.Kind; k != "engine" && k != "" {
+		if wf, ok = f.Writers[k]; !ok {
+			return fmt.Errorf("stages.write %q: no such stage in this build (have engine %v)", k, keys(f.Writers))
+		}
+	}
+	stage := func(c config.StageConfig) Settings {
+		st := s
+		if c.Kind == "plugin" {
+			st.Plugin = c.Plugin
+		}
+		return st
 	}
 	// Assign only on success: a failed factory may return a typed nil.
 	ctrl, err := cf.CreateControl(s, cfg.ControlPlane, n.Engine)
@@ -266,24 +296,31 @@ func (n *Node) buildBounce(s Settings, cfg config.Config, f Factories, logger *s
 		return fmt.Errorf("create %s control plane: %w", cfg.ControlPlane.Kind, err)
 	}
 	n.Control = ctrl
-	g, err := gf.CreateGatherer(s, cfg.Bounce)
-	if fb, ok := f.Gatherers["host"]; ok && cfg.Stages.Gather == "cuda" && cfg.Stages.Fallback == "host" && errors.Is(err, cuda.ErrUnavailable) {
+	g, err := gf.CreateGatherer(stage(cfg.Stages.Gather), cfg.Bounce)
+	if fb, ok := f.Gatherers["host"]; ok && cfg.Stages.Gather.Kind == "cuda" && cfg.Stages.Fallback == "host" && errors.Is(err, cuda.ErrUnavailable) {
 		logger.Warn("cuda gather stage unavailable; using the host gather stage (stages.fallback=host)", "reason", err)
 		g, err = fb.CreateGatherer(s, cfg.Bounce)
 	}
 	if err != nil {
-		return fmt.Errorf("create %s gather stage: %w", cfg.Stages.Gather, err)
+		return fmt.Errorf("create %s gather stage: %w", cfg.Stages.Gather.Kind, err)
 	}
 	n.Gatherer = g
-	sc, err := sf.CreateScatterer(s, cfg.Bounce)
-	if fb, ok := f.Scatterers["host"]; ok && cfg.Stages.Scatter == "cuda" && cfg.Stages.Fallback == "host" && errors.Is(err, cuda.ErrUnavailable) {
+	sc, err := sf.CreateScatterer(stage(cfg.Stages.Scatter), cfg.Bounce)
+	if fb, ok := f.Scatterers["host"]; ok && cfg.Stages.Scatter.Kind == "cuda" && cfg.Stages.Fallback == "host" && errors.Is(err, cuda.ErrUnavailable) {
 		logger.Warn("cuda scatter stage unavailable; using the host scatter stage (stages.fallback=host)", "reason", err)
 		sc, err = fb.CreateScatterer(s, cfg.Bounce)
 	}
 	if err != nil {
-		return fmt.Errorf("create %s scatter stage: %w", cfg.Stages.Scatter, err)
+		return fmt.Errorf("create %s scatter stage: %w", cfg.Stages.Scatter.Kind, err)
 	}
 	n.Scatterer = sc
+	if wf != nil {
+		w, err := wf.CreateWriter(stage(cfg.Stages.Write), n.Engine)
+		if err != nil {
+			return fmt.Errorf("create %s write stage: %w", cfg.Stages.Write.Kind, err)
+		}
+		n.Writer = w
+	}
 	return n.chooseArena(cfg, f, logger)
 }
 
@@ -376,6 +413,10 @@ func (n *Node) closeTelemetry() {
 
 func (n *Node) closeBounceParts() error {
 	var errs []error
+	if c, ok := n.Writer.(io.Closer); ok {
+		errs = append(errs, c.Close())
+	}
+	n.Writer = nil
 	if n.Gatherer != nil {
 		errs = append(errs, n.Gatherer.Close())
 		n.Gatherer = nil

@@ -373,7 +373,7 @@ func LoadSpec(s Spec, kind string) (*Client, error) {
 		Stderr:           logs,
 		// go-plugin's own logger would re-log stderr lines (at debug);
 		// they reach Logger through Stderr instead.
-		Logger: hclog.NewNullLogger(),
+		Logger:          hclog.NewNullLogger(),
 		GRPCDialOptions: []grpc.DialOption{grpc.WithStatsHandler(clientTracing(s.TracerProvider, s.Propagator))},
 	})
 	fail := func(what string, err error) (*Client, error) {
@@ -412,23 +412,27 @@ func exitStatus(pc *plugin.Client, cmd *exec.Cmd) string {
 	return cmd.ProcessState.String()
 }
 
-// explainStart adds the cause go-plugin's start errors leave implicit: the
-// process's exit status, or a protocol version mismatch spelled out.
+// explainStart turns go-plugin's start errors into one line that names
+// the cause: the process's exit status, a binary that is not a bounce
+// plugin, or a protocol version mismatch.
 func explainStart(err error, pc *plugin.Client, cmd *exec.Cmd) error {
 	msg := err.Error()
-	switch {
-	case strings.Contains(msg, "incompatible API version"):
-		return fmt.Errorf("it speaks another bounce plugin protocol version than this host (%d); rebuild it against this release of github.com/bouncekv/bounce/plugins: %w", ProtocolVersion, err)
-	case strings.Contains(msg, "Unrecognized remote plugin message"):
-		return fmt.Errorf("not a bounce plugin (it wrote something other than the go-plugin handshake to stdout): %w", err)
-	}
+	first, _, _ := strings.Cut(msg, "\n")
 	for i := 0; i < 50 && !pc.Exited(); i++ {
 		time.Sleep(2 * time.Millisecond) // let the exit status land
 	}
-	if st := exitStatus(pc, cmd); st != "" {
-		return fmt.Errorf("%w (process %s)", err, st)
+	st := exitStatus(pc, cmd)
+	switch {
+	case strings.Contains(msg, "incompatible API version"):
+		return fmt.Errorf("it speaks another bounce plugin protocol version than this host (%d); rebuild it against this release of github.com/bouncekv/bounce/plugins: %w", ProtocolVersion, err)
+	case strings.Contains(msg, "Failed to read any lines") && st != "":
+		return fmt.Errorf("not a bounce plugin: it ended (%s) before the go-plugin handshake; a plugin's main calls plugins.Serve", st)
+	case strings.Contains(msg, "Unrecognized remote plugin message"):
+		return fmt.Errorf("not a bounce plugin: its first line on stdout is not a go-plugin handshake (%s); a plugin's main calls plugins.Serve and never prints to stdout", strings.TrimPrefix(first, "Unrecognized remote plugin message: "))
+	case st != "":
+		return fmt.Errorf("%s (process %s)", first, st)
 	}
-	return err
+	return errors.New(first)
 }
 
 // newClient wraps an already connected kind client (tests: an in-process

@@ -1,7 +1,11 @@
 package plugins_test
 
 import (
+	"bytes"
 	"errors"
+	"log/slog"
+	"os"
+	"sync"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -19,14 +23,50 @@ import (
 )
 
 // buildExample builds the tcpengine example plugin into a temporary dir.
-func buildExample(t *testing.T) string {
+func buildExample(t *testing.T) string { return buildPlugin(t, "./examples/tcpengine") }
+
+// buildPlugin builds the plugin main package pkg into a temporary dir.
+func buildPlugin(t *testing.T, pkg string) string {
 	t.Helper()
-	bin := filepath.Join(t.TempDir(), "tcpengine")
-	out, err := exec.Command("go", "build", "-o", bin, "./examples/tcpengine").CombinedOutput()
+	bin := filepath.Join(t.TempDir(), filepath.Base(pkg))
+	out, err := exec.Command("go", "build", "-o", bin, pkg).CombinedOutput()
 	if err != nil {
-		t.Fatalf("build example plugin: %v\n%s", err, out)
+		t.Fatalf("build plugin %s: %v\n%s", pkg, err, out)
 	}
 	return bin
+}
+
+// logBuffer is a concurrency-safe log sink.
+type logBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *logBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *logBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+func (l *logBuffer) logger() *slog.Logger { return slog.New(slog.NewTextHandler(l, nil)) }
+
+// waitLog waits (bounded) until the log holds want.
+func (l *logBuffer) waitLog(t *testing.T, want string) string {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !strings.Contains(l.String(), want) {
+		if time.Now().After(deadline) {
+			t.Fatalf("log lacks %q:\n%s", want, l.String())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	return l.String()
 }
 
 // TestPluginProcessCertified certifies the example plugin through real
@@ -139,11 +179,14 @@ func TestPluginProcessCrash(t *testing.T) {
 // TestLoadErrors: a missing binary, a binary that is not a plugin and a
 // kind the plugin does not serve are clear errors within StartTimeout.
 func TestLoadErrors(t *testing.T) {
-	if _, err := plugins.Load(filepath.Join(t.TempDir(), "nope"), plugins.KindEngine, nil); err == nil {
-		t.Fatal("missing binary loaded")
+	if _, err := plugins.Load(filepath.Join(t.TempDir(), "nope"), plugins.KindEngine, nil); err == nil || !strings.Contains(err.Error(), "no such file") {
+		t.Fatalf("missing binary: %v", err)
 	}
-	if _, err := plugins.Load("/bin/true", plugins.KindEngine, nil); err == nil {
-		t.Fatal("/bin/true loaded as a plugin")
+	if _, err := plugins.Load("/bin/true", plugins.KindEngine, nil); err == nil || !strings.Contains(err.Error(), "plugin true: start: not a bounce plugin: it ended (exit status 0)") {
+		t.Fatalf("/bin/true as a plugin: %v, want a start error with its exit status", err)
+	}
+	if _, err := plugins.Load("/bin/echo", plugins.KindEngine, nil); err == nil || !strings.Contains(err.Error(), "not a bounce plugin") {
+		t.Fatalf("/bin/echo as a plugin: %v, want \"not a bounce plugin\"", err)
 	}
 	if _, err := plugins.Load("/bin/true", "teleporter", nil); err == nil || !strings.Contains(err.Error(), "unknown kind") {
 		t.Fatalf("unknown kind: %v", err)
@@ -156,5 +199,120 @@ func TestLoadErrors(t *testing.T) {
 	defer c.Close()
 	if _, err := c.Control("a", nil); !errors.Is(err, transfer.ErrUnsupported) || !strings.Contains(err.Error(), "does not serve") {
 		t.Fatalf("kind not served: %v", err)
+	}
+}
+
+// TestPluginStderrReachesTheLog: every stderr line of the plugin is one
+// record of the host's logger, tagged with the plugin's name. (Before,
+// go-plugin logged non-JSON lines at debug level, below the host's info
+// logger, so none arrived.)
+func TestPluginStderrReachesTheLog(t *testing.T) {
+	bin := buildPlugin(t, "./internal/testplugin")
+	var logs logBuffer
+	c, err := plugins.Load(bin, plugins.KindEngine, logs.logger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	out := logs.waitLog(t, "testplugin: started")
+	if !strings.Contains(out, "plugin=testplugin") {
+		t.Fatalf("stderr line not tagged with the plugin name:\n%s", out)
+	}
+}
+
+// TestSecureByDefault: the connection uses go-plugin's AutoMTLS, and the
+// plugin's environment holds only what the Spec lists (plus go-plugin's
+// handshake variables) unless InheritEnv is set.
+func TestSecureByDefault(t *testing.T) {
+	bin := buildPlugin(t, "./internal/testplugin")
+	t.Setenv("BOUNCE_TEST_HOST_SECRET", "s3cret")
+	start := func(s plugins.Spec) string {
+		t.Helper()
+		var logs logBuffer
+		s.Path, s.Logger = bin, logs.logger()
+		c, err := plugins.LoadSpec(s, plugins.KindEngine)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		return logs.waitLog(t, "testplugin: started")
+	}
+	out := start(plugins.Spec{Env: []string{"GIVEN_VAR=1"}, Args: []string{"--flag", "x y"}})
+	if !strings.Contains(out, "mtls=true") {
+		t.Errorf("plugin was not given a client certificate (AutoMTLS off?):\n%s", out)
+	}
+	if !strings.Contains(out, "GIVEN_VAR") || strings.Contains(out, "BOUNCE_TEST_HOST_SECRET") || strings.Contains(out, "PATH,") {
+		t.Errorf("default environment is not explicit:\n%s", out)
+	}
+	if !strings.Contains(out, `args=[\"--flag\" \"x y\"]`) {
+		t.Errorf("args not passed:\n%s", out)
+	}
+	if out := start(plugins.Spec{InheritEnv: true}); !strings.Contains(out, "BOUNCE_TEST_HOST_SECRET") {
+		t.Errorf("InheritEnv did not pass the host environment:\n%s", out)
+	}
+	if _, err := plugins.LoadSpec(plugins.Spec{Path: bin, Env: []string{"NOEQUALS"}}, plugins.KindEngine); err == nil || !strings.Contains(err.Error(), "NAME=value") {
+		t.Errorf("bad env entry: %v", err)
+	}
+}
+
+// TestChecksumPin: a pinned binary starts only with its own digest; a
+// mismatch is refused before the process runs, naming both digests.
+func TestChecksumPin(t *testing.T) {
+	bin := buildPlugin(t, "./internal/testplugin")
+	sum, err := plugins.FileChecksum(bin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := plugins.LoadSpec(plugins.Spec{Path: bin, Checksum: sum}, plugins.KindEngine)
+	if err != nil {
+		t.Fatalf("load with the right checksum: %v", err)
+	}
+	c.Close()
+	var logs logBuffer
+	wrong := "sha256:" + strings.Repeat("00", 32)
+	_, err = plugins.LoadSpec(plugins.Spec{Path: bin, Checksum: wrong, Logger: logs.logger()}, plugins.KindEngine)
+	if err == nil || !strings.Contains(err.Error(), "checksum mismatch") || !strings.Contains(err.Error(), wrong) || !strings.Contains(err.Error(), sum) {
+		t.Fatalf("wrong checksum: %v", err)
+	}
+	time.Sleep(50 * time.Millisecond)
+	if strings.Contains(logs.String(), "started") {
+		t.Fatalf("a binary failing its checksum ran:\n%s", logs.String())
+	}
+	if _, err := plugins.LoadSpec(plugins.Spec{Path: bin, Checksum: "md5:abc"}, plugins.KindEngine); err == nil || !strings.Contains(err.Error(), "sha256:<64 hex digits>") {
+		t.Fatalf("malformed checksum: %v", err)
+	}
+}
+
+// TestProtocolVersionMismatch: a plugin built at protocol version 1 is
+// refused by this host with a message naming both versions.
+func TestProtocolVersionMismatch(t *testing.T) {
+	bin := buildPlugin(t, "./internal/oldplugin")
+	_, err := plugins.Load(bin, plugins.KindEngine, nil)
+	if err == nil {
+		t.Fatal("a protocol 1 plugin was accepted")
+	}
+	for _, want := range []string{"protocol version", "Plugin version: 1", "[2]", "rebuild"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("version error %q lacks %q", err, want)
+		}
+	}
+}
+
+// TestBareNameIsACurrentDirectoryFile: a plugin named without a directory
+// is the file in the current directory, never a $PATH lookup.
+func TestBareNameIsACurrentDirectoryFile(t *testing.T) {
+	bin := buildPlugin(t, "./internal/testplugin")
+	t.Chdir(filepath.Dir(bin))
+	t.Setenv("PATH", "/nonexistent")
+	c, err := plugins.Load(filepath.Base(bin), plugins.KindEngine, nil)
+	if err != nil {
+		t.Fatalf("bare name in the current directory: %v", err)
+	}
+	c.Close()
+	if err := os.Remove(filepath.Base(bin)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := plugins.Load("true", plugins.KindEngine, nil); err == nil || !strings.Contains(err.Error(), "no such file") {
+		t.Fatalf("bare name not in the current directory: %v (looked up in $PATH?)", err)
 	}
 }

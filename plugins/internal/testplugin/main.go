@@ -1,0 +1,159 @@
+// Command testplugin serves all five bounce components from in-tree
+// implementations, for the plugin tests: the TCP engine, the ZeroMQ control
+// channel, the host gather and scatter stages and the engine-backed
+// writer. At start it writes one line to stderr naming the environment
+// variables it got (so tests can check what the host passed) and whether
+// the host asked for mTLS. The "delay" option (a Go duration) makes every
+// stage op stay pending at least that long, so a test can kill the process
+// while a copy is in flight.
+package main
+
+import (
+	"fmt"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/bouncekv/bounce/controlplane/zmq"
+	"github.com/bouncekv/bounce/engines/tcp"
+	"github.com/bouncekv/bounce/mem"
+	"github.com/bouncekv/bounce/plugins"
+	gatherhost "github.com/bouncekv/bounce/stages/gather/host"
+	scatterhost "github.com/bouncekv/bounce/stages/scatter/host"
+	"github.com/bouncekv/bounce/stages/write"
+	"github.com/bouncekv/bounce/transfer"
+)
+
+func main() {
+	var names []string
+	for _, kv := range os.Environ() {
+		k, _, _ := strings.Cut(kv, "=")
+		names = append(names, k)
+	}
+	slices.Sort(names)
+	_, mtls := os.LookupEnv("PLUGIN_CLIENT_CERT")
+	fmt.Fprintf(os.Stderr, "testplugin: started pid=%d mtls=%v args=%q env=%s\n", os.Getpid(), mtls, os.Args[1:], strings.Join(names, ","))
+	plugins.Serve(plugins.ServeOpts{
+		Engine: newEngine,
+		Control: func(name string, opts map[string]string) (transfer.ControlChannel, error) {
+			c := zmq.Config{Name: name, BindAddress: opts["bind_address"], Interface: opts["interface"]}
+			if v := opts["send_hwm"]; v != "" {
+				n, err := strconv.Atoi(v)
+				if err != nil {
+					return nil, fmt.Errorf("testplugin: send_hwm %q: %w", v, err)
+				}
+				c.SendHWM = n
+			}
+			return zmq.New(c)
+		},
+		Gatherer: func(_ string, opts map[string]string, reg *mem.Registry) (transfer.Gatherer, error) {
+			s, d, err := stageSettings(opts, reg)
+			if err != nil {
+				return nil, err
+			}
+			g, err := gatherhost.New(s)
+			if err != nil {
+				return nil, err
+			}
+			return delayedGatherer{g, d}, nil
+		},
+		Scatterer: func(_ string, opts map[string]string, reg *mem.Registry) (transfer.Scatterer, error) {
+			s, d, err := stageSettings(opts, reg)
+			if err != nil {
+				return nil, err
+			}
+			sc, err := scatterhost.New(s)
+			if err != nil {
+				return nil, err
+			}
+			return delayedScatterer{sc, d}, nil
+		},
+		Writer: func(_ string, _ map[string]string, e transfer.Engine) (transfer.Writer, error) {
+			return write.New(e), nil
+		},
+	})
+}
+
+func newEngine(name string, opts map[string]string) (transfer.Engine, error) {
+	c := tcp.Config{Name: name}
+	for k, v := range opts {
+		var err error
+		switch k {
+		case "listen":
+			c.Listen = v
+		case "connections":
+			c.Connections, err = strconv.Atoi(v)
+		default:
+			return nil, fmt.Errorf("testplugin: unknown engine option %q; accepted: listen, connections", k)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("testplugin: option %s=%q: %w", k, v, err)
+		}
+	}
+	return tcp.New(c)
+}
+
+func stageSettings(opts map[string]string, reg *mem.Registry) (gatherhost.Settings, time.Duration, error) {
+	s := gatherhost.Settings{Registry: reg, Contexts: 8}
+	var delay time.Duration
+	for k, v := range opts {
+		var err error
+		switch k {
+		case "copy_contexts":
+			s.Contexts, err = strconv.Atoi(v)
+		case "copy_workers":
+			s.Workers, err = strconv.Atoi(v)
+		case "delay":
+			delay, err = time.ParseDuration(v)
+		default:
+			return s, 0, fmt.Errorf("testplugin: unknown stage option %q; accepted: copy_contexts, copy_workers, delay", k)
+		}
+		if err != nil {
+			return s, 0, fmt.Errorf("testplugin: option %s=%q: %w", k, v, err)
+		}
+	}
+	return s, delay, nil
+}
+
+type delayedGatherer struct {
+	transfer.Gatherer
+	d time.Duration
+}
+
+func (g delayedGatherer) Gather(region transfer.Desc, runs []transfer.Run) (transfer.Op, error) {
+	return delayed(g.Gatherer.Gather(region, runs))(g.d)
+}
+
+type delayedScatterer struct {
+	transfer.Scatterer
+	d time.Duration
+}
+
+func (s delayedScatterer) Scatter(region transfer.Desc, runs []transfer.Run) (transfer.Op, error) {
+	return delayed(s.Scatterer.Scatter(region, runs))(s.d)
+}
+
+func delayed(op transfer.Op, err error) func(time.Duration) (transfer.Op, error) {
+	return func(d time.Duration) (transfer.Op, error) {
+		if err != nil || d == 0 {
+			return op, err
+		}
+		return &delayOp{Op: op, until: time.Now().Add(d)}, nil
+	}
+}
+
+// delayOp reports Pending until its time has come, then the real status.
+type delayOp struct {
+	transfer.Op
+	until time.Time
+}
+
+func (o *delayOp) Poll() (transfer.Status, error) {
+	st, err := o.Op.Poll()
+	if st.Terminal() && time.Now().Before(o.until) {
+		return transfer.Pending, nil
+	}
+	return st, err
+}
