@@ -279,7 +279,9 @@ func OpenScatterer(spec Spec, policy Restart, name string, opts map[string]strin
 	return &supervisedScatterer{sv}, nil
 }
 
-type supervisedScatterer struct{ *supervisor[transfer.Scatterer] }
+type supervisedScatterer struct {
+	*supervisor[transfer.Scatterer]
+}
 
 // Scatter runs on the current process, or fails fast while it is down.
 func (s *supervisedScatterer) Scatter(region transfer.Desc, runs []transfer.Run) (transfer.Op, error) {
