@@ -27,6 +27,9 @@ type world struct {
 	net    *inproc.Network
 	engine func(t testing.TB, name string, opt loopback.Options) transfer.Engine
 	ctrl   func(t testing.TB, name string, eng transfer.Engine) transfer.ControlChannel
+	// stages, if set, replaces the host stages: it returns a node's gather
+	// and scatter stages and its writer (nil: the engine's bulk write).
+	stages func(t testing.TB, name string, reg *mem.Registry, eng transfer.Engine) (transfer.Gatherer, transfer.Scatterer, transfer.Writer)
 }
 
 // newWorld also checks, when the test ends and every node is closed, that
@@ -64,6 +67,7 @@ type node struct {
 	reg     *mem.Registry
 	gather  transfer.Gatherer
 	scatter transfer.Scatterer
+	writer  transfer.Writer
 }
 
 // nodeOpt adjusts a node's settings (wrapping a component with a fault
@@ -98,6 +102,11 @@ func (w *world) node(name string, cfg Config, opts ...nodeOpt) *node {
 		t.Fatal(err)
 	}
 	s.Engine, s.Gatherer, s.Scatterer, s.Wake = eng, g, sc, wake
+	if w.stages != nil {
+		g.Close()
+		sc.Close()
+		s.Gatherer, s.Scatterer, s.Writer = w.stages(t, name, s.Registry, eng)
+	}
 	s.Control = w.ctrl(t, name, eng)
 	for _, o := range opts {
 		o(&s)
@@ -106,7 +115,7 @@ func (w *world) node(name string, cfg Config, opts ...nodeOpt) *node {
 	if err != nil {
 		t.Fatal(err)
 	}
-	n := &node{Agent: a, eng: eng, ctrl: s.Control, reg: s.Registry, gather: s.Gatherer, scatter: s.Scatterer}
+	n := &node{Agent: a, eng: eng, ctrl: s.Control, reg: s.Registry, gather: s.Gatherer, scatter: s.Scatterer, writer: s.Writer}
 	t.Cleanup(func() { n.close(t) })
 	return n
 }
@@ -119,6 +128,9 @@ func (n *node) close(t testing.TB) {
 	}
 	n.gather.Close()
 	n.scatter.Close()
+	if c, ok := n.writer.(interface{ Close() error }); ok {
+		c.Close()
+	}
 	if n.ctrl != nil {
 		n.ctrl.Close()
 	}
