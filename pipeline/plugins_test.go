@@ -3,9 +3,13 @@ package pipeline
 import (
 	"os/exec"
 	"path/filepath"
+	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/bouncekv/bounce/engines/loopback"
+	"github.com/bouncekv/bounce/engines/tcp"
 	"github.com/bouncekv/bounce/mem"
 	"github.com/bouncekv/bounce/plugins"
 	gatherhost "github.com/bouncekv/bounce/stages/gather/host"
@@ -96,5 +100,127 @@ func TestEndToEndPlugins(t *testing.T) {
 	bin := buildTestPlugin(t)
 	for _, component := range []string{"engine", "control", "gather", "scatter", "writer"} {
 		t.Run(component, func(t *testing.T) { e2e(t, pluginWorld(bin, component)) })
+	}
+}
+
+// TestPluginCrash kills (SIGKILL) the sender's engine plugin or gather
+// plugin while a transfer is in flight: the batch fails within the request
+// timeout with an error naming the plugin and its exit status, it is
+// retired and quiescent (the dead process touches no memory), the plugin
+// is restarted, and the agent serves the next transfer on the new process.
+// The world's leak check covers the supervisors and gRPC connections.
+func TestPluginCrash(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and starts plugin processes")
+	}
+	bin := buildTestPlugin(t)
+	policy := plugins.Restart{MaxRestarts: 3, Backoff: 20 * time.Millisecond}
+	// The plugin holds every op pending 300ms, so the kill lands mid-transfer.
+	slow := map[string]string{"delay": "300ms"}
+	for _, component := range []string{"engine", "gather"} {
+		t.Run(component, func(t *testing.T) {
+			var victim plugins.Supervised
+			w := newWorld(t)
+			spec := plugins.Spec{Path: bin}
+			switch component {
+			case "engine":
+				// Both sides need engines that reach each other: tcp
+				// in-process for b.
+				w.engine = func(t testing.TB, name string, _ loopback.Options) transfer.Engine {
+					if name == "a" {
+						e, err := plugins.OpenEngine(spec, policy, name, slow)
+						if err != nil {
+							t.Fatal(err)
+						}
+						victim = e.(plugins.Supervised)
+						return e
+					}
+					e, err := tcp.New(tcp.Config{Name: name})
+					if err != nil {
+						t.Fatal(err)
+					}
+					return e
+				}
+			case "gather":
+				w.stages = func(t testing.TB, name string, reg *mem.Registry, _ transfer.Engine) (transfer.Gatherer, transfer.Scatterer, transfer.Writer) {
+					sc, err := scatterhost.New(scatterhost.Settings{Registry: reg, Contexts: 8})
+					if err != nil {
+						t.Fatal(err)
+					}
+					if name != "a" {
+						g, err := gatherhost.New(gatherhost.Settings{Registry: reg, Contexts: 8})
+						if err != nil {
+							t.Fatal(err)
+						}
+						return g, sc, nil
+					}
+					g, err := plugins.OpenGatherer(spec, policy, name, slow, reg)
+					if err != nil {
+						t.Fatal(err)
+					}
+					victim = g.(plugins.Supervised)
+					return g, sc, nil
+				}
+			}
+			cfg := testConfig()
+			a, b := w.node("a", cfg), w.node("b", cfg)
+			l := kvLayout{count: 1024, size: 4096, fragmented: true}
+			src, dst := a.buffer(t, 4<<20), b.buffer(t, 4<<20)
+			connect(t, a, b)
+
+			first := victim.Current()
+			j := prepare(src, dst, l, 1)
+			start := time.Now()
+			bt, err := a.Submit(Request{Peer: "b", Src: j.src, Dst: j.dst})
+			if err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(100 * time.Millisecond)
+			if err := syscall.Kill(first.Pid(), syscall.SIGKILL); err != nil {
+				t.Fatal(err)
+			}
+			err = wait(t, bt)
+			if err == nil {
+				t.Fatal("a transfer whose plugin was killed mid-way succeeded")
+			}
+			if d := time.Since(start); d > cfg.RequestTimeout+2*time.Second {
+				t.Fatalf("failed after %v, beyond the request timeout %v", d, cfg.RequestTimeout)
+			}
+			for _, want := range []string{"testplugin", "signal: killed"} {
+				if !strings.Contains(err.Error(), want) {
+					t.Errorf("batch error %q does not name %q", err, want)
+				}
+			}
+			if r, q := bt.Retirement(); !r || !q {
+				t.Fatalf("retirement = (%v, %v), want retired and quiescent: the killed process touches no memory", r, q)
+			}
+			if err := bt.Release(); err != nil {
+				t.Fatal(err)
+			}
+
+			deadline := time.Now().Add(10 * time.Second)
+			for victim.Current() == nil || victim.Current() == first {
+				if time.Now().After(deadline) {
+					t.Fatalf("plugin not restarted within 10s (restarts %d)", victim.Restarts())
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+			if victim.Restarts() != 1 {
+				t.Fatalf("restarts = %d, want 1", victim.Restarts())
+			}
+			j = prepare(src, dst, l, 2)
+			bt, err = a.Submit(Request{Peer: "b", Src: j.src, Dst: j.dst})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := wait(t, bt); err != nil {
+				t.Fatalf("transfer after the restart: %v", err)
+			}
+			j.verify(t)
+			if err := bt.Release(); err != nil {
+				t.Fatal(err)
+			}
+			settled(t, a, b)
+		})
 	}
 }

@@ -61,10 +61,17 @@ func TestEngineConformanceOverGRPC(t *testing.T) {
 	t.Run("loopback", func(t *testing.T) {
 		conformance.Engine(t, func() (conformance.EnginePair, error) {
 			fab := loopback.NewFabric()
+			var valve conformance.Valve
 			open := func(name string, _ map[string]string) (transfer.Engine, error) {
-				return fab.NewEngine(name, loopback.Options{})
+				o := loopback.Options{}
+				if name == "a" {
+					o.Hold = valve.Wait // the plugin is in-process here
+				}
+				return fab.NewEngine(name, o)
 			}
-			return pairOver(t, open)
+			p, err := pairOver(t, open)
+			p.StallWrites = valve.Stall
+			return p, err
 		}, cfg)
 	})
 	t.Run("tcp", func(t *testing.T) {

@@ -236,6 +236,9 @@ type Client struct {
 	mu      sync.Mutex
 	opened  bool
 	closedC chan struct{}
+	// diedFirst is the exit status of a process that had died on its own
+	// before Close: errors keep naming it rather than "closed".
+	diedFirst string
 }
 
 // Spec says how the host starts a plugin binary. Every field but Path has
@@ -467,6 +470,11 @@ func (c *Client) Pid() int { return c.pid }
 // flight resolve Failed with ErrClosed.
 func (c *Client) Close() error {
 	c.once.Do(func() {
+		if c.exited() {
+			c.mu.Lock()
+			c.diedFirst = c.status()
+			c.mu.Unlock()
+		}
 		close(c.closedC)
 		c.kill()
 	})
@@ -507,7 +515,17 @@ func (c *Client) claim(kind string) error {
 // process has exited, its exit status.
 func (c *Client) rpcErr(what string, err error) error {
 	what = c.name + ": " + what
-	if st := c.status(); st != "" && !c.closed() {
+	if isConnLost(err) && !c.closed() {
+		// The connection usually breaks a moment before the process is
+		// reaped: wait (bounded) for the exit status to name it.
+		for i := 0; i < 50 && !c.exited(); i++ {
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	c.mu.Lock()
+	died := c.diedFirst
+	c.mu.Unlock()
+	if st := c.status(); st != "" && (!c.closed() || died != "") {
 		return fmt.Errorf("plugin %s: plugin process exited (%s): %v: %w", what, st, err, transfer.ErrPeerLost)
 	}
 	return rpcError(what, err, c.closed())

@@ -78,6 +78,7 @@ func main() {
 
 func newEngine(name string, opts map[string]string) (transfer.Engine, error) {
 	c := tcp.Config{Name: name}
+	var delay time.Duration
 	for k, v := range opts {
 		var err error
 		switch k {
@@ -85,14 +86,30 @@ func newEngine(name string, opts map[string]string) (transfer.Engine, error) {
 			c.Listen = v
 		case "connections":
 			c.Connections, err = strconv.Atoi(v)
+		case "delay":
+			delay, err = time.ParseDuration(v)
 		default:
-			return nil, fmt.Errorf("testplugin: unknown engine option %q; accepted: listen, connections", k)
+			return nil, fmt.Errorf("testplugin: unknown engine option %q; accepted: listen, connections, delay", k)
 		}
 		if err != nil {
 			return nil, fmt.Errorf("testplugin: option %s=%q: %w", k, v, err)
 		}
 	}
-	return tcp.New(c)
+	e, err := tcp.New(c)
+	if err != nil || delay == 0 {
+		return e, err
+	}
+	return delayedEngine{e, delay}, nil
+}
+
+// delayedEngine holds every write Pending at least d.
+type delayedEngine struct {
+	*tcp.Engine
+	d time.Duration
+}
+
+func (e delayedEngine) PostWrite(peer string, ops []transfer.WriteOp) (transfer.Op, error) {
+	return delayed(e.Engine.PostWrite(peer, ops))(e.d)
 }
 
 func stageSettings(opts map[string]string, reg *mem.Registry) (gatherhost.Settings, time.Duration, error) {
