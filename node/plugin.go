@@ -71,6 +71,7 @@ func pluginSpec(s Settings, p config.PluginConfig, fallback, key, component stri
 		Checksum:   p.Checksum,
 		Name:       fmt.Sprintf("%s[%s]", filepath.Base(path), component),
 		Logger:     s.Logger,
+		Notify:     s.Notify,
 		// The node's providers: a traced call's span joins the trace.
 		TracerProvider: s.TracerProvider,
 		Propagator:     s.Propagator,

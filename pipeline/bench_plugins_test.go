@@ -18,12 +18,13 @@ import (
 //
 //   - engine: the TCP engine in-process vs the same engine in a plugin
 //     process (plugins/internal/testplugin);
+//
 //   - stages: the host gather and scatter stages in-process (waking the
 //     reactor on completion, as node builds them) vs the same stages in
 //     plugin processes, polled over gRPC (the TCP engine in-process in
 //     both).
 //
-//	go test -run '^$' -bench BenchmarkPlugins -benchtime 5x ./pipeline/
+//     go test -run '^$' -bench BenchmarkPlugins -benchtime 5x ./pipeline/
 func BenchmarkPlugins(b *testing.B) {
 	bin := buildTestPlugin(b)
 	spec := plugins.Spec{Path: bin}
@@ -34,20 +35,20 @@ func BenchmarkPlugins(b *testing.B) {
 		}
 		return e
 	}
-	pluginEngine := func(t testing.TB, name string, _ loopback.Options) transfer.Engine {
-		e, err := plugins.OpenEngine(spec, plugins.Restart{}, name, nil)
+	pluginEngine := func(t testing.TB, name string, opt loopback.Options) transfer.Engine {
+		e, err := plugins.OpenEngine(plugins.Spec{Path: bin, Notify: opt.OnComplete}, plugins.Restart{}, name, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
 		return e
 	}
-	pluginStages := func(t testing.TB, name string, reg *mem.Registry, _ transfer.Engine) (transfer.Gatherer, transfer.Scatterer, transfer.Writer) {
+	pluginStages := func(t testing.TB, name string, reg *mem.Registry, _ transfer.Engine, notify func()) (transfer.Gatherer, transfer.Scatterer, transfer.Writer) {
 		opts := map[string]string{"copy_contexts": "8"}
-		g, err := plugins.OpenGatherer(spec, plugins.Restart{}, name, opts, reg)
+		g, err := plugins.OpenGatherer(plugins.Spec{Path: spec.Path, Notify: notify}, plugins.Restart{}, name, opts, reg)
 		if err != nil {
 			t.Fatal(err)
 		}
-		sc, err := plugins.OpenScatterer(spec, plugins.Restart{}, name, opts, reg)
+		sc, err := plugins.OpenScatterer(plugins.Spec{Path: spec.Path, Notify: notify}, plugins.Restart{}, name, opts, reg)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -55,7 +56,7 @@ func BenchmarkPlugins(b *testing.B) {
 	}
 	type side struct {
 		engine func(testing.TB, string, loopback.Options) transfer.Engine
-		stages func(testing.TB, string, *mem.Registry, transfer.Engine) (transfer.Gatherer, transfer.Scatterer, transfer.Writer)
+		stages func(testing.TB, string, *mem.Registry, transfer.Engine, func()) (transfer.Gatherer, transfer.Scatterer, transfer.Writer)
 	}
 	for _, c := range []struct {
 		name            string

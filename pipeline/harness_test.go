@@ -29,7 +29,8 @@ type world struct {
 	ctrl   func(t testing.TB, name string, eng transfer.Engine) transfer.ControlChannel
 	// stages, if set, replaces the host stages: it returns a node's gather
 	// and scatter stages and its writer (nil: the engine's bulk write).
-	stages func(t testing.TB, name string, reg *mem.Registry, eng transfer.Engine) (transfer.Gatherer, transfer.Scatterer, transfer.Writer)
+	// notify wakes the node's reactor.
+	stages func(t testing.TB, name string, reg *mem.Registry, eng transfer.Engine, notify func()) (transfer.Gatherer, transfer.Scatterer, transfer.Writer)
 }
 
 // newWorld also checks, when the test ends and every node is closed, that
@@ -105,7 +106,7 @@ func (w *world) node(name string, cfg Config, opts ...nodeOpt) *node {
 	if w.stages != nil {
 		g.Close()
 		sc.Close()
-		s.Gatherer, s.Scatterer, s.Writer = w.stages(t, name, s.Registry, eng)
+		s.Gatherer, s.Scatterer, s.Writer = w.stages(t, name, s.Registry, eng, hostcopy.Signal(wake))
 	}
 	s.Control = w.ctrl(t, name, eng)
 	for _, o := range opts {

@@ -61,25 +61,25 @@ func pluginWorld(bin, component string) func(testing.TB) *world {
 				return ch
 			}
 		case "gather":
-			w.stages = func(t testing.TB, name string, reg *mem.Registry, _ transfer.Engine) (transfer.Gatherer, transfer.Scatterer, transfer.Writer) {
+			w.stages = func(t testing.TB, name string, reg *mem.Registry, _ transfer.Engine, notify func()) (transfer.Gatherer, transfer.Scatterer, transfer.Writer) {
 				unused, sc := hostStages(t, reg)
 				unused.Close()
-				g, err := plugins.OpenGatherer(spec, plugins.Restart{}, name, nil, reg)
+				g, err := plugins.OpenGatherer(plugins.Spec{Path: spec.Path, Notify: notify}, plugins.Restart{}, name, nil, reg)
 				must(t, err)
 				return g, sc, nil
 			}
 		case "scatter":
-			w.stages = func(t testing.TB, name string, reg *mem.Registry, _ transfer.Engine) (transfer.Gatherer, transfer.Scatterer, transfer.Writer) {
+			w.stages = func(t testing.TB, name string, reg *mem.Registry, _ transfer.Engine, notify func()) (transfer.Gatherer, transfer.Scatterer, transfer.Writer) {
 				g, unused := hostStages(t, reg)
 				unused.Close()
-				sc, err := plugins.OpenScatterer(spec, plugins.Restart{}, name, nil, reg)
+				sc, err := plugins.OpenScatterer(plugins.Spec{Path: spec.Path, Notify: notify}, plugins.Restart{}, name, nil, reg)
 				must(t, err)
 				return g, sc, nil
 			}
 		case "writer":
-			w.stages = func(t testing.TB, name string, reg *mem.Registry, eng transfer.Engine) (transfer.Gatherer, transfer.Scatterer, transfer.Writer) {
+			w.stages = func(t testing.TB, name string, reg *mem.Registry, eng transfer.Engine, notify func()) (transfer.Gatherer, transfer.Scatterer, transfer.Writer) {
 				g, sc := hostStages(t, reg)
-				wr, err := plugins.OpenWriter(spec, plugins.Restart{}, name, nil, eng)
+				wr, err := plugins.OpenWriter(plugins.Spec{Path: spec.Path, Notify: notify}, plugins.Restart{}, name, nil, eng)
 				must(t, err)
 				return g, sc, wr
 			}
@@ -142,7 +142,7 @@ func TestPluginCrash(t *testing.T) {
 					return e
 				}
 			case "gather":
-				w.stages = func(t testing.TB, name string, reg *mem.Registry, _ transfer.Engine) (transfer.Gatherer, transfer.Scatterer, transfer.Writer) {
+				w.stages = func(t testing.TB, name string, reg *mem.Registry, _ transfer.Engine, notify func()) (transfer.Gatherer, transfer.Scatterer, transfer.Writer) {
 					sc, err := scatterhost.New(scatterhost.Settings{Registry: reg, Contexts: 8})
 					if err != nil {
 						t.Fatal(err)
@@ -154,7 +154,7 @@ func TestPluginCrash(t *testing.T) {
 						}
 						return g, sc, nil
 					}
-					g, err := plugins.OpenGatherer(spec, policy, name, slow, reg)
+					g, err := plugins.OpenGatherer(plugins.Spec{Path: spec.Path, Notify: notify}, policy, name, slow, reg)
 					if err != nil {
 						t.Fatal(err)
 					}

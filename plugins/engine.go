@@ -191,7 +191,7 @@ func (e *remoteEngine) PostWriteContext(ctx context.Context, peer string, ops []
 	if err := e.hs.claim(rep.GetHandle()); err != nil {
 		return nil, fmt.Errorf("plugin %s: %s: %v: %w", e.c.name, what, err, transfer.ErrNotQuiescent)
 	}
-	return &remoteOp{c: e.c, rpc: enginePoller{e.rpc}, what: what, h: rep.GetHandle(), done: e.hs.drop}, nil
+	return (&remoteOp{c: e.c, rpc: enginePoller{e.rpc}, what: what, h: rep.GetHandle(), done: e.hs.drop}).watch(e.c.notify), nil
 }
 
 // Close closes the plugin engine and ends the plugin process.
@@ -241,6 +241,12 @@ func (p enginePoller) Poll(h uint64) (*pb.PollReply, error) {
 	cx, cancel := ctx(PollTimeout)
 	defer cancel()
 	return p.rpc.Poll(cx, &pb.HandleRequest{Handle: h})
+}
+
+func (p enginePoller) Wait(h uint64, timeout time.Duration) (*pb.PollReply, error) {
+	cx, cancel := ctx(timeout + waitSlack)
+	defer cancel()
+	return p.rpc.Wait(cx, &pb.WaitRequest{Handle: h, TimeoutNs: int64(timeout)})
 }
 
 func (p enginePoller) Release(h uint64) (*pb.Reply, error) {
@@ -399,6 +405,10 @@ func (s *engineServer) PostWrite(_ context.Context, r *pb.PostWriteRequest) (*pb
 
 func (s *engineServer) Poll(_ context.Context, r *pb.HandleRequest) (*pb.PollReply, error) {
 	return s.ops.poll(r.GetHandle()), nil
+}
+
+func (s *engineServer) Wait(cx context.Context, r *pb.WaitRequest) (*pb.PollReply, error) {
+	return s.ops.wait(cx, r.GetHandle(), time.Duration(r.GetTimeoutNs())), nil
 }
 
 func (s *engineServer) Release(_ context.Context, r *pb.HandleRequest) (*pb.Reply, error) {

@@ -262,6 +262,10 @@ func (b *badEngine) Poll(context.Context, *pb.HandleRequest) (*pb.PollReply, err
 	return &pb.PollReply{Status: b.status}, nil
 }
 
+func (b *badEngine) Wait(context.Context, *pb.WaitRequest) (*pb.PollReply, error) {
+	return &pb.PollReply{Status: b.status}, nil
+}
+
 func (b *badEngine) Release(context.Context, *pb.HandleRequest) (*pb.Reply, error) {
 	return &pb.Reply{}, nil
 }
@@ -314,7 +318,7 @@ func TestMalformedReplies(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		st, err := op.Poll()
+		st, err := pollTerminal(t, op)
 		if st != transfer.Failed || !errors.Is(err, transfer.ErrNotQuiescent) || !strings.Contains(err.Error(), "status 9") {
 			t.Fatalf("poll = %v, %v", st, err)
 		}
@@ -332,10 +336,24 @@ func TestMalformedReplies(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if st, err := op.Poll(); st != transfer.Failed || err == nil {
+		if st, err := pollTerminal(t, op); st != transfer.Failed || err == nil {
 			t.Fatalf("poll = %v, %v", st, err)
 		}
 	})
+}
+
+// pollTerminal polls op until it is terminal (the watcher's Wait reply
+// arrives a moment after the post), bounded.
+func pollTerminal(t *testing.T, op transfer.Op) (transfer.Status, error) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		st, err := op.Poll()
+		if st.Terminal() || time.Now().After(deadline) {
+			return st, err
+		}
+		time.Sleep(time.Millisecond)
+	}
 }
 
 // TestClosedClient: after Close every call fails at once with ErrClosed and

@@ -1,8 +1,14 @@
 package plugins
 
 import (
+	"context"
 	"fmt"
+	"runtime"
 	"sync"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	pb "github.com/bouncekv/bounce/plugins/internal/proto"
 	"github.com/bouncekv/bounce/transfer"
@@ -45,6 +51,30 @@ func (t *opTable) poll(h uint64) *pb.PollReply {
 	return &pb.PollReply{Status: uint32(st), Error: toProtoError(err)}
 }
 
+// maxWaitBackoff caps the sleep between two local polls of an op a Wait
+// holds.
+const maxWaitBackoff = 100 * time.Microsecond
+
+// wait polls the op locally until it is terminal, timeout passes or cx
+// ends (the host went away): one reply per op instead of one round trip
+// per poll.
+func (t *opTable) wait(cx context.Context, h uint64, timeout time.Duration) *pb.PollReply {
+	deadline := time.Now().Add(timeout)
+	backoff := time.Duration(0)
+	for spins := 0; ; spins++ {
+		rep := t.poll(h)
+		if rep.GetStatus() != uint32(transfer.Pending) || time.Now().After(deadline) || cx.Err() != nil {
+			return rep
+		}
+		if spins < 32 {
+			runtime.Gosched()
+			continue
+		}
+		backoff = min(max(2*backoff, 5*time.Microsecond), maxWaitBackoff)
+		time.Sleep(backoff)
+	}
+}
+
 func (t *opTable) release(h uint64) *pb.Reply {
 	op, err := t.get(h)
 	if err != nil {
@@ -59,10 +89,46 @@ func (t *opTable) release(h uint64) *pb.Reply {
 	return &pb.Reply{}
 }
 
-// poller is the host side of an operation's Poll and Release RPCs.
+// poller is the host side of an operation's Poll, Wait and Release RPCs.
 type poller interface {
 	Poll(h uint64) (*pb.PollReply, error)
+	// Wait blocks until the op is terminal or timeout passed (then the
+	// reply is pending); the call itself is bounded by timeout+waitSlack.
+	Wait(h uint64, timeout time.Duration) (*pb.PollReply, error)
 	Release(h uint64) (*pb.Reply, error)
+}
+
+// waitTimeout is how long one Wait call holds; a watcher renews it.
+const waitTimeout = time.Second
+
+// watcher is the goroutine of one remote op: it waits for the op in the
+// plugin (Wait calls renewed every waitTimeout) and hands the terminal
+// reply to the op, so the host's Poll answers locally.
+type watcher struct {
+	o      *remoteOp
+	notify func()
+}
+
+func (w watcher) run() {
+	for {
+		start := time.Now()
+		rep, err := w.o.rpc.Wait(w.o.h, waitTimeout)
+		if status.Code(err) == codes.Unimplemented {
+			w.o.unwatch() // a plugin without Wait: the host polls
+			return
+		}
+		if w.o.offer(rep, err) {
+			if w.notify != nil {
+				w.notify()
+			}
+			return
+		}
+		if time.Since(start) < waitTimeout/2 {
+			// A plugin that answers pending early, or an error that is
+			// not a lost connection: do not spin.
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
 }
 
 // remoteOp is an operation running in a plugin, known by its handle.
@@ -77,6 +143,10 @@ type remoteOp struct {
 	settled func()
 
 	mu       sync.Mutex
+	watched  bool          // a watcher runs: Poll answers from its replies
+	reply    *pb.PollReply // the watcher's terminal reply, not yet taken
+	replyErr error
+	gotReply bool
 	terminal bool
 	local    bool // resolved on the host (plugin gone): nothing to release
 	st       transfer.Status
@@ -94,10 +164,18 @@ func (o *remoteOp) Poll() (transfer.Status, error) {
 	if o.terminal {
 		return o.st, o.err
 	}
-	if o.c.gone() {
+	var rep *pb.PollReply
+	var err error
+	switch {
+	case o.watched && o.gotReply:
+		rep, err = o.reply, o.replyErr
+	case o.c.gone():
 		return o.resolveLocal(o.c.rpcErr(o.what, fmt.Errorf("plugin process gone")))
+	case o.watched:
+		return transfer.Pending, nil
+	default:
+		rep, err = o.rpc.Poll(o.h)
 	}
-	rep, err := o.rpc.Poll(o.h)
 	if err != nil {
 		if o.c.gone() || isConnLost(err) {
 			return o.resolveLocal(o.c.rpcErr("poll "+o.what, err))
@@ -125,6 +203,42 @@ func (o *remoteOp) Poll() (transfer.Status, error) {
 	}
 	o.settle()
 	return o.st, o.err
+}
+
+// watch starts the op's watcher; notify (if set) runs when it learned the
+// op is terminal.
+func (o *remoteOp) watch(notify func()) *remoteOp {
+	o.watched = true
+	go watcher{o: o, notify: notify}.run()
+	return o
+}
+
+func (o *remoteOp) unwatch() {
+	o.mu.Lock()
+	o.watched = false
+	o.mu.Unlock()
+}
+
+// offer gives the op a Wait reply; it reports whether the watcher is done:
+// the reply is terminal, the plugin is gone or the op resolved already.
+func (o *remoteOp) offer(rep *pb.PollReply, err error) bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.terminal {
+		return true
+	}
+	if err != nil {
+		if o.c.gone() || isConnLost(err) {
+			o.reply, o.replyErr, o.gotReply = nil, err, true
+			return true
+		}
+		return false
+	}
+	if rep.GetStatus() == uint32(transfer.Pending) {
+		return false
+	}
+	o.reply, o.replyErr, o.gotReply = rep, nil, true
+	return true
 }
 
 func (o *remoteOp) resolveLocal(err error) (transfer.Status, error) {

@@ -236,6 +236,7 @@ type Client struct {
 	mu      sync.Mutex
 	opened  bool
 	closedC chan struct{}
+	notify  func() // wakes the host when an op completes; may be nil
 	// diedFirst is the exit status of a process that had died on its own
 	// before Close: errors keep naming it rather than "closed".
 	diedFirst string
@@ -263,6 +264,10 @@ type Spec struct {
 	// Logger receives the plugin's stderr, one record per line with
 	// plugin=Name; nil discards it.
 	Logger *slog.Logger
+	// Notify, if set, is called (it must not block) when an op of the
+	// plugin completes, so the caller need not poll: node passes the
+	// agent's reactor wake-up.
+	Notify func()
 	// TracerProvider and Propagator trace the calls made for a traced
 	// operation and put its trace context in their gRPC metadata; nil
 	// means the otel globals.
@@ -397,7 +402,7 @@ func LoadSpec(s Spec, kind string) (*Client, error) {
 	if err != nil {
 		return fail(fmt.Sprintf("it does not serve kind %q", kind), err)
 	}
-	c := &Client{kind: kind, name: s.Name, raw: raw, exited: pc.Exited, kill: func() { pc.Kill(); logs.flush() }, closedC: make(chan struct{})}
+	c := &Client{kind: kind, name: s.Name, raw: raw, notify: s.Notify, exited: pc.Exited, kill: func() { pc.Kill(); logs.flush() }, closedC: make(chan struct{})}
 	c.status = func() string { return exitStatus(pc, cmd) }
 	if rc := pc.ReattachConfig(); rc != nil {
 		c.pid = rc.Pid

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 
 	"google.golang.org/grpc"
 
@@ -21,6 +22,7 @@ type stageRPC interface {
 	Unshare(ctx context.Context, in *pb.DescRequest, opts ...grpc.CallOption) (*pb.Reply, error)
 	Copy(ctx context.Context, in *pb.StageRequest, opts ...grpc.CallOption) (*pb.HandleReply, error)
 	Poll(ctx context.Context, in *pb.HandleRequest, opts ...grpc.CallOption) (*pb.PollReply, error)
+	Wait(ctx context.Context, in *pb.WaitRequest, opts ...grpc.CallOption) (*pb.PollReply, error)
 	Release(ctx context.Context, in *pb.HandleRequest, opts ...grpc.CallOption) (*pb.Reply, error)
 	Close(ctx context.Context, in *pb.Empty, opts ...grpc.CallOption) (*pb.Reply, error)
 }
@@ -196,7 +198,7 @@ func (s *remoteStage) copy(verb string, region transfer.Desc, runs []transfer.Ru
 		// The plugin may run a copy the host cannot poll: keep the pins.
 		return nil, fmt.Errorf("plugin %s: %s: %v: %w", s.c.name, what, err, transfer.ErrNotQuiescent)
 	}
-	return &remoteOp{c: s.c, rpc: stagePoller{s.rpc}, what: what, h: rep.GetHandle(), done: s.hs.drop, settled: unpin}, nil
+	return (&remoteOp{c: s.c, rpc: stagePoller{s.rpc}, what: what, h: rep.GetHandle(), done: s.hs.drop, settled: unpin}).watch(s.c.notify), nil
 }
 
 // Close closes the stage in the plugin and ends the plugin process.
@@ -208,6 +210,12 @@ func (p stagePoller) Poll(h uint64) (*pb.PollReply, error) {
 	cx, cancel := ctx(PollTimeout)
 	defer cancel()
 	return p.rpc.Poll(cx, &pb.HandleRequest{Handle: h})
+}
+
+func (p stagePoller) Wait(h uint64, timeout time.Duration) (*pb.PollReply, error) {
+	cx, cancel := ctx(timeout + waitSlack)
+	defer cancel()
+	return p.rpc.Wait(cx, &pb.WaitRequest{Handle: h, TimeoutNs: int64(timeout)})
 }
 
 func (p stagePoller) Release(h uint64) (*pb.Reply, error) {
@@ -328,6 +336,10 @@ func (s *stageServer) Copy(_ context.Context, r *pb.StageRequest) (*pb.HandleRep
 
 func (s *stageServer) Poll(_ context.Context, r *pb.HandleRequest) (*pb.PollReply, error) {
 	return s.ops.poll(r.GetHandle()), nil
+}
+
+func (s *stageServer) Wait(cx context.Context, r *pb.WaitRequest) (*pb.PollReply, error) {
+	return s.ops.wait(cx, r.GetHandle(), time.Duration(r.GetTimeoutNs())), nil
 }
 
 func (s *stageServer) Release(_ context.Context, r *pb.HandleRequest) (*pb.Reply, error) {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"sync"
+	"time"
 
 	"github.com/hashicorp/go-plugin"
 	"google.golang.org/grpc"
@@ -77,7 +78,7 @@ func (w *RemoteWriter) Write(peer string, src, dst transfer.Desc) (transfer.Op, 
 	if err := w.hs.claim(rep.GetHandle()); err != nil {
 		return nil, fmt.Errorf("plugin %s: %s: %v: %w", w.c.name, what, err, transfer.ErrNotQuiescent)
 	}
-	return &remoteOp{c: w.c, rpc: writerPoller{w.rpc}, what: what, h: rep.GetHandle(), done: w.hs.drop}, nil
+	return (&remoteOp{c: w.c, rpc: writerPoller{w.rpc}, what: what, h: rep.GetHandle(), done: w.hs.drop}).watch(w.c.notify), nil
 }
 
 // Close closes the writer in the plugin and ends the plugin process.
@@ -89,6 +90,12 @@ func (p writerPoller) Poll(h uint64) (*pb.PollReply, error) {
 	cx, cancel := ctx(PollTimeout)
 	defer cancel()
 	return p.rpc.Poll(cx, &pb.HandleRequest{Handle: h})
+}
+
+func (p writerPoller) Wait(h uint64, timeout time.Duration) (*pb.PollReply, error) {
+	cx, cancel := ctx(timeout + waitSlack)
+	defer cancel()
+	return p.rpc.Wait(cx, &pb.WaitRequest{Handle: h, TimeoutNs: int64(timeout)})
 }
 
 func (p writerPoller) Release(h uint64) (*pb.Reply, error) {
@@ -164,6 +171,10 @@ func (s *writerServer) Write(_ context.Context, r *pb.WriteRequest) (*pb.HandleR
 
 func (s *writerServer) Poll(_ context.Context, r *pb.HandleRequest) (*pb.PollReply, error) {
 	return s.ops.poll(r.GetHandle()), nil
+}
+
+func (s *writerServer) Wait(cx context.Context, r *pb.WaitRequest) (*pb.PollReply, error) {
+	return s.ops.wait(cx, r.GetHandle(), time.Duration(r.GetTimeoutNs())), nil
 }
 
 func (s *writerServer) Release(_ context.Context, r *pb.HandleRequest) (*pb.Reply, error) {

@@ -1165,6 +1165,61 @@ func (x *PollReply) GetStatus() uint32 {
 	return 0
 }
 
+// WaitRequest asks the plugin to hold the reply until the op is terminal
+// or timeout_ns passed (then it reports pending): the host learns of
+// completions without polling over the wire.
+type WaitRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Handle        uint64                 `protobuf:"varint,1,opt,name=handle,proto3" json:"handle,omitempty"`
+	TimeoutNs     int64                  `protobuf:"varint,2,opt,name=timeout_ns,json=timeoutNs,proto3" json:"timeout_ns,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WaitRequest) Reset() {
+	*x = WaitRequest{}
+	mi := &file_plugin_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WaitRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WaitRequest) ProtoMessage() {}
+
+func (x *WaitRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_plugin_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WaitRequest.ProtoReflect.Descriptor instead.
+func (*WaitRequest) Descriptor() ([]byte, []int) {
+	return file_plugin_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *WaitRequest) GetHandle() uint64 {
+	if x != nil {
+		return x.Handle
+	}
+	return 0
+}
+
+func (x *WaitRequest) GetTimeoutNs() int64 {
+	if x != nil {
+		return x.TimeoutNs
+	}
+	return 0
+}
+
 type MessageRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Peer          []byte                 `protobuf:"bytes,1,opt,name=peer,proto3" json:"peer,omitempty"`
@@ -1175,7 +1230,7 @@ type MessageRequest struct {
 
 func (x *MessageRequest) Reset() {
 	*x = MessageRequest{}
-	mi := &file_plugin_proto_msgTypes[19]
+	mi := &file_plugin_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1187,7 +1242,7 @@ func (x *MessageRequest) String() string {
 func (*MessageRequest) ProtoMessage() {}
 
 func (x *MessageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_plugin_proto_msgTypes[19]
+	mi := &file_plugin_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1200,7 +1255,7 @@ func (x *MessageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MessageRequest.ProtoReflect.Descriptor instead.
 func (*MessageRequest) Descriptor() ([]byte, []int) {
-	return file_plugin_proto_rawDescGZIP(), []int{19}
+	return file_plugin_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *MessageRequest) GetPeer() []byte {
@@ -1226,7 +1281,7 @@ type RecvRequest struct {
 
 func (x *RecvRequest) Reset() {
 	*x = RecvRequest{}
-	mi := &file_plugin_proto_msgTypes[20]
+	mi := &file_plugin_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1238,7 +1293,7 @@ func (x *RecvRequest) String() string {
 func (*RecvRequest) ProtoMessage() {}
 
 func (x *RecvRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_plugin_proto_msgTypes[20]
+	mi := &file_plugin_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1251,7 +1306,7 @@ func (x *RecvRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RecvRequest.ProtoReflect.Descriptor instead.
 func (*RecvRequest) Descriptor() ([]byte, []int) {
-	return file_plugin_proto_rawDescGZIP(), []int{20}
+	return file_plugin_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *RecvRequest) GetTimeoutNs() int64 {
@@ -1272,7 +1327,7 @@ type MessageReply struct {
 
 func (x *MessageReply) Reset() {
 	*x = MessageReply{}
-	mi := &file_plugin_proto_msgTypes[21]
+	mi := &file_plugin_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1284,7 +1339,7 @@ func (x *MessageReply) String() string {
 func (*MessageReply) ProtoMessage() {}
 
 func (x *MessageReply) ProtoReflect() protoreflect.Message {
-	mi := &file_plugin_proto_msgTypes[21]
+	mi := &file_plugin_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1297,7 +1352,7 @@ func (x *MessageReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MessageReply.ProtoReflect.Descriptor instead.
 func (*MessageReply) Descriptor() ([]byte, []int) {
-	return file_plugin_proto_rawDescGZIP(), []int{21}
+	return file_plugin_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *MessageReply) GetError() *Error {
@@ -1331,7 +1386,7 @@ type StageRequest struct {
 
 func (x *StageRequest) Reset() {
 	*x = StageRequest{}
-	mi := &file_plugin_proto_msgTypes[22]
+	mi := &file_plugin_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1343,7 +1398,7 @@ func (x *StageRequest) String() string {
 func (*StageRequest) ProtoMessage() {}
 
 func (x *StageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_plugin_proto_msgTypes[22]
+	mi := &file_plugin_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1356,7 +1411,7 @@ func (x *StageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StageRequest.ProtoReflect.Descriptor instead.
 func (*StageRequest) Descriptor() ([]byte, []int) {
-	return file_plugin_proto_rawDescGZIP(), []int{22}
+	return file_plugin_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *StageRequest) GetRegion() *Desc {
@@ -1386,7 +1441,7 @@ type WriteRequest struct {
 
 func (x *WriteRequest) Reset() {
 	*x = WriteRequest{}
-	mi := &file_plugin_proto_msgTypes[23]
+	mi := &file_plugin_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1398,7 +1453,7 @@ func (x *WriteRequest) String() string {
 func (*WriteRequest) ProtoMessage() {}
 
 func (x *WriteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_plugin_proto_msgTypes[23]
+	mi := &file_plugin_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1411,7 +1466,7 @@ func (x *WriteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteRequest.ProtoReflect.Descriptor instead.
 func (*WriteRequest) Descriptor() ([]byte, []int) {
-	return file_plugin_proto_rawDescGZIP(), []int{23}
+	return file_plugin_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *WriteRequest) GetPeer() []byte {
@@ -1508,7 +1563,11 @@ const file_plugin_proto_rawDesc = "" +
 	"\x06handle\x18\x02 \x01(\x04R\x06handle\"R\n" +
 	"\tPollReply\x12-\n" +
 	"\x05error\x18\x01 \x01(\v2\x17.bounce.plugin.v1.ErrorR\x05error\x12\x16\n" +
-	"\x06status\x18\x02 \x01(\rR\x06status\">\n" +
+	"\x06status\x18\x02 \x01(\rR\x06status\"D\n" +
+	"\vWaitRequest\x12\x16\n" +
+	"\x06handle\x18\x01 \x01(\x04R\x06handle\x12\x1d\n" +
+	"\n" +
+	"timeout_ns\x18\x02 \x01(\x03R\ttimeoutNs\">\n" +
 	"\x0eMessageRequest\x12\x12\n" +
 	"\x04peer\x18\x01 \x01(\fR\x04peer\x12\x18\n" +
 	"\apayload\x18\x02 \x01(\fR\apayload\",\n" +
@@ -1542,7 +1601,7 @@ const file_plugin_proto_rawDesc = "" +
 	"\x11CODE_BAD_METADATA\x10\v\x12\x16\n" +
 	"\x12CODE_NOT_QUIESCENT\x10\f\x12\x15\n" +
 	"\x11CODE_DEVICE_FAULT\x10\r\x12\x14\n" +
-	"\x10CODE_UNSUPPORTED\x10\x0e2\xe6\x06\n" +
+	"\x10CODE_UNSUPPORTED\x10\x0e2\xaa\a\n" +
 	"\x06Engine\x12B\n" +
 	"\x04Open\x12\x1d.bounce.plugin.v1.OpenRequest\x1a\x1b.bounce.plugin.v1.OpenReply\x12L\n" +
 	"\x0eRegisterMemory\x12!.bounce.plugin.v1.RegisterRequest\x1a\x17.bounce.plugin.v1.Reply\x12J\n" +
@@ -1552,7 +1611,8 @@ const file_plugin_proto_rawDesc = "" +
 	"\n" +
 	"ForgetPeer\x12\x1d.bounce.plugin.v1.PeerRequest\x1a\x17.bounce.plugin.v1.Reply\x12N\n" +
 	"\tPostWrite\x12\".bounce.plugin.v1.PostWriteRequest\x1a\x1d.bounce.plugin.v1.HandleReply\x12D\n" +
-	"\x04Poll\x12\x1f.bounce.plugin.v1.HandleRequest\x1a\x1b.bounce.plugin.v1.PollReply\x12C\n" +
+	"\x04Poll\x12\x1f.bounce.plugin.v1.HandleRequest\x1a\x1b.bounce.plugin.v1.PollReply\x12B\n" +
+	"\x04Wait\x12\x1d.bounce.plugin.v1.WaitRequest\x1a\x1b.bounce.plugin.v1.PollReply\x12C\n" +
 	"\aRelease\x12\x1f.bounce.plugin.v1.HandleRequest\x1a\x17.bounce.plugin.v1.Reply\x12C\n" +
 	"\x06Notify\x12 .bounce.plugin.v1.MessageRequest\x1a\x17.bounce.plugin.v1.Reply\x12Q\n" +
 	"\x10RecvNotification\x12\x1d.bounce.plugin.v1.RecvRequest\x1a\x1e.bounce.plugin.v1.MessageReply\x129\n" +
@@ -1564,27 +1624,30 @@ const file_plugin_proto_rawDesc = "" +
 	"RemovePeer\x12\x1d.bounce.plugin.v1.PeerRequest\x1a\x17.bounce.plugin.v1.Reply\x12A\n" +
 	"\x04Send\x12 .bounce.plugin.v1.MessageRequest\x1a\x17.bounce.plugin.v1.Reply\x12E\n" +
 	"\x04Recv\x12\x1d.bounce.plugin.v1.RecvRequest\x1a\x1e.bounce.plugin.v1.MessageReply\x129\n" +
-	"\x05Close\x12\x17.bounce.plugin.v1.Empty\x1a\x17.bounce.plugin.v1.Reply2\xe1\x03\n" +
+	"\x05Close\x12\x17.bounce.plugin.v1.Empty\x1a\x17.bounce.plugin.v1.Reply2\xa5\x04\n" +
 	"\x06Gather\x12B\n" +
 	"\x04Open\x12\x1d.bounce.plugin.v1.OpenRequest\x1a\x1b.bounce.plugin.v1.OpenReply\x12C\n" +
 	"\x05Share\x12!.bounce.plugin.v1.RegisterRequest\x1a\x17.bounce.plugin.v1.Reply\x12A\n" +
 	"\aUnshare\x12\x1d.bounce.plugin.v1.DescRequest\x1a\x17.bounce.plugin.v1.Reply\x12E\n" +
 	"\x04Copy\x12\x1e.bounce.plugin.v1.StageRequest\x1a\x1d.bounce.plugin.v1.HandleReply\x12D\n" +
-	"\x04Poll\x12\x1f.bounce.plugin.v1.HandleRequest\x1a\x1b.bounce.plugin.v1.PollReply\x12C\n" +
+	"\x04Poll\x12\x1f.bounce.plugin.v1.HandleRequest\x1a\x1b.bounce.plugin.v1.PollReply\x12B\n" +
+	"\x04Wait\x12\x1d.bounce.plugin.v1.WaitRequest\x1a\x1b.bounce.plugin.v1.PollReply\x12C\n" +
 	"\aRelease\x12\x1f.bounce.plugin.v1.HandleRequest\x1a\x17.bounce.plugin.v1.Reply\x129\n" +
-	"\x05Close\x12\x17.bounce.plugin.v1.Empty\x1a\x17.bounce.plugin.v1.Reply2\xe2\x03\n" +
+	"\x05Close\x12\x17.bounce.plugin.v1.Empty\x1a\x17.bounce.plugin.v1.Reply2\xa6\x04\n" +
 	"\aScatter\x12B\n" +
 	"\x04Open\x12\x1d.bounce.plugin.v1.OpenRequest\x1a\x1b.bounce.plugin.v1.OpenReply\x12C\n" +
 	"\x05Share\x12!.bounce.plugin.v1.RegisterRequest\x1a\x17.bounce.plugin.v1.Reply\x12A\n" +
 	"\aUnshare\x12\x1d.bounce.plugin.v1.DescRequest\x1a\x17.bounce.plugin.v1.Reply\x12E\n" +
 	"\x04Copy\x12\x1e.bounce.plugin.v1.StageRequest\x1a\x1d.bounce.plugin.v1.HandleReply\x12D\n" +
-	"\x04Poll\x12\x1f.bounce.plugin.v1.HandleRequest\x1a\x1b.bounce.plugin.v1.PollReply\x12C\n" +
+	"\x04Poll\x12\x1f.bounce.plugin.v1.HandleRequest\x1a\x1b.bounce.plugin.v1.PollReply\x12B\n" +
+	"\x04Wait\x12\x1d.bounce.plugin.v1.WaitRequest\x1a\x1b.bounce.plugin.v1.PollReply\x12C\n" +
 	"\aRelease\x12\x1f.bounce.plugin.v1.HandleRequest\x1a\x17.bounce.plugin.v1.Reply\x129\n" +
-	"\x05Close\x12\x17.bounce.plugin.v1.Empty\x1a\x17.bounce.plugin.v1.Reply2\xda\x02\n" +
+	"\x05Close\x12\x17.bounce.plugin.v1.Empty\x1a\x17.bounce.plugin.v1.Reply2\x9e\x03\n" +
 	"\x06Writer\x12B\n" +
 	"\x04Open\x12\x1d.bounce.plugin.v1.OpenRequest\x1a\x1b.bounce.plugin.v1.OpenReply\x12F\n" +
 	"\x05Write\x12\x1e.bounce.plugin.v1.WriteRequest\x1a\x1d.bounce.plugin.v1.HandleReply\x12D\n" +
-	"\x04Poll\x12\x1f.bounce.plugin.v1.HandleRequest\x1a\x1b.bounce.plugin.v1.PollReply\x12C\n" +
+	"\x04Poll\x12\x1f.bounce.plugin.v1.HandleRequest\x1a\x1b.bounce.plugin.v1.PollReply\x12B\n" +
+	"\x04Wait\x12\x1d.bounce.plugin.v1.WaitRequest\x1a\x1b.bounce.plugin.v1.PollReply\x12C\n" +
 	"\aRelease\x12\x1f.bounce.plugin.v1.HandleRequest\x1a\x17.bounce.plugin.v1.Reply\x129\n" +
 	"\x05Close\x12\x17.bounce.plugin.v1.Empty\x1a\x17.bounce.plugin.v1.ReplyB9Z7github.com/bouncekv/bounce/plugins/internal/proto;protob\x06proto3"
 
@@ -1601,7 +1664,7 @@ func file_plugin_proto_rawDescGZIP() []byte {
 }
 
 var file_plugin_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_plugin_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
+var file_plugin_proto_msgTypes = make([]protoimpl.MessageInfo, 26)
 var file_plugin_proto_goTypes = []any{
 	(Code)(0),                // 0: bounce.plugin.v1.Code
 	(*Error)(nil),            // 1: bounce.plugin.v1.Error
@@ -1623,19 +1686,20 @@ var file_plugin_proto_goTypes = []any{
 	(*HandleRequest)(nil),    // 17: bounce.plugin.v1.HandleRequest
 	(*HandleReply)(nil),      // 18: bounce.plugin.v1.HandleReply
 	(*PollReply)(nil),        // 19: bounce.plugin.v1.PollReply
-	(*MessageRequest)(nil),   // 20: bounce.plugin.v1.MessageRequest
-	(*RecvRequest)(nil),      // 21: bounce.plugin.v1.RecvRequest
-	(*MessageReply)(nil),     // 22: bounce.plugin.v1.MessageReply
-	(*StageRequest)(nil),     // 23: bounce.plugin.v1.StageRequest
-	(*WriteRequest)(nil),     // 24: bounce.plugin.v1.WriteRequest
-	nil,                      // 25: bounce.plugin.v1.OpenRequest.OptionsEntry
+	(*WaitRequest)(nil),      // 20: bounce.plugin.v1.WaitRequest
+	(*MessageRequest)(nil),   // 21: bounce.plugin.v1.MessageRequest
+	(*RecvRequest)(nil),      // 22: bounce.plugin.v1.RecvRequest
+	(*MessageReply)(nil),     // 23: bounce.plugin.v1.MessageReply
+	(*StageRequest)(nil),     // 24: bounce.plugin.v1.StageRequest
+	(*WriteRequest)(nil),     // 25: bounce.plugin.v1.WriteRequest
+	nil,                      // 26: bounce.plugin.v1.OpenRequest.OptionsEntry
 }
 var file_plugin_proto_depIdxs = []int32{
 	0,  // 0: bounce.plugin.v1.Error.codes:type_name -> bounce.plugin.v1.Code
 	2,  // 1: bounce.plugin.v1.WriteOp.src:type_name -> bounce.plugin.v1.Desc
 	2,  // 2: bounce.plugin.v1.WriteOp.dst:type_name -> bounce.plugin.v1.Desc
 	1,  // 3: bounce.plugin.v1.Reply.error:type_name -> bounce.plugin.v1.Error
-	25, // 4: bounce.plugin.v1.OpenRequest.options:type_name -> bounce.plugin.v1.OpenRequest.OptionsEntry
+	26, // 4: bounce.plugin.v1.OpenRequest.options:type_name -> bounce.plugin.v1.OpenRequest.OptionsEntry
 	1,  // 5: bounce.plugin.v1.OpenReply.error:type_name -> bounce.plugin.v1.Error
 	2,  // 6: bounce.plugin.v1.RegisterRequest.desc:type_name -> bounce.plugin.v1.Desc
 	3,  // 7: bounce.plugin.v1.RegisterRequest.share:type_name -> bounce.plugin.v1.Share
@@ -1658,74 +1722,82 @@ var file_plugin_proto_depIdxs = []int32{
 	14, // 24: bounce.plugin.v1.Engine.ForgetPeer:input_type -> bounce.plugin.v1.PeerRequest
 	16, // 25: bounce.plugin.v1.Engine.PostWrite:input_type -> bounce.plugin.v1.PostWriteRequest
 	17, // 26: bounce.plugin.v1.Engine.Poll:input_type -> bounce.plugin.v1.HandleRequest
-	17, // 27: bounce.plugin.v1.Engine.Release:input_type -> bounce.plugin.v1.HandleRequest
-	20, // 28: bounce.plugin.v1.Engine.Notify:input_type -> bounce.plugin.v1.MessageRequest
-	21, // 29: bounce.plugin.v1.Engine.RecvNotification:input_type -> bounce.plugin.v1.RecvRequest
-	6,  // 30: bounce.plugin.v1.Engine.Close:input_type -> bounce.plugin.v1.Empty
-	8,  // 31: bounce.plugin.v1.Control.Open:input_type -> bounce.plugin.v1.OpenRequest
-	14, // 32: bounce.plugin.v1.Control.AddPeer:input_type -> bounce.plugin.v1.PeerRequest
-	14, // 33: bounce.plugin.v1.Control.RemovePeer:input_type -> bounce.plugin.v1.PeerRequest
-	20, // 34: bounce.plugin.v1.Control.Send:input_type -> bounce.plugin.v1.MessageRequest
-	21, // 35: bounce.plugin.v1.Control.Recv:input_type -> bounce.plugin.v1.RecvRequest
-	6,  // 36: bounce.plugin.v1.Control.Close:input_type -> bounce.plugin.v1.Empty
-	8,  // 37: bounce.plugin.v1.Gather.Open:input_type -> bounce.plugin.v1.OpenRequest
-	10, // 38: bounce.plugin.v1.Gather.Share:input_type -> bounce.plugin.v1.RegisterRequest
-	11, // 39: bounce.plugin.v1.Gather.Unshare:input_type -> bounce.plugin.v1.DescRequest
-	23, // 40: bounce.plugin.v1.Gather.Copy:input_type -> bounce.plugin.v1.StageRequest
-	17, // 41: bounce.plugin.v1.Gather.Poll:input_type -> bounce.plugin.v1.HandleRequest
-	17, // 42: bounce.plugin.v1.Gather.Release:input_type -> bounce.plugin.v1.HandleRequest
-	6,  // 43: bounce.plugin.v1.Gather.Close:input_type -> bounce.plugin.v1.Empty
-	8,  // 44: bounce.plugin.v1.Scatter.Open:input_type -> bounce.plugin.v1.OpenRequest
-	10, // 45: bounce.plugin.v1.Scatter.Share:input_type -> bounce.plugin.v1.RegisterRequest
-	11, // 46: bounce.plugin.v1.Scatter.Unshare:input_type -> bounce.plugin.v1.DescRequest
-	23, // 47: bounce.plugin.v1.Scatter.Copy:input_type -> bounce.plugin.v1.StageRequest
-	17, // 48: bounce.plugin.v1.Scatter.Poll:input_type -> bounce.plugin.v1.HandleRequest
-	17, // 49: bounce.plugin.v1.Scatter.Release:input_type -> bounce.plugin.v1.HandleRequest
-	6,  // 50: bounce.plugin.v1.Scatter.Close:input_type -> bounce.plugin.v1.Empty
-	8,  // 51: bounce.plugin.v1.Writer.Open:input_type -> bounce.plugin.v1.OpenRequest
-	24, // 52: bounce.plugin.v1.Writer.Write:input_type -> bounce.plugin.v1.WriteRequest
-	17, // 53: bounce.plugin.v1.Writer.Poll:input_type -> bounce.plugin.v1.HandleRequest
-	17, // 54: bounce.plugin.v1.Writer.Release:input_type -> bounce.plugin.v1.HandleRequest
-	6,  // 55: bounce.plugin.v1.Writer.Close:input_type -> bounce.plugin.v1.Empty
-	9,  // 56: bounce.plugin.v1.Engine.Open:output_type -> bounce.plugin.v1.OpenReply
-	7,  // 57: bounce.plugin.v1.Engine.RegisterMemory:output_type -> bounce.plugin.v1.Reply
-	7,  // 58: bounce.plugin.v1.Engine.DeregisterMemory:output_type -> bounce.plugin.v1.Reply
-	13, // 59: bounce.plugin.v1.Engine.Metadata:output_type -> bounce.plugin.v1.BytesReply
-	15, // 60: bounce.plugin.v1.Engine.LoadPeer:output_type -> bounce.plugin.v1.PeerReply
-	7,  // 61: bounce.plugin.v1.Engine.ForgetPeer:output_type -> bounce.plugin.v1.Reply
-	18, // 62: bounce.plugin.v1.Engine.PostWrite:output_type -> bounce.plugin.v1.HandleReply
-	19, // 63: bounce.plugin.v1.Engine.Poll:output_type -> bounce.plugin.v1.PollReply
-	7,  // 64: bounce.plugin.v1.Engine.Release:output_type -> bounce.plugin.v1.Reply
-	7,  // 65: bounce.plugin.v1.Engine.Notify:output_type -> bounce.plugin.v1.Reply
-	22, // 66: bounce.plugin.v1.Engine.RecvNotification:output_type -> bounce.plugin.v1.MessageReply
-	7,  // 67: bounce.plugin.v1.Engine.Close:output_type -> bounce.plugin.v1.Reply
-	9,  // 68: bounce.plugin.v1.Control.Open:output_type -> bounce.plugin.v1.OpenReply
-	7,  // 69: bounce.plugin.v1.Control.AddPeer:output_type -> bounce.plugin.v1.Reply
-	7,  // 70: bounce.plugin.v1.Control.RemovePeer:output_type -> bounce.plugin.v1.Reply
-	7,  // 71: bounce.plugin.v1.Control.Send:output_type -> bounce.plugin.v1.Reply
-	22, // 72: bounce.plugin.v1.Control.Recv:output_type -> bounce.plugin.v1.MessageReply
-	7,  // 73: bounce.plugin.v1.Control.Close:output_type -> bounce.plugin.v1.Reply
-	9,  // 74: bounce.plugin.v1.Gather.Open:output_type -> bounce.plugin.v1.OpenReply
-	7,  // 75: bounce.plugin.v1.Gather.Share:output_type -> bounce.plugin.v1.Reply
-	7,  // 76: bounce.plugin.v1.Gather.Unshare:output_type -> bounce.plugin.v1.Reply
-	18, // 77: bounce.plugin.v1.Gather.Copy:output_type -> bounce.plugin.v1.HandleReply
-	19, // 78: bounce.plugin.v1.Gather.Poll:output_type -> bounce.plugin.v1.PollReply
-	7,  // 79: bounce.plugin.v1.Gather.Release:output_type -> bounce.plugin.v1.Reply
-	7,  // 80: bounce.plugin.v1.Gather.Close:output_type -> bounce.plugin.v1.Reply
-	9,  // 81: bounce.plugin.v1.Scatter.Open:output_type -> bounce.plugin.v1.OpenReply
-	7,  // 82: bounce.plugin.v1.Scatter.Share:output_type -> bounce.plugin.v1.Reply
-	7,  // 83: bounce.plugin.v1.Scatter.Unshare:output_type -> bounce.plugin.v1.Reply
-	18, // 84: bounce.plugin.v1.Scatter.Copy:output_type -> bounce.plugin.v1.HandleReply
-	19, // 85: bounce.plugin.v1.Scatter.Poll:output_type -> bounce.plugin.v1.PollReply
-	7,  // 86: bounce.plugin.v1.Scatter.Release:output_type -> bounce.plugin.v1.Reply
-	7,  // 87: bounce.plugin.v1.Scatter.Close:output_type -> bounce.plugin.v1.Reply
-	9,  // 88: bounce.plugin.v1.Writer.Open:output_type -> bounce.plugin.v1.OpenReply
-	18, // 89: bounce.plugin.v1.Writer.Write:output_type -> bounce.plugin.v1.HandleReply
-	19, // 90: bounce.plugin.v1.Writer.Poll:output_type -> bounce.plugin.v1.PollReply
-	7,  // 91: bounce.plugin.v1.Writer.Release:output_type -> bounce.plugin.v1.Reply
-	7,  // 92: bounce.plugin.v1.Writer.Close:output_type -> bounce.plugin.v1.Reply
-	56, // [56:93] is the sub-list for method output_type
-	19, // [19:56] is the sub-list for method input_type
+	20, // 27: bounce.plugin.v1.Engine.Wait:input_type -> bounce.plugin.v1.WaitRequest
+	17, // 28: bounce.plugin.v1.Engine.Release:input_type -> bounce.plugin.v1.HandleRequest
+	21, // 29: bounce.plugin.v1.Engine.Notify:input_type -> bounce.plugin.v1.MessageRequest
+	22, // 30: bounce.plugin.v1.Engine.RecvNotification:input_type -> bounce.plugin.v1.RecvRequest
+	6,  // 31: bounce.plugin.v1.Engine.Close:input_type -> bounce.plugin.v1.Empty
+	8,  // 32: bounce.plugin.v1.Control.Open:input_type -> bounce.plugin.v1.OpenRequest
+	14, // 33: bounce.plugin.v1.Control.AddPeer:input_type -> bounce.plugin.v1.PeerRequest
+	14, // 34: bounce.plugin.v1.Control.RemovePeer:input_type -> bounce.plugin.v1.PeerRequest
+	21, // 35: bounce.plugin.v1.Control.Send:input_type -> bounce.plugin.v1.MessageRequest
+	22, // 36: bounce.plugin.v1.Control.Recv:input_type -> bounce.plugin.v1.RecvRequest
+	6,  // 37: bounce.plugin.v1.Control.Close:input_type -> bounce.plugin.v1.Empty
+	8,  // 38: bounce.plugin.v1.Gather.Open:input_type -> bounce.plugin.v1.OpenRequest
+	10, // 39: bounce.plugin.v1.Gather.Share:input_type -> bounce.plugin.v1.RegisterRequest
+	11, // 40: bounce.plugin.v1.Gather.Unshare:input_type -> bounce.plugin.v1.DescRequest
+	24, // 41: bounce.plugin.v1.Gather.Copy:input_type -> bounce.plugin.v1.StageRequest
+	17, // 42: bounce.plugin.v1.Gather.Poll:input_type -> bounce.plugin.v1.HandleRequest
+	20, // 43: bounce.plugin.v1.Gather.Wait:input_type -> bounce.plugin.v1.WaitRequest
+	17, // 44: bounce.plugin.v1.Gather.Release:input_type -> bounce.plugin.v1.HandleRequest
+	6,  // 45: bounce.plugin.v1.Gather.Close:input_type -> bounce.plugin.v1.Empty
+	8,  // 46: bounce.plugin.v1.Scatter.Open:input_type -> bounce.plugin.v1.OpenRequest
+	10, // 47: bounce.plugin.v1.Scatter.Share:input_type -> bounce.plugin.v1.RegisterRequest
+	11, // 48: bounce.plugin.v1.Scatter.Unshare:input_type -> bounce.plugin.v1.DescRequest
+	24, // 49: bounce.plugin.v1.Scatter.Copy:input_type -> bounce.plugin.v1.StageRequest
+	17, // 50: bounce.plugin.v1.Scatter.Poll:input_type -> bounce.plugin.v1.HandleRequest
+	20, // 51: bounce.plugin.v1.Scatter.Wait:input_type -> bounce.plugin.v1.WaitRequest
+	17, // 52: bounce.plugin.v1.Scatter.Release:input_type -> bounce.plugin.v1.HandleRequest
+	6,  // 53: bounce.plugin.v1.Scatter.Close:input_type -> bounce.plugin.v1.Empty
+	8,  // 54: bounce.plugin.v1.Writer.Open:input_type -> bounce.plugin.v1.OpenRequest
+	25, // 55: bounce.plugin.v1.Writer.Write:input_type -> bounce.plugin.v1.WriteRequest
+	17, // 56: bounce.plugin.v1.Writer.Poll:input_type -> bounce.plugin.v1.HandleRequest
+	20, // 57: bounce.plugin.v1.Writer.Wait:input_type -> bounce.plugin.v1.WaitRequest
+	17, // 58: bounce.plugin.v1.Writer.Release:input_type -> bounce.plugin.v1.HandleRequest
+	6,  // 59: bounce.plugin.v1.Writer.Close:input_type -> bounce.plugin.v1.Empty
+	9,  // 60: bounce.plugin.v1.Engine.Open:output_type -> bounce.plugin.v1.OpenReply
+	7,  // 61: bounce.plugin.v1.Engine.RegisterMemory:output_type -> bounce.plugin.v1.Reply
+	7,  // 62: bounce.plugin.v1.Engine.DeregisterMemory:output_type -> bounce.plugin.v1.Reply
+	13, // 63: bounce.plugin.v1.Engine.Metadata:output_type -> bounce.plugin.v1.BytesReply
+	15, // 64: bounce.plugin.v1.Engine.LoadPeer:output_type -> bounce.plugin.v1.PeerReply
+	7,  // 65: bounce.plugin.v1.Engine.ForgetPeer:output_type -> bounce.plugin.v1.Reply
+	18, // 66: bounce.plugin.v1.Engine.PostWrite:output_type -> bounce.plugin.v1.HandleReply
+	19, // 67: bounce.plugin.v1.Engine.Poll:output_type -> bounce.plugin.v1.PollReply
+	19, // 68: bounce.plugin.v1.Engine.Wait:output_type -> bounce.plugin.v1.PollReply
+	7,  // 69: bounce.plugin.v1.Engine.Release:output_type -> bounce.plugin.v1.Reply
+	7,  // 70: bounce.plugin.v1.Engine.Notify:output_type -> bounce.plugin.v1.Reply
+	23, // 71: bounce.plugin.v1.Engine.RecvNotification:output_type -> bounce.plugin.v1.MessageReply
+	7,  // 72: bounce.plugin.v1.Engine.Close:output_type -> bounce.plugin.v1.Reply
+	9,  // 73: bounce.plugin.v1.Control.Open:output_type -> bounce.plugin.v1.OpenReply
+	7,  // 74: bounce.plugin.v1.Control.AddPeer:output_type -> bounce.plugin.v1.Reply
+	7,  // 75: bounce.plugin.v1.Control.RemovePeer:output_type -> bounce.plugin.v1.Reply
+	7,  // 76: bounce.plugin.v1.Control.Send:output_type -> bounce.plugin.v1.Reply
+	23, // 77: bounce.plugin.v1.Control.Recv:output_type -> bounce.plugin.v1.MessageReply
+	7,  // 78: bounce.plugin.v1.Control.Close:output_type -> bounce.plugin.v1.Reply
+	9,  // 79: bounce.plugin.v1.Gather.Open:output_type -> bounce.plugin.v1.OpenReply
+	7,  // 80: bounce.plugin.v1.Gather.Share:output_type -> bounce.plugin.v1.Reply
+	7,  // 81: bounce.plugin.v1.Gather.Unshare:output_type -> bounce.plugin.v1.Reply
+	18, // 82: bounce.plugin.v1.Gather.Copy:output_type -> bounce.plugin.v1.HandleReply
+	19, // 83: bounce.plugin.v1.Gather.Poll:output_type -> bounce.plugin.v1.PollReply
+	19, // 84: bounce.plugin.v1.Gather.Wait:output_type -> bounce.plugin.v1.PollReply
+	7,  // 85: bounce.plugin.v1.Gather.Release:output_type -> bounce.plugin.v1.Reply
+	7,  // 86: bounce.plugin.v1.Gather.Close:output_type -> bounce.plugin.v1.Reply
+	9,  // 87: bounce.plugin.v1.Scatter.Open:output_type -> bounce.plugin.v1.OpenReply
+	7,  // 88: bounce.plugin.v1.Scatter.Share:output_type -> bounce.plugin.v1.Reply
+	7,  // 89: bounce.plugin.v1.Scatter.Unshare:output_type -> bounce.plugin.v1.Reply
+	18, // 90: bounce.plugin.v1.Scatter.Copy:output_type -> bounce.plugin.v1.HandleReply
+	19, // 91: bounce.plugin.v1.Scatter.Poll:output_type -> bounce.plugin.v1.PollReply
+	19, // 92: bounce.plugin.v1.Scatter.Wait:output_type -> bounce.plugin.v1.PollReply
+	7,  // 93: bounce.plugin.v1.Scatter.Release:output_type -> bounce.plugin.v1.Reply
+	7,  // 94: bounce.plugin.v1.Scatter.Close:output_type -> bounce.plugin.v1.Reply
+	9,  // 95: bounce.plugin.v1.Writer.Open:output_type -> bounce.plugin.v1.OpenReply
+	18, // 96: bounce.plugin.v1.Writer.Write:output_type -> bounce.plugin.v1.HandleReply
+	19, // 97: bounce.plugin.v1.Writer.Poll:output_type -> bounce.plugin.v1.PollReply
+	19, // 98: bounce.plugin.v1.Writer.Wait:output_type -> bounce.plugin.v1.PollReply
+	7,  // 99: bounce.plugin.v1.Writer.Release:output_type -> bounce.plugin.v1.Reply
+	7,  // 100: bounce.plugin.v1.Writer.Close:output_type -> bounce.plugin.v1.Reply
+	60, // [60:101] is the sub-list for method output_type
+	19, // [19:60] is the sub-list for method input_type
 	19, // [19:19] is the sub-list for extension type_name
 	19, // [19:19] is the sub-list for extension extendee
 	0,  // [0:19] is the sub-list for field type_name
@@ -1742,7 +1814,7 @@ func file_plugin_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_plugin_proto_rawDesc), len(file_plugin_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   25,
+			NumMessages:   26,
 			NumExtensions: 0,
 			NumServices:   5,
 		},

@@ -32,6 +32,7 @@ const (
 	Engine_ForgetPeer_FullMethodName       = "/bounce.plugin.v1.Engine/ForgetPeer"
 	Engine_PostWrite_FullMethodName        = "/bounce.plugin.v1.Engine/PostWrite"
 	Engine_Poll_FullMethodName             = "/bounce.plugin.v1.Engine/Poll"
+	Engine_Wait_FullMethodName             = "/bounce.plugin.v1.Engine/Wait"
 	Engine_Release_FullMethodName          = "/bounce.plugin.v1.Engine/Release"
 	Engine_Notify_FullMethodName           = "/bounce.plugin.v1.Engine/Notify"
 	Engine_RecvNotification_FullMethodName = "/bounce.plugin.v1.Engine/RecvNotification"
@@ -53,6 +54,7 @@ type EngineClient interface {
 	ForgetPeer(ctx context.Context, in *PeerRequest, opts ...grpc.CallOption) (*Reply, error)
 	PostWrite(ctx context.Context, in *PostWriteRequest, opts ...grpc.CallOption) (*HandleReply, error)
 	Poll(ctx context.Context, in *HandleRequest, opts ...grpc.CallOption) (*PollReply, error)
+	Wait(ctx context.Context, in *WaitRequest, opts ...grpc.CallOption) (*PollReply, error)
 	Release(ctx context.Context, in *HandleRequest, opts ...grpc.CallOption) (*Reply, error)
 	Notify(ctx context.Context, in *MessageRequest, opts ...grpc.CallOption) (*Reply, error)
 	RecvNotification(ctx context.Context, in *RecvRequest, opts ...grpc.CallOption) (*MessageReply, error)
@@ -147,6 +149,16 @@ func (c *engineClient) Poll(ctx context.Context, in *HandleRequest, opts ...grpc
 	return out, nil
 }
 
+func (c *engineClient) Wait(ctx context.Context, in *WaitRequest, opts ...grpc.CallOption) (*PollReply, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(PollReply)
+	err := c.cc.Invoke(ctx, Engine_Wait_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *engineClient) Release(ctx context.Context, in *HandleRequest, opts ...grpc.CallOption) (*Reply, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(Reply)
@@ -202,6 +214,7 @@ type EngineServer interface {
 	ForgetPeer(context.Context, *PeerRequest) (*Reply, error)
 	PostWrite(context.Context, *PostWriteRequest) (*HandleReply, error)
 	Poll(context.Context, *HandleRequest) (*PollReply, error)
+	Wait(context.Context, *WaitRequest) (*PollReply, error)
 	Release(context.Context, *HandleRequest) (*Reply, error)
 	Notify(context.Context, *MessageRequest) (*Reply, error)
 	RecvNotification(context.Context, *RecvRequest) (*MessageReply, error)
@@ -238,6 +251,9 @@ func (UnimplementedEngineServer) PostWrite(context.Context, *PostWriteRequest) (
 }
 func (UnimplementedEngineServer) Poll(context.Context, *HandleRequest) (*PollReply, error) {
 	return nil, status.Error(codes.Unimplemented, "method Poll not implemented")
+}
+func (UnimplementedEngineServer) Wait(context.Context, *WaitRequest) (*PollReply, error) {
+	return nil, status.Error(codes.Unimplemented, "method Wait not implemented")
 }
 func (UnimplementedEngineServer) Release(context.Context, *HandleRequest) (*Reply, error) {
 	return nil, status.Error(codes.Unimplemented, "method Release not implemented")
@@ -415,6 +431,24 @@ func _Engine_Poll_Handler(srv interface{}, ctx context.Context, dec func(interfa
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Engine_Wait_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(WaitRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(EngineServer).Wait(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Engine_Wait_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(EngineServer).Wait(ctx, req.(*WaitRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _Engine_Release_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(HandleRequest)
 	if err := dec(in); err != nil {
@@ -525,6 +559,10 @@ var Engine_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Poll",
 			Handler:    _Engine_Poll_Handler,
+		},
+		{
+			MethodName: "Wait",
+			Handler:    _Engine_Wait_Handler,
 		},
 		{
 			MethodName: "Release",
@@ -847,6 +885,7 @@ const (
 	Gather_Unshare_FullMethodName = "/bounce.plugin.v1.Gather/Unshare"
 	Gather_Copy_FullMethodName    = "/bounce.plugin.v1.Gather/Copy"
 	Gather_Poll_FullMethodName    = "/bounce.plugin.v1.Gather/Poll"
+	Gather_Wait_FullMethodName    = "/bounce.plugin.v1.Gather/Wait"
 	Gather_Release_FullMethodName = "/bounce.plugin.v1.Gather/Release"
 	Gather_Close_FullMethodName   = "/bounce.plugin.v1.Gather/Close"
 )
@@ -867,6 +906,7 @@ type GatherClient interface {
 	Unshare(ctx context.Context, in *DescRequest, opts ...grpc.CallOption) (*Reply, error)
 	Copy(ctx context.Context, in *StageRequest, opts ...grpc.CallOption) (*HandleReply, error)
 	Poll(ctx context.Context, in *HandleRequest, opts ...grpc.CallOption) (*PollReply, error)
+	Wait(ctx context.Context, in *WaitRequest, opts ...grpc.CallOption) (*PollReply, error)
 	Release(ctx context.Context, in *HandleRequest, opts ...grpc.CallOption) (*Reply, error)
 	Close(ctx context.Context, in *Empty, opts ...grpc.CallOption) (*Reply, error)
 }
@@ -929,6 +969,16 @@ func (c *gatherClient) Poll(ctx context.Context, in *HandleRequest, opts ...grpc
 	return out, nil
 }
 
+func (c *gatherClient) Wait(ctx context.Context, in *WaitRequest, opts ...grpc.CallOption) (*PollReply, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(PollReply)
+	err := c.cc.Invoke(ctx, Gather_Wait_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *gatherClient) Release(ctx context.Context, in *HandleRequest, opts ...grpc.CallOption) (*Reply, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(Reply)
@@ -965,6 +1015,7 @@ type GatherServer interface {
 	Unshare(context.Context, *DescRequest) (*Reply, error)
 	Copy(context.Context, *StageRequest) (*HandleReply, error)
 	Poll(context.Context, *HandleRequest) (*PollReply, error)
+	Wait(context.Context, *WaitRequest) (*PollReply, error)
 	Release(context.Context, *HandleRequest) (*Reply, error)
 	Close(context.Context, *Empty) (*Reply, error)
 }
@@ -990,6 +1041,9 @@ func (UnimplementedGatherServer) Copy(context.Context, *StageRequest) (*HandleRe
 }
 func (UnimplementedGatherServer) Poll(context.Context, *HandleRequest) (*PollReply, error) {
 	return nil, status.Error(codes.Unimplemented, "method Poll not implemented")
+}
+func (UnimplementedGatherServer) Wait(context.Context, *WaitRequest) (*PollReply, error) {
+	return nil, status.Error(codes.Unimplemented, "method Wait not implemented")
 }
 func (UnimplementedGatherServer) Release(context.Context, *HandleRequest) (*Reply, error) {
 	return nil, status.Error(codes.Unimplemented, "method Release not implemented")
@@ -1107,6 +1161,24 @@ func _Gather_Poll_Handler(srv interface{}, ctx context.Context, dec func(interfa
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Gather_Wait_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(WaitRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(GatherServer).Wait(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Gather_Wait_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(GatherServer).Wait(ctx, req.(*WaitRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _Gather_Release_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(HandleRequest)
 	if err := dec(in); err != nil {
@@ -1171,6 +1243,10 @@ var Gather_ServiceDesc = grpc.ServiceDesc{
 			Handler:    _Gather_Poll_Handler,
 		},
 		{
+			MethodName: "Wait",
+			Handler:    _Gather_Wait_Handler,
+		},
+		{
 			MethodName: "Release",
 			Handler:    _Gather_Release_Handler,
 		},
@@ -1189,6 +1265,7 @@ const (
 	Scatter_Unshare_FullMethodName = "/bounce.plugin.v1.Scatter/Unshare"
 	Scatter_Copy_FullMethodName    = "/bounce.plugin.v1.Scatter/Copy"
 	Scatter_Poll_FullMethodName    = "/bounce.plugin.v1.Scatter/Poll"
+	Scatter_Wait_FullMethodName    = "/bounce.plugin.v1.Scatter/Wait"
 	Scatter_Release_FullMethodName = "/bounce.plugin.v1.Scatter/Release"
 	Scatter_Close_FullMethodName   = "/bounce.plugin.v1.Scatter/Close"
 )
@@ -1202,6 +1279,7 @@ type ScatterClient interface {
 	Unshare(ctx context.Context, in *DescRequest, opts ...grpc.CallOption) (*Reply, error)
 	Copy(ctx context.Context, in *StageRequest, opts ...grpc.CallOption) (*HandleReply, error)
 	Poll(ctx context.Context, in *HandleRequest, opts ...grpc.CallOption) (*PollReply, error)
+	Wait(ctx context.Context, in *WaitRequest, opts ...grpc.CallOption) (*PollReply, error)
 	Release(ctx context.Context, in *HandleRequest, opts ...grpc.CallOption) (*Reply, error)
 	Close(ctx context.Context, in *Empty, opts ...grpc.CallOption) (*Reply, error)
 }
@@ -1264,6 +1342,16 @@ func (c *scatterClient) Poll(ctx context.Context, in *HandleRequest, opts ...grp
 	return out, nil
 }
 
+func (c *scatterClient) Wait(ctx context.Context, in *WaitRequest, opts ...grpc.CallOption) (*PollReply, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(PollReply)
+	err := c.cc.Invoke(ctx, Scatter_Wait_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *scatterClient) Release(ctx context.Context, in *HandleRequest, opts ...grpc.CallOption) (*Reply, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(Reply)
@@ -1293,6 +1381,7 @@ type ScatterServer interface {
 	Unshare(context.Context, *DescRequest) (*Reply, error)
 	Copy(context.Context, *StageRequest) (*HandleReply, error)
 	Poll(context.Context, *HandleRequest) (*PollReply, error)
+	Wait(context.Context, *WaitRequest) (*PollReply, error)
 	Release(context.Context, *HandleRequest) (*Reply, error)
 	Close(context.Context, *Empty) (*Reply, error)
 }
@@ -1318,6 +1407,9 @@ func (UnimplementedScatterServer) Copy(context.Context, *StageRequest) (*HandleR
 }
 func (UnimplementedScatterServer) Poll(context.Context, *HandleRequest) (*PollReply, error) {
 	return nil, status.Error(codes.Unimplemented, "method Poll not implemented")
+}
+func (UnimplementedScatterServer) Wait(context.Context, *WaitRequest) (*PollReply, error) {
+	return nil, status.Error(codes.Unimplemented, "method Wait not implemented")
 }
 func (UnimplementedScatterServer) Release(context.Context, *HandleRequest) (*Reply, error) {
 	return nil, status.Error(codes.Unimplemented, "method Release not implemented")
@@ -1435,6 +1527,24 @@ func _Scatter_Poll_Handler(srv interface{}, ctx context.Context, dec func(interf
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Scatter_Wait_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(WaitRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ScatterServer).Wait(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Scatter_Wait_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ScatterServer).Wait(ctx, req.(*WaitRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _Scatter_Release_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(HandleRequest)
 	if err := dec(in); err != nil {
@@ -1499,6 +1609,10 @@ var Scatter_ServiceDesc = grpc.ServiceDesc{
 			Handler:    _Scatter_Poll_Handler,
 		},
 		{
+			MethodName: "Wait",
+			Handler:    _Scatter_Wait_Handler,
+		},
+		{
 			MethodName: "Release",
 			Handler:    _Scatter_Release_Handler,
 		},
@@ -1515,6 +1629,7 @@ const (
 	Writer_Open_FullMethodName    = "/bounce.plugin.v1.Writer/Open"
 	Writer_Write_FullMethodName   = "/bounce.plugin.v1.Writer/Write"
 	Writer_Poll_FullMethodName    = "/bounce.plugin.v1.Writer/Poll"
+	Writer_Wait_FullMethodName    = "/bounce.plugin.v1.Writer/Wait"
 	Writer_Release_FullMethodName = "/bounce.plugin.v1.Writer/Release"
 	Writer_Close_FullMethodName   = "/bounce.plugin.v1.Writer/Close"
 )
@@ -1529,6 +1644,7 @@ type WriterClient interface {
 	Open(ctx context.Context, in *OpenRequest, opts ...grpc.CallOption) (*OpenReply, error)
 	Write(ctx context.Context, in *WriteRequest, opts ...grpc.CallOption) (*HandleReply, error)
 	Poll(ctx context.Context, in *HandleRequest, opts ...grpc.CallOption) (*PollReply, error)
+	Wait(ctx context.Context, in *WaitRequest, opts ...grpc.CallOption) (*PollReply, error)
 	Release(ctx context.Context, in *HandleRequest, opts ...grpc.CallOption) (*Reply, error)
 	Close(ctx context.Context, in *Empty, opts ...grpc.CallOption) (*Reply, error)
 }
@@ -1571,6 +1687,16 @@ func (c *writerClient) Poll(ctx context.Context, in *HandleRequest, opts ...grpc
 	return out, nil
 }
 
+func (c *writerClient) Wait(ctx context.Context, in *WaitRequest, opts ...grpc.CallOption) (*PollReply, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(PollReply)
+	err := c.cc.Invoke(ctx, Writer_Wait_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *writerClient) Release(ctx context.Context, in *HandleRequest, opts ...grpc.CallOption) (*Reply, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(Reply)
@@ -1601,6 +1727,7 @@ type WriterServer interface {
 	Open(context.Context, *OpenRequest) (*OpenReply, error)
 	Write(context.Context, *WriteRequest) (*HandleReply, error)
 	Poll(context.Context, *HandleRequest) (*PollReply, error)
+	Wait(context.Context, *WaitRequest) (*PollReply, error)
 	Release(context.Context, *HandleRequest) (*Reply, error)
 	Close(context.Context, *Empty) (*Reply, error)
 }
@@ -1620,6 +1747,9 @@ func (UnimplementedWriterServer) Write(context.Context, *WriteRequest) (*HandleR
 }
 func (UnimplementedWriterServer) Poll(context.Context, *HandleRequest) (*PollReply, error) {
 	return nil, status.Error(codes.Unimplemented, "method Poll not implemented")
+}
+func (UnimplementedWriterServer) Wait(context.Context, *WaitRequest) (*PollReply, error) {
+	return nil, status.Error(codes.Unimplemented, "method Wait not implemented")
 }
 func (UnimplementedWriterServer) Release(context.Context, *HandleRequest) (*Reply, error) {
 	return nil, status.Error(codes.Unimplemented, "method Release not implemented")
@@ -1701,6 +1831,24 @@ func _Writer_Poll_Handler(srv interface{}, ctx context.Context, dec func(interfa
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Writer_Wait_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(WaitRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(WriterServer).Wait(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Writer_Wait_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(WriterServer).Wait(ctx, req.(*WaitRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _Writer_Release_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(HandleRequest)
 	if err := dec(in); err != nil {
@@ -1755,6 +1903,10 @@ var Writer_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Poll",
 			Handler:    _Writer_Poll_Handler,
+		},
+		{
+			MethodName: "Wait",
+			Handler:    _Writer_Wait_Handler,
 		},
 		{
 			MethodName: "Release",
