@@ -4,14 +4,18 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
+	"regexp"
 	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/bouncekv/bounce/certify"
+	"github.com/bouncekv/bounce/config"
 	"github.com/bouncekv/bounce/conformance"
 	"github.com/bouncekv/bounce/node"
+	"github.com/bouncekv/bounce/plugins"
 )
 
 func newConformanceCmd() *cobra.Command {
@@ -27,14 +31,23 @@ func newConformanceCmd() *cobra.Command {
 		Short: "Certify an engine, control channel or stage with the conformance suite",
 		Long: `conformance runs the conformance suite against one implementation — a
 built-in (--builtin) or a plugin binary (--plugin) — and prints a
-certification report: every rule, its result and its time. The exit status is
-the verdict: 0 certified, 1 a rule failed, 2 bad usage.
+certification report: every rule, its result and its time, and the optional
+capabilities (transfer.Notifier, ...) found absent, whose rules were skipped.
+The exit status is the verdict: 0 certified, 1 a rule failed, 2 bad usage,
+3 the plugin could not be started (the message names the cause).
+
+The configuration the fixtures use comes from --config and the usual key
+flags (--engine.options k=v, --bounce.copy-contexts, ...), as for bounce run;
+a plugin's block (engine.plugin: {checksum, env, args, options}) applies to
+the --plugin binary.
 
 Rules are reproducible from --seed. --junit and --json write the report for
 CI systems.`,
 		Example: `  bounce conformance engine --builtin tcp
   bounce conformance control --builtin nixlnotif --carrier ucx --junit report.xml
   bounce conformance engine --plugin ./my-fabric-engine --json report.json
+  bounce conformance engine --plugin ./my-fabric-engine --engine.options rails=4
+  bounce conformance gather --plugin ./my-stage --config agent.yaml
   bounce conformance --list`,
 		Args: func(cmd *cobra.Command, args []string) error {
 			if list {
@@ -64,6 +77,11 @@ CI systems.`,
 					cfg.Sizes = append(cfg.Sizes, n)
 				}
 			}
+			l, err := loadConfig(cmd)
+			if err != nil {
+				return err
+			}
+			opts := certify.Options{Engine: l.Config.Engine, Control: l.Config.ControlPlane, Bounce: l.Config.Bounce, Carrier: carrier}
 			f := node.Builtin()
 			name := builtin
 			switch {
@@ -74,17 +92,22 @@ CI systems.`,
 				if err != nil {
 					return usage(err)
 				}
+				if err := probePlugin(plugin, kind, l.Config); err != nil {
+					return runtime(err)
+				}
 				f, name = pf, pname
+				cfg.Subject = kind + "/" + filepath.Base(plugin)
 			case builtin == "":
 				return usage(fmt.Errorf("name the implementation: --builtin NAME or --plugin PATH"))
 			}
-			rep, err := certify.Run(f, kind, name, certify.Options{Carrier: carrier}, cfg)
+			rep, err := certify.Run(f, kind, name, opts, cfg)
 			if err != nil {
 				return usage(err)
 			}
 			if err := rep.WriteText(out); err != nil {
 				return runtime(err)
 			}
+			writeAbsent(out, rep)
 			if err := writeReport(junit, rep.WriteJUnit); err != nil {
 				return runtime(err)
 			}
@@ -110,7 +133,55 @@ CI systems.`,
 	fl.DurationVar(&opTimeout, "op-timeout", 0, "bound on every wait for an operation (default 10s)")
 	fl.StringVar(&sizes, "sizes", "", "transfer sizes, e.g. 1,4KiB,8MiB (default 1,7,4096,4097,64KiB,1MiB,8MiB; a write above 1 MiB and above the engine's fragment size is always added)")
 	fl.BoolVar(&list, "list", false, "list every rule and exit")
+	configFlags(cmd)
 	return cmd
+}
+
+// probePlugin starts the plugin once as the kind's fixtures will, so a
+// binary that is missing, not a plugin, fails its checksum or speaks
+// another protocol version is reported as what it is — not as a failure of
+// the first rule.
+func probePlugin(path, kind string, c config.Config) error {
+	block := c.Engine.Plugin
+	pkind := plugins.KindEngine
+	switch kind {
+	case "control":
+		block, pkind = c.ControlPlane.Plugin, plugins.KindControl
+	case "gather":
+		block, pkind = c.Stages.Gather.Plugin, plugins.KindGather
+	case "scatter":
+		block, pkind = c.Stages.Scatter.Plugin, plugins.KindScatter
+	}
+	cl, err := plugins.LoadSpec(plugins.Spec{Path: path, Args: block.Args, Env: block.Env, InheritEnv: block.InheritEnv, Checksum: block.Checksum}, pkind)
+	if err != nil {
+		return fmt.Errorf("--plugin %s: cannot start it: %w", path, err)
+	}
+	return cl.Close()
+}
+
+// writeAbsent names the optional capabilities the subject lacks and the
+// rules skipped for it (a wrapper that embeds the transfer.Engine
+// interface, say, hides its engine's Notify).
+func writeAbsent(w io.Writer, rep conformance.Report) {
+	capability := regexp.MustCompile(`(?:do not|does not) implement (transfer\.[A-Z][A-Za-z]*)`)
+	skipped := map[string][]string{}
+	var caps []string
+	for _, r := range rep.Results {
+		if r.Outcome != conformance.Skip {
+			continue
+		}
+		m := capability.FindStringSubmatch(r.Message)
+		if m == nil {
+			continue
+		}
+		if _, ok := skipped[m[1]]; !ok {
+			caps = append(caps, m[1])
+		}
+		skipped[m[1]] = append(skipped[m[1]], r.Rule)
+	}
+	for _, c := range caps {
+		fmt.Fprintf(w, "optional capability absent: %s — %d rule(s) skipped: %s\n", c, len(skipped[c]), strings.Join(skipped[c], ", "))
+	}
 }
 
 func writeReport(path string, write func(w io.Writer) error) error {
@@ -136,8 +207,8 @@ func pluginFactories(path, kind string, builtin node.Factories) (node.Factories,
 		return node.Factories{}, "", fmt.Errorf("--plugin %s: not an executable file", path)
 	}
 	switch kind {
-	case "engine", "writer", "control":
+	case "engine", "writer", "control", "gather", "scatter":
 		return node.WithPlugins(builtin, path), "plugin", nil
 	}
-	return node.Factories{}, "", fmt.Errorf("--plugin %s: kind %q cannot be served by a plugin in this build; accepted: engine, writer, control", path, kind)
+	return node.Factories{}, "", fmt.Errorf("--plugin %s: kind %q cannot be served by a plugin; accepted: engine, writer, control, gather, scatter", path, kind)
 }

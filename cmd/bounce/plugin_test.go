@@ -18,13 +18,36 @@ func TestPluginConformanceCLI(t *testing.T) {
 		t.Fatalf("build example plugin: %v\n%s", err, out)
 	}
 	stdout, stderr, code := bounce(t, "conformance", "engine", "--plugin", bin, "--sizes", "1,4097,1MiB")
-	if code != 0 || !strings.Contains(stdout, "certified") {
-		t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", code, stdout, stderr)
+	if code != 0 || !strings.Contains(stdout, "engine/tcpengine: certified") {
+		t.Fatalf("exit %d (want the subject named after the binary)\nstdout:\n%s\nstderr:\n%s", code, stdout, stderr)
+	}
+	if strings.Contains(stdout, "capability absent") {
+		t.Fatalf("a Notifier reported absent:\n%s", stdout)
 	}
 }
 
-// TestPluginConformanceCLIErrors: a missing or non-executable plugin, and a
-// kind plugins cannot serve, are usage errors (exit 2) naming the problem.
+// TestPluginConformanceCLIOptions: --engine.options reach the plugin (here
+// one that makes the test plugin wrap its engine by embedding the
+// transfer.Engine interface), and the report names the optional capability
+// that wrapper lost and the rules skipped for it.
+func TestPluginConformanceCLIOptions(t *testing.T) {
+	bin := filepath.Join(t.TempDir(), "testplugin")
+	if out, err := exec.Command("go", "build", "-o", bin, "../../plugins/internal/testplugin").CombinedOutput(); err != nil {
+		t.Fatalf("build test plugin: %v\n%s", err, out)
+	}
+	stdout, stderr, code := bounce(t, "conformance", "engine", "--plugin", bin, "--sizes", "1,4097", "--engine.options", "hide_notify=true")
+	if code != 0 || !strings.Contains(stdout, "optional capability absent: transfer.Notifier") || !strings.Contains(stdout, "engine/notify-order") {
+		t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", code, stdout, stderr)
+	}
+	stdout, stderr, code = bounce(t, "conformance", "engine", "--plugin", bin, "--engine.options", "bogus=1", "--only", "engine/byte-exact")
+	if code != 1 || !strings.Contains(stdout, `unknown engine option "bogus"`) {
+		t.Fatalf("an option the plugin refuses: exit %d, want 1 naming the option\nstdout:\n%s\nstderr:\n%s", code, stdout, stderr)
+	}
+}
+
+// TestPluginConformanceCLIErrors: a missing or non-executable plugin is a
+// usage error (exit 2) and a binary that is not a plugin a start failure
+// (exit 3), each naming the problem rather than failing a rule.
 func TestPluginConformanceCLIErrors(t *testing.T) {
 	dir := t.TempDir()
 	plain := filepath.Join(dir, "plain")
@@ -37,11 +60,16 @@ func TestPluginConformanceCLIErrors(t *testing.T) {
 	}{
 		{[]string{"conformance", "engine", "--plugin", filepath.Join(dir, "missing")}, "missing"},
 		{[]string{"conformance", "engine", "--plugin", plain}, "not an executable"},
-		{[]string{"conformance", "gather", "--plugin", "/bin/true"}, "cannot be served by a plugin"},
 	} {
 		_, stderr, code := bounce(t, tc.args...)
 		if code != 2 || !strings.Contains(stderr, tc.want) {
 			t.Errorf("%v: exit %d, stderr %q; want exit 2 naming %q", tc.args, code, stderr, tc.want)
+		}
+	}
+	for _, kind := range []string{"engine", "gather"} {
+		stdout, stderr, code := bounce(t, "conformance", kind, "--plugin", "/bin/true")
+		if code != 3 || !strings.Contains(stderr, "cannot start it") || !strings.Contains(stderr, "not a bounce plugin") || strings.Contains(stdout, "byte-exact") {
+			t.Errorf("%s --plugin /bin/true: exit %d, stderr %q, stdout %q; want exit 3 naming a start failure", kind, code, stderr, stdout)
 		}
 	}
 }

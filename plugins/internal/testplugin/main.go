@@ -5,7 +5,8 @@
 // variables it got (so tests can check what the host passed) and whether
 // the host asked for mTLS. The "delay" option (a Go duration) makes every
 // stage op stay pending at least that long, so a test can kill the process
-// while a copy is in flight.
+// while a copy is in flight; "hide_notify=true" wraps the engine the wrong
+// way (embedding the transfer.Engine interface, which hides Notify).
 package main
 
 import (
@@ -79,9 +80,12 @@ func main() {
 func newEngine(name string, opts map[string]string) (transfer.Engine, error) {
 	c := tcp.Config{Name: name}
 	var delay time.Duration
+	hide := false
 	for k, v := range opts {
 		var err error
 		switch k {
+		case "hide_notify":
+			hide, err = strconv.ParseBool(v)
 		case "listen":
 			c.Listen = v
 		case "connections":
@@ -89,17 +93,24 @@ func newEngine(name string, opts map[string]string) (transfer.Engine, error) {
 		case "delay":
 			delay, err = time.ParseDuration(v)
 		default:
-			return nil, fmt.Errorf("testplugin: unknown engine option %q; accepted: listen, connections, delay", k)
+			return nil, fmt.Errorf("testplugin: unknown engine option %q; accepted: listen, connections, delay, hide_notify", k)
 		}
 		if err != nil {
 			return nil, fmt.Errorf("testplugin: option %s=%q: %w", k, v, err)
 		}
 	}
 	e, err := tcp.New(c)
-	if err != nil || delay == 0 {
-		return e, err
+	switch {
+	case err != nil:
+		return nil, err
+	case hide:
+		// The outside author's mistake: embedding the interface hides
+		// the engine's Notify.
+		return struct{ transfer.Engine }{e}, nil
+	case delay != 0:
+		return delayedEngine{e, delay}, nil
 	}
-	return delayedEngine{e, delay}, nil
+	return e, nil
 }
 
 // delayedEngine holds every write Pending at least d.
