@@ -21,14 +21,18 @@
 //	                eager_gather, zero_copy_args, arena_memory, disable_merging
 //	engine:         kind, plugin, listen, connections, options
 //	control_plane:  kind, interface, bind_address, send_hwm, plugin
-//	stages:         gather, scatter, plugin, device, fallback
+//	stages:         gather, scatter, write, device, fallback
 //	telemetry:      traces, otlp_endpoint, service_name, sample_ratio, metrics.listen
 //
 // Sizes take units B, K/KB/KiB, M/MB/MiB, G/GB/GiB and T/TB/TiB in any case,
 // all powers of two ("512mb" is 512 MiB); durations are Go durations ("30s",
 // "500ms"); booleans are true/false, 1/0, t/f, yes/no or on/off.
 // engine.options is a mapping passed to the engine unchanged; layers merge it
-// per option name.
+// per option name. engine.plugin and control_plane.plugin, and the stages
+// as {plugin: ...}, take one plugin block (PluginConfig): path, args, env,
+// inherit_env, checksum, options, max_restarts, restart_backoff; a plain
+// string is the path alone. Environment variables and flags set the scalar
+// forms (a kind, a path).
 //
 // # Environment variables
 //

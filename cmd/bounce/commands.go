@@ -13,6 +13,6 @@ func extraCommands() []*cobra.Command { return []*cobra.Command{newConformanceCm
 func wireVersion() uint16 { return wire.Version }
 
 // factories are the implementations the CLI builds agents from: every
-// built-in plus the "plugin" engine and control plane kinds (engine.plugin,
-// control_plane.plugin name the binaries).
+// built-in plus the "plugin" kind of all five components (engine.plugin,
+// control_plane.plugin and stages.<stage>: {plugin: ...} name the binaries).
 func factories() node.Factories { return node.WithPlugins(node.Builtin(), "") }
