@@ -1,6 +1,7 @@
 package plugins
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -478,6 +479,19 @@ func (e *supervisedEngine) PostWrite(peer string, ops []transfer.WriteOp) (trans
 	return cur.PostWrite(peer, ops)
 }
 
+// PostWriteContext is PostWrite carrying ctx's trace context to the
+// plugin (transfer.ContextPoster).
+func (e *supervisedEngine) PostWriteContext(ctx context.Context, peer string, ops []transfer.WriteOp) (transfer.Op, error) {
+	cur, err := e.sv.get()
+	if err != nil {
+		return nil, err
+	}
+	if cp, ok := cur.(transfer.ContextPoster); ok {
+		return cp.PostWriteContext(ctx, peer, ops)
+	}
+	return cur.PostWrite(peer, ops)
+}
+
 // Close stops supervising and closes the engine.
 func (e *supervisedEngine) Close() error { return e.sv.Close() }
 
@@ -622,3 +636,8 @@ func (c *supervisedControl) Recv(timeout time.Duration) (transfer.Message, error
 
 // Close stops supervising and closes the channel.
 func (c *supervisedControl) Close() error { return c.sv.Close() }
+
+var (
+	_ transfer.ContextPoster = (*supervisedEngine)(nil)
+	_ transfer.Notifier      = (*supervisedNotifier)(nil)
+)
