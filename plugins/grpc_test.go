@@ -173,7 +173,7 @@ func TestRegisterNeedsSharedMemory(t *testing.T) {
 		t.Fatalf("register heap memory: %v, want ErrUnsupported naming memfd", err)
 	}
 	err = e.RegisterMemory(transfer.Desc{Addr: 1 << 40, Len: 10, Kind: transfer.CUDA})
-	if !errors.Is(err, transfer.ErrUnsupported) {
+	if !errors.Is(err, transfer.ErrUnsupported) || !strings.Contains(err.Error(), "not yet: device memory cannot cross to a plugin") {
 		t.Fatalf("register CUDA memory: %v", err)
 	}
 	buf, err := mem.Alloc(1 << 16)
@@ -468,4 +468,19 @@ func TestWriterConformanceOverGRPC(t *testing.T) {
 			Cleanup: func() { w.Close(); a.Close(); b.Close() },
 		}, nil
 	}, cfg)
+}
+
+// TestStageRefusesDeviceMemory: a stage plugin is given no device memory;
+// the copy fails at once with the "not yet" error, nothing is sent.
+func TestStageRefusesDeviceMemory(t *testing.T) {
+	reg := &mem.Registry{}
+	g, err := hop(t, hostStages(), KindGather).Gatherer("g", nil, reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	region := transfer.Desc{Addr: 1 << 40, Len: 4096, Kind: transfer.CUDA}
+	if _, err := g.Gather(region, nil); !errors.Is(err, transfer.ErrUnsupported) || !strings.Contains(err.Error(), "not yet: device memory cannot cross to a plugin") {
+		t.Fatalf("gather into device memory: %v", err)
+	}
 }

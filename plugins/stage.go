@@ -169,6 +169,9 @@ func (s *remoteStage) copy(verb string, region transfer.Desc, runs []transfer.Ru
 	if s.c.closed() {
 		return nil, fmt.Errorf("plugin %s: %s: %s closed: %w", s.c.name, what, s.noun, transfer.ErrClosed)
 	}
+	if region.Kind != transfer.Host {
+		return nil, fmt.Errorf("plugin %s: %s: not yet: device memory cannot cross to a plugin (region %v): %w", s.c.name, what, region, transfer.ErrUnsupported)
+	}
 	used, err := s.used(region, runs)
 	if err != nil {
 		return nil, fmt.Errorf("plugin %s: %s: %w", s.c.name, what, err)
