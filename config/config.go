@@ -3,7 +3,6 @@ package config
 import (
 	"errors"
 	"fmt"
-	"github.com/bouncekv/bounce/pipeline/credit"
 	"net"
 	"net/netip"
 	"os"
@@ -11,6 +10,9 @@ import (
 	"strings"
 	"time"
 	"unicode"
+
+	"github.com/bouncekv/bounce/mem"
+	"github.com/bouncekv/bounce/pipeline/credit"
 )
 
 // Sentinel errors. Every *KeyError wraps one of them.
@@ -374,6 +376,22 @@ func (a *AgentConfig) validate() []*KeyError {
 		return []*KeyError{outOfRange(key, a.Name, "is %d bytes, at most 255 accepted", len(a.Name))}
 	case strings.IndexFunc(a.Name, func(r rune) bool { return unicode.IsSpace(r) || unicode.IsControl(r) || r == unicode.ReplacementChar }) >= 0:
 		return []*KeyError{outOfRange(key, a.Name, "must be valid UTF-8 without spaces or control characters")}
+	}
+	return nil
+}
+
+// CheckMemory checks that the arena (its usable capacity, the bytes the
+// agent maps and faults in at start) fits in budget with mem.Reserve to
+// spare, so that a too-large bounce.arena_size is an error naming the key
+// instead of an OOM kill. An unknown budget passes.
+func (b BounceConfig) CheckMemory(budget mem.Budget) error {
+	if !b.Enabled {
+		return nil
+	}
+	size := uint64(b.UsableCapacity())
+	if err := budget.Fits(size, mem.Reserve); err != nil {
+		return &KeyError{Key: "bounce.arena_size", Value: b.ArenaSize.String(), Err: ErrOutOfRange,
+			Reason: fmt.Sprintf("the arena does not fit in memory: %v; lower bounce.arena_size or raise the memory limit", err)}
 	}
 	return nil
 }

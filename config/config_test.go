@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/spf13/pflag"
+
+	"github.com/bouncekv/bounce/mem"
 )
 
 // writeFile writes a YAML file in a temporary directory and returns its path.
@@ -676,5 +678,28 @@ func TestGroupedKeyThroughEveryLayer(t *testing.T) {
 	_, err = Load(LoadOptions{FileData: []byte("telemetry: {metrics: {listen: nowhere}}")})
 	if err == nil || !strings.Contains(err.Error(), "telemetry.metrics.listen") || !strings.Contains(err.Error(), "host:port") {
 		t.Fatalf("bad grouped value: %v", err)
+	}
+}
+
+func TestCheckMemory(t *testing.T) {
+	b := Default().Bounce
+	b.ArenaSize, b.Granularity = 1*GiB, 1*MiB
+	roomy := mem.Budget{Bytes: 4 << 30, MemAvailable: 4 << 30}
+	if err := b.CheckMemory(roomy); err != nil {
+		t.Fatalf("1GiB in 4GiB: %v", err)
+	}
+	tight := mem.Budget{Bytes: 1<<30 + 1<<20, MemAvailable: 8 << 30, CgroupLimit: 2 << 30, CgroupUsage: 1<<30 - 1<<20, Cgroup: "/sys/fs/cgroup/memory.max"}
+	err := b.CheckMemory(tight)
+	var ke *KeyError
+	if !errors.As(err, &ke) || ke.Key != "bounce.arena_size" || ke.Value != "1GiB" || !errors.Is(err, ErrOutOfRange) ||
+		!strings.Contains(err.Error(), "cgroup /sys/fs/cgroup/memory.max limit") {
+		t.Fatalf("1GiB with 1GiB+1MiB left under the cgroup: %v", err)
+	}
+	if err := b.CheckMemory(mem.Budget{}); err != nil {
+		t.Fatalf("unknown budget: %v", err)
+	}
+	b.Enabled = false
+	if err := b.CheckMemory(tight); err != nil {
+		t.Fatalf("bounce off maps no arena: %v", err)
 	}
 }

@@ -9,6 +9,7 @@ package mem
 import (
 	"fmt"
 	"math/rand/v2"
+	"os"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -28,10 +29,17 @@ type Arena struct {
 // NewArena creates a shared arena of size bytes named name (the name shows in
 // /proc and helps debugging). size must be positive. The pages are faulted in
 // now (MAP_POPULATE): an arena is registered once and then sits on the hot
-// path, where a first-touch page fault costs microseconds per page.
+// path, where a first-touch page fault costs microseconds per page. So an
+// arena that does not fit in the memory available to this process (see
+// ReadBudget; Reserve bytes kept spare) is refused rather than OOM-killed.
 func NewArena(name string, size uint64) (*Arena, error) {
 	if size == 0 {
 		return nil, fmt.Errorf("mem: arena %q: size must be positive", name)
+	}
+	if b, err := ReadBudget(os.DirFS("/")); err == nil {
+		if err := b.Fits(size, Reserve); err != nil {
+			return nil, fmt.Errorf("mem: arena %q: %w", name, err)
+		}
 	}
 	fd, err := unix.MemfdCreate("bounce-"+name, unix.MFD_CLOEXEC)
 	if err != nil {

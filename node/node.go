@@ -15,6 +15,7 @@ import (
 	"io"
 	"log/slog"
 	"maps"
+	"os"
 	"slices"
 	"sync"
 	"time"
@@ -187,6 +188,11 @@ func BuildWith(cfg config.Config, f Factories, o Options) (*Node, error) {
 		logger.Info(notice)
 	}
 	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("node: %w", err)
+	}
+	if budget, err := mem.ReadBudget(os.DirFS("/")); err != nil {
+		logger.Warn("memory budget unknown; arena size not checked", "err", err)
+	} else if err := cfg.Bounce.CheckMemory(budget); err != nil {
 		return nil, fmt.Errorf("node: %w", err)
 	}
 	n := &Node{Registry: &mem.Registry{}, Config: cfg, Telemetry: o.Telemetry}

@@ -2,6 +2,8 @@ package node
 
 import (
 	"context"
+	"errors"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -173,5 +175,28 @@ func TestBuildErrors(t *testing.T) {
 	}
 	if _, err := MakeFactories([]EngineFactory{TCPFactory{}, TCPFactory{}}, nil, nil, nil); err == nil {
 		t.Fatal("duplicate factories accepted")
+	}
+}
+
+// TestBuildRefusesArenaBeyondMemory asks for an arena larger than this
+// machine's available memory: Build fails naming bounce.arena_size before
+// anything is mapped (a populated arena that large would be OOM-killed).
+func TestBuildRefusesArenaBeyondMemory(t *testing.T) {
+	budget, err := mem.ReadBudget(os.DirFS("/"))
+	if err != nil || !budget.Known() {
+		t.Skip("no memory budget readable here")
+	}
+	cfg := testConfig("a", "tcp", "zmq")
+	// The arena's usable capacity is a power of two: take the first one
+	// above the budget.
+	size := config.Size(1 << 20)
+	for uint64(size) <= budget.Bytes {
+		size *= 2
+	}
+	cfg.Bounce.ArenaSize = size
+	_, err = Build(cfg, Builtin(), nil)
+	var ke *config.KeyError
+	if !errors.As(err, &ke) || ke.Key != "bounce.arena_size" || !strings.Contains(err.Error(), "does not fit in memory") {
+		t.Fatalf("Build with a %v arena: %v, want a bounce.arena_size error", cfg.Bounce.ArenaSize, err)
 	}
 }
