@@ -7,7 +7,7 @@ FUZZTIME  ?= 20s
 # Jaeger (tools/jaeger: a module of its own, with Jaeger as a Go tool).
 JAEGER    ?= bin/jaeger
 
-.PHONY: run test bench lint fuzz setup build clean jaeger jaeger-bin ptx
+.PHONY: run test bench lint fuzz sim soak setup build clean jaeger jaeger-bin ptx
 
 setup:
 	./scripts/setup.sh
@@ -55,6 +55,12 @@ fuzz:
 NVCC ?= nvcc
 ptx:
 	$(NVCC) -ptx -arch=compute_80 -O3 -o cuda/kernels/copy.ptx cuda/kernels/copy.cu
+
+## sim: the deterministic fault simulation for SEEDS seeds (from SEED_FIRST)
+SEEDS      ?= 100000
+SEED_FIRST ?= 1
+sim:
+	$(GO) test -count=1 -timeout 0 -run '^TestSim$$' ./pipeline -sim.seeds=$(SEEDS) -sim.first=$(SEED_FIRST) -v | grep -E '^(---|ok|FAIL)|sim:|VIOLATION|replay'
 
 clean:
 	rm -rf bin out

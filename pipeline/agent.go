@@ -146,6 +146,10 @@ type Settings struct {
 	Propagator     propagation.TextMapPropagator
 	// Kinds names the components above for span attributes.
 	Kinds Kinds
+	// Clock is the reactor's time source (timeouts, flow expiry,
+	// quarantine); nil means real time. A deterministic simulation sets
+	// its own.
+	Clock Clock
 }
 
 // Arena is the memory of a bounce arena: one range, freed by Close once
@@ -154,6 +158,17 @@ type Arena interface {
 	Desc() transfer.Desc
 	Close() error
 }
+
+// Clock tells the reactor the time.
+type Clock interface {
+	// Now returns the current time.
+	Now() time.Time
+}
+
+// realClock is the wall clock.
+type realClock struct{}
+
+func (realClock) Now() time.Time { return time.Now() }
 
 // Agent is one bounce endpoint: sender and receiver at once.
 type Agent struct {
@@ -211,6 +226,22 @@ func (pi *peerInfo) lostErr(err error) error {
 // registration) never fails New: the agent logs the reason and serves every
 // transfer on the direct path.
 func New(s Settings, cfg Config) (*Agent, error) {
+	a, err := build(s, cfg)
+	if err != nil {
+		return nil, err
+	}
+	a.wg.Add(1)
+	go func() {
+		defer a.wg.Done()
+		a.r.run()
+	}()
+	a.r.startHelpers(&a.wg)
+	return a, nil
+}
+
+// build builds an agent without starting its goroutines (New starts them;
+// a simulation steps the reactor itself).
+func build(s Settings, cfg Config) (*Agent, error) {
 	cfg.fill()
 	if s.Engine == nil {
 		return nil, errors.New("pipeline: settings: Engine is required")
@@ -226,6 +257,9 @@ func New(s Settings, cfg Config) (*Agent, error) {
 	}
 	if s.Logger == nil {
 		s.Logger = slog.New(slog.DiscardHandler)
+	}
+	if s.Clock == nil {
+		s.Clock = realClock{}
 	}
 	a := &Agent{
 		name:    s.Name,
@@ -243,12 +277,6 @@ func New(s Settings, cfg Config) (*Agent, error) {
 		a.log.Warn("bounce disabled, serving every transfer on the direct path", "reason", err)
 	}
 	a.r = newReactor(a, sched)
-	a.wg.Add(1)
-	go func() {
-		defer a.wg.Done()
-		a.r.run()
-	}()
-	a.r.startHelpers(&a.wg)
 	return a, nil
 }
 

@@ -57,7 +57,7 @@ func (r *reactor) submitDirect(b *Batch, pi *peerInfo, req Request) {
 		r.publish(b, err, true)
 		return
 	}
-	r.direct[b.id] = &directReq{b: b, peer: req.Peer, pi: pi, op: op, posted: time.Now(), span: span}
+	r.direct[b.id] = &directReq{b: b, peer: req.Peer, pi: pi, op: op, posted: r.clock.Now(), span: span}
 }
 
 func (r *reactor) pollDirect() bool {

@@ -19,6 +19,7 @@ type reactor struct {
 	a     *Agent
 	cfg   Config
 	log   *slog.Logger
+	clock Clock
 	sched *credit.Scheduler // nil when bounce is off locally
 
 	// sender role
@@ -36,6 +37,9 @@ type reactor struct {
 	// quarantined lists quarantined regions in release order (every
 	// quarantine lasts cfg.Quarantine, so the order is by time too).
 	quarantined []quarantined
+	// staleLocal lists local staging regions an engine may still read (a
+	// write that ended without proof), released after cfg.Quarantine.
+	staleLocal []quarantined
 	lastSweep   time.Time
 	ctrlPeers   map[string]string // control peers added from WANT endpoints
 	jobs        chan *scatterTask
@@ -69,6 +73,7 @@ func newReactor(a *Agent, sched *credit.Scheduler) *reactor {
 		a:         a,
 		cfg:       a.cfg,
 		log:       a.log,
+		clock:     a.set.Clock,
 		sched:     sched,
 		reqs:      make(map[uint64]*sendReq),
 		parked:    make(map[uint64]*sendReq),
@@ -245,7 +250,7 @@ func (r *reactor) tick() bool {
 	if r.pollDirect() {
 		progressed = true
 	}
-	if now := time.Now(); now.Sub(r.lastCheck) >= time.Millisecond {
+	if now := r.clock.Now(); now.Sub(r.lastCheck) >= time.Millisecond {
 		r.lastCheck = now
 		r.checkTimeouts(now)
 		r.releaseQuarantine(now)
@@ -336,7 +341,7 @@ func (r *reactor) beginShutdown() {
 		return
 	}
 	r.shuttingDown = true
-	r.shutdownAt = time.Now()
+	r.shutdownAt = r.clock.Now()
 	for _, q := range r.reqs {
 		r.fail(q, transfer.ErrClosed)
 	}
@@ -362,7 +367,7 @@ func (r *reactor) finished() bool {
 		r.endFlowSpans()
 		return true
 	}
-	if time.Since(r.shutdownAt) > r.cfg.QuiesceTimeout {
+	if r.clock.Now().Sub(r.shutdownAt) > r.cfg.QuiesceTimeout {
 		r.log.Warn("shutdown: ops still outstanding after the quiesce timeout", "requests", len(r.reqs), "direct", len(r.direct), "scatters", r.scatters)
 		r.abandonAll()
 		r.endFlowSpans()

@@ -62,7 +62,7 @@ func (r *reactor) onWant(peer string, w *wire.Want) {
 		r.nack(peer, w.Request, wire.WholeRequest, wire.NackMalformed, err.Error())
 		return
 	}
-	r.flowSeen[key] = time.Now()
+	r.flowSeen[key] = r.clock.Now()
 	r.a.obs.wantReceived(r, key, w)
 	r.schedule()
 }
@@ -107,7 +107,7 @@ func (r *reactor) quarantine(offs []uint64) {
 	if len(offs) == 0 {
 		return
 	}
-	until := time.Now().Add(r.cfg.Quarantine)
+	until := r.clock.Now().Add(r.cfg.Quarantine)
 	for _, off := range offs {
 		r.quarantined = append(r.quarantined, quarantined{off: off, until: until})
 	}
@@ -115,8 +115,22 @@ func (r *reactor) quarantine(offs []uint64) {
 	r.publishQuarantine()
 }
 
+// quarantineLocal keeps a staging region an engine may still read (its
+// write ended without proof that it stopped) out of use for cfg.Quarantine.
+func (r *reactor) quarantineLocal(off uint64) {
+	r.staleLocal = append(r.staleLocal, quarantined{off: off, until: r.clock.Now().Add(r.cfg.Quarantine)})
+}
+
 // releaseQuarantine frees the regions whose quarantine is over.
 func (r *reactor) releaseQuarantine(now time.Time) {
+	if len(r.staleLocal) > 0 && !now.Before(r.staleLocal[0].until) {
+		n := 0
+		for n < len(r.staleLocal) && !now.Before(r.staleLocal[n].until) {
+			r.releaseLocal(r.staleLocal[n].off)
+			n++
+		}
+		r.staleLocal = r.staleLocal[:copy(r.staleLocal, r.staleLocal[n:])]
+	}
 	n := 0
 	for n < len(r.quarantined) && !now.Before(r.quarantined[n].until) {
 		if err := r.sched.ReleaseQuarantined(r.quarantined[n].off); err != nil {
@@ -182,7 +196,7 @@ func (r *reactor) schedule() {
 	}
 	var order []*out
 	byFlow := make(map[credit.FlowKey]*out, 4)
-	now := time.Now()
+	now := r.clock.Now()
 	for _, g := range grants {
 		r.a.obs.grantedChunk(r, g)
 		o := byFlow[g.Flow]
@@ -228,7 +242,7 @@ func (r *reactor) onData(peer string, d *wire.Data) {
 		r.schedule()
 		return
 	}
-	r.flowSeen[key] = time.Now()
+	r.flowSeen[key] = r.clock.Now()
 	if err := r.sched.BeginScatter(key, d.Region); err != nil {
 		r.a.stats.lateData.Add(1)
 		r.a.obs.reject(r, peer, rejectLateData)

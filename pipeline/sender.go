@@ -71,7 +71,7 @@ func (r *reactor) submitBounce(b *Batch, pi *peerInfo, p *plan.Plan) {
 		r.publish(b, fmt.Errorf("pipeline: submit to %q: forgotten before the request started: %w", peer, transfer.ErrPeerLost), true)
 		return
 	}
-	q := &sendReq{id: b.id, peer: peer, pi: pi, b: b, plan: p, ch: make([]sendChunk, len(p.Chunks)), lastProgress: time.Now()}
+	q := &sendReq{id: b.id, peer: peer, pi: pi, b: b, plan: p, ch: make([]sendChunk, len(p.Chunks)), lastProgress: r.clock.Now()}
 	if len(p.Chunks) == 0 {
 		r.publish(b, nil, true)
 		return
@@ -184,7 +184,7 @@ func (r *reactor) onGrant(peer string, g *wire.Grant) {
 		c := &q.ch[k]
 		c.credit = &cr
 		r.a.obs.granted(q, k, c.credit)
-		q.lastProgress = time.Now()
+		q.lastProgress = r.clock.Now()
 		if c.staged && c.eager {
 			if err := r.sched.PromoteLocal(c.off); err != nil {
 				r.log.Error("promote staging region", "err", err)
@@ -302,8 +302,13 @@ func (r *reactor) writeDone(q *sendReq, k int, st transfer.Status, err error) {
 		// the granted region, so no cancel is sent: a cancel frees the
 		// regions at once, while the receiver's expiry of the silent flow
 		// quarantines them first.
+		// The region goes back to the pool once the quarantine is over: the
+		// engine contract bounds how long a write stays in flight, as for
+		// the receiver's quarantine (a permanent leak otherwise: one region
+		// per such write, for the life of the agent).
 		c.staged = false
 		q.noCancel = true
+		r.quarantineLocal(c.off)
 	} else {
 		r.dropStaging(c) // the engine no longer reads the staging region
 	}
@@ -330,7 +335,7 @@ func (r *reactor) writeDone(q *sendReq, k int, st transfer.Status, err error) {
 		return
 	}
 	c.st = cDataSent
-	q.lastProgress = time.Now()
+	q.lastProgress = r.clock.Now()
 	r.a.stats.bounceBytes.Add(ch.Payload)
 }
 
@@ -350,7 +355,7 @@ func (r *reactor) onAck(peer string, m *wire.Ack) {
 	r.a.obs.acked(q, k)
 	q.acked++
 	q.live--
-	q.lastProgress = time.Now()
+	q.lastProgress = r.clock.Now()
 	if q.acked == len(q.ch) {
 		delete(r.reqs, q.id)
 		delete(r.parked, q.id)
@@ -388,7 +393,7 @@ func (r *reactor) fail(q *sendReq, err error) {
 	if q.err != nil {
 		return
 	}
-	q.err, q.failedAt = q.pi.lostErr(err), time.Now()
+	q.err, q.failedAt = q.pi.lostErr(err), r.clock.Now()
 	r.a.obs.reqFailed(q, q.err)
 	r.log.DebugContext(q.b.obs.logContext(), "request failing", "request", q.id, "peer", q.peer, "err", q.err)
 	delete(r.parked, q.id)
