@@ -40,14 +40,14 @@ type reactor struct {
 	// staleLocal lists local staging regions an engine may still read (a
 	// write that ended without proof), released after cfg.Quarantine.
 	staleLocal []quarantined
-	lastSweep   time.Time
-	ctrlPeers   map[string]string // control peers added from WANT endpoints
-	jobs        chan *scatterTask
-	tasks       map[uint64]*scatterTask // queued or running scatters by region offset
-	resMu       sync.Mutex
-	results     []*scatterTask                // finished tasks reported by the workers
-	scatters    int                           // scatter tasks handed to workers and not yet reported
-	rtraces     map[credit.FlowKey]*recvTrace // receiver spans of traced flows
+	lastSweep  time.Time
+	ctrlPeers  map[string]string // control peers added from WANT endpoints
+	jobs       chan *scatterTask
+	tasks      map[uint64]*scatterTask // queued or running scatters by region offset
+	resMu      sync.Mutex
+	results    []*scatterTask                // finished tasks reported by the workers
+	scatters   int                           // scatter tasks handed to workers and not yet reported
+	rtraces    map[credit.FlowKey]*recvTrace // receiver spans of traced flows
 
 	inbox chan transfer.Message
 	quit  chan struct{}
