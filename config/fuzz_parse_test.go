@@ -3,6 +3,7 @@ package config
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 
 	"github.com/knadh/koanf/v2"
@@ -23,12 +24,18 @@ func FuzzParseYAML(f *testing.F) {
 	def := Default()
 	fs := fields()
 	for _, fl := range fs {
-		section, name := splitKey(fl.key)
 		if fl.key == optionsKey {
 			f.Add([]byte("engine:\n  options: {depth: 4, nic.mode: fast}\n"))
 			continue
 		}
-		f.Add([]byte(fmt.Sprintf("%s:\n  %s: %v\n", section, name, show(render(fl.ptr(&def))))))
+		// One nested mapping per dot: a grouped key has three levels.
+		var doc strings.Builder
+		parts := strings.Split(fl.key, ".")
+		for i, p := range parts[:len(parts)-1] {
+			fmt.Fprintf(&doc, "%s%s:\n", strings.Repeat("  ", i), p)
+		}
+		fmt.Fprintf(&doc, "%s%s: %v\n", strings.Repeat("  ", len(parts)-1), parts[len(parts)-1], show(render(fl.ptr(&def))))
+		f.Add([]byte(doc.String()))
 	}
 	byKey := make(map[string]field, len(fs))
 	for _, fl := range fs {
@@ -49,11 +56,18 @@ func FuzzParseYAML(f *testing.F) {
 				t.Fatalf("unexplained key error %+v", e)
 			}
 		}
-		for section, v := range clean {
-			for name, raw := range v.(map[string]any) {
-				fl, ok := byKey[section+"."+name]
+		var walk func(prefix string, m map[string]any)
+		walk = func(prefix string, m map[string]any) {
+			for name, raw := range m {
+				key := prefix + "." + name
+				fl, ok := byKey[key]
 				if !ok {
-					t.Fatalf("accepted unknown key %s.%s", section, name)
+					sub, isMap := raw.(map[string]any)
+					if !isMap {
+						t.Fatalf("accepted unknown key %s", key)
+					}
+					walk(key, sub) // a group of keys
+					continue
 				}
 				var c Config
 				if !assign(fl.ptr(&c), raw) {
@@ -63,6 +77,9 @@ func FuzzParseYAML(f *testing.F) {
 					t.Fatalf("accepted %s without its source", fl.key)
 				}
 			}
+		}
+		for section, v := range clean {
+			walk(section, v.(map[string]any))
 		}
 	})
 }
