@@ -277,6 +277,9 @@ func build(s Settings, cfg Config) (*Agent, error) {
 		a.log.Warn("bounce disabled, serving every transfer on the direct path", "reason", err)
 	}
 	a.r = newReactor(a, sched)
+	if pl, ok := s.Engine.(transfer.PeerLossReporter); ok && a.bounceOn {
+		pl.SetPeerLost(func(peer string) { a.post(func(r *reactor) { r.peerGone(peer) }) })
+	}
 	return a, nil
 }
 

@@ -263,6 +263,7 @@ func (r *reactor) tick() bool {
 			// even if no free event was seen.
 			r.lastRetry = now
 			r.retryParked = true
+			r.publishTables()
 		}
 	}
 	return progressed
@@ -333,6 +334,67 @@ func (r *reactor) forgetPeer(peer string, fenced bool) {
 			q.noCancel = true
 			r.fail(q, transfer.ErrPeerLost)
 		}
+	}
+}
+
+// peerGone reclaims the flows of a peer the engine reported lost (every
+// connection it opened here ended: a sender killed with kill -9 shows
+// within a round trip) instead of leaving them to expiry, and closes the
+// control path opened from its WANTs. Its regions are quarantined: the
+// closed connections prove their writes over, but the peer may dial
+// again, and only a fence (ForgetPeer) would refuse that. Requests this
+// agent sends to the peer are left alone: the outgoing path may be fine,
+// and a write that fails says so.
+func (r *reactor) peerGone(peer string) {
+	r.a.stats.lostPeers.Add(1)
+	if r.sched != nil {
+		if offs := r.sched.QuarantinePeer(peer); len(offs) > 0 || r.hasFlows(peer) {
+			r.log.Warn("flows reclaimed: the engine lost every connection of their sender", "peer", peer, "regions", len(offs))
+			r.quarantine(offs)
+		}
+		r.cancelScatters(func(k credit.FlowKey) bool { return k.Peer == peer })
+		for k := range r.flowSeen {
+			if k.Peer == peer && !r.sched.Active(k) {
+				delete(r.flowSeen, k)
+			}
+		}
+		r.schedule()
+	}
+	r.dropControlPeer(peer)
+	r.publishTables()
+}
+
+// hasFlows reports whether the receiver tracks a flow of peer.
+func (r *reactor) hasFlows(peer string) bool {
+	for k := range r.flowSeen {
+		if k.Peer == peer {
+			return true
+		}
+	}
+	return false
+}
+
+// dropControlPeer closes the control path to peer that a WANT opened,
+// unless the peer was loaded (LoadPeer owns that path then).
+func (r *reactor) dropControlPeer(peer string) {
+	if _, ok := r.ctrlPeers[peer]; !ok {
+		return
+	}
+	if _, _, loaded := r.a.PeerRoute(peer); loaded {
+		return
+	}
+	delete(r.ctrlPeers, peer)
+	if err := r.a.set.Control.RemovePeer(peer); err != nil && !errors.Is(err, transfer.ErrUnknownPeer) {
+		r.log.Warn("remove control peer", "peer", peer, "err", err)
+	}
+}
+
+// publishTables mirrors the sizes of the reactor's tables into the stats.
+func (r *reactor) publishTables() {
+	r.a.stats.controlPeers.Store(uint64(len(r.ctrlPeers)))
+	r.a.stats.requests.Store(uint64(len(r.reqs) + len(r.direct)))
+	if r.sched != nil {
+		r.a.stats.flows.Store(uint64(r.sched.Stats().Flows))
 	}
 }
 

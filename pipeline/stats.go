@@ -1,6 +1,10 @@
 package pipeline
 
-import "sync/atomic"
+import (
+	"os"
+	"runtime"
+	"sync/atomic"
+)
 
 // Stats are the agent's counters since it started.
 type Stats struct {
@@ -31,6 +35,15 @@ type Stats struct {
 	// WANTs sent (cancels included), grants sent and bytes moved through
 	// the bounce path.
 	Wants, Grants, BounceBytes uint64
+	// LostPeers counts the engine's reports of a peer that lost every
+	// connection (transfer.PeerLossReporter); their flows were reclaimed.
+	LostPeers uint64
+	// Gauges, for leak checks: control peers the receiver opened from
+	// WANT endpoints, receiver flows, and requests in flight (as of the
+	// reactor's last periodic check, at most 10 ms old), and the process's
+	// open file descriptors and goroutines (read by Stats).
+	ControlPeers, Flows, Requests uint64
+	OpenFDs, Goroutines           int
 }
 
 type counters struct {
@@ -45,6 +58,8 @@ type counters struct {
 	quarantines                                   atomic.Uint64
 	quarantinedRegions, quarantinedBytes          atomic.Uint64
 	wants, grants, bounceBytes                    atomic.Uint64
+	lostPeers                                     atomic.Uint64
+	controlPeers, flows, requests                 atomic.Uint64
 }
 
 // Stats returns a snapshot of the agent's counters.
@@ -60,5 +75,18 @@ func (a *Agent) Stats() Stats {
 		ScatterFailures: c.scatterFailures.Load(), ExpiredFlows: c.expiredFlows.Load(), CancelledScatters: c.cancelledScatters.Load(),
 		Quarantines: c.quarantines.Load(), QuarantinedRegions: c.quarantinedRegions.Load(), QuarantinedBytes: c.quarantinedBytes.Load(),
 		Wants: c.wants.Load(), Grants: c.grants.Load(), BounceBytes: c.bounceBytes.Load(),
+		LostPeers:    c.lostPeers.Load(),
+		ControlPeers: c.controlPeers.Load(), Flows: c.flows.Load(), Requests: c.requests.Load(),
+		OpenFDs: openFDs(), Goroutines: runtime.NumGoroutine(),
 	}
+}
+
+// openFDs counts this process's open file descriptors (-1 where /proc is
+// not available).
+func openFDs() int {
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		return -1
+	}
+	return len(ents) - 1 // the directory ReadDir opened
 }

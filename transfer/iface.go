@@ -167,6 +167,17 @@ type ContextWriter interface {
 	WriteContext(ctx context.Context, peer string, src, dst Desc) (Op, error)
 }
 
+// PeerLossReporter is the optional capability of an Engine that notices a
+// peer is gone before any write to it fails: every connection the peer
+// opened to this engine closed or reset (a process killed with kill -9, a
+// host gone). The agent reclaims the receiver-side flows of that peer at
+// once instead of waiting for their expiry.
+type PeerLossReporter interface {
+	// SetPeerLost registers fn, called with the peer's name each time the
+	// peer lost its last connection. fn must not block.
+	SetPeerLost(fn func(peer string))
+}
+
 // ControlChannel carries the bounce control messages (WANT, GRANT, DATA, ACK)
 // between agents. It is safe for concurrent use.
 //

@@ -35,6 +35,7 @@ type Engine struct {
 	// loaded again: their HELLO is refused, so no connection of theirs,
 	// however far its setup had got, ever lands a byte.
 	forgotten map[string]struct{}
+	onLost    func(peer string) // SetPeerLost's callback
 	wg        sync.WaitGroup
 
 	done      chan struct{} // closed by Close
@@ -249,6 +250,15 @@ func (e *Engine) ForgetPeer(name string) error {
 		return fmt.Errorf("tcp: forget peer %q: %w", name, transfer.ErrUnknownPeer)
 	}
 	return nil
+}
+
+// SetPeerLost registers fn, called with a peer's name when the last
+// connection that peer dialed to this engine ended without ForgetPeer
+// (closed, reset, or timed out) (transfer.PeerLossReporter).
+func (e *Engine) SetPeerLost(fn func(peer string)) {
+	e.mu.Lock()
+	e.onLost = fn
+	e.mu.Unlock()
 }
 
 // FencesForgottenPeers reports true: ForgetPeer cuts every connection of

@@ -79,10 +79,35 @@ func (e *Engine) acceptLoop() {
 			e.mu.Lock()
 			delete(e.incoming, ic)
 			e.mu.Unlock()
+			e.connEnded(ic)
 			if err != nil && !e.isClosed() {
 				e.log.Debug("tcp incoming connection ended", "remote", c.RemoteAddr(), "err", err)
 			}
 		}()
+	}
+}
+
+// connEnded reports the peer of an incoming connection that just ended as
+// lost when it was the peer's last one (and not cut by ForgetPeer, nor the
+// engine closing): every write the peer sent on it has landed or never
+// will, and a process killed with kill -9 shows here within a round trip.
+func (e *Engine) connEnded(ic *inConn) {
+	name := ic.name.Load()
+	if name == nil || ic.cut.Load() {
+		return
+	}
+	e.mu.Lock()
+	fn := e.onLost
+	last := !e.closed
+	for o := range e.incoming {
+		if n := o.name.Load(); n != nil && *n == *name {
+			last = false
+			break
+		}
+	}
+	e.mu.Unlock()
+	if last && fn != nil {
+		fn(*name)
 	}
 }
 

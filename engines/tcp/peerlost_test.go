@@ -1,0 +1,75 @@
+package tcp
+
+import (
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/bouncekv/bounce/transfer"
+)
+
+// lostRecorder records SetPeerLost reports.
+type lostRecorder struct {
+	mu    sync.Mutex
+	peers []string
+}
+
+func (l *lostRecorder) add(p string) { l.mu.Lock(); l.peers = append(l.peers, p); l.mu.Unlock() }
+func (l *lostRecorder) get() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]string(nil), l.peers...)
+}
+
+// TestPeerLostWhenLastConnectionEnds: B reports A lost once every
+// connection A dialed to B ended (A's engine closed, as a killed process's
+// would be), exactly once, and not while a connection is left.
+func TestPeerLostWhenLastConnectionEnds(t *testing.T) {
+	v := newEnv(t)
+	a := v.engine("a", func(c *Config) { c.Connections = 2 })
+	b := v.engine("b")
+	var lost lostRecorder
+	var _ transfer.PeerLossReporter = b
+	b.SetPeerLost(lost.add)
+	src := v.buf(1<<20, 5, a)
+	dst := v.buf(1<<20, 0, b)
+	connect(t, a, b)
+	op, err := a.PostWrite("b", []transfer.WriteOp{{Src: src.Desc(), Dst: dst.Desc()}})
+	mustDone(t, op, err)
+	time.Sleep(50 * time.Millisecond)
+	if got := lost.get(); len(got) != 0 {
+		t.Fatalf("reported %v while A is connected", got)
+	}
+	start := time.Now()
+	if err := a.Close(); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "B reports A lost", func() bool { return len(lost.get()) > 0 })
+	t.Logf("A lost after %v", time.Since(start))
+	time.Sleep(50 * time.Millisecond)
+	if got := lost.get(); len(got) != 1 || got[0] != "a" {
+		t.Fatalf("reports %v, want exactly [a]", got)
+	}
+}
+
+// TestPeerLostNotOnForget: a connection cut by B's own ForgetPeer is no
+// loss report (the agent forgot the peer itself).
+func TestPeerLostNotOnForget(t *testing.T) {
+	v := newEnv(t)
+	a, b := v.engine("a"), v.engine("b")
+	var lost lostRecorder
+	b.SetPeerLost(lost.add)
+	src := v.buf(4096, 5, a)
+	dst := v.buf(4096, 0, b)
+	connect(t, a, b)
+	connect(t, b, a)
+	op, err := a.PostWrite("b", []transfer.WriteOp{{Src: src.Desc(), Dst: dst.Desc()}})
+	mustDone(t, op, err)
+	if err := b.ForgetPeer("a"); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(100 * time.Millisecond)
+	if got := lost.get(); len(got) != 0 {
+		t.Fatalf("ForgetPeer's own cut reported as a loss: %v", got)
+	}
+}
