@@ -204,6 +204,9 @@ func openRouter(zctx *zmq4.Context, bindEP string, ipv6 bool, rcvHWM int) (*zmq4
 	if err := router.SetRouterHandover(true); err != nil {
 		return fail("set router_handover", err)
 	}
+	if err := setHeartbeat(router); err != nil {
+		return fail("set heartbeat", err)
+	}
 	if ipv6 {
 		if err := router.SetIpv6(true); err != nil {
 			return fail("set ipv6", err)
@@ -288,6 +291,26 @@ func (c *Channel) AddPeer(peer, endpoint string) error {
 	return nil
 }
 
+// Heartbeats (ZMTP PING/PONG) on every connection: a peer silent for
+// heartbeatTimeout (a host gone, a half-open connection that TCP itself
+// would keep for hours) has its connection dropped, so the DEALER
+// reconnects and queued messages are not stuck behind a dead peer. TTL
+// tells the other side to time out the same way.
+const (
+	heartbeatIvl     = time.Second
+	heartbeatTimeout = 3 * time.Second
+)
+
+func setHeartbeat(s *zmq4.Socket) error {
+	if err := s.SetHeartbeatIvl(heartbeatIvl); err != nil {
+		return err
+	}
+	if err := s.SetHeartbeatTimeout(heartbeatTimeout); err != nil {
+		return err
+	}
+	return s.SetHeartbeatTtl(heartbeatTimeout)
+}
+
 // openDealer creates a DEALER with our identity and connects it. Connecting
 // is asynchronous: messages queue (up to SendHWM) until the peer answers.
 func (c *Channel) openDealer(endpoint string) (*zmq4.Socket, error) {
@@ -304,6 +327,7 @@ func (c *Channel) openDealer(endpoint string) (*zmq4.Socket, error) {
 		{"set sndhwm", func() error { return sock.SetSndhwm(c.sendHWM) }},
 		// Harmless for IPv4, required to reach IPv6 peers.
 		{"set ipv6", func() error { return sock.SetIpv6(true) }},
+		{"set heartbeat", func() error { return setHeartbeat(sock) }},
 	}
 	for _, s := range steps {
 		if err := s.do(); err != nil {
