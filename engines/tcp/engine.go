@@ -190,7 +190,21 @@ func (e *Engine) LoadPeer(md []byte) (string, error) {
 	if old != nil {
 		old.shutdown(fmt.Errorf("tcp: peer %q moved from %s to %s: %w", m.name, old.addr, m.addr, transfer.ErrPeerLost))
 	}
+	e.warm(m.name)
 	return m.name, nil
+}
+
+// warm opens the first connection to a loaded peer now rather than at the
+// first write: the peer then learns at once, from that connection ending,
+// when this process dies (SetPeerLost), even if it never wrote. A dial that
+// fails fails nothing; the first write dials again.
+func (e *Engine) warm(name string) {
+	e.mu.Lock()
+	p := e.peers[name]
+	e.mu.Unlock()
+	if p != nil && len(p.slots) > 0 {
+		p.slots[0].push(nil)
+	}
 }
 
 // addPeer records m, which a caller loaded, and admits the peer again if

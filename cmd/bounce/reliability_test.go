@@ -1,0 +1,348 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	goruntime "runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/bouncekv/bounce/config"
+	"github.com/bouncekv/bounce/mem"
+	"github.com/bouncekv/bounce/node"
+	"github.com/bouncekv/bounce/pipeline"
+	"github.com/bouncekv/bounce/transfer"
+	"github.com/bouncekv/bounce/workload"
+)
+
+// liveReceiver is an in-process receiver with the default configuration (but
+// a loopback bind) that publishes its descriptor for `bounce send --peer`.
+type liveReceiver struct {
+	n    *node.Node
+	buf  *mem.Buffer
+	desc string
+}
+
+func newReceiver(t *testing.T, bufSize uint64) *liveReceiver {
+	t.Helper()
+	cfg := config.Default()
+	cfg.Agent.Name = "recv"
+	cfg.ControlPlane.BindAddress = "127.0.0.1"
+	n, err := node.Build(cfg, node.Builtin(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	buf, err := mem.Alloc(bufSize)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := n.Agent.RegisterMemory(buf.Desc()); err != nil {
+		t.Fatal(err)
+	}
+	blob, err := n.Agent.Descriptor()
+	if err != nil {
+		t.Fatal(err)
+	}
+	on, _ := n.Agent.BounceEnabled()
+	line, _ := json.Marshal(hello{Name: n.Agent.Name(), Descriptor: base64.StdEncoding.EncodeToString(blob), BufferAddr: buf.Desc().Addr, BufferLen: buf.Desc().Len, Bounce: on})
+	r := &liveReceiver{n: n, buf: buf, desc: filepath.Join(t.TempDir(), "recv.json")}
+	if err := os.WriteFile(r.desc, append(line, '\n'), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		n.Close(ctx)
+		buf.Free()
+	})
+	return r
+}
+
+// send runs one `bounce send` process to r and fails the test unless it
+// exits 0.
+func (r *liveReceiver) send(t *testing.T, name string, args ...string) {
+	t.Helper()
+	out, errOut, code := bounce(t, append([]string{"send", "--peer", r.desc, "--agent.name", name, "--control-plane.bind-address", "127.0.0.1",
+		"--bounce.arena-size", "32MiB"}, args...)...)
+	if code != 0 {
+		t.Fatalf("send %s: exit %d\n%s\n%s", name, code, out, errOut)
+	}
+}
+
+func quantiles(ds []time.Duration) string {
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	return fmt.Sprintf("min %v median %v max %v (n=%d)", s[0].Round(time.Millisecond), s[len(s)/2].Round(time.Millisecond), s[len(s)-1].Round(time.Millisecond), len(s))
+}
+
+// TestKillSenderMidTransfer: a sender process killed with kill -9 while
+// it moves 8 concurrent requests. The receiver (default configuration:
+// flows would expire only after 4 × 30 s) reclaims every flow of the dead
+// sender within 5 s, and the next sender process is served at once.
+func TestKillSenderMidTransfer(t *testing.T) {
+	if testing.Short() {
+		t.Skip("real processes")
+	}
+	r := newReceiver(t, 512<<20)
+	work := []string{"--workload", "llama70b-tp8-b16", "--count", "16384", "--requests", "8"}
+	var reclaim []time.Duration
+	for round := 0; round < *killRounds; round++ {
+		name := fmt.Sprintf("victim-%d", round)
+		cmd := exec.Command(cliBinary(t), append([]string{"send", "--peer", r.desc, "--agent.name", name, "--control-plane.bind-address", "127.0.0.1",
+			"--bounce.arena-size", "64MiB"}, work...)...)
+		var serr syncBuffer
+		cmd.Stderr = &serr
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		deadline := time.Now().Add(30 * time.Second)
+		for r.n.Agent.ArenaStats().HeldBytes == 0 {
+			if time.Now().After(deadline) {
+				cmd.Process.Kill()
+				t.Fatalf("round %d: the sender never got a grant\n%s", round, serr.String())
+			}
+			time.Sleep(time.Millisecond)
+		}
+		time.Sleep(time.Duration(20+round*30) * time.Millisecond) // mid-transfer
+		killed := time.Now()
+		cmd.Process.Signal(syscall.SIGKILL)
+		cmd.Wait()
+		for {
+			st := r.n.Agent.ArenaStats()
+			if st.HeldBytes == 0 && st.Flows == 0 {
+				break
+			}
+			if time.Since(killed) > 5*time.Second {
+				t.Fatalf("round %d: 5 s after kill -9 the receiver still holds the sender's flows: %+v", round, st)
+			}
+			time.Sleep(time.Millisecond)
+		}
+		reclaim = append(reclaim, time.Since(killed))
+		// The next sender is unaffected.
+		r.send(t, fmt.Sprintf("next-%d", round), "--workload", "llama70b-tp8-b16", "--count", "4096", "--requests", "8")
+	}
+	if err := r.n.Agent.CheckConservation(); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("kill -9 of the sender: flows reclaimed %s; quarantined now %d B", quantiles(reclaim), r.n.Agent.Stats().QuarantinedBytes)
+}
+
+// TestKillReceiverMidTransfer: the receiver process is killed with kill
+// -9 while an in-process sender moves 8 concurrent requests to it. Every
+// request resolves (failed, its buffers provably untouched) within 3 s,
+// and the sender's tables and arena are whole again.
+func TestKillReceiverMidTransfer(t *testing.T) {
+	if testing.Short() {
+		t.Skip("real processes")
+	}
+	cfg := config.Default()
+	cfg.Agent.Name = "sender"
+	cfg.ControlPlane.BindAddress = "127.0.0.1"
+	cfg.Bounce.ArenaSize = 64 * config.MiB
+	n, err := node.Build(cfg, node.Builtin(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Close(context.Background())
+	spec := workload.Spec{DescSize: 4096, Count: 16384, Fragmented: true, Seed: 3}
+	const reqs = 8
+	src, err := mem.Alloc(reqs * spec.Bytes())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Free()
+	if err := n.Agent.RegisterMemory(src.Desc()); err != nil {
+		t.Fatal(err)
+	}
+	listen := "127.0.0.1:" + strconv.Itoa(freePort(t))
+	var recvErr syncBuffer
+	start := func() (*exec.Cmd, hello) {
+		recv := exec.Command(cliBinary(t), "serve", "--stdin-control", "--agent.name", "victim", "--buffer-size", "512MiB",
+			"--engine.listen", listen, "--control-plane.bind-address", "127.0.0.1")
+		stdout, _ := recv.StdoutPipe()
+		recv.Stderr = &recvErr
+		if _, err := recv.StdinPipe(); err != nil {
+			t.Fatal(err)
+		}
+		if err := recv.Start(); err != nil {
+			t.Fatal(err)
+		}
+		line, err := bufio.NewReader(stdout).ReadBytes('\n')
+		if err != nil {
+			t.Fatal(err)
+		}
+		var h hello
+		if err := json.Unmarshal(line, &h); err != nil {
+			t.Fatal(err)
+		}
+		blob, _ := base64.StdEncoding.DecodeString(h.Descriptor)
+		if _, err := n.Agent.LoadPeer(blob); err != nil {
+			t.Fatal(err)
+		}
+		return recv, h
+	}
+	submit := func(h hello) []*pipeline.Batch {
+		var bs []*pipeline.Batch
+		for i := 0; i < reqs; i++ {
+			s := spec
+			s.Seed += uint64(i)
+			sb, db := src.Desc(), transfer.Desc{Addr: h.BufferAddr, Len: h.BufferLen}
+			sb.Addr += uint64(i) * spec.Bytes()
+			db.Addr += uint64(i) * spec.Bytes()
+			sd, dd := s.Descs(sb, db)
+			b, err := n.Agent.Submit(pipeline.Request{Peer: h.Name, Src: sd, Dst: dd, Route: pipeline.RouteBounce})
+			if err != nil {
+				t.Fatal(err)
+			}
+			bs = append(bs, b)
+		}
+		return bs
+	}
+	var resolve []time.Duration
+	for round := 0; round < *killRounds; round++ {
+		recv, h := start()
+		bs := submit(h)
+		time.Sleep(time.Duration(10+20*round) * time.Millisecond) // mid-transfer
+		killed := time.Now()
+		recv.Process.Signal(syscall.SIGKILL)
+		for i, b := range bs {
+			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second-time.Since(killed))
+			err := b.Wait(ctx)
+			cancel()
+			if ctx.Err() != nil && err != nil && b.Status() == transfer.Pending {
+				recv.Wait()
+				t.Fatalf("round %d: request %d unresolved 3 s after kill -9 of the receiver", round, i)
+			}
+			if retired, quiescent := b.Retirement(); !retired || !quiescent {
+				t.Fatalf("round %d: request %d retirement (%v, %v)", round, i, retired, quiescent)
+			}
+			resolve = append(resolve, time.Since(killed))
+			if err := b.Release(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		recv.Wait()
+		if *forgetBetween {
+			if err := n.Agent.ForgetPeer(h.Name); err != nil {
+				t.Logf("forget: %v", err)
+			}
+		}
+	}
+	// A receiver restarted at the same engine address serves the sender
+	// again. Off by default: it fails today (the restarted receiver refuses
+	// the sender's writes into regions it granted, "memory not
+	// registered", and the sender process then faults); see
+	// docs/RELIABILITY.md.
+	if *killRestart {
+		recv, h := start()
+		defer recv.Process.Kill()
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		defer cancel()
+		for i, b := range submit(h) {
+			if err := b.Wait(ctx); err != nil {
+				t.Fatalf("request %d to the restarted receiver: %v\nreceiver stderr:\n%s", i, err, recvErr.String())
+			}
+		}
+	}
+	if err := n.Agent.CheckConservation(); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("kill -9 of the receiver: requests resolved %s", quantiles(resolve))
+}
+
+var forgetBetween = flag.Bool("kill.forget", true, "the sender forgets the killed receiver before it loads the restarted one")
+
+var killRestart = flag.Bool("kill.restart", false, "TestKillReceiverMidTransfer also restarts the receiver at the same address (fails today)")
+
+var killRounds = flag.Int("kill.rounds", 3, "kill -9 rounds of each kill test")
+
+func freePort(t *testing.T) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// rss returns this process's resident set in bytes.
+func rss() uint64 {
+	b, err := os.ReadFile("/proc/self/statm")
+	if err != nil {
+		return 0
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 2 {
+		return 0
+	}
+	pages, _ := strconv.ParseUint(f[1], 10, 64)
+	return pages * uint64(os.Getpagesize())
+}
+
+// TestSoakSenderProcesses runs many short-lived sender processes in
+// sequence against one receiver (BOUNCE_SOAK_SENDERS, default 40; make
+// soak runs 10,000), then checks the receiver's tables and the process's
+// fds and goroutines came back to where they were (within +16), with no
+// flows, control peers or requests left.
+func TestSoakSenderProcesses(t *testing.T) {
+	if testing.Short() {
+		t.Skip("real processes")
+	}
+	senders := 40
+	if v := os.Getenv("BOUNCE_SOAK_SENDERS"); v != "" {
+		var err error
+		if senders, err = strconv.Atoi(v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r := newReceiver(t, 64<<20)
+	work := []string{"--workload", "gptoss120b-tp8-b16", "--count", "2048", "--requests", "4"}
+	r.send(t, "warm", work...) // first-use allocations are not growth
+	time.Sleep(100 * time.Millisecond)
+	goruntime.GC()
+	before, rssBefore := r.n.Agent.Stats(), rss()
+	start := time.Now()
+	for i := 0; i < senders; i++ {
+		r.send(t, fmt.Sprintf("s%d", i), work...)
+	}
+	elapsed := time.Since(start)
+	// Let the receiver notice the last sender went away.
+	var after pipeline.Stats
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		goruntime.GC()
+		after = r.n.Agent.Stats()
+		settled := after.ControlPeers == 0 && after.Flows == 0 && after.Requests == 0 &&
+			after.OpenFDs <= before.OpenFDs+16 && after.Goroutines <= before.Goroutines+16
+		if settled || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	rssAfter := rss()
+	t.Logf("soak: %d sender processes in %v; receiver fds %d → %d, goroutines %d → %d, RSS %d MiB → %d MiB, control peers %d, flows %d, lost-peer reports %d, quarantined %d B",
+		senders, elapsed.Round(time.Millisecond), before.OpenFDs, after.OpenFDs, before.Goroutines, after.Goroutines, rssBefore>>20, rssAfter>>20,
+		after.ControlPeers, after.Flows, after.LostPeers-before.LostPeers, after.QuarantinedBytes)
+	if after.OpenFDs > before.OpenFDs+16 || after.Goroutines > before.Goroutines+16 {
+		t.Fatalf("growth after %d senders: fds %d → %d, goroutines %d → %d", senders, before.OpenFDs, after.OpenFDs, before.Goroutines, after.Goroutines)
+	}
+	if after.ControlPeers != 0 || after.Flows != 0 || after.Requests != 0 {
+		t.Fatalf("tables not empty after the senders left: control peers %d, flows %d, requests %d", after.ControlPeers, after.Flows, after.Requests)
+	}
+	if after.Succeeded != before.Succeeded || after.Failed != before.Failed {
+		t.Logf("receiver-side request counters moved: %+v", after)
+	}
+}
