@@ -62,5 +62,11 @@ SEED_FIRST ?= 1
 sim:
 	$(GO) test -count=1 -timeout 0 -run '^TestSim$$' ./pipeline -sim.seeds=$(SEEDS) -sim.first=$(SEED_FIRST) -v | grep -E '^(---|ok|FAIL)|sim:|VIOLATION|replay'
 
+## soak: SOAK_SENDERS short-lived sender processes against one receiver, then
+## the fd/goroutine/table check; also the kill -9 and fairness tests
+SOAK_SENDERS ?= 10000
+soak:
+	BOUNCE_SOAK_SENDERS=$(SOAK_SENDERS) $(GO) test -count=1 -timeout 0 -run '^(TestSoakSenderProcesses|TestKillSenderMidTransfer|TestKillReceiverMidTransfer|TestFairnessEightSenders)$$' ./cmd/bounce -v -kill.rounds=10 | grep -E '^(---|ok|FAIL)|soak:|kill -9|fairness:'
+
 clean:
 	rm -rf bin out

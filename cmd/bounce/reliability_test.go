@@ -346,3 +346,84 @@ func TestSoakSenderProcesses(t *testing.T) {
 		t.Logf("receiver-side request counters moved: %+v", after)
 	}
 }
+
+// parseRate reads FormatRate's output ("1.23 GB/s", "45.6 MB/s", "7 B/s").
+func parseRate(s string) (float64, error) {
+	f := strings.Fields(s)
+	if len(f) != 2 {
+		return 0, fmt.Errorf("rate %q", s)
+	}
+	v, err := strconv.ParseFloat(f[0], 64)
+	if err != nil {
+		return 0, err
+	}
+	switch f[1] {
+	case "GB/s":
+		return v * 1e9, nil
+	case "MB/s":
+		return v * 1e6, nil
+	case "B/s":
+		return v, nil
+	}
+	return 0, fmt.Errorf("rate %q: unit", s)
+}
+
+// TestFairnessEightSenders: 8 sender processes with 128 concurrent
+// requests each (1,024 in all) share one receiver (default
+// configuration). Each moves the same bytes; the ratio of the fastest
+// sender's throughput to the slowest one's is the fairness figure (goal
+// ≤ 1.3). Every request must succeed.
+func TestFairnessEightSenders(t *testing.T) {
+	if testing.Short() {
+		t.Skip("real processes")
+	}
+	r := newReceiver(t, 256<<20)
+	const senders = 8
+	type out struct {
+		stdout, stderr string
+		err            error
+	}
+	res := make(chan out, senders)
+	for i := 0; i < senders; i++ {
+		cmd := exec.Command(cliBinary(t), "send", "--peer", r.desc, "--agent.name", fmt.Sprintf("fair-%d", i), "--control-plane.bind-address", "127.0.0.1",
+			"--bounce.arena-size", "64MiB", "--workload", "gptoss120b-tp8-b16", "--count", "512", "--requests", "128", "--route", "bounce")
+		var so, se strings.Builder
+		cmd.Stdout, cmd.Stderr = &so, &se
+		go func() {
+			err := cmd.Run()
+			res <- out{so.String(), se.String(), err}
+		}()
+	}
+	var rates []float64
+	for i := 0; i < senders; i++ {
+		o := <-res
+		if o.err != nil {
+			t.Fatalf("sender: %v\n%s\n%s", o.err, o.stdout, o.stderr)
+		}
+		var rate float64
+		for _, line := range strings.Split(o.stdout, "\n") {
+			f := strings.Split(line, "  ")
+			var cols []string
+			for _, c := range f {
+				if c = strings.TrimSpace(c); c != "" {
+					cols = append(cols, c)
+				}
+			}
+			if len(cols) >= 6 && cols[0] == "bounce" {
+				var err error
+				if rate, err = parseRate(cols[5]); err != nil {
+					t.Fatalf("%v in %q", err, line)
+				}
+			}
+		}
+		if rate == 0 {
+			t.Fatalf("no bounce throughput in:\n%s", o.stdout)
+		}
+		rates = append(rates, rate)
+	}
+	lo, hi := slices.Min(rates), slices.Max(rates)
+	t.Logf("fairness: 8 senders × 128 requests; per-sender throughput min %.1f MB/s max %.1f MB/s; max/min %.2f", lo/1e6, hi/1e6, hi/lo)
+	if st := r.n.Agent.Stats(); st.Flows != 0 && st.Requests != 0 {
+		t.Logf("receiver after: %+v", st)
+	}
+}
