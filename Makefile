@@ -66,7 +66,7 @@ sim:
 ## the fd/goroutine/table check; also the kill -9 and fairness tests
 SOAK_SENDERS ?= 10000
 soak:
-	BOUNCE_SOAK_SENDERS=$(SOAK_SENDERS) $(GO) test -count=1 -timeout 0 -run '^(TestSoakSenderProcesses|TestKillSenderMidTransfer|TestKillReceiverMidTransfer|TestFairnessEightSenders)$$' ./cmd/bounce -v -kill.rounds=10 | grep -E '^(---|ok|FAIL)|soak:|kill -9|fairness:'
+	SOAK_SENDERS=$(SOAK_SENDERS) $(GO) test -count=1 -timeout 0 -run '^(TestSoakSenderProcesses|TestKillSenderMidTransfer|TestKillReceiverMidTransfer|TestFairnessEightSenders)$$' ./cmd/bounce -v -kill.rounds=10 | grep -E '^(---|ok|FAIL)|soak:|kill -9|fairness:'
 
 clean:
 	rm -rf bin out

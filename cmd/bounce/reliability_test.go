@@ -293,7 +293,7 @@ func rss() uint64 {
 }
 
 // TestSoakSenderProcesses runs many short-lived sender processes in
-// sequence against one receiver (BOUNCE_SOAK_SENDERS, default 40; make
+// sequence against one receiver (SOAK_SENDERS, default 40; make
 // soak runs 10,000), then checks the receiver's tables and the process's
 // fds and goroutines came back to where they were (within +16), with no
 // flows, control peers or requests left.
@@ -302,7 +302,7 @@ func TestSoakSenderProcesses(t *testing.T) {
 		t.Skip("real processes")
 	}
 	senders := 40
-	if v := os.Getenv("BOUNCE_SOAK_SENDERS"); v != "" {
+	if v := os.Getenv("SOAK_SENDERS"); v != "" {
 		var err error
 		if senders, err = strconv.Atoi(v); err != nil {
 			t.Fatal(err)
