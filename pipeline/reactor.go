@@ -2,6 +2,7 @@ package pipeline
 
 import (
 	"errors"
+	"fmt"
 	"log/slog"
 	"runtime"
 	"sync"
@@ -337,16 +338,22 @@ func (r *reactor) forgetPeer(peer string, fenced bool) {
 	}
 }
 
-// peerGone reclaims the flows of a peer the engine reported lost (every
-// connection it opened here ended: a sender killed with kill -9 shows
-// within a round trip) instead of leaving them to expiry, and closes the
-// control path opened from its WANTs. Its regions are quarantined: the
-// closed connections prove their writes over, but the peer may dial
-// again, and only a fence (ForgetPeer) would refuse that. Requests this
-// agent sends to the peer are left alone: the outgoing path may be fine,
-// and a write that fails says so.
+// peerGone handles a peer the engine reported lost (the last connection
+// it dialed here ended, or the last one dialed to it broke: a process
+// killed with kill -9 shows within a round trip). As a receiver it
+// reclaims the peer's flows instead of leaving them to expiry and closes
+// the control path opened from its WANTs; the regions are quarantined:
+// the closed connections prove their writes over, but the peer may dial
+// again, and only a fence (ForgetPeer) would refuse that. As a sender it
+// fails the requests to the peer (ErrPeerLost), those waiting for a GRANT
+// or an ACK included, instead of leaving them to their timeout.
 func (r *reactor) peerGone(peer string) {
 	r.a.stats.lostPeers.Add(1)
+	for _, q := range r.reqs {
+		if q.peer == peer && q.err == nil {
+			r.fail(q, fmt.Errorf("pipeline: request %d: the engine lost every connection to %q: %w", q.id, peer, transfer.ErrPeerLost))
+		}
+	}
 	if r.sched != nil {
 		if offs := r.sched.QuarantinePeer(peer); len(offs) > 0 || r.hasFlows(peer) {
 			r.log.Warn("flows reclaimed: the engine lost every connection of their sender", "peer", peer, "regions", len(offs))

@@ -268,7 +268,8 @@ func (e *Engine) ForgetPeer(name string) error {
 
 // SetPeerLost registers fn, called with a peer's name when the last
 // connection that peer dialed to this engine ended without ForgetPeer
-// (closed, reset, or timed out) (transfer.PeerLossReporter).
+// (closed, reset, or timed out), or when the last connection this engine
+// dialed to the peer broke by itself (transfer.PeerLossReporter).
 func (e *Engine) SetPeerLost(fn func(peer string)) {
 	e.mu.Lock()
 	e.onLost = fn

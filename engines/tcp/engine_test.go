@@ -135,6 +135,13 @@ func TestSenderRejectsBeforeSending(t *testing.T) {
 		t.Fatal(err)
 	}
 	connect(t, a, b)
+	// LoadPeer opens one connection (warm); rejected posts add nothing.
+	incoming := func() int {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		return len(b.incoming)
+	}
+	eventually(t, "a's warm connection reaches b", func() bool { return incoming() == 1 })
 	ok := transfer.WriteOp{Src: sub(src, 0, 100), Dst: dst}
 	ok.Dst.Len = 100
 	cases := []struct {
@@ -164,12 +171,9 @@ func TestSenderRejectsBeforeSending(t *testing.T) {
 	if !bytes.Equal(big.Bytes(), make([]byte, len(big.Bytes()))) {
 		t.Fatal("rejected writes changed the destination")
 	}
-	// Nothing was sent: a never dialed b, so b has no incoming connection.
-	b.mu.Lock()
-	n := len(b.incoming)
-	b.mu.Unlock()
-	if n != 0 {
-		t.Fatalf("b has %d incoming connections after rejected posts", n)
+	// Nothing was sent: no connection beyond the warm one.
+	if n := incoming(); n != 1 {
+		t.Fatalf("b has %d incoming connections after rejected posts, want the warm one", n)
 	}
 	if n := a.reg.Pinned(); n != 0 {
 		t.Fatalf("rejected posts left %d pins", n)

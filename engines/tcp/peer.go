@@ -206,6 +206,7 @@ type session struct {
 	inflight     map[uint64]*part // taken from the queue, not yet resolved
 	writing      bool
 	lastProgress time.Time
+	broke        bool // ended by its connection failing, not by a stop
 }
 
 // stopLocked ends the session with cause (the first cause wins). The
@@ -231,6 +232,18 @@ func abort(c net.Conn) {
 	c.Close()
 }
 
+// breakOff ends the session because its connection failed (read or write
+// error, EOF), as opposed to a stop from this side; run reports the peer
+// lost then if no other connection to it is left.
+func (ss *session) breakOff(cause error) {
+	ss.s.mu.Lock()
+	if !ss.stopped {
+		ss.broke = true
+	}
+	ss.stopLocked(cause)
+	ss.s.mu.Unlock()
+}
+
 func (ss *session) stop(cause error) {
 	ss.s.mu.Lock()
 	ss.stopLocked(cause)
@@ -245,6 +258,9 @@ func (ss *session) run() {
 	err := ss.loop()
 	s := ss.s
 	s.mu.Lock()
+	// A connection that was up and ended by itself (reset, EOF: the peer
+	// process died) rather than by a stop from this side.
+	broke := ss.broke && ss.conn != nil
 	if err != nil {
 		ss.stopLocked(ss.lost(err))
 	} else {
@@ -274,6 +290,23 @@ func (ss *session) run() {
 	if len(failed) > 0 {
 		s.p.e.log.Debug("tcp connection ended", "peer", s.p.name, "conn", s.idx, "failed_parts", len(failed), "cause", cause)
 	}
+	if broke && !s.p.gone.Load() && !s.p.connected() {
+		s.p.e.peerLost(s.p.name)
+	}
+}
+
+// connected reports whether any of the peer's outgoing connections has a
+// session.
+func (p *peer) connected() bool {
+	for _, s := range p.slots {
+		s.mu.Lock()
+		live := s.sess != nil
+		s.mu.Unlock()
+		if live {
+			return true
+		}
+	}
+	return false
 }
 
 // loop runs the connection; it returns when the connection is done. On
@@ -303,12 +336,12 @@ func (ss *session) loop() (err error) {
 	go func() {
 		defer close(readerDone)
 		if err := ss.readLoop(conn); err != nil {
-			ss.stop(ss.lost(err))
+			ss.breakOff(ss.lost(err))
 		}
 	}()
 	defer func() {
 		if err != nil {
-			ss.stop(ss.lost(err)) // name the cause before the reader sees the close
+			ss.breakOff(ss.lost(err)) // name the cause before the reader sees the close
 		}
 		conn.Close()
 		<-readerDone

@@ -73,3 +73,23 @@ func TestPeerLostNotOnForget(t *testing.T) {
 		t.Fatalf("ForgetPeer's own cut reported as a loss: %v", got)
 	}
 }
+
+// TestPeerLostWhenOutgoingBreaks: A dialed B (at LoadPeer, before any
+// write) and B dies: A reports B lost once its connection broke, without
+// having written anything.
+func TestPeerLostWhenOutgoingBreaks(t *testing.T) {
+	v := newEnv(t)
+	a, b := v.engine("a"), v.engine("b")
+	var lost lostRecorder
+	a.SetPeerLost(lost.add)
+	connect(t, a, b)
+	eventually(t, "A's first connection to B is up", func() bool { return a.peers["b"] != nil && a.peers["b"].connected() })
+	time.Sleep(20 * time.Millisecond) // HELLO through
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "A reports B lost", func() bool { return len(lost.get()) > 0 })
+	if got := lost.get(); got[0] != "b" {
+		t.Fatalf("reports %v, want [b]", got)
+	}
+}

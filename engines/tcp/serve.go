@@ -91,14 +91,15 @@ func (e *Engine) acceptLoop() {
 // lost when it was the peer's last one (and not cut by ForgetPeer, nor the
 // engine closing): every write the peer sent on it has landed or never
 // will, and a process killed with kill -9 shows here within a round trip.
+// An outgoing connection that breaks by itself, the peer's last, is
+// reported too (session.run).
 func (e *Engine) connEnded(ic *inConn) {
 	name := ic.name.Load()
 	if name == nil || ic.cut.Load() {
 		return
 	}
 	e.mu.Lock()
-	fn := e.onLost
-	last := !e.closed
+	last := true
 	for o := range e.incoming {
 		if n := o.name.Load(); n != nil && *n == *name {
 			last = false
@@ -106,8 +107,21 @@ func (e *Engine) connEnded(ic *inConn) {
 		}
 	}
 	e.mu.Unlock()
-	if last && fn != nil {
-		fn(*name)
+	if last {
+		e.peerLost(*name)
+	}
+}
+
+// peerLost calls the SetPeerLost callback unless the engine is closed.
+func (e *Engine) peerLost(name string) {
+	e.mu.Lock()
+	fn := e.onLost
+	if e.closed {
+		fn = nil
+	}
+	e.mu.Unlock()
+	if fn != nil {
+		fn(name)
 	}
 }
 
