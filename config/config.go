@@ -384,8 +384,11 @@ func (a *AgentConfig) validate() []*KeyError {
 // agent maps and faults in at start) fits in budget with mem.Reserve to
 // spare, so that a too-large bounce.arena_size is an error naming the key
 // instead of an OOM kill. An unknown budget passes.
+// A device arena (bounce.arena_memory device, or auto with a stage other
+// than host, which may resolve to device) is not host memory and is not
+// checked here.
 func (b BounceConfig) CheckMemory(budget mem.Budget) error {
-	if !b.Enabled {
+	if !b.Enabled || b.ArenaMemory == "device" {
 		return nil
 	}
 	size := uint64(b.UsableCapacity())

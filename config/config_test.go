@@ -698,6 +698,11 @@ func TestCheckMemory(t *testing.T) {
 	if err := b.CheckMemory(mem.Budget{}); err != nil {
 		t.Fatalf("unknown budget: %v", err)
 	}
+	b.ArenaMemory = "device"
+	if err := b.CheckMemory(tight); err != nil {
+		t.Fatalf("a device arena is not host memory: %v", err)
+	}
+	b.ArenaMemory = "host"
 	b.Enabled = false
 	if err := b.CheckMemory(tight); err != nil {
 		t.Fatalf("bounce off maps no arena: %v", err)

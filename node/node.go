@@ -190,11 +190,15 @@ func BuildWith(cfg config.Config, f Factories, o Options) (*Node, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("node: %w", err)
 	}
+	// An auto arena with a CUDA stage may land in device memory, which is
+	// not the host's budget (CheckMemory skips a device arena itself).
+	hostArena := cfg.Bounce.ArenaMemory != "auto" || cfg.Stages.Gather == "host" && cfg.Stages.Scatter == "host"
 	if budget, err := mem.ReadBudget(os.DirFS("/")); err != nil {
 		logger.Warn("memory budget unknown; arena size not checked", "err", err)
-	} else if err := cfg.Bounce.CheckMemory(budget); err != nil {
+	} else if err := cfg.Bounce.CheckMemory(budget); hostArena && err != nil {
 		return nil, fmt.Errorf("node: %w", err)
 	}
+
 	n := &Node{Registry: &mem.Registry{}, Config: cfg, Telemetry: o.Telemetry}
 	if n.Telemetry == nil {
 		tel, err := telemetry.New(context.Background(), cfg.Telemetry, telemetry.Options{Instance: cfg.Agent.Name})
