@@ -192,7 +192,7 @@ func BuildWith(cfg config.Config, f Factories, o Options) (*Node, error) {
 	}
 	// An auto arena with a CUDA stage may land in device memory, which is
 	// not the host's budget (CheckMemory skips a device arena itself).
-	hostArena := cfg.Bounce.ArenaMemory != "auto" || cfg.Stages.Gather == "host" && cfg.Stages.Scatter == "host"
+	hostArena := cfg.Bounce.ArenaMemory != "auto" || cfg.Stages.Gather.Kind == "host" && cfg.Stages.Scatter.Kind == "host"
 	if budget, err := mem.ReadBudget(os.DirFS("/")); err != nil {
 		logger.Warn("memory budget unknown; arena size not checked", "err", err)
 	} else if err := cfg.Bounce.CheckMemory(budget); hostArena && err != nil {
