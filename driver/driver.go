@@ -187,7 +187,9 @@ func (d *Driver) Run(ctx context.Context, t Target, o Options) (Result, error) {
 			break
 		}
 		submitted := time.Now()
-		bt, err := d.agent.Submit(pipeline.Request{Peer: t.Peer, Src: reqs[i].src, Dst: reqs[i].dst, Route: o.Route})
+		// The tag names the request for the receiver's completion event.
+		tag := fmt.Appendf(nil, "req-%d", i)
+		bt, err := d.agent.Submit(pipeline.Request{Peer: t.Peer, Src: reqs[i].src, Dst: reqs[i].dst, Route: o.Route, Tag: tag})
 		if err != nil {
 			submitErr = fmt.Errorf("driver: submit request %d: %w", i, err)
 			break

@@ -150,6 +150,10 @@ type Options struct {
 	// Telemetry are the providers to use; nil means Build makes them from
 	// cfg.Telemetry (telemetry.New) and Close shuts them down.
 	Telemetry *telemetry.Providers
+	// Received, if set, receives the agent's receiver-side completion
+	// events (pipeline.Settings.Received: never blocked on; an event that
+	// finds it full is dropped and counted).
+	Received chan<- pipeline.Received
 }
 
 // Build is BuildWith with only a logger: the node's telemetry comes from
@@ -240,6 +244,7 @@ func BuildWith(cfg config.Config, f Factories, o Options) (*Node, error) {
 		MeterProvider:  s.MeterProvider,
 		Propagator:     s.Propagator,
 		Kinds:          kinds,
+		Received:       o.Received,
 	}, pc)
 	if err != nil {
 		return fail(fmt.Errorf("node: %w", err))

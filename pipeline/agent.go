@@ -1,6 +1,7 @@
 package pipeline
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"errors"
@@ -146,6 +147,12 @@ type Settings struct {
 	Propagator     propagation.TextMapPropagator
 	// Kinds names the components above for span attributes.
 	Kinds Kinds
+	// Received, if set, receives a completion event for every request a
+	// peer sent to this agent (see Received). The reactor never blocks on
+	// it: size its buffer for the bursts you expect; an event that finds it
+	// full is dropped and counted (Stats.DroppedEvents). Nil discards the
+	// events (they are still counted in Stats.Events).
+	Received chan<- Received
 }
 
 // Arena is the memory of a bounce arena: one range, freed by Close once
@@ -191,6 +198,9 @@ type peerInfo struct {
 	name   string
 	bounce bool
 	reason string // why not bounce
+	// ctrl is set when the control channel reaches the peer (always when
+	// bounce is): direct requests then tell it when they end (DONE).
+	ctrl bool
 	// forgotten is set by ForgetPeer before it removes the peer anywhere,
 	// so a request submitted to this incarnation of the peer that then
 	// meets an unknown peer knows it was lost (ErrPeerLost).
@@ -408,7 +418,13 @@ func (a *Agent) LoadPeer(blob []byte) (string, error) {
 		a.stats.incompatiblePeers.Add(1)
 		a.log.Warn("peer stays on the direct path", "peer", name, "reason", pi.reason)
 	} else {
-		pi.bounce = true
+		pi.bounce, pi.ctrl = true, true
+	}
+	if !pi.ctrl && a.set.Control != nil && d.Handshake != nil && d.HandshakeErr == nil &&
+		d.Handshake.ControlKind == a.set.Control.Kind() && d.Handshake.Endpoint != "" {
+		// Direct-only, but the control planes still speak to each other:
+		// the peer learns when a direct request to it ended.
+		pi.ctrl = a.set.Control.AddPeer(name, d.Handshake.Endpoint) == nil
 	}
 	a.peersMu.Lock()
 	a.peers[name] = pi
@@ -503,6 +519,9 @@ func (a *Agent) SubmitContext(ctx context.Context, req Request) (*Batch, error) 
 	if len(req.Src) != len(req.Dst) {
 		return nil, fmt.Errorf("pipeline: submit: %d sources but %d destinations", len(req.Src), len(req.Dst))
 	}
+	if len(req.Tag) > wire.MaxTag {
+		return nil, fmt.Errorf("pipeline: submit: tag is %d bytes; a tag holds at most %d", len(req.Tag), wire.MaxTag)
+	}
 	for i := range req.Src {
 		if req.Src[i].Len != req.Dst[i].Len {
 			return nil, fmt.Errorf("pipeline: submit: descriptor %d: source length %d != destination length %d", i, req.Src[i].Len, req.Dst[i].Len)
@@ -514,6 +533,7 @@ func (a *Agent) SubmitContext(ctx context.Context, req Request) (*Batch, error) 
 	if !ok {
 		return nil, fmt.Errorf("pipeline: submit to %q: %w (call LoadPeer first)", req.Peer, transfer.ErrUnknownPeer)
 	}
+	req.Tag = bytes.Clone(req.Tag) // the caller may reuse its slice
 	start := time.Now()
 	route, why, reason := a.route(req, pi)
 	if err := a.checkKinds(route, req); err != nil {
@@ -533,7 +553,7 @@ func (a *Agent) SubmitContext(ctx context.Context, req Request) (*Batch, error) 
 		a.obs.submitted(ctx, b, req.Peer, len(req.Src), reason)
 		a.obs.planned(b, p)
 		a.stats.bounceSubmits.Add(1)
-		a.post(func(r *reactor) { r.submitBounce(b, pi, p) })
+		a.post(func(r *reactor) { r.submitBounce(b, pi, p, req.Tag) })
 	default:
 		for _, d := range req.Src {
 			b.obs.bytes += d.Len

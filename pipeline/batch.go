@@ -47,6 +47,10 @@ type Request struct {
 	// OnComplete, if set, runs once on its own goroutine after the batch is
 	// terminal. Release waits for it to return.
 	OnComplete func(*Batch)
+	// Tag is the caller's opaque tag for the request (at most wire.MaxTag =
+	// 256 bytes; Submit refuses a longer one). It travels to the receiver,
+	// whose completion event (Received) carries it.
+	Tag []byte
 }
 
 // Batch is a submitted transfer. Its methods are safe for concurrent use.

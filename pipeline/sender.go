@@ -61,7 +61,7 @@ type chunkRef struct {
 	k int
 }
 
-func (r *reactor) submitBounce(b *Batch, pi *peerInfo, p *plan.Plan) {
+func (r *reactor) submitBounce(b *Batch, pi *peerInfo, p *plan.Plan, tag []byte) {
 	if r.shuttingDown {
 		r.publish(b, fmt.Errorf("pipeline: submit: %w", transfer.ErrClosed), true)
 		return
@@ -81,7 +81,7 @@ func (r *reactor) submitBounce(b *Batch, pi *peerInfo, p *plan.Plan) {
 		sizes[i] = c.Bytes
 	}
 	r.reqs[q.id] = q
-	want := &wire.Want{Request: q.id, ChunkBytes: sizes, Endpoint: r.a.set.Control.LocalEndpoint()}
+	want := &wire.Want{Request: q.id, ChunkBytes: sizes, Endpoint: r.a.set.Control.LocalEndpoint(), Tag: tag}
 	r.a.obs.inject(b.obs.ctx, &want.TraceParent)
 	if err := r.send(peer, want); err != nil {
 		q.noCancel = true // the flow never reached the peer

@@ -31,6 +31,9 @@ type Stats struct {
 	// WANTs sent (cancels included), grants sent and bytes moved through
 	// the bounce path.
 	Wants, Grants, BounceBytes uint64
+	// Receiver completion events produced (Received), and those dropped
+	// because the consumer's channel was full.
+	Events, DroppedEvents uint64
 }
 
 type counters struct {
@@ -45,6 +48,7 @@ type counters struct {
 	quarantines                                   atomic.Uint64
 	quarantinedRegions, quarantinedBytes          atomic.Uint64
 	wants, grants, bounceBytes                    atomic.Uint64
+	events, droppedEvents                         atomic.Uint64
 }
 
 // Stats returns a snapshot of the agent's counters.
@@ -60,5 +64,6 @@ func (a *Agent) Stats() Stats {
 		ScatterFailures: c.scatterFailures.Load(), ExpiredFlows: c.expiredFlows.Load(), CancelledScatters: c.cancelledScatters.Load(),
 		Quarantines: c.quarantines.Load(), QuarantinedRegions: c.quarantinedRegions.Load(), QuarantinedBytes: c.quarantinedBytes.Load(),
 		Wants: c.wants.Load(), Grants: c.grants.Load(), BounceBytes: c.bounceBytes.Load(),
+		Events: c.events.Load(), DroppedEvents: c.droppedEvents.Load(),
 	}
 }

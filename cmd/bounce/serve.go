@@ -17,6 +17,7 @@ import (
 	"github.com/bouncekv/bounce/config"
 	"github.com/bouncekv/bounce/mem"
 	"github.com/bouncekv/bounce/node"
+	"github.com/bouncekv/bounce/pipeline"
 	"github.com/bouncekv/bounce/transfer"
 	"github.com/bouncekv/bounce/workload"
 )
@@ -97,7 +98,21 @@ With --stdin-control it reads JSON commands from stdin instead (used by
 				return usage(fmt.Errorf("--buffer-size %q: a positive byte size like 512MiB", bufSize))
 			}
 			log := logger(cmd)
-			n, err := node.Build(l.Config, fs(), log)
+			opts := node.Options{Logger: log}
+			if !stdinControl {
+				// Each request a sender finishes (or fails) here is one
+				// line on stderr; under --stdin-control the parent reads
+				// the counts from stats instead.
+				events := make(chan pipeline.Received, 1024)
+				printed := make(chan struct{})
+				go func() {
+					defer close(printed)
+					printEvents(cmd.ErrOrStderr(), events)
+				}()
+				defer func() { close(events); <-printed }() // after n.Close: no sender left
+				opts.Received = events
+			}
+			n, err := node.BuildWith(l.Config, fs(), opts)
 			if err != nil {
 				return usage(err)
 			}
@@ -246,5 +261,18 @@ func awaitExpected(cmd *cobra.Command, buf *mem.Buffer, wf workloadFlags, wait t
 		case <-deadline:
 			return failed(fmt.Errorf("expected workload not complete after %v: %s", wait, rep.Error))
 		}
+	}
+}
+
+// printEvents writes one line per receiver completion event until events is
+// closed: "received" with the peer, request, tag, bytes and route, or
+// "receive failed" with the error as well.
+func printEvents(w io.Writer, events <-chan pipeline.Received) {
+	for ev := range events {
+		if ev.Err != nil {
+			fmt.Fprintf(w, "receive failed: peer=%s request=%d tag=%q bytes=%d route=%s err=%q\n", ev.Peer, ev.Request, ev.Tag, ev.Bytes, ev.Route, ev.Err)
+			continue
+		}
+		fmt.Fprintf(w, "received: peer=%s request=%d tag=%q bytes=%d route=%s\n", ev.Peer, ev.Request, ev.Tag, ev.Bytes, ev.Route)
 	}
 }

@@ -121,6 +121,12 @@ func TestTwoHosts(t *testing.T) {
 			if serveErr != nil || !strings.Contains(sout.String(), "verified: 2 request(s)") {
 				t.Fatalf("receiver on host B: %v\nstdout:\n%s\nstderr:\n%s", serveErr, sout.String(), serr.String())
 			}
+			// The receiver was told of each request, by its tag.
+			for _, tag := range []string{"req-0", "req-1"} {
+				if !strings.Contains(serr.String(), "received: peer=host-a request=") || !strings.Contains(serr.String(), `tag="`+tag+`" bytes=33554432 route=bounce`) {
+					t.Fatalf("receiver printed no completion event for %s:\n%s", tag, serr.String())
+				}
+			}
 		})
 	}
 }
