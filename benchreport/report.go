@@ -137,6 +137,9 @@ type Cell struct {
 	Took string `json:"took"`
 	// Reason is why the agent chose Took.
 	Reason string `json:"reason,omitempty"`
+	// Fallbacks counts the requests that went direct although the cell
+	// did not ask for direct (handshake, gates, bounce off).
+	Fallbacks int `json:"fallbacks,omitempty"`
 	// Iteration counts from 0; Order is the cell's place within it.
 	Iteration int `json:"iteration"`
 	Order     int `json:"order"`

@@ -126,8 +126,8 @@ type BounceConfig struct {
 	// overlap sooner — about 10%
 	// lower latency for one 16 MiB request, but a wider tail under sustained
 	// load (docs/BENCHMARKS.md). bounce.min_chunk, default 0 (off: every
-	// chunk MaxChunk; so is MaxChunk or more). Only the sender uses it;
-	// peers need not agree.
+	// chunk MaxChunk); more than MaxChunk is an error. Only the sender uses
+	// it; peers need not agree.
 	MinChunk Size
 	// MaxInflight is W, the regions one request may hold at once
 	// (bounce.max_inflight, default 8, 1..1024).
@@ -176,6 +176,12 @@ type BounceConfig struct {
 	// DisableMerging sends one run per descriptor; debugging only
 	// (bounce.disable_merging, default false).
 	DisableMerging bool
+	// Route is the route of requests that do not choose one (bounce.route,
+	// default auto): auto (bounce when eligible, else direct, each fallback
+	// warned once per peer and counted), bounce (required: a request that
+	// cannot take it fails with the reason, and a bounce path that cannot
+	// be built fails the node) or direct.
+	Route string
 }
 
 // UsableCapacity is the largest block the arena's buddy allocator can hand
@@ -291,6 +297,7 @@ func Default() Config {
 			EagerGather:      true,
 			ZeroCopyArgs:     false,
 			ArenaMemory:      "auto",
+			Route:            "auto",
 		},
 		Engine: EngineConfig{Kind: "tcp", Listen: "127.0.0.1:0", Connections: 4},
 		ControlPlane: ControlPlaneConfig{
@@ -400,9 +407,13 @@ func (b *BounceConfig) validate() []*KeyError {
 	intRange("bounce.max_inflight", b.MaxInflight, 1, 1024)
 	intRange("bounce.copy_contexts", b.CopyContexts, 1, 1024)
 	intRange("bounce.copy_workers", b.CopyWorkers, 0, 256)
-	if b.MinChunk != 0 && b.MinChunk < MinMinChunk {
+	switch {
+	case b.MinChunk != 0 && b.MinChunk < MinMinChunk:
 		add(outOfRange("bounce.min_chunk", b.MinChunk, "must be 0 (off) or at least %v", Size(MinMinChunk)))
+	case b.MaxChunk != 0 && b.MinChunk > b.MaxChunk:
+		add(outOfRange("bounce.min_chunk", b.MinChunk, "must not exceed bounce.max_chunk %v", b.MaxChunk))
 	}
+	add(oneOf("bounce.route", b.Route, "auto", "bounce", "direct"))
 	intRange("bounce.scatter_workers", b.ScatterWorkers, 1, 1024)
 	if b.MinDescriptors < 0 {
 		add(outOfRange("bounce.min_descriptors", b.MinDescriptors, "must not be negative"))

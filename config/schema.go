@@ -44,6 +44,7 @@ func fields() []field {
 		{"bounce.zero_copy_args", "GPU stages read their plan from pinned host memory (false: staged to the device)", func(c *Config) any { return &c.Bounce.ZeroCopyArgs }},
 		{"bounce.arena_memory", "arena memory: auto, device, pinned-host or host", func(c *Config) any { return &c.Bounce.ArenaMemory }},
 		{"bounce.disable_merging", "one scatter run per descriptor (debugging only)", func(c *Config) any { return &c.Bounce.DisableMerging }},
+		{"bounce.route", "route of requests that choose none: auto, bounce (required: fail rather than fall back) or direct", func(c *Config) any { return &c.Bounce.Route }},
 
 		{"engine.kind", "data-plane engine: loopback, tcp, ucx, nixl, cudacopy or plugin", func(c *Config) any { return &c.Engine.Kind }},
 		{"engine.plugin", "engine plugin path (engine.kind=plugin)", func(c *Config) any { return &c.Engine.Plugin }},

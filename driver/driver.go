@@ -56,6 +56,11 @@ type Result struct {
 	Steady []time.Duration
 	// PeakInFlight is the most requests that were in flight at once.
 	PeakInFlight int
+	// Fallbacks counts requests that went direct although the run did not
+	// ask for direct (the agent's route decision: handshake, gates, bounce
+	// off); FallbackReason is the first one's reason.
+	Fallbacks      int
+	FallbackReason string
 	// NotQuiescent counts failed requests whose memory may still be touched
 	// by a transport after Run returned (Abandon did not prove otherwise
 	// within AbandonWait): neither buffer may be reused or freed, and Run's
@@ -193,6 +198,12 @@ func (d *Driver) Run(ctx context.Context, t Target, o Options) (Result, error) {
 		if err != nil {
 			submitErr = fmt.Errorf("driver: submit request %d: %w", i, err)
 			break
+		}
+		if bt.Route() == pipeline.RouteDirect && o.Route != pipeline.RouteDirect {
+			if res.Fallbacks == 0 {
+				res.FallbackReason = bt.RouteReason()
+			}
+			res.Fallbacks++
 		}
 		if i == 0 {
 			res.Route, res.Reason = bt.Route().String(), bt.RouteReason()

@@ -154,6 +154,11 @@ type Options struct {
 	// events (pipeline.Settings.Received: never blocked on; an event that
 	// finds it full is dropped and counted).
 	Received chan<- pipeline.Received
+	// StrictBounce fails Build when the configuration enables the bounce
+	// path but it cannot be built (a bad control-plane interface, say),
+	// instead of serving the direct path; bounce serve sets it. Build is
+	// always strict when bounce.route is bounce.
+	StrictBounce bool
 }
 
 // Build is BuildWith with only a logger: the node's telemetry comes from
@@ -221,6 +226,9 @@ func BuildWith(cfg config.Config, f Factories, o Options) (*Node, error) {
 		// bounce path (degrade, never break): the agent serves every
 		// transfer on the direct path and says why.
 		if err := n.buildBounce(s, cfg, f, logger); err != nil {
+			if o.StrictBounce || cfg.Bounce.Route == "bounce" {
+				return fail(fmt.Errorf("node: bounce path (bounce.enabled is true; set it false to serve the direct path only): %w", err))
+			}
 			logger.Warn("bounce path unavailable; serving the direct path", "reason", err)
 			n.closeBounceParts()
 		}
@@ -350,7 +358,19 @@ func PipelineConfig(b config.BounceConfig) pipeline.Config {
 		QuiesceTimeout:   min(b.RequestTimeout, 5*time.Second),
 		EagerGather:      b.EagerGather,
 		DisableMerging:   b.DisableMerging,
+		Route:            routeOf(b.Route),
 	}
+}
+
+// routeOf maps bounce.route (validated) to the pipeline's route.
+func routeOf(s string) pipeline.Route {
+	switch s {
+	case "bounce":
+		return pipeline.RouteBounce
+	case "direct":
+		return pipeline.RouteDirect
+	}
+	return pipeline.RouteAuto
 }
 
 // Close shuts the agent down (bounded by ctx), closes every component and

@@ -134,7 +134,7 @@ func TestMismatchedControlPlanesGoDirect(t *testing.T) {
 	b := build(t, testConfig("b", "tcp", "nixlnotif"), f)
 	moveAndVerify(t, a, b, pipeline.RouteDirect)
 	_, reason, _ := a.Agent.PeerRoute("b")
-	if !strings.Contains(reason, "control kind") {
+	if !strings.Contains(reason, `control plane "zmq" here vs "nixlnotif" on b`) {
 		t.Fatalf("reason %q does not name the control kind", reason)
 	}
 }

@@ -74,6 +74,11 @@ type Config struct {
 	EagerGather bool
 	// DisableMerging sends one scatter run per descriptor (debugging only).
 	DisableMerging bool
+	// Route is the route of a request that asks for RouteAuto: RouteAuto
+	// (bounce when eligible, else direct, each fallback warned once per
+	// peer and counted), RouteBounce (required: a request that cannot take
+	// it is refused with the reason) or RouteDirect.
+	Route Route
 }
 
 // DefaultConfig returns the defaults: the reference design's, except an
@@ -201,6 +206,9 @@ type peerInfo struct {
 	// ctrl is set when the control channel reaches the peer (always when
 	// bounce is): direct requests then tell it when they end (DONE).
 	ctrl bool
+	// warned holds the kinds of fallback already warned about.
+	warnMu sync.Mutex
+	warned map[string]bool
 	// forgotten is set by ForgetPeer before it removes the peer anywhere,
 	// so a request submitted to this incarnation of the peer that then
 	// meets an unknown peer knows it was lost (ErrPeerLost).
@@ -405,14 +413,18 @@ func (a *Agent) LoadPeer(blob []byte) (string, error) {
 		return "", fmt.Errorf("pipeline: load peer: descriptor names %q but its engine metadata names %q: %w", d.Name, name, transfer.ErrBadMetadata)
 	}
 	pi := &peerInfo{name: name}
-	reason := a.checkHandshake(d.Handshake)
+	reason := a.checkHandshake(d.Handshake, name)
 	if d.HandshakeErr != nil {
 		reason = "malformed handshake: " + d.HandshakeErr.Error()
 	}
 	if reason != "" {
 		pi.reason = reason
 		a.stats.incompatiblePeers.Add(1)
-		a.log.Info("peer stays on the direct path", "peer", name, "reason", reason)
+		if a.bounceOn {
+			// Bounce is up here, so this peer is a fallback (the agent
+			// warned at start when bounce is off locally).
+			a.log.Warn("peer stays on the direct path", "peer", name, "reason", reason)
+		}
 	} else if err := a.set.Control.AddPeer(name, d.Handshake.Endpoint); err != nil {
 		pi.reason = "control endpoint unusable: " + err.Error()
 		a.stats.incompatiblePeers.Add(1)
@@ -432,19 +444,21 @@ func (a *Agent) LoadPeer(blob []byte) (string, error) {
 	return name, nil
 }
 
-func (a *Agent) checkHandshake(h *wire.Handshake) string {
+// checkHandshake says why peer's handshake h rules the bounce path out, in
+// terms an operator can act on, or "".
+func (a *Agent) checkHandshake(h *wire.Handshake, peer string) string {
 	local := a.Handshake()
 	switch {
 	case local == nil:
 		return "bounce is off locally: " + a.noBounce
 	case h == nil:
-		return "peer advertises no bounce handshake"
+		return fmt.Sprintf("peer advertises no bounce handshake (bounce is off on %s)", peer)
 	case h.Version != local.Version:
-		return fmt.Sprintf("wire version %d, local %d", h.Version, local.Version)
+		return fmt.Sprintf("wire version %d here vs %d on %s", local.Version, h.Version, peer)
 	case h.ControlKind != local.ControlKind:
-		return fmt.Sprintf("control kind %q, local %q", h.ControlKind, local.ControlKind)
+		return fmt.Sprintf("control plane %q here vs %q on %s (set control_plane.kind alike)", local.ControlKind, h.ControlKind, peer)
 	case h.MaxChunk != local.MaxChunk:
-		return fmt.Sprintf("max chunk %d, local %d", h.MaxChunk, local.MaxChunk)
+		return fmt.Sprintf("max chunk %s here vs %s on %s (set bounce.max_chunk alike; it is clamped to the arena's usable capacity)", sizeString(local.MaxChunk), sizeString(h.MaxChunk), peer)
 	case h.Endpoint == "":
 		return "peer handshake has no endpoint"
 	}
@@ -535,9 +549,20 @@ func (a *Agent) SubmitContext(ctx context.Context, req Request) (*Batch, error) 
 	}
 	req.Tag = bytes.Clone(req.Tag) // the caller may reuse its slice
 	start := time.Now()
-	route, why, reason := a.route(req, pi)
+	want := req.Route
+	if want == RouteAuto {
+		want = a.cfg.Route
+	}
+	route, why, reason := a.route(req, pi, want)
+	if want == RouteBounce && route != RouteBounce && why != whyEmpty {
+		a.stats.bounceRefused.Add(1)
+		return nil, fmt.Errorf("pipeline: submit to %q: %w: %s", req.Peer, ErrBounceUnavailable, reason)
+	}
 	if err := a.checkKinds(route, req); err != nil {
 		return nil, fmt.Errorf("pipeline: submit to %q: %w", req.Peer, err)
+	}
+	if route == RouteDirect {
+		a.fellBack(pi, why, reason)
 	}
 	id := a.nextID.Add(1)
 	b := newBatch(id, route, reason, req.OnComplete)

@@ -16,8 +16,9 @@ type Route uint8
 const (
 	// RouteAuto lets the agent decide (bounce when eligible, else direct).
 	RouteAuto Route = iota
-	// RouteBounce asks for the bounce path; an ineligible transfer still
-	// falls back to direct, with the reason recorded on the batch.
+	// RouteBounce requires the bounce path: Submit refuses a transfer that
+	// cannot take it (ErrBounceUnavailable, with the reason). The
+	// descriptor gates do not apply.
 	RouteBounce
 	// RouteDirect forces the direct per-descriptor path.
 	RouteDirect

@@ -34,6 +34,10 @@ type Stats struct {
 	// Receiver completion events produced (Received), and those dropped
 	// because the consumer's channel was full.
 	Events, DroppedEvents uint64
+	// Fallbacks counts requests that could have taken the bounce path but
+	// went direct (bounce off here, the peer's handshake, the gates);
+	// BounceRefused counts requests that required bounce and were refused.
+	Fallbacks, BounceRefused uint64
 }
 
 type counters struct {
@@ -49,6 +53,7 @@ type counters struct {
 	quarantinedRegions, quarantinedBytes          atomic.Uint64
 	wants, grants, bounceBytes                    atomic.Uint64
 	events, droppedEvents                         atomic.Uint64
+	fallbacks, bounceRefused                      atomic.Uint64
 }
 
 // Stats returns a snapshot of the agent's counters.
@@ -65,5 +70,6 @@ func (a *Agent) Stats() Stats {
 		Quarantines: c.quarantines.Load(), QuarantinedRegions: c.quarantinedRegions.Load(), QuarantinedBytes: c.quarantinedBytes.Load(),
 		Wants: c.wants.Load(), Grants: c.grants.Load(), BounceBytes: c.bounceBytes.Load(),
 		Events: c.events.Load(), DroppedEvents: c.droppedEvents.Load(),
+		Fallbacks: c.fallbacks.Load(), BounceRefused: c.bounceRefused.Load(),
 	}
 }

@@ -440,7 +440,7 @@ func (o *benchOptions) cell(ctx context.Context, s *session, g benchreport.Group
 		window, all = res.Steady, &s
 	}
 	c := benchreport.NewCell(g, route, it, order, res.Requests, res.Failed, res.Bytes, res.Elapsed, window)
-	c.AllLatency, c.Took, c.Reason, c.PeakInFlight = all, res.Route, res.Reason, res.PeakInFlight
+	c.AllLatency, c.Took, c.Reason, c.PeakInFlight, c.Fallbacks = all, res.Route, res.Reason, res.PeakInFlight, res.Fallbacks
 	switch {
 	case res.Failed > 0:
 		c.Verified = benchreport.VerifiedFailed
@@ -552,6 +552,9 @@ func (p *benchProgress) done(c benchreport.Cell) {
 	status := "verified " + c.Verified
 	if c.Error != "" {
 		status += ": " + c.Error
+	}
+	if c.Fallbacks > 0 {
+		status += fmt.Sprintf("; %d of %d request(s) fell back to direct: %s", c.Fallbacks, c.Requests, c.Reason)
 	}
 	fmt.Fprintf(p.w, "bench [%d/%d] %s %s #%d: %s, p50 %s, p99 %s, %s\n", p.n, p.total, c.Group, c.Route, c.Iteration,
 		benchreport.FormatRate(c.Throughput), benchreport.FormatDuration(time.Duration(c.Latency.P50NS)),

@@ -391,3 +391,46 @@ func TestConformanceCommand(t *testing.T) {
 		t.Fatalf("--list: exit %d", code)
 	}
 }
+
+// TestServeBadInterfaceFailsAtStart: a receiver whose control plane cannot
+// bind the interface it was given exits with a usage error naming it, and
+// publishes no descriptor (it would have served direct only).
+func TestServeBadInterfaceFailsAtStart(t *testing.T) {
+	desc := filepath.Join(t.TempDir(), "recv.json")
+	_, errOut, code := bounce(t, "serve", "--agent.name", "recv", "--buffer-size", "1MiB", "--descriptor-out", desc,
+		"--control-plane.interface", "nosuch0")
+	if code != exitUsage || !strings.Contains(errOut, `interface "nosuch0"`) {
+		t.Fatalf("exit %d, stderr:\n%s\nwant a usage error naming the interface", code, errOut)
+	}
+	if _, err := os.Stat(desc); !os.IsNotExist(err) {
+		t.Fatalf("descriptor written by a receiver that failed to start: %v", err)
+	}
+}
+
+// TestSendShowsFallback: a sender whose peer fails the handshake says so in
+// its summary (auto), and fails with the reason when bounce is required.
+func TestSendShowsFallback(t *testing.T) {
+	desc := filepath.Join(t.TempDir(), "recv.json")
+	work := []string{"--workload", "gptoss120b-tp8-b16", "--count", "2048", "--seed", "3"}
+	serve := exec.Command(cliBinary(t), "serve", "--agent.name", "recv", "--buffer-size", "16MiB", "--descriptor-out", desc,
+		"--control-plane.bind-address", "127.0.0.1", "--bounce.max-chunk", "4MiB")
+	var serr syncBuffer
+	serve.Stderr = &serr
+	if err := serve.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { serve.Process.Kill(); serve.Wait() }()
+	waitForFile(t, desc, &serr)
+	base := append([]string{"send", "--peer", desc, "--agent.name", "send", "--control-plane.bind-address", "127.0.0.1"}, work...)
+	out, errOut, code := bounce(t, base...)
+	if code != 0 || !strings.Contains(out, "1 of 1 request(s) fell back to the direct path") || !strings.Contains(out, "max chunk 8 MiB here vs 4 MiB on recv") {
+		t.Fatalf("auto: exit %d\n%s\n%s", code, out, errOut)
+	}
+	if !strings.Contains(errOut, "level=WARN") || !strings.Contains(errOut, "max chunk 8 MiB here vs 4 MiB on recv") {
+		t.Fatalf("auto: no warning naming the reason:\n%s", errOut)
+	}
+	out, errOut, code = bounce(t, append(base, "--route", "bounce")...)
+	if code == 0 || !strings.Contains(out+errOut, "bounce route unavailable") || !strings.Contains(out+errOut, "max chunk 8 MiB here vs 4 MiB on recv") {
+		t.Fatalf("route bounce: exit %d\n%s\n%s", code, out, errOut)
+	}
+}

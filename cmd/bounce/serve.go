@@ -98,7 +98,9 @@ With --stdin-control it reads JSON commands from stdin instead (used by
 				return usage(fmt.Errorf("--buffer-size %q: a positive byte size like 512MiB", bufSize))
 			}
 			log := logger(cmd)
-			opts := node.Options{Logger: log}
+			// A receiver whose bounce path cannot be built (a bad
+			// interface, say) fails here rather than serve direct only.
+			opts := node.Options{Logger: log, StrictBounce: true}
 			if !stdinControl {
 				// Each request a sender finishes (or fails) here is one
 				// line on stderr; under --stdin-control the parent reads
