@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"net"
 	"slices"
 	"sync"
 	"time"
@@ -181,6 +182,9 @@ func BuildWith(cfg config.Config, f Factories, o Options) (*Node, error) {
 	}
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("node: %w", err)
+	}
+	if why := loopbackMismatch(cfg); why != "" {
+		logger.Warn(why)
 	}
 	n := &Node{Registry: &mem.Registry{}, Config: cfg, Telemetry: o.Telemetry}
 	if n.Telemetry == nil {
@@ -430,3 +434,25 @@ func (n *Node) closeParts() error {
 }
 
 func keys[V any](m map[string]V) []string { return slices.Sorted(maps.Keys(m)) }
+
+// loopbackMismatch says why cfg cannot work across hosts when the tcp
+// engine listens on loopback while the control plane binds a routable
+// interface or address (peers elsewhere would reach one and not the
+// other), or "".
+func loopbackMismatch(cfg config.Config) string {
+	if cfg.Engine.Kind != "tcp" || cfg.ControlPlane.Kind != "zmq" {
+		return ""
+	}
+	host, _, err := net.SplitHostPort(cfg.Engine.Listen)
+	if ip := net.ParseIP(host); err != nil || ip == nil || !ip.IsLoopback() {
+		return ""
+	}
+	cp := cfg.ControlPlane
+	switch ip := net.ParseIP(cp.BindAddress); {
+	case cp.Interface != "":
+		return fmt.Sprintf("engine.listen %s is a loopback address while control_plane.interface %s is routable: peers on other hosts reach the control plane but not the engine; set engine.listen to this host's address on %s", cfg.Engine.Listen, cp.Interface, cp.Interface)
+	case ip != nil && !ip.IsLoopback():
+		return fmt.Sprintf("engine.listen %s is a loopback address while control_plane.bind_address %s is routable: peers on other hosts reach the control plane but not the engine; set engine.listen to %s:<port>", cfg.Engine.Listen, cp.BindAddress, cp.BindAddress)
+	}
+	return ""
+}

@@ -175,3 +175,26 @@ func TestBuildErrors(t *testing.T) {
 		t.Fatal("duplicate factories accepted")
 	}
 }
+
+func TestLoopbackEngineWithRoutableControlPlaneWarns(t *testing.T) {
+	cfg := config.Default()
+	cfg.ControlPlane.Interface = "eth0"
+	if why := loopbackMismatch(cfg); !strings.Contains(why, "engine.listen 127.0.0.1:0 is a loopback address while control_plane.interface eth0") {
+		t.Fatalf("got %q", why)
+	}
+	cfg.ControlPlane.Interface, cfg.ControlPlane.BindAddress = "", "10.0.0.2"
+	if why := loopbackMismatch(cfg); !strings.Contains(why, "set engine.listen to 10.0.0.2:<port>") {
+		t.Fatalf("got %q", why)
+	}
+	for _, c := range []func(*config.Config){
+		func(c *config.Config) { c.ControlPlane.BindAddress = "127.0.0.1" },
+		func(c *config.Config) { c.Engine.Listen = "10.0.0.2:0" },
+		func(c *config.Config) {},
+	} {
+		cfg := config.Default()
+		c(&cfg)
+		if why := loopbackMismatch(cfg); why != "" {
+			t.Fatalf("%+v: unexpected warning %q", cfg.ControlPlane, why)
+		}
+	}
+}

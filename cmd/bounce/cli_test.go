@@ -434,3 +434,66 @@ func TestSendShowsFallback(t *testing.T) {
 		t.Fatalf("route bounce: exit %d\n%s\n%s", code, out, errOut)
 	}
 }
+
+// TestServeRefusesSmallBufferBeforePublishing: an explicit --buffer-size
+// below what --expect needs is a usage error, and no descriptor is written.
+func TestServeRefusesSmallBufferBeforePublishing(t *testing.T) {
+	desc := filepath.Join(t.TempDir(), "recv.json")
+	_, errOut, code := bounce(t, "serve", "--agent.name", "recv", "--buffer-size", "1GiB", "--descriptor-out", desc,
+		"--control-plane.bind-address", "127.0.0.1", "--expect", "--requests", "8")
+	if code != exitUsage || !strings.Contains(errOut, "--buffer-size 1GiB is smaller than the 2560MiB --expect needs (8 request(s) x 320MiB)") {
+		t.Fatalf("exit %d:\n%s", code, errOut)
+	}
+	if _, err := os.Stat(desc); !os.IsNotExist(err) {
+		t.Fatalf("descriptor written before validation: %v", err)
+	}
+}
+
+// TestSendRepeatJSON: send --repeat writes one row per repetition, with
+// bytes per second named so and booleans as booleans.
+func TestSendRepeatJSON(t *testing.T) {
+	dir := t.TempDir()
+	desc, js := filepath.Join(dir, "recv.json"), filepath.Join(dir, "send.json")
+	serve := exec.Command(cliBinary(t), "serve", "--agent.name", "recv", "--buffer-size", "8MiB", "--descriptor-out", desc,
+		"--control-plane.bind-address", "127.0.0.1")
+	var serr syncBuffer
+	serve.Stderr = &serr
+	if err := serve.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { serve.Process.Kill(); serve.Wait() }()
+	waitForFile(t, desc, &serr)
+	out, errOut, code := bounce(t, "send", "--peer", desc, "--agent.name", "send", "--control-plane.bind-address", "127.0.0.1",
+		"--workload", "gptoss120b-tp8-b16", "--count", "2048", "--repeat", "3", "--json", js)
+	if code != 0 || !strings.Contains(out, "warm-up: one unrecorded request moved first") || !strings.Contains(out, "bounce #2") {
+		t.Fatalf("exit %d\n%s\n%s", code, out, errOut)
+	}
+	b, err := os.ReadFile(js)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc struct {
+		Fragmented *bool `json:"fragmented"`
+		Rows       []struct {
+			Route          string  `json:"route"`
+			Bytes          uint64  `json:"bytes"`
+			BytesPerSecond float64 `json:"bytes_per_second"`
+		} `json:"rows"`
+	}
+	if err := json.Unmarshal(b, &doc); err != nil || doc.Fragmented == nil || !*doc.Fragmented || len(doc.Rows) != 3 {
+		t.Fatalf("%v: %s", err, b)
+	}
+	for _, r := range doc.Rows {
+		if r.Route != "bounce" || r.Bytes != 2048*2048 || r.BytesPerSecond <= 0 {
+			t.Fatalf("row %+v", r)
+		}
+	}
+	// Each of the 4 requests (warm-up included) was announced by the receiver.
+	eventually := time.Now().Add(5 * time.Second)
+	for strings.Count(serr.String(), "received: peer=send") < 4 && time.Now().Before(eventually) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if n := strings.Count(serr.String(), "received: peer=send"); n != 4 {
+		t.Fatalf("%d receive events, want 4:\n%s", n, serr.String())
+	}
+}
