@@ -3,6 +3,7 @@ package config
 import (
 	"errors"
 	"fmt"
+	"github.com/bouncekv/bounce/pipeline"
 	"github.com/bouncekv/bounce/pipeline/credit"
 	"net"
 	"net/netip"
@@ -100,6 +101,26 @@ type Config struct {
 	ControlPlane ControlPlaneConfig
 	Stages       StagesConfig
 	Telemetry    TelemetryConfig
+	Log          LogConfig
+}
+
+// LogConfig configures the process's log on stderr.
+type LogConfig struct {
+	// Level is debug, info, warn or error (log.level, default warn).
+	Level string
+	// Format is text (key=value) or json, one object per line (log.format,
+	// default text).
+	Format string
+}
+
+// Validate checks log.level and log.format.
+func (l *LogConfig) Validate() error { return joinKeyErrors(l.validate()) }
+
+func (l *LogConfig) validate() []*KeyError {
+	var errs fieldErrors
+	errs.add(oneOf("log.level", l.Level, "debug", "info", "warn", "error"))
+	errs.add(oneOf("log.format", l.Format, "text", "json"))
+	return errs
 }
 
 // AgentConfig identifies this agent among its peers.
@@ -280,24 +301,32 @@ const MinMinChunk = 64 * KiB
 // Default returns the defaults. Agent.Name is "<hostname>-<pid>" (with
 // characters other than letters, digits, '.', '-' and '_' replaced by '-'),
 // or "bounce-<pid>" when the hostname is unavailable.
+//
+// The bounce section's runtime values come from pipeline.DefaultConfig, the
+// one place they are set; only the keys the runtime does not have (the
+// stages' copy contexts, zero-copy arguments, the route's name) are set
+// here.
 func Default() Config {
+	p := pipeline.DefaultConfig()
 	return Config{
 		Agent: AgentConfig{Name: defaultAgentName()},
 		Bounce: BounceConfig{
-			Enabled:          true,
-			ArenaSize:        256 * MiB,
-			Granularity:      1 * MiB,
-			MaxChunk:         8 * MiB, // the reference uses 32 MiB; docs/BENCHMARKS.md shows why 8 MiB here
-			MaxInflight:      8,
+			Enabled:          p.Enabled,
+			ArenaSize:        Size(p.ArenaSize),
+			Granularity:      Size(p.Granularity),
+			MaxChunk:         Size(p.MaxChunk),
+			MinChunk:         Size(p.MinChunk),
+			MaxInflight:      p.MaxInflight,
 			CopyContexts:     8,
-			ScatterWorkers:   4,
-			MinDescriptors:   1024,
-			MaxAvgDescriptor: 16 * KiB,
-			RequestTimeout:   30 * time.Second,
-			EagerGather:      true,
+			ScatterWorkers:   p.ScatterWorkers,
+			MinDescriptors:   p.MinDescriptors,
+			MaxAvgDescriptor: Size(p.MaxAvgDescriptor),
+			RequestTimeout:   p.RequestTimeout,
+			EagerGather:      p.EagerGather,
+			DisableMerging:   p.DisableMerging,
 			ZeroCopyArgs:     false,
 			ArenaMemory:      "auto",
-			Route:            "auto",
+			Route:            p.Route.String(),
 		},
 		Engine: EngineConfig{Kind: "tcp", Listen: "127.0.0.1:0", Connections: 4},
 		ControlPlane: ControlPlaneConfig{
@@ -305,6 +334,7 @@ func Default() Config {
 			SendHWM: 1000,
 		},
 		Stages: StagesConfig{Gather: "host", Scatter: "host", Fallback: "host"},
+		Log:    LogConfig{Level: "warn", Format: "text"},
 		Telemetry: TelemetryConfig{
 			Traces:      "none",
 			SampleRatio: 1,
@@ -356,6 +386,7 @@ func (c *Config) validate() []*KeyError {
 	errs = append(errs, c.ControlPlane.validate()...)
 	errs = append(errs, c.Stages.validate()...)
 	errs = append(errs, c.Telemetry.validate()...)
+	errs = append(errs, c.Log.validate()...)
 	return errs
 }
 

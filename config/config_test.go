@@ -92,6 +92,7 @@ func TestKeysMatchTheDocumentedSet(t *testing.T) {
 		"control_plane.kind", "control_plane.interface", "control_plane.bind_address", "control_plane.send_hwm", "control_plane.plugin",
 		"stages.gather", "stages.scatter", "stages.plugin", "stages.device", "stages.fallback",
 		"telemetry.traces", "telemetry.otlp_endpoint", "telemetry.service_name", "telemetry.sample_ratio", "telemetry.metrics.listen",
+		"log.level", "log.format",
 	}
 	if got := Keys(); !slices.Equal(got, want) {
 		t.Fatalf("Keys() =\n%v\nwant\n%v", got, want)
@@ -114,7 +115,7 @@ func TestKeysMatchTheDocumentedSet(t *testing.T) {
 		ptrs[p] = f.key
 	}
 	n := 0
-	for _, sec := range []any{c.Agent, c.Bounce, c.Engine, c.ControlPlane, c.Stages, c.Telemetry} {
+	for _, sec := range []any{c.Agent, c.Bounce, c.Engine, c.ControlPlane, c.Stages, c.Telemetry, c.Log} {
 		n += reflect.TypeOf(sec).NumField()
 	}
 	if n != len(want) {
@@ -472,6 +473,8 @@ func TestValidateRanges(t *testing.T) {
 		{"bounce.min_chunk", func(c *Config) { c.Bounce.MinChunk = 1 }, "1B", "0 (off) or at least 64KiB"},
 		{"bounce.min_chunk", func(c *Config) { c.Bounce.MinChunk = 16 * MiB }, "16MiB", "must not exceed bounce.max_chunk 8MiB"},
 		{"bounce.route", func(c *Config) { c.Bounce.Route = "fast" }, "fast", "auto, bounce, direct"},
+		{"log.level", func(c *Config) { c.Log.Level = "verbose" }, "verbose", "debug, info, warn, error"},
+		{"log.format", func(c *Config) { c.Log.Format = "logfmt" }, "logfmt", "text, json"},
 		{"bounce.scatter_workers", func(c *Config) { c.Bounce.ScatterWorkers = 0 }, "0", "between 1 and 1024"},
 		{"bounce.min_descriptors", func(c *Config) { c.Bounce.MinDescriptors = -1 }, "-1", "negative"},
 		{"bounce.max_avg_descriptor", func(c *Config) { c.Bounce.MaxAvgDescriptor = 0 }, "0B", "positive"},
@@ -522,6 +525,7 @@ func TestValidateRanges(t *testing.T) {
 		section := map[string]func() error{
 			"agent": cfg.Agent.Validate, "bounce": cfg.Bounce.Validate, "engine": cfg.Engine.Validate,
 			"control_plane": cfg.ControlPlane.Validate, "stages": cfg.Stages.Validate, "telemetry": cfg.Telemetry.Validate,
+			"log": cfg.Log.Validate,
 		}
 		s, _ := splitKey(c.key)
 		findKeyError(t, section[s](), c.key, ErrOutOfRange)

@@ -69,6 +69,9 @@ func fields() []field {
 		{"telemetry.service_name", "service name in traces and metrics; empty = OTEL_SERVICE_NAME, else bounce", func(c *Config) any { return &c.Telemetry.ServiceName }},
 		{"telemetry.sample_ratio", "fraction of new traces sampled (parent-based), 0..1; OTEL_TRACES_SAMPLER overrides it", func(c *Config) any { return &c.Telemetry.SampleRatio }},
 		{"telemetry.metrics.listen", "serve Prometheus metrics on this host:port (/metrics); empty = off", func(c *Config) any { return &c.Telemetry.MetricsListen }},
+
+		{"log.level", "log level on stderr: debug, info, warn or error", func(c *Config) any { return &c.Log.Level }},
+		{"log.format", "log format on stderr: text (key=value) or json (one object per line)", func(c *Config) any { return &c.Log.Format }},
 	}
 }
 

@@ -183,6 +183,9 @@ func BuildWith(cfg config.Config, f Factories, o Options) (*Node, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("node: %w", err)
 	}
+	if err := CheckKinds(cfg, f); err != nil {
+		return nil, fmt.Errorf("node: %w", err)
+	}
 	if why := loopbackMismatch(cfg); why != "" {
 		logger.Warn(why)
 	}
@@ -359,7 +362,7 @@ func PipelineConfig(b config.BounceConfig) pipeline.Config {
 		MaxAvgDescriptor: uint64(b.MaxAvgDescriptor),
 		RequestTimeout:   b.RequestTimeout,
 		Quarantine:       b.Quarantine, // 0: pipeline.Config's default, 1 × RequestTimeout
-		QuiesceTimeout:   min(b.RequestTimeout, 5*time.Second),
+		QuiesceTimeout:   min(b.RequestTimeout, pipeline.DefaultConfig().QuiesceTimeout),
 		EagerGather:      b.EagerGather,
 		DisableMerging:   b.DisableMerging,
 		Route:            routeOf(b.Route),

@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	"maps"
 	"strings"
 	"testing"
 	"time"
@@ -196,5 +197,51 @@ func TestLoopbackEngineWithRoutableControlPlaneWarns(t *testing.T) {
 		if why := loopbackMismatch(cfg); why != "" {
 			t.Fatalf("%+v: unexpected warning %q", cfg.ControlPlane, why)
 		}
+	}
+}
+
+// TestCheckKindsRejectsWhatThisBuildLacks: a kind the schema accepts but
+// the factory table lacks is a configuration error naming the key, the kind
+// and why; a stage of a disabled bounce path is not checked.
+func TestCheckKindsRejectsWhatThisBuildLacks(t *testing.T) {
+	f := Builtin()
+	cfg := config.Default()
+	if err := CheckKinds(cfg, f); err != nil {
+		t.Fatal(err)
+	}
+	cfg.Engine.Kind = "nixl"
+	if err := CheckKinds(cfg, f); err == nil || !strings.Contains(err.Error(), `engine.kind "nixl" is unavailable: built without NIXL`) {
+		t.Fatalf("nixl: %v", err)
+	}
+	if _, err := Build(cfg, f, nil); err == nil || !strings.Contains(err.Error(), "built without NIXL") {
+		t.Fatalf("Build with nixl: %v", err)
+	}
+	cfg = config.Default()
+	cfg.Stages.Gather = "cuda"
+	f.Gatherers = maps.Clone(f.Gatherers)
+	delete(f.Gatherers, "cuda") // a build without the CUDA stages
+	if err := CheckKinds(cfg, f); err == nil || !strings.Contains(err.Error(), `stages.gather "cuda" is unavailable`) {
+		t.Fatalf("cuda: %v", err)
+	}
+	cfg.Bounce.Enabled = false
+	if err := CheckKinds(cfg, f); err != nil {
+		t.Fatalf("cuda with bounce off: %v", err)
+	}
+	var nixl *Component
+	for _, c := range Components(f) {
+		if c.Kind == "nixl" && c.Role == "engine" {
+			nixl = &c
+		}
+	}
+	if nixl == nil || nixl.Available || !strings.Contains(nixl.Why, "-tags nixl") {
+		t.Fatalf("components: nixl = %+v", nixl)
+	}
+}
+
+// TestOneSourceOfDefaults: the configuration's bounce defaults map to
+// exactly the runtime's defaults.
+func TestOneSourceOfDefaults(t *testing.T) {
+	if got, want := PipelineConfig(config.Default().Bounce), pipeline.DefaultConfig(); got != want {
+		t.Fatalf("config defaults map to\n%+v\nthe runtime's are\n%+v", got, want)
 	}
 }

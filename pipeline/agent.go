@@ -556,6 +556,9 @@ func (a *Agent) SubmitContext(ctx context.Context, req Request) (*Batch, error) 
 	route, why, reason := a.route(req, pi, want)
 	if want == RouteBounce && route != RouteBounce && why != whyEmpty {
 		a.stats.bounceRefused.Add(1)
+		if why == whyMemoryKind { // no stage on this route can touch the memory
+			return nil, fmt.Errorf("pipeline: submit to %q: %w: %s: %w", req.Peer, ErrBounceUnavailable, reason, transfer.ErrUnsupported)
+		}
 		return nil, fmt.Errorf("pipeline: submit to %q: %w: %s", req.Peer, ErrBounceUnavailable, reason)
 	}
 	if err := a.checkKinds(route, req); err != nil {

@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -23,6 +24,8 @@ import (
 	"github.com/bouncekv/bounce/pipeline"
 	"github.com/bouncekv/bounce/transfer"
 	"github.com/bouncekv/bounce/workload"
+
+	"github.com/spf13/cobra"
 )
 
 var (
@@ -495,5 +498,74 @@ func TestSendRepeatJSON(t *testing.T) {
 	}
 	if n := strings.Count(serr.String(), "received: peer=send"); n != 4 {
 		t.Fatalf("%d receive events, want 4:\n%s", n, serr.String())
+	}
+}
+
+// TestHelpExamplesParse: every example in every command's help names flags
+// that command has (the run help once showed a --no-compare that does not
+// exist).
+func TestHelpExamplesParse(t *testing.T) {
+	root := newRoot(strings.NewReader(""), io.Discard, io.Discard)
+	var walk func(c *cobra.Command)
+	checked := 0
+	walk = func(c *cobra.Command) {
+		var lines []string
+		cur := ""
+		for _, l := range strings.Split(c.Example, "\n") {
+			l = strings.TrimSpace(l)
+			if i := strings.Index(l, " #"); i >= 0 {
+				l = strings.TrimSpace(l[:i])
+			}
+			if strings.HasSuffix(l, "\\") {
+				cur += strings.TrimSuffix(l, "\\") + " "
+				continue
+			}
+			lines = append(lines, cur+l)
+			cur = ""
+		}
+		for _, l := range lines {
+			fields := strings.Fields(l)
+			for len(fields) > 0 && strings.Contains(fields[0], "=") { // VAR=value prefixes
+				fields = fields[1:]
+			}
+			if len(fields) < 2 || fields[0] != "bounce" {
+				continue
+			}
+			cmd, rest, err := root.Find(fields[1:])
+			if err != nil || cmd != c {
+				continue // an example of another command
+			}
+			fresh, _, _ := newRoot(strings.NewReader(""), io.Discard, io.Discard).Find(fields[1:])
+			if err := fresh.ParseFlags(rest); err != nil {
+				t.Errorf("%s help example %q: %v", c.CommandPath(), l, err)
+			}
+			checked++
+		}
+		for _, sub := range c.Commands() {
+			walk(sub)
+		}
+	}
+	walk(root)
+	if checked < 10 {
+		t.Fatalf("only %d examples checked", checked)
+	}
+}
+
+func TestComponentsAndUnavailableKinds(t *testing.T) {
+	out, errOut, code := bounce(t, "components")
+	if code != 0 || !strings.Contains(out, "engine         nixl") || !strings.Contains(out, "-tags nixl") || !strings.Contains(out, "engine         tcp        engine.kind         yes") {
+		t.Fatalf("exit %d\n%s\n%s", code, out, errOut)
+	}
+	_, errOut, code = bounce(t, "config", "--engine.kind", "nixl")
+	if code != exitUsage || !strings.Contains(errOut, `engine.kind "nixl" is unavailable`) {
+		t.Fatalf("config with nixl: exit %d\n%s", code, errOut)
+	}
+	_, errOut, code = bounce(t, "config", "--log.format", "xml")
+	if code != exitUsage || !strings.Contains(errOut, `log.format="xml"`) {
+		t.Fatalf("config with log.format xml: exit %d\n%s", code, errOut)
+	}
+	_, errOut, code = bounce(t, "config", "--bounce.arena-sise", "1GiB")
+	if code != exitUsage || !strings.Contains(errOut, `did you mean "--bounce.arena-size"?`) {
+		t.Fatalf("misspelt flag: exit %d\n%s", code, errOut)
 	}
 }

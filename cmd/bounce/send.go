@@ -115,7 +115,7 @@ writes the rows.`,
 			if err != nil {
 				return usage(err)
 			}
-			n, err := node.Build(l.Config, factories(), logger(cmd))
+			n, err := node.Build(l.Config, factories(), logger(cmd, l.Config.Log))
 			if err != nil {
 				return usage(err)
 			}

@@ -118,7 +118,7 @@ With --stdin-control it reads JSON commands from stdin instead (used by
 			case !expectOn:
 				size = config.GiB
 			}
-			log := logger(cmd)
+			log := logger(cmd, l.Config.Log)
 			// A receiver whose bounce path cannot be built (a bad
 			// interface, say) fails here rather than serve direct only.
 			opts := node.Options{Logger: log, StrictBounce: true}

@@ -44,7 +44,7 @@ func startSession(cmd *cobra.Command, cfg config.Config, childArgs []string, cap
 		s.close()
 		return nil, wrap(err)
 	}
-	if s.n, err = node.Build(cfg, f, logger(cmd)); err != nil {
+	if s.n, err = node.Build(cfg, f, logger(cmd, cfg.Log)); err != nil {
 		return fail(usage, err)
 	}
 	if _, err := s.n.Agent.LoadPeer(recv.blob); err != nil {
