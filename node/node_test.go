@@ -1,8 +1,10 @@
 package node
 
 import (
+	"bytes"
 	"context"
 	"maps"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -243,5 +245,21 @@ func TestCheckKindsRejectsWhatThisBuildLacks(t *testing.T) {
 func TestOneSourceOfDefaults(t *testing.T) {
 	if got, want := PipelineConfig(config.Default().Bounce), pipeline.DefaultConfig(); got != want {
 		t.Fatalf("config defaults map to\n%+v\nthe runtime's are\n%+v", got, want)
+	}
+}
+
+// TestReadmeShowsTheExample: the README's embedding code is the Example's.
+func TestReadmeShowsTheExample(t *testing.T) {
+	readme, err := os.ReadFile("../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ex, err := os.ReadFile("example_test.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	code := string(ex[bytes.Index(ex, []byte("func embed() error {")):])
+	if !strings.Contains(string(readme), "```go\n"+code+"```") {
+		t.Fatal("README.md's embedding code differs from node/example_test.go's embed (copy it over)")
 	}
 }
