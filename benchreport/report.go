@@ -58,7 +58,10 @@ type Report struct {
 
 // Config summarizes the sweep's settings.
 type Config struct {
-	Engine        string            `json:"engine"`
+	Engine string `json:"engine"`
+	// Peer names the remote receiver of a bench --peer run ("" when the
+	// receiver was a local child process).
+	Peer          string            `json:"peer,omitempty"`
 	EngineOptions map[string]string `json:"engine_options,omitempty"`
 	ControlPlane  string            `json:"control_plane"`
 	BounceOn      bool              `json:"bounce_enabled"`

@@ -40,6 +40,7 @@ type benchOptions struct {
 	verify      bool
 	maxBytes    string
 	cellTimeout time.Duration
+	peer        string // a remote receiver's descriptor line ('bounce serve')
 }
 
 // benchGroup is one workload shape at one concurrency: the routes and
@@ -96,6 +97,7 @@ RSS (VmHWM) is reported next to their KV buffers and arena.`,
   bounce bench --all --layout both --repeat 3 --json bench.json --plots bench-plots
   bounce bench --count 4096 --concurrency 128 --generations 3 --routes bounce,direct,bulk --max-bytes 7GiB
   bounce bench --engine.kind ucx --bounce.arena-size 32MiB --workload llama70b-tp8-b16 --routes bounce
+  bounce bench --peer recv.json --engine.listen 10.0.0.1:0 --control-plane.interface eth0 --routes bounce,direct,bulk
   bounce bench --list`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -130,6 +132,7 @@ RSS (VmHWM) is reported next to their KV buffers and arena.`,
 	f.BoolVar(&o.verify, "verify", true, "have the receiver verify every cell's bytes (--verify=false to skip)")
 	f.StringVar(&o.maxBytes, "max-bytes", "3GiB", "budget for one cell's requests x bytes (each side holds one such buffer)")
 	f.DurationVar(&o.cellTimeout, "cell-timeout", 10*time.Minute, "give up on a cell's requests after this long")
+	f.StringVar(&o.peer, "peer", "", `benchmark against a 'bounce serve' running elsewhere: its descriptor line (a file, or "-" for stdin); its bytes are not verified (run 'bounce serve --expect' with 'bounce send' for that)`)
 	configFlags(cmd)
 	return cmd
 }
@@ -307,8 +310,22 @@ func rotate(routes []string, it int) []string {
 
 func (o *benchOptions) run(cmd *cobra.Command, cfg config.Config, plan benchPlan) error {
 	out, errw := cmd.OutOrStdout(), cmd.ErrOrStderr()
-	cfg, childArgs := localPair(cmd, cfg)
-	childArgs = append(childArgs, "--buffer-size="+config.Size(plan.largest).String())
+	var childArgs []string
+	var h hello
+	var blob []byte
+	if o.peer != "" {
+		var err error
+		if h, blob, err = readHello(cmd.InOrStdin(), o.peer); err != nil {
+			return usage(err)
+		}
+		if o.verify {
+			plan.notes = append(plan.notes, fmt.Sprintf("--peer: the receiver %q runs elsewhere; its bytes are not verified (cells say verified=skipped)", h.Name))
+			o.verify = false
+		}
+	} else {
+		cfg, childArgs = localPair(cmd, cfg)
+		childArgs = append(childArgs, "--buffer-size="+config.Size(plan.largest).String())
+	}
 
 	rep := &benchreport.Report{
 		Schema:  benchreport.Schema,
@@ -342,12 +359,19 @@ func (o *benchOptions) run(cmd *cobra.Command, cfg config.Config, plan benchPlan
 		fmt.Fprintf(errw, "note: %s\n", n)
 	}
 
-	s, err := startSession(cmd, cfg, childArgs, plan.largest)
+	var s *session
+	var err error
+	if o.peer != "" {
+		s, err = remoteSession(cmd, cfg, h, blob, plan.largest)
+		rep.Config.Peer = h.Name
+	} else {
+		s, err = startSession(cmd, cfg, childArgs, plan.largest)
+	}
 	if err != nil {
 		return err
 	}
 	rep.Config.BounceOn = true
-	if on, why, _ := s.n.Agent.PeerRoute(s.recv.hello.Name); !on {
+	if on, why, _ := s.n.Agent.PeerRoute(s.tgt.Peer); !on {
 		rep.Config.BounceOn = false
 		note := fmt.Sprintf("the bounce path is unavailable (%s); bounce cells take the direct path", why)
 		rep.Notes = append(rep.Notes, note)
@@ -459,10 +483,13 @@ func (o *benchOptions) cell(ctx context.Context, s *session, g benchreport.Group
 
 // memory reads both agents' peak RSS (Linux /proc).
 func (s *session) memory(plan benchPlan, arena uint64) (benchreport.Memory, error) {
-	m := benchreport.Memory{SourceBuffer: plan.largest, DestinationBuffer: s.recv.hello.BufferLen, ArenaSize: arena, LargestTransfer: plan.largest}
+	m := benchreport.Memory{SourceBuffer: plan.largest, DestinationBuffer: s.tgt.Buffer.Len, ArenaSize: arena, LargestTransfer: plan.largest}
 	var err error
 	if m.SenderPeakRSS, err = benchreport.PeakRSS(os.Getpid()); err != nil {
 		return m, err
+	}
+	if s.recv == nil {
+		return m, nil // the receiver runs elsewhere
 	}
 	if m.ReceiverPeakRSS, err = benchreport.PeakRSS(s.recv.pid); err != nil {
 		return m, err

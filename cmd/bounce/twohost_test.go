@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/bouncekv/bounce/benchreport"
 )
 
 // twoHosts makes two network namespaces joined by a veth pair — the test's
@@ -217,5 +219,46 @@ func TestReadmeTwoHosts(t *testing.T) {
 	}
 	if n := strings.Count(serr.String(), "received: peer="); n < 8 {
 		t.Fatalf("receiver printed %d completion events, want at least 8:\n%s", n, serr.String())
+	}
+}
+
+// TestBenchPeerTwoHosts: bench --peer measures against a plain 'bounce
+// serve' on another host (network namespace), knowing only its descriptor
+// line; the report names the remote receiver and marks the cells unverified.
+func TestBenchPeerTwoHosts(t *testing.T) {
+	nsA, nsB := twoHostsWith(t, "p", "eth0", "eth0", "10.0.9.1", "10.0.9.2")
+	bin := cliBinary(t)
+	dir := t.TempDir()
+	desc, js := filepath.Join(dir, "recv.json"), filepath.Join(dir, "bench.json")
+	serve := exec.Command("ip", "netns", "exec", nsB, bin, "serve", "--agent.name", "decode-0", "--buffer-size", "64MiB",
+		"--engine.listen", "10.0.9.2:0", "--control-plane.interface", "eth0", "--descriptor-out", desc)
+	var serr syncBuffer
+	serve.Stderr = &serr
+	if err := serve.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { serve.Process.Kill(); serve.Wait() }()
+	waitForFileOf(t, desc, &serr, nil)
+	out, err := exec.Command("ip", "netns", "exec", nsA, bin, "bench", "--peer", desc, "--agent.name", "prefill-0",
+		"--engine.listen", "10.0.9.1:0", "--control-plane.interface", "eth0",
+		"--workload", "gptoss120b-tp8-b16", "--count", "4096", "--concurrency", "1,4", "--repeat", "1",
+		"--routes", "bounce,direct", "--json", js).CombinedOutput()
+	if err != nil {
+		t.Fatalf("bench --peer: %v\n%s\nserve:\n%s", err, out, serr.String())
+	}
+	rep, err := benchreport.LoadJSON(js)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Config.Peer != "decode-0" || len(rep.Cells) != 4 {
+		t.Fatalf("peer %q, %d cells:\n%s", rep.Config.Peer, len(rep.Cells), out)
+	}
+	for _, c := range rep.Cells {
+		if c.Failed != 0 || c.Took != c.Route || c.Verified != benchreport.VerifiedSkipped || c.Bytes != uint64(c.Concurrency)*4096*2048 {
+			t.Fatalf("cell %+v\n%s", c, out)
+		}
+	}
+	if n := strings.Count(serr.String(), "received: peer=prefill-0"); n < 10 { // 2 warm-ups + 2 x (1 + 4)
+		t.Fatalf("the remote receiver announced %d requests, want at least 10:\n%s", n, serr.String())
 	}
 }
