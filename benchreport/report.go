@@ -113,6 +113,9 @@ type Group struct {
 	// Concurrency (the steady state). 0 or 1 is a burst: every request
 	// submitted at once.
 	Generations int `json:"generations,omitempty"`
+	// AskedConcurrency is the concurrency the command asked for when
+	// --max-bytes clamped it to Concurrency (0 when it was not clamped).
+	AskedConcurrency int `json:"asked_concurrency,omitempty"`
 }
 
 // Bytes returns one request's payload.
@@ -120,7 +123,11 @@ func (g Group) Bytes() uint64 { return g.DescSize * uint64(g.Count) }
 
 // String names the group for tables and plots.
 func (g Group) String() string {
-	return fmt.Sprintf("%s %dx%s %s c%d%s", g.Workload, g.Count, FormatSize(g.DescSize), g.Layout, g.Concurrency, g.loopTag(" "))
+	asked := ""
+	if g.AskedConcurrency != 0 {
+		asked = fmt.Sprintf(" (asked c%d)", g.AskedConcurrency)
+	}
+	return fmt.Sprintf("%s %dx%s %s c%d%s%s", g.Workload, g.Count, FormatSize(g.DescSize), g.Layout, g.Concurrency, g.loopTag(" "), asked)
 }
 
 // loopTag names a closed loop ("<sep>loopK"), or is empty for a burst.
@@ -140,6 +147,10 @@ type Cell struct {
 	Took string `json:"took"`
 	// Reason is why the agent chose Took.
 	Reason string `json:"reason,omitempty"`
+	// DescriptorsPerSecond is the workload's descriptors moved per second
+	// (Count per successful request; the bulk route moves the same bytes
+	// as one descriptor, but is counted as the workload's).
+	DescriptorsPerSecond float64 `json:"descriptors_per_second"`
 	// Fallbacks counts the requests that went direct although the cell
 	// did not ask for direct (handshake, gates, bounce off).
 	Fallbacks int `json:"fallbacks,omitempty"`
@@ -196,6 +207,7 @@ func NewCell(g Group, route string, iteration, order int, requests, failed int, 
 	c := Cell{Group: g, Route: route, Iteration: iteration, Order: order, Requests: requests, Failed: failed, Bytes: bytes, ElapsedNS: int64(elapsed)}
 	if elapsed > 0 {
 		c.Throughput = float64(bytes) / elapsed.Seconds()
+		c.DescriptorsPerSecond = float64(g.Count) * float64(requests-failed) / elapsed.Seconds()
 	}
 	c.Latency = Summarize(latencies)
 	c.LatenciesNS = make([]int64, len(latencies))

@@ -14,7 +14,7 @@ import (
 // side-by-side ratios per cell, the agents' peak memory and the notes.
 func WriteTable(w io.Writer, r *Report) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "cell\troute\tn\tthroughput\tp50\tp90\tp99\tmax\tp99/p50\tverified")
+	fmt.Fprintln(tw, "cell\troute\tn\tthroughput\tdesc/s\tp50\tp90\tp99\tmax\tp99/p50\tverified")
 	bulk, loop := false, false
 	for _, row := range Rows(r.Cells) {
 		loop = loop || row.Generations > 1
@@ -30,8 +30,8 @@ func WriteTable(w io.Writer, r *Report) error {
 		if row.Failed > 0 {
 			v = fmt.Sprintf("%s (%d requests failed)", VerifiedFailed, row.Failed)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", row.Group, route, row.Iterations,
-			FormatRate(row.Throughput), dur(row.Latency.P50NS), dur(row.Latency.P90NS), dur(row.Latency.P99NS),
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", row.Group, route, row.Iterations,
+			FormatRate(row.Throughput), descRate(row.Throughput, row.DescSize), dur(row.Latency.P50NS), dur(row.Latency.P90NS), dur(row.Latency.P99NS),
 			dur(row.Latency.MaxNS), tail(row.Latency.TailRatio), v)
 	}
 	if err := tw.Flush(); err != nil {
@@ -115,4 +115,22 @@ func signedSize(n int64) string {
 		return "-" + FormatSize(uint64(-n))
 	}
 	return FormatSize(uint64(n))
+}
+
+// descRate formats the descriptors per second that bps bytes per second of
+// descSize-byte descriptors make ("1.23M/s").
+func descRate(bps float64, descSize uint64) string {
+	if descSize == 0 || bps <= 0 {
+		return "-"
+	}
+	r := bps / float64(descSize)
+	switch {
+	case r >= 1e9:
+		return fmt.Sprintf("%.2fG/s", r/1e9)
+	case r >= 1e6:
+		return fmt.Sprintf("%.2fM/s", r/1e6)
+	case r >= 1e3:
+		return fmt.Sprintf("%.1fk/s", r/1e3)
+	}
+	return fmt.Sprintf("%.0f/s", r)
 }
