@@ -100,7 +100,7 @@ func TestBenchEndToEnd(t *testing.T) {
 	if n := strings.Count(stderr.String(), "bench ["); n != 12 {
 		t.Errorf("%d progress lines on stderr (not a terminal), want 12:\n%s", n, stderr.String())
 	}
-	for _, name := range []string{"throughput-fragmented-c1.png", "latency-cdf-gptoss120b-tp8-b16-2048x2KiB-fragmented-c2.png"} {
+	for _, name := range []string{"throughput-fragmented-c1.png", "latency-tail-gptoss120b-tp8-b16-2048x2KiB-fragmented-c2.png"} {
 		checkBenchPNG(t, filepath.Join(plots, name))
 	}
 }
