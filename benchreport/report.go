@@ -14,8 +14,10 @@ import (
 	"time"
 )
 
-// Schema is the version of the JSON layout written by WriteJSON.
-const Schema = 1
+// Schema is the version of the JSON layout written by WriteJSON. Version 2
+// names a cell's throughput bytes_per_second (1 called it throughput_bps)
+// and adds the build and the effective configuration; ReadJSON reads both.
+const Schema = 2
 
 // Route names used in cells. RouteBulk is not a pipeline route: it is the
 // same bytes as one contiguous descriptor per request, moved on the direct
@@ -33,6 +35,18 @@ const (
 	VerifiedSkipped = "skipped" // verification was turned off
 )
 
+// Build identifies the bounce that produced a report.
+type Build struct {
+	// Version is the module version ("(devel)" for a source build).
+	Version string `json:"version"`
+	// Commit is the VCS revision, "" when the binary carries none.
+	Commit string `json:"commit,omitempty"`
+	// Modified says the working tree had uncommitted changes.
+	Modified bool `json:"modified"`
+	// WireVersion is the control-plane codec version (wire.Version).
+	WireVersion uint16 `json:"wire_version"`
+}
+
 // Report is one bench sweep.
 type Report struct {
 	// Schema is the JSON layout version (Schema).
@@ -44,6 +58,11 @@ type Report struct {
 	Command []string `json:"command,omitempty"`
 	// Machine is where it ran.
 	Machine Machine `json:"machine"`
+	// Bounce is the build that ran the sweep.
+	Bounce Build `json:"bounce"`
+	// EffectiveConfig is the sender's whole configuration after every
+	// layer (defaults, file, environment, flags), keyed as in YAML.
+	EffectiveConfig map[string]any `json:"effective_config,omitempty"`
 	// Config is what was swept and with which engine and control plane.
 	Config Config `json:"config"`
 	// Cells are the measurements in the order they were taken.
@@ -166,7 +185,7 @@ type Cell struct {
 	// ElapsedNS is first submit to last completion.
 	ElapsedNS int64 `json:"elapsed_ns"`
 	// Throughput is Bytes per second of Elapsed.
-	Throughput float64 `json:"throughput_bps"`
+	Throughput float64 `json:"bytes_per_second"`
 	// Latency summarizes LatenciesNS.
 	Latency LatencyStats `json:"latency"`
 	// LatenciesNS are the successful requests' latencies, sorted: all of

@@ -13,6 +13,7 @@ import (
 
 	"github.com/schollz/progressbar/v3"
 	"github.com/spf13/cobra"
+	"go.yaml.in/yaml/v3"
 	"golang.org/x/term"
 
 	"github.com/bouncekv/bounce/benchreport"
@@ -376,6 +377,12 @@ func (o *benchOptions) run(cmd *cobra.Command, cfg config.Config, plan benchPlan
 		},
 		Notes: slices.Clone(plan.notes),
 	}
+	rep.Bounce, _ = buildInfo()
+	if eff, err := effectiveConfig(cfg); err != nil {
+		rep.Notes = append(rep.Notes, "effective configuration not recorded: "+err.Error())
+	} else {
+		rep.EffectiveConfig = eff
+	}
 	if o.descSize != "" && !strings.Contains(o.descSize, "..") && !strings.Contains(o.descSize, ",") {
 		rep.Config.DescSize = plan.groups[0].g.DescSize
 	}
@@ -700,4 +707,18 @@ func mergeResults(a, b driver.Result) driver.Result {
 		a.Route = "mixed"
 	}
 	return a
+}
+
+// effectiveConfig renders cfg (every key, after every layer) as the nested
+// mapping its YAML form is, for the report.
+func effectiveConfig(cfg config.Config) (map[string]any, error) {
+	y, err := cfg.YAML()
+	if err != nil {
+		return nil, err
+	}
+	var m map[string]any
+	if err := yaml.Unmarshal(y, &m); err != nil {
+		return nil, fmt.Errorf("effective configuration: %w", err)
+	}
+	return m, nil
 }

@@ -115,6 +115,11 @@ func TestBenchClosedLoop(t *testing.T) {
 	if len(rep.Cells) != 1 || rep.Config.Generations != 3 {
 		t.Fatalf("%d cells, generations %d", len(rep.Cells), rep.Config.Generations)
 	}
+	// The report says which build ran and with what configuration.
+	bc, _ := rep.EffectiveConfig["bounce"].(map[string]any)
+	if rep.Schema != benchreport.Schema || rep.Bounce.WireVersion != wireVersion() || rep.Bounce.Version == "" || bc["arena_size"] != "16MiB" || bc["max_chunk"] != "2MiB" {
+		t.Fatalf("build %+v, effective bounce config %v", rep.Bounce, bc)
+	}
 	c := rep.Cells[0]
 	if c.Verified != benchreport.VerifiedYes || c.VerifiedRequests != 6 || c.Requests != 6 || c.Failed != 0 || c.Bytes != 6*1024*2048 || c.Generations != 3 {
 		t.Fatalf("cell %+v", c)
