@@ -107,9 +107,11 @@ type spreadBars struct {
 	lo, hi []float64
 }
 
-func (s spreadBars) Len() int                         { return len(s.pts) }
-func (s spreadBars) XY(i int) (float64, float64)      { return s.pts[i].X, s.pts[i].Y }
-func (s spreadBars) YError(i int) (float64, float64)  { return s.pts[i].Y - s.lo[i], s.hi[i] - s.pts[i].Y }
+func (s spreadBars) Len() int                    { return len(s.pts) }
+func (s spreadBars) XY(i int) (float64, float64) { return s.pts[i].X, s.pts[i].Y }
+func (s spreadBars) YError(i int) (float64, float64) {
+	return s.pts[i].Y - s.lo[i], s.hi[i] - s.pts[i].Y
+}
 
 // addSeries adds one route's line with its spread to p.
 func addSeries(p *plot.Plot, s series, label string, dashed bool, scale float64) error {
