@@ -35,6 +35,20 @@ const (
 	VerifiedSkipped = "skipped" // verification was turned off
 )
 
+// Stages is the pipeline's own per-stage timing of a request, summed over
+// its chunks (chunks overlap: the stages add up to more than the latency):
+// building the plan, WANT to first GRANT, the gathers, the bulk writes
+// until landed, sending DATA, and DATA to ACK (the receiver's scatter and
+// the ACK's trip back). A direct request has only its write.
+type Stages struct {
+	PlanNS      int64 `json:"plan_ns"`
+	GrantWaitNS int64 `json:"grant_wait_ns"`
+	GatherNS    int64 `json:"gather_ns"`
+	WriteNS     int64 `json:"write_ns"`
+	DataNS      int64 `json:"data_ns"`
+	AckWaitNS   int64 `json:"ack_wait_ns"`
+}
+
 // Build identifies the bounce that produced a report.
 type Build struct {
 	// Version is the module version ("(devel)" for a source build).
@@ -170,6 +184,9 @@ type Cell struct {
 	// (Count per successful request; the bulk route moves the same bytes
 	// as one descriptor, but is counted as the workload's).
 	DescriptorsPerSecond float64 `json:"descriptors_per_second"`
+	// Stages is where a successful request's time went on the sender, the
+	// mean over the cell's requests (nil when none succeeded).
+	Stages *Stages `json:"stages,omitempty"`
 	// Fallbacks counts the requests that went direct although the cell
 	// did not ask for direct (handshake, gates, bounce off).
 	Fallbacks int `json:"fallbacks,omitempty"`

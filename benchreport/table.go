@@ -46,6 +46,9 @@ func WriteTable(w io.Writer, r *Report) error {
 	if err := writeRatios(w, r.Ratios); err != nil {
 		return err
 	}
+	if err := writeStages(w, r.Cells); err != nil {
+		return err
+	}
 	if m := r.Memory; m != nil {
 		fmt.Fprintf(w, "\npeak RSS (VmHWM): sender %s (source buffer %s), receiver %s (destination buffer %s); arena %s each; largest transfer %s\n",
 			FormatSize(m.SenderPeakRSS), FormatSize(m.SourceBuffer), FormatSize(m.ReceiverPeakRSS), FormatSize(m.DestinationBuffer),
@@ -133,4 +136,46 @@ func descRate(bps float64, descSize uint64) string {
 		return fmt.Sprintf("%.1fk/s", r/1e3)
 	}
 	return fmt.Sprintf("%.0f/s", r)
+}
+
+// writeStages writes, per group and route that recorded stage times, the
+// mean over iterations of each stage's time per request.
+func writeStages(w io.Writer, cells []Cell) error {
+	type key struct {
+		g     Group
+		route string
+	}
+	var order []key
+	sums := map[key]*[7]int64{} // six stages and the count
+	for _, c := range cells {
+		if c.Stages == nil {
+			continue
+		}
+		k := key{c.Group, c.Route}
+		s := sums[k]
+		if s == nil {
+			s = &[7]int64{}
+			sums[k] = s
+			order = append(order, k)
+		}
+		for i, v := range []int64{c.Stages.PlanNS, c.Stages.GrantWaitNS, c.Stages.GatherNS, c.Stages.WriteNS, c.Stages.DataNS, c.Stages.AckWaitNS} {
+			s[i] += v
+		}
+		s[6]++
+	}
+	if len(order) == 0 {
+		return nil
+	}
+	fmt.Fprintln(w, "\nwhere a request's time went on the sender (mean per request, summed over its chunks, which overlap; ack wait holds the receiver's scatter):")
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "cell\troute\tplan\tWANT->GRANT\tgather\twrite\tDATA\tDATA->ACK")
+	for _, k := range order {
+		s := sums[k]
+		n := s[6]
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", k.g, k.route, dur(s[0]/n), dur(s[1]/n), dur(s[2]/n), dur(s[3]/n), dur(s[4]/n), dur(s[5]/n))
+	}
+	if err := tw.Flush(); err != nil {
+		return fmt.Errorf("benchreport: write stages: %w", err)
+	}
+	return nil
 }

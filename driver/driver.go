@@ -56,6 +56,9 @@ type Result struct {
 	Steady []time.Duration
 	// PeakInFlight is the most requests that were in flight at once.
 	PeakInFlight int
+	// Stages is the mean per successful request of where its time went on
+	// the sender (pipeline.Stages).
+	Stages pipeline.Stages
 	// Fallbacks counts requests that went direct although the run did not
 	// ask for direct (the agent's route decision: handshake, gates, bounce
 	// off); FallbackReason is the first one's reason.
@@ -247,6 +250,7 @@ func (d *Driver) Run(ctx context.Context, t Target, o Options) (Result, error) {
 				return
 			}
 			res.Bytes += per
+			res.Stages = res.Stages.Add(bt.Stages())
 			res.Latencies = append(res.Latencies, done.Sub(submitted))
 			if steady {
 				res.Steady = append(res.Steady, done.Sub(submitted))
@@ -262,6 +266,7 @@ func (d *Driver) Run(ctx context.Context, t Target, o Options) (Result, error) {
 	}
 	slices.Sort(res.Latencies)
 	slices.Sort(res.Steady)
+	res.Stages = res.Stages.Div(len(res.Latencies))
 	// Every request submitted was waited for or abandoned: unless
 	// NotQuiescent says otherwise, nothing touches the buffers now.
 	if res.NotQuiescent > 0 {

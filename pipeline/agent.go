@@ -573,10 +573,12 @@ func (a *Agent) SubmitContext(ctx context.Context, req Request) (*Batch, error) 
 	b.abandon = func(timeout time.Duration) transfer.AbandonOutcome { return a.abandon(b, timeout) }
 	switch route {
 	case RouteBounce:
+		planning := time.Now()
 		p, err := a.plan(req)
 		if err != nil {
 			return nil, err
 		}
+		b.plan = time.Since(planning)
 		b.obs.bytes = p.Payload
 		a.obs.submitted(ctx, b, req.Peer, len(req.Src), reason)
 		a.obs.planned(b, p)

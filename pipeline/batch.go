@@ -74,6 +74,30 @@ type Batch struct {
 	abandon func(time.Duration) transfer.AbandonOutcome // set by the agent
 
 	obs batchObs // telemetry (set in Submit, then used on the reactor)
+
+	plan   time.Duration // building the plan, at Submit
+	stages Stages        // set by the reactor before a successful batch resolves
+}
+
+// setStages records a successful request's stage times (reactor only,
+// before it resolves the batch).
+func (b *Batch) setStages(s Stages) {
+	b.mu.Lock()
+	b.stages = s
+	b.mu.Unlock()
+}
+
+// Stages returns where a successful request's time went (see Stages); it is
+// zero until the batch is Done, and for a failed batch.
+func (b *Batch) Stages() Stages {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.status != transfer.Done {
+		return Stages{}
+	}
+	s := b.stages
+	s.Plan = b.plan
+	return s
 }
 
 func newBatch(id uint64, route Route, reason string, onDone func(*Batch)) *Batch {

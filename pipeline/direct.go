@@ -114,6 +114,9 @@ func (r *reactor) pollDirect() bool {
 		}
 		r.a.obs.directEnded(d.span, err)
 		d.tell(r, err)
+		if err == nil {
+			d.b.setStages(Stages{Write: time.Since(d.posted)})
+		}
 		r.publish(d.b, err, quiet)
 	}
 	return progressed

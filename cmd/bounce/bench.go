@@ -517,6 +517,7 @@ func (o *benchOptions) cell(ctx context.Context, s *session, g benchreport.Group
 	}
 	c := benchreport.NewCell(g, route, it, order, res.Requests, res.Failed, res.Bytes, res.Elapsed, window)
 	c.AllLatency, c.Took, c.Reason, c.PeakInFlight, c.Fallbacks = all, res.Route, res.Reason, res.PeakInFlight, res.Fallbacks
+	c.Stages = cellStages(res.Stages)
 	switch {
 	case res.Failed > 0:
 		c.Verified = benchreport.VerifiedFailed
@@ -687,6 +688,10 @@ func parseSizeSweep(s string) ([]uint64, error) {
 // time add up, latencies are pooled (sorted), the route reads "mixed" if
 // the rounds took different ones.
 func mergeResults(a, b driver.Result) driver.Result {
+	na, nb := len(a.Latencies), len(b.Latencies)
+	if na+nb > 0 { // both are means per request: weigh them by their counts
+		a.Stages = scaleStages(a.Stages, na).Add(scaleStages(b.Stages, nb)).Div(na + nb)
+	}
 	a.Requests += b.Requests
 	a.Failed += b.Failed
 	a.Bytes += b.Bytes
@@ -721,4 +726,18 @@ func effectiveConfig(cfg config.Config) (map[string]any, error) {
 		return nil, fmt.Errorf("effective configuration: %w", err)
 	}
 	return m, nil
+}
+
+func scaleStages(s pipeline.Stages, n int) pipeline.Stages {
+	d := time.Duration(n)
+	return pipeline.Stages{Plan: s.Plan * d, GrantWait: s.GrantWait * d, Gather: s.Gather * d, Write: s.Write * d, Data: s.Data * d, AckWait: s.AckWait * d}
+}
+
+// cellStages converts the driver's mean stage times for the report.
+func cellStages(s pipeline.Stages) *benchreport.Stages {
+	if s == (pipeline.Stages{}) {
+		return nil
+	}
+	return &benchreport.Stages{PlanNS: int64(s.Plan), GrantWaitNS: int64(s.GrantWait), GatherNS: int64(s.Gather),
+		WriteNS: int64(s.Write), DataNS: int64(s.Data), AckWaitNS: int64(s.AckWait)}
 }

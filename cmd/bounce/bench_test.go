@@ -307,7 +307,7 @@ func TestBenchRotate(t *testing.T) {
 // TestBenchDuration: --duration moves a cell's workload round after round
 // until it ran that long, every round counted and verified at the end.
 func TestBenchDuration(t *testing.T) {
-	rep, _, _ := runBench(t, "--workload", "gptoss120b-tp8-b16", "--count", "1024",
+	rep, stdout, _ := runBench(t, "--workload", "gptoss120b-tp8-b16", "--count", "1024",
 		"--concurrency", "1", "--routes", "bounce", "--repeat", "1", "--duration", "500ms")
 	if len(rep.Cells) != 1 {
 		t.Fatalf("%d cells", len(rep.Cells))
@@ -316,5 +316,11 @@ func TestBenchDuration(t *testing.T) {
 	if c.Requests < 2 || c.Failed != 0 || c.Bytes != uint64(c.Requests)*1024*2048 || c.ElapsedNS < int64(500*time.Millisecond) ||
 		len(c.LatenciesNS) != c.Requests || c.Verified != benchreport.VerifiedYes || c.DescriptorsPerSecond <= 0 {
 		t.Fatalf("cell %+v", c)
+	}
+	if st := c.Stages; st == nil || st.GrantWaitNS <= 0 || st.GatherNS <= 0 || st.WriteNS <= 0 || st.AckWaitNS <= 0 {
+		t.Fatalf("stages %+v", c.Stages)
+	}
+	if !strings.Contains(stdout.String(), "where a request's time went") || !strings.Contains(stdout.String(), "DATA->ACK") {
+		t.Fatalf("no stage table:\n%s", stdout.String())
 	}
 }
