@@ -416,7 +416,7 @@ func (o *benchOptions) run(cmd *cobra.Command, cfg config.Config, plan benchPlan
 	rep.Config.BounceOn = true
 	if on, why, _ := s.n.Agent.PeerRoute(s.tgt.Peer); !on {
 		rep.Config.BounceOn = false
-		note := fmt.Sprintf("the bounce path is unavailable (%s); bounce cells take the direct path", why)
+		note := fmt.Sprintf("the bounce path is unavailable (%s); bounce cells fail with that reason (the bounce route requires bounce; the auto route falls back, counted)", why)
 		rep.Notes = append(rep.Notes, note)
 		fmt.Fprintf(errw, "note: %s\n", note)
 	}

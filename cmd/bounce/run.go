@@ -69,7 +69,7 @@ func mainJob(cmd *cobra.Command, cfg config.Config, childArgs []string, spec wor
 	}
 	defer s.close()
 	if on, why, _ := s.n.Agent.PeerRoute(s.tgt.Peer); !on {
-		fmt.Fprintf(out, "note: the bounce path is unavailable (%s); every transfer takes the direct path\n", why)
+		fmt.Fprintf(out, "note: the bounce path is unavailable (%s); the bounce route, which run requires, will fail with that reason\n", why)
 	}
 	if addr := s.n.Telemetry.MetricsAddr(); addr != "" {
 		fmt.Fprintf(out, "metrics: sender http://%s/metrics, receiver http://%s/metrics\n", addr, s.recv.hello.Metrics)
