@@ -3,6 +3,7 @@ package config
 import (
 	"errors"
 	"fmt"
+	"github.com/bouncekv/bounce/pipeline"
 	"github.com/bouncekv/bounce/pipeline/credit"
 	"net"
 	"net/netip"
@@ -100,6 +101,26 @@ type Config struct {
 	ControlPlane ControlPlaneConfig
 	Stages       StagesConfig
 	Telemetry    TelemetryConfig
+	Log          LogConfig
+}
+
+// LogConfig configures the process's log on stderr.
+type LogConfig struct {
+	// Level is debug, info, warn or error (log.level, default warn).
+	Level string
+	// Format is text (key=value) or json, one object per line (log.format,
+	// default text).
+	Format string
+}
+
+// Validate checks log.level and log.format.
+func (l *LogConfig) Validate() error { return joinKeyErrors(l.validate()) }
+
+func (l *LogConfig) validate() []*KeyError {
+	var errs fieldErrors
+	errs.add(oneOf("log.level", l.Level, "debug", "info", "warn", "error"))
+	errs.add(oneOf("log.format", l.Format, "text", "json"))
+	return errs
 }
 
 // AgentConfig identifies this agent among its peers.
@@ -126,8 +147,8 @@ type BounceConfig struct {
 	// overlap sooner — about 10%
 	// lower latency for one 16 MiB request, but a wider tail under sustained
 	// load (docs/BENCHMARKS.md). bounce.min_chunk, default 0 (off: every
-	// chunk MaxChunk; so is MaxChunk or more). Only the sender uses it;
-	// peers need not agree.
+	// chunk MaxChunk); more than MaxChunk is an error. Only the sender uses
+	// it; peers need not agree.
 	MinChunk Size
 	// MaxInflight is W, the regions one request may hold at once
 	// (bounce.max_inflight, default 8, 1..1024).
@@ -176,6 +197,12 @@ type BounceConfig struct {
 	// DisableMerging sends one run per descriptor; debugging only
 	// (bounce.disable_merging, default false).
 	DisableMerging bool
+	// Route is the route of requests that do not choose one (bounce.route,
+	// default auto): auto (bounce when eligible, else direct, each fallback
+	// warned once per peer and counted), bounce (required: a request that
+	// cannot take it fails with the reason, and a bounce path that cannot
+	// be built fails the node) or direct.
+	Route string
 }
 
 // UsableCapacity is the largest block the arena's buddy allocator can hand
@@ -277,23 +304,32 @@ const MinMinChunk = 64 * KiB
 // Default returns the defaults. Agent.Name is "<hostname>-<pid>" (with
 // characters other than letters, digits, '.', '-' and '_' replaced by '-'),
 // or "bounce-<pid>" when the hostname is unavailable.
+//
+// The bounce section's runtime values come from pipeline.DefaultConfig, the
+// one place they are set; only the keys the runtime does not have (the
+// stages' copy contexts, zero-copy arguments, the route's name) are set
+// here.
 func Default() Config {
+	p := pipeline.DefaultConfig()
 	return Config{
 		Agent: AgentConfig{Name: defaultAgentName()},
 		Bounce: BounceConfig{
-			Enabled:          true,
-			ArenaSize:        256 * MiB,
-			Granularity:      1 * MiB,
-			MaxChunk:         8 * MiB, // the reference uses 32 MiB; docs/BENCHMARKS.md shows why 8 MiB here
-			MaxInflight:      8,
+			Enabled:          p.Enabled,
+			ArenaSize:        Size(p.ArenaSize),
+			Granularity:      Size(p.Granularity),
+			MaxChunk:         Size(p.MaxChunk),
+			MinChunk:         Size(p.MinChunk),
+			MaxInflight:      p.MaxInflight,
 			CopyContexts:     8,
-			ScatterWorkers:   4,
-			MinDescriptors:   1024,
-			MaxAvgDescriptor: 16 * KiB,
-			RequestTimeout:   30 * time.Second,
-			EagerGather:      true,
+			ScatterWorkers:   p.ScatterWorkers,
+			MinDescriptors:   p.MinDescriptors,
+			MaxAvgDescriptor: Size(p.MaxAvgDescriptor),
+			RequestTimeout:   p.RequestTimeout,
+			EagerGather:      p.EagerGather,
+			DisableMerging:   p.DisableMerging,
 			ZeroCopyArgs:     false,
 			ArenaMemory:      "auto",
+			Route:            p.Route.String(),
 		},
 		Engine: EngineConfig{Kind: "tcp", Listen: "127.0.0.1:0", Connections: 4, Plugin: DefaultPlugin()},
 		ControlPlane: ControlPlaneConfig{
@@ -307,6 +343,7 @@ func Default() Config {
 			Write:    StageConfig{Kind: "engine", Plugin: DefaultPlugin()},
 			Fallback: "host",
 		},
+		Log: LogConfig{Level: "warn", Format: "text"},
 		Telemetry: TelemetryConfig{
 			Traces:      "none",
 			SampleRatio: 1,
@@ -358,6 +395,7 @@ func (c *Config) validate() []*KeyError {
 	errs = append(errs, c.ControlPlane.validate()...)
 	errs = append(errs, c.Stages.validate()...)
 	errs = append(errs, c.Telemetry.validate()...)
+	errs = append(errs, c.Log.validate()...)
 	return errs
 }
 
@@ -409,9 +447,13 @@ func (b *BounceConfig) validate() []*KeyError {
 	intRange("bounce.max_inflight", b.MaxInflight, 1, 1024)
 	intRange("bounce.copy_contexts", b.CopyContexts, 1, 1024)
 	intRange("bounce.copy_workers", b.CopyWorkers, 0, 256)
-	if b.MinChunk != 0 && b.MinChunk < MinMinChunk {
+	switch {
+	case b.MinChunk != 0 && b.MinChunk < MinMinChunk:
 		add(outOfRange("bounce.min_chunk", b.MinChunk, "must be 0 (off) or at least %v", Size(MinMinChunk)))
+	case b.MaxChunk != 0 && b.MinChunk > b.MaxChunk:
+		add(outOfRange("bounce.min_chunk", b.MinChunk, "must not exceed bounce.max_chunk %v", b.MaxChunk))
 	}
+	add(oneOf("bounce.route", b.Route, "auto", "bounce", "direct"))
 	intRange("bounce.scatter_workers", b.ScatterWorkers, 1, 1024)
 	if b.MinDescriptors < 0 {
 		add(outOfRange("bounce.min_descriptors", b.MinDescriptors, "must not be negative"))

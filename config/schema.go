@@ -44,6 +44,7 @@ func fields() []field {
 		{"bounce.zero_copy_args", "GPU stages read their plan from pinned host memory (false: staged to the device)", func(c *Config) any { return &c.Bounce.ZeroCopyArgs }},
 		{"bounce.arena_memory", "arena memory: auto, device, pinned-host or host", func(c *Config) any { return &c.Bounce.ArenaMemory }},
 		{"bounce.disable_merging", "one scatter run per descriptor (debugging only)", func(c *Config) any { return &c.Bounce.DisableMerging }},
+		{"bounce.route", "route of requests that choose none: auto, bounce (required: fail rather than fall back) or direct", func(c *Config) any { return &c.Bounce.Route }},
 
 		{"engine.kind", "data-plane engine: loopback, tcp, ucx, nixl, cudacopy or plugin", func(c *Config) any { return &c.Engine.Kind }},
 		{"engine.plugin", "engine plugin (engine.kind=plugin): a path or {path, args, env, inherit_env, checksum, options, max_restarts, restart_backoff}", func(c *Config) any { return &c.Engine.Plugin }},
@@ -68,6 +69,9 @@ func fields() []field {
 		{"telemetry.service_name", "service name in traces and metrics; empty = OTEL_SERVICE_NAME, else bounce", func(c *Config) any { return &c.Telemetry.ServiceName }},
 		{"telemetry.sample_ratio", "fraction of new traces sampled (parent-based), 0..1; OTEL_TRACES_SAMPLER overrides it", func(c *Config) any { return &c.Telemetry.SampleRatio }},
 		{"telemetry.metrics.listen", "serve Prometheus metrics on this host:port (/metrics); empty = off", func(c *Config) any { return &c.Telemetry.MetricsListen }},
+
+		{"log.level", "log level on stderr: debug, info, warn or error", func(c *Config) any { return &c.Log.Level }},
+		{"log.format", "log format on stderr: text (key=value) or json (one object per line)", func(c *Config) any { return &c.Log.Format }},
 	}
 }
 

@@ -15,6 +15,7 @@ import (
 	"io"
 	"log/slog"
 	"maps"
+	"net"
 	"slices"
 	"sync"
 	"time"
@@ -166,6 +167,15 @@ type Options struct {
 	// Telemetry are the providers to use; nil means Build makes them from
 	// cfg.Telemetry (telemetry.New) and Close shuts them down.
 	Telemetry *telemetry.Providers
+	// Received, if set, receives the agent's receiver-side completion
+	// events (pipeline.Settings.Received: never blocked on; an event that
+	// finds it full is dropped and counted).
+	Received chan<- pipeline.Received
+	// StrictBounce fails Build when the configuration enables the bounce
+	// path but it cannot be built (a bad control-plane interface, say),
+	// instead of serving the direct path; bounce serve sets it. Build is
+	// always strict when bounce.route is bounce.
+	StrictBounce bool
 }
 
 // Build is BuildWith with only a logger: the node's telemetry comes from
@@ -188,6 +198,12 @@ func BuildWith(cfg config.Config, f Factories, o Options) (*Node, error) {
 	}
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("node: %w", err)
+	}
+	if err := CheckKinds(cfg, f); err != nil {
+		return nil, fmt.Errorf("node: %w", err)
+	}
+	if why := loopbackMismatch(cfg); why != "" {
+		logger.Warn(why)
 	}
 	n := &Node{Registry: &mem.Registry{}, Config: cfg, Telemetry: o.Telemetry}
 	if n.Telemetry == nil {
@@ -233,6 +249,9 @@ func BuildWith(cfg config.Config, f Factories, o Options) (*Node, error) {
 		// bounce path (degrade, never break): the agent serves every
 		// transfer on the direct path and says why.
 		if err := n.buildBounce(s, cfg, f, logger); err != nil {
+			if o.StrictBounce || cfg.Bounce.Route == "bounce" {
+				return fail(fmt.Errorf("node: bounce path (bounce.enabled is true; set it false to serve the direct path only): %w", err))
+			}
 			logger.Warn("bounce path unavailable; serving the direct path", "reason", err)
 			n.closeBounceParts()
 		}
@@ -257,6 +276,7 @@ func BuildWith(cfg config.Config, f Factories, o Options) (*Node, error) {
 		MeterProvider:  s.MeterProvider,
 		Propagator:     s.Propagator,
 		Kinds:          kinds,
+		Received:       o.Received,
 	}, pc)
 	if err != nil {
 		return fail(fmt.Errorf("node: %w", err))
@@ -379,10 +399,22 @@ func PipelineConfig(b config.BounceConfig) pipeline.Config {
 		MaxAvgDescriptor: uint64(b.MaxAvgDescriptor),
 		RequestTimeout:   b.RequestTimeout,
 		Quarantine:       b.Quarantine, // 0: pipeline.Config's default, 1 × RequestTimeout
-		QuiesceTimeout:   min(b.RequestTimeout, 5*time.Second),
+		QuiesceTimeout:   min(b.RequestTimeout, pipeline.DefaultConfig().QuiesceTimeout),
 		EagerGather:      b.EagerGather,
 		DisableMerging:   b.DisableMerging,
+		Route:            routeOf(b.Route),
 	}
+}
+
+// routeOf maps bounce.route (validated) to the pipeline's route.
+func routeOf(s string) pipeline.Route {
+	switch s {
+	case "bounce":
+		return pipeline.RouteBounce
+	case "direct":
+		return pipeline.RouteDirect
+	}
+	return pipeline.RouteAuto
 }
 
 // Close shuts the agent down (bounded by ctx), closes every component and
@@ -446,3 +478,25 @@ func (n *Node) closeParts() error {
 }
 
 func keys[V any](m map[string]V) []string { return slices.Sorted(maps.Keys(m)) }
+
+// loopbackMismatch says why cfg cannot work across hosts when the tcp
+// engine listens on loopback while the control plane binds a routable
+// interface or address (peers elsewhere would reach one and not the
+// other), or "".
+func loopbackMismatch(cfg config.Config) string {
+	if cfg.Engine.Kind != "tcp" || cfg.ControlPlane.Kind != "zmq" {
+		return ""
+	}
+	host, _, err := net.SplitHostPort(cfg.Engine.Listen)
+	if ip := net.ParseIP(host); err != nil || ip == nil || !ip.IsLoopback() {
+		return ""
+	}
+	cp := cfg.ControlPlane
+	switch ip := net.ParseIP(cp.BindAddress); {
+	case cp.Interface != "":
+		return fmt.Sprintf("engine.listen %s is a loopback address while control_plane.interface %s is routable: peers on other hosts reach the control plane but not the engine; set engine.listen to this host's address on %s", cfg.Engine.Listen, cp.Interface, cp.Interface)
+	case ip != nil && !ip.IsLoopback():
+		return fmt.Sprintf("engine.listen %s is a loopback address while control_plane.bind_address %s is routable: peers on other hosts reach the control plane but not the engine; set engine.listen to %s:<port>", cfg.Engine.Listen, cp.BindAddress, cp.BindAddress)
+	}
+	return ""
+}

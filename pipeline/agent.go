@@ -1,6 +1,7 @@
 package pipeline
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"errors"
@@ -73,6 +74,11 @@ type Config struct {
 	EagerGather bool
 	// DisableMerging sends one scatter run per descriptor (debugging only).
 	DisableMerging bool
+	// Route is the route of a request that asks for RouteAuto: RouteAuto
+	// (bounce when eligible, else direct, each fallback warned once per
+	// peer and counted), RouteBounce (required: a request that cannot take
+	// it is refused with the reason) or RouteDirect.
+	Route Route
 }
 
 // DefaultConfig returns the defaults: the reference design's, except an
@@ -146,6 +152,12 @@ type Settings struct {
 	Propagator     propagation.TextMapPropagator
 	// Kinds names the components above for span attributes.
 	Kinds Kinds
+	// Received, if set, receives a completion event for every request a
+	// peer sent to this agent (see Received). The reactor never blocks on
+	// it: size its buffer for the bursts you expect; an event that finds it
+	// full is dropped and counted (Stats.DroppedEvents). Nil discards the
+	// events (they are still counted in Stats.Events).
+	Received chan<- Received
 }
 
 // Arena is the memory of a bounce arena: one range, freed by Close once
@@ -191,6 +203,12 @@ type peerInfo struct {
 	name   string
 	bounce bool
 	reason string // why not bounce
+	// ctrl is set when the control channel reaches the peer (always when
+	// bounce is): direct requests then tell it when they end (DONE).
+	ctrl bool
+	// warned holds the kinds of fallback already warned about.
+	warnMu sync.Mutex
+	warned map[string]bool
 	// forgotten is set by ForgetPeer before it removes the peer anywhere,
 	// so a request submitted to this incarnation of the peer that then
 	// meets an unknown peer knows it was lost (ErrPeerLost).
@@ -395,20 +413,30 @@ func (a *Agent) LoadPeer(blob []byte) (string, error) {
 		return "", fmt.Errorf("pipeline: load peer: descriptor names %q but its engine metadata names %q: %w", d.Name, name, transfer.ErrBadMetadata)
 	}
 	pi := &peerInfo{name: name}
-	reason := a.checkHandshake(d.Handshake)
+	reason := a.checkHandshake(d.Handshake, name)
 	if d.HandshakeErr != nil {
 		reason = "malformed handshake: " + d.HandshakeErr.Error()
 	}
 	if reason != "" {
 		pi.reason = reason
 		a.stats.incompatiblePeers.Add(1)
-		a.log.Info("peer stays on the direct path", "peer", name, "reason", reason)
+		if a.bounceOn {
+			// Bounce is up here, so this peer is a fallback (the agent
+			// warned at start when bounce is off locally).
+			a.log.Warn("peer stays on the direct path", "peer", name, "reason", reason)
+		}
 	} else if err := a.set.Control.AddPeer(name, d.Handshake.Endpoint); err != nil {
 		pi.reason = "control endpoint unusable: " + err.Error()
 		a.stats.incompatiblePeers.Add(1)
 		a.log.Warn("peer stays on the direct path", "peer", name, "reason", pi.reason)
 	} else {
-		pi.bounce = true
+		pi.bounce, pi.ctrl = true, true
+	}
+	if !pi.ctrl && a.set.Control != nil && d.Handshake != nil && d.HandshakeErr == nil &&
+		d.Handshake.ControlKind == a.set.Control.Kind() && d.Handshake.Endpoint != "" {
+		// Direct-only, but the control planes still speak to each other:
+		// the peer learns when a direct request to it ended.
+		pi.ctrl = a.set.Control.AddPeer(name, d.Handshake.Endpoint) == nil
 	}
 	a.peersMu.Lock()
 	a.peers[name] = pi
@@ -416,19 +444,21 @@ func (a *Agent) LoadPeer(blob []byte) (string, error) {
 	return name, nil
 }
 
-func (a *Agent) checkHandshake(h *wire.Handshake) string {
+// checkHandshake says why peer's handshake h rules the bounce path out, in
+// terms an operator can act on, or "".
+func (a *Agent) checkHandshake(h *wire.Handshake, peer string) string {
 	local := a.Handshake()
 	switch {
 	case local == nil:
 		return "bounce is off locally: " + a.noBounce
 	case h == nil:
-		return "peer advertises no bounce handshake"
+		return fmt.Sprintf("peer advertises no bounce handshake (bounce is off on %s)", peer)
 	case h.Version != local.Version:
-		return fmt.Sprintf("wire version %d, local %d", h.Version, local.Version)
+		return fmt.Sprintf("wire version %d here vs %d on %s", local.Version, h.Version, peer)
 	case h.ControlKind != local.ControlKind:
-		return fmt.Sprintf("control kind %q, local %q", h.ControlKind, local.ControlKind)
+		return fmt.Sprintf("control plane %q here vs %q on %s (set control_plane.kind alike)", local.ControlKind, h.ControlKind, peer)
 	case h.MaxChunk != local.MaxChunk:
-		return fmt.Sprintf("max chunk %d, local %d", h.MaxChunk, local.MaxChunk)
+		return fmt.Sprintf("max chunk %s here vs %s on %s (set bounce.max_chunk alike; it is clamped to the arena's usable capacity)", sizeString(local.MaxChunk), sizeString(h.MaxChunk), peer)
 	case h.Endpoint == "":
 		return "peer handshake has no endpoint"
 	}
@@ -503,6 +533,9 @@ func (a *Agent) SubmitContext(ctx context.Context, req Request) (*Batch, error) 
 	if len(req.Src) != len(req.Dst) {
 		return nil, fmt.Errorf("pipeline: submit: %d sources but %d destinations", len(req.Src), len(req.Dst))
 	}
+	if len(req.Tag) > wire.MaxTag {
+		return nil, fmt.Errorf("pipeline: submit: tag is %d bytes; a tag holds at most %d", len(req.Tag), wire.MaxTag)
+	}
 	for i := range req.Src {
 		if req.Src[i].Len != req.Dst[i].Len {
 			return nil, fmt.Errorf("pipeline: submit: descriptor %d: source length %d != destination length %d", i, req.Src[i].Len, req.Dst[i].Len)
@@ -514,10 +547,25 @@ func (a *Agent) SubmitContext(ctx context.Context, req Request) (*Batch, error) 
 	if !ok {
 		return nil, fmt.Errorf("pipeline: submit to %q: %w (call LoadPeer first)", req.Peer, transfer.ErrUnknownPeer)
 	}
+	req.Tag = bytes.Clone(req.Tag) // the caller may reuse its slice
 	start := time.Now()
-	route, why, reason := a.route(req, pi)
+	want := req.Route
+	if want == RouteAuto {
+		want = a.cfg.Route
+	}
+	route, why, reason := a.route(req, pi, want)
+	if want == RouteBounce && route != RouteBounce && why != whyEmpty {
+		a.stats.bounceRefused.Add(1)
+		if why == whyMemoryKind { // no stage on this route can touch the memory
+			return nil, fmt.Errorf("pipeline: submit to %q: %w: %s: %w", req.Peer, ErrBounceUnavailable, reason, transfer.ErrUnsupported)
+		}
+		return nil, fmt.Errorf("pipeline: submit to %q: %w: %s", req.Peer, ErrBounceUnavailable, reason)
+	}
 	if err := a.checkKinds(route, req); err != nil {
 		return nil, fmt.Errorf("pipeline: submit to %q: %w", req.Peer, err)
+	}
+	if route == RouteDirect {
+		a.fellBack(pi, why, reason)
 	}
 	id := a.nextID.Add(1)
 	b := newBatch(id, route, reason, req.OnComplete)
@@ -525,15 +573,17 @@ func (a *Agent) SubmitContext(ctx context.Context, req Request) (*Batch, error) 
 	b.abandon = func(timeout time.Duration) transfer.AbandonOutcome { return a.abandon(b, timeout) }
 	switch route {
 	case RouteBounce:
+		planning := time.Now()
 		p, err := a.plan(req)
 		if err != nil {
 			return nil, err
 		}
+		b.plan = time.Since(planning)
 		b.obs.bytes = p.Payload
 		a.obs.submitted(ctx, b, req.Peer, len(req.Src), reason)
 		a.obs.planned(b, p)
 		a.stats.bounceSubmits.Add(1)
-		a.post(func(r *reactor) { r.submitBounce(b, pi, p) })
+		a.post(func(r *reactor) { r.submitBounce(b, pi, p, req.Tag) })
 	default:
 		for _, d := range req.Src {
 			b.obs.bytes += d.Len

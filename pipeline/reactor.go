@@ -2,6 +2,7 @@ package pipeline
 
 import (
 	"errors"
+	"fmt"
 	"log/slog"
 	"runtime"
 	"sync"
@@ -33,6 +34,7 @@ type reactor struct {
 
 	// receiver role
 	flowSeen map[credit.FlowKey]time.Time // last WANT, DATA or grant of each flow
+	rflows   map[credit.FlowKey]*recvFlow // live requests awaiting their Received event
 	// quarantined lists quarantined regions in release order (every
 	// quarantine lasts cfg.Quarantine, so the order is by time too).
 	quarantined []quarantined
@@ -74,6 +76,7 @@ func newReactor(a *Agent, sched *credit.Scheduler) *reactor {
 		parked:    make(map[uint64]*sendReq),
 		direct:    make(map[uint64]*directReq),
 		flowSeen:  make(map[credit.FlowKey]time.Time),
+		rflows:    make(map[credit.FlowKey]*recvFlow),
 		ctrlPeers: make(map[string]string),
 		tasks:     make(map[uint64]*scatterTask),
 		rtraces:   make(map[credit.FlowKey]*recvTrace),
@@ -87,9 +90,11 @@ func newReactor(a *Agent, sched *credit.Scheduler) *reactor {
 	return r
 }
 
-// startHelpers starts the control receive pump and the scatter workers.
+// startHelpers starts the control receive pump (whenever there is a control
+// channel: a direct-only agent still hears DONE notices) and, with bounce
+// up, the scatter workers.
 func (r *reactor) startHelpers(wg *sync.WaitGroup) {
-	if r.sched == nil {
+	if r.a.set.Control == nil {
 		return
 	}
 	wg.Add(1)
@@ -97,6 +102,9 @@ func (r *reactor) startHelpers(wg *sync.WaitGroup) {
 		defer wg.Done()
 		r.pump()
 	}()
+	if r.sched == nil {
+		return
+	}
 	for i := 0; i < r.cfg.ScatterWorkers; i++ {
 		w := &scatterWorker{scatterer: r.a.set.Scatterer, tasks: r.jobs, quit: r.quit, report: r.reportScatter}
 		wg.Add(1)
@@ -273,7 +281,19 @@ func (r *reactor) onMessage(m transfer.Message) {
 		r.log.Warn("dropped malformed control message", "peer", m.Peer, "err", err)
 		return
 	}
+	if r.sched == nil {
+		switch msg.(type) {
+		case *wire.Want, *wire.Data:
+			// Bounce is off here; the peer's handshake check keeps it
+			// from sending these, so this one is unexpected.
+			r.a.stats.badMessages.Add(1)
+			r.log.Warn("bounce message dropped: bounce is off on this agent", "peer", m.Peer, "type", msg.Type())
+			return
+		}
+	}
 	switch msg := msg.(type) {
+	case *wire.Done:
+		r.onDone(m.Peer, msg)
 	case *wire.Want:
 		r.onWant(m.Peer, msg)
 	case *wire.Grant:
@@ -314,6 +334,7 @@ func (r *reactor) send(peer string, m wire.Message) error {
 func (r *reactor) forgetPeer(peer string, fenced bool) {
 	r.a.obs.peerFlowsEnded(r, peer, "reclaimed")
 	delete(r.ctrlPeers, peer)
+	r.failFlows(func(k credit.FlowKey) bool { return k.Peer == peer }, fmt.Errorf("peer forgotten: %w", transfer.ErrPeerLost))
 	if r.sched != nil {
 		if fenced {
 			r.sched.ReclaimPeer(peer)
@@ -337,6 +358,7 @@ func (r *reactor) beginShutdown() {
 	}
 	r.shuttingDown = true
 	r.shutdownAt = time.Now()
+	r.failFlows(func(credit.FlowKey) bool { return true }, fmt.Errorf("receiver shutting down: %w", transfer.ErrClosed))
 	for _, q := range r.reqs {
 		r.fail(q, transfer.ErrClosed)
 	}

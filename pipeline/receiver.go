@@ -19,6 +19,7 @@ func (r *reactor) onWant(peer string, w *wire.Want) {
 	key := credit.FlowKey{Peer: peer, Request: w.Request}
 	epErr := r.addControlPeer(peer, w.Endpoint)
 	if w.IsCancel() {
+		r.flowFailed(key, ErrSenderCancelled)
 		r.a.obs.flowEnded(r, key, "cancelled")
 		r.cancelFlow(key)
 		delete(r.flowSeen, key)
@@ -33,13 +34,16 @@ func (r *reactor) onWant(peer string, w *wire.Want) {
 	}
 	if r.shuttingDown {
 		r.nack(peer, w.Request, 0, wire.NackShutdown, "receiver is shutting down")
+		r.refused(key, w, "receiver is shutting down")
 		return
 	}
 	for i, n := range w.ChunkBytes {
 		if n == 0 || n > r.cfg.MaxChunk {
 			r.a.stats.rejectedWants.Add(1)
 			r.a.obs.reject(r, peer, rejectBadWant)
-			r.nack(peer, w.Request, uint32(i), wire.NackChunkTooLarge, fmt.Sprintf("chunk %d has %d bytes; accepted 1..%d", i, n, r.cfg.MaxChunk))
+			why := fmt.Sprintf("chunk %d has %d bytes; accepted 1..%d", i, n, r.cfg.MaxChunk)
+			r.nack(peer, w.Request, uint32(i), wire.NackChunkTooLarge, why)
+			r.refused(key, w, why)
 			return
 		}
 	}
@@ -60,8 +64,10 @@ func (r *reactor) onWant(peer string, w *wire.Want) {
 		r.a.stats.rejectedWants.Add(1)
 		r.a.obs.reject(r, peer, rejectBadWant)
 		r.nack(peer, w.Request, wire.WholeRequest, wire.NackMalformed, err.Error())
+		r.refused(key, w, err.Error())
 		return
 	}
+	r.flowStarted(key, w)
 	r.flowSeen[key] = time.Now()
 	r.a.obs.wantReceived(r, key, w)
 	r.schedule()
@@ -86,6 +92,7 @@ func (r *reactor) expireFlows(now time.Time) {
 			r.a.obs.flowEnded(r, key, "")
 		case now.Sub(seen) > r.cfg.FlowExpiry && r.sched.IdleRegions(key) > 0:
 			delete(r.flowSeen, key)
+			r.flowFailed(key, fmt.Errorf("flow reclaimed: its sender was silent for %v: %w", now.Sub(seen).Round(time.Millisecond), transfer.ErrTimeout))
 			r.a.obs.flowEnded(r, key, "expired")
 			// The sender may only be slow: a write it still lands must not
 			// reach a region granted to another flow meanwhile.
@@ -224,6 +231,7 @@ func (r *reactor) onData(peer string, d *wire.Data) {
 		if err := r.sched.Drop(key, d.Region); err != nil {
 			r.log.Error("drop rejected region", "err", err)
 		}
+		r.flowFailed(key, fmt.Errorf("chunk %d: %w: scatter runs outside the grant: %w", d.Chunk, ErrRefused, err))
 		r.nack(peer, d.Request, d.Chunk, wire.NackBadRuns, err.Error())
 		r.schedule()
 		return
@@ -280,10 +288,12 @@ func (r *reactor) drainScatterResults() bool {
 			// No ACK: the sender must never believe these bytes landed.
 			r.a.stats.scatterFailures.Add(1)
 			r.log.WarnContext(spanContext(t.parent), "scatter failed; no ACK sent", "peer", t.key.Peer, "request", t.key.Request, "chunk", t.chunk, "err", t.err)
+			r.flowFailed(t.key, fmt.Errorf("chunk %d: scatter failed: %w", t.chunk, t.err))
 		case orphan:
 			// The flow was reclaimed while scattering: nobody to ACK.
 		default:
 			_ = r.send(t.key.Peer, &wire.Ack{Request: t.key.Request, Chunk: t.chunk, Region: t.off})
+			r.chunkLanded(t.key, t.runs)
 		}
 	}
 	if len(res) > 0 {

@@ -31,6 +31,13 @@ type Stats struct {
 	// WANTs sent (cancels included), grants sent and bytes moved through
 	// the bounce path.
 	Wants, Grants, BounceBytes uint64
+	// Receiver completion events produced (Received), and those dropped
+	// because the consumer's channel was full.
+	Events, DroppedEvents uint64
+	// Fallbacks counts requests that could have taken the bounce path but
+	// went direct (bounce off here, the peer's handshake, the gates);
+	// BounceRefused counts requests that required bounce and were refused.
+	Fallbacks, BounceRefused uint64
 }
 
 type counters struct {
@@ -45,6 +52,8 @@ type counters struct {
 	quarantines                                   atomic.Uint64
 	quarantinedRegions, quarantinedBytes          atomic.Uint64
 	wants, grants, bounceBytes                    atomic.Uint64
+	events, droppedEvents                         atomic.Uint64
+	fallbacks, bounceRefused                      atomic.Uint64
 }
 
 // Stats returns a snapshot of the agent's counters.
@@ -60,5 +69,7 @@ func (a *Agent) Stats() Stats {
 		ScatterFailures: c.scatterFailures.Load(), ExpiredFlows: c.expiredFlows.Load(), CancelledScatters: c.cancelledScatters.Load(),
 		Quarantines: c.quarantines.Load(), QuarantinedRegions: c.quarantinedRegions.Load(), QuarantinedBytes: c.quarantinedBytes.Load(),
 		Wants: c.wants.Load(), Grants: c.grants.Load(), BounceBytes: c.bounceBytes.Load(),
+		Events: c.events.Load(), DroppedEvents: c.droppedEvents.Load(),
+		Fallbacks: c.fallbacks.Load(), BounceRefused: c.bounceRefused.Load(),
 	}
 }

@@ -52,9 +52,11 @@ func TestGoldenBytes(t *testing.T) {
 		{"ack", &Ack{Request: 0x0102030405060708, Chunk: 0x0a0b0c0d, Region: 0x1112131415161718},
 			"424e4345 0100 04 00 | 0807060504030201 | 0d0c0b0a | 1817161514131211"},
 		{"want", &Want{Request: 1, ChunkBytes: []uint64{0x100000}, Endpoint: "ab"},
-			"424e4345 0100 01 00 | 0100000000000000 | 01000000 | 0000100000000000 | 0200 6162 | 0000"},
+			"424e4345 0100 01 00 | 0100000000000000 | 01000000 | 0000100000000000 | 0200 6162 | 0000 | 0000"},
 		{"want-cancel", &Want{Request: 2, TraceParent: "t"},
-			"424e4345 0100 01 00 | 0200000000000000 | 00000000 | 0000 | 0100 74"},
+			"424e4345 0100 01 00 | 0200000000000000 | 00000000 | 0000 | 0100 74 | 0000"},
+		{"want-tagged", &Want{Request: 2, Tag: []byte{0xaa, 0xbb}},
+			"424e4345 0100 01 00 | 0200000000000000 | 00000000 | 0000 | 0000 | 0200 aabb"},
 		{"grant", &Grant{Request: 2, Credits: []Credit{{Chunk: 3, Region: 0x10, Addr: 0x2000, Len: 0x40, Device: 1}}},
 			"424e4345 0100 02 00 | 0200000000000000 | 01000000 | 1000000000000000 0020000000000000 4000000000000000 03000000 01000000"},
 		{"data", &Data{Request: 3, Chunk: 1, Region: 0x20, TraceParent: "t", Runs: []transfer.Run{
@@ -66,6 +68,8 @@ func TestGoldenBytes(t *testing.T) {
 				"01 1000000000000000 0020000000000000 0800000000000000 0200000000000000 0800000000000000 0001000000000000"},
 		{"nack", &Nack{Request: 4, Chunk: WholeRequest, Code: NackShutdown, Reason: "x"},
 			"424e4345 0100 05 00 | 0400000000000000 | ffffffff | 0400 | 0100 78"},
+		{"done", &Done{Request: 5, Bytes: 0x1000, Endpoint: "e", Reason: "x", Tag: []byte("t")},
+			"424e4345 0100 06 00 | 0500000000000000 | 0010000000000000 | 0100 65 | 0100 78 | 0100 74"},
 	}
 	for _, c := range cases {
 		got, err := Marshal(c.msg)
@@ -248,7 +252,7 @@ func TestCrossTypeDecode(t *testing.T) {
 	if _, err := PeekType(hs); !errors.Is(err, ErrWrongType) {
 		t.Fatalf("PeekType(handshake) = %v", err)
 	}
-	for _, typ := range []byte{0, 6, 0x47, 0xff} {
+	for _, typ := range []byte{0, 7, 0x47, 0xff} {
 		b := bytes.Clone(ack)
 		b[6] = typ
 		wantErr(t, "type "+itoa(int(typ)), decodeMessage(b), ErrWrongType)
@@ -573,5 +577,28 @@ func TestUnmarshalDataReusesRuns(t *testing.T) {
 	})
 	if allocs != 0 {
 		t.Fatalf("AppendMarshal into a large enough buffer allocated %v times", allocs)
+	}
+}
+
+// TestTagBounds: a caller tag over MaxTag is refused by the encoder and the
+// decoder alike (ErrTooLarge); an empty tag decodes as nil.
+func TestTagBounds(t *testing.T) {
+	long := bytes.Repeat([]byte{'t'}, MaxTag+1)
+	for _, m := range []Message{&Want{Request: 1, ChunkBytes: []uint64{1}, Tag: long}, &Done{Request: 1, Tag: long}} {
+		if _, err := Marshal(m); !errors.Is(err, ErrTooLarge) {
+			t.Fatalf("%v with a %d-byte tag: %v, want ErrTooLarge", m.Type(), len(long), err)
+		}
+	}
+	head := rawHeader(TypeWant).u64(1).u32(1).u64(4096).str("e").str("")
+	if _, err := Unmarshal(head.u16(uint16(len(long))).zeros(len(long))); !errors.Is(err, ErrTooLarge) {
+		t.Fatalf("WANT with a %d-byte tag on the wire: %v, want ErrTooLarge", len(long), err)
+	}
+	m, err := Unmarshal(head.str("abc"))
+	if err != nil || string(m.(*Want).Tag) != "abc" {
+		t.Fatalf("tagged WANT: %+v, %v", m, err)
+	}
+	m, err = Unmarshal(head.str(""))
+	if err != nil || m.(*Want).Tag != nil {
+		t.Fatalf("untagged WANT: %+v, %v", m, err)
 	}
 }
