@@ -17,6 +17,7 @@ import (
 	"github.com/bouncekv/bounce/mem"
 	"github.com/bouncekv/bounce/pipeline/credit"
 	"github.com/bouncekv/bounce/pipeline/wire"
+	"github.com/bouncekv/bounce/security"
 	"github.com/bouncekv/bounce/stages/write"
 	"github.com/bouncekv/bounce/transfer"
 )
@@ -73,6 +74,16 @@ type Config struct {
 	EagerGather bool
 	// DisableMerging sends one scatter run per descriptor (debugging only).
 	DisableMerging bool
+	// MaxFlowsPerPeer caps the flows (requests) one peer may have open on
+	// this receiver; a WANT opening one more is refused with a NACK.
+	MaxFlowsPerPeer int
+	// WantRate and WantBurst bound the WANTs (cancels included) one peer
+	// may send per second; the excess is dropped and counted.
+	WantRate  float64
+	WantBurst int
+	// MaxControlPeers caps the reverse control paths the receiver keeps
+	// open; the least recently used idle one is closed to make room.
+	MaxControlPeers int
 }
 
 // DefaultConfig returns the defaults: the reference design's, except an
@@ -90,8 +101,22 @@ func DefaultConfig() Config {
 		RequestTimeout:   30 * time.Second,
 		QuiesceTimeout:   5 * time.Second,
 		EagerGather:      true,
+		MaxFlowsPerPeer:  DefaultMaxFlowsPerPeer,
+		WantRate:         DefaultWantRate,
+		WantBurst:        DefaultWantBurst,
+		MaxControlPeers:  DefaultMaxControlPeers,
 	}
 }
+
+// Per-peer limit defaults (docs/SECURITY.md). A legitimate sender opens one
+// flow per concurrent request and sends a WANT per request plus one cancel
+// per failed request.
+const (
+	DefaultMaxFlowsPerPeer = 256
+	DefaultWantRate        = 20000
+	DefaultWantBurst       = 4096
+	DefaultMaxControlPeers = 1024
+)
 
 func (c *Config) fill() {
 	d := DefaultConfig()
@@ -107,6 +132,10 @@ func (c *Config) fill() {
 	if c.Quarantine <= 0 {
 		c.Quarantine = c.RequestTimeout
 	}
+	c.MaxFlowsPerPeer = cmp.Or(c.MaxFlowsPerPeer, d.MaxFlowsPerPeer)
+	c.WantRate = cmp.Or(c.WantRate, d.WantRate)
+	c.WantBurst = cmp.Or(c.WantBurst, d.WantBurst)
+	c.MaxControlPeers = cmp.Or(c.MaxControlPeers, d.MaxControlPeers)
 }
 
 // Settings are the agent's injected dependencies. The agent does not own
@@ -146,6 +175,11 @@ type Settings struct {
 	Propagator     propagation.TextMapPropagator
 	// Kinds names the components above for span attributes.
 	Kinds Kinds
+	// Peers is the admitted-peer set shared with the engine and the control
+	// channel (package security). LoadPeer introduces each loaded peer's key
+	// there, and the reactor drops control messages from names it does not
+	// admit. Nil means security.mode off: every peer is admitted.
+	Peers *security.Peers
 }
 
 // Arena is the memory of a bounce arena: one range, freed by Close once
@@ -188,9 +222,10 @@ type Agent struct {
 }
 
 type peerInfo struct {
-	name   string
-	bounce bool
-	reason string // why not bounce
+	name     string
+	bounce   bool
+	reason   string // why not bounce
+	endpoint string // control endpoint from the peer's descriptor, "" if none
 	// forgotten is set by ForgetPeer before it removes the peer anywhere,
 	// so a request submitted to this incarnation of the peer that then
 	// meets an unknown peer knows it was lost (ErrPeerLost).
@@ -374,11 +409,18 @@ func (a *Agent) Descriptor() ([]byte, error) {
 	if err != nil {
 		return nil, fmt.Errorf("pipeline: engine metadata: %w", err)
 	}
-	return wire.MarshalAgentDesc(wire.AgentDesc{Name: a.name, Engine: md, Handshake: a.Handshake()}), nil
+	var key security.Key
+	if a.set.Peers.Enabled() {
+		key = a.set.Peers.Self().Public
+	}
+	return wire.MarshalAgentDesc(wire.AgentDesc{Name: a.name, Engine: md, PublicKey: key, Handshake: a.Handshake()}), nil
 }
 
-// LoadPeer loads a peer's descriptor: the engine learns how to reach it and
-// the handshake decides its route. An incompatible or missing handshake is
+// LoadPeer loads a peer's descriptor: its public key joins the admitted set
+// (when the trust policy admits it: security.allowed_peers), the engine
+// learns how to reach it and the handshake decides its route. A descriptor
+// without a key while authentication is on, or with a key the policy
+// refuses, is an error wrapping security.ErrNotAdmitted. An incompatible or missing handshake is
 // not an error: the peer is served on the direct path and the reason is
 // logged and returned by PeerRoute. Loading a peer again refreshes it.
 func (a *Agent) LoadPeer(blob []byte) (string, error) {
@@ -386,6 +428,10 @@ func (a *Agent) LoadPeer(blob []byte) (string, error) {
 	if err != nil {
 		a.stats.badPeerDesc.Add(1)
 		return "", fmt.Errorf("pipeline: load peer: %w: %w", transfer.ErrBadMetadata, err)
+	}
+	if err := a.set.Peers.Introduce(d.Name, d.PublicKey); err != nil {
+		a.stats.unadmitted.Add(1)
+		return "", fmt.Errorf("pipeline: load peer %q: %w", d.Name, err)
 	}
 	name, err := a.set.Engine.LoadPeer(d.Engine)
 	if err != nil {
@@ -408,7 +454,7 @@ func (a *Agent) LoadPeer(blob []byte) (string, error) {
 		a.stats.incompatiblePeers.Add(1)
 		a.log.Warn("peer stays on the direct path", "peer", name, "reason", pi.reason)
 	} else {
-		pi.bounce = true
+		pi.bounce, pi.endpoint = true, d.Handshake.Endpoint
 	}
 	a.peersMu.Lock()
 	a.peers[name] = pi
@@ -458,6 +504,7 @@ func (a *Agent) ForgetPeer(peer string) error {
 		delete(a.peers, peer)
 	}
 	a.peersMu.Unlock()
+	defer a.set.Peers.Forget(peer)
 	var errs []error
 	if a.set.Control != nil {
 		if err := a.set.Control.RemovePeer(peer); err != nil && !errors.Is(err, transfer.ErrUnknownPeer) {

@@ -9,6 +9,7 @@ import (
 
 	"github.com/bouncekv/bounce/pipeline/credit"
 	"github.com/bouncekv/bounce/pipeline/wire"
+	"github.com/bouncekv/bounce/security"
 	"github.com/bouncekv/bounce/transfer"
 )
 
@@ -37,7 +38,9 @@ type reactor struct {
 	// quarantine lasts cfg.Quarantine, so the order is by time too).
 	quarantined []quarantined
 	lastSweep   time.Time
-	ctrlPeers   map[string]string // control peers added from WANT endpoints
+	ctrlPeers   map[string]*ctrlPeer // control peers added from WANT endpoints
+	wantRate    map[string]*security.Bucket
+	peerFlows   map[string]int // open flows per peer (flowSeen keys)
 	jobs        chan *scatterTask
 	tasks       map[uint64]*scatterTask // queued or running scatters by region offset
 	resMu       sync.Mutex
@@ -74,9 +77,11 @@ func newReactor(a *Agent, sched *credit.Scheduler) *reactor {
 		parked:    make(map[uint64]*sendReq),
 		direct:    make(map[uint64]*directReq),
 		flowSeen:  make(map[credit.FlowKey]time.Time),
-		ctrlPeers: make(map[string]string),
+		ctrlPeers: make(map[string]*ctrlPeer),
 		tasks:     make(map[uint64]*scatterTask),
 		rtraces:   make(map[credit.FlowKey]*recvTrace),
+		wantRate:  make(map[string]*security.Bucket),
+		peerFlows: make(map[string]int),
 		inbox:     make(chan transfer.Message, 4096),
 		quit:      make(chan struct{}),
 	}
@@ -265,7 +270,19 @@ func (r *reactor) tick() bool {
 
 // onMessage decodes and dispatches one control message. Anything malformed
 // is dropped with a logged reason and a counter; nothing here panics.
+//
+// A message whose sender is not an admitted peer is dropped before it is
+// decoded: the control channel names the sender from its authenticated key
+// (zmq CURVE, the engine's handshake for nixlnotif), and only peers the
+// trust policy admits get further.
 func (r *reactor) onMessage(m transfer.Message) {
+	if !r.a.set.Peers.Admitted(m.Peer) {
+		n := r.a.stats.unadmitted.Add(1)
+		if n&(n-1) == 0 {
+			r.log.Warn("dropped control message from a peer that is not admitted", "peer", m.Peer, "unadmitted_total", n)
+		}
+		return
+	}
 	msg, err := wire.Unmarshal(m.Payload)
 	if err != nil {
 		r.a.stats.badMessages.Add(1)
@@ -314,6 +331,7 @@ func (r *reactor) send(peer string, m wire.Message) error {
 func (r *reactor) forgetPeer(peer string, fenced bool) {
 	r.a.obs.peerFlowsEnded(r, peer, "reclaimed")
 	delete(r.ctrlPeers, peer)
+	delete(r.wantRate, peer)
 	if r.sched != nil {
 		if fenced {
 			r.sched.ReclaimPeer(peer)

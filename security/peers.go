@@ -119,7 +119,8 @@ func (p *Policy) addEntry(e string) error {
 
 // Peers is the admitted-peer set: a one-to-one binding of agent names to
 // public keys. It is safe for concurrent use; the control plane, the
-// engine and the pipeline share one.
+// engine and the pipeline share one. A nil *Peers is security.mode off:
+// every name is admitted and no key is known.
 type Peers struct {
 	mode   Mode
 	self   Identity
@@ -197,6 +198,9 @@ func (p *Peers) Forget(name string) {
 
 // KeyOf returns the key bound to name.
 func (p *Peers) KeyOf(name string) (Key, bool) {
+	if p == nil {
+		return Key{}, false
+	}
 	p.mu.RLock()
 	defer p.mu.RUnlock()
 	k, ok := p.byName[name]
@@ -205,6 +209,9 @@ func (p *Peers) KeyOf(name string) (Key, bool) {
 
 // NameOf returns the agent that owns key.
 func (p *Peers) NameOf(key Key) (string, bool) {
+	if p == nil {
+		return "", false
+	}
 	p.mu.RLock()
 	defer p.mu.RUnlock()
 	n, ok := p.byKey[key]
