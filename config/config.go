@@ -100,6 +100,38 @@ type Config struct {
 	ControlPlane ControlPlaneConfig
 	Stages       StagesConfig
 	Telemetry    TelemetryConfig
+	Security     SecurityConfig
+}
+
+// SecurityConfig is the trust policy and the per-peer limits
+// (docs/SECURITY.md).
+type SecurityConfig struct {
+	// Mode is authenticate or off (security.mode, default authenticate).
+	// Off trusts the network and is logged as a warning at start.
+	Mode string
+	// KeyFile holds this agent's key pair (security.key_file); it is
+	// generated there on first start (mode 0600) and refused when group or
+	// others may read it. Empty: a fresh key pair per process, so peers
+	// must load this agent's current descriptor.
+	KeyFile string
+	// AllowedPeers says who may connect (security.allowed_peers, default
+	// "loaded"): comma-separated "loaded" (any peer whose descriptor was
+	// loaded), "NAME=KEY" entries and "@FILE" files of such lines.
+	AllowedPeers string
+	// MaxFlowsPerPeer caps one peer's open flows on a receiver
+	// (security.max_flows_per_peer, default 256, 1..1048576).
+	MaxFlowsPerPeer int
+	// WantRate and WantBurst bound the WANTs per second one peer may send
+	// (security.want_rate, default 20000; security.want_burst, default
+	// 4096; 1..10^9 each).
+	WantRate  int
+	WantBurst int
+	// MaxControlPeers caps the reverse control paths a receiver keeps
+	// (security.max_control_peers, default 1024, 1..1048576).
+	MaxControlPeers int
+	// MaxMessageSize is the largest control message accepted
+	// (security.max_message_size, default 4MiB, 64KiB..1GiB).
+	MaxMessageSize Size
 }
 
 // AgentConfig identifies this agent among its peers.
@@ -204,6 +236,19 @@ type EngineConfig struct {
 	// Options are engine-specific settings passed through unchanged
 	// (engine.options). Layers merge them per option name.
 	Options map[string]string
+	// Encryption is off or on (engine.encryption, default off): whether
+	// the tcp engine encrypts the bytes it moves after its authenticated
+	// handshake (authentication is always on with security.mode
+	// authenticate). docs/SECURITY.md says what off leaves open.
+	Encryption string
+	// FrameTimeout bounds receiving one frame once its first byte arrived,
+	// and a connection's handshake (engine.frame_timeout, default 15s,
+	// 1ms..1h): a peer that trickles bytes is cut off.
+	FrameTimeout time.Duration
+	// MaxPendingConns caps the incoming tcp connections still in their
+	// handshake (engine.max_pending_conns, default 64, 1..65536); more are
+	// closed at once.
+	MaxPendingConns int
 }
 
 // ControlPlaneConfig selects and tunes the control channel.
@@ -292,12 +337,21 @@ func Default() Config {
 			ZeroCopyArgs:     false,
 			ArenaMemory:      "auto",
 		},
-		Engine: EngineConfig{Kind: "tcp", Listen: "127.0.0.1:0", Connections: 4},
+		Engine: EngineConfig{Kind: "tcp", Listen: "127.0.0.1:0", Connections: 4, Encryption: "off", FrameTimeout: 15 * time.Second, MaxPendingConns: 64},
 		ControlPlane: ControlPlaneConfig{
 			Kind:    "zmq",
 			SendHWM: 1000,
 		},
 		Stages: StagesConfig{Gather: "host", Scatter: "host", Fallback: "host"},
+		Security: SecurityConfig{
+			Mode:            "authenticate",
+			AllowedPeers:    "loaded",
+			MaxFlowsPerPeer: 256,
+			WantRate:        20000,
+			WantBurst:       4096,
+			MaxControlPeers: 1024,
+			MaxMessageSize:  4 * MiB,
+		},
 		Telemetry: TelemetryConfig{
 			Traces:      "none",
 			SampleRatio: 1,
@@ -349,6 +403,29 @@ func (c *Config) validate() []*KeyError {
 	errs = append(errs, c.ControlPlane.validate()...)
 	errs = append(errs, c.Stages.validate()...)
 	errs = append(errs, c.Telemetry.validate()...)
+	errs = append(errs, c.Security.validate()...)
+	return errs
+}
+
+// Validate checks the security settings.
+func (s *SecurityConfig) Validate() error { return joinKeyErrors(s.validate()) }
+
+func (s *SecurityConfig) validate() []*KeyError {
+	var errs fieldErrors
+	add := errs.add
+	add(oneOf("security.mode", s.Mode, "authenticate", "off"))
+	intRange := func(key string, v, lo, hi int) {
+		if v < lo || v > hi {
+			add(outOfRange(key, v, "must be between %d and %d", lo, hi))
+		}
+	}
+	intRange("security.max_flows_per_peer", s.MaxFlowsPerPeer, 1, 1<<20)
+	intRange("security.want_rate", s.WantRate, 1, 1e9)
+	intRange("security.want_burst", s.WantBurst, 1, 1e9)
+	intRange("security.max_control_peers", s.MaxControlPeers, 1, 1<<20)
+	if s.MaxMessageSize < 64*KiB || s.MaxMessageSize > GiB {
+		add(outOfRange("security.max_message_size", s.MaxMessageSize, "must be between 64KiB and 1GiB"))
+	}
 	return errs
 }
 
@@ -475,6 +552,13 @@ func (e *EngineConfig) validate() []*KeyError {
 		if k == "" {
 			add(outOfRange("engine.options", "", "option names must not be empty"))
 		}
+	}
+	add(oneOf("engine.encryption", e.Encryption, "off", "on"))
+	if e.FrameTimeout < time.Millisecond || e.FrameTimeout > time.Hour {
+		add(outOfRange("engine.frame_timeout", e.FrameTimeout, "must be between 1ms and 1h"))
+	}
+	if e.MaxPendingConns < 1 || e.MaxPendingConns > 65536 {
+		add(outOfRange("engine.max_pending_conns", e.MaxPendingConns, "must be between 1 and 65536"))
 	}
 	return errs
 }

@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"os"
 	"slices"
 	"sync"
 	"time"
@@ -26,6 +27,7 @@ import (
 	"github.com/bouncekv/bounce/cuda"
 	"github.com/bouncekv/bounce/mem"
 	"github.com/bouncekv/bounce/pipeline"
+	"github.com/bouncekv/bounce/security"
 	"github.com/bouncekv/bounce/telemetry"
 	"github.com/bouncekv/bounce/transfer"
 )
@@ -48,6 +50,12 @@ type Settings struct {
 	Propagator     propagation.TextMapPropagator
 	// CUDADevice is the CUDA ordinal of the cuda stages (stages.device).
 	CUDADevice int
+	// Peers is the agent's identity and admitted-peer set; nil with
+	// security.mode off. Engines and control planes that authenticate
+	// peers use it.
+	Peers *security.Peers
+	// Security is the security section of the configuration.
+	Security config.SecurityConfig
 }
 
 // EngineFactory creates a transfer engine of one kind.
@@ -181,8 +189,15 @@ func BuildWith(cfg config.Config, f Factories, o Options) (*Node, error) {
 		}
 		n.Telemetry, n.ownTelemetry = tel, true
 	}
+	peers, err := Trust(cfg.Security, logger)
+	if err != nil {
+		n.closeTelemetry()
+		return nil, fmt.Errorf("node: %w", err)
+	}
 	wake := make(chan struct{}, 1)
 	s := Settings{
+		Peers:    peers,
+		Security: cfg.Security,
 		Name:     cfg.Agent.Name,
 		Logger:   logger,
 		Registry: n.Registry,
@@ -222,11 +237,16 @@ func BuildWith(cfg config.Config, f Factories, o Options) (*Node, error) {
 		}
 	}
 	pc := PipelineConfig(cfg.Bounce)
+	pc.MaxFlowsPerPeer = cfg.Security.MaxFlowsPerPeer
+	pc.WantRate = float64(cfg.Security.WantRate)
+	pc.WantBurst = cfg.Security.WantBurst
+	pc.MaxControlPeers = cfg.Security.MaxControlPeers
 	kinds := pipeline.Kinds{Engine: cfg.Engine.Kind}
 	if n.Control != nil {
 		kinds.Control, kinds.Gather, kinds.Scatter = cfg.ControlPlane.Kind, cfg.Stages.Gather, cfg.Stages.Scatter
 	}
 	n.Agent, err = pipeline.New(pipeline.Settings{
+		Peers:          peers,
 		Name:           cfg.Agent.Name,
 		Engine:         n.Engine,
 		Control:        n.Control,
@@ -325,6 +345,40 @@ func (n *Node) chooseArena(cfg config.Config, f Factories, logger *slog.Logger) 
 	}
 	logger.Info("bounce arena memory", "bounce.arena_memory", kind, "stages.device", cfg.Stages.Device)
 	return nil
+}
+
+// Trust builds the agent's identity and admitted-peer set from the security
+// section: the key pair from security.key_file (generated there on first
+// start) or a fresh one, and the allowed_peers policy. With security.mode
+// off it returns nil after a loud warning.
+func Trust(c config.SecurityConfig, logger *slog.Logger) (*security.Peers, error) {
+	mode, err := security.ParseMode(c.Mode)
+	if err != nil {
+		return nil, err
+	}
+	if mode == security.Off {
+		logger.Warn("SECURITY IS OFF (security.mode: off): any host that can reach this agent's ports may send control messages " +
+			"and write into its registered memory; use only on a closed test network")
+		return nil, nil
+	}
+	var id security.Identity
+	if c.KeyFile == "" {
+		id, err = security.Generate(nil)
+	} else {
+		var created bool
+		id, created, err = security.LoadOrCreate(c.KeyFile)
+		if created {
+			logger.Info("generated this agent's key pair", "security.key_file", c.KeyFile, "public_key", id.Public.String())
+		}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("security.key_file %q: %w", c.KeyFile, err)
+	}
+	policy, err := security.ParsePolicy(c.AllowedPeers, os.ReadFile)
+	if err != nil {
+		return nil, fmt.Errorf("security.allowed_peers: %w", err)
+	}
+	return security.NewPeers(mode, id, policy), nil
 }
 
 // PipelineConfig maps the bounce section of the configuration to the

@@ -82,12 +82,14 @@ func TestTwoHosts(t *testing.T) {
 	bin := cliBinary(t)
 	for _, engine := range []string{"tcp", "ucx"} {
 		t.Run(engine, func(t *testing.T) {
-			desc := filepath.Join(t.TempDir(), "recv.json")
+			dir := t.TempDir()
+			desc := filepath.Join(dir, "recv.json")
+			keyFile, allow := senderKey(t, dir, "host-a")
 			work := []string{"--workload", "llama70b-tp8-b16", "--count", "8192", "--requests", "2", "--seed", "11"}
 			common := []string{"--engine.kind", engine, "--bounce.arena-size", "32MiB", "--bounce.max-chunk", "4MiB"}
 			serve := exec.Command("ip", append(append([]string{"netns", "exec", nsB, bin, "serve", "--agent.name", "host-b",
 				"--engine.listen", ipB + ":0", "--control-plane.interface", ifB, "--buffer-size", "64MiB",
-				"--descriptor-out", desc, "--expect", "--expect-wait", "90s"}, common...), work...)...)
+				"--descriptor-out", desc, "--security.allowed-peers", allow, "--expect", "--expect-wait", "90s"}, common...), work...)...)
 			serve.Env = append(os.Environ(), "UCX_NET_DEVICES="+ifB, "UCX_TLS=tcp")
 			var sout, serr syncBuffer
 			serve.Stdout, serve.Stderr = &sout, &serr
@@ -103,7 +105,7 @@ func TestTwoHosts(t *testing.T) {
 			if !strings.Contains(string(b), `"bounce":true`) {
 				t.Fatalf("receiver offers no bounce path: %s\n%s", b, serr.String())
 			}
-			send := exec.Command("ip", append(append([]string{"netns", "exec", nsA, bin, "send", "--peer", desc, "--agent.name", "host-a",
+			send := exec.Command("ip", append(append([]string{"netns", "exec", nsA, bin, "send", "--peer", desc, "--agent.name", "host-a", "--security.key-file", keyFile,
 				"--engine.listen", ipA + ":0", "--control-plane.interface", ifA, "--route", "bounce"}, common...), work...)...)
 			send.Env = append(os.Environ(), "UCX_NET_DEVICES="+ifA, "UCX_TLS=tcp")
 			out, err := send.CombinedOutput()
