@@ -163,7 +163,11 @@ func (TCPFactory) Type() string { return "tcp" }
 // advertise (host:port put in the metadata), stripe_bytes, dial_timeout,
 // idle_timeout.
 func (TCPFactory) CreateEngine(s Settings, cfg config.EngineConfig) (transfer.Engine, error) {
-	c := tcp.Config{Name: s.Name, Listen: cfg.Listen, Connections: cfg.Connections, Logger: s.Logger}
+	c := tcp.Config{Name: s.Name, Listen: cfg.Listen, Connections: cfg.Connections, Logger: s.Logger,
+		Peers: s.Peers, Encrypt: cfg.Encryption == "on", FrameTimeout: cfg.FrameTimeout, MaxPendingConns: cfg.MaxPendingConns}
+	if c.Encrypt && !s.Peers.Enabled() {
+		return nil, fmt.Errorf("engine.encryption on needs security.mode authenticate (the keys come from the handshake)")
+	}
 	err := options("engine.options", cfg.Options, map[string]func(string) error{
 		"advertise":    func(v string) error { c.Advertise = v; return nil },
 		"stripe_bytes": func(v string) error { n, err := config.ParseSize(v); c.StripeBytes = int(n); return err },
