@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -219,6 +220,9 @@ type Agent struct {
 	obs   *obs
 	r     *reactor
 	wg    sync.WaitGroup
+	// guard authorizes incoming writes; nil unless authentication is on and
+	// the engine asks a guard (transfer.WriteGuarded).
+	guard *writeGuard
 }
 
 type peerInfo struct {
@@ -277,6 +281,11 @@ func New(s Settings, cfg Config) (*Agent, error) {
 		a.bounceOn, a.noBounce = false, err.Error()
 		a.log.Warn("bounce disabled, serving every transfer on the direct path", "reason", err)
 	}
+	if wg, ok := s.Engine.(transfer.WriteGuarded); ok && s.Peers.Enabled() {
+		a.guard = newWriteGuard()
+		a.guard.setArena(a.arenaD)
+		wg.SetWriteGuard(a.guard.check)
+	}
 	a.r = newReactor(a, sched)
 	a.wg.Add(1)
 	go func() {
@@ -298,7 +307,7 @@ func (a *Agent) initBounce(out **credit.Scheduler) error {
 	case a.set.Control.LocalEndpoint() == "":
 		return errors.New("control channel has no usable endpoint")
 	}
-	sched, err := credit.New(credit.Config{Capacity: a.cfg.ArenaSize, Granularity: a.cfg.Granularity, MaxInflight: a.cfg.MaxInflight})
+	sched, err := credit.New(credit.Config{Capacity: a.cfg.ArenaSize, Granularity: a.cfg.Granularity, MaxInflight: a.cfg.MaxInflight, PeerShare: true})
 	if err != nil {
 		return fmt.Errorf("credit scheduler: %w", err)
 	}
@@ -354,12 +363,27 @@ func (a *Agent) Config() Config { return a.cfg }
 // can be a transfer's source or a destination peers write to. Peers must
 // reload this agent's descriptor to see new destinations.
 func (a *Agent) RegisterMemory(d transfer.Desc) error {
+	return a.RegisterMemoryFor(d)
+}
+
+// RegisterMemoryFor is RegisterMemory for memory only the named peers may
+// write with the direct path (with authentication on; none named: every
+// admitted peer, as RegisterMemory). Any registered memory can be a
+// transfer's source.
+func (a *Agent) RegisterMemoryFor(d transfer.Desc, peers ...string) error {
 	if err := a.set.Registry.Add(d); err != nil {
 		return fmt.Errorf("pipeline: register %v: %w", d, err)
 	}
 	if err := a.set.Engine.RegisterMemory(d); err != nil {
 		_ = a.set.Registry.Remove(d)
 		return fmt.Errorf("pipeline: register %v with engine: %w", d, err)
+	}
+	if a.guard != nil {
+		var who []string
+		if len(peers) > 0 {
+			who = slices.Clone(peers)
+		}
+		a.guard.addUser(d, who)
 	}
 	return nil
 }
@@ -379,6 +403,9 @@ func (a *Agent) DeregisterMemory(d transfer.Desc) error {
 			a.log.Error("re-register after a refused deregister", "desc", d, "err", aerr)
 		}
 		return fmt.Errorf("pipeline: deregister %v: %w", d, err)
+	}
+	if a.guard != nil {
+		a.guard.removeUser(d)
 	}
 	return nil
 }
@@ -609,6 +636,9 @@ func (a *Agent) Shutdown(ctx context.Context) error {
 		}
 		a.wg.Wait()
 		a.obs.close()
+		if a.guard != nil {
+			a.guard.close()
+		}
 		if a.arena != nil {
 			if a.r.arenaQuiet {
 				if derr := a.set.Engine.DeregisterMemory(a.arenaD); derr != nil && !errors.Is(derr, transfer.ErrClosed) {

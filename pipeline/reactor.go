@@ -332,6 +332,9 @@ func (r *reactor) forgetPeer(peer string, fenced bool) {
 	r.a.obs.peerFlowsEnded(r, peer, "reclaimed")
 	delete(r.ctrlPeers, peer)
 	delete(r.wantRate, peer)
+	if r.a.guard != nil {
+		r.a.guard.revokeMatching(func(k credit.FlowKey) bool { return k.Peer == peer })
+	}
 	if r.sched != nil {
 		if fenced {
 			r.sched.ReclaimPeer(peer)

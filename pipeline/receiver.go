@@ -166,6 +166,9 @@ func (r *reactor) expireFlows(now time.Time) {
 			r.a.obs.flowEnded(r, key, "expired")
 			// The sender may only be slow: a write it still lands must not
 			// reach a region granted to another flow meanwhile.
+			if r.a.guard != nil {
+				r.a.guard.revokeMatching(func(k credit.FlowKey) bool { return k == key })
+			}
 			r.quarantine(r.sched.Quarantine(key))
 			r.cancelScatters(func(k credit.FlowKey) bool { return k == key })
 			r.a.stats.expiredFlows.Add(1)
@@ -310,6 +313,9 @@ func (r *reactor) schedule() {
 				r.flowSeen[g.Flow] = now
 			}
 		}
+		if wg := r.a.guard; wg != nil {
+			wg.grant(g.Flow, g.Offset, g.Len)
+		}
 		o.credits = append(o.credits, wire.Credit{
 			Chunk: uint32(g.Chunk), Region: g.Offset, Addr: r.a.arenaD.Addr + g.Offset, Len: g.Len, Device: r.a.arenaD.Device,
 		})
@@ -337,6 +343,7 @@ func (r *reactor) onData(peer string, d *wire.Data) {
 		r.a.stats.badRuns.Add(1)
 		r.a.obs.reject(r, peer, rejectBadRuns)
 		r.log.WarnContext(spanContext(r.a.obs.extract(d.TraceParent)), "DATA rejected: scatter runs outside the grant", "peer", peer, "request", d.Request, "err", err)
+		r.revoke(d.Region)
 		if err := r.sched.Drop(key, d.Region); err != nil {
 			r.log.Error("drop rejected region", "err", err)
 		}
@@ -347,6 +354,9 @@ func (r *reactor) onData(peer string, d *wire.Data) {
 	if _, ok := r.flowSeen[key]; ok {
 		r.flowSeen[key] = time.Now()
 	}
+	// The sender wrote the region (DATA follows the landed write): no more
+	// writes into it.
+	r.revoke(d.Region)
 	if err := r.sched.BeginScatter(key, d.Region); err != nil {
 		r.a.stats.lateData.Add(1)
 		r.a.obs.reject(r, peer, rejectLateData)
@@ -364,8 +374,18 @@ func (r *reactor) onData(peer string, d *wire.Data) {
 // scatters are cancelled so that none starts any more. A scatter already
 // running finishes (its region is freed then, without an ACK).
 func (r *reactor) cancelFlow(key credit.FlowKey) {
+	if r.a.guard != nil {
+		r.a.guard.revokeMatching(func(k credit.FlowKey) bool { return k == key })
+	}
 	r.sched.Cancel(key)
 	r.cancelScatters(func(k credit.FlowKey) bool { return k == key })
+}
+
+// revoke ends the writability of the region at off (write guard).
+func (r *reactor) revoke(off uint64) {
+	if r.a.guard != nil {
+		r.a.guard.revoke(off)
+	}
 }
 
 // cancelScatters cancels every queued scatter task of the flows match
