@@ -132,6 +132,10 @@ type SecurityConfig struct {
 	// MaxMessageSize is the largest control message accepted
 	// (security.max_message_size, default 4MiB, 64KiB..1GiB).
 	MaxMessageSize Size
+	// MaxArenaShare is the fraction of a receiver's arena one peer may hold
+	// even when no other peer waits (security.max_arena_share, default
+	// 0.5, above 0 and at most 1); while others wait, peers share it equally.
+	MaxArenaShare float64
 }
 
 // AgentConfig identifies this agent among its peers.
@@ -351,6 +355,7 @@ func Default() Config {
 			WantBurst:       4096,
 			MaxControlPeers: 1024,
 			MaxMessageSize:  4 * MiB,
+			MaxArenaShare:   0.5,
 		},
 		Telemetry: TelemetryConfig{
 			Traces:      "none",
@@ -425,6 +430,9 @@ func (s *SecurityConfig) validate() []*KeyError {
 	intRange("security.max_control_peers", s.MaxControlPeers, 1, 1<<20)
 	if s.MaxMessageSize < 64*KiB || s.MaxMessageSize > GiB {
 		add(outOfRange("security.max_message_size", s.MaxMessageSize, "must be between 64KiB and 1GiB"))
+	}
+	if !(s.MaxArenaShare > 0 && s.MaxArenaShare <= 1) {
+		add(outOfRange("security.max_arena_share", strconv.FormatFloat(s.MaxArenaShare, 'g', -1, 64), "must be above 0 and at most 1"))
 	}
 	return errs
 }

@@ -95,6 +95,7 @@ func TestKeysMatchTheDocumentedSet(t *testing.T) {
 		"telemetry.traces", "telemetry.otlp_endpoint", "telemetry.service_name", "telemetry.sample_ratio", "telemetry.metrics.listen",
 		"security.mode", "security.key_file", "security.allowed_peers", "security.max_flows_per_peer",
 		"security.want_rate", "security.want_burst", "security.max_control_peers", "security.max_message_size",
+		"security.max_arena_share",
 	}
 	if got := Keys(); !slices.Equal(got, want) {
 		t.Fatalf("Keys() =\n%v\nwant\n%v", got, want)
@@ -509,6 +510,7 @@ func TestValidateRanges(t *testing.T) {
 		{"security.mode", func(c *Config) { c.Security.Mode = "trust" }, "trust", "authenticate, off"},
 		{"security.max_flows_per_peer", func(c *Config) { c.Security.MaxFlowsPerPeer = 0 }, "0", "between 1 and"},
 		{"security.max_message_size", func(c *Config) { c.Security.MaxMessageSize = 1 }, "1B", "between 64KiB and 1GiB"},
+		{"security.max_arena_share", func(c *Config) { c.Security.MaxArenaShare = 0 }, "0", "above 0 and at most 1"},
 		{"engine.encryption", func(c *Config) { c.Engine.Encryption = "maybe" }, "maybe", "off, on"},
 		{"engine.frame_timeout", func(c *Config) { c.Engine.FrameTimeout = 0 }, "0s", "between 1ms and 1h"},
 		{"telemetry.sample_ratio", func(c *Config) { c.Telemetry.SampleRatio = -0.1 }, "-0.1", "between 0 and 1"},

@@ -80,6 +80,7 @@ func fields() []field {
 		{"security.want_burst", "WANT burst one peer may send at once, 1..10^9", func(c *Config) any { return &c.Security.WantBurst }},
 		{"security.max_control_peers", "reverse control paths a receiver keeps (idle ones evicted), 1..1048576", func(c *Config) any { return &c.Security.MaxControlPeers }},
 		{"security.max_message_size", "largest control message accepted, 64KiB..1GiB", func(c *Config) any { return &c.Security.MaxMessageSize }},
+		{"security.max_arena_share", "fraction of the arena one peer may hold even when no other waits, (0, 1]", func(c *Config) any { return &c.Security.MaxArenaShare }},
 	}
 }
 

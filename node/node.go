@@ -241,6 +241,7 @@ func BuildWith(cfg config.Config, f Factories, o Options) (*Node, error) {
 	pc.WantRate = float64(cfg.Security.WantRate)
 	pc.WantBurst = cfg.Security.WantBurst
 	pc.MaxControlPeers = cfg.Security.MaxControlPeers
+	pc.MaxArenaShare = cfg.Security.MaxArenaShare
 	kinds := pipeline.Kinds{Engine: cfg.Engine.Kind}
 	if n.Control != nil {
 		kinds.Control, kinds.Gather, kinds.Scatter = cfg.ControlPlane.Kind, cfg.Stages.Gather, cfg.Stages.Scatter

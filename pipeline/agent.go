@@ -85,6 +85,10 @@ type Config struct {
 	// MaxControlPeers caps the reverse control paths the receiver keeps
 	// open; the least recently used idle one is closed to make room.
 	MaxControlPeers int
+	// MaxArenaShare is the fraction of the arena one peer's flows may hold
+	// even when no other peer waits (0 < share <= 1); while others wait a
+	// peer holds at most an equal share (credit.Config.PeerShare).
+	MaxArenaShare float64
 }
 
 // DefaultConfig returns the defaults: the reference design's, except an
@@ -106,6 +110,7 @@ func DefaultConfig() Config {
 		WantRate:         DefaultWantRate,
 		WantBurst:        DefaultWantBurst,
 		MaxControlPeers:  DefaultMaxControlPeers,
+		MaxArenaShare:    DefaultMaxArenaShare,
 	}
 }
 
@@ -117,6 +122,7 @@ const (
 	DefaultWantRate        = 20000
 	DefaultWantBurst       = 4096
 	DefaultMaxControlPeers = 1024
+	DefaultMaxArenaShare   = 0.5
 )
 
 func (c *Config) fill() {
@@ -137,6 +143,9 @@ func (c *Config) fill() {
 	c.WantRate = cmp.Or(c.WantRate, d.WantRate)
 	c.WantBurst = cmp.Or(c.WantBurst, d.WantBurst)
 	c.MaxControlPeers = cmp.Or(c.MaxControlPeers, d.MaxControlPeers)
+	if c.MaxArenaShare <= 0 || c.MaxArenaShare > 1 {
+		c.MaxArenaShare = d.MaxArenaShare
+	}
 }
 
 // Settings are the agent's injected dependencies. The agent does not own
@@ -307,7 +316,9 @@ func (a *Agent) initBounce(out **credit.Scheduler) error {
 	case a.set.Control.LocalEndpoint() == "":
 		return errors.New("control channel has no usable endpoint")
 	}
-	sched, err := credit.New(credit.Config{Capacity: a.cfg.ArenaSize, Granularity: a.cfg.Granularity, MaxInflight: a.cfg.MaxInflight, PeerShare: true})
+	usable := credit.UsableCapacity(a.cfg.ArenaSize, a.cfg.Granularity)
+	sched, err := credit.New(credit.Config{Capacity: a.cfg.ArenaSize, Granularity: a.cfg.Granularity, MaxInflight: a.cfg.MaxInflight,
+		PeerShare: true, PeerMax: uint64(a.cfg.MaxArenaShare * float64(usable))})
 	if err != nil {
 		return fmt.Errorf("credit scheduler: %w", err)
 	}
@@ -355,6 +366,11 @@ func (a *Agent) Name() string { return a.name }
 
 // BounceEnabled reports whether the local bounce path is up, and why not.
 func (a *Agent) BounceEnabled() (bool, string) { return a.bounceOn, a.noBounce }
+
+// Arena returns the registered arena that receiver grants are carved from
+// (zero when bounce is off). Its address is public: every peer sees it in
+// this agent's engine metadata.
+func (a *Agent) Arena() transfer.Desc { return a.arenaD }
 
 // Config returns the effective configuration (after defaults and clamping).
 func (a *Agent) Config() Config { return a.cfg }

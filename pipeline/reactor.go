@@ -41,6 +41,7 @@ type reactor struct {
 	ctrlPeers   map[string]*ctrlPeer // control peers added from WANT endpoints
 	wantRate    map[string]*security.Bucket
 	peerFlows   map[string]int // open flows per peer (flowSeen keys)
+	lastPurge   map[string]time.Time
 	jobs        chan *scatterTask
 	tasks       map[uint64]*scatterTask // queued or running scatters by region offset
 	resMu       sync.Mutex
@@ -48,7 +49,7 @@ type reactor struct {
 	scatters    int                           // scatter tasks handed to workers and not yet reported
 	rtraces     map[credit.FlowKey]*recvTrace // receiver spans of traced flows
 
-	inbox chan transfer.Message
+	inbox *fairInbox
 	quit  chan struct{}
 
 	shuttingDown bool
@@ -82,7 +83,8 @@ func newReactor(a *Agent, sched *credit.Scheduler) *reactor {
 		rtraces:   make(map[credit.FlowKey]*recvTrace),
 		wantRate:  make(map[string]*security.Bucket),
 		peerFlows: make(map[string]int),
-		inbox:     make(chan transfer.Message, 4096),
+		lastPurge: make(map[string]time.Time),
+		inbox:     newFairInbox(),
 		quit:      make(chan struct{}),
 	}
 	if sched != nil {
@@ -145,10 +147,18 @@ func (r *reactor) pump() {
 			}
 			continue
 		}
-		select {
-		case r.inbox <- m:
-		case <-r.quit:
-			return
+		// Unadmitted senders are dropped here, before they take queue
+		// space (see onMessage).
+		if !r.a.set.Peers.Admitted(m.Peer) {
+			r.dropUnadmitted(m.Peer)
+			continue
+		}
+		for !r.inbox.push(m) {
+			select {
+			case <-r.inbox.space:
+			case <-r.quit:
+				return
+			}
 		}
 	}
 }
@@ -199,8 +209,7 @@ func (r *reactor) run() {
 		select {
 		case <-r.a.kickCh:
 		case <-wake:
-		case m := <-r.inbox:
-			r.onMessage(m)
+		case <-r.inbox.ready:
 		case <-timer.C:
 		}
 		if !timer.Stop() {
@@ -226,14 +235,12 @@ func (r *reactor) tick() bool {
 	}
 	clear(r.cmdBuf)
 	for i := 0; i < 256; i++ {
-		select {
-		case m := <-r.inbox:
-			r.onMessage(m)
-			progressed = true
-			continue
-		default:
+		m, ok := r.inbox.pop()
+		if !ok {
+			break
 		}
-		break
+		r.onMessage(m)
+		progressed = true
 	}
 	if r.drainScatterResults() {
 		progressed = true
@@ -277,10 +284,7 @@ func (r *reactor) tick() bool {
 // trust policy admits get further.
 func (r *reactor) onMessage(m transfer.Message) {
 	if !r.a.set.Peers.Admitted(m.Peer) {
-		n := r.a.stats.unadmitted.Add(1)
-		if n&(n-1) == 0 {
-			r.log.Warn("dropped control message from a peer that is not admitted", "peer", m.Peer, "unadmitted_total", n)
-		}
+		r.dropUnadmitted(m.Peer)
 		return
 	}
 	msg, err := wire.Unmarshal(m.Payload)
@@ -304,6 +308,15 @@ func (r *reactor) onMessage(m transfer.Message) {
 	default:
 		r.a.stats.badMessages.Add(1)
 		r.a.obs.reject(r, m.Peer, rejectUnexpected)
+	}
+}
+
+// dropUnadmitted counts (and now and then logs) a message from a sender
+// that is not an admitted peer.
+func (r *reactor) dropUnadmitted(peer string) {
+	n := r.a.stats.unadmitted.Add(1)
+	if n&(n-1) == 0 {
+		r.log.Warn("dropped control message from a peer that is not admitted", "peer", peer, "unadmitted_total", n)
 	}
 }
 
@@ -332,6 +345,7 @@ func (r *reactor) forgetPeer(peer string, fenced bool) {
 	r.a.obs.peerFlowsEnded(r, peer, "reclaimed")
 	delete(r.ctrlPeers, peer)
 	delete(r.wantRate, peer)
+	delete(r.lastPurge, peer)
 	if r.a.guard != nil {
 		r.a.guard.revokeMatching(func(k credit.FlowKey) bool { return k.Peer == peer })
 	}

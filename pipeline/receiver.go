@@ -76,8 +76,11 @@ func (r *reactor) onWant(peer string, w *wire.Want) {
 		}
 	}
 	_, known := r.flowSeen[key]
-	if !known && r.peerFlows[peer] >= r.cfg.MaxFlowsPerPeer {
-		r.purgeEndedFlows(peer) // flows that ended are swept lazily
+	if !known && r.peerFlows[peer] >= r.cfg.MaxFlowsPerPeer && now.Sub(r.lastPurge[peer]) > time.Millisecond {
+		// Flows that ended are swept lazily, at most once a millisecond
+		// per peer, so a peer hammering its limit costs no table walks.
+		r.lastPurge[peer] = now
+		r.purgeEndedFlows(peer)
 	}
 	if !known && r.peerFlows[peer] >= r.cfg.MaxFlowsPerPeer {
 		r.a.stats.flowLimited.Add(1)

@@ -84,7 +84,7 @@ type Config struct {
 	// off.
 	FrameTimeout time.Duration
 	// MaxPendingConns caps the incoming connections still in their
-	// handshake or HELLO (default 64); more are closed at once.
+	// handshake or HELLO (default 64); past it the oldest is closed.
 	MaxPendingConns int
 }
 

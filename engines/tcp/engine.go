@@ -59,8 +59,9 @@ type Stats struct {
 	// handshake: no handshake (a plain HELLO), a key that is not admitted,
 	// a handshake to another key, or a HELLO naming another agent.
 	Unauthenticated uint64
-	// RefusedConns counts connections closed at once: over
-	// MaxPendingConns, or over MaxConnsPerPeer for one peer.
+	// RefusedConns counts connections closed to enforce a cap: the oldest
+	// connection still in setup when a new one exceeds MaxPendingConns, or
+	// one over MaxConnsPerPeer for its peer.
 	RefusedConns uint64
 	// SlowConns counts incoming connections cut by a read deadline (a
 	// handshake, HELLO or frame that did not arrive in time).

@@ -25,10 +25,12 @@ type inConn struct {
 	cut  atomic.Bool            // set by ForgetPeer: land nothing more
 	// pending is set once the connection left the pending count (admitted,
 	// or ended before).
-	pending atomic.Bool
-	closed  chan struct{}
-	once    sync.Once
-	served  chan struct{} // closed once serve returned: no more bytes land
+	pending  atomic.Bool
+	evicted  atomic.Bool // closed to make room for newer pending connections
+	accepted time.Time
+	closed   chan struct{}
+	once     sync.Once
+	served   chan struct{} // closed once serve returned: no more bytes land
 }
 
 func (ic *inConn) close() {
@@ -65,26 +67,27 @@ func (e *Engine) acceptLoop() {
 			continue
 		}
 		backoff = 5 * time.Millisecond
-		if e.pending.Add(1) > int64(e.cfg.MaxPendingConns) {
-			// Connections not yet through their handshake and HELLO are
-			// capped: a flood of them costs an fd each for an instant.
-			e.pending.Add(-1)
-			n := e.stats.refusedConns.Add(1)
-			if n&(n-1) == 0 {
-				e.log.Warn("tcp: incoming connection refused: too many in setup", "max_pending_conns", e.cfg.MaxPendingConns, "refused_total", n)
-			}
-			abort(c)
-			continue
-		}
-		ic := &inConn{conn: c, closed: make(chan struct{}), served: make(chan struct{})}
+		ic := &inConn{conn: c, closed: make(chan struct{}), served: make(chan struct{}), accepted: time.Now()}
 		e.mu.Lock()
 		if e.closed {
 			e.mu.Unlock()
-			e.pending.Add(-1)
 			c.Close()
 			return
 		}
 		e.incoming[ic] = struct{}{}
+		if e.pending.Add(1) > int64(e.cfg.MaxPendingConns) {
+			// Connections not yet through their handshake and HELLO are
+			// capped; the oldest goes, so a flood of idle connections
+			// cannot lock out a peer whose handshake takes a millisecond.
+			if v := e.oldestPendingLocked(ic); v != nil {
+				v.evicted.Store(true)
+				v.abort()
+				n := e.stats.refusedConns.Add(1)
+				if n&(n-1) == 0 {
+					e.log.Warn("tcp: incoming connection dropped: too many in setup", "max_pending_conns", e.cfg.MaxPendingConns, "refused_total", n)
+				}
+			}
+		}
 		e.wg.Add(1)
 		e.mu.Unlock()
 		go func() {
@@ -94,7 +97,7 @@ func (e *Engine) acceptLoop() {
 				e.pending.Add(-1) // ended before it was admitted
 			}
 			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() {
+			if errors.As(err, &ne) && ne.Timeout() && !ic.evicted.Load() {
 				e.stats.slowConns.Add(1)
 			}
 			ic.close()
@@ -107,6 +110,21 @@ func (e *Engine) acceptLoop() {
 			}
 		}()
 	}
+}
+
+// oldestPendingLocked returns the longest-waiting connection not yet
+// admitted, other than except, or nil. The caller holds e.mu.
+func (e *Engine) oldestPendingLocked(except *inConn) *inConn {
+	var v *inConn
+	for ic := range e.incoming {
+		if ic == except || ic.name.Load() != nil || ic.pending.Load() || ic.evicted.Load() {
+			continue
+		}
+		if v == nil || ic.accepted.Before(v.accepted) {
+			v = ic
+		}
+	}
+	return v
 }
 
 // inReader reads frames from an incoming connection. Inside a frame every

@@ -22,6 +22,7 @@ type model struct {
 	locals   map[uint64]mLocal
 	quar     map[uint64]uint64 // quarantined regions: block size
 	share    bool              // Config.PeerShare
+	peerMax  uint64            // Config.PeerMax
 }
 
 // capped is the fair-share rule of Config.PeerShare, from the model's own
@@ -48,6 +49,9 @@ func (m *model) capped(peer string) bool {
 	others := len(waiting)
 	if waiting[peer] {
 		others--
+	}
+	if held > 0 && m.peerMax > 0 && held >= m.peerMax {
+		return true
 	}
 	return held > 0 && len(live) >= 2 && others > 0 && held >= m.capacity/uint64(len(live))
 }
@@ -256,6 +260,9 @@ func TestSchedulerProperties(t *testing.T) {
 			BypassRounds: rapid.IntRange(0, 3).Draw(t, "rounds"),
 			PeerShare:    rapid.Bool().Draw(t, "peerShare"),
 		}
+		if cfg.PeerShare {
+			cfg.PeerMax = rapid.Uint64Range(0, cfg.Capacity).Draw(t, "peerMax")
+		}
 		s, err := New(cfg)
 		if err != nil {
 			t.Fatal(err)
@@ -264,7 +271,7 @@ func TestSchedulerProperties(t *testing.T) {
 			s: s, capacity: s.Capacity(), w: cfg.MaxInflight,
 			pending: map[FlowKey][]uint64{}, wanted: map[FlowKey][]uint64{}, next: map[FlowKey]int{},
 			held: map[uint64]mRegion{}, orphans: map[uint64]mRegion{}, locals: map[uint64]mLocal{}, quar: map[uint64]uint64{},
-			share: cfg.PeerShare,
+			share: cfg.PeerShare, peerMax: cfg.PeerMax,
 		}
 		// Mostly small chunks, some large ones (which drive drain mode), a few
 		// at or past the limits.

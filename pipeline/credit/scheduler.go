@@ -82,6 +82,11 @@ type Config struct {
 	// granted one region. Off, flows share the arena round-robin whatever
 	// peer they belong to (one peer's many flows can then take it all).
 	PeerShare bool
+	// PeerMax, with PeerShare, caps what one peer holds even when no other
+	// peer waits (block bytes; 0 means Capacity), so a peer that takes
+	// grants and never writes them cannot hold the whole arena against the
+	// next peer to arrive.
+	PeerMax uint64
 }
 
 // Stats is a snapshot of the scheduler's accounting. Byte counts are in
@@ -121,6 +126,7 @@ type Scheduler struct {
 	bypassRounds int
 
 	peerShare bool
+	peerMax   uint64
 	peers     map[string]*peerLoad // peers with live flows
 	waiting   int                  // peers with chunks pending
 
@@ -207,6 +213,7 @@ func New(cfg Config) (*Scheduler, error) {
 		w:            cfg.MaxInflight,
 		bypassRounds: rounds,
 		peerShare:    cfg.PeerShare,
+		peerMax:      cfg.PeerMax,
 		peers:        make(map[string]*peerLoad),
 		flows:        make(map[FlowKey]*flow),
 		regions:      make(map[uint64]region),
@@ -274,9 +281,15 @@ func (s *Scheduler) addPending(pl *peerLoad, d int) {
 }
 
 // capped reports whether the peer holds at least its fair share while
-// another peer waits (Config.PeerShare).
+// another peer waits, or PeerMax (Config.PeerShare).
 func (s *Scheduler) capped(pl *peerLoad) bool {
-	if !s.peerShare || pl == nil || pl.held == 0 || len(s.peers) < 2 {
+	if !s.peerShare || pl == nil || pl.held == 0 {
+		return false
+	}
+	if s.peerMax > 0 && pl.held >= s.peerMax {
+		return true
+	}
+	if len(s.peers) < 2 {
 		return false
 	}
 	others := s.waiting
