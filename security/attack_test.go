@@ -47,6 +47,11 @@ type agent struct {
 
 func start(t *testing.T, name string, bufSize int, mods ...func(*config.Config)) *agent {
 	t.Helper()
+	return startTB(t, name, bufSize, mods...)
+}
+
+func startTB(t testing.TB, name string, bufSize int, mods ...func(*config.Config)) *agent {
+	t.Helper()
 	cfg := config.Default()
 	cfg.Agent.Name = name
 	cfg.ControlPlane.BindAddress = "127.0.0.1"
