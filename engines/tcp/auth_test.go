@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"testing"
 	"time"
@@ -310,4 +311,29 @@ func TestWriteGuardRefuses(t *testing.T) {
 	if st := b.Stats(); st.ForbiddenWrites == 0 {
 		t.Fatalf("stats %+v, want the forbidden write counted", st)
 	}
+}
+
+// FuzzAcceptHandshake feeds arbitrary bytes to the listener's side of the
+// handshake: it never panics and never admits them.
+func FuzzAcceptHandshake(f *testing.F) {
+	f.Add([]byte(authMagic + "\x20\x00" + string(make([]byte, 32))))
+	f.Add([]byte(authMagic + "\xff\xff"))
+	f.Add([]byte("\x01\x01\x00\x00"))
+	f.Add([]byte{})
+	k := keyring{}
+	v := newEnv(f)
+	e := v.engine("b", k.authed(f, "b", "a"))
+	f.Fuzz(func(t *testing.T, in []byte) {
+		c1, c2 := net.Pipe()
+		defer c1.Close()
+		go func() {
+			c2.Write(in)
+			c2.Close()
+		}()
+		c1.SetDeadline(time.Now().Add(time.Second))
+		go io.Copy(io.Discard, c2)
+		if _, name, err := e.acceptHandshake(c1); err == nil {
+			t.Fatalf("arbitrary bytes admitted as %q", name)
+		}
+	})
 }
