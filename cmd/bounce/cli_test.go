@@ -363,7 +363,7 @@ func TestExitCodesAndConfig(t *testing.T) {
 	if _, errOut, code := bounce(t, "config", "--config", file); code != exitUsage || !strings.Contains(errOut, "engine.colour") {
 		t.Fatalf("unknown key: exit %d, stderr %q", code, errOut)
 	}
-	if out, _, code := bounce(t, "version"); code != 0 || !strings.Contains(out, "wire protocol 1") {
+	if out, _, code := bounce(t, "version"); code != 0 || !strings.Contains(out, "wire protocol 2") {
 		t.Fatalf("version: exit %d: %s", code, out)
 	}
 }
