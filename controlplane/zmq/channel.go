@@ -94,10 +94,11 @@ type Channel struct {
 
 // dealer is the send socket to one peer.
 type dealer struct {
-	mu       sync.Mutex // serializes use of sock
-	sock     *zmq4.Socket
-	endpoint string
-	dropping bool // the last send was dropped; used to warn once per episode
+	mu        sync.Mutex // serializes use of sock
+	sock      *zmq4.Socket
+	endpoint  string
+	dropping  bool // the last send was dropped; used to warn once per episode
+	connected bool // Connect was called (at once without CURVE, on the first Send with it)
 }
 
 // Stats are the channel's cumulative counters.
@@ -349,7 +350,7 @@ func (c *Channel) AddPeer(peer, endpoint string) error {
 	if old != nil {
 		old.close()
 	}
-	c.peers[peer] = &dealer{sock: sock, endpoint: endpoint}
+	c.peers[peer] = &dealer{sock: sock, endpoint: endpoint, connected: !c.auth.Enabled()}
 	return nil
 }
 
@@ -396,6 +397,13 @@ func (c *Channel) openDealer(peer, endpoint string) (*zmq4.Socket, error) {
 			return nil, fmt.Errorf("dealer %s: %w", s.what, err)
 		}
 	}
+	if c.auth.Enabled() {
+		// With CURVE the DEALER connects on its first Send (see
+		// dealer.connect): libzmq never retries a connection whose
+		// handshake the peer refused, and a peer often admits us only once
+		// it loaded our descriptor, just after we loaded its.
+		return sock, nil
+	}
 	if err := sock.Connect(endpoint); err != nil {
 		_ = sock.Close()
 		c.badEndpoints.Add(1)
@@ -438,6 +446,13 @@ func (c *Channel) Send(peer string, payload []byte) error {
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	if !d.connected {
+		if err := d.sock.Connect(d.endpoint); err != nil {
+			c.badEndpoints.Add(1)
+			return fmt.Errorf("zmq: send to %q: connect %q: %w: %w", peer, d.endpoint, transfer.ErrBadEndpoint, err)
+		}
+		d.connected = true
+	}
 	_, err := d.sock.SendBytes(payload, zmq4.DONTWAIT)
 	if isEAGAIN(err) {
 		// A non-blocking send sees queue credit returned by the I/O thread
