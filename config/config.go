@@ -122,8 +122,8 @@ type SecurityConfig struct {
 	// (security.max_flows_per_peer, default 256, 1..1048576).
 	MaxFlowsPerPeer int
 	// WantRate and WantBurst bound the WANTs per second one peer may send
-	// (security.want_rate, default 20000; security.want_burst, default
-	// 4096; 1..10^9 each).
+	// (security.want_rate, default 5000; security.want_burst, default
+	// 1024; 1..10^9 each).
 	WantRate  int
 	WantBurst int
 	// MaxControlPeers caps the reverse control paths a receiver keeps
@@ -351,8 +351,8 @@ func Default() Config {
 			Mode:            "authenticate",
 			AllowedPeers:    "loaded",
 			MaxFlowsPerPeer: 256,
-			WantRate:        20000,
-			WantBurst:       4096,
+			WantRate:        5000,
+			WantBurst:       1024,
 			MaxControlPeers: 1024,
 			MaxMessageSize:  4 * MiB,
 			MaxArenaShare:   0.5,

@@ -119,8 +119,8 @@ func DefaultConfig() Config {
 // per failed request.
 const (
 	DefaultMaxFlowsPerPeer = 256
-	DefaultWantRate        = 20000
-	DefaultWantBurst       = 4096
+	DefaultWantRate        = 5000
+	DefaultWantBurst       = 1024
 	DefaultMaxControlPeers = 1024
 	DefaultMaxArenaShare   = 0.5
 )
