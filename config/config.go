@@ -102,6 +102,7 @@ type Config struct {
 	Stages       StagesConfig
 	Telemetry    TelemetryConfig
 	Log          LogConfig
+	Security     SecurityConfig
 }
 
 // LogConfig configures the process's log on stderr.
@@ -121,6 +122,41 @@ func (l *LogConfig) validate() []*KeyError {
 	errs.add(oneOf("log.level", l.Level, "debug", "info", "warn", "error"))
 	errs.add(oneOf("log.format", l.Format, "text", "json"))
 	return errs
+}
+
+// SecurityConfig is the trust policy and the per-peer limits
+// (docs/SECURITY.md).
+type SecurityConfig struct {
+	// Mode is authenticate or off (security.mode, default authenticate).
+	// Off trusts the network and is logged as a warning at start.
+	Mode string
+	// KeyFile holds this agent's key pair (security.key_file); it is
+	// generated there on first start (mode 0600) and refused when group or
+	// others may read it. Empty: a fresh key pair per process, so peers
+	// must load this agent's current descriptor.
+	KeyFile string
+	// AllowedPeers says who may connect (security.allowed_peers, default
+	// "loaded"): comma-separated "loaded" (any peer whose descriptor was
+	// loaded), "NAME=KEY" entries and "@FILE" files of such lines.
+	AllowedPeers string
+	// MaxFlowsPerPeer caps one peer's open flows on a receiver
+	// (security.max_flows_per_peer, default 256, 1..1048576).
+	MaxFlowsPerPeer int
+	// WantRate and WantBurst bound the WANTs per second one peer may send
+	// (security.want_rate, default 5000; security.want_burst, default
+	// 1024; 1..10^9 each).
+	WantRate  int
+	WantBurst int
+	// MaxControlPeers caps the reverse control paths a receiver keeps
+	// (security.max_control_peers, default 1024, 1..1048576).
+	MaxControlPeers int
+	// MaxMessageSize is the largest control message accepted
+	// (security.max_message_size, default 4MiB, 64KiB..1GiB).
+	MaxMessageSize Size
+	// MaxArenaShare is the fraction of a receiver's arena one peer may hold
+	// even when no other peer waits (security.max_arena_share, default
+	// 0.5, above 0 and at most 1); while others wait, peers share it equally.
+	MaxArenaShare float64
 }
 
 // AgentConfig identifies this agent among its peers.
@@ -232,6 +268,19 @@ type EngineConfig struct {
 	// Options are engine-specific settings passed through unchanged
 	// (engine.options). Layers merge them per option name.
 	Options map[string]string
+	// Encryption is off or on (engine.encryption, default off): whether
+	// the tcp engine encrypts the bytes it moves after its authenticated
+	// handshake (authentication is always on with security.mode
+	// authenticate). docs/SECURITY.md says what off leaves open.
+	Encryption string
+	// FrameTimeout bounds receiving one frame once its first byte arrived,
+	// and a connection's handshake (engine.frame_timeout, default 15s,
+	// 1ms..1h): a peer that trickles bytes is cut off.
+	FrameTimeout time.Duration
+	// MaxPendingConns caps the incoming tcp connections still in their
+	// handshake (engine.max_pending_conns, default 64, 1..65536); more are
+	// closed at once.
+	MaxPendingConns int
 }
 
 // ControlPlaneConfig selects and tunes the control channel.
@@ -305,8 +354,9 @@ const MinMinChunk = 64 * KiB
 // characters other than letters, digits, '.', '-' and '_' replaced by '-'),
 // or "bounce-<pid>" when the hostname is unavailable.
 //
-// The bounce section's runtime values come from pipeline.DefaultConfig, the
-// one place they are set; only the keys the runtime does not have (the
+// The bounce section's runtime values and the security section's per-peer
+// limits come from pipeline.DefaultConfig, the one place they are set; only
+// the keys the runtime does not have (the
 // stages' copy contexts, zero-copy arguments, the route's name) are set
 // here.
 func Default() Config {
@@ -331,7 +381,7 @@ func Default() Config {
 			ArenaMemory:      "auto",
 			Route:            p.Route.String(),
 		},
-		Engine: EngineConfig{Kind: "tcp", Listen: "127.0.0.1:0", Connections: 4, Plugin: DefaultPlugin()},
+		Engine: EngineConfig{Kind: "tcp", Listen: "127.0.0.1:0", Connections: 4, Plugin: DefaultPlugin(), Encryption: "off", FrameTimeout: 15 * time.Second, MaxPendingConns: 64},
 		ControlPlane: ControlPlaneConfig{
 			Kind:    "zmq",
 			SendHWM: 1000,
@@ -344,6 +394,16 @@ func Default() Config {
 			Fallback: "host",
 		},
 		Log: LogConfig{Level: "warn", Format: "text"},
+		Security: SecurityConfig{
+			Mode:            "authenticate",
+			AllowedPeers:    "loaded",
+			MaxFlowsPerPeer: p.MaxFlowsPerPeer,
+			WantRate:        int(p.WantRate),
+			WantBurst:       p.WantBurst,
+			MaxControlPeers: p.MaxControlPeers,
+			MaxMessageSize:  4 * MiB,
+			MaxArenaShare:   p.MaxArenaShare,
+		},
 		Telemetry: TelemetryConfig{
 			Traces:      "none",
 			SampleRatio: 1,
@@ -396,6 +456,32 @@ func (c *Config) validate() []*KeyError {
 	errs = append(errs, c.Stages.validate()...)
 	errs = append(errs, c.Telemetry.validate()...)
 	errs = append(errs, c.Log.validate()...)
+	errs = append(errs, c.Security.validate()...)
+	return errs
+}
+
+// Validate checks the security settings.
+func (s *SecurityConfig) Validate() error { return joinKeyErrors(s.validate()) }
+
+func (s *SecurityConfig) validate() []*KeyError {
+	var errs fieldErrors
+	add := errs.add
+	add(oneOf("security.mode", s.Mode, "authenticate", "off"))
+	intRange := func(key string, v, lo, hi int) {
+		if v < lo || v > hi {
+			add(outOfRange(key, v, "must be between %d and %d", lo, hi))
+		}
+	}
+	intRange("security.max_flows_per_peer", s.MaxFlowsPerPeer, 1, 1<<20)
+	intRange("security.want_rate", s.WantRate, 1, 1e9)
+	intRange("security.want_burst", s.WantBurst, 1, 1e9)
+	intRange("security.max_control_peers", s.MaxControlPeers, 1, 1<<20)
+	if s.MaxMessageSize < 64*KiB || s.MaxMessageSize > GiB {
+		add(outOfRange("security.max_message_size", s.MaxMessageSize, "must be between 64KiB and 1GiB"))
+	}
+	if !(s.MaxArenaShare > 0 && s.MaxArenaShare <= 1) {
+		add(outOfRange("security.max_arena_share", strconv.FormatFloat(s.MaxArenaShare, 'g', -1, 64), "must be above 0 and at most 1"))
+	}
 	return errs
 }
 
@@ -514,6 +600,13 @@ func (e *EngineConfig) validate() []*KeyError {
 		if k == "" {
 			add(outOfRange("engine.options", "", "option names must not be empty"))
 		}
+	}
+	add(oneOf("engine.encryption", e.Encryption, "off", "on"))
+	if e.FrameTimeout < time.Millisecond || e.FrameTimeout > time.Hour {
+		add(outOfRange("engine.frame_timeout", e.FrameTimeout, "must be between 1ms and 1h"))
+	}
+	if e.MaxPendingConns < 1 || e.MaxPendingConns > 65536 {
+		add(outOfRange("engine.max_pending_conns", e.MaxPendingConns, "must be between 1 and 65536"))
 	}
 	return errs
 }

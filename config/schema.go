@@ -50,6 +50,9 @@ func fields() []field {
 		{"engine.plugin", "engine plugin (engine.kind=plugin): a path or {path, args, env, inherit_env, checksum, options, max_restarts, restart_backoff}", func(c *Config) any { return &c.Engine.Plugin }},
 		{"engine.listen", "tcp engine listen host:port", func(c *Config) any { return &c.Engine.Listen }},
 		{"engine.connections", "tcp connections per peer, 1..256", func(c *Config) any { return &c.Engine.Connections }},
+		{"engine.encryption", "tcp engine: encrypt the bytes after the authenticated handshake: off or on", func(c *Config) any { return &c.Engine.Encryption }},
+		{"engine.frame_timeout", "tcp engine: bound on receiving one frame and on a handshake, 1ms..1h", func(c *Config) any { return &c.Engine.FrameTimeout }},
+		{"engine.max_pending_conns", "tcp engine: incoming connections still in their handshake, 1..65536", func(c *Config) any { return &c.Engine.MaxPendingConns }},
 		{optionsKey, "engine-specific options, passed through", func(c *Config) any { return &c.Engine.Options }},
 
 		{"control_plane.kind", "control channel: zmq, nixlnotif, inproc or plugin", func(c *Config) any { return &c.ControlPlane.Kind }},
@@ -72,6 +75,15 @@ func fields() []field {
 
 		{"log.level", "log level on stderr: debug, info, warn or error", func(c *Config) any { return &c.Log.Level }},
 		{"log.format", "log format on stderr: text (key=value) or json (one object per line)", func(c *Config) any { return &c.Log.Format }},
+		{"security.mode", "authenticate (only admitted peers, by key) or off (trust the network; warns)", func(c *Config) any { return &c.Security.Mode }},
+		{"security.key_file", "this agent's key pair, generated there on first start (mode 0600); empty = a new key per process", func(c *Config) any { return &c.Security.KeyFile }},
+		{"security.allowed_peers", "who may connect: loaded, NAME=KEY, @FILE (comma-separated)", func(c *Config) any { return &c.Security.AllowedPeers }},
+		{"security.max_flows_per_peer", "open flows one peer may have on a receiver, 1..1048576", func(c *Config) any { return &c.Security.MaxFlowsPerPeer }},
+		{"security.want_rate", "WANTs per second one peer may send, 1..10^9", func(c *Config) any { return &c.Security.WantRate }},
+		{"security.want_burst", "WANT burst one peer may send at once, 1..10^9", func(c *Config) any { return &c.Security.WantBurst }},
+		{"security.max_control_peers", "reverse control paths a receiver keeps (idle ones evicted), 1..1048576", func(c *Config) any { return &c.Security.MaxControlPeers }},
+		{"security.max_message_size", "largest control message accepted, 64KiB..1GiB", func(c *Config) any { return &c.Security.MaxMessageSize }},
+		{"security.max_arena_share", "fraction of the arena one peer may hold even when no other waits, (0, 1]", func(c *Config) any { return &c.Security.MaxArenaShare }},
 	}
 }
 

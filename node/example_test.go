@@ -77,13 +77,24 @@ func embed() error {
 		return err
 	}
 
-	// Peers exchange descriptors out of band (a file, etcd, an RPC).
+	// Peers exchange descriptors out of band (a file, etcd, an RPC). Each
+	// descriptor carries the agent's public key: the prefill side loads
+	// decode's to reach it, and decode loads prefill's to admit it (with
+	// security.allowed_peers "loaded", the default, only loaded peers may
+	// write).
 	blob, err := decode.Agent.Descriptor()
 	if err != nil {
 		return err
 	}
 	peer, err := prefill.Agent.LoadPeer(blob)
 	if err != nil {
+		return err
+	}
+	sender, err := prefill.Agent.Descriptor()
+	if err != nil {
+		return err
+	}
+	if _, err := decode.Agent.LoadPeer(sender); err != nil {
 		return err
 	}
 

@@ -16,6 +16,7 @@ import (
 	"log/slog"
 	"maps"
 	"net"
+	"os"
 	"slices"
 	"sync"
 	"time"
@@ -28,6 +29,7 @@ import (
 	"github.com/bouncekv/bounce/cuda"
 	"github.com/bouncekv/bounce/mem"
 	"github.com/bouncekv/bounce/pipeline"
+	"github.com/bouncekv/bounce/security"
 	"github.com/bouncekv/bounce/telemetry"
 	"github.com/bouncekv/bounce/transfer"
 )
@@ -54,6 +56,12 @@ type Settings struct {
 	// is plugin (stages.gather.plugin, ...); zero otherwise. Engines and
 	// control planes find theirs in their own section.
 	Plugin config.PluginConfig
+	// Peers is the agent's identity and admitted-peer set; nil with
+	// security.mode off. Engines and control planes that authenticate
+	// peers use it.
+	Peers *security.Peers
+	// Security is the security section of the configuration.
+	Security config.SecurityConfig
 }
 
 // EngineFactory creates a transfer engine of one kind.
@@ -213,8 +221,15 @@ func BuildWith(cfg config.Config, f Factories, o Options) (*Node, error) {
 		}
 		n.Telemetry, n.ownTelemetry = tel, true
 	}
+	peers, err := Trust(cfg.Security, logger)
+	if err != nil {
+		n.closeTelemetry()
+		return nil, fmt.Errorf("node: %w", err)
+	}
 	wake := make(chan struct{}, 1)
 	s := Settings{
+		Peers:    peers,
+		Security: cfg.Security,
 		Name:     cfg.Agent.Name,
 		Logger:   logger,
 		Registry: n.Registry,
@@ -256,12 +271,13 @@ func BuildWith(cfg config.Config, f Factories, o Options) (*Node, error) {
 			n.closeBounceParts()
 		}
 	}
-	pc := PipelineConfig(cfg.Bounce)
+	pc := PipelineConfig(cfg.Bounce, cfg.Security)
 	kinds := pipeline.Kinds{Engine: cfg.Engine.Kind}
 	if n.Control != nil {
 		kinds.Control, kinds.Gather, kinds.Scatter = cfg.ControlPlane.Kind, cfg.Stages.Gather.Kind, cfg.Stages.Scatter.Kind
 	}
 	n.Agent, err = pipeline.New(pipeline.Settings{
+		Peers:          peers,
 		Name:           cfg.Agent.Name,
 		Engine:         n.Engine,
 		Control:        n.Control,
@@ -384,9 +400,43 @@ func (n *Node) chooseArena(cfg config.Config, f Factories, logger *slog.Logger) 
 	return nil
 }
 
+// Trust builds the agent's identity and admitted-peer set from the security
+// section: the key pair from security.key_file (generated there on first
+// start) or a fresh one, and the allowed_peers policy. With security.mode
+// off it returns nil after a loud warning.
+func Trust(c config.SecurityConfig, logger *slog.Logger) (*security.Peers, error) {
+	mode, err := security.ParseMode(c.Mode)
+	if err != nil {
+		return nil, err
+	}
+	if mode == security.Off {
+		logger.Warn("SECURITY IS OFF (security.mode: off): any host that can reach this agent's ports may send control messages " +
+			"and write into its registered memory; use only on a closed test network")
+		return nil, nil
+	}
+	var id security.Identity
+	if c.KeyFile == "" {
+		id, err = security.Generate(nil)
+	} else {
+		var created bool
+		id, created, err = security.LoadOrCreate(c.KeyFile)
+		if created {
+			logger.Info("generated this agent's key pair", "security.key_file", c.KeyFile, "public_key", id.Public.String())
+		}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("security.key_file %q: %w", c.KeyFile, err)
+	}
+	policy, err := security.ParsePolicy(c.AllowedPeers, os.ReadFile)
+	if err != nil {
+		return nil, fmt.Errorf("security.allowed_peers: %w", err)
+	}
+	return security.NewPeers(mode, id, policy), nil
+}
+
 // PipelineConfig maps the bounce section of the configuration to the
 // runtime's knobs.
-func PipelineConfig(b config.BounceConfig) pipeline.Config {
+func PipelineConfig(b config.BounceConfig, sec config.SecurityConfig) pipeline.Config {
 	return pipeline.Config{
 		Enabled:          b.Enabled,
 		ArenaSize:        uint64(b.ArenaSize),
@@ -403,6 +453,11 @@ func PipelineConfig(b config.BounceConfig) pipeline.Config {
 		EagerGather:      b.EagerGather,
 		DisableMerging:   b.DisableMerging,
 		Route:            routeOf(b.Route),
+		MaxFlowsPerPeer:  sec.MaxFlowsPerPeer,
+		WantRate:         float64(sec.WantRate),
+		WantBurst:        sec.WantBurst,
+		MaxControlPeers:  sec.MaxControlPeers,
+		MaxArenaShare:    sec.MaxArenaShare,
 	}
 }
 

@@ -240,10 +240,11 @@ func TestCheckKindsRejectsWhatThisBuildLacks(t *testing.T) {
 	}
 }
 
-// TestOneSourceOfDefaults: the configuration's bounce defaults map to
-// exactly the runtime's defaults.
+// TestOneSourceOfDefaults: the configuration's bounce and security
+// defaults map to exactly the runtime's defaults.
 func TestOneSourceOfDefaults(t *testing.T) {
-	if got, want := PipelineConfig(config.Default().Bounce), pipeline.DefaultConfig(); got != want {
+	d := config.Default()
+	if got, want := PipelineConfig(d.Bounce, d.Security), pipeline.DefaultConfig(); got != want {
 		t.Fatalf("config defaults map to\n%+v\nthe runtime's are\n%+v", got, want)
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -18,6 +19,7 @@ import (
 	"github.com/bouncekv/bounce/mem"
 	"github.com/bouncekv/bounce/pipeline/credit"
 	"github.com/bouncekv/bounce/pipeline/wire"
+	"github.com/bouncekv/bounce/security"
 	"github.com/bouncekv/bounce/stages/write"
 	"github.com/bouncekv/bounce/transfer"
 )
@@ -79,6 +81,20 @@ type Config struct {
 	// peer and counted), RouteBounce (required: a request that cannot take
 	// it is refused with the reason) or RouteDirect.
 	Route Route
+	// MaxFlowsPerPeer caps the flows (requests) one peer may have open on
+	// this receiver; a WANT opening one more is refused with a NACK.
+	MaxFlowsPerPeer int
+	// WantRate and WantBurst bound the WANTs (cancels included) one peer
+	// may send per second; the excess is dropped and counted.
+	WantRate  float64
+	WantBurst int
+	// MaxControlPeers caps the reverse control paths the receiver keeps
+	// open; the least recently used idle one is closed to make room.
+	MaxControlPeers int
+	// MaxArenaShare is the fraction of the arena one peer's flows may hold
+	// even when no other peer waits (0 < share <= 1); while others wait a
+	// peer holds at most an equal share (credit.Config.PeerShare).
+	MaxArenaShare float64
 }
 
 // DefaultConfig returns the defaults: the reference design's, except an
@@ -96,8 +112,24 @@ func DefaultConfig() Config {
 		RequestTimeout:   30 * time.Second,
 		QuiesceTimeout:   5 * time.Second,
 		EagerGather:      true,
+		MaxFlowsPerPeer:  DefaultMaxFlowsPerPeer,
+		WantRate:         DefaultWantRate,
+		WantBurst:        DefaultWantBurst,
+		MaxControlPeers:  DefaultMaxControlPeers,
+		MaxArenaShare:    DefaultMaxArenaShare,
 	}
 }
+
+// Per-peer limit defaults (docs/SECURITY.md). A legitimate sender opens one
+// flow per concurrent request and sends a WANT per request plus one cancel
+// per failed request.
+const (
+	DefaultMaxFlowsPerPeer = 256
+	DefaultWantRate        = 5000
+	DefaultWantBurst       = 1024
+	DefaultMaxControlPeers = 1024
+	DefaultMaxArenaShare   = 0.5
+)
 
 func (c *Config) fill() {
 	d := DefaultConfig()
@@ -112,6 +144,13 @@ func (c *Config) fill() {
 	c.FlowExpiry = cmp.Or(c.FlowExpiry, 4*c.RequestTimeout)
 	if c.Quarantine <= 0 {
 		c.Quarantine = c.RequestTimeout
+	}
+	c.MaxFlowsPerPeer = cmp.Or(c.MaxFlowsPerPeer, d.MaxFlowsPerPeer)
+	c.WantRate = cmp.Or(c.WantRate, d.WantRate)
+	c.WantBurst = cmp.Or(c.WantBurst, d.WantBurst)
+	c.MaxControlPeers = cmp.Or(c.MaxControlPeers, d.MaxControlPeers)
+	if c.MaxArenaShare <= 0 || c.MaxArenaShare > 1 {
+		c.MaxArenaShare = d.MaxArenaShare
 	}
 }
 
@@ -158,6 +197,11 @@ type Settings struct {
 	// full is dropped and counted (Stats.DroppedEvents). Nil discards the
 	// events (they are still counted in Stats.Events).
 	Received chan<- Received
+	// Peers is the admitted-peer set shared with the engine and the control
+	// channel (package security). LoadPeer introduces each loaded peer's key
+	// there, and the reactor drops control messages from names it does not
+	// admit. Nil means security.mode off: every peer is admitted.
+	Peers *security.Peers
 }
 
 // Arena is the memory of a bounce arena: one range, freed by Close once
@@ -197,12 +241,16 @@ type Agent struct {
 	obs   *obs
 	r     *reactor
 	wg    sync.WaitGroup
+	// guard authorizes incoming writes; nil unless authentication is on and
+	// the engine asks a guard (transfer.WriteGuarded).
+	guard *writeGuard
 }
 
 type peerInfo struct {
-	name   string
-	bounce bool
-	reason string // why not bounce
+	name     string
+	bounce   bool
+	reason   string // why not bounce
+	endpoint string // control endpoint from the peer's descriptor, "" if none
 	// ctrl is set when the control channel reaches the peer (always when
 	// bounce is): direct requests then tell it when they end (DONE).
 	ctrl bool
@@ -260,6 +308,11 @@ func New(s Settings, cfg Config) (*Agent, error) {
 		a.bounceOn, a.noBounce = false, err.Error()
 		a.log.Warn("bounce disabled, serving every transfer on the direct path", "reason", err)
 	}
+	if wg, ok := s.Engine.(transfer.WriteGuarded); ok && s.Peers.Enabled() {
+		a.guard = newWriteGuard()
+		a.guard.setArena(a.arenaD)
+		wg.SetWriteGuard(a.guard.check)
+	}
 	a.r = newReactor(a, sched)
 	a.wg.Add(1)
 	go func() {
@@ -281,7 +334,9 @@ func (a *Agent) initBounce(out **credit.Scheduler) error {
 	case a.set.Control.LocalEndpoint() == "":
 		return errors.New("control channel has no usable endpoint")
 	}
-	sched, err := credit.New(credit.Config{Capacity: a.cfg.ArenaSize, Granularity: a.cfg.Granularity, MaxInflight: a.cfg.MaxInflight})
+	usable := credit.UsableCapacity(a.cfg.ArenaSize, a.cfg.Granularity)
+	sched, err := credit.New(credit.Config{Capacity: a.cfg.ArenaSize, Granularity: a.cfg.Granularity, MaxInflight: a.cfg.MaxInflight,
+		PeerShare: true, PeerMax: uint64(a.cfg.MaxArenaShare * float64(usable))})
 	if err != nil {
 		return fmt.Errorf("credit scheduler: %w", err)
 	}
@@ -330,6 +385,11 @@ func (a *Agent) Name() string { return a.name }
 // BounceEnabled reports whether the local bounce path is up, and why not.
 func (a *Agent) BounceEnabled() (bool, string) { return a.bounceOn, a.noBounce }
 
+// Arena returns the registered arena that receiver grants are carved from
+// (zero when bounce is off). Its address is public: every peer sees it in
+// this agent's engine metadata.
+func (a *Agent) Arena() transfer.Desc { return a.arenaD }
+
 // Config returns the effective configuration (after defaults and clamping).
 func (a *Agent) Config() Config { return a.cfg }
 
@@ -337,12 +397,27 @@ func (a *Agent) Config() Config { return a.cfg }
 // can be a transfer's source or a destination peers write to. Peers must
 // reload this agent's descriptor to see new destinations.
 func (a *Agent) RegisterMemory(d transfer.Desc) error {
+	return a.RegisterMemoryFor(d)
+}
+
+// RegisterMemoryFor is RegisterMemory for memory only the named peers may
+// write with the direct path (with authentication on; none named: every
+// admitted peer, as RegisterMemory). Any registered memory can be a
+// transfer's source.
+func (a *Agent) RegisterMemoryFor(d transfer.Desc, peers ...string) error {
 	if err := a.set.Registry.Add(d); err != nil {
 		return fmt.Errorf("pipeline: register %v: %w", d, err)
 	}
 	if err := a.set.Engine.RegisterMemory(d); err != nil {
 		_ = a.set.Registry.Remove(d)
 		return fmt.Errorf("pipeline: register %v with engine: %w", d, err)
+	}
+	if a.guard != nil {
+		var who []string
+		if len(peers) > 0 {
+			who = slices.Clone(peers)
+		}
+		a.guard.addUser(d, who)
 	}
 	return nil
 }
@@ -362,6 +437,9 @@ func (a *Agent) DeregisterMemory(d transfer.Desc) error {
 			a.log.Error("re-register after a refused deregister", "desc", d, "err", aerr)
 		}
 		return fmt.Errorf("pipeline: deregister %v: %w", d, err)
+	}
+	if a.guard != nil {
+		a.guard.removeUser(d)
 	}
 	return nil
 }
@@ -392,11 +470,18 @@ func (a *Agent) Descriptor() ([]byte, error) {
 	if err != nil {
 		return nil, fmt.Errorf("pipeline: engine metadata: %w", err)
 	}
-	return wire.MarshalAgentDesc(wire.AgentDesc{Name: a.name, Engine: md, Handshake: a.Handshake()}), nil
+	var key security.Key
+	if a.set.Peers.Enabled() {
+		key = a.set.Peers.Self().Public
+	}
+	return wire.MarshalAgentDesc(wire.AgentDesc{Name: a.name, Engine: md, PublicKey: key, Handshake: a.Handshake()}), nil
 }
 
-// LoadPeer loads a peer's descriptor: the engine learns how to reach it and
-// the handshake decides its route. An incompatible or missing handshake is
+// LoadPeer loads a peer's descriptor: its public key joins the admitted set
+// (when the trust policy admits it: security.allowed_peers), the engine
+// learns how to reach it and the handshake decides its route. A descriptor
+// without a key while authentication is on, or with a key the policy
+// refuses, is an error wrapping security.ErrNotAdmitted. An incompatible or missing handshake is
 // not an error: the peer is served on the direct path and the reason is
 // logged and returned by PeerRoute. Loading a peer again refreshes it.
 func (a *Agent) LoadPeer(blob []byte) (string, error) {
@@ -404,6 +489,10 @@ func (a *Agent) LoadPeer(blob []byte) (string, error) {
 	if err != nil {
 		a.stats.badPeerDesc.Add(1)
 		return "", fmt.Errorf("pipeline: load peer: %w: %w", transfer.ErrBadMetadata, err)
+	}
+	if err := a.set.Peers.Introduce(d.Name, d.PublicKey); err != nil {
+		a.stats.unadmitted.Add(1)
+		return "", fmt.Errorf("pipeline: load peer %q: %w", d.Name, err)
 	}
 	name, err := a.set.Engine.LoadPeer(d.Engine)
 	if err != nil {
@@ -430,13 +519,15 @@ func (a *Agent) LoadPeer(blob []byte) (string, error) {
 		a.stats.incompatiblePeers.Add(1)
 		a.log.Warn("peer stays on the direct path", "peer", name, "reason", pi.reason)
 	} else {
-		pi.bounce, pi.ctrl = true, true
+		pi.bounce, pi.ctrl, pi.endpoint = true, true, d.Handshake.Endpoint
 	}
 	if !pi.ctrl && a.set.Control != nil && d.Handshake != nil && d.HandshakeErr == nil &&
 		d.Handshake.ControlKind == a.set.Control.Kind() && d.Handshake.Endpoint != "" {
 		// Direct-only, but the control planes still speak to each other:
 		// the peer learns when a direct request to it ended.
-		pi.ctrl = a.set.Control.AddPeer(name, d.Handshake.Endpoint) == nil
+		if a.set.Control.AddPeer(name, d.Handshake.Endpoint) == nil {
+			pi.ctrl, pi.endpoint = true, d.Handshake.Endpoint
+		}
 	}
 	a.peersMu.Lock()
 	a.peers[name] = pi
@@ -488,6 +579,7 @@ func (a *Agent) ForgetPeer(peer string) error {
 		delete(a.peers, peer)
 	}
 	a.peersMu.Unlock()
+	defer a.set.Peers.Forget(peer)
 	var errs []error
 	if a.set.Control != nil {
 		if err := a.set.Control.RemovePeer(peer); err != nil && !errors.Is(err, transfer.ErrUnknownPeer) {
@@ -612,6 +704,9 @@ func (a *Agent) Shutdown(ctx context.Context) error {
 		}
 		a.wg.Wait()
 		a.obs.close()
+		if a.guard != nil {
+			a.guard.close()
+		}
 		if a.arena != nil {
 			if a.r.arenaQuiet {
 				if derr := a.set.Engine.DeregisterMemory(a.arenaD); derr != nil && !errors.Is(derr, transfer.ErrClosed) {

@@ -10,6 +10,7 @@ import (
 
 	"github.com/bouncekv/bounce/pipeline/credit"
 	"github.com/bouncekv/bounce/pipeline/wire"
+	"github.com/bouncekv/bounce/security"
 	"github.com/bouncekv/bounce/transfer"
 )
 
@@ -39,7 +40,10 @@ type reactor struct {
 	// quarantine lasts cfg.Quarantine, so the order is by time too).
 	quarantined []quarantined
 	lastSweep   time.Time
-	ctrlPeers   map[string]string // control peers added from WANT endpoints
+	ctrlPeers   map[string]*ctrlPeer // control peers added from WANT endpoints
+	wantRate    map[string]*security.Bucket
+	peerFlows   map[string]int // open flows per peer (flowSeen keys)
+	lastPurge   map[string]time.Time
 	jobs        chan *scatterTask
 	tasks       map[uint64]*scatterTask // queued or running scatters by region offset
 	resMu       sync.Mutex
@@ -47,7 +51,7 @@ type reactor struct {
 	scatters    int                           // scatter tasks handed to workers and not yet reported
 	rtraces     map[credit.FlowKey]*recvTrace // receiver spans of traced flows
 
-	inbox chan transfer.Message
+	inbox *fairInbox
 	quit  chan struct{}
 
 	shuttingDown bool
@@ -77,10 +81,13 @@ func newReactor(a *Agent, sched *credit.Scheduler) *reactor {
 		direct:    make(map[uint64]*directReq),
 		flowSeen:  make(map[credit.FlowKey]time.Time),
 		rflows:    make(map[credit.FlowKey]*recvFlow),
-		ctrlPeers: make(map[string]string),
+		ctrlPeers: make(map[string]*ctrlPeer),
 		tasks:     make(map[uint64]*scatterTask),
 		rtraces:   make(map[credit.FlowKey]*recvTrace),
-		inbox:     make(chan transfer.Message, 4096),
+		wantRate:  make(map[string]*security.Bucket),
+		peerFlows: make(map[string]int),
+		lastPurge: make(map[string]time.Time),
+		inbox:     newFairInbox(),
 		quit:      make(chan struct{}),
 	}
 	if sched != nil {
@@ -148,10 +155,18 @@ func (r *reactor) pump() {
 			}
 			continue
 		}
-		select {
-		case r.inbox <- m:
-		case <-r.quit:
-			return
+		// Unadmitted senders are dropped here, before they take queue
+		// space (see onMessage).
+		if !r.a.set.Peers.Admitted(m.Peer) {
+			r.dropUnadmitted(m.Peer)
+			continue
+		}
+		for !r.inbox.push(m) {
+			select {
+			case <-r.inbox.space:
+			case <-r.quit:
+				return
+			}
 		}
 	}
 }
@@ -202,8 +217,7 @@ func (r *reactor) run() {
 		select {
 		case <-r.a.kickCh:
 		case <-wake:
-		case m := <-r.inbox:
-			r.onMessage(m)
+		case <-r.inbox.ready:
 		case <-timer.C:
 		}
 		if !timer.Stop() {
@@ -229,14 +243,12 @@ func (r *reactor) tick() bool {
 	}
 	clear(r.cmdBuf)
 	for i := 0; i < 256; i++ {
-		select {
-		case m := <-r.inbox:
-			r.onMessage(m)
-			progressed = true
-			continue
-		default:
+		m, ok := r.inbox.pop()
+		if !ok {
+			break
 		}
-		break
+		r.onMessage(m)
+		progressed = true
 	}
 	if r.drainScatterResults() {
 		progressed = true
@@ -273,7 +285,16 @@ func (r *reactor) tick() bool {
 
 // onMessage decodes and dispatches one control message. Anything malformed
 // is dropped with a logged reason and a counter; nothing here panics.
+//
+// A message whose sender is not an admitted peer is dropped before it is
+// decoded: the control channel names the sender from its authenticated key
+// (zmq CURVE, the engine's handshake for nixlnotif), and only peers the
+// trust policy admits get further.
 func (r *reactor) onMessage(m transfer.Message) {
+	if !r.a.set.Peers.Admitted(m.Peer) {
+		r.dropUnadmitted(m.Peer)
+		return
+	}
 	msg, err := wire.Unmarshal(m.Payload)
 	if err != nil {
 		r.a.stats.badMessages.Add(1)
@@ -310,6 +331,15 @@ func (r *reactor) onMessage(m transfer.Message) {
 	}
 }
 
+// dropUnadmitted counts (and now and then logs) a message from a sender
+// that is not an admitted peer.
+func (r *reactor) dropUnadmitted(peer string) {
+	n := r.a.stats.unadmitted.Add(1)
+	if n&(n-1) == 0 {
+		r.log.Warn("dropped control message from a peer that is not admitted", "peer", peer, "unadmitted_total", n)
+	}
+}
+
 // send marshals and sends a control message without blocking. A failed send
 // is counted and logged; the caller decides what it means for the request.
 func (r *reactor) send(peer string, m wire.Message) error {
@@ -335,6 +365,11 @@ func (r *reactor) forgetPeer(peer string, fenced bool) {
 	r.a.obs.peerFlowsEnded(r, peer, "reclaimed")
 	delete(r.ctrlPeers, peer)
 	r.failFlows(func(k credit.FlowKey) bool { return k.Peer == peer }, fmt.Errorf("peer forgotten: %w", transfer.ErrPeerLost))
+	delete(r.wantRate, peer)
+	delete(r.lastPurge, peer)
+	if r.a.guard != nil {
+		r.a.guard.revokeMatching(func(k credit.FlowKey) bool { return k.Peer == peer })
+	}
 	if r.sched != nil {
 		if fenced {
 			r.sched.ReclaimPeer(peer)

@@ -28,6 +28,11 @@ type Stats struct {
 	// Config.Quarantine); QuarantinedRegions and QuarantinedBytes are the
 	// regions (and their arena bytes) in quarantine now.
 	Quarantines, QuarantinedRegions, QuarantinedBytes uint64
+	// Control messages dropped because their sender is not an admitted
+	// peer, WANTs naming an endpoint other than the one in the peer's
+	// descriptor (the descriptor's is used), WANTs over the per-peer rate
+	// and new flows over the per-peer flow limit.
+	Unadmitted, ForeignEndpoints, RateLimited, FlowLimited uint64
 	// WANTs sent (cancels included), grants sent and bytes moved through
 	// the bounce path.
 	Wants, Grants, BounceBytes uint64
@@ -51,6 +56,8 @@ type counters struct {
 	cancelledScatters                             atomic.Uint64
 	quarantines                                   atomic.Uint64
 	quarantinedRegions, quarantinedBytes          atomic.Uint64
+	unadmitted, foreignEndpoints                  atomic.Uint64
+	rateLimited, flowLimited                      atomic.Uint64
 	wants, grants, bounceBytes                    atomic.Uint64
 	events, droppedEvents                         atomic.Uint64
 	fallbacks, bounceRefused                      atomic.Uint64
@@ -68,6 +75,8 @@ func (a *Agent) Stats() Stats {
 		IncompatiblePeers: c.incompatiblePeers.Load(), BadPeerDescriptors: c.badPeerDesc.Load(),
 		ScatterFailures: c.scatterFailures.Load(), ExpiredFlows: c.expiredFlows.Load(), CancelledScatters: c.cancelledScatters.Load(),
 		Quarantines: c.quarantines.Load(), QuarantinedRegions: c.quarantinedRegions.Load(), QuarantinedBytes: c.quarantinedBytes.Load(),
+		Unadmitted: c.unadmitted.Load(), ForeignEndpoints: c.foreignEndpoints.Load(),
+		RateLimited: c.rateLimited.Load(), FlowLimited: c.flowLimited.Load(),
 		Wants: c.wants.Load(), Grants: c.grants.Load(), BounceBytes: c.bounceBytes.Load(),
 		Events: c.events.Load(), DroppedEvents: c.droppedEvents.Load(),
 		Fallbacks: c.fallbacks.Load(), BounceRefused: c.bounceRefused.Load(),

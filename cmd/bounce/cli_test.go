@@ -131,7 +131,8 @@ func TestServeSend(t *testing.T) {
 	dir := t.TempDir()
 	desc := filepath.Join(dir, "recv.json")
 	work := []string{"--workload", "llama70b-tp8-b16", "--count", "8192", "--requests", "2", "--seed", "5"}
-	serve := exec.Command(cliBinary(t), append([]string{"serve", "--agent.name", "recv", "--buffer-size", "64MiB",
+	keyFile, allow := senderKey(t, dir, "send")
+	serve := exec.Command(cliBinary(t), append([]string{"serve", "--agent.name", "recv", "--buffer-size", "64MiB", "--security.allowed-peers", allow,
 		"--descriptor-out", desc, "--control-plane.bind-address", "127.0.0.1", "--expect", "--expect-wait", "60s"}, work...)...)
 	var sout, serr syncBuffer
 	serve.Stdout, serve.Stderr = &sout, &serr
@@ -140,7 +141,7 @@ func TestServeSend(t *testing.T) {
 	}
 	defer serve.Process.Kill()
 	waitForFile(t, desc, &serr)
-	out, errOut, code := bounce(t, append([]string{"send", "--peer", desc, "--agent.name", "send",
+	out, errOut, code := bounce(t, append([]string{"send", "--peer", desc, "--agent.name", "send", "--security.key-file", keyFile,
 		"--control-plane.bind-address", "127.0.0.1"}, work...)...)
 	if code != 0 {
 		t.Fatalf("send exit %d\n%s\n%s", code, out, errOut)
@@ -161,7 +162,8 @@ func TestServeSend(t *testing.T) {
 func TestServeExpectFails(t *testing.T) {
 	dir := t.TempDir()
 	desc := filepath.Join(dir, "recv.json")
-	serve := exec.Command(cliBinary(t), "serve", "--agent.name", "recv", "--buffer-size", "64MiB", "--descriptor-out", desc,
+	keyFile, allow := senderKey(t, dir, "send")
+	serve := exec.Command(cliBinary(t), "serve", "--agent.name", "recv", "--buffer-size", "64MiB", "--descriptor-out", desc, "--security.allowed-peers", allow,
 		"--control-plane.bind-address", "127.0.0.1", "--expect", "--expect-wait", "3s", "--workload", "gptoss120b-tp8-b16", "--count", "1024", "--seed", "1")
 	var serr syncBuffer
 	serve.Stderr = &serr
@@ -170,7 +172,7 @@ func TestServeExpectFails(t *testing.T) {
 	}
 	defer serve.Process.Kill()
 	waitForFile(t, desc, &serr)
-	if _, errOut, code := bounce(t, "send", "--peer", desc, "--agent.name", "send", "--control-plane.bind-address", "127.0.0.1",
+	if _, errOut, code := bounce(t, "send", "--peer", desc, "--agent.name", "send", "--security.key-file", keyFile, "--control-plane.bind-address", "127.0.0.1",
 		"--workload", "gptoss120b-tp8-b16", "--count", "1024", "--seed", "2"); code != 0 {
 		t.Fatalf("send: exit %d: %s", code, errOut)
 	}
@@ -179,6 +181,19 @@ func TestServeExpectFails(t *testing.T) {
 	if !errors.As(err, &ee) || ee.ExitCode() != exitFailed || !strings.Contains(serr.String(), "seed 1 block") {
 		t.Fatalf("serve with the wrong seed: %v\n%s", err, serr.String())
 	}
+}
+
+// senderKey creates the key file of a sender named name with `bounce key`
+// and returns it with the allowed_peers value a receiver that never loads
+// the sender's descriptor needs to admit it.
+func senderKey(t *testing.T, dir, name string) (keyFile, allowedPeers string) {
+	t.Helper()
+	keyFile = filepath.Join(dir, name+".key")
+	out, errOut, code := bounce(t, "key", "--security.key-file", keyFile, "--agent.name", name)
+	if code != 0 || !strings.HasPrefix(out, name+"=") {
+		t.Fatalf("bounce key: exit %d\n%s\n%s", code, out, errOut)
+	}
+	return keyFile, "loaded," + strings.TrimSpace(out)
 }
 
 func waitForFile(t *testing.T, path string, stderr fmt.Stringer) {
@@ -351,7 +366,7 @@ func TestExitCodesAndConfig(t *testing.T) {
 	if _, errOut, code := bounce(t, "config", "--config", file); code != exitUsage || !strings.Contains(errOut, "engine.colour") {
 		t.Fatalf("unknown key: exit %d, stderr %q", code, errOut)
 	}
-	if out, _, code := bounce(t, "version"); code != 0 || !strings.Contains(out, "wire protocol 1") {
+	if out, _, code := bounce(t, "version"); code != 0 || !strings.Contains(out, "wire protocol 2") {
 		t.Fatalf("version: exit %d: %s", code, out)
 	}
 }

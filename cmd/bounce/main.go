@@ -77,7 +77,7 @@ conformance rule), 2 bad usage or configuration, 3 the environment failed.`,
 	root.SetIn(stdin)
 	root.SetOut(stdout)
 	root.SetErr(stderr)
-	root.AddCommand(newRunCmd(), newServeCmd(), newSendCmd(), newConfigCmd(), newVersionCmd())
+	root.AddCommand(newRunCmd(), newServeCmd(), newSendCmd(), newConfigCmd(), newVersionCmd(), newKeyCmd())
 	for _, c := range extraCommands() {
 		root.AddCommand(c)
 	}

@@ -94,12 +94,14 @@ func TestTwoHosts(t *testing.T) {
 	bin := cliBinary(t)
 	for _, engine := range []string{"tcp", "ucx"} {
 		t.Run(engine, func(t *testing.T) {
-			desc := filepath.Join(t.TempDir(), "recv.json")
+			dir := t.TempDir()
+			desc := filepath.Join(dir, "recv.json")
+			keyFile, allow := senderKey(t, dir, "host-a")
 			work := []string{"--workload", "llama70b-tp8-b16", "--count", "8192", "--requests", "2", "--seed", "11"}
 			common := []string{"--engine.kind", engine, "--bounce.arena-size", "32MiB", "--bounce.max-chunk", "4MiB"}
 			serve := exec.Command("ip", append(append([]string{"netns", "exec", nsB, bin, "serve", "--agent.name", "host-b",
 				"--engine.listen", ipB + ":0", "--control-plane.interface", ifB, "--buffer-size", "64MiB",
-				"--descriptor-out", desc, "--expect", "--expect-wait", "90s"}, common...), work...)...)
+				"--descriptor-out", desc, "--security.allowed-peers", allow, "--expect", "--expect-wait", "90s"}, common...), work...)...)
 			serve.Env = append(os.Environ(), "UCX_NET_DEVICES="+ifB, "UCX_TLS=tcp")
 			var sout, serr syncBuffer
 			serve.Stdout, serve.Stderr = &sout, &serr
@@ -115,7 +117,7 @@ func TestTwoHosts(t *testing.T) {
 			if !strings.Contains(string(b), `"bounce":true`) {
 				t.Fatalf("receiver offers no bounce path: %s\n%s", b, serr.String())
 			}
-			send := exec.Command("ip", append(append([]string{"netns", "exec", nsA, bin, "send", "--peer", desc, "--agent.name", "host-a",
+			send := exec.Command("ip", append(append([]string{"netns", "exec", nsA, bin, "send", "--peer", desc, "--agent.name", "host-a", "--security.key-file", keyFile,
 				"--engine.listen", ipA + ":0", "--control-plane.interface", ifA, "--route", "bounce"}, common...), work...)...)
 			send.Env = append(os.Environ(), "UCX_NET_DEVICES="+ifA, "UCX_TLS=tcp")
 			out, err := send.CombinedOutput()
@@ -143,9 +145,9 @@ func TestTwoHosts(t *testing.T) {
 	}
 }
 
-// readmeTwoHosts returns the two-host commands of the README (the block
-// between the two-hosts markers), one argv per command, continuation lines
-// joined.
+// readmeTwoHosts returns the two-host commands of the README (key, serve,
+// send: the block between the two-hosts markers), one argv per command,
+// continuation lines joined.
 func readmeTwoHosts(t *testing.T) [][]string {
 	t.Helper()
 	b, err := os.ReadFile("../../README.md")
@@ -171,8 +173,8 @@ func readmeTwoHosts(t *testing.T) [][]string {
 			cur = nil
 		}
 	}
-	if len(cmds) != 2 || cmds[0][0] != "bin/bounce" || cmds[0][1] != "serve" || cmds[1][1] != "send" {
-		t.Fatalf("README two-hosts block is not 'bin/bounce serve ...' then 'bin/bounce send ...': %q", cmds)
+	if len(cmds) != 3 || cmds[0][0] != "bin/bounce" || cmds[0][1] != "key" || cmds[1][1] != "serve" || cmds[2][1] != "send" {
+		t.Fatalf("README two-hosts block is not 'bin/bounce key ...', 'bin/bounce serve ...' then 'bin/bounce send ...': %q", cmds)
 	}
 	return cmds
 }
@@ -191,7 +193,11 @@ func TestReadmeTwoHosts(t *testing.T) {
 		c.Dir = dir
 		return c
 	}
-	serve := in(nsB, cmds[0])
+	// Host A's key line, copied to B (both share dir here).
+	if out, err := in(nsA, cmds[0]).CombinedOutput(); err != nil {
+		t.Fatalf("key: %v\n%s", err, out)
+	}
+	serve := in(nsB, cmds[1])
 	var sout, serr syncBuffer
 	serve.Stdout, serve.Stderr = &sout, &serr
 	if err := serve.Start(); err != nil {
@@ -202,7 +208,7 @@ func TestReadmeTwoHosts(t *testing.T) {
 	var serveErr error
 	go func() { serveErr = serve.Wait(); close(exited) }()
 	waitForFileOf(t, filepath.Join(dir, "recv.json"), &serr, exited)
-	out, err := in(nsA, cmds[1]).CombinedOutput()
+	out, err := in(nsA, cmds[2]).CombinedOutput()
 	if err != nil {
 		t.Fatalf("send: %v\n%s\nserve stderr:\n%s", err, out, serr.String())
 	}

@@ -355,7 +355,7 @@ func readHeader(b []byte, what string) (Type, error) {
 		return 0, fmt.Errorf("wire: %s: header needs %d bytes, have %d: %w", what, headerLen, len(b), ErrTruncated)
 	}
 	if v := le.Uint16(b[4:]); v != Version {
-		return 0, fmt.Errorf("wire: %s: version %d, this codec speaks %d: %w", what, v, Version, ErrBadVersion)
+		return 0, fmt.Errorf("wire: %s: version %d, this codec speaks %d (peers must run the same bounce wire version; upgrade the older one): %w", what, v, Version, ErrBadVersion)
 	}
 	return Type(b[6]), nil
 }

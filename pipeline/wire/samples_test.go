@@ -81,7 +81,7 @@ func sampleAgentDescs() []namedAgentDesc {
 	hs := sampleHandshakes()
 	return []namedAgentDesc{
 		{"agentdesc-no-bounce", AgentDesc{Name: "a"}},
-		{"agentdesc-typical", AgentDesc{Name: "prefill-0", Engine: []byte("tcp engine metadata\x00\x01\x02"), Handshake: &hs[1].h}},
+		{"agentdesc-typical", AgentDesc{Name: "prefill-0", Engine: []byte("tcp engine metadata\x00\x01\x02"), PublicKey: [32]byte{1, 2, 3, 31: 0xff}, Handshake: &hs[1].h}},
 		{"agentdesc-max", AgentDesc{Name: strings.Repeat("n", MaxString), Engine: []byte(strings.Repeat("m", 1<<16)), Handshake: &hs[2].h}},
 	}
 }

@@ -9,8 +9,10 @@ import (
 )
 
 // Version is the codec version written in every header. Decoders reject any
-// other version with ErrBadVersion.
-const Version uint16 = 1
+// other version with ErrBadVersion. Version 2 added the agent's public key
+// to the descriptor (authenticated peers); version-1 peers are refused with
+// an error saying so.
+const Version uint16 = 2
 
 // Limits enforced by encoders and decoders. A count or length above its limit
 // is ErrTooLarge, checked before anything is allocated.
