@@ -13,7 +13,7 @@ setup:
 	./scripts/setup.sh
 
 build: setup
-	$(GO) build -o bin/bounce ./cmd/bounce
+	$(GO) build -ldflags "-X main.linkedCommit=$$(git rev-parse HEAD 2>/dev/null)$$(git diff --quiet HEAD 2>/dev/null || echo -modified)" -o bin/bounce ./cmd/bounce
 
 ## run: the main job — two agent processes move a KV-shaped transfer, verified byte-exact
 run: build

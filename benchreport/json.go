@@ -1,6 +1,7 @@
 package benchreport
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -17,17 +18,32 @@ func WriteJSON(w io.Writer, r *Report) error {
 	return nil
 }
 
-// ReadJSON decodes a report written by WriteJSON; a report of another
+// ReadJSON decodes a report written by WriteJSON, of this schema or of
+// schema 1 (whose cells name their throughput throughput_bps); another
 // schema version is an error.
 func ReadJSON(rd io.Reader) (*Report, error) {
+	b, err := io.ReadAll(rd)
+	if err != nil {
+		return nil, fmt.Errorf("benchreport: read report: %w", err)
+	}
+	var head struct {
+		Schema int `json:"schema"`
+	}
+	if err := json.Unmarshal(b, &head); err != nil {
+		return nil, fmt.Errorf("benchreport: decode report: %w", err)
+	}
+	switch head.Schema {
+	case Schema:
+	case 1:
+		b = bytes.ReplaceAll(b, []byte(`"throughput_bps":`), []byte(`"bytes_per_second":`))
+	default:
+		return nil, fmt.Errorf("benchreport: report schema %d, this build reads 1 and %d", head.Schema, Schema)
+	}
 	var r Report
-	dec := json.NewDecoder(rd)
+	dec := json.NewDecoder(bytes.NewReader(b))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&r); err != nil {
 		return nil, fmt.Errorf("benchreport: decode report: %w", err)
-	}
-	if r.Schema != Schema {
-		return nil, fmt.Errorf("benchreport: report schema %d, this build reads %d", r.Schema, Schema)
 	}
 	return &r, nil
 }

@@ -28,8 +28,18 @@ const (
 //   - throughput-<layout>-c<N>[-loop<K>].png: throughput against descriptor size, one
 //     line per route, at the lowest concurrency swept for that layout
 //     (presets that share a descriptor size are combined by the median);
-//   - latency-cdf-<cell>.png: the request-latency CDF per route, pooled over
-//     iterations, for every workload and layout at its highest concurrency.
+//   - latency-tail-<cell>.png: per route, the fraction of requests slower
+//     than each latency (both axes log scale, the legend in the corner the
+//     curves leave empty), pooled over iterations, for every workload and
+//     layout at its highest concurrency;
+//   - throughput-vs-concurrency-<shape>.png, latency-vs-concurrency-<shape>.png
+//     and ratios-vs-concurrency-<shape>.png for every shape swept over two or
+//     more concurrency levels: median throughput, p50 and p99 latency, and
+//     the bounce/direct and bounce/bulk ratios, each with the lowest..highest
+//     iteration as bars;
+//   - throughput-vs-desc-size-<preset>.png and ratios-vs-desc-size-<preset>.png
+//     for every preset swept over two or more descriptor sizes
+//     (bench --desc-size 512B..64KiB).
 func WritePlots(dir string, r *Report) ([]string, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("benchreport: plots: %w", err)
@@ -50,17 +60,72 @@ func WritePlots(dir string, r *Report) ([]string, error) {
 		}
 		paths = append(paths, path)
 	}
+	save := func(p *plot.Plot, name string) error {
+		path := filepath.Join(dir, fileSafe(name))
+		if err := p.Save(plotWidth, plotHeight, path); err != nil {
+			return fmt.Errorf("benchreport: save %s: %w", path, err)
+		}
+		paths = append(paths, path)
+		return nil
+	}
 	for _, g := range highestConcurrency(rows) {
-		p, err := cdfPlot(r.Cells, g, r.Config)
+		p, err := tailPlot(r.Cells, g, r.Config)
 		if err != nil {
 			return paths, err
 		}
-		name := fmt.Sprintf("latency-cdf-%s-%dx%s-%s-c%d%s.png", g.Workload, g.Count, FormatSize(g.DescSize), g.Layout, g.Concurrency, g.loopTag("-"))
-		path := filepath.Join(dir, fileSafe(name))
-		if err := p.Save(plotWidth, plotHeight, path); err != nil {
-			return paths, fmt.Errorf("benchreport: save %s: %w", path, err)
+		if err := save(p, fmt.Sprintf("latency-tail-%s-%dx%s-%s-c%d%s.png", g.Workload, g.Count, FormatSize(g.DescSize), g.Layout, g.Concurrency, g.loopTag("-"))); err != nil {
+			return paths, err
 		}
-		paths = append(paths, path)
+	}
+	conc := func(c Cell) float64 { return float64(c.Concurrency) }
+	keys, tput := sweepSeries(r.Cells, byConcurrency, conc, func(c Cell) float64 { return c.Throughput })
+	_, p50 := sweepSeries(r.Cells, byConcurrency, conc, func(c Cell) float64 { return float64(c.Latency.P50NS) })
+	_, p99 := sweepSeries(r.Cells, byConcurrency, conc, func(c Cell) float64 { return float64(c.Latency.P99NS) })
+	rkeys, ratios := sweepSeries(ratioCells(r.Ratios), byConcurrency, conc, func(c Cell) float64 { return c.Throughput })
+	for _, k := range keys {
+		p, err := throughputVsConcurrency(k, tput[k], r.Config)
+		if err != nil {
+			return paths, err
+		}
+		if err := save(p, shapeFile("throughput-vs-concurrency", k)); err != nil {
+			return paths, err
+		}
+		if p, err = latencyVsConcurrency(k, p50[k], p99[k], r.Config); err != nil {
+			return paths, err
+		}
+		if err := save(p, shapeFile("latency-vs-concurrency", k)); err != nil {
+			return paths, err
+		}
+	}
+	for _, k := range rkeys {
+		p, err := ratioPlot(k, ratios[k], "concurrent requests", false, r.Config)
+		if err != nil {
+			return paths, err
+		}
+		if err := save(p, shapeFile("ratios-vs-concurrency", k)); err != nil {
+			return paths, err
+		}
+	}
+	size := func(c Cell) float64 { return float64(c.DescSize) }
+	keys, tput = sweepSeries(r.Cells, byDescSize, size, func(c Cell) float64 { return c.Throughput })
+	rkeys, ratios = sweepSeries(ratioCells(r.Ratios), byDescSize, size, func(c Cell) float64 { return c.Throughput })
+	for _, k := range keys {
+		p, err := throughputVsDescSize(k, tput[k], r.Config)
+		if err != nil {
+			return paths, err
+		}
+		if err := save(p, shapeFile("throughput-vs-desc-size", k)); err != nil {
+			return paths, err
+		}
+	}
+	for _, k := range rkeys {
+		p, err := ratioPlot(k, ratios[k], "descriptor size", true, r.Config)
+		if err != nil {
+			return paths, err
+		}
+		if err := save(p, shapeFile("ratios-vs-desc-size", k)); err != nil {
+			return paths, err
+		}
 	}
 	return paths, nil
 }
@@ -211,54 +276,6 @@ func highestConcurrency(rows []Row) []Group {
 		out[i] = best[s]
 	}
 	return out
-}
-
-// cdfPlot plots the request-latency CDF per route for group g, pooled over
-// iterations.
-func cdfPlot(cells []Cell, g Group, cfg Config) (*plot.Plot, error) {
-	p := plot.New()
-	p.Title.Text = fmt.Sprintf("Request latency CDF: %s\n%s", g, subtitle(cfg))
-	p.X.Label.Text = "request latency (ms)"
-	p.Y.Label.Text = "fraction of requests"
-	p.Legend.Top, p.Legend.Left = false, false
-	p.Add(plotter.NewGrid())
-	lat := map[string][]time.Duration{}
-	var rows []Row
-	for _, c := range cells {
-		if c.Group == g {
-			if _, ok := lat[c.Route]; !ok {
-				rows = append(rows, Row{Group: g, Route: c.Route})
-			}
-			lat[c.Route] = append(lat[c.Route], c.Latencies()...)
-		}
-	}
-	for _, route := range routesOf(rows) {
-		l := lat[route]
-		if len(l) == 0 {
-			continue
-		}
-		slices.Sort(l)
-		pts := make(plotter.XYs, 0, len(l)+1)
-		pts = append(pts, plotter.XY{X: ms(l[0]), Y: 0})
-		for i, d := range l {
-			pts = append(pts, plotter.XY{X: ms(d), Y: float64(i+1) / float64(len(l))})
-		}
-		line, err := plotter.NewLine(pts)
-		if err != nil {
-			return nil, fmt.Errorf("benchreport: latency CDF %s: %w", route, err)
-		}
-		line.StepStyle = plotter.PostStep
-		i := routeStyle(route)
-		line.Color, line.Width = plotutil.Color(i), vg.Points(2)
-		p.Add(line)
-		st := Summarize(l)
-		p.Legend.Add(fmt.Sprintf("%s  p50 %s  p99 %s  p99/p50 %.2f", routeLabel(route), dur(st.P50NS), dur(st.P99NS), st.TailRatio), line)
-	}
-	p.X.Min = 0
-	p.X.Max *= 1.08
-	p.X.Tick.Marker = niceTicks{}
-	p.Y.Min, p.Y.Max = 0, 1.02
-	return p, nil
 }
 
 func ms(d time.Duration) float64 { return float64(d) / 1e6 }

@@ -34,8 +34,11 @@ func TestWritePlots(t *testing.T) {
 	}
 	want := []string{
 		"throughput-fragmented-c1.png",
-		"latency-cdf-gptoss120b-tp8-b16-2048x2KiB-fragmented-c1.png",
-		"latency-cdf-llama70b-tp8-b16-4096x4KiB-fragmented-c8.png",
+		"latency-tail-gptoss120b-tp8-b16-2048x2KiB-fragmented-c1.png",
+		"latency-tail-llama70b-tp8-b16-4096x4KiB-fragmented-c8.png",
+		"throughput-vs-concurrency-llama70b-tp8-b16_4096x4KiB_fragmented.png",
+		"latency-vs-concurrency-llama70b-tp8-b16_4096x4KiB_fragmented.png",
+		"ratios-vs-concurrency-llama70b-tp8-b16_4096x4KiB_fragmented.png",
 	}
 	if !slices.Equal(names, want) {
 		t.Fatalf("plots %v, want %v", names, want)
@@ -122,5 +125,60 @@ func TestSizeTicks(t *testing.T) {
 	}
 	if want := []string{"2KiB", "4KiB", "8KiB", "16KiB", "32KiB", "64KiB", "128KiB"}; !slices.Equal(labels, want) {
 		t.Fatalf("labels %v, want %v", labels, want)
+	}
+}
+
+// TestWritePlotsSweeps: a concurrency sweep and a descriptor-size sweep
+// each get their throughput, latency and ratio plots, with one point per
+// swept value and route.
+func TestWritePlotsSweeps(t *testing.T) {
+	r := &Report{Schema: Schema}
+	routes := map[string]float64{RouteBounce: 2, RouteDirect: 1.5, RouteBulk: 2.5}
+	for _, c := range []int{1, 8, 64} {
+		g := small
+		g.Concurrency = c
+		for it := range 3 {
+			for _, route := range []string{RouteBounce, RouteDirect, RouteBulk} {
+				r.Cells = append(r.Cells, cell(g, route, it, routes[route]*(1+0.05*float64(it))))
+			}
+		}
+	}
+	for _, ds := range []uint64{512, 4 << 10, 32 << 10} {
+		g := Group{Workload: "llama70b-tp8-b16", DescSize: ds, Count: int((8 << 20) / ds), Layout: "fragmented", Concurrency: 2}
+		for it := range 2 {
+			for _, route := range []string{RouteBounce, RouteDirect} {
+				r.Cells = append(r.Cells, cell(g, route, it, routes[route]*float64(ds)/4096))
+			}
+		}
+	}
+	r.Ratios = ComputeRatios(r.Cells)
+	paths, err := WritePlots(t.TempDir(), r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, p := range paths {
+		names = append(names, filepath.Base(p))
+		checkPNG(t, p)
+	}
+	for _, want := range []string{
+		"throughput-vs-concurrency-gptoss120b-tp8-b16_2048x2KiB_fragmented.png",
+		"latency-vs-concurrency-gptoss120b-tp8-b16_2048x2KiB_fragmented.png",
+		"ratios-vs-concurrency-gptoss120b-tp8-b16_2048x2KiB_fragmented.png",
+		"throughput-vs-desc-size-llama70b-tp8-b16_fragmented_c2.png",
+		"ratios-vs-desc-size-llama70b-tp8-b16_fragmented_c2.png",
+		"latency-tail-gptoss120b-tp8-b16-2048x2KiB-fragmented-c64.png",
+	} {
+		if !slices.Contains(names, want) {
+			t.Errorf("no %s among %v", want, names)
+		}
+	}
+	keys, ss := sweepSeries(r.Cells, byConcurrency, func(c Cell) float64 { return float64(c.Concurrency) }, func(c Cell) float64 { return c.Throughput })
+	if len(keys) != 1 || len(ss[keys[0]]) != 3 {
+		t.Fatalf("concurrency sweep: %v", keys)
+	}
+	b := ss[keys[0]][0]
+	if b.route != RouteBounce || !slices.Equal(b.x, []float64{1, 8, 64}) || b.lo[0] != 2e9 || b.hi[0] != 2.2e9 || b.mid[0] != 2.1e9 {
+		t.Fatalf("bounce series %+v", b)
 	}
 }

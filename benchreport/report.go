@@ -14,8 +14,10 @@ import (
 	"time"
 )
 
-// Schema is the version of the JSON layout written by WriteJSON.
-const Schema = 1
+// Schema is the version of the JSON layout written by WriteJSON. Version 2
+// names a cell's throughput bytes_per_second (1 called it throughput_bps)
+// and adds the build and the effective configuration; ReadJSON reads both.
+const Schema = 2
 
 // Route names used in cells. RouteBulk is not a pipeline route: it is the
 // same bytes as one contiguous descriptor per request, moved on the direct
@@ -33,6 +35,32 @@ const (
 	VerifiedSkipped = "skipped" // verification was turned off
 )
 
+// Stages is the pipeline's own per-stage timing of a request, summed over
+// its chunks (chunks overlap: the stages add up to more than the latency):
+// building the plan, WANT to first GRANT, the gathers, the bulk writes
+// until landed, sending DATA, and DATA to ACK (the receiver's scatter and
+// the ACK's trip back). A direct request has only its write.
+type Stages struct {
+	PlanNS      int64 `json:"plan_ns"`
+	GrantWaitNS int64 `json:"grant_wait_ns"`
+	GatherNS    int64 `json:"gather_ns"`
+	WriteNS     int64 `json:"write_ns"`
+	DataNS      int64 `json:"data_ns"`
+	AckWaitNS   int64 `json:"ack_wait_ns"`
+}
+
+// Build identifies the bounce that produced a report.
+type Build struct {
+	// Version is the module version ("(devel)" for a source build).
+	Version string `json:"version"`
+	// Commit is the VCS revision, "" when the binary carries none.
+	Commit string `json:"commit,omitempty"`
+	// Modified says the working tree had uncommitted changes.
+	Modified bool `json:"modified"`
+	// WireVersion is the control-plane codec version (wire.Version).
+	WireVersion uint16 `json:"wire_version"`
+}
+
 // Report is one bench sweep.
 type Report struct {
 	// Schema is the JSON layout version (Schema).
@@ -44,6 +72,11 @@ type Report struct {
 	Command []string `json:"command,omitempty"`
 	// Machine is where it ran.
 	Machine Machine `json:"machine"`
+	// Bounce is the build that ran the sweep.
+	Bounce Build `json:"bounce"`
+	// EffectiveConfig is the sender's whole configuration after every
+	// layer (defaults, file, environment, flags), keyed as in YAML.
+	EffectiveConfig map[string]any `json:"effective_config,omitempty"`
 	// Config is what was swept and with which engine and control plane.
 	Config Config `json:"config"`
 	// Cells are the measurements in the order they were taken.
@@ -58,7 +91,10 @@ type Report struct {
 
 // Config summarizes the sweep's settings.
 type Config struct {
-	Engine        string            `json:"engine"`
+	Engine string `json:"engine"`
+	// Peer names the remote receiver of a bench --peer run ("" when the
+	// receiver was a local child process).
+	Peer          string            `json:"peer,omitempty"`
 	EngineOptions map[string]string `json:"engine_options,omitempty"`
 	ControlPlane  string            `json:"control_plane"`
 	BounceOn      bool              `json:"bounce_enabled"`
@@ -110,6 +146,9 @@ type Group struct {
 	// Concurrency (the steady state). 0 or 1 is a burst: every request
 	// submitted at once.
 	Generations int `json:"generations,omitempty"`
+	// AskedConcurrency is the concurrency the command asked for when
+	// --max-bytes clamped it to Concurrency (0 when it was not clamped).
+	AskedConcurrency int `json:"asked_concurrency,omitempty"`
 }
 
 // Bytes returns one request's payload.
@@ -117,7 +156,11 @@ func (g Group) Bytes() uint64 { return g.DescSize * uint64(g.Count) }
 
 // String names the group for tables and plots.
 func (g Group) String() string {
-	return fmt.Sprintf("%s %dx%s %s c%d%s", g.Workload, g.Count, FormatSize(g.DescSize), g.Layout, g.Concurrency, g.loopTag(" "))
+	asked := ""
+	if g.AskedConcurrency != 0 {
+		asked = fmt.Sprintf(" (asked c%d)", g.AskedConcurrency)
+	}
+	return fmt.Sprintf("%s %dx%s %s c%d%s%s", g.Workload, g.Count, FormatSize(g.DescSize), g.Layout, g.Concurrency, g.loopTag(" "), asked)
 }
 
 // loopTag names a closed loop ("<sep>loopK"), or is empty for a burst.
@@ -137,6 +180,16 @@ type Cell struct {
 	Took string `json:"took"`
 	// Reason is why the agent chose Took.
 	Reason string `json:"reason,omitempty"`
+	// DescriptorsPerSecond is the workload's descriptors moved per second
+	// (Count per successful request; the bulk route moves the same bytes
+	// as one descriptor, but is counted as the workload's).
+	DescriptorsPerSecond float64 `json:"descriptors_per_second"`
+	// Stages is where a successful request's time went on the sender, the
+	// mean over the cell's requests (nil when none succeeded).
+	Stages *Stages `json:"stages,omitempty"`
+	// Fallbacks counts the requests that went direct although the cell
+	// did not ask for direct (handshake, gates, bounce off).
+	Fallbacks int `json:"fallbacks,omitempty"`
 	// Iteration counts from 0; Order is the cell's place within it.
 	Iteration int `json:"iteration"`
 	Order     int `json:"order"`
@@ -149,7 +202,7 @@ type Cell struct {
 	// ElapsedNS is first submit to last completion.
 	ElapsedNS int64 `json:"elapsed_ns"`
 	// Throughput is Bytes per second of Elapsed.
-	Throughput float64 `json:"throughput_bps"`
+	Throughput float64 `json:"bytes_per_second"`
 	// Latency summarizes LatenciesNS.
 	Latency LatencyStats `json:"latency"`
 	// LatenciesNS are the successful requests' latencies, sorted: all of
@@ -190,6 +243,7 @@ func NewCell(g Group, route string, iteration, order int, requests, failed int, 
 	c := Cell{Group: g, Route: route, Iteration: iteration, Order: order, Requests: requests, Failed: failed, Bytes: bytes, ElapsedNS: int64(elapsed)}
 	if elapsed > 0 {
 		c.Throughput = float64(bytes) / elapsed.Seconds()
+		c.DescriptorsPerSecond = float64(g.Count) * float64(requests-failed) / elapsed.Seconds()
 	}
 	c.Latency = Summarize(latencies)
 	c.LatenciesNS = make([]int64, len(latencies))

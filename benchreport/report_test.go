@@ -184,7 +184,7 @@ func TestJSONRoundTrip(t *testing.T) {
 	if err := WriteJSON(&buf, r); err != nil {
 		t.Fatal(err)
 	}
-	for _, key := range []string{`"throughput_bps"`, `"p99_over_p50"`, `"latencies_ns"`, `"per_iteration"`, `"receiver_peak_rss"`, `"num_cpu"`} {
+	for _, key := range []string{`"bytes_per_second"`, `"p99_over_p50"`, `"latencies_ns"`, `"per_iteration"`, `"receiver_peak_rss"`, `"num_cpu"`} {
 		if !strings.Contains(buf.String(), key) {
 			t.Errorf("JSON lacks %s", key)
 		}
@@ -298,5 +298,17 @@ func TestEngineLabel(t *testing.T) {
 	c := Config{Engine: "ucx", EngineOptions: map[string]string{"fragment_size": "1MiB", "error_mode": "none"}}
 	if got := c.EngineLabel(); got != "ucx (error_mode=none,fragment_size=1MiB)" {
 		t.Errorf("label %q", got)
+	}
+}
+
+// TestReadsSchema1: the stored reports of schema 1 still load, their
+// throughput_bps read as bytes per second.
+func TestReadsSchema1(t *testing.T) {
+	r, err := LoadJSON("../docs/bench/vcpu2/tcp-conc.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Schema != 1 || len(r.Cells) == 0 || r.Cells[0].Throughput <= 0 {
+		t.Fatalf("schema %d, %d cells, first throughput %v", r.Schema, len(r.Cells), r.Cells)
 	}
 }

@@ -14,7 +14,7 @@ import (
 // side-by-side ratios per cell, the agents' peak memory and the notes.
 func WriteTable(w io.Writer, r *Report) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "cell\troute\tn\tthroughput\tp50\tp90\tp99\tmax\tp99/p50\tverified")
+	fmt.Fprintln(tw, "cell\troute\tn\tthroughput\tdesc/s\tp50\tp90\tp99\tmax\tp99/p50\tverified")
 	bulk, loop := false, false
 	for _, row := range Rows(r.Cells) {
 		loop = loop || row.Generations > 1
@@ -30,8 +30,8 @@ func WriteTable(w io.Writer, r *Report) error {
 		if row.Failed > 0 {
 			v = fmt.Sprintf("%s (%d requests failed)", VerifiedFailed, row.Failed)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", row.Group, route, row.Iterations,
-			FormatRate(row.Throughput), dur(row.Latency.P50NS), dur(row.Latency.P90NS), dur(row.Latency.P99NS),
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", row.Group, route, row.Iterations,
+			FormatRate(row.Throughput), descRate(row.Throughput, row.DescSize), dur(row.Latency.P50NS), dur(row.Latency.P90NS), dur(row.Latency.P99NS),
 			dur(row.Latency.MaxNS), tail(row.Latency.TailRatio), v)
 	}
 	if err := tw.Flush(); err != nil {
@@ -44,6 +44,9 @@ func WriteTable(w io.Writer, r *Report) error {
 		fmt.Fprintln(w, "cK loopG = closed loop: K requests in flight, each completion submitting the next, G x K requests; latencies exclude the first K (steady state)")
 	}
 	if err := writeRatios(w, r.Ratios); err != nil {
+		return err
+	}
+	if err := writeStages(w, r.Cells); err != nil {
 		return err
 	}
 	if m := r.Memory; m != nil {
@@ -115,4 +118,64 @@ func signedSize(n int64) string {
 		return "-" + FormatSize(uint64(-n))
 	}
 	return FormatSize(uint64(n))
+}
+
+// descRate formats the descriptors per second that bps bytes per second of
+// descSize-byte descriptors make ("1.23M/s").
+func descRate(bps float64, descSize uint64) string {
+	if descSize == 0 || bps <= 0 {
+		return "-"
+	}
+	r := bps / float64(descSize)
+	switch {
+	case r >= 1e9:
+		return fmt.Sprintf("%.2fG/s", r/1e9)
+	case r >= 1e6:
+		return fmt.Sprintf("%.2fM/s", r/1e6)
+	case r >= 1e3:
+		return fmt.Sprintf("%.1fk/s", r/1e3)
+	}
+	return fmt.Sprintf("%.0f/s", r)
+}
+
+// writeStages writes, per group and route that recorded stage times, the
+// mean over iterations of each stage's time per request.
+func writeStages(w io.Writer, cells []Cell) error {
+	type key struct {
+		g     Group
+		route string
+	}
+	var order []key
+	sums := map[key]*[7]int64{} // six stages and the count
+	for _, c := range cells {
+		if c.Stages == nil {
+			continue
+		}
+		k := key{c.Group, c.Route}
+		s := sums[k]
+		if s == nil {
+			s = &[7]int64{}
+			sums[k] = s
+			order = append(order, k)
+		}
+		for i, v := range []int64{c.Stages.PlanNS, c.Stages.GrantWaitNS, c.Stages.GatherNS, c.Stages.WriteNS, c.Stages.DataNS, c.Stages.AckWaitNS} {
+			s[i] += v
+		}
+		s[6]++
+	}
+	if len(order) == 0 {
+		return nil
+	}
+	fmt.Fprintln(w, "\nwhere a request's time went on the sender (mean per request, summed over its chunks, which overlap; ack wait holds the receiver's scatter):")
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "cell\troute\tplan\tWANT->GRANT\tgather\twrite\tDATA\tDATA->ACK")
+	for _, k := range order {
+		s := sums[k]
+		n := s[6]
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", k.g, k.route, dur(s[0]/n), dur(s[1]/n), dur(s[2]/n), dur(s[3]/n), dur(s[4]/n), dur(s[5]/n))
+	}
+	if err := tw.Flush(); err != nil {
+		return fmt.Errorf("benchreport: write stages: %w", err)
+	}
+	return nil
 }

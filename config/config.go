@@ -12,6 +12,7 @@ import (
 	"unicode"
 
 	"github.com/bouncekv/bounce/mem"
+	"github.com/bouncekv/bounce/pipeline"
 	"github.com/bouncekv/bounce/pipeline/credit"
 )
 
@@ -102,6 +103,62 @@ type Config struct {
 	ControlPlane ControlPlaneConfig
 	Stages       StagesConfig
 	Telemetry    TelemetryConfig
+	Log          LogConfig
+	Security     SecurityConfig
+}
+
+// LogConfig configures the process's log on stderr.
+type LogConfig struct {
+	// Level is debug, info, warn or error (log.level, default warn).
+	Level string
+	// Format is text (key=value) or json, one object per line (log.format,
+	// default text).
+	Format string
+}
+
+// Validate checks log.level and log.format.
+func (l *LogConfig) Validate() error { return joinKeyErrors(l.validate()) }
+
+func (l *LogConfig) validate() []*KeyError {
+	var errs fieldErrors
+	errs.add(oneOf("log.level", l.Level, "debug", "info", "warn", "error"))
+	errs.add(oneOf("log.format", l.Format, "text", "json"))
+	return errs
+}
+
+// SecurityConfig is the trust policy and the per-peer limits
+// (docs/SECURITY.md).
+type SecurityConfig struct {
+	// Mode is authenticate or off (security.mode, default authenticate).
+	// Off trusts the network and is logged as a warning at start.
+	Mode string
+	// KeyFile holds this agent's key pair (security.key_file); it is
+	// generated there on first start (mode 0600) and refused when group or
+	// others may read it. Empty: a fresh key pair per process, so peers
+	// must load this agent's current descriptor.
+	KeyFile string
+	// AllowedPeers says who may connect (security.allowed_peers, default
+	// "loaded"): comma-separated "loaded" (any peer whose descriptor was
+	// loaded), "NAME=KEY" entries and "@FILE" files of such lines.
+	AllowedPeers string
+	// MaxFlowsPerPeer caps one peer's open flows on a receiver
+	// (security.max_flows_per_peer, default 256, 1..1048576).
+	MaxFlowsPerPeer int
+	// WantRate and WantBurst bound the WANTs per second one peer may send
+	// (security.want_rate, default 5000; security.want_burst, default
+	// 1024; 1..10^9 each).
+	WantRate  int
+	WantBurst int
+	// MaxControlPeers caps the reverse control paths a receiver keeps
+	// (security.max_control_peers, default 1024, 1..1048576).
+	MaxControlPeers int
+	// MaxMessageSize is the largest control message accepted
+	// (security.max_message_size, default 4MiB, 64KiB..1GiB).
+	MaxMessageSize Size
+	// MaxArenaShare is the fraction of a receiver's arena one peer may hold
+	// even when no other peer waits (security.max_arena_share, default
+	// 0.5, above 0 and at most 1); while others wait, peers share it equally.
+	MaxArenaShare float64
 }
 
 // AgentConfig identifies this agent among its peers.
@@ -128,8 +185,8 @@ type BounceConfig struct {
 	// overlap sooner — about 10%
 	// lower latency for one 16 MiB request, but a wider tail under sustained
 	// load (docs/BENCHMARKS.md). bounce.min_chunk, default 0 (off: every
-	// chunk MaxChunk; so is MaxChunk or more). Only the sender uses it;
-	// peers need not agree.
+	// chunk MaxChunk); more than MaxChunk is an error. Only the sender uses
+	// it; peers need not agree.
 	MinChunk Size
 	// MaxInflight is W, the regions one request may hold at once
 	// (bounce.max_inflight, default 8, 1..1024).
@@ -178,6 +235,12 @@ type BounceConfig struct {
 	// DisableMerging sends one run per descriptor; debugging only
 	// (bounce.disable_merging, default false).
 	DisableMerging bool
+	// Route is the route of requests that do not choose one (bounce.route,
+	// default auto): auto (bounce when eligible, else direct, each fallback
+	// warned once per peer and counted), bounce (required: a request that
+	// cannot take it fails with the reason, and a bounce path that cannot
+	// be built fails the node) or direct.
+	Route string
 }
 
 // UsableCapacity is the largest block the arena's buddy allocator can hand
@@ -207,6 +270,19 @@ type EngineConfig struct {
 	// Options are engine-specific settings passed through unchanged
 	// (engine.options). Layers merge them per option name.
 	Options map[string]string
+	// Encryption is off or on (engine.encryption, default off): whether
+	// the tcp engine encrypts the bytes it moves after its authenticated
+	// handshake (authentication is always on with security.mode
+	// authenticate). docs/SECURITY.md says what off leaves open.
+	Encryption string
+	// FrameTimeout bounds receiving one frame once its first byte arrived,
+	// and a connection's handshake (engine.frame_timeout, default 15s,
+	// 1ms..1h): a peer that trickles bytes is cut off.
+	FrameTimeout time.Duration
+	// MaxPendingConns caps the incoming tcp connections still in their
+	// handshake (engine.max_pending_conns, default 64, 1..65536); more are
+	// closed at once.
+	MaxPendingConns int
 }
 
 // ControlPlaneConfig selects and tunes the control channel.
@@ -279,25 +355,35 @@ const MinMinChunk = 64 * KiB
 // Default returns the defaults. Agent.Name is "<hostname>-<pid>" (with
 // characters other than letters, digits, '.', '-' and '_' replaced by '-'),
 // or "bounce-<pid>" when the hostname is unavailable.
+//
+// The bounce section's runtime values and the security section's per-peer
+// limits come from pipeline.DefaultConfig, the one place they are set; only
+// the keys the runtime does not have (the
+// stages' copy contexts, zero-copy arguments, the route's name) are set
+// here.
 func Default() Config {
+	p := pipeline.DefaultConfig()
 	return Config{
 		Agent: AgentConfig{Name: defaultAgentName()},
 		Bounce: BounceConfig{
-			Enabled:          true,
-			ArenaSize:        256 * MiB,
-			Granularity:      1 * MiB,
-			MaxChunk:         8 * MiB, // the reference uses 32 MiB; docs/BENCHMARKS.md shows why 8 MiB here
-			MaxInflight:      8,
+			Enabled:          p.Enabled,
+			ArenaSize:        Size(p.ArenaSize),
+			Granularity:      Size(p.Granularity),
+			MaxChunk:         Size(p.MaxChunk),
+			MinChunk:         Size(p.MinChunk),
+			MaxInflight:      p.MaxInflight,
 			CopyContexts:     8,
-			ScatterWorkers:   4,
-			MinDescriptors:   1024,
-			MaxAvgDescriptor: 16 * KiB,
-			RequestTimeout:   30 * time.Second,
-			EagerGather:      true,
+			ScatterWorkers:   p.ScatterWorkers,
+			MinDescriptors:   p.MinDescriptors,
+			MaxAvgDescriptor: Size(p.MaxAvgDescriptor),
+			RequestTimeout:   p.RequestTimeout,
+			EagerGather:      p.EagerGather,
+			DisableMerging:   p.DisableMerging,
 			ZeroCopyArgs:     false,
 			ArenaMemory:      "auto",
+			Route:            p.Route.String(),
 		},
-		Engine: EngineConfig{Kind: "tcp", Listen: "127.0.0.1:0", Connections: 4, Plugin: DefaultPlugin()},
+		Engine: EngineConfig{Kind: "tcp", Listen: "127.0.0.1:0", Connections: 4, Plugin: DefaultPlugin(), Encryption: "off", FrameTimeout: 15 * time.Second, MaxPendingConns: 64},
 		ControlPlane: ControlPlaneConfig{
 			Kind:    "zmq",
 			SendHWM: 1000,
@@ -308,6 +394,17 @@ func Default() Config {
 			Scatter:  StageConfig{Kind: "host", Plugin: DefaultPlugin()},
 			Write:    StageConfig{Kind: "engine", Plugin: DefaultPlugin()},
 			Fallback: "host",
+		},
+		Log: LogConfig{Level: "warn", Format: "text"},
+		Security: SecurityConfig{
+			Mode:            "authenticate",
+			AllowedPeers:    "loaded",
+			MaxFlowsPerPeer: p.MaxFlowsPerPeer,
+			WantRate:        int(p.WantRate),
+			WantBurst:       p.WantBurst,
+			MaxControlPeers: p.MaxControlPeers,
+			MaxMessageSize:  4 * MiB,
+			MaxArenaShare:   p.MaxArenaShare,
 		},
 		Telemetry: TelemetryConfig{
 			Traces:      "none",
@@ -360,6 +457,33 @@ func (c *Config) validate() []*KeyError {
 	errs = append(errs, c.ControlPlane.validate()...)
 	errs = append(errs, c.Stages.validate()...)
 	errs = append(errs, c.Telemetry.validate()...)
+	errs = append(errs, c.Log.validate()...)
+	errs = append(errs, c.Security.validate()...)
+	return errs
+}
+
+// Validate checks the security settings.
+func (s *SecurityConfig) Validate() error { return joinKeyErrors(s.validate()) }
+
+func (s *SecurityConfig) validate() []*KeyError {
+	var errs fieldErrors
+	add := errs.add
+	add(oneOf("security.mode", s.Mode, "authenticate", "off"))
+	intRange := func(key string, v, lo, hi int) {
+		if v < lo || v > hi {
+			add(outOfRange(key, v, "must be between %d and %d", lo, hi))
+		}
+	}
+	intRange("security.max_flows_per_peer", s.MaxFlowsPerPeer, 1, 1<<20)
+	intRange("security.want_rate", s.WantRate, 1, 1e9)
+	intRange("security.want_burst", s.WantBurst, 1, 1e9)
+	intRange("security.max_control_peers", s.MaxControlPeers, 1, 1<<20)
+	if s.MaxMessageSize < 64*KiB || s.MaxMessageSize > GiB {
+		add(outOfRange("security.max_message_size", s.MaxMessageSize, "must be between 64KiB and 1GiB"))
+	}
+	if !(s.MaxArenaShare > 0 && s.MaxArenaShare <= 1) {
+		add(outOfRange("security.max_arena_share", strconv.FormatFloat(s.MaxArenaShare, 'g', -1, 64), "must be above 0 and at most 1"))
+	}
 	return errs
 }
 
@@ -430,9 +554,13 @@ func (b *BounceConfig) validate() []*KeyError {
 	intRange("bounce.max_inflight", b.MaxInflight, 1, 1024)
 	intRange("bounce.copy_contexts", b.CopyContexts, 1, 1024)
 	intRange("bounce.copy_workers", b.CopyWorkers, 0, 256)
-	if b.MinChunk != 0 && b.MinChunk < MinMinChunk {
+	switch {
+	case b.MinChunk != 0 && b.MinChunk < MinMinChunk:
 		add(outOfRange("bounce.min_chunk", b.MinChunk, "must be 0 (off) or at least %v", Size(MinMinChunk)))
+	case b.MaxChunk != 0 && b.MinChunk > b.MaxChunk:
+		add(outOfRange("bounce.min_chunk", b.MinChunk, "must not exceed bounce.max_chunk %v", b.MaxChunk))
 	}
+	add(oneOf("bounce.route", b.Route, "auto", "bounce", "direct"))
 	intRange("bounce.scatter_workers", b.ScatterWorkers, 1, 1024)
 	if b.MinDescriptors < 0 {
 		add(outOfRange("bounce.min_descriptors", b.MinDescriptors, "must not be negative"))
@@ -493,6 +621,13 @@ func (e *EngineConfig) validate() []*KeyError {
 		if k == "" {
 			add(outOfRange("engine.options", "", "option names must not be empty"))
 		}
+	}
+	add(oneOf("engine.encryption", e.Encryption, "off", "on"))
+	if e.FrameTimeout < time.Millisecond || e.FrameTimeout > time.Hour {
+		add(outOfRange("engine.frame_timeout", e.FrameTimeout, "must be between 1ms and 1h"))
+	}
+	if e.MaxPendingConns < 1 || e.MaxPendingConns > 65536 {
+		add(outOfRange("engine.max_pending_conns", e.MaxPendingConns, "must be between 1 and 65536"))
 	}
 	return errs
 }

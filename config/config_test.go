@@ -89,11 +89,16 @@ func TestKeysMatchTheDocumentedSet(t *testing.T) {
 		"agent.name",
 		"bounce.enabled", "bounce.arena_size", "bounce.granularity", "bounce.max_chunk", "bounce.min_chunk", "bounce.max_inflight",
 		"bounce.copy_contexts", "bounce.copy_workers", "bounce.scatter_workers", "bounce.min_descriptors", "bounce.max_avg_descriptor",
-		"bounce.request_timeout", "bounce.quarantine", "bounce.eager_gather", "bounce.zero_copy_args", "bounce.arena_memory", "bounce.disable_merging",
-		"engine.kind", "engine.plugin", "engine.listen", "engine.connections", "engine.options",
+		"bounce.request_timeout", "bounce.quarantine", "bounce.eager_gather", "bounce.zero_copy_args", "bounce.arena_memory", "bounce.disable_merging", "bounce.route",
+		"engine.kind", "engine.plugin", "engine.listen", "engine.connections",
+		"engine.encryption", "engine.frame_timeout", "engine.max_pending_conns", "engine.options",
 		"control_plane.kind", "control_plane.interface", "control_plane.bind_address", "control_plane.send_hwm", "control_plane.plugin",
 		"stages.gather", "stages.scatter", "stages.write", "stages.device", "stages.fallback",
 		"telemetry.traces", "telemetry.otlp_endpoint", "telemetry.service_name", "telemetry.sample_ratio", "telemetry.metrics.listen",
+		"log.level", "log.format",
+		"security.mode", "security.key_file", "security.allowed_peers", "security.max_flows_per_peer",
+		"security.want_rate", "security.want_burst", "security.max_control_peers", "security.max_message_size",
+		"security.max_arena_share",
 	}
 	if got := Keys(); !slices.Equal(got, want) {
 		t.Fatalf("Keys() =\n%v\nwant\n%v", got, want)
@@ -116,7 +121,7 @@ func TestKeysMatchTheDocumentedSet(t *testing.T) {
 		ptrs[p] = f.key
 	}
 	n := 0
-	for _, sec := range []any{c.Agent, c.Bounce, c.Engine, c.ControlPlane, c.Stages, c.Telemetry} {
+	for _, sec := range []any{c.Agent, c.Bounce, c.Engine, c.ControlPlane, c.Stages, c.Telemetry, c.Log, c.Security} {
 		n += reflect.TypeOf(sec).NumField()
 	}
 	if n != len(want) {
@@ -472,6 +477,10 @@ func TestValidateRanges(t *testing.T) {
 		{"bounce.copy_contexts", func(c *Config) { c.Bounce.CopyContexts = -1 }, "-1", "between 1 and 1024"},
 		{"bounce.copy_workers", func(c *Config) { c.Bounce.CopyWorkers = 257 }, "257", "between 0 and 256"},
 		{"bounce.min_chunk", func(c *Config) { c.Bounce.MinChunk = 1 }, "1B", "0 (off) or at least 64KiB"},
+		{"bounce.min_chunk", func(c *Config) { c.Bounce.MinChunk = 16 * MiB }, "16MiB", "must not exceed bounce.max_chunk 8MiB"},
+		{"bounce.route", func(c *Config) { c.Bounce.Route = "fast" }, "fast", "auto, bounce, direct"},
+		{"log.level", func(c *Config) { c.Log.Level = "verbose" }, "verbose", "debug, info, warn, error"},
+		{"log.format", func(c *Config) { c.Log.Format = "logfmt" }, "logfmt", "text, json"},
 		{"bounce.scatter_workers", func(c *Config) { c.Bounce.ScatterWorkers = 0 }, "0", "between 1 and 1024"},
 		{"bounce.min_descriptors", func(c *Config) { c.Bounce.MinDescriptors = -1 }, "-1", "negative"},
 		{"bounce.max_avg_descriptor", func(c *Config) { c.Bounce.MaxAvgDescriptor = 0 }, "0B", "positive"},
@@ -513,6 +522,12 @@ func TestValidateRanges(t *testing.T) {
 		{"telemetry.metrics.listen", func(c *Config) { c.Telemetry.MetricsListen = "localhost" }, "localhost", "host:port"},
 		{"telemetry.service_name", func(c *Config) { c.Telemetry.ServiceName = "a\nb" }, "a\nb", "control characters"},
 		{"telemetry.sample_ratio", func(c *Config) { c.Telemetry.SampleRatio = 1.5 }, "1.5", "between 0 and 1"},
+		{"security.mode", func(c *Config) { c.Security.Mode = "trust" }, "trust", "authenticate, off"},
+		{"security.max_flows_per_peer", func(c *Config) { c.Security.MaxFlowsPerPeer = 0 }, "0", "between 1 and"},
+		{"security.max_message_size", func(c *Config) { c.Security.MaxMessageSize = 1 }, "1B", "between 64KiB and 1GiB"},
+		{"security.max_arena_share", func(c *Config) { c.Security.MaxArenaShare = 0 }, "0", "above 0 and at most 1"},
+		{"engine.encryption", func(c *Config) { c.Engine.Encryption = "maybe" }, "maybe", "off, on"},
+		{"engine.frame_timeout", func(c *Config) { c.Engine.FrameTimeout = 0 }, "0s", "between 1ms and 1h"},
 		{"telemetry.sample_ratio", func(c *Config) { c.Telemetry.SampleRatio = -0.1 }, "-0.1", "between 0 and 1"},
 	}
 	for _, c := range cases {
@@ -530,6 +545,8 @@ func TestValidateRanges(t *testing.T) {
 		section := map[string]func() error{
 			"agent": cfg.Agent.Validate, "bounce": cfg.Bounce.Validate, "engine": cfg.Engine.Validate,
 			"control_plane": cfg.ControlPlane.Validate, "stages": cfg.Stages.Validate, "telemetry": cfg.Telemetry.Validate,
+			"log":      cfg.Log.Validate,
+			"security": cfg.Security.Validate,
 		}
 		s, _ := splitKey(c.key)
 		findKeyError(t, section[s](), c.key, ErrOutOfRange)

@@ -118,7 +118,7 @@ func Load(opts LoadOptions) (*Loaded, error) {
 				key, ok := byEnv[name]
 				if !ok {
 					errs = append(errs, &KeyError{Value: value, Source: Source("env:" + name), Err: ErrUnknownKey,
-						Reason: "no setting has this environment variable; see config.Keys and config.EnvVar (bounce keys drop their section: BOUNCE_ARENA_SIZE)"})
+						Reason: "no setting has this environment variable" + DidYouMean(name, slices.Collect(maps.Keys(byEnv))) + "; see config.Keys and config.EnvVar (bounce keys drop their section: BOUNCE_ARENA_SIZE)"})
 					return "", nil
 				}
 				envSrc[key] = Source("env:" + name)
@@ -279,7 +279,7 @@ func checkLayer(fs []field, raw map[string]any, srcOf func(string) Source, sourc
 	for _, section := range slices.Sorted(maps.Keys(raw)) {
 		val := raw[section]
 		if _, ok := sectionKeys[section]; !ok {
-			reason := "unknown section; sections: " + strings.Join(sections, ", ")
+			reason := "unknown section" + DidYouMean(section, sections) + "; sections: " + strings.Join(sections, ", ")
 			if strings.Contains(section, ".") {
 				reason += " (nest keys in YAML: a line \"bounce:\" and an indented \"arena_size: 1GiB\")"
 			}
@@ -307,7 +307,7 @@ func checkLayer(fs []field, raw map[string]any, srcOf func(string) Source, sourc
 			}
 			if !ok {
 				errs = append(errs, &KeyError{Key: key, Value: show(v), Source: srcOf(key), Err: ErrUnknownKey,
-					Reason: "unknown key; keys under " + section + ": " + strings.Join(sectionKeys[section], ", ")})
+					Reason: "unknown key" + DidYouMean(name, sectionKeys[section]) + "; keys under " + section + ": " + strings.Join(sectionKeys[section], ", ")})
 				continue
 			}
 			var scratch Config

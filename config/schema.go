@@ -44,11 +44,15 @@ func fields() []field {
 		{"bounce.zero_copy_args", "GPU stages read their plan from pinned host memory (false: staged to the device)", func(c *Config) any { return &c.Bounce.ZeroCopyArgs }},
 		{"bounce.arena_memory", "arena memory: auto, device, pinned-host or host", func(c *Config) any { return &c.Bounce.ArenaMemory }},
 		{"bounce.disable_merging", "one scatter run per descriptor (debugging only)", func(c *Config) any { return &c.Bounce.DisableMerging }},
+		{"bounce.route", "route of requests that choose none: auto, bounce (required: fail rather than fall back) or direct", func(c *Config) any { return &c.Bounce.Route }},
 
 		{"engine.kind", "data-plane engine: loopback, tcp, ucx, nixl, cudacopy or plugin", func(c *Config) any { return &c.Engine.Kind }},
 		{"engine.plugin", "engine plugin (engine.kind=plugin): a path or {path, args, env, inherit_env, checksum, options, max_restarts, restart_backoff}", func(c *Config) any { return &c.Engine.Plugin }},
 		{"engine.listen", "tcp engine listen host:port", func(c *Config) any { return &c.Engine.Listen }},
 		{"engine.connections", "tcp connections per peer, 1..256", func(c *Config) any { return &c.Engine.Connections }},
+		{"engine.encryption", "tcp engine: encrypt the bytes after the authenticated handshake: off or on", func(c *Config) any { return &c.Engine.Encryption }},
+		{"engine.frame_timeout", "tcp engine: bound on receiving one frame and on a handshake, 1ms..1h", func(c *Config) any { return &c.Engine.FrameTimeout }},
+		{"engine.max_pending_conns", "tcp engine: incoming connections still in their handshake, 1..65536", func(c *Config) any { return &c.Engine.MaxPendingConns }},
 		{optionsKey, "engine-specific options, passed through", func(c *Config) any { return &c.Engine.Options }},
 
 		{"control_plane.kind", "control channel: zmq, nixlnotif, inproc or plugin", func(c *Config) any { return &c.ControlPlane.Kind }},
@@ -68,6 +72,18 @@ func fields() []field {
 		{"telemetry.service_name", "service name in traces and metrics; empty = OTEL_SERVICE_NAME, else bounce", func(c *Config) any { return &c.Telemetry.ServiceName }},
 		{"telemetry.sample_ratio", "fraction of new traces sampled (parent-based), 0..1; OTEL_TRACES_SAMPLER overrides it", func(c *Config) any { return &c.Telemetry.SampleRatio }},
 		{"telemetry.metrics.listen", "serve Prometheus metrics on this host:port (/metrics); empty = off", func(c *Config) any { return &c.Telemetry.MetricsListen }},
+
+		{"log.level", "log level on stderr: debug, info, warn or error", func(c *Config) any { return &c.Log.Level }},
+		{"log.format", "log format on stderr: text (key=value) or json (one object per line)", func(c *Config) any { return &c.Log.Format }},
+		{"security.mode", "authenticate (only admitted peers, by key) or off (trust the network; warns)", func(c *Config) any { return &c.Security.Mode }},
+		{"security.key_file", "this agent's key pair, generated there on first start (mode 0600); empty = a new key per process", func(c *Config) any { return &c.Security.KeyFile }},
+		{"security.allowed_peers", "who may connect: loaded, NAME=KEY, @FILE (comma-separated)", func(c *Config) any { return &c.Security.AllowedPeers }},
+		{"security.max_flows_per_peer", "open flows one peer may have on a receiver, 1..1048576", func(c *Config) any { return &c.Security.MaxFlowsPerPeer }},
+		{"security.want_rate", "WANTs per second one peer may send, 1..10^9", func(c *Config) any { return &c.Security.WantRate }},
+		{"security.want_burst", "WANT burst one peer may send at once, 1..10^9", func(c *Config) any { return &c.Security.WantBurst }},
+		{"security.max_control_peers", "reverse control paths a receiver keeps (idle ones evicted), 1..1048576", func(c *Config) any { return &c.Security.MaxControlPeers }},
+		{"security.max_message_size", "largest control message accepted, 64KiB..1GiB", func(c *Config) any { return &c.Security.MaxMessageSize }},
+		{"security.max_arena_share", "fraction of the arena one peer may hold even when no other waits, (0, 1]", func(c *Config) any { return &c.Security.MaxArenaShare }},
 	}
 }
 

@@ -17,6 +17,7 @@ func TestParseSizeForms(t *testing.T) {
 		"1G": GiB, "1g": GiB, "1GB": GiB, "1gb": GiB, "1GiB": GiB, "1gib": GiB, "1GIB": GiB, "4 gB": 4 * GiB,
 		"1T": TiB, "1t": TiB, "1TB": TiB, "1tb": TiB, "1TiB": TiB, "1tib": TiB, "16777215TiB": 16777215 * TiB,
 		"0MiB": 0, "007k": 7 * KiB,
+		"2.5GiB": 5 * GiB / 2, "2.5 gib": 5 * GiB / 2, "0.5KiB": 512, "1.25M": 5 * MiB / 4, "1.0B": 1, "3.000K": 3 * KiB,
 	}
 	for in, want := range cases {
 		got, err := ParseSize(in)
@@ -28,7 +29,7 @@ func TestParseSizeForms(t *testing.T) {
 
 func TestParseSizeRejects(t *testing.T) {
 	for _, in := range []string{
-		"", " ", "MiB", "K", "-1", "+1", "-1K", "1.5G", ".5G", "1e3", "0x10", "1_000", "1,000",
+		"", " ", "MiB", "K", "-1", "+1", "-1K", "1.5B", "0.3K", "1.G", ".5G", "1e3", "1.5.5K", "16777216.5TiB", "0x10", "1_000", "1,000",
 		"1 2", "1iB", "1KiBB", "1 K iB", "1Ki", "1kbit", "1P", "1PiB", "1 KiB extra", "one",
 		"18446744073709551616", "16777216TiB", "17179869184G", "17592186044416M", "18014398509481984K",
 		"1\u212a", // Kelvin sign, which Unicode lower-cases to 'k'
@@ -108,6 +109,7 @@ type sizeSeed struct {
 func sizeSeeds() []sizeSeed {
 	return []sizeSeed{
 		{"256MiB", true}, {"512mb", true}, {"1g", true}, {"4096", true}, {"64 KiB", true}, {"1T", true}, {"0", true},
-		{"18446744073709551615", true}, {"16777216TiB", false}, {"1.5G", false}, {"-1", false}, {"KiB", false}, {"", false},
+		{"18446744073709551615", true}, {"16777216TiB", false}, {"1.5G", true}, {"-1", false}, {"KiB", false}, {"", false},
+		{"2.5GiB", true}, {"1.5B", false}, {".5G", false},
 	}
 }

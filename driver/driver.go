@@ -56,6 +56,14 @@ type Result struct {
 	Steady []time.Duration
 	// PeakInFlight is the most requests that were in flight at once.
 	PeakInFlight int
+	// Stages is the mean per successful request of where its time went on
+	// the sender (pipeline.Stages).
+	Stages pipeline.Stages
+	// Fallbacks counts requests that went direct although the run did not
+	// ask for direct (the agent's route decision: handshake, gates, bounce
+	// off); FallbackReason is the first one's reason.
+	Fallbacks      int
+	FallbackReason string
 	// NotQuiescent counts failed requests whose memory may still be touched
 	// by a transport after Run returned (Abandon did not prove otherwise
 	// within AbandonWait): neither buffer may be reused or freed, and Run's
@@ -187,10 +195,18 @@ func (d *Driver) Run(ctx context.Context, t Target, o Options) (Result, error) {
 			break
 		}
 		submitted := time.Now()
-		bt, err := d.agent.Submit(pipeline.Request{Peer: t.Peer, Src: reqs[i].src, Dst: reqs[i].dst, Route: o.Route})
+		// The tag names the request for the receiver's completion event.
+		tag := fmt.Appendf(nil, "req-%d", i)
+		bt, err := d.agent.Submit(pipeline.Request{Peer: t.Peer, Src: reqs[i].src, Dst: reqs[i].dst, Route: o.Route, Tag: tag})
 		if err != nil {
 			submitErr = fmt.Errorf("driver: submit request %d: %w", i, err)
 			break
+		}
+		if bt.Route() == pipeline.RouteDirect && o.Route != pipeline.RouteDirect {
+			if res.Fallbacks == 0 {
+				res.FallbackReason = bt.RouteReason()
+			}
+			res.Fallbacks++
 		}
 		if i == 0 {
 			res.Route, res.Reason = bt.Route().String(), bt.RouteReason()
@@ -234,6 +250,7 @@ func (d *Driver) Run(ctx context.Context, t Target, o Options) (Result, error) {
 				return
 			}
 			res.Bytes += per
+			res.Stages = res.Stages.Add(bt.Stages())
 			res.Latencies = append(res.Latencies, done.Sub(submitted))
 			if steady {
 				res.Steady = append(res.Steady, done.Sub(submitted))
@@ -249,6 +266,7 @@ func (d *Driver) Run(ctx context.Context, t Target, o Options) (Result, error) {
 	}
 	slices.Sort(res.Latencies)
 	slices.Sort(res.Steady)
+	res.Stages = res.Stages.Div(len(res.Latencies))
 	// Every request submitted was waited for or abandoned: unless
 	// NotQuiescent says otherwise, nothing touches the buffers now.
 	if res.NotQuiescent > 0 {

@@ -163,7 +163,11 @@ func (TCPFactory) Type() string { return "tcp" }
 // advertise (host:port put in the metadata), stripe_bytes, dial_timeout,
 // idle_timeout.
 func (TCPFactory) CreateEngine(s Settings, cfg config.EngineConfig) (transfer.Engine, error) {
-	c := tcp.Config{Name: s.Name, Listen: cfg.Listen, Connections: cfg.Connections, Logger: s.Logger}
+	c := tcp.Config{Name: s.Name, Listen: cfg.Listen, Connections: cfg.Connections, Logger: s.Logger,
+		Peers: s.Peers, Encrypt: cfg.Encryption == "on", FrameTimeout: cfg.FrameTimeout, MaxPendingConns: cfg.MaxPendingConns}
+	if c.Encrypt && !s.Peers.Enabled() {
+		return nil, fmt.Errorf("engine.encryption on needs security.mode authenticate (the keys come from the handshake)")
+	}
 	err := options("engine.options", cfg.Options, map[string]func(string) error{
 		"advertise":    func(v string) error { c.Advertise = v; return nil },
 		"stripe_bytes": func(v string) error { n, err := config.ParseSize(v); c.StripeBytes = int(n); return err },
@@ -215,7 +219,8 @@ func (ZMQFactory) Type() string { return "zmq" }
 
 // CreateControl binds on control_plane.bind_address or .interface.
 func (ZMQFactory) CreateControl(s Settings, cfg config.ControlPlaneConfig, _ transfer.Engine) (transfer.ControlChannel, error) {
-	return zmq.New(zmq.Config{Name: s.Name, Interface: cfg.Interface, BindAddress: cfg.BindAddress, SendHWM: cfg.SendHWM, Logger: s.Logger})
+	return zmq.New(zmq.Config{Name: s.Name, Interface: cfg.Interface, BindAddress: cfg.BindAddress, SendHWM: cfg.SendHWM, Logger: s.Logger,
+		Peers: s.Peers, MaxMessageSize: int64(s.Security.MaxMessageSize)})
 }
 
 // NixlNotifFactory carries control messages as engine notifications.

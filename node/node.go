@@ -15,6 +15,7 @@ import (
 	"io"
 	"log/slog"
 	"maps"
+	"net"
 	"os"
 	"slices"
 	"sync"
@@ -28,6 +29,7 @@ import (
 	"github.com/bouncekv/bounce/cuda"
 	"github.com/bouncekv/bounce/mem"
 	"github.com/bouncekv/bounce/pipeline"
+	"github.com/bouncekv/bounce/security"
 	"github.com/bouncekv/bounce/telemetry"
 	"github.com/bouncekv/bounce/transfer"
 )
@@ -54,6 +56,12 @@ type Settings struct {
 	// is plugin (stages.gather.plugin, ...); zero otherwise. Engines and
 	// control planes find theirs in their own section.
 	Plugin config.PluginConfig
+	// Peers is the agent's identity and admitted-peer set; nil with
+	// security.mode off. Engines and control planes that authenticate
+	// peers use it.
+	Peers *security.Peers
+	// Security is the security section of the configuration.
+	Security config.SecurityConfig
 }
 
 // EngineFactory creates a transfer engine of one kind.
@@ -167,6 +175,15 @@ type Options struct {
 	// Telemetry are the providers to use; nil means Build makes them from
 	// cfg.Telemetry (telemetry.New) and Close shuts them down.
 	Telemetry *telemetry.Providers
+	// Received, if set, receives the agent's receiver-side completion
+	// events (pipeline.Settings.Received: never blocked on; an event that
+	// finds it full is dropped and counted).
+	Received chan<- pipeline.Received
+	// StrictBounce fails Build when the configuration enables the bounce
+	// path but it cannot be built (a bad control-plane interface, say),
+	// instead of serving the direct path; bounce serve sets it. Build is
+	// always strict when bounce.route is bounce.
+	StrictBounce bool
 }
 
 // Build is BuildWith with only a logger: the node's telemetry comes from
@@ -190,6 +207,12 @@ func BuildWith(cfg config.Config, f Factories, o Options) (*Node, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("node: %w", err)
 	}
+	if err := CheckKinds(cfg, f); err != nil {
+		return nil, fmt.Errorf("node: %w", err)
+	}
+	if why := loopbackMismatch(cfg); why != "" {
+		logger.Warn(why)
+	}
 	// An auto arena with a CUDA stage may land in device memory, which is
 	// not the host's budget (CheckMemory skips a device arena itself).
 	hostArena := cfg.Bounce.ArenaMemory != "auto" || cfg.Stages.Gather.Kind == "host" && cfg.Stages.Scatter.Kind == "host"
@@ -207,8 +230,15 @@ func BuildWith(cfg config.Config, f Factories, o Options) (*Node, error) {
 		}
 		n.Telemetry, n.ownTelemetry = tel, true
 	}
+	peers, err := Trust(cfg.Security, logger)
+	if err != nil {
+		n.closeTelemetry()
+		return nil, fmt.Errorf("node: %w", err)
+	}
 	wake := make(chan struct{}, 1)
 	s := Settings{
+		Peers:    peers,
+		Security: cfg.Security,
 		Name:     cfg.Agent.Name,
 		Logger:   logger,
 		Registry: n.Registry,
@@ -243,16 +273,20 @@ func BuildWith(cfg config.Config, f Factories, o Options) (*Node, error) {
 		// bounce path (degrade, never break): the agent serves every
 		// transfer on the direct path and says why.
 		if err := n.buildBounce(s, cfg, f, logger); err != nil {
+			if o.StrictBounce || cfg.Bounce.Route == "bounce" {
+				return fail(fmt.Errorf("node: bounce path (bounce.enabled is true; set it false to serve the direct path only): %w", err))
+			}
 			logger.Warn("bounce path unavailable; serving the direct path", "reason", err)
 			n.closeBounceParts()
 		}
 	}
-	pc := PipelineConfig(cfg.Bounce)
+	pc := PipelineConfig(cfg.Bounce, cfg.Security)
 	kinds := pipeline.Kinds{Engine: cfg.Engine.Kind}
 	if n.Control != nil {
 		kinds.Control, kinds.Gather, kinds.Scatter = cfg.ControlPlane.Kind, cfg.Stages.Gather.Kind, cfg.Stages.Scatter.Kind
 	}
 	n.Agent, err = pipeline.New(pipeline.Settings{
+		Peers:          peers,
 		Name:           cfg.Agent.Name,
 		Engine:         n.Engine,
 		Control:        n.Control,
@@ -267,6 +301,7 @@ func BuildWith(cfg config.Config, f Factories, o Options) (*Node, error) {
 		MeterProvider:  s.MeterProvider,
 		Propagator:     s.Propagator,
 		Kinds:          kinds,
+		Received:       o.Received,
 	}, pc)
 	if err != nil {
 		return fail(fmt.Errorf("node: %w", err))
@@ -374,9 +409,43 @@ func (n *Node) chooseArena(cfg config.Config, f Factories, logger *slog.Logger) 
 	return nil
 }
 
+// Trust builds the agent's identity and admitted-peer set from the security
+// section: the key pair from security.key_file (generated there on first
+// start) or a fresh one, and the allowed_peers policy. With security.mode
+// off it returns nil after a loud warning.
+func Trust(c config.SecurityConfig, logger *slog.Logger) (*security.Peers, error) {
+	mode, err := security.ParseMode(c.Mode)
+	if err != nil {
+		return nil, err
+	}
+	if mode == security.Off {
+		logger.Warn("SECURITY IS OFF (security.mode: off): any host that can reach this agent's ports may send control messages " +
+			"and write into its registered memory; use only on a closed test network")
+		return nil, nil
+	}
+	var id security.Identity
+	if c.KeyFile == "" {
+		id, err = security.Generate(nil)
+	} else {
+		var created bool
+		id, created, err = security.LoadOrCreate(c.KeyFile)
+		if created {
+			logger.Info("generated this agent's key pair", "security.key_file", c.KeyFile, "public_key", id.Public.String())
+		}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("security.key_file %q: %w", c.KeyFile, err)
+	}
+	policy, err := security.ParsePolicy(c.AllowedPeers, os.ReadFile)
+	if err != nil {
+		return nil, fmt.Errorf("security.allowed_peers: %w", err)
+	}
+	return security.NewPeers(mode, id, policy), nil
+}
+
 // PipelineConfig maps the bounce section of the configuration to the
 // runtime's knobs.
-func PipelineConfig(b config.BounceConfig) pipeline.Config {
+func PipelineConfig(b config.BounceConfig, sec config.SecurityConfig) pipeline.Config {
 	return pipeline.Config{
 		Enabled:          b.Enabled,
 		ArenaSize:        uint64(b.ArenaSize),
@@ -389,10 +458,27 @@ func PipelineConfig(b config.BounceConfig) pipeline.Config {
 		MaxAvgDescriptor: uint64(b.MaxAvgDescriptor),
 		RequestTimeout:   b.RequestTimeout,
 		Quarantine:       b.Quarantine, // 0: pipeline.Config's default, 1 × RequestTimeout
-		QuiesceTimeout:   min(b.RequestTimeout, 5*time.Second),
+		QuiesceTimeout:   min(b.RequestTimeout, pipeline.DefaultConfig().QuiesceTimeout),
 		EagerGather:      b.EagerGather,
 		DisableMerging:   b.DisableMerging,
+		Route:            routeOf(b.Route),
+		MaxFlowsPerPeer:  sec.MaxFlowsPerPeer,
+		WantRate:         float64(sec.WantRate),
+		WantBurst:        sec.WantBurst,
+		MaxControlPeers:  sec.MaxControlPeers,
+		MaxArenaShare:    sec.MaxArenaShare,
 	}
+}
+
+// routeOf maps bounce.route (validated) to the pipeline's route.
+func routeOf(s string) pipeline.Route {
+	switch s {
+	case "bounce":
+		return pipeline.RouteBounce
+	case "direct":
+		return pipeline.RouteDirect
+	}
+	return pipeline.RouteAuto
 }
 
 // Close shuts the agent down (bounded by ctx), closes every component and
@@ -456,3 +542,25 @@ func (n *Node) closeParts() error {
 }
 
 func keys[V any](m map[string]V) []string { return slices.Sorted(maps.Keys(m)) }
+
+// loopbackMismatch says why cfg cannot work across hosts when the tcp
+// engine listens on loopback while the control plane binds a routable
+// interface or address (peers elsewhere would reach one and not the
+// other), or "".
+func loopbackMismatch(cfg config.Config) string {
+	if cfg.Engine.Kind != "tcp" || cfg.ControlPlane.Kind != "zmq" {
+		return ""
+	}
+	host, _, err := net.SplitHostPort(cfg.Engine.Listen)
+	if ip := net.ParseIP(host); err != nil || ip == nil || !ip.IsLoopback() {
+		return ""
+	}
+	cp := cfg.ControlPlane
+	switch ip := net.ParseIP(cp.BindAddress); {
+	case cp.Interface != "":
+		return fmt.Sprintf("engine.listen %s is a loopback address while control_plane.interface %s is routable: peers on other hosts reach the control plane but not the engine; set engine.listen to this host's address on %s", cfg.Engine.Listen, cp.Interface, cp.Interface)
+	case ip != nil && !ip.IsLoopback():
+		return fmt.Sprintf("engine.listen %s is a loopback address while control_plane.bind_address %s is routable: peers on other hosts reach the control plane but not the engine; set engine.listen to %s:<port>", cfg.Engine.Listen, cp.BindAddress, cp.BindAddress)
+	}
+	return ""
+}

@@ -1,8 +1,10 @@
 package node
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"maps"
 	"os"
 	"strings"
 	"testing"
@@ -136,7 +138,7 @@ func TestMismatchedControlPlanesGoDirect(t *testing.T) {
 	b := build(t, testConfig("b", "tcp", "nixlnotif"), f)
 	moveAndVerify(t, a, b, pipeline.RouteDirect)
 	_, reason, _ := a.Agent.PeerRoute("b")
-	if !strings.Contains(reason, "control kind") {
+	if !strings.Contains(reason, `control plane "zmq" here vs "nixlnotif" on b`) {
 		t.Fatalf("reason %q does not name the control kind", reason)
 	}
 }
@@ -198,5 +200,91 @@ func TestBuildRefusesArenaBeyondMemory(t *testing.T) {
 	var ke *config.KeyError
 	if !errors.As(err, &ke) || ke.Key != "bounce.arena_size" || !strings.Contains(err.Error(), "does not fit in memory") {
 		t.Fatalf("Build with a %v arena: %v, want a bounce.arena_size error", cfg.Bounce.ArenaSize, err)
+	}
+}
+
+func TestLoopbackEngineWithRoutableControlPlaneWarns(t *testing.T) {
+	cfg := config.Default()
+	cfg.ControlPlane.Interface = "eth0"
+	if why := loopbackMismatch(cfg); !strings.Contains(why, "engine.listen 127.0.0.1:0 is a loopback address while control_plane.interface eth0") {
+		t.Fatalf("got %q", why)
+	}
+	cfg.ControlPlane.Interface, cfg.ControlPlane.BindAddress = "", "10.0.0.2"
+	if why := loopbackMismatch(cfg); !strings.Contains(why, "set engine.listen to 10.0.0.2:<port>") {
+		t.Fatalf("got %q", why)
+	}
+	for _, c := range []func(*config.Config){
+		func(c *config.Config) { c.ControlPlane.BindAddress = "127.0.0.1" },
+		func(c *config.Config) { c.Engine.Listen = "10.0.0.2:0" },
+		func(c *config.Config) {},
+	} {
+		cfg := config.Default()
+		c(&cfg)
+		if why := loopbackMismatch(cfg); why != "" {
+			t.Fatalf("%+v: unexpected warning %q", cfg.ControlPlane, why)
+		}
+	}
+}
+
+// TestCheckKindsRejectsWhatThisBuildLacks: a kind the schema accepts but
+// the factory table lacks is a configuration error naming the key, the kind
+// and why; a stage of a disabled bounce path is not checked.
+func TestCheckKindsRejectsWhatThisBuildLacks(t *testing.T) {
+	f := Builtin()
+	cfg := config.Default()
+	if err := CheckKinds(cfg, f); err != nil {
+		t.Fatal(err)
+	}
+	cfg.Engine.Kind = "nixl"
+	if err := CheckKinds(cfg, f); err == nil || !strings.Contains(err.Error(), `engine.kind "nixl" is unavailable: built without NIXL`) {
+		t.Fatalf("nixl: %v", err)
+	}
+	if _, err := Build(cfg, f, nil); err == nil || !strings.Contains(err.Error(), "built without NIXL") {
+		t.Fatalf("Build with nixl: %v", err)
+	}
+	cfg = config.Default()
+	cfg.Stages.Gather.Kind = "cuda"
+	f.Gatherers = maps.Clone(f.Gatherers)
+	delete(f.Gatherers, "cuda") // a build without the CUDA stages
+	if err := CheckKinds(cfg, f); err == nil || !strings.Contains(err.Error(), `stages.gather "cuda" is unavailable`) {
+		t.Fatalf("cuda: %v", err)
+	}
+	cfg.Bounce.Enabled = false
+	if err := CheckKinds(cfg, f); err != nil {
+		t.Fatalf("cuda with bounce off: %v", err)
+	}
+	var nixl *Component
+	for _, c := range Components(f) {
+		if c.Kind == "nixl" && c.Role == "engine" {
+			nixl = &c
+		}
+	}
+	if nixl == nil || nixl.Available || !strings.Contains(nixl.Why, "-tags nixl") {
+		t.Fatalf("components: nixl = %+v", nixl)
+	}
+}
+
+// TestOneSourceOfDefaults: the configuration's bounce and security
+// defaults map to exactly the runtime's defaults.
+func TestOneSourceOfDefaults(t *testing.T) {
+	d := config.Default()
+	if got, want := PipelineConfig(d.Bounce, d.Security), pipeline.DefaultConfig(); got != want {
+		t.Fatalf("config defaults map to\n%+v\nthe runtime's are\n%+v", got, want)
+	}
+}
+
+// TestReadmeShowsTheExample: the README's embedding code is the Example's.
+func TestReadmeShowsTheExample(t *testing.T) {
+	readme, err := os.ReadFile("../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ex, err := os.ReadFile("example_test.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	code := string(ex[bytes.Index(ex, []byte("func embed() error {")):])
+	if !strings.Contains(string(readme), "```go\n"+code+"```") {
+		t.Fatal("README.md's embedding code differs from node/example_test.go's embed (copy it over)")
 	}
 }

@@ -1,11 +1,13 @@
 package pipeline
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -17,6 +19,7 @@ import (
 	"github.com/bouncekv/bounce/mem"
 	"github.com/bouncekv/bounce/pipeline/credit"
 	"github.com/bouncekv/bounce/pipeline/wire"
+	"github.com/bouncekv/bounce/security"
 	"github.com/bouncekv/bounce/stages/write"
 	"github.com/bouncekv/bounce/transfer"
 )
@@ -73,6 +76,25 @@ type Config struct {
 	EagerGather bool
 	// DisableMerging sends one scatter run per descriptor (debugging only).
 	DisableMerging bool
+	// Route is the route of a request that asks for RouteAuto: RouteAuto
+	// (bounce when eligible, else direct, each fallback warned once per
+	// peer and counted), RouteBounce (required: a request that cannot take
+	// it is refused with the reason) or RouteDirect.
+	Route Route
+	// MaxFlowsPerPeer caps the flows (requests) one peer may have open on
+	// this receiver; a WANT opening one more is refused with a NACK.
+	MaxFlowsPerPeer int
+	// WantRate and WantBurst bound the WANTs (cancels included) one peer
+	// may send per second; the excess is dropped and counted.
+	WantRate  float64
+	WantBurst int
+	// MaxControlPeers caps the reverse control paths the receiver keeps
+	// open; the least recently used idle one is closed to make room.
+	MaxControlPeers int
+	// MaxArenaShare is the fraction of the arena one peer's flows may hold
+	// even when no other peer waits (0 < share <= 1); while others wait a
+	// peer holds at most an equal share (credit.Config.PeerShare).
+	MaxArenaShare float64
 }
 
 // DefaultConfig returns the defaults: the reference design's, except an
@@ -90,8 +112,24 @@ func DefaultConfig() Config {
 		RequestTimeout:   30 * time.Second,
 		QuiesceTimeout:   5 * time.Second,
 		EagerGather:      true,
+		MaxFlowsPerPeer:  DefaultMaxFlowsPerPeer,
+		WantRate:         DefaultWantRate,
+		WantBurst:        DefaultWantBurst,
+		MaxControlPeers:  DefaultMaxControlPeers,
+		MaxArenaShare:    DefaultMaxArenaShare,
 	}
 }
+
+// Per-peer limit defaults (docs/SECURITY.md). A legitimate sender opens one
+// flow per concurrent request and sends a WANT per request plus one cancel
+// per failed request.
+const (
+	DefaultMaxFlowsPerPeer = 256
+	DefaultWantRate        = 5000
+	DefaultWantBurst       = 1024
+	DefaultMaxControlPeers = 1024
+	DefaultMaxArenaShare   = 0.5
+)
 
 func (c *Config) fill() {
 	d := DefaultConfig()
@@ -106,6 +144,13 @@ func (c *Config) fill() {
 	c.FlowExpiry = cmp.Or(c.FlowExpiry, 4*c.RequestTimeout)
 	if c.Quarantine <= 0 {
 		c.Quarantine = c.RequestTimeout
+	}
+	c.MaxFlowsPerPeer = cmp.Or(c.MaxFlowsPerPeer, d.MaxFlowsPerPeer)
+	c.WantRate = cmp.Or(c.WantRate, d.WantRate)
+	c.WantBurst = cmp.Or(c.WantBurst, d.WantBurst)
+	c.MaxControlPeers = cmp.Or(c.MaxControlPeers, d.MaxControlPeers)
+	if c.MaxArenaShare <= 0 || c.MaxArenaShare > 1 {
+		c.MaxArenaShare = d.MaxArenaShare
 	}
 }
 
@@ -150,6 +195,17 @@ type Settings struct {
 	// quarantine); nil means real time. A deterministic simulation sets
 	// its own.
 	Clock Clock
+	// Received, if set, receives a completion event for every request a
+	// peer sent to this agent (see Received). The reactor never blocks on
+	// it: size its buffer for the bursts you expect; an event that finds it
+	// full is dropped and counted (Stats.DroppedEvents). Nil discards the
+	// events (they are still counted in Stats.Events).
+	Received chan<- Received
+	// Peers is the admitted-peer set shared with the engine and the control
+	// channel (package security). LoadPeer introduces each loaded peer's key
+	// there, and the reactor drops control messages from names it does not
+	// admit. Nil means security.mode off: every peer is admitted.
+	Peers *security.Peers
 }
 
 // Arena is the memory of a bounce arena: one range, freed by Close once
@@ -200,12 +256,22 @@ type Agent struct {
 	obs   *obs
 	r     *reactor
 	wg    sync.WaitGroup
+	// guard authorizes incoming writes; nil unless authentication is on and
+	// the engine asks a guard (transfer.WriteGuarded).
+	guard *writeGuard
 }
 
 type peerInfo struct {
-	name   string
-	bounce bool
-	reason string // why not bounce
+	name     string
+	bounce   bool
+	reason   string // why not bounce
+	endpoint string // control endpoint from the peer's descriptor, "" if none
+	// ctrl is set when the control channel reaches the peer (always when
+	// bounce is): direct requests then tell it when they end (DONE).
+	ctrl bool
+	// warned holds the kinds of fallback already warned about.
+	warnMu sync.Mutex
+	warned map[string]bool
 	// forgotten is set by ForgetPeer before it removes the peer anywhere,
 	// so a request submitted to this incarnation of the peer that then
 	// meets an unknown peer knows it was lost (ErrPeerLost).
@@ -276,6 +342,11 @@ func build(s Settings, cfg Config) (*Agent, error) {
 		a.bounceOn, a.noBounce = false, err.Error()
 		a.log.Warn("bounce disabled, serving every transfer on the direct path", "reason", err)
 	}
+	if wg, ok := s.Engine.(transfer.WriteGuarded); ok && s.Peers.Enabled() {
+		a.guard = newWriteGuard()
+		a.guard.setArena(a.arenaD)
+		wg.SetWriteGuard(a.guard.check)
+	}
 	a.r = newReactor(a, sched)
 	if pl, ok := s.Engine.(transfer.PeerLossReporter); ok && a.bounceOn {
 		pl.SetPeerLost(func(peer string) { a.post(func(r *reactor) { r.peerGone(peer) }) })
@@ -294,7 +365,9 @@ func (a *Agent) initBounce(out **credit.Scheduler) error {
 	case a.set.Control.LocalEndpoint() == "":
 		return errors.New("control channel has no usable endpoint")
 	}
-	sched, err := credit.New(credit.Config{Capacity: a.cfg.ArenaSize, Granularity: a.cfg.Granularity, MaxInflight: a.cfg.MaxInflight})
+	usable := credit.UsableCapacity(a.cfg.ArenaSize, a.cfg.Granularity)
+	sched, err := credit.New(credit.Config{Capacity: a.cfg.ArenaSize, Granularity: a.cfg.Granularity, MaxInflight: a.cfg.MaxInflight,
+		PeerShare: true, PeerMax: uint64(a.cfg.MaxArenaShare * float64(usable))})
 	if err != nil {
 		return fmt.Errorf("credit scheduler: %w", err)
 	}
@@ -343,6 +416,11 @@ func (a *Agent) Name() string { return a.name }
 // BounceEnabled reports whether the local bounce path is up, and why not.
 func (a *Agent) BounceEnabled() (bool, string) { return a.bounceOn, a.noBounce }
 
+// Arena returns the registered arena that receiver grants are carved from
+// (zero when bounce is off). Its address is public: every peer sees it in
+// this agent's engine metadata.
+func (a *Agent) Arena() transfer.Desc { return a.arenaD }
+
 // Config returns the effective configuration (after defaults and clamping).
 func (a *Agent) Config() Config { return a.cfg }
 
@@ -350,12 +428,27 @@ func (a *Agent) Config() Config { return a.cfg }
 // can be a transfer's source or a destination peers write to. Peers must
 // reload this agent's descriptor to see new destinations.
 func (a *Agent) RegisterMemory(d transfer.Desc) error {
+	return a.RegisterMemoryFor(d)
+}
+
+// RegisterMemoryFor is RegisterMemory for memory only the named peers may
+// write with the direct path (with authentication on; none named: every
+// admitted peer, as RegisterMemory). Any registered memory can be a
+// transfer's source.
+func (a *Agent) RegisterMemoryFor(d transfer.Desc, peers ...string) error {
 	if err := a.set.Registry.Add(d); err != nil {
 		return fmt.Errorf("pipeline: register %v: %w", d, err)
 	}
 	if err := a.set.Engine.RegisterMemory(d); err != nil {
 		_ = a.set.Registry.Remove(d)
 		return fmt.Errorf("pipeline: register %v with engine: %w", d, err)
+	}
+	if a.guard != nil {
+		var who []string
+		if len(peers) > 0 {
+			who = slices.Clone(peers)
+		}
+		a.guard.addUser(d, who)
 	}
 	return nil
 }
@@ -375,6 +468,9 @@ func (a *Agent) DeregisterMemory(d transfer.Desc) error {
 			a.log.Error("re-register after a refused deregister", "desc", d, "err", aerr)
 		}
 		return fmt.Errorf("pipeline: deregister %v: %w", d, err)
+	}
+	if a.guard != nil {
+		a.guard.removeUser(d)
 	}
 	return nil
 }
@@ -405,11 +501,18 @@ func (a *Agent) Descriptor() ([]byte, error) {
 	if err != nil {
 		return nil, fmt.Errorf("pipeline: engine metadata: %w", err)
 	}
-	return wire.MarshalAgentDesc(wire.AgentDesc{Name: a.name, Engine: md, Handshake: a.Handshake()}), nil
+	var key security.Key
+	if a.set.Peers.Enabled() {
+		key = a.set.Peers.Self().Public
+	}
+	return wire.MarshalAgentDesc(wire.AgentDesc{Name: a.name, Engine: md, PublicKey: key, Handshake: a.Handshake()}), nil
 }
 
-// LoadPeer loads a peer's descriptor: the engine learns how to reach it and
-// the handshake decides its route. An incompatible or missing handshake is
+// LoadPeer loads a peer's descriptor: its public key joins the admitted set
+// (when the trust policy admits it: security.allowed_peers), the engine
+// learns how to reach it and the handshake decides its route. A descriptor
+// without a key while authentication is on, or with a key the policy
+// refuses, is an error wrapping security.ErrNotAdmitted. An incompatible or missing handshake is
 // not an error: the peer is served on the direct path and the reason is
 // logged and returned by PeerRoute. Loading a peer again refreshes it.
 func (a *Agent) LoadPeer(blob []byte) (string, error) {
@@ -417,6 +520,10 @@ func (a *Agent) LoadPeer(blob []byte) (string, error) {
 	if err != nil {
 		a.stats.badPeerDesc.Add(1)
 		return "", fmt.Errorf("pipeline: load peer: %w: %w", transfer.ErrBadMetadata, err)
+	}
+	if err := a.set.Peers.Introduce(d.Name, d.PublicKey); err != nil {
+		a.stats.unadmitted.Add(1)
+		return "", fmt.Errorf("pipeline: load peer %q: %w", d.Name, err)
 	}
 	name, err := a.set.Engine.LoadPeer(d.Engine)
 	if err != nil {
@@ -426,20 +533,32 @@ func (a *Agent) LoadPeer(blob []byte) (string, error) {
 		return "", fmt.Errorf("pipeline: load peer: descriptor names %q but its engine metadata names %q: %w", d.Name, name, transfer.ErrBadMetadata)
 	}
 	pi := &peerInfo{name: name}
-	reason := a.checkHandshake(d.Handshake)
+	reason := a.checkHandshake(d.Handshake, name)
 	if d.HandshakeErr != nil {
 		reason = "malformed handshake: " + d.HandshakeErr.Error()
 	}
 	if reason != "" {
 		pi.reason = reason
 		a.stats.incompatiblePeers.Add(1)
-		a.log.Info("peer stays on the direct path", "peer", name, "reason", reason)
+		if a.bounceOn {
+			// Bounce is up here, so this peer is a fallback (the agent
+			// warned at start when bounce is off locally).
+			a.log.Warn("peer stays on the direct path", "peer", name, "reason", reason)
+		}
 	} else if err := a.set.Control.AddPeer(name, d.Handshake.Endpoint); err != nil {
 		pi.reason = "control endpoint unusable: " + err.Error()
 		a.stats.incompatiblePeers.Add(1)
 		a.log.Warn("peer stays on the direct path", "peer", name, "reason", pi.reason)
 	} else {
-		pi.bounce = true
+		pi.bounce, pi.ctrl, pi.endpoint = true, true, d.Handshake.Endpoint
+	}
+	if !pi.ctrl && a.set.Control != nil && d.Handshake != nil && d.HandshakeErr == nil &&
+		d.Handshake.ControlKind == a.set.Control.Kind() && d.Handshake.Endpoint != "" {
+		// Direct-only, but the control planes still speak to each other:
+		// the peer learns when a direct request to it ended.
+		if a.set.Control.AddPeer(name, d.Handshake.Endpoint) == nil {
+			pi.ctrl, pi.endpoint = true, d.Handshake.Endpoint
+		}
 	}
 	a.peersMu.Lock()
 	a.peers[name] = pi
@@ -447,19 +566,21 @@ func (a *Agent) LoadPeer(blob []byte) (string, error) {
 	return name, nil
 }
 
-func (a *Agent) checkHandshake(h *wire.Handshake) string {
+// checkHandshake says why peer's handshake h rules the bounce path out, in
+// terms an operator can act on, or "".
+func (a *Agent) checkHandshake(h *wire.Handshake, peer string) string {
 	local := a.Handshake()
 	switch {
 	case local == nil:
 		return "bounce is off locally: " + a.noBounce
 	case h == nil:
-		return "peer advertises no bounce handshake"
+		return fmt.Sprintf("peer advertises no bounce handshake (bounce is off on %s)", peer)
 	case h.Version != local.Version:
-		return fmt.Sprintf("wire version %d, local %d", h.Version, local.Version)
+		return fmt.Sprintf("wire version %d here vs %d on %s", local.Version, h.Version, peer)
 	case h.ControlKind != local.ControlKind:
-		return fmt.Sprintf("control kind %q, local %q", h.ControlKind, local.ControlKind)
+		return fmt.Sprintf("control plane %q here vs %q on %s (set control_plane.kind alike)", local.ControlKind, h.ControlKind, peer)
 	case h.MaxChunk != local.MaxChunk:
-		return fmt.Sprintf("max chunk %d, local %d", h.MaxChunk, local.MaxChunk)
+		return fmt.Sprintf("max chunk %s here vs %s on %s (set bounce.max_chunk alike; it is clamped to the arena's usable capacity)", sizeString(local.MaxChunk), sizeString(h.MaxChunk), peer)
 	case h.Endpoint == "":
 		return "peer handshake has no endpoint"
 	}
@@ -489,6 +610,7 @@ func (a *Agent) ForgetPeer(peer string) error {
 		delete(a.peers, peer)
 	}
 	a.peersMu.Unlock()
+	defer a.set.Peers.Forget(peer)
 	var errs []error
 	if a.set.Control != nil {
 		if err := a.set.Control.RemovePeer(peer); err != nil && !errors.Is(err, transfer.ErrUnknownPeer) {
@@ -534,6 +656,9 @@ func (a *Agent) SubmitContext(ctx context.Context, req Request) (*Batch, error) 
 	if len(req.Src) != len(req.Dst) {
 		return nil, fmt.Errorf("pipeline: submit: %d sources but %d destinations", len(req.Src), len(req.Dst))
 	}
+	if len(req.Tag) > wire.MaxTag {
+		return nil, fmt.Errorf("pipeline: submit: tag is %d bytes; a tag holds at most %d", len(req.Tag), wire.MaxTag)
+	}
 	for i := range req.Src {
 		if req.Src[i].Len != req.Dst[i].Len {
 			return nil, fmt.Errorf("pipeline: submit: descriptor %d: source length %d != destination length %d", i, req.Src[i].Len, req.Dst[i].Len)
@@ -545,10 +670,25 @@ func (a *Agent) SubmitContext(ctx context.Context, req Request) (*Batch, error) 
 	if !ok {
 		return nil, fmt.Errorf("pipeline: submit to %q: %w (call LoadPeer first)", req.Peer, transfer.ErrUnknownPeer)
 	}
+	req.Tag = bytes.Clone(req.Tag) // the caller may reuse its slice
 	start := time.Now()
-	route, why, reason := a.route(req, pi)
+	want := req.Route
+	if want == RouteAuto {
+		want = a.cfg.Route
+	}
+	route, why, reason := a.route(req, pi, want)
+	if want == RouteBounce && route != RouteBounce && why != whyEmpty {
+		a.stats.bounceRefused.Add(1)
+		if why == whyMemoryKind { // no stage on this route can touch the memory
+			return nil, fmt.Errorf("pipeline: submit to %q: %w: %s: %w", req.Peer, ErrBounceUnavailable, reason, transfer.ErrUnsupported)
+		}
+		return nil, fmt.Errorf("pipeline: submit to %q: %w: %s", req.Peer, ErrBounceUnavailable, reason)
+	}
 	if err := a.checkKinds(route, req); err != nil {
 		return nil, fmt.Errorf("pipeline: submit to %q: %w", req.Peer, err)
+	}
+	if route == RouteDirect {
+		a.fellBack(pi, why, reason)
 	}
 	id := a.nextID.Add(1)
 	b := newBatch(id, route, reason, req.OnComplete)
@@ -556,15 +696,17 @@ func (a *Agent) SubmitContext(ctx context.Context, req Request) (*Batch, error) 
 	b.abandon = func(timeout time.Duration) transfer.AbandonOutcome { return a.abandon(b, timeout) }
 	switch route {
 	case RouteBounce:
+		planning := time.Now()
 		p, err := a.plan(req)
 		if err != nil {
 			return nil, err
 		}
+		b.plan = time.Since(planning)
 		b.obs.bytes = p.Payload
 		a.obs.submitted(ctx, b, req.Peer, len(req.Src), reason)
 		a.obs.planned(b, p)
 		a.stats.bounceSubmits.Add(1)
-		a.post(func(r *reactor) { r.submitBounce(b, pi, p) })
+		a.post(func(r *reactor) { r.submitBounce(b, pi, p, req.Tag) })
 	default:
 		for _, d := range req.Src {
 			b.obs.bytes += d.Len
@@ -593,6 +735,9 @@ func (a *Agent) Shutdown(ctx context.Context) error {
 		}
 		a.wg.Wait()
 		a.obs.close()
+		if a.guard != nil {
+			a.guard.close()
+		}
 		if a.arena != nil {
 			if a.r.arenaQuiet {
 				if derr := a.set.Engine.DeregisterMemory(a.arenaD); derr != nil && !errors.Is(derr, transfer.ErrClosed) {

@@ -16,8 +16,9 @@ type Route uint8
 const (
 	// RouteAuto lets the agent decide (bounce when eligible, else direct).
 	RouteAuto Route = iota
-	// RouteBounce asks for the bounce path; an ineligible transfer still
-	// falls back to direct, with the reason recorded on the batch.
+	// RouteBounce requires the bounce path: Submit refuses a transfer that
+	// cannot take it (ErrBounceUnavailable, with the reason). The
+	// descriptor gates do not apply.
 	RouteBounce
 	// RouteDirect forces the direct per-descriptor path.
 	RouteDirect
@@ -47,6 +48,10 @@ type Request struct {
 	// OnComplete, if set, runs once on its own goroutine after the batch is
 	// terminal. Release waits for it to return.
 	OnComplete func(*Batch)
+	// Tag is the caller's opaque tag for the request (at most wire.MaxTag =
+	// 256 bytes; Submit refuses a longer one). It travels to the receiver,
+	// whose completion event (Received) carries it.
+	Tag []byte
 }
 
 // Batch is a submitted transfer. Its methods are safe for concurrent use.
@@ -69,6 +74,30 @@ type Batch struct {
 	abandon func(time.Duration) transfer.AbandonOutcome // set by the agent
 
 	obs batchObs // telemetry (set in Submit, then used on the reactor)
+
+	plan   time.Duration // building the plan, at Submit
+	stages Stages        // set by the reactor before a successful batch resolves
+}
+
+// setStages records a successful request's stage times (reactor only,
+// before it resolves the batch).
+func (b *Batch) setStages(s Stages) {
+	b.mu.Lock()
+	b.stages = s
+	b.mu.Unlock()
+}
+
+// Stages returns where a successful request's time went (see Stages); it is
+// zero until the batch is Done, and for a failed batch.
+func (b *Batch) Stages() Stages {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.status != transfer.Done {
+		return Stages{}
+	}
+	s := b.stages
+	s.Plan = b.plan
+	return s
 }
 
 func newBatch(id uint64, route Route, reason string, onDone func(*Batch)) *Batch {

@@ -7,6 +7,7 @@ import (
 
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/bouncekv/bounce/pipeline/wire"
 	"github.com/bouncekv/bounce/transfer"
 )
 
@@ -20,6 +21,32 @@ type directReq struct {
 	posted   time.Time
 	timedOut bool
 	span     trace.Span // the post's span; nil unless traced
+	tag      []byte
+	bytes    uint64
+	told     bool // the DONE notice went out (or could not)
+}
+
+// tell sends the receiver the DONE notice of a direct request, once: after
+// the op was Done (every byte landed), or when the request failed. Without
+// a control path to the peer there is nobody to tell.
+func (d *directReq) tell(r *reactor, err error) {
+	if d.told {
+		return
+	}
+	d.told = true
+	if !d.pi.ctrl || d.pi.forgotten.Load() {
+		return
+	}
+	m := &wire.Done{Request: d.b.id, Endpoint: r.a.set.Control.LocalEndpoint(), Tag: d.tag}
+	if err != nil {
+		m.Reason = err.Error()
+		if len(m.Reason) > wire.MaxString {
+			m.Reason = m.Reason[:wire.MaxString]
+		}
+	} else {
+		m.Bytes = d.bytes
+	}
+	_ = r.send(d.peer, m)
 }
 
 func (r *reactor) submitDirect(b *Batch, pi *peerInfo, req Request) {
@@ -31,14 +58,17 @@ func (r *reactor) submitDirect(b *Batch, pi *peerInfo, req Request) {
 		r.publish(b, fmt.Errorf("pipeline: submit to %q: forgotten before the request started: %w", req.Peer, transfer.ErrPeerLost), true)
 		return
 	}
+	d := &directReq{b: b, peer: req.Peer, pi: pi, posted: r.clock.Now(), tag: req.Tag}
 	ops := make([]transfer.WriteOp, 0, len(req.Src))
 	for i := range req.Src {
 		if req.Src[i].Len == 0 {
 			continue
 		}
 		ops = append(ops, transfer.WriteOp{Src: req.Src[i], Dst: req.Dst[i]})
+		d.bytes += req.Src[i].Len
 	}
 	if len(ops) == 0 {
+		d.tell(r, nil)
 		r.publish(b, nil, true)
 		return
 	}
@@ -54,10 +84,12 @@ func (r *reactor) submitDirect(b *Batch, pi *peerInfo, req Request) {
 		// Nothing was posted, so nothing touches the caller's memory.
 		err = pi.lostErr(fmt.Errorf("pipeline: direct write to %q: %w", req.Peer, err))
 		r.a.obs.directEnded(span, err)
+		d.tell(r, err)
 		r.publish(b, err, true)
 		return
 	}
-	r.direct[b.id] = &directReq{b: b, peer: req.Peer, pi: pi, op: op, posted: r.clock.Now(), span: span}
+	d.op, d.span = op, span
+	r.direct[b.id] = d
 }
 
 func (r *reactor) pollDirect() bool {
@@ -81,6 +113,10 @@ func (r *reactor) pollDirect() bool {
 			err = d.pi.lostErr(fmt.Errorf("pipeline: direct write to %q: %w", d.peer, err))
 		}
 		r.a.obs.directEnded(d.span, err)
+		d.tell(r, err)
+		if err == nil {
+			d.b.setStages(Stages{Write: time.Since(d.posted)})
+		}
 		r.publish(d.b, err, quiet)
 	}
 	return progressed
@@ -89,6 +125,7 @@ func (r *reactor) pollDirect() bool {
 // fail publishes the batch failed but not quiescent: the op stays polled
 // and the batch becomes quiescent when the engine finally lets go.
 func (d *directReq) fail(r *reactor, err error) {
+	d.tell(r, err)
 	r.publish(d.b, err, false)
 }
 

@@ -23,8 +23,8 @@ func TestHandshakeMatrix(t *testing.T) {
 	}{
 		{"same", func(*wire.AgentDesc) {}, true, ""},
 		{"other-version", func(d *wire.AgentDesc) { d.Handshake.Version++ }, false, "wire version"},
-		{"other-control-kind", func(d *wire.AgentDesc) { d.Handshake.ControlKind = "zmq" }, false, "control kind"},
-		{"other-max-chunk", func(d *wire.AgentDesc) { d.Handshake.MaxChunk /= 2 }, false, "max chunk"},
+		{"other-control-kind", func(d *wire.AgentDesc) { d.Handshake.ControlKind = "zmq" }, false, "control plane \"inproc\" here vs \"zmq\" on b"},
+		{"other-max-chunk", func(d *wire.AgentDesc) { d.Handshake.MaxChunk /= 2 }, false, "max chunk 1 MiB here vs 512 KiB on b"},
 		{"no-handshake", func(d *wire.AgentDesc) { d.Handshake = nil }, false, "no bounce handshake"},
 		{"malformed-handshake", func(d *wire.AgentDesc) { d.Handshake.Endpoint = "" }, false, "malformed handshake"},
 		{"bad-endpoint", func(d *wire.AgentDesc) { d.Handshake.Endpoint = "inproc://nobody" }, false, "endpoint unusable"},

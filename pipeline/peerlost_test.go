@@ -19,11 +19,6 @@ type stallWriter struct {
 	stall atomic.Bool
 }
 
-type pendingOp struct{}
-
-func (pendingOp) Poll() (transfer.Status, error) { return transfer.Pending, nil }
-func (pendingOp) Release() error                 { return nil }
-
 func (s *stallWriter) Write(peer string, src, dst transfer.Desc) (transfer.Op, error) {
 	if s.stall.Load() {
 		return pendingOp{}, nil

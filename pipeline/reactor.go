@@ -10,6 +10,7 @@ import (
 
 	"github.com/bouncekv/bounce/pipeline/credit"
 	"github.com/bouncekv/bounce/pipeline/wire"
+	"github.com/bouncekv/bounce/security"
 	"github.com/bouncekv/bounce/transfer"
 )
 
@@ -35,6 +36,7 @@ type reactor struct {
 
 	// receiver role
 	flowSeen map[credit.FlowKey]time.Time // last WANT, DATA or grant of each flow
+	rflows   map[credit.FlowKey]*recvFlow // live requests awaiting their Received event
 	// quarantined lists quarantined regions in release order (every
 	// quarantine lasts cfg.Quarantine, so the order is by time too).
 	quarantined []quarantined
@@ -42,7 +44,10 @@ type reactor struct {
 	// write that ended without proof), released after cfg.Quarantine.
 	staleLocal []quarantined
 	lastSweep  time.Time
-	ctrlPeers  map[string]string // control peers added from WANT endpoints
+	ctrlPeers  map[string]*ctrlPeer // control peers added from WANT endpoints
+	wantRate   map[string]*security.Bucket
+	peerFlows  map[string]int // open flows per peer (flowSeen keys)
+	lastPurge  map[string]time.Time
 	jobs       chan *scatterTask
 	tasks      map[uint64]*scatterTask // queued or running scatters by region offset
 	resMu      sync.Mutex
@@ -50,7 +55,7 @@ type reactor struct {
 	scatters   int                           // scatter tasks handed to workers and not yet reported
 	rtraces    map[credit.FlowKey]*recvTrace // receiver spans of traced flows
 
-	inbox chan transfer.Message
+	inbox *fairInbox
 	quit  chan struct{}
 
 	shuttingDown bool
@@ -80,10 +85,14 @@ func newReactor(a *Agent, sched *credit.Scheduler) *reactor {
 		parked:    make(map[uint64]*sendReq),
 		direct:    make(map[uint64]*directReq),
 		flowSeen:  make(map[credit.FlowKey]time.Time),
-		ctrlPeers: make(map[string]string),
+		rflows:    make(map[credit.FlowKey]*recvFlow),
+		ctrlPeers: make(map[string]*ctrlPeer),
 		tasks:     make(map[uint64]*scatterTask),
 		rtraces:   make(map[credit.FlowKey]*recvTrace),
-		inbox:     make(chan transfer.Message, 4096),
+		wantRate:  make(map[string]*security.Bucket),
+		peerFlows: make(map[string]int),
+		lastPurge: make(map[string]time.Time),
+		inbox:     newFairInbox(),
 		quit:      make(chan struct{}),
 	}
 	if sched != nil {
@@ -93,9 +102,11 @@ func newReactor(a *Agent, sched *credit.Scheduler) *reactor {
 	return r
 }
 
-// startHelpers starts the control receive pump and the scatter workers.
+// startHelpers starts the control receive pump (whenever there is a control
+// channel: a direct-only agent still hears DONE notices) and, with bounce
+// up, the scatter workers.
 func (r *reactor) startHelpers(wg *sync.WaitGroup) {
-	if r.sched == nil {
+	if r.a.set.Control == nil {
 		return
 	}
 	wg.Add(1)
@@ -103,6 +114,9 @@ func (r *reactor) startHelpers(wg *sync.WaitGroup) {
 		defer wg.Done()
 		r.pump()
 	}()
+	if r.sched == nil {
+		return
+	}
 	for i := 0; i < r.cfg.ScatterWorkers; i++ {
 		w := &scatterWorker{scatterer: r.a.set.Scatterer, tasks: r.jobs, quit: r.quit, report: r.reportScatter}
 		wg.Add(1)
@@ -146,10 +160,18 @@ func (r *reactor) pump() {
 			}
 			continue
 		}
-		select {
-		case r.inbox <- m:
-		case <-r.quit:
-			return
+		// Unadmitted senders are dropped here, before they take queue
+		// space (see onMessage).
+		if !r.a.set.Peers.Admitted(m.Peer) {
+			r.dropUnadmitted(m.Peer)
+			continue
+		}
+		for !r.inbox.push(m) {
+			select {
+			case <-r.inbox.space:
+			case <-r.quit:
+				return
+			}
 		}
 	}
 }
@@ -200,8 +222,7 @@ func (r *reactor) run() {
 		select {
 		case <-r.a.kickCh:
 		case <-wake:
-		case m := <-r.inbox:
-			r.onMessage(m)
+		case <-r.inbox.ready:
 		case <-timer.C:
 		}
 		if !timer.Stop() {
@@ -227,14 +248,12 @@ func (r *reactor) tick() bool {
 	}
 	clear(r.cmdBuf)
 	for i := 0; i < 256; i++ {
-		select {
-		case m := <-r.inbox:
-			r.onMessage(m)
-			progressed = true
-			continue
-		default:
+		m, ok := r.inbox.pop()
+		if !ok {
+			break
 		}
-		break
+		r.onMessage(m)
+		progressed = true
 	}
 	if r.drainScatterResults() {
 		progressed = true
@@ -272,7 +291,16 @@ func (r *reactor) tick() bool {
 
 // onMessage decodes and dispatches one control message. Anything malformed
 // is dropped with a logged reason and a counter; nothing here panics.
+//
+// A message whose sender is not an admitted peer is dropped before it is
+// decoded: the control channel names the sender from its authenticated key
+// (zmq CURVE, the engine's handshake for nixlnotif), and only peers the
+// trust policy admits get further.
 func (r *reactor) onMessage(m transfer.Message) {
+	if !r.a.set.Peers.Admitted(m.Peer) {
+		r.dropUnadmitted(m.Peer)
+		return
+	}
 	msg, err := wire.Unmarshal(m.Payload)
 	if err != nil {
 		r.a.stats.badMessages.Add(1)
@@ -280,7 +308,19 @@ func (r *reactor) onMessage(m transfer.Message) {
 		r.log.Warn("dropped malformed control message", "peer", m.Peer, "err", err)
 		return
 	}
+	if r.sched == nil {
+		switch msg.(type) {
+		case *wire.Want, *wire.Data:
+			// Bounce is off here; the peer's handshake check keeps it
+			// from sending these, so this one is unexpected.
+			r.a.stats.badMessages.Add(1)
+			r.log.Warn("bounce message dropped: bounce is off on this agent", "peer", m.Peer, "type", msg.Type())
+			return
+		}
+	}
 	switch msg := msg.(type) {
+	case *wire.Done:
+		r.onDone(m.Peer, msg)
 	case *wire.Want:
 		r.onWant(m.Peer, msg)
 	case *wire.Grant:
@@ -294,6 +334,15 @@ func (r *reactor) onMessage(m transfer.Message) {
 	default:
 		r.a.stats.badMessages.Add(1)
 		r.a.obs.reject(r, m.Peer, rejectUnexpected)
+	}
+}
+
+// dropUnadmitted counts (and now and then logs) a message from a sender
+// that is not an admitted peer.
+func (r *reactor) dropUnadmitted(peer string) {
+	n := r.a.stats.unadmitted.Add(1)
+	if n&(n-1) == 0 {
+		r.log.Warn("dropped control message from a peer that is not admitted", "peer", peer, "unadmitted_total", n)
 	}
 }
 
@@ -321,6 +370,12 @@ func (r *reactor) send(peer string, m wire.Message) error {
 func (r *reactor) forgetPeer(peer string, fenced bool) {
 	r.a.obs.peerFlowsEnded(r, peer, "reclaimed")
 	delete(r.ctrlPeers, peer)
+	r.failFlows(func(k credit.FlowKey) bool { return k.Peer == peer }, fmt.Errorf("peer forgotten: %w", transfer.ErrPeerLost))
+	delete(r.wantRate, peer)
+	delete(r.lastPurge, peer)
+	if r.a.guard != nil {
+		r.a.guard.revokeMatching(func(k credit.FlowKey) bool { return k.Peer == peer })
+	}
 	if r.sched != nil {
 		if fenced {
 			r.sched.ReclaimPeer(peer)
@@ -354,17 +409,19 @@ func (r *reactor) peerGone(peer string) {
 			r.fail(q, fmt.Errorf("pipeline: request %d: the engine lost every connection to %q: %w", q.id, peer, transfer.ErrPeerLost))
 		}
 	}
+	r.a.obs.peerFlowsEnded(r, peer, "lost")
+	r.failFlows(func(k credit.FlowKey) bool { return k.Peer == peer },
+		fmt.Errorf("flow reclaimed: the engine lost every connection of its sender: %w", transfer.ErrPeerLost))
+	if r.a.guard != nil {
+		r.a.guard.revokeMatching(func(k credit.FlowKey) bool { return k.Peer == peer })
+	}
 	if r.sched != nil {
 		if offs := r.sched.QuarantinePeer(peer); len(offs) > 0 || r.hasFlows(peer) {
 			r.log.Warn("flows reclaimed: the engine lost every connection of their sender", "peer", peer, "regions", len(offs))
 			r.quarantine(offs)
 		}
 		r.cancelScatters(func(k credit.FlowKey) bool { return k.Peer == peer })
-		for k := range r.flowSeen {
-			if k.Peer == peer && !r.sched.Active(k) {
-				delete(r.flowSeen, k)
-			}
-		}
+		r.purgeEndedFlows(peer)
 		r.schedule()
 	}
 	r.dropControlPeer(peer)
@@ -382,12 +439,12 @@ func (r *reactor) hasFlows(peer string) bool {
 }
 
 // dropControlPeer closes the control path to peer that a WANT opened,
-// unless the peer was loaded (LoadPeer owns that path then).
+// unless the peer's descriptor was loaded (LoadPeer owns that path then).
 func (r *reactor) dropControlPeer(peer string) {
 	if _, ok := r.ctrlPeers[peer]; !ok {
 		return
 	}
-	if _, _, loaded := r.a.PeerRoute(peer); loaded {
+	if _, loaded := r.descEndpoint(peer); loaded {
 		return
 	}
 	delete(r.ctrlPeers, peer)
@@ -411,6 +468,7 @@ func (r *reactor) beginShutdown() {
 	}
 	r.shuttingDown = true
 	r.shutdownAt = r.clock.Now()
+	r.failFlows(func(credit.FlowKey) bool { return true }, fmt.Errorf("receiver shutting down: %w", transfer.ErrClosed))
 	for _, q := range r.reqs {
 		r.fail(q, transfer.ErrClosed)
 	}

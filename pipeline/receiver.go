@@ -8,6 +8,7 @@ import (
 	"github.com/bouncekv/bounce/pipeline/credit"
 	"github.com/bouncekv/bounce/pipeline/plan"
 	"github.com/bouncekv/bounce/pipeline/wire"
+	"github.com/bouncekv/bounce/security"
 	"github.com/bouncekv/bounce/transfer"
 )
 
@@ -15,13 +16,45 @@ import (
 // The WANT carries the sender's control endpoint so the receiver can open
 // the reverse path; a cancel is honoured even when that endpoint is bad, so
 // it can still reclaim what an earlier valid WANT left behind.
+//
+// Per-peer limits apply first: WANTs over the peer's rate are dropped, and a
+// WANT that would open more than MaxFlowsPerPeer flows is refused. When the
+// peer's descriptor was loaded, the reverse path uses the endpoint it names
+// and the WANT's is ignored (a differing one is counted): the receiver never
+// dials an address only because a message named it. A peer admitted by
+// allowed_peers alone is reached at its WANT endpoint, but only over a
+// channel that authenticates the peer's key there (zmq CURVE pins it).
 func (r *reactor) onWant(peer string, w *wire.Want) {
 	key := credit.FlowKey{Peer: peer, Request: w.Request}
-	epErr := r.addControlPeer(peer, w.Endpoint)
+	now := r.clock.Now()
+	b := r.wantRate[peer]
+	if b == nil {
+		b = &security.Bucket{Rate: r.cfg.WantRate, Burst: float64(r.cfg.WantBurst)}
+		r.wantRate[peer] = b
+	}
+	if !b.Allow(now) {
+		n := r.a.stats.rateLimited.Add(1)
+		if n&(n-1) == 0 {
+			r.log.Warn("WANT dropped: peer over its WANT rate", "peer", peer, "rate", r.cfg.WantRate, "rate_limited_total", n)
+		}
+		return
+	}
+	endpoint := w.Endpoint
+	if ep, ok := r.descEndpoint(peer); ok {
+		// The loaded descriptor is authoritative; the WANT's endpoint is
+		// not dialed. (nixlnotif endpoints are engine metadata and change
+		// as memory is registered, so a difference alone is no attack.)
+		if endpoint != "" && endpoint != ep {
+			r.a.stats.foreignEndpoints.Add(1)
+		}
+		endpoint = ep
+	}
+	epErr := r.addControlPeer(peer, endpoint, now)
 	if w.IsCancel() {
+		r.flowFailed(key, ErrSenderCancelled)
 		r.a.obs.flowEnded(r, key, "cancelled")
 		r.cancelFlow(key)
-		delete(r.flowSeen, key)
+		r.endFlow(key)
 		r.schedule()
 		return
 	}
@@ -33,15 +66,31 @@ func (r *reactor) onWant(peer string, w *wire.Want) {
 	}
 	if r.shuttingDown {
 		r.nack(peer, w.Request, 0, wire.NackShutdown, "receiver is shutting down")
+		r.refused(key, w, "receiver is shutting down")
 		return
 	}
 	for i, n := range w.ChunkBytes {
 		if n == 0 || n > r.cfg.MaxChunk {
 			r.a.stats.rejectedWants.Add(1)
 			r.a.obs.reject(r, peer, rejectBadWant)
-			r.nack(peer, w.Request, uint32(i), wire.NackChunkTooLarge, fmt.Sprintf("chunk %d has %d bytes; accepted 1..%d", i, n, r.cfg.MaxChunk))
+			why := fmt.Sprintf("chunk %d has %d bytes; accepted 1..%d", i, n, r.cfg.MaxChunk)
+			r.nack(peer, w.Request, uint32(i), wire.NackChunkTooLarge, why)
+			r.refused(key, w, why)
 			return
 		}
+	}
+	_, known := r.flowSeen[key]
+	if !known && r.peerFlows[peer] >= r.cfg.MaxFlowsPerPeer && now.Sub(r.lastPurge[peer]) > time.Millisecond {
+		// Flows that ended are swept lazily, at most once a millisecond
+		// per peer, so a peer hammering its limit costs no table walks.
+		r.lastPurge[peer] = now
+		r.purgeEndedFlows(peer)
+	}
+	if !known && r.peerFlows[peer] >= r.cfg.MaxFlowsPerPeer {
+		r.a.stats.flowLimited.Add(1)
+		r.a.stats.rejectedWants.Add(1)
+		r.nack(peer, w.Request, wire.WholeRequest, wire.NackMalformed, fmt.Sprintf("peer has %d open flows, the limit", r.cfg.MaxFlowsPerPeer))
+		return
 	}
 	switch err := r.sched.Want(key, w.ChunkBytes); {
 	case errors.Is(err, credit.ErrDuplicateWant):
@@ -60,11 +109,48 @@ func (r *reactor) onWant(peer string, w *wire.Want) {
 		r.a.stats.rejectedWants.Add(1)
 		r.a.obs.reject(r, peer, rejectBadWant)
 		r.nack(peer, w.Request, wire.WholeRequest, wire.NackMalformed, err.Error())
+		r.refused(key, w, err.Error())
 		return
 	}
-	r.flowSeen[key] = r.clock.Now()
+	r.flowStarted(key, w)
+	if !known {
+		r.peerFlows[peer]++
+	}
+	r.flowSeen[key] = now
 	r.a.obs.wantReceived(r, key, w)
 	r.schedule()
+}
+
+// endFlow forgets a flow's bookkeeping (its last-seen time and its place in
+// the peer's flow count).
+func (r *reactor) endFlow(key credit.FlowKey) {
+	if _, ok := r.flowSeen[key]; !ok {
+		return
+	}
+	delete(r.flowSeen, key)
+	if r.peerFlows[key.Peer]--; r.peerFlows[key.Peer] <= 0 {
+		delete(r.peerFlows, key.Peer)
+	}
+}
+
+// purgeEndedFlows forgets the bookkeeping of peer's flows that ended.
+func (r *reactor) purgeEndedFlows(peer string) {
+	for key := range r.flowSeen {
+		if key.Peer == peer && !r.sched.Active(key) {
+			r.endFlow(key)
+		}
+	}
+}
+
+// descEndpoint returns the control endpoint of peer's loaded descriptor.
+func (r *reactor) descEndpoint(peer string) (string, bool) {
+	r.a.peersMu.RLock()
+	defer r.a.peersMu.RUnlock()
+	pi, ok := r.a.peers[peer]
+	if !ok || pi.endpoint == "" {
+		return "", false
+	}
+	return pi.endpoint, true
 }
 
 // expireFlows reclaims the flows whose sender has been silent for longer
@@ -82,13 +168,17 @@ func (r *reactor) expireFlows(now time.Time) {
 	for key, seen := range r.flowSeen {
 		switch {
 		case !r.sched.Active(key):
-			delete(r.flowSeen, key)
+			r.endFlow(key)
 			r.a.obs.flowEnded(r, key, "")
 		case now.Sub(seen) > r.cfg.FlowExpiry && r.sched.IdleRegions(key) > 0:
-			delete(r.flowSeen, key)
+			r.endFlow(key)
+			r.flowFailed(key, fmt.Errorf("flow reclaimed: its sender was silent for %v: %w", now.Sub(seen).Round(time.Millisecond), transfer.ErrTimeout))
 			r.a.obs.flowEnded(r, key, "expired")
 			// The sender may only be slow: a write it still lands must not
 			// reach a region granted to another flow meanwhile.
+			if r.a.guard != nil {
+				r.a.guard.revokeMatching(func(k credit.FlowKey) bool { return k == key })
+			}
 			r.quarantine(r.sched.Quarantine(key))
 			r.cancelScatters(func(k credit.FlowKey) bool { return k == key })
 			r.a.stats.expiredFlows.Add(1)
@@ -153,21 +243,58 @@ func (r *reactor) publishQuarantine() {
 	r.a.stats.quarantinedBytes.Store(st.QuarantinedBytes)
 }
 
-func (r *reactor) addControlPeer(peer, endpoint string) error {
-	if endpoint == "" {
-		if _, ok := r.ctrlPeers[peer]; ok {
-			return nil
+// ctrlPeer is a reverse control path the receiver opened.
+type ctrlPeer struct {
+	endpoint string
+	used     time.Time
+}
+
+// addControlPeer opens (or keeps) the reverse control path to peer. The
+// table holds at most MaxControlPeers entries: to make room the least
+// recently used one without open flows is closed; when every entry has
+// open flows the WANT is refused.
+func (r *reactor) addControlPeer(peer, endpoint string, now time.Time) error {
+	cp := r.ctrlPeers[peer]
+	if endpoint == "" || cp != nil && cp.endpoint == endpoint {
+		if cp == nil {
+			return fmt.Errorf("no endpoint for unknown peer %q: %w", peer, transfer.ErrBadEndpoint)
 		}
-		return fmt.Errorf("no endpoint for unknown peer %q: %w", peer, transfer.ErrBadEndpoint)
-	}
-	if r.ctrlPeers[peer] == endpoint {
+		cp.used = now
 		return nil
+	}
+	if cp == nil && len(r.ctrlPeers) >= r.cfg.MaxControlPeers && !r.evictControlPeer() {
+		return fmt.Errorf("control peer table full (%d peers with open flows): %w", r.cfg.MaxControlPeers, transfer.ErrQueueFull)
 	}
 	if err := r.a.set.Control.AddPeer(peer, endpoint); err != nil {
 		return err
 	}
-	r.ctrlPeers[peer] = endpoint
+	r.ctrlPeers[peer] = &ctrlPeer{endpoint: endpoint, used: now}
 	return nil
+}
+
+// evictControlPeer closes the least recently used reverse path of a peer
+// with no open flow and no loaded descriptor; false when there is none.
+func (r *reactor) evictControlPeer() bool {
+	victim, oldest := "", time.Time{}
+	for name, cp := range r.ctrlPeers {
+		if r.peerFlows[name] > 0 {
+			continue
+		}
+		if _, loaded := r.descEndpoint(name); loaded {
+			continue
+		}
+		if victim == "" || cp.used.Before(oldest) {
+			victim, oldest = name, cp.used
+		}
+	}
+	if victim == "" {
+		return false
+	}
+	delete(r.ctrlPeers, victim)
+	if err := r.a.set.Control.RemovePeer(victim); err != nil && !errors.Is(err, transfer.ErrUnknownPeer) {
+		r.log.Warn("evict idle control peer", "peer", victim, "err", err)
+	}
+	return true
 }
 
 func (r *reactor) nack(peer string, req uint64, chunk uint32, code wire.NackCode, reason string) {
@@ -206,7 +333,12 @@ func (r *reactor) schedule() {
 			order = append(order, o)
 			// The sender's silence counts from its latest grant: it cannot
 			// answer a credit before it has it.
-			r.flowSeen[g.Flow] = now
+			if _, seen := r.flowSeen[g.Flow]; seen {
+				r.flowSeen[g.Flow] = now
+			}
+		}
+		if wg := r.a.guard; wg != nil {
+			wg.grant(g.Flow, g.Offset, g.Len)
 		}
 		o.credits = append(o.credits, wire.Credit{
 			Chunk: uint32(g.Chunk), Region: g.Offset, Addr: r.a.arenaD.Addr + g.Offset, Len: g.Len, Device: r.a.arenaD.Device,
@@ -235,14 +367,21 @@ func (r *reactor) onData(peer string, d *wire.Data) {
 		r.a.stats.badRuns.Add(1)
 		r.a.obs.reject(r, peer, rejectBadRuns)
 		r.log.WarnContext(spanContext(r.a.obs.extract(d.TraceParent)), "DATA rejected: scatter runs outside the grant", "peer", peer, "request", d.Request, "err", err)
+		r.revoke(d.Region)
 		if err := r.sched.Drop(key, d.Region); err != nil {
 			r.log.Error("drop rejected region", "err", err)
 		}
+		r.flowFailed(key, fmt.Errorf("chunk %d: %w: scatter runs outside the grant: %w", d.Chunk, ErrRefused, err))
 		r.nack(peer, d.Request, d.Chunk, wire.NackBadRuns, err.Error())
 		r.schedule()
 		return
 	}
-	r.flowSeen[key] = r.clock.Now()
+	if _, ok := r.flowSeen[key]; ok {
+		r.flowSeen[key] = r.clock.Now()
+	}
+	// The sender wrote the region (DATA follows the landed write): no more
+	// writes into it.
+	r.revoke(d.Region)
 	if err := r.sched.BeginScatter(key, d.Region); err != nil {
 		r.a.stats.lateData.Add(1)
 		r.a.obs.reject(r, peer, rejectLateData)
@@ -260,8 +399,18 @@ func (r *reactor) onData(peer string, d *wire.Data) {
 // scatters are cancelled so that none starts any more. A scatter already
 // running finishes (its region is freed then, without an ACK).
 func (r *reactor) cancelFlow(key credit.FlowKey) {
+	if r.a.guard != nil {
+		r.a.guard.revokeMatching(func(k credit.FlowKey) bool { return k == key })
+	}
 	r.sched.Cancel(key)
 	r.cancelScatters(func(k credit.FlowKey) bool { return k == key })
+}
+
+// revoke ends the writability of the region at off (write guard).
+func (r *reactor) revoke(off uint64) {
+	if r.a.guard != nil {
+		r.a.guard.revoke(off)
+	}
 }
 
 // cancelScatters cancels every queued scatter task of the flows match
@@ -294,10 +443,12 @@ func (r *reactor) drainScatterResults() bool {
 			// No ACK: the sender must never believe these bytes landed.
 			r.a.stats.scatterFailures.Add(1)
 			r.log.WarnContext(spanContext(t.parent), "scatter failed; no ACK sent", "peer", t.key.Peer, "request", t.key.Request, "chunk", t.chunk, "err", t.err)
+			r.flowFailed(t.key, fmt.Errorf("chunk %d: scatter failed: %w", t.chunk, t.err))
 		case orphan:
 			// The flow was reclaimed while scattering: nobody to ACK.
 		default:
 			_ = r.send(t.key.Peer, &wire.Ack{Request: t.key.Request, Chunk: t.chunk, Region: t.off})
+			r.chunkLanded(t.key, t.runs)
 		}
 	}
 	if len(res) > 0 {

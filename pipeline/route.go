@@ -1,27 +1,36 @@
 package pipeline
 
 import (
+	"errors"
 	"fmt"
+	"math"
+	"strconv"
 
 	"github.com/bouncekv/bounce/pipeline/plan"
 	"github.com/bouncekv/bounce/transfer"
 )
 
-// route decides bounce or direct and says why: a low-cardinality reason
-// (for metrics and span attributes) and the text for logs and summaries.
-func (a *Agent) route(req Request, pi *peerInfo) (Route, string, string) {
-	if req.Route == RouteDirect {
+// ErrBounceUnavailable is Submit's refusal of a request that requires the
+// bounce route (RouteBounce, or Config.Route bounce) but cannot take it; the
+// error names the reason.
+var ErrBounceUnavailable = errors.New("bounce route unavailable")
+
+// route decides bounce or direct for a request that asked for want and says
+// why: a low-cardinality reason (for metrics, span attributes and the
+// once-per-peer fallback warning) and the text for logs and summaries.
+func (a *Agent) route(req Request, pi *peerInfo, want Route) (Route, string, string) {
+	if want == RouteDirect {
 		return RouteDirect, whyDirectRequested, "direct route requested"
+	}
+	n := len(req.Src)
+	if n == 0 {
+		return RouteDirect, whyEmpty, "empty transfer"
 	}
 	if !a.bounceOn {
 		return RouteDirect, whyLocalOff, "bounce off locally: " + a.noBounce
 	}
 	if !pi.bounce {
-		return RouteDirect, whyPeerNotCapable, "peer not bounce-capable: " + pi.reason
-	}
-	n := len(req.Src)
-	if n == 0 {
-		return RouteDirect, whyEmpty, "empty transfer"
+		return RouteDirect, whyPeerNotCapable, "peer " + strconv.Quote(pi.name) + " not bounce-capable: " + pi.reason
 	}
 	if !uniform(req.Src) || !uniform(req.Dst) {
 		return RouteDirect, whyMixedDevices, "descriptors span several devices on one side"
@@ -29,18 +38,18 @@ func (a *Agent) route(req Request, pi *peerInfo) (Route, string, string) {
 	if k := req.Src[0].Kind; !transfer.Handles(a.set.Gatherer, k) {
 		return RouteDirect, whyMemoryKind, fmt.Sprintf("the gather stage cannot read %s memory", k)
 	}
-	if req.Route == RouteBounce {
+	if want == RouteBounce {
 		return RouteBounce, whyBounceRequested, "bounce route requested"
 	}
 	if n < a.cfg.MinDescriptors {
-		return RouteDirect, whyFewDescriptors, fmt.Sprintf("%d descriptors < min_descriptors %d", n, a.cfg.MinDescriptors)
+		return RouteDirect, whyFewDescriptors, fmt.Sprintf("%d descriptors < bounce.min_descriptors %d", n, a.cfg.MinDescriptors)
 	}
 	var total uint64
 	for _, d := range req.Src {
 		total += d.Len
 	}
 	if avg := total / uint64(n); avg > a.cfg.MaxAvgDescriptor {
-		return RouteDirect, whyLargeDescriptors, fmt.Sprintf("average descriptor %d B > max_avg_descriptor %d B", avg, a.cfg.MaxAvgDescriptor)
+		return RouteDirect, whyLargeDescriptors, fmt.Sprintf("average descriptor %s > bounce.max_avg_descriptor %s", sizeString(avg), sizeString(a.cfg.MaxAvgDescriptor))
 	}
 	return RouteBounce, whyEligible, "eligible"
 }
@@ -58,6 +67,44 @@ func (a *Agent) checkKinds(route Route, req Request) error {
 		return err
 	}
 	return transfer.CheckKinds(a.set.Engine, "the engine", req.Dst)
+}
+
+// fellBack counts a request that could have bounced but goes direct and
+// warns about it once per peer and reason (why; a peer loaded again is
+// warned about again). A direct route asked for, or nothing to move, is no
+// fallback.
+func (a *Agent) fellBack(pi *peerInfo, why, reason string) {
+	if why == whyEmpty || why == whyDirectRequested {
+		return
+	}
+	a.stats.fallbacks.Add(1)
+	pi.warnMu.Lock()
+	first := !pi.warned[why]
+	if first {
+		if pi.warned == nil {
+			pi.warned = make(map[string]bool)
+		}
+		pi.warned[why] = true
+	}
+	pi.warnMu.Unlock()
+	if first {
+		a.log.Warn("transfers to this peer take the direct path, not bounce (warned once per peer and reason; counted in Stats.Fallbacks)", "peer", pi.name, "reason", reason)
+	}
+}
+
+// sizeString renders a byte count in binary units ("16 MiB", "1.5 KiB",
+// "512 B") for reasons people read.
+func sizeString(n uint64) string {
+	const units = "KMGTPE"
+	if n < 1024 {
+		return strconv.FormatUint(n, 10) + " B"
+	}
+	v, u := float64(n)/1024, 0
+	for v >= 1024 && u < len(units)-1 {
+		v /= 1024
+		u++
+	}
+	return strconv.FormatFloat(math.Round(v*100)/100, 'f', -1, 64) + " " + string(units[u]) + "iB"
 }
 
 func uniform(ds []transfer.Desc) bool {

@@ -32,6 +32,7 @@ type sendChunk struct {
 
 	started time.Time   // gather start, for the chunk latency metric
 	tr      *chunkTrace // nil unless the request is traced
+	phase   time.Time   // start of the current gather, write or ACK wait (Stages)
 }
 
 type sendReq struct {
@@ -54,6 +55,9 @@ type sendReq struct {
 	noCancel     bool // the peer is gone: no cancel to send
 	tainted      bool // an op ended without proof of quiescence
 	published    bool
+	wantAt       time.Time // when the WANT went out
+	granted      bool      // the first GRANT arrived
+	stages       Stages
 }
 
 type chunkRef struct {
@@ -61,7 +65,7 @@ type chunkRef struct {
 	k int
 }
 
-func (r *reactor) submitBounce(b *Batch, pi *peerInfo, p *plan.Plan) {
+func (r *reactor) submitBounce(b *Batch, pi *peerInfo, p *plan.Plan, tag []byte) {
 	if r.shuttingDown {
 		r.publish(b, fmt.Errorf("pipeline: submit: %w", transfer.ErrClosed), true)
 		return
@@ -81,8 +85,9 @@ func (r *reactor) submitBounce(b *Batch, pi *peerInfo, p *plan.Plan) {
 		sizes[i] = c.Bytes
 	}
 	r.reqs[q.id] = q
-	want := &wire.Want{Request: q.id, ChunkBytes: sizes, Endpoint: r.a.set.Control.LocalEndpoint()}
+	want := &wire.Want{Request: q.id, ChunkBytes: sizes, Endpoint: r.a.set.Control.LocalEndpoint(), Tag: tag}
 	r.a.obs.inject(b.obs.ctx, &want.TraceParent)
+	q.wantAt = time.Now()
 	if err := r.send(peer, want); err != nil {
 		q.noCancel = true // the flow never reached the peer
 		r.fail(q, fmt.Errorf("pipeline: send WANT to %q: %w", peer, err))
@@ -124,6 +129,7 @@ func (r *reactor) advance(q *sendReq) {
 		}
 		c.st, c.staged, c.off, c.eager, c.op = cGathering, true, off, eager, op
 		c.started = time.Now()
+		c.phase = c.started
 		r.a.obs.chunkStarted(q, k, c.started)
 		q.gathers++
 		q.live++
@@ -185,6 +191,10 @@ func (r *reactor) onGrant(peer string, g *wire.Grant) {
 		c.credit = &cr
 		r.a.obs.granted(q, k, c.credit)
 		q.lastProgress = r.clock.Now()
+		if !q.granted {
+			q.granted = true
+			q.stages.GrantWait = q.lastProgress.Sub(q.wantAt)
+		}
 		if c.staged && c.eager {
 			if err := r.sched.PromoteLocal(c.off); err != nil {
 				r.log.Error("promote staging region", "err", err)
@@ -234,6 +244,7 @@ func (r *reactor) gatherDone(q *sendReq, k int, st transfer.Status, err error) {
 	c := &q.ch[k]
 	q.gathers--
 	r.retryParked = true // a copy context is free again
+	q.stages.Gather += time.Since(c.phase)
 	r.a.obs.gatherEnded(q, k, err)
 	if st == transfer.Failed {
 		if errors.Is(err, transfer.ErrDeviceFault) {
@@ -278,7 +289,7 @@ func (r *reactor) postWrite(q *sendReq, k int) {
 		r.fail(q, fmt.Errorf("pipeline: write chunk %d to %q: %w", k, q.peer, err))
 		return
 	}
-	c.st, c.op = cWriting, op
+	c.st, c.op, c.phase = cWriting, op, time.Now()
 	q.writes++
 	r.writing = append(r.writing, chunkRef{q, k})
 }
@@ -294,6 +305,7 @@ func (r *reactor) pollWrites() bool {
 func (r *reactor) writeDone(q *sendReq, k int, st transfer.Status, err error) {
 	c := &q.ch[k]
 	q.writes--
+	q.stages.Write += time.Since(c.phase)
 	r.a.obs.writeEnded(q, k, err)
 	if st == transfer.Failed && errors.Is(err, transfer.ErrNotQuiescent) {
 		// The engine may still read the staging region: never reuse it.
@@ -327,7 +339,10 @@ func (r *reactor) writeDone(q *sendReq, k int, st transfer.Status, err error) {
 	ch := q.plan.Chunks[k]
 	data := &wire.Data{Request: q.id, Chunk: uint32(k), Region: c.credit.Region, Runs: ch.Scatter}
 	r.a.obs.dataSending(q, k, data)
+	sending := time.Now()
 	err = r.send(q.peer, data)
+	c.phase = time.Now()
+	q.stages.Data += c.phase.Sub(sending)
 	r.a.obs.dataSent(q, k, data, err)
 	if err != nil {
 		r.fail(q, fmt.Errorf("pipeline: send DATA for chunk %d: %w", k, err))
@@ -352,6 +367,7 @@ func (r *reactor) onAck(peer string, m *wire.Ack) {
 		return
 	}
 	q.ch[k].st = cAcked
+	q.stages.AckWait += time.Since(q.ch[k].phase)
 	r.a.obs.acked(q, k)
 	q.acked++
 	q.live--
@@ -360,6 +376,7 @@ func (r *reactor) onAck(peer string, m *wire.Ack) {
 		delete(r.reqs, q.id)
 		delete(r.parked, q.id)
 		q.published = true
+		q.b.setStages(q.stages)
 		r.publish(q.b, nil, true)
 		return
 	}

@@ -27,7 +27,7 @@ import (
 //	go test ./pipeline -run TestSim -sim.seeds=100000     # more seeds (make sim)
 //	go test ./pipeline -run TestSim -sim.seed=1234 -v     # replay one, with its transcript
 var (
-	simSeeds = flag.Int("sim.seeds", 0, "number of simulation seeds TestSim runs (0: 3000, or 600 under the race detector)")
+	simSeeds = flag.Int("sim.seeds", 0, "number of simulation seeds TestSim runs (0: 3000, or 250 under the race detector)")
 	simSeed  = flag.Int64("sim.seed", -1, "run only this simulation seed and print its transcript")
 	simFirst = flag.Int64("sim.first", 1, "first seed TestSim runs")
 )
@@ -924,7 +924,7 @@ func TestSim(t *testing.T) {
 	if n == 0 {
 		n = 3000
 		if raceBuild {
-			n = 600
+			n = 250
 		}
 	}
 	if *simSeed >= 0 {

@@ -32,6 +32,11 @@ type Stats struct {
 	// Config.Quarantine); QuarantinedRegions and QuarantinedBytes are the
 	// regions (and their arena bytes) in quarantine now.
 	Quarantines, QuarantinedRegions, QuarantinedBytes uint64
+	// Control messages dropped because their sender is not an admitted
+	// peer, WANTs naming an endpoint other than the one in the peer's
+	// descriptor (the descriptor's is used), WANTs over the per-peer rate
+	// and new flows over the per-peer flow limit.
+	Unadmitted, ForeignEndpoints, RateLimited, FlowLimited uint64
 	// WANTs sent (cancels included), grants sent and bytes moved through
 	// the bounce path.
 	Wants, Grants, BounceBytes uint64
@@ -44,6 +49,13 @@ type Stats struct {
 	// open file descriptors and goroutines (read by Stats).
 	ControlPeers, Flows, Requests uint64
 	OpenFDs, Goroutines           int
+	// Receiver completion events produced (Received), and those dropped
+	// because the consumer's channel was full.
+	Events, DroppedEvents uint64
+	// Fallbacks counts requests that could have taken the bounce path but
+	// went direct (bounce off here, the peer's handshake, the gates);
+	// BounceRefused counts requests that required bounce and were refused.
+	Fallbacks, BounceRefused uint64
 }
 
 type counters struct {
@@ -57,9 +69,13 @@ type counters struct {
 	cancelledScatters                             atomic.Uint64
 	quarantines                                   atomic.Uint64
 	quarantinedRegions, quarantinedBytes          atomic.Uint64
+	unadmitted, foreignEndpoints                  atomic.Uint64
+	rateLimited, flowLimited                      atomic.Uint64
 	wants, grants, bounceBytes                    atomic.Uint64
 	lostPeers                                     atomic.Uint64
 	controlPeers, flows, requests                 atomic.Uint64
+	events, droppedEvents                         atomic.Uint64
+	fallbacks, bounceRefused                      atomic.Uint64
 }
 
 // Stats returns a snapshot of the agent's counters.
@@ -74,10 +90,14 @@ func (a *Agent) Stats() Stats {
 		IncompatiblePeers: c.incompatiblePeers.Load(), BadPeerDescriptors: c.badPeerDesc.Load(),
 		ScatterFailures: c.scatterFailures.Load(), ExpiredFlows: c.expiredFlows.Load(), CancelledScatters: c.cancelledScatters.Load(),
 		Quarantines: c.quarantines.Load(), QuarantinedRegions: c.quarantinedRegions.Load(), QuarantinedBytes: c.quarantinedBytes.Load(),
+		Unadmitted: c.unadmitted.Load(), ForeignEndpoints: c.foreignEndpoints.Load(),
+		RateLimited: c.rateLimited.Load(), FlowLimited: c.flowLimited.Load(),
 		Wants: c.wants.Load(), Grants: c.grants.Load(), BounceBytes: c.bounceBytes.Load(),
 		LostPeers:    c.lostPeers.Load(),
 		ControlPeers: c.controlPeers.Load(), Flows: c.flows.Load(), Requests: c.requests.Load(),
 		OpenFDs: openFDs(), Goroutines: runtime.NumGoroutine(),
+		Events: c.events.Load(), DroppedEvents: c.droppedEvents.Load(),
+		Fallbacks: c.fallbacks.Load(), BounceRefused: c.bounceRefused.Load(),
 	}
 }
 

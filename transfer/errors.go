@@ -1,6 +1,9 @@
 package transfer
 
-import "errors"
+import (
+	"errors"
+	"fmt"
+)
 
 // Sentinel errors. Implementations wrap them with context
 // (fmt.Errorf("...: %w", ErrX)) so callers test with errors.Is.
@@ -39,4 +42,9 @@ var (
 	ErrDeviceFault = errors.New("device fault")
 	// ErrUnsupported means the implementation does not offer the capability.
 	ErrUnsupported = errors.New("unsupported")
+	// ErrForbidden means the peer may not write where it tried: the target
+	// range is neither granted to one of its flows nor registered for it.
+	// It wraps ErrOutOfBounds, so layers that know only the older sentinels
+	// (plugin error codes) still classify it.
+	ErrForbidden = fmt.Errorf("write not authorized: %w", ErrOutOfBounds)
 )

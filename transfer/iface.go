@@ -178,6 +178,24 @@ type PeerLossReporter interface {
 	SetPeerLost(fn func(peer string))
 }
 
+// WriteGuard authorizes one incoming write: it returns nil and the range
+// allowed contains dst when peer may write dst, and an error wrapping
+// ErrForbidden otherwise. allowed is a range the caller may treat as
+// authorized for further writes of the same peer within the same frame or
+// operation (the granted region, the registered buffer), so the guard is
+// asked once per range rather than once per segment.
+type WriteGuard func(peer string, dst Desc) (allowed Desc, err error)
+
+// WriteGuarded is the optional capability of an Engine that asks a
+// WriteGuard before it lands a byte a peer sends. The agent installs one
+// that admits writes only into a region currently granted to a flow of
+// the writing peer, or into memory registered for that peer (docs/SECURITY.md).
+// An engine refuses a write the guard forbids before any byte of it lands,
+// answers it with an error the sender sees (ErrForbidden) and counts it.
+type WriteGuarded interface {
+	SetWriteGuard(g WriteGuard)
+}
+
 // ControlChannel carries the bounce control messages (WANT, GRANT, DATA, ACK)
 // between agents. It is safe for concurrent use.
 //

@@ -13,6 +13,7 @@ import (
 
 	"github.com/schollz/progressbar/v3"
 	"github.com/spf13/cobra"
+	"go.yaml.in/yaml/v3"
 	"golang.org/x/term"
 
 	"github.com/bouncekv/bounce/benchreport"
@@ -40,6 +41,8 @@ type benchOptions struct {
 	verify      bool
 	maxBytes    string
 	cellTimeout time.Duration
+	peer        string // a remote receiver's descriptor line ('bounce serve')
+	duration    time.Duration
 }
 
 // benchGroup is one workload shape at one concurrency: the routes and
@@ -96,6 +99,8 @@ RSS (VmHWM) is reported next to their KV buffers and arena.`,
   bounce bench --all --layout both --repeat 3 --json bench.json --plots bench-plots
   bounce bench --count 4096 --concurrency 128 --generations 3 --routes bounce,direct,bulk --max-bytes 7GiB
   bounce bench --engine.kind ucx --bounce.arena-size 32MiB --workload llama70b-tp8-b16 --routes bounce
+  bounce bench --peer recv.json --engine.listen 10.0.0.1:0 --control-plane.interface eth0 --routes bounce,direct,bulk
+  bounce bench --desc-size 512B..64KiB --concurrency 1,8 --routes bounce,direct --plots sweep
   bounce bench --list`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -117,7 +122,7 @@ RSS (VmHWM) is reported next to their KV buffers and arena.`,
 	f.StringSliceVar(&o.workloads, "workload", []string{"gptoss120b-tp8-b16", "llama70b-tp8-b16"}, "workload presets, repeatable or comma-separated (see --list)")
 	f.BoolVar(&o.all, "all", false, "every preset (the TP=1 ones are 2.5 GiB per request; see --max-bytes)")
 	f.BoolVar(&o.list, "list", false, "list the workload presets and exit")
-	f.StringVar(&o.descSize, "desc-size", "", "override every preset's descriptor size (e.g. 4KiB)")
+	f.StringVar(&o.descSize, "desc-size", "", "override every preset's descriptor size (e.g. 4KiB), or sweep sizes: a list (2KiB,16KiB) or a range doubling from its low end (512B..64KiB); a sweep keeps each preset's bytes")
 	f.IntVar(&o.count, "count", 0, "override every preset's descriptor count (e.g. 4096)")
 	f.IntSliceVar(&o.concurrency, "concurrency", []int{1, 8}, "concurrent requests per cell, a list (the GUIDE sweeps 1,8,64,128)")
 	f.IntVar(&o.generations, "generations", 1, "1: a burst, every request of a cell submitted at once; K > 1: a closed loop moving K x concurrency requests with concurrency in flight (a new one as each finishes), latency percentiles over the requests after the first generation")
@@ -130,6 +135,8 @@ RSS (VmHWM) is reported next to their KV buffers and arena.`,
 	f.BoolVar(&o.verify, "verify", true, "have the receiver verify every cell's bytes (--verify=false to skip)")
 	f.StringVar(&o.maxBytes, "max-bytes", "3GiB", "budget for one cell's requests x bytes (each side holds one such buffer)")
 	f.DurationVar(&o.cellTimeout, "cell-timeout", 10*time.Minute, "give up on a cell's requests after this long")
+	f.DurationVar(&o.duration, "duration", 0, "run each cell for at least this long (its workload moved again and again, every round counted) instead of once")
+	f.StringVar(&o.peer, "peer", "", `benchmark against a 'bounce serve' running elsewhere: its descriptor line (a file, or "-" for stdin); its bytes are not verified (run 'bounce serve --expect' with 'bounce send' for that)`)
 	configFlags(cmd)
 	return cmd
 }
@@ -157,6 +164,9 @@ func (o *benchOptions) plan() (benchPlan, error) {
 	}
 	if o.generations < 1 || o.generations > maxGenerations {
 		return p, usage(fmt.Errorf("--generations %d: accepted: 1..%d", o.generations, maxGenerations))
+	}
+	if o.duration < 0 || (o.duration > 0 && o.duration >= o.cellTimeout) {
+		return p, usage(fmt.Errorf("--duration %v: accepted: 0 (off) or positive and below --cell-timeout %v", o.duration, o.cellTimeout))
 	}
 	if o.cellTimeout <= 0 {
 		return p, usage(fmt.Errorf("--cell-timeout %v: must be positive", o.cellTimeout))
@@ -188,9 +198,10 @@ func (o *benchOptions) plan() (benchPlan, error) {
 		if c < 1 || c > maxConcurrency {
 			return p, usage(fmt.Errorf("--concurrency %d: accepted: 1..%d", c, maxConcurrency))
 		}
-		if !slices.Contains(conc, c) {
-			conc = append(conc, c)
+		if slices.Contains(conc, c) {
+			return p, usage(fmt.Errorf("--concurrency %d is listed twice: name each level once", c))
 		}
+		conc = append(conc, c)
 	}
 	if len(conc) == 0 {
 		return p, usage(fmt.Errorf("--concurrency: name at least one level"))
@@ -214,30 +225,58 @@ func (o *benchOptions) plan() (benchPlan, error) {
 			}
 		}
 	}
-	var descSize uint64
+	var descSizes []uint64 // nil: each preset's own
 	if o.descSize != "" {
-		if descSize, err = parseSize(o.descSize); err != nil {
+		if descSizes, err = parseSizeSweep(o.descSize); err != nil {
 			return p, usage(fmt.Errorf("--desc-size: %w", err))
+		}
+		if len(descSizes) > 1 && o.count == 0 {
+			p.notes = append(p.notes, "--desc-size sweep: each size moves its preset's bytes (count = preset bytes / size), so the sizes compare the same bytes")
 		}
 	}
 	if o.count < 0 {
 		return p, usage(fmt.Errorf("--count %d: must be positive", o.count))
 	}
+	type shape struct {
+		pr   workload.Preset
+		spec workload.Spec
+	}
+	var shapes []shape
 	for _, pr := range presets {
 		spec := workload.Spec{DescSize: pr.DescSize, Count: pr.Count, Seed: o.seed}
-		if descSize != 0 {
-			spec.DescSize = descSize
+		if len(descSizes) == 0 {
+			if o.count != 0 {
+				spec.Count = o.count
+			}
+			shapes = append(shapes, shape{pr, spec})
+			continue
 		}
-		if o.count != 0 {
-			spec.Count = o.count
+		for _, ds := range descSizes {
+			s := spec
+			s.DescSize = ds
+			switch {
+			case o.count != 0:
+				s.Count = o.count
+			case len(descSizes) > 1:
+				s.Count = int(max(1, pr.Bytes()/ds))
+			}
+			shapes = append(shapes, shape{pr, s})
+		}
+	}
+	for _, sh := range shapes {
+		pr, spec := sh.pr, sh.spec
+		label := pr.Name // what the notes call this shape
+		if len(descSizes) > 1 {
+			label = fmt.Sprintf("%s at %s descriptors", pr.Name, benchreport.FormatSize(spec.DescSize))
 		}
 		per := spec.Bytes()
 		if per > budget {
-			p.notes = append(p.notes, fmt.Sprintf("skipped %s: one request of %s exceeds --max-bytes %s", pr.Name, benchreport.FormatSize(per), benchreport.FormatSize(budget)))
+			p.notes = append(p.notes, fmt.Sprintf("skipped %s: one request of %s exceeds --max-bytes %s", label, benchreport.FormatSize(per), benchreport.FormatSize(budget)))
 			continue
 		}
 		gens := uint64(o.generations)
 		var levels []int
+		asked := map[int]int{} // a clamped level and the one asked for
 		for _, c := range conc {
 			if gens*uint64(c)*per <= budget {
 				levels = append(levels, c)
@@ -245,17 +284,18 @@ func (o *benchOptions) plan() (benchPlan, error) {
 			}
 			fit := int(budget / (gens * per))
 			if fit == 0 || slices.Contains(levels, fit) {
-				p.notes = append(p.notes, fmt.Sprintf("skipped %s at concurrency %d: %d x %s exceeds --max-bytes %s", pr.Name, c, int(gens)*c, benchreport.FormatSize(per), benchreport.FormatSize(budget)))
+				p.notes = append(p.notes, fmt.Sprintf("skipped %s at concurrency %d: %d x %s exceeds --max-bytes %s", label, c, int(gens)*c, benchreport.FormatSize(per), benchreport.FormatSize(budget)))
 				continue
 			}
-			p.notes = append(p.notes, fmt.Sprintf("clamped %s from concurrency %d to %d: %d x %s exceeds --max-bytes %s", pr.Name, c, fit, int(gens)*c, benchreport.FormatSize(per), benchreport.FormatSize(budget)))
+			p.notes = append(p.notes, fmt.Sprintf("clamped %s from concurrency %d to %d: %d x %s exceeds --max-bytes %s", label, c, fit, int(gens)*c, benchreport.FormatSize(per), benchreport.FormatSize(budget)))
 			levels = append(levels, fit)
+			asked[fit] = c
 		}
 		for _, layout := range p.layouts {
 			for _, c := range levels {
 				s := spec
 				s.Fragmented = layout == "fragmented"
-				g := benchreport.Group{Workload: pr.Name, DescSize: s.DescSize, Count: s.Count, Layout: layout, Concurrency: c}
+				g := benchreport.Group{Workload: pr.Name, DescSize: s.DescSize, Count: s.Count, Layout: layout, Concurrency: c, AskedConcurrency: asked[c]}
 				if o.generations > 1 {
 					g.Generations = o.generations
 				}
@@ -307,8 +347,22 @@ func rotate(routes []string, it int) []string {
 
 func (o *benchOptions) run(cmd *cobra.Command, cfg config.Config, plan benchPlan) error {
 	out, errw := cmd.OutOrStdout(), cmd.ErrOrStderr()
-	cfg, childArgs := localPair(cmd, cfg)
-	childArgs = append(childArgs, "--buffer-size="+config.Size(plan.largest).String())
+	var childArgs []string
+	var h hello
+	var blob []byte
+	if o.peer != "" {
+		var err error
+		if h, blob, err = readHello(cmd.InOrStdin(), o.peer); err != nil {
+			return usage(err)
+		}
+		if o.verify {
+			plan.notes = append(plan.notes, fmt.Sprintf("--peer: the receiver %q runs elsewhere; its bytes are not verified (cells say verified=skipped)", h.Name))
+			o.verify = false
+		}
+	} else {
+		cfg, childArgs = localPair(cmd, cfg)
+		childArgs = append(childArgs, "--buffer-size="+config.Size(plan.largest).String())
+	}
 
 	rep := &benchreport.Report{
 		Schema:  benchreport.Schema,
@@ -323,7 +377,13 @@ func (o *benchOptions) run(cmd *cobra.Command, cfg config.Config, plan benchPlan
 		},
 		Notes: slices.Clone(plan.notes),
 	}
-	if o.descSize != "" {
+	rep.Bounce, _ = buildInfo()
+	if eff, err := effectiveConfig(cfg); err != nil {
+		rep.Notes = append(rep.Notes, "effective configuration not recorded: "+err.Error())
+	} else {
+		rep.EffectiveConfig = eff
+	}
+	if o.descSize != "" && !strings.Contains(o.descSize, "..") && !strings.Contains(o.descSize, ",") {
 		rep.Config.DescSize = plan.groups[0].g.DescSize
 	}
 	for _, g := range plan.groups {
@@ -342,14 +402,21 @@ func (o *benchOptions) run(cmd *cobra.Command, cfg config.Config, plan benchPlan
 		fmt.Fprintf(errw, "note: %s\n", n)
 	}
 
-	s, err := startSession(cmd, cfg, childArgs, plan.largest)
+	var s *session
+	var err error
+	if o.peer != "" {
+		s, err = remoteSession(cmd, cfg, h, blob, plan.largest)
+		rep.Config.Peer = h.Name
+	} else {
+		s, err = startSession(cmd, cfg, childArgs, plan.largest)
+	}
 	if err != nil {
 		return err
 	}
 	rep.Config.BounceOn = true
-	if on, why, _ := s.n.Agent.PeerRoute(s.recv.hello.Name); !on {
+	if on, why, _ := s.n.Agent.PeerRoute(s.tgt.Peer); !on {
 		rep.Config.BounceOn = false
-		note := fmt.Sprintf("the bounce path is unavailable (%s); bounce cells take the direct path", why)
+		note := fmt.Sprintf("the bounce path is unavailable (%s); bounce cells fail with that reason (the bounce route requires bounce; the auto route falls back, counted)", why)
 		rep.Notes = append(rep.Notes, note)
 		fmt.Fprintf(errw, "note: %s\n", note)
 	}
@@ -425,6 +492,15 @@ func (o *benchOptions) cell(ctx context.Context, s *session, g benchreport.Group
 	requests := g.Concurrency * max(1, g.Generations)
 	rctx, cancel := context.WithTimeout(ctx, o.cellTimeout)
 	res, err := s.d.Run(rctx, s.tgt, driver.Options{Spec: rs, Requests: requests, InFlight: g.Concurrency, Route: rt})
+	// --duration: keep moving the cell's workload until it has run that
+	// long; the rounds' bytes, times and latencies add up.
+	for o.duration > 0 && err == nil && res.Failed == 0 && res.Elapsed < o.duration {
+		var more driver.Result
+		more, err = s.d.Run(rctx, s.tgt, driver.Options{Spec: rs, Requests: requests, InFlight: g.Concurrency, Route: rt})
+		if err == nil {
+			res = mergeResults(res, more)
+		}
+	}
 	cancel()
 	if errors.Is(err, transfer.ErrNotQuiescent) { // the buffers cannot be reused: stop the sweep
 		return benchreport.Cell{}, runtime(fmt.Errorf("%s %s #%d: %w", g, route, it, err))
@@ -440,7 +516,8 @@ func (o *benchOptions) cell(ctx context.Context, s *session, g benchreport.Group
 		window, all = res.Steady, &s
 	}
 	c := benchreport.NewCell(g, route, it, order, res.Requests, res.Failed, res.Bytes, res.Elapsed, window)
-	c.AllLatency, c.Took, c.Reason, c.PeakInFlight = all, res.Route, res.Reason, res.PeakInFlight
+	c.AllLatency, c.Took, c.Reason, c.PeakInFlight, c.Fallbacks = all, res.Route, res.Reason, res.PeakInFlight, res.Fallbacks
+	c.Stages = cellStages(res.Stages)
 	switch {
 	case res.Failed > 0:
 		c.Verified = benchreport.VerifiedFailed
@@ -459,10 +536,13 @@ func (o *benchOptions) cell(ctx context.Context, s *session, g benchreport.Group
 
 // memory reads both agents' peak RSS (Linux /proc).
 func (s *session) memory(plan benchPlan, arena uint64) (benchreport.Memory, error) {
-	m := benchreport.Memory{SourceBuffer: plan.largest, DestinationBuffer: s.recv.hello.BufferLen, ArenaSize: arena, LargestTransfer: plan.largest}
+	m := benchreport.Memory{SourceBuffer: plan.largest, DestinationBuffer: s.tgt.Buffer.Len, ArenaSize: arena, LargestTransfer: plan.largest}
 	var err error
 	if m.SenderPeakRSS, err = benchreport.PeakRSS(os.Getpid()); err != nil {
 		return m, err
+	}
+	if s.recv == nil {
+		return m, nil // the receiver runs elsewhere
 	}
 	if m.ReceiverPeakRSS, err = benchreport.PeakRSS(s.recv.pid); err != nil {
 		return m, err
@@ -553,6 +633,9 @@ func (p *benchProgress) done(c benchreport.Cell) {
 	if c.Error != "" {
 		status += ": " + c.Error
 	}
+	if c.Fallbacks > 0 {
+		status += fmt.Sprintf("; %d of %d request(s) fell back to direct: %s", c.Fallbacks, c.Requests, c.Reason)
+	}
 	fmt.Fprintf(p.w, "bench [%d/%d] %s %s #%d: %s, p50 %s, p99 %s, %s\n", p.n, p.total, c.Group, c.Route, c.Iteration,
 		benchreport.FormatRate(c.Throughput), benchreport.FormatDuration(time.Duration(c.Latency.P50NS)),
 		benchreport.FormatDuration(time.Duration(c.Latency.P99NS)), status)
@@ -563,4 +646,98 @@ func (p *benchProgress) finish() {
 		p.bar.Finish()
 		fmt.Fprintln(p.w)
 	}
+}
+
+// parseSizeSweep parses --desc-size: one size, a comma-separated list, or a
+// range lo..hi of the sizes doubling from lo up to hi (hi included when it
+// is lo times a power of two).
+func parseSizeSweep(s string) ([]uint64, error) {
+	if lo, hi, ok := strings.Cut(s, ".."); ok {
+		a, err := parseSize(lo)
+		if err != nil {
+			return nil, err
+		}
+		b, err := parseSize(hi)
+		if err != nil {
+			return nil, err
+		}
+		if b < a {
+			return nil, fmt.Errorf("range %q: %s is below %s", s, hi, lo)
+		}
+		var out []uint64
+		for v := a; v <= b && v != 0; v *= 2 {
+			out = append(out, v)
+		}
+		return out, nil
+	}
+	var out []uint64
+	for _, part := range strings.Split(s, ",") {
+		v, err := parseSize(part)
+		if err != nil {
+			return nil, err
+		}
+		if slices.Contains(out, v) {
+			return nil, fmt.Errorf("%s is listed twice", strings.TrimSpace(part))
+		}
+		out = append(out, v)
+	}
+	return out, nil
+}
+
+// mergeResults adds round b of a --duration cell to a: requests, bytes and
+// time add up, latencies are pooled (sorted), the route reads "mixed" if
+// the rounds took different ones.
+func mergeResults(a, b driver.Result) driver.Result {
+	na, nb := len(a.Latencies), len(b.Latencies)
+	if na+nb > 0 { // both are means per request: weigh them by their counts
+		a.Stages = scaleStages(a.Stages, na).Add(scaleStages(b.Stages, nb)).Div(na + nb)
+	}
+	a.Requests += b.Requests
+	a.Failed += b.Failed
+	a.Bytes += b.Bytes
+	a.Elapsed += b.Elapsed
+	a.Latencies = append(a.Latencies, b.Latencies...)
+	slices.Sort(a.Latencies)
+	if a.Steady != nil || b.Steady != nil {
+		a.Steady = append(a.Steady, b.Steady...)
+		slices.Sort(a.Steady)
+	}
+	a.PeakInFlight = max(a.PeakInFlight, b.PeakInFlight)
+	a.Fallbacks += b.Fallbacks
+	a.NotQuiescent += b.NotQuiescent
+	if a.FirstErr == nil {
+		a.FirstErr = b.FirstErr
+	}
+	if a.Route != b.Route {
+		a.Route = "mixed"
+	}
+	return a
+}
+
+// effectiveConfig renders cfg (every key, after every layer) as the nested
+// mapping its YAML form is, for the report.
+func effectiveConfig(cfg config.Config) (map[string]any, error) {
+	y, err := cfg.YAML()
+	if err != nil {
+		return nil, err
+	}
+	var m map[string]any
+	if err := yaml.Unmarshal(y, &m); err != nil {
+		return nil, fmt.Errorf("effective configuration: %w", err)
+	}
+	return m, nil
+}
+
+func scaleStages(s pipeline.Stages, n int) pipeline.Stages {
+	d := time.Duration(n)
+	return pipeline.Stages{Plan: s.Plan * d, GrantWait: s.GrantWait * d, Gather: s.Gather * d, Write: s.Write * d, Data: s.Data * d, AckWait: s.AckWait * d}
+}
+
+// cellStages converts the driver's mean stage times for the report.
+func cellStages(s pipeline.Stages) *benchreport.Stages {
+	if s == (pipeline.Stages{}) {
+		return nil
+	}
+	return &benchreport.Stages{PlanNS: int64(s.Plan), GrantWaitNS: int64(s.GrantWait), GatherNS: int64(s.Gather),
+		WriteNS: int64(s.Write), DataNS: int64(s.Data), AckWaitNS: int64(s.AckWait)}
 }

@@ -100,7 +100,7 @@ func TestBenchEndToEnd(t *testing.T) {
 	if n := strings.Count(stderr.String(), "bench ["); n != 12 {
 		t.Errorf("%d progress lines on stderr (not a terminal), want 12:\n%s", n, stderr.String())
 	}
-	for _, name := range []string{"throughput-fragmented-c1.png", "latency-cdf-gptoss120b-tp8-b16-2048x2KiB-fragmented-c2.png"} {
+	for _, name := range []string{"throughput-fragmented-c1.png", "latency-tail-gptoss120b-tp8-b16-2048x2KiB-fragmented-c2.png"} {
 		checkBenchPNG(t, filepath.Join(plots, name))
 	}
 }
@@ -114,6 +114,11 @@ func TestBenchClosedLoop(t *testing.T) {
 		"--bounce.arena-size", "16MiB", "--bounce.max-chunk", "2MiB")
 	if len(rep.Cells) != 1 || rep.Config.Generations != 3 {
 		t.Fatalf("%d cells, generations %d", len(rep.Cells), rep.Config.Generations)
+	}
+	// The report says which build ran and with what configuration.
+	bc, _ := rep.EffectiveConfig["bounce"].(map[string]any)
+	if rep.Schema != benchreport.Schema || rep.Bounce.WireVersion != wireVersion() || rep.Bounce.Version == "" || bc["arena_size"] != "16MiB" || bc["max_chunk"] != "2MiB" {
+		t.Fatalf("build %+v, effective bounce config %v", rep.Bounce, bc)
 	}
 	c := rep.Cells[0]
 	if c.Verified != benchreport.VerifiedYes || c.VerifiedRequests != 6 || c.Requests != 6 || c.Failed != 0 || c.Bytes != 6*1024*2048 || c.Generations != 3 {
@@ -177,11 +182,11 @@ func TestBenchPlan(t *testing.T) {
 	}
 	want := []string{
 		// 320MiB per request: 8 fits nowhere in 1GiB, so it is clamped to 3; 64 then is skipped.
-		"llama70b-tp8-b16 81920x4KiB fragmented c1", "llama70b-tp8-b16 81920x4KiB fragmented c3",
-		"llama70b-tp8-b16 81920x4KiB contiguous c1", "llama70b-tp8-b16 81920x4KiB contiguous c3",
+		"llama70b-tp8-b16 81920x4KiB fragmented c1", "llama70b-tp8-b16 81920x4KiB fragmented c3 (asked c8)",
+		"llama70b-tp8-b16 81920x4KiB contiguous c1", "llama70b-tp8-b16 81920x4KiB contiguous c3 (asked c8)",
 		// 72MiB per request: 64 is clamped to 14.
-		"gptoss120b-tp8-b16 36864x2KiB fragmented c1", "gptoss120b-tp8-b16 36864x2KiB fragmented c8", "gptoss120b-tp8-b16 36864x2KiB fragmented c14",
-		"gptoss120b-tp8-b16 36864x2KiB contiguous c1", "gptoss120b-tp8-b16 36864x2KiB contiguous c8", "gptoss120b-tp8-b16 36864x2KiB contiguous c14",
+		"gptoss120b-tp8-b16 36864x2KiB fragmented c1", "gptoss120b-tp8-b16 36864x2KiB fragmented c8", "gptoss120b-tp8-b16 36864x2KiB fragmented c14 (asked c64)",
+		"gptoss120b-tp8-b16 36864x2KiB contiguous c1", "gptoss120b-tp8-b16 36864x2KiB contiguous c8", "gptoss120b-tp8-b16 36864x2KiB contiguous c14 (asked c64)",
 	}
 	if !slices.Equal(got, want) {
 		t.Fatalf("groups:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
@@ -223,6 +228,30 @@ func TestBenchPlan(t *testing.T) {
 	if s, rt := routeSpec("bulk", p.groups[0].spec); s.Count != 1 || s.DescSize != 8<<20 || rt.String() != "direct" {
 		t.Fatalf("bulk spec %+v on %s", s, rt)
 	}
+
+	// A descriptor-size sweep keeps each preset's bytes.
+	sweep := benchOptions{workloads: []string{"gptoss120b-tp8-b16"}, descSize: "512B..64KiB", concurrency: []int{1}, generations: 1, routes: []string{"bounce"}, layout: "fragmented", repeat: 1, maxBytes: "1GiB", cellTimeout: time.Minute}
+	if p, err = sweep.plan(); err != nil {
+		t.Fatal(err)
+	}
+	got = nil
+	for _, g := range p.groups {
+		got = append(got, g.g.String())
+		if g.g.Bytes() != 72<<20 {
+			t.Fatalf("%s moves %d bytes, want the preset's 72MiB", g.g, g.g.Bytes())
+		}
+	}
+	want = []string{
+		"gptoss120b-tp8-b16 147456x512B fragmented c1", "gptoss120b-tp8-b16 73728x1KiB fragmented c1", "gptoss120b-tp8-b16 36864x2KiB fragmented c1",
+		"gptoss120b-tp8-b16 18432x4KiB fragmented c1", "gptoss120b-tp8-b16 9216x8KiB fragmented c1", "gptoss120b-tp8-b16 4608x16KiB fragmented c1",
+		"gptoss120b-tp8-b16 2304x32KiB fragmented c1", "gptoss120b-tp8-b16 1152x64KiB fragmented c1",
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("sweep groups:\n%s", strings.Join(got, "\n"))
+	}
+	if sizes, err := parseSizeSweep("4KiB, 16KiB"); err != nil || !slices.Equal(sizes, []uint64{4096, 16384}) {
+		t.Fatalf("list: %v, %v", sizes, err)
+	}
 }
 
 // TestBenchUsageErrors checks that bad flags are usage errors (exit 2)
@@ -239,6 +268,9 @@ func TestBenchUsageErrors(t *testing.T) {
 		{"--max-bytes", "lots"},
 		{"--workload", "llama70b-tp1-b16", "--max-bytes", "1GiB"},
 		{"--desc-size", "0"},
+		{"--desc-size", "64KiB..512B"},
+		{"--desc-size", "4KiB,4KiB"},
+		{"--concurrency", "1,8,8"},
 		{"--engine.kind", "carrier-pigeon"},
 	} {
 		var out, errb bytes.Buffer
@@ -269,5 +301,26 @@ func TestBenchRotate(t *testing.T) {
 	}
 	if iterationSeed(5, 0) != 5 || iterationSeed(5, 1)-iterationSeed(5, 0) < maxConcurrency*maxGenerations {
 		t.Error("iteration seeds overlap the per-request seeds of the previous iteration")
+	}
+}
+
+// TestBenchDuration: --duration moves a cell's workload round after round
+// until it ran that long, every round counted and verified at the end.
+func TestBenchDuration(t *testing.T) {
+	rep, stdout, _ := runBench(t, "--workload", "gptoss120b-tp8-b16", "--count", "1024",
+		"--concurrency", "1", "--routes", "bounce", "--repeat", "1", "--duration", "500ms")
+	if len(rep.Cells) != 1 {
+		t.Fatalf("%d cells", len(rep.Cells))
+	}
+	c := rep.Cells[0]
+	if c.Requests < 2 || c.Failed != 0 || c.Bytes != uint64(c.Requests)*1024*2048 || c.ElapsedNS < int64(500*time.Millisecond) ||
+		len(c.LatenciesNS) != c.Requests || c.Verified != benchreport.VerifiedYes || c.DescriptorsPerSecond <= 0 {
+		t.Fatalf("cell %+v", c)
+	}
+	if st := c.Stages; st == nil || st.GrantWaitNS <= 0 || st.GatherNS <= 0 || st.WriteNS <= 0 || st.AckWaitNS <= 0 {
+		t.Fatalf("stages %+v", c.Stages)
+	}
+	if !strings.Contains(stdout.String(), "where a request's time went") || !strings.Contains(stdout.String(), "DATA->ACK") {
+		t.Fatalf("no stage table:\n%s", stdout.String())
 	}
 }

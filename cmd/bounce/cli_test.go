@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -23,6 +24,8 @@ import (
 	"github.com/bouncekv/bounce/pipeline"
 	"github.com/bouncekv/bounce/transfer"
 	"github.com/bouncekv/bounce/workload"
+
+	"github.com/spf13/cobra"
 )
 
 var (
@@ -128,7 +131,8 @@ func TestServeSend(t *testing.T) {
 	dir := t.TempDir()
 	desc := filepath.Join(dir, "recv.json")
 	work := []string{"--workload", "llama70b-tp8-b16", "--count", "8192", "--requests", "2", "--seed", "5"}
-	serve := exec.Command(cliBinary(t), append([]string{"serve", "--agent.name", "recv", "--buffer-size", "64MiB",
+	keyFile, allow := senderKey(t, dir, "send")
+	serve := exec.Command(cliBinary(t), append([]string{"serve", "--agent.name", "recv", "--buffer-size", "64MiB", "--security.allowed-peers", allow,
 		"--descriptor-out", desc, "--control-plane.bind-address", "127.0.0.1", "--expect", "--expect-wait", "60s"}, work...)...)
 	var sout, serr syncBuffer
 	serve.Stdout, serve.Stderr = &sout, &serr
@@ -137,7 +141,7 @@ func TestServeSend(t *testing.T) {
 	}
 	defer serve.Process.Kill()
 	waitForFile(t, desc, &serr)
-	out, errOut, code := bounce(t, append([]string{"send", "--peer", desc, "--agent.name", "send",
+	out, errOut, code := bounce(t, append([]string{"send", "--peer", desc, "--agent.name", "send", "--security.key-file", keyFile,
 		"--control-plane.bind-address", "127.0.0.1"}, work...)...)
 	if code != 0 {
 		t.Fatalf("send exit %d\n%s\n%s", code, out, errOut)
@@ -158,7 +162,8 @@ func TestServeSend(t *testing.T) {
 func TestServeExpectFails(t *testing.T) {
 	dir := t.TempDir()
 	desc := filepath.Join(dir, "recv.json")
-	serve := exec.Command(cliBinary(t), "serve", "--agent.name", "recv", "--buffer-size", "64MiB", "--descriptor-out", desc,
+	keyFile, allow := senderKey(t, dir, "send")
+	serve := exec.Command(cliBinary(t), "serve", "--agent.name", "recv", "--buffer-size", "64MiB", "--descriptor-out", desc, "--security.allowed-peers", allow,
 		"--control-plane.bind-address", "127.0.0.1", "--expect", "--expect-wait", "3s", "--workload", "gptoss120b-tp8-b16", "--count", "1024", "--seed", "1")
 	var serr syncBuffer
 	serve.Stderr = &serr
@@ -167,7 +172,7 @@ func TestServeExpectFails(t *testing.T) {
 	}
 	defer serve.Process.Kill()
 	waitForFile(t, desc, &serr)
-	if _, errOut, code := bounce(t, "send", "--peer", desc, "--agent.name", "send", "--control-plane.bind-address", "127.0.0.1",
+	if _, errOut, code := bounce(t, "send", "--peer", desc, "--agent.name", "send", "--security.key-file", keyFile, "--control-plane.bind-address", "127.0.0.1",
 		"--workload", "gptoss120b-tp8-b16", "--count", "1024", "--seed", "2"); code != 0 {
 		t.Fatalf("send: exit %d: %s", code, errOut)
 	}
@@ -176,6 +181,19 @@ func TestServeExpectFails(t *testing.T) {
 	if !errors.As(err, &ee) || ee.ExitCode() != exitFailed || !strings.Contains(serr.String(), "seed 1 block") {
 		t.Fatalf("serve with the wrong seed: %v\n%s", err, serr.String())
 	}
+}
+
+// senderKey creates the key file of a sender named name with `bounce key`
+// and returns it with the allowed_peers value a receiver that never loads
+// the sender's descriptor needs to admit it.
+func senderKey(t *testing.T, dir, name string) (keyFile, allowedPeers string) {
+	t.Helper()
+	keyFile = filepath.Join(dir, name+".key")
+	out, errOut, code := bounce(t, "key", "--security.key-file", keyFile, "--agent.name", name)
+	if code != 0 || !strings.HasPrefix(out, name+"=") {
+		t.Fatalf("bounce key: exit %d\n%s\n%s", code, out, errOut)
+	}
+	return keyFile, "loaded," + strings.TrimSpace(out)
 }
 
 func waitForFile(t *testing.T, path string, stderr fmt.Stringer) {
@@ -348,7 +366,7 @@ func TestExitCodesAndConfig(t *testing.T) {
 	if _, errOut, code := bounce(t, "config", "--config", file); code != exitUsage || !strings.Contains(errOut, "engine.colour") {
 		t.Fatalf("unknown key: exit %d, stderr %q", code, errOut)
 	}
-	if out, _, code := bounce(t, "version"); code != 0 || !strings.Contains(out, "wire protocol 1") {
+	if out, _, code := bounce(t, "version"); code != 0 || !strings.Contains(out, "wire protocol 2") {
 		t.Fatalf("version: exit %d: %s", code, out)
 	}
 }
@@ -389,5 +407,180 @@ func TestConformanceCommand(t *testing.T) {
 	}
 	if out, _, code := bounce(t, "conformance", "--list"); code != 0 || !strings.Contains(out, "engine/done-means-landed") {
 		t.Fatalf("--list: exit %d", code)
+	}
+}
+
+// TestServeBadInterfaceFailsAtStart: a receiver whose control plane cannot
+// bind the interface it was given exits with a usage error naming it, and
+// publishes no descriptor (it would have served direct only).
+func TestServeBadInterfaceFailsAtStart(t *testing.T) {
+	desc := filepath.Join(t.TempDir(), "recv.json")
+	_, errOut, code := bounce(t, "serve", "--agent.name", "recv", "--buffer-size", "1MiB", "--descriptor-out", desc,
+		"--control-plane.interface", "nosuch0")
+	if code != exitUsage || !strings.Contains(errOut, `interface "nosuch0"`) {
+		t.Fatalf("exit %d, stderr:\n%s\nwant a usage error naming the interface", code, errOut)
+	}
+	if _, err := os.Stat(desc); !os.IsNotExist(err) {
+		t.Fatalf("descriptor written by a receiver that failed to start: %v", err)
+	}
+}
+
+// TestSendShowsFallback: a sender whose peer fails the handshake says so in
+// its summary (auto), and fails with the reason when bounce is required.
+func TestSendShowsFallback(t *testing.T) {
+	desc := filepath.Join(t.TempDir(), "recv.json")
+	work := []string{"--workload", "gptoss120b-tp8-b16", "--count", "2048", "--seed", "3"}
+	serve := exec.Command(cliBinary(t), "serve", "--agent.name", "recv", "--buffer-size", "16MiB", "--descriptor-out", desc,
+		"--control-plane.bind-address", "127.0.0.1", "--bounce.max-chunk", "4MiB")
+	var serr syncBuffer
+	serve.Stderr = &serr
+	if err := serve.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { serve.Process.Kill(); serve.Wait() }()
+	waitForFile(t, desc, &serr)
+	base := append([]string{"send", "--peer", desc, "--agent.name", "send", "--control-plane.bind-address", "127.0.0.1"}, work...)
+	out, errOut, code := bounce(t, base...)
+	if code != 0 || !strings.Contains(out, "1 of 1 request(s) fell back to the direct path") || !strings.Contains(out, "max chunk 8 MiB here vs 4 MiB on recv") {
+		t.Fatalf("auto: exit %d\n%s\n%s", code, out, errOut)
+	}
+	if !strings.Contains(errOut, "level=WARN") || !strings.Contains(errOut, "max chunk 8 MiB here vs 4 MiB on recv") {
+		t.Fatalf("auto: no warning naming the reason:\n%s", errOut)
+	}
+	out, errOut, code = bounce(t, append(base, "--route", "bounce")...)
+	if code == 0 || !strings.Contains(out+errOut, "bounce route unavailable") || !strings.Contains(out+errOut, "max chunk 8 MiB here vs 4 MiB on recv") {
+		t.Fatalf("route bounce: exit %d\n%s\n%s", code, out, errOut)
+	}
+}
+
+// TestServeRefusesSmallBufferBeforePublishing: an explicit --buffer-size
+// below what --expect needs is a usage error, and no descriptor is written.
+func TestServeRefusesSmallBufferBeforePublishing(t *testing.T) {
+	desc := filepath.Join(t.TempDir(), "recv.json")
+	_, errOut, code := bounce(t, "serve", "--agent.name", "recv", "--buffer-size", "1GiB", "--descriptor-out", desc,
+		"--control-plane.bind-address", "127.0.0.1", "--expect", "--requests", "8")
+	if code != exitUsage || !strings.Contains(errOut, "--buffer-size 1GiB is smaller than the 2560MiB --expect needs (8 request(s) x 320MiB)") {
+		t.Fatalf("exit %d:\n%s", code, errOut)
+	}
+	if _, err := os.Stat(desc); !os.IsNotExist(err) {
+		t.Fatalf("descriptor written before validation: %v", err)
+	}
+}
+
+// TestSendRepeatJSON: send --repeat writes one row per repetition, with
+// bytes per second named so and booleans as booleans.
+func TestSendRepeatJSON(t *testing.T) {
+	dir := t.TempDir()
+	desc, js := filepath.Join(dir, "recv.json"), filepath.Join(dir, "send.json")
+	serve := exec.Command(cliBinary(t), "serve", "--agent.name", "recv", "--buffer-size", "8MiB", "--descriptor-out", desc,
+		"--control-plane.bind-address", "127.0.0.1")
+	var serr syncBuffer
+	serve.Stderr = &serr
+	if err := serve.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { serve.Process.Kill(); serve.Wait() }()
+	waitForFile(t, desc, &serr)
+	out, errOut, code := bounce(t, "send", "--peer", desc, "--agent.name", "send", "--control-plane.bind-address", "127.0.0.1",
+		"--workload", "gptoss120b-tp8-b16", "--count", "2048", "--repeat", "3", "--json", js)
+	if code != 0 || !strings.Contains(out, "warm-up: one unrecorded request moved first") || !strings.Contains(out, "bounce #2") {
+		t.Fatalf("exit %d\n%s\n%s", code, out, errOut)
+	}
+	b, err := os.ReadFile(js)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc struct {
+		Fragmented *bool `json:"fragmented"`
+		Rows       []struct {
+			Route          string  `json:"route"`
+			Bytes          uint64  `json:"bytes"`
+			BytesPerSecond float64 `json:"bytes_per_second"`
+		} `json:"rows"`
+	}
+	if err := json.Unmarshal(b, &doc); err != nil || doc.Fragmented == nil || !*doc.Fragmented || len(doc.Rows) != 3 {
+		t.Fatalf("%v: %s", err, b)
+	}
+	for _, r := range doc.Rows {
+		if r.Route != "bounce" || r.Bytes != 2048*2048 || r.BytesPerSecond <= 0 {
+			t.Fatalf("row %+v", r)
+		}
+	}
+	// Each of the 4 requests (warm-up included) was announced by the receiver.
+	eventually := time.Now().Add(5 * time.Second)
+	for strings.Count(serr.String(), "received: peer=send") < 4 && time.Now().Before(eventually) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if n := strings.Count(serr.String(), "received: peer=send"); n != 4 {
+		t.Fatalf("%d receive events, want 4:\n%s", n, serr.String())
+	}
+}
+
+// TestHelpExamplesParse: every example in every command's help names flags
+// that command has (the run help once showed a --no-compare that does not
+// exist).
+func TestHelpExamplesParse(t *testing.T) {
+	root := newRoot(strings.NewReader(""), io.Discard, io.Discard)
+	var walk func(c *cobra.Command)
+	checked := 0
+	walk = func(c *cobra.Command) {
+		var lines []string
+		cur := ""
+		for _, l := range strings.Split(c.Example, "\n") {
+			l = strings.TrimSpace(l)
+			if i := strings.Index(l, " #"); i >= 0 {
+				l = strings.TrimSpace(l[:i])
+			}
+			if strings.HasSuffix(l, "\\") {
+				cur += strings.TrimSuffix(l, "\\") + " "
+				continue
+			}
+			lines = append(lines, cur+l)
+			cur = ""
+		}
+		for _, l := range lines {
+			fields := strings.Fields(l)
+			for len(fields) > 0 && strings.Contains(fields[0], "=") { // VAR=value prefixes
+				fields = fields[1:]
+			}
+			if len(fields) < 2 || fields[0] != "bounce" {
+				continue
+			}
+			cmd, rest, err := root.Find(fields[1:])
+			if err != nil || cmd != c {
+				continue // an example of another command
+			}
+			fresh, _, _ := newRoot(strings.NewReader(""), io.Discard, io.Discard).Find(fields[1:])
+			if err := fresh.ParseFlags(rest); err != nil {
+				t.Errorf("%s help example %q: %v", c.CommandPath(), l, err)
+			}
+			checked++
+		}
+		for _, sub := range c.Commands() {
+			walk(sub)
+		}
+	}
+	walk(root)
+	if checked < 10 {
+		t.Fatalf("only %d examples checked", checked)
+	}
+}
+
+func TestComponentsAndUnavailableKinds(t *testing.T) {
+	out, errOut, code := bounce(t, "components")
+	if code != 0 || !strings.Contains(out, "engine         nixl") || !strings.Contains(out, "-tags nixl") || !strings.Contains(out, "engine         tcp        engine.kind         yes") {
+		t.Fatalf("exit %d\n%s\n%s", code, out, errOut)
+	}
+	_, errOut, code = bounce(t, "config", "--engine.kind", "nixl")
+	if code != exitUsage || !strings.Contains(errOut, `engine.kind "nixl" is unavailable`) {
+		t.Fatalf("config with nixl: exit %d\n%s", code, errOut)
+	}
+	_, errOut, code = bounce(t, "config", "--log.format", "xml")
+	if code != exitUsage || !strings.Contains(errOut, `log.format="xml"`) {
+		t.Fatalf("config with log.format xml: exit %d\n%s", code, errOut)
+	}
+	_, errOut, code = bounce(t, "config", "--bounce.arena-sise", "1GiB")
+	if code != exitUsage || !strings.Contains(errOut, `did you mean "--bounce.arena-size"?`) {
+		t.Fatalf("misspelt flag: exit %d\n%s", code, errOut)
 	}
 }

@@ -1,6 +1,9 @@
 package main
 
 import (
+	"fmt"
+	"text/tabwriter"
+
 	"github.com/spf13/cobra"
 
 	"github.com/bouncekv/bounce/node"
@@ -8,7 +11,33 @@ import (
 )
 
 // extraCommands are the subcommands that live in their own files.
-func extraCommands() []*cobra.Command { return []*cobra.Command{newConformanceCmd(), newBenchCmd()} }
+func extraCommands() []*cobra.Command {
+	return []*cobra.Command{newConformanceCmd(), newBenchCmd(), newComponentsCmd()}
+}
+
+func newComponentsCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "components",
+		Short: "List the engines, control planes and stages in this build, and why any is missing",
+		Long: `components lists every engine, control plane and gather/scatter stage kind
+the configuration accepts (engine.kind, control_plane.kind, stages.gather,
+stages.scatter), whether this build has it, and why not. Configuring a kind
+that is missing is a configuration error (exit code 2).`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 0, 2, ' ', 0)
+			fmt.Fprintln(tw, "role\tkind\tkey\tavailable")
+			for _, c := range node.Components(factories()) {
+				avail := "yes"
+				if !c.Available {
+					avail = "no: " + c.Why
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", c.Role, c.Kind, c.Key, avail)
+			}
+			return tw.Flush()
+		},
+	}
+}
 
 func wireVersion() uint16 { return wire.Version }
 

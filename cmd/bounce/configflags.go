@@ -4,12 +4,12 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"strings"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
 	"github.com/bouncekv/bounce/config"
+	"github.com/bouncekv/bounce/node"
 )
 
 // configFlags adds --config and one flag per configuration key to cmd.
@@ -28,6 +28,11 @@ func loadConfig(cmd *cobra.Command) (*config.Loaded, error) {
 	file, _ := cmd.Flags().GetString("config")
 	l, err := config.Load(config.LoadOptions{File: file, Environ: os.Environ(), Flags: cmd.Flags()})
 	if err != nil {
+		return nil, usage(fmt.Errorf("configuration: %w", err))
+	}
+	// A kind this build cannot make is a configuration error now, not a
+	// failure once the agent starts.
+	if err := node.CheckKinds(l.Config, factories()); err != nil {
 		return nil, usage(fmt.Errorf("configuration: %w", err))
 	}
 	for _, n := range l.Notices {
@@ -62,11 +67,11 @@ func configArgs(cmd *cobra.Command, skip ...string) []string {
 	return args
 }
 
-// logger returns a text logger on stderr at the level of --log-level.
-func logger(cmd *cobra.Command) *slog.Logger {
+// logger returns the logger on stderr that the configuration's log.level
+// and log.format (validated by Load) describe.
+func logger(cmd *cobra.Command, c config.LogConfig) *slog.Logger {
 	lvl := slog.LevelWarn
-	name, _ := cmd.Flags().GetString("log-level")
-	switch strings.ToLower(name) {
+	switch c.Level {
 	case "debug":
 		lvl = slog.LevelDebug
 	case "info":
@@ -74,15 +79,9 @@ func logger(cmd *cobra.Command) *slog.Logger {
 	case "error":
 		lvl = slog.LevelError
 	}
-	return slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: lvl}))
-}
-
-// checkLogLevel validates --log-level.
-func checkLogLevel(cmd *cobra.Command) error {
-	name, _ := cmd.Flags().GetString("log-level")
-	switch strings.ToLower(name) {
-	case "debug", "info", "warn", "error":
-		return nil
+	opts := &slog.HandlerOptions{Level: lvl}
+	if c.Format == "json" {
+		return slog.New(slog.NewJSONHandler(cmd.ErrOrStderr(), opts))
 	}
-	return usage(fmt.Errorf("--log-level %q: accepted: debug, info, warn, error", name))
+	return slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), opts))
 }

@@ -9,8 +9,12 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+
+	"github.com/bouncekv/bounce/config"
 )
 
 // Exit codes.
@@ -69,14 +73,28 @@ conformance rule), 2 bad usage or configuration, 3 the environment failed.`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.PersistentFlags().String("log-level", "warn", "log level on stderr: debug, info, warn, error")
-	root.PersistentPreRunE = func(cmd *cobra.Command, _ []string) error { return checkLogLevel(cmd) }
+	root.SetFlagErrorFunc(suggestFlag)
 	root.SetIn(stdin)
 	root.SetOut(stdout)
 	root.SetErr(stderr)
-	root.AddCommand(newRunCmd(), newServeCmd(), newSendCmd(), newConfigCmd(), newVersionCmd())
+	root.AddCommand(newRunCmd(), newServeCmd(), newSendCmd(), newConfigCmd(), newVersionCmd(), newKeyCmd())
 	for _, c := range extraCommands() {
 		root.AddCommand(c)
 	}
 	return root
+}
+
+// suggestFlag adds "did you mean" to an unknown flag error, from the
+// command's flags (configuration keys included).
+func suggestFlag(cmd *cobra.Command, err error) error {
+	name, ok := strings.CutPrefix(err.Error(), "unknown flag: --")
+	if !ok {
+		return err
+	}
+	var names []string
+	cmd.Flags().VisitAll(func(f *pflag.Flag) { names = append(names, f.Name) })
+	if s := config.DidYouMean(name, names); s != "" {
+		return fmt.Errorf("%w%s", err, strings.Replace(s, `"`, `"--`, 1))
+	}
+	return err
 }

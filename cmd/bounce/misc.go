@@ -8,6 +8,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/bouncekv/bounce/benchreport"
 	"github.com/bouncekv/bounce/config"
 )
 
@@ -17,16 +18,15 @@ func newVersionCmd() *cobra.Command {
 		Short: "Print the version, the Go toolchain and the wire protocol version",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			v, goV := "(devel)", "unknown"
-			if bi, ok := debug.ReadBuildInfo(); ok {
-				v, goV = bi.Main.Version, bi.GoVersion
-				for _, s := range bi.Settings {
-					if s.Key == "vcs.revision" && len(s.Value) >= 12 {
-						v += " " + s.Value[:12]
-					}
-				}
+			b, goV := buildInfo()
+			commit := b.Commit
+			switch {
+			case commit == "":
+				commit = "unknown (built without VCS information)"
+			case b.Modified:
+				commit += " (modified)"
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "bounce %s\n%s\nwire protocol %d\n", v, goV, wireVersion())
+			fmt.Fprintf(cmd.OutOrStdout(), "bounce %s\ncommit %s\n%s\nwire protocol %d\n", b.Version, commit, goV, b.WireVersion)
 			return nil
 		},
 	}
@@ -83,4 +83,32 @@ error naming the key, the value and what is accepted (exit code 2).`,
 	cmd.Flags().BoolVar(&keys, "keys", false, "list every key with its flag and environment variable")
 	configFlags(cmd)
 	return cmd
+}
+
+// linkedCommit is the commit `make build` links in (-X main.linkedCommit),
+// for builds whose Go build information carries no VCS revision (a
+// GOFLAGS=-buildvcs=false environment, a worktree git cannot read). It is
+// written only by the linker.
+var linkedCommit string
+
+// buildInfo describes this binary: its version, VCS commit and whether the
+// tree was modified (from the Go build information), the wire version, and
+// the Go toolchain.
+func buildInfo() (benchreport.Build, string) {
+	b, goV := benchreport.Build{Version: "(devel)", WireVersion: wireVersion()}, "unknown"
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		b.Version, goV = bi.Main.Version, bi.GoVersion
+		for _, s := range bi.Settings {
+			switch s.Key {
+			case "vcs.revision":
+				b.Commit = s.Value
+			case "vcs.modified":
+				b.Modified = s.Value == "true"
+			}
+		}
+	}
+	if b.Commit == "" {
+		b.Commit = linkedCommit
+	}
+	return b, goV
 }

@@ -23,23 +23,44 @@ import (
 	"github.com/bouncekv/bounce/mem"
 	"github.com/bouncekv/bounce/node"
 	"github.com/bouncekv/bounce/pipeline"
+	"github.com/bouncekv/bounce/security"
 	"github.com/bouncekv/bounce/transfer"
 	"github.com/bouncekv/bounce/workload"
 )
 
 // liveReceiver is an in-process receiver with the default configuration (but
 // a loopback bind) that publishes its descriptor for `bounce send --peer`.
+// It admits the senders named at its creation by their keys (security is on
+// by default): each one's key file lies in keys.
 type liveReceiver struct {
 	n    *node.Node
 	buf  *mem.Buffer
 	desc string
+	keys string
 }
 
-func newReceiver(t *testing.T, bufSize uint64) *liveReceiver {
+// newReceiver starts a receiver that admits the senders named (and no
+// other): it creates each one's key file and lists the public keys in its
+// security.allowed_peers file.
+func newReceiver(t *testing.T, bufSize uint64, senders ...string) *liveReceiver {
 	t.Helper()
+	keys := t.TempDir()
+	var allowed strings.Builder
+	for _, name := range senders {
+		id, _, err := security.LoadOrCreate(filepath.Join(keys, name+".key"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		fmt.Fprintf(&allowed, "%s %s\n", name, id.Public)
+	}
+	allowFile := filepath.Join(keys, "allowed")
+	if err := os.WriteFile(allowFile, []byte(allowed.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	cfg := config.Default()
 	cfg.Agent.Name = "recv"
 	cfg.ControlPlane.BindAddress = "127.0.0.1"
+	cfg.Security.AllowedPeers = "loaded,@" + allowFile
 	n, err := node.Build(cfg, node.Builtin(), nil)
 	if err != nil {
 		t.Fatal(err)
@@ -57,7 +78,7 @@ func newReceiver(t *testing.T, bufSize uint64) *liveReceiver {
 	}
 	on, _ := n.Agent.BounceEnabled()
 	line, _ := json.Marshal(hello{Name: n.Agent.Name(), Descriptor: base64.StdEncoding.EncodeToString(blob), BufferAddr: buf.Desc().Addr, BufferLen: buf.Desc().Len, Bounce: on})
-	r := &liveReceiver{n: n, buf: buf, desc: filepath.Join(t.TempDir(), "recv.json")}
+	r := &liveReceiver{n: n, buf: buf, desc: filepath.Join(t.TempDir(), "recv.json"), keys: keys}
 	if err := os.WriteFile(r.desc, append(line, '\n'), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -70,11 +91,14 @@ func newReceiver(t *testing.T, bufSize uint64) *liveReceiver {
 	return r
 }
 
+// key returns the key file of the sender named name (one r admits).
+func (r *liveReceiver) key(name string) string { return filepath.Join(r.keys, name+".key") }
+
 // send runs one `bounce send` process to r and fails the test unless it
 // exits 0.
 func (r *liveReceiver) send(t *testing.T, name string, args ...string) {
 	t.Helper()
-	out, errOut, code := bounce(t, append([]string{"send", "--peer", r.desc, "--agent.name", name, "--control-plane.bind-address", "127.0.0.1",
+	out, errOut, code := bounce(t, append([]string{"send", "--peer", r.desc, "--agent.name", name, "--security.key-file", r.key(name), "--control-plane.bind-address", "127.0.0.1",
 		"--bounce.arena-size", "32MiB"}, args...)...)
 	if code != 0 {
 		t.Fatalf("send %s: exit %d\n%s\n%s", name, code, out, errOut)
@@ -95,12 +119,16 @@ func TestKillSenderMidTransfer(t *testing.T) {
 	if testing.Short() {
 		t.Skip("real processes")
 	}
-	r := newReceiver(t, 512<<20)
+	var names []string
+	for round := 0; round < *killRounds; round++ {
+		names = append(names, fmt.Sprintf("victim-%d", round), fmt.Sprintf("next-%d", round))
+	}
+	r := newReceiver(t, 512<<20, names...)
 	work := []string{"--workload", "llama70b-tp8-b16", "--count", "16384", "--requests", "8"}
 	var reclaim []time.Duration
 	for round := 0; round < *killRounds; round++ {
 		name := fmt.Sprintf("victim-%d", round)
-		cmd := exec.Command(cliBinary(t), append([]string{"send", "--peer", r.desc, "--agent.name", name, "--control-plane.bind-address", "127.0.0.1",
+		cmd := exec.Command(cliBinary(t), append([]string{"send", "--peer", r.desc, "--agent.name", name, "--security.key-file", r.key(name), "--control-plane.bind-address", "127.0.0.1",
 			"--bounce.arena-size", "64MiB"}, work...)...)
 		var serr syncBuffer
 		cmd.Stderr = &serr
@@ -147,10 +175,16 @@ func TestKillReceiverMidTransfer(t *testing.T) {
 	if testing.Short() {
 		t.Skip("real processes")
 	}
+	// The receiver processes admit this sender by its key.
 	cfg := config.Default()
 	cfg.Agent.Name = "sender"
 	cfg.ControlPlane.BindAddress = "127.0.0.1"
 	cfg.Bounce.ArenaSize = 64 * config.MiB
+	cfg.Security.KeyFile = filepath.Join(t.TempDir(), "sender.key")
+	self, _, err := security.LoadOrCreate(cfg.Security.KeyFile)
+	if err != nil {
+		t.Fatal(err)
+	}
 	n, err := node.Build(cfg, node.Builtin(), nil)
 	if err != nil {
 		t.Fatal(err)
@@ -171,7 +205,7 @@ func TestKillReceiverMidTransfer(t *testing.T) {
 	var recvErr syncBuffer
 	start := func() (*exec.Cmd, hello) {
 		recv := exec.Command(cliBinary(t), "serve", "--stdin-control", "--agent.name", "victim", "--buffer-size", "512MiB",
-			"--engine.listen", listen, "--control-plane.bind-address", "127.0.0.1")
+			"--security.allowed-peers", "loaded,sender="+self.Public.String(), "--engine.listen", listen, "--control-plane.bind-address", "127.0.0.1")
 		stdout, _ := recv.StdoutPipe()
 		recv.Stderr = &recvErr
 		// serve --stdin-control exits when its stdin closes: keep it open.
@@ -305,7 +339,11 @@ func TestSoakSenderProcesses(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	r := newReceiver(t, 64<<20)
+	names := []string{"warm"}
+	for i := 0; i < senders; i++ {
+		names = append(names, fmt.Sprintf("s%d", i))
+	}
+	r := newReceiver(t, 64<<20, names...)
 	work := []string{"--workload", "gptoss120b-tp8-b16", "--count", "2048", "--requests", "4"}
 	r.send(t, "warm", work...) // first-use allocations are not growth
 	time.Sleep(100 * time.Millisecond)
@@ -374,15 +412,19 @@ func TestFairnessEightSenders(t *testing.T) {
 	if testing.Short() {
 		t.Skip("real processes")
 	}
-	r := newReceiver(t, 256<<20)
 	const senders = 8
+	var names []string
+	for i := 0; i < senders; i++ {
+		names = append(names, fmt.Sprintf("fair-%d", i))
+	}
+	r := newReceiver(t, 256<<20, names...)
 	type out struct {
 		stdout, stderr string
 		err            error
 	}
 	res := make(chan out, senders)
 	for i := 0; i < senders; i++ {
-		cmd := exec.Command(cliBinary(t), "send", "--peer", r.desc, "--agent.name", fmt.Sprintf("fair-%d", i), "--control-plane.bind-address", "127.0.0.1",
+		cmd := exec.Command(cliBinary(t), "send", "--peer", r.desc, "--agent.name", names[i], "--security.key-file", r.key(names[i]), "--control-plane.bind-address", "127.0.0.1",
 			"--bounce.arena-size", "64MiB", "--workload", "gptoss120b-tp8-b16", "--count", "512", "--requests", "128", "--route", "bounce")
 		var so, se strings.Builder
 		cmd.Stdout, cmd.Stderr = &so, &se

@@ -48,6 +48,13 @@ func printResults(w io.Writer, s workload.Spec, rows []namedResult) {
 	}
 	tw.Flush()
 	for _, r := range rows {
+		if r.res.Fallbacks > 0 {
+			label := r.label
+			if label == "" {
+				label = r.res.Route
+			}
+			fmt.Fprintf(w, "%s: %d of %d request(s) fell back to the direct path: %s\n", label, r.res.Fallbacks, r.res.Requests, r.res.FallbackReason)
+		}
 		if r.res.FirstErr != nil {
 			fmt.Fprintf(w, "%s: first failure: %v\n", r.label, r.res.FirstErr)
 		}

@@ -35,7 +35,7 @@ The default workload is one rank of Llama-3.1-70B at TP=8 with block size 16:
 81,920 fragmented descriptors of 4 KiB (320 MiB).`,
 		Example: `  bounce run
   bounce run --workload gptoss120b-tp8-b16 --requests 8
-  bounce run --engine.kind ucx --control-plane.kind zmq --no-compare`,
+  bounce run --engine.kind ucx --control-plane.kind zmq --compare=false`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			l, err := loadConfig(cmd)
@@ -69,7 +69,7 @@ func mainJob(cmd *cobra.Command, cfg config.Config, childArgs []string, spec wor
 	}
 	defer s.close()
 	if on, why, _ := s.n.Agent.PeerRoute(s.tgt.Peer); !on {
-		fmt.Fprintf(out, "note: the bounce path is unavailable (%s); every transfer takes the direct path\n", why)
+		fmt.Fprintf(out, "note: the bounce path is unavailable (%s); the bounce route, which run requires, will fail with that reason\n", why)
 	}
 	if addr := s.n.Telemetry.MetricsAddr(); addr != "" {
 		fmt.Fprintf(out, "metrics: sender http://%s/metrics, receiver http://%s/metrics\n", addr, s.recv.hello.Metrics)

@@ -76,17 +76,25 @@ func parseRoute(s string) (pipeline.Route, error) {
 
 func newSendCmd() *cobra.Command {
 	var wf workloadFlags
-	var peerFile, route string
+	var peerFile, route, jsonOut string
+	var warm bool
+	var repeat int
 	cmd := &cobra.Command{
 		Use:   "send",
 		Short: "Move a KV-shaped workload to a serving agent",
 		Long: `send builds a sender agent from the configuration, loads the peer
 published by 'bounce serve' (its descriptor line, from a file or "-" for
 stdin), moves the workload into the peer's buffer and prints a summary.
-Bytes are verified on the receiving side (see 'bounce run' for a verified
-single-host run).`,
-		Example: `  bounce send --peer recv.json --workload gptoss120b-tp8-b16 --requests 8`,
-		Args:    cobra.NoArgs,
+Bytes are verified on the receiving side (see 'bounce serve --expect', and
+'bounce run' for a verified single-host run). Like 'bounce run', one
+unrecorded request moves first (--warm-up=false to measure cold; it writes
+the first request's bytes, which --expect accepts); --repeat moves the
+workload several times, one summary row each (against a plain 'bounce
+serve': one with --expect exits after the first complete pass); --json
+writes the rows.`,
+		Example: `  bounce send --peer recv.json --workload gptoss120b-tp8-b16 --requests 8
+  bounce send --peer recv.json --repeat 5 --json send.json`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			l, err := loadConfig(cmd)
 			if err != nil {
@@ -100,11 +108,14 @@ single-host run).`,
 			if err != nil {
 				return err
 			}
+			if repeat < 1 {
+				return usage(fmt.Errorf("--repeat %d: must be at least 1", repeat))
+			}
 			h, blob, err := readHello(cmd.InOrStdin(), peerFile)
 			if err != nil {
 				return usage(err)
 			}
-			n, err := node.Build(l.Config, factories(), logger(cmd))
+			n, err := node.Build(l.Config, factories(), logger(cmd, l.Config.Log))
 			if err != nil {
 				return usage(err)
 			}
@@ -119,18 +130,50 @@ single-host run).`,
 			defer d.Close()
 			ctx, cancel := context.WithTimeout(cmd.Context(), 10*time.Minute)
 			defer cancel()
-			res, err := d.Run(ctx, driver.Target{Peer: h.Name, Buffer: h.buffer()}, driver.Options{Spec: spec, Requests: wf.requests, Route: rt})
-			if err != nil {
-				return failed(err)
+			tgt := driver.Target{Peer: h.Name, Buffer: h.buffer()}
+			out := cmd.OutOrStdout()
+			if warm {
+				res, err := d.Run(ctx, tgt, driver.Options{Spec: spec, Requests: 1, Route: rt})
+				if err == nil && res.Failed > 0 {
+					err = res.FirstErr
+				}
+				if err != nil {
+					return failed(fmt.Errorf("warm-up: %w", err))
+				}
+				fmt.Fprintln(out, "warm-up: one unrecorded request moved first")
 			}
-			printResults(cmd.OutOrStdout(), spec, []namedResult{{res: res}})
-			if res.Failed > 0 {
-				return failed(fmt.Errorf("%d of %d requests failed: %w", res.Failed, res.Requests, res.FirstErr))
+			var rows []namedResult
+			var firstErr error
+			for i := range repeat {
+				res, err := d.Run(ctx, tgt, driver.Options{Spec: spec, Requests: wf.requests, Route: rt})
+				if err != nil {
+					return failed(err)
+				}
+				row := namedResult{res: res}
+				if repeat > 1 {
+					row.label = fmt.Sprintf("%s #%d", res.Route, i)
+				}
+				rows = append(rows, row)
+				if res.Failed > 0 && firstErr == nil {
+					firstErr = fmt.Errorf("%d of %d requests failed: %w", res.Failed, res.Requests, res.FirstErr)
+				}
+			}
+			printResults(out, spec, rows)
+			if jsonOut != "" {
+				if err := writeSendJSON(jsonOut, spec, rt, rows); err != nil {
+					return runtime(err)
+				}
+			}
+			if firstErr != nil {
+				return failed(firstErr)
 			}
 			return nil
 		},
 	}
 	wf.add(cmd, 1)
+	cmd.Flags().BoolVar(&warm, "warm-up", true, "first move one request unrecorded, so connection setup and first-touch faults are not measured")
+	cmd.Flags().IntVar(&repeat, "repeat", 1, "move the workload this many times, one summary row each")
+	cmd.Flags().StringVar(&jsonOut, "json", "", "also write the results as JSON to this file")
 	cmd.Flags().StringVar(&peerFile, "peer", "", `the receiver's descriptor line from 'bounce serve' (a file, or "-" for stdin)`)
 	cmd.Flags().StringVar(&route, "route", "auto", "auto, bounce or direct")
 	cmd.MarkFlagRequired("peer")
@@ -176,4 +219,50 @@ func parseHello(b []byte) (hello, []byte, error) {
 		return hello{}, nil, fmt.Errorf("buffer [%#x+%d] wraps the address space", h.BufferAddr, h.BufferLen)
 	}
 	return h, blob, nil
+}
+
+// sendRow is one measured repetition in send's JSON output.
+type sendRow struct {
+	Iteration      int     `json:"iteration"`
+	Route          string  `json:"route"`
+	Reason         string  `json:"reason,omitempty"`
+	Requests       int     `json:"requests"`
+	Failed         int     `json:"failed"`
+	Bytes          uint64  `json:"bytes"`
+	ElapsedNS      int64   `json:"elapsed_ns"`
+	BytesPerSecond float64 `json:"bytes_per_second"`
+	P50NS          int64   `json:"p50_ns"`
+	P99NS          int64   `json:"p99_ns"`
+	MaxNS          int64   `json:"max_ns"`
+	Fallbacks      int     `json:"fallbacks"`
+	FallbackReason string  `json:"fallback_reason,omitempty"`
+	Error          string  `json:"error,omitempty"`
+}
+
+// writeSendJSON writes send's rows with the workload they moved.
+func writeSendJSON(path string, spec workload.Spec, asked pipeline.Route, rows []namedResult) error {
+	doc := struct {
+		DescSize   uint64    `json:"desc_size"`
+		Count      int       `json:"count"`
+		Fragmented bool      `json:"fragmented"`
+		Asked      string    `json:"route_asked"`
+		Rows       []sendRow `json:"rows"`
+	}{DescSize: spec.DescSize, Count: spec.Count, Fragmented: spec.Fragmented, Asked: asked.String()}
+	for i, r := range rows {
+		row := sendRow{
+			Iteration: i, Route: r.res.Route, Reason: r.res.Reason, Requests: r.res.Requests, Failed: r.res.Failed,
+			Bytes: r.res.Bytes, ElapsedNS: int64(r.res.Elapsed), BytesPerSecond: r.res.Throughput(),
+			P50NS: int64(r.res.Percentile(50)), P99NS: int64(r.res.Percentile(99)), MaxNS: int64(r.res.Percentile(100)),
+			Fallbacks: r.res.Fallbacks, FallbackReason: r.res.FallbackReason,
+		}
+		if r.res.FirstErr != nil {
+			row.Error = r.res.FirstErr.Error()
+		}
+		doc.Rows = append(doc.Rows, row)
+	}
+	b, err := json.MarshalIndent(doc, "", "  ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, append(b, '\n'), 0o644)
 }

@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"syscall"
 	"time"
 
@@ -17,6 +18,7 @@ import (
 	"github.com/bouncekv/bounce/config"
 	"github.com/bouncekv/bounce/mem"
 	"github.com/bouncekv/bounce/node"
+	"github.com/bouncekv/bounce/pipeline"
 	"github.com/bouncekv/bounce/transfer"
 	"github.com/bouncekv/bounce/workload"
 )
@@ -92,12 +94,48 @@ With --stdin-control it reads JSON commands from stdin instead (used by
 			if err != nil {
 				return err
 			}
-			size, err := config.ParseSize(bufSize)
-			if err != nil || size == 0 {
-				return usage(fmt.Errorf("--buffer-size %q: a positive byte size like 512MiB", bufSize))
+			// Everything is validated before the descriptor is published:
+			// a sender never sees a receiver that then refuses to start.
+			var want uint64 // the bytes --expect needs
+			if expectOn {
+				spec, err := expect.spec()
+				if err != nil {
+					return err
+				}
+				want = uint64(expect.requests) * spec.Bytes()
 			}
-			log := logger(cmd)
-			n, err := node.Build(l.Config, fs(), log)
+			size := config.Size(want)
+			switch {
+			case bufSize != "":
+				size, err = config.ParseSize(bufSize)
+				if err != nil || size == 0 {
+					return usage(fmt.Errorf("--buffer-size %q: a positive byte size like 512MiB", bufSize))
+				}
+				if uint64(size) < want {
+					return usage(fmt.Errorf("--buffer-size %v is smaller than the %v --expect needs (%d request(s) x %v); omit --buffer-size to size it from --expect",
+						size, config.Size(want), expect.requests, config.Size(want/uint64(expect.requests))))
+				}
+			case !expectOn:
+				size = config.GiB
+			}
+			log := logger(cmd, l.Config.Log)
+			// A receiver whose bounce path cannot be built (a bad
+			// interface, say) fails here rather than serve direct only.
+			opts := node.Options{Logger: log, StrictBounce: true}
+			if !stdinControl {
+				// Each request a sender finishes (or fails) here is one
+				// line on stderr; under --stdin-control the parent reads
+				// the counts from stats instead.
+				events := make(chan pipeline.Received, 1024)
+				printed := make(chan struct{})
+				go func() {
+					defer close(printed)
+					printEvents(cmd.ErrOrStderr(), events)
+				}()
+				defer func() { close(events); <-printed }() // after n.Close: no sender left
+				opts.Received = events
+			}
+			n, err := node.BuildWith(l.Config, fs(), opts)
 			if err != nil {
 				return usage(err)
 			}
@@ -119,7 +157,7 @@ With --stdin-control it reads JSON commands from stdin instead (used by
 				Metrics: n.Telemetry.MetricsAddr()})
 			w := cmd.OutOrStdout()
 			if out != "" {
-				if err := os.WriteFile(out, append(line, '\n'), 0o644); err != nil {
+				if err := writeFileAtomic(out, append(line, '\n')); err != nil {
 					return runtime(err)
 				}
 			} else {
@@ -139,7 +177,7 @@ With --stdin-control it reads JSON commands from stdin instead (used by
 			return nil
 		},
 	}
-	cmd.Flags().StringVar(&bufSize, "buffer-size", "1GiB", "size of the registered destination buffer")
+	cmd.Flags().StringVar(&bufSize, "buffer-size", "", "size of the registered destination buffer (default: what --expect needs, else 1GiB)")
 	cmd.Flags().StringVar(&out, "descriptor-out", "", "write the descriptor line to this file instead of stdout")
 	cmd.Flags().BoolVar(&stdinControl, "stdin-control", false, "read JSON commands from stdin (for bounce run/bench)")
 	cmd.Flags().BoolVar(&expectOn, "expect", false, "verify the workload described by the workload flags as it lands, then exit")
@@ -224,9 +262,6 @@ func awaitExpected(cmd *cobra.Command, buf *mem.Buffer, wf workloadFlags, wait t
 		return err
 	}
 	c := verifyCommand(spec, wf.requests)
-	if uint64(wf.requests)*spec.Bytes() > buf.Desc().Len {
-		return usage(fmt.Errorf("--expect: %d requests x %d bytes exceed --buffer-size", wf.requests, spec.Bytes()))
-	}
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
 	defer signal.Stop(sig)
@@ -247,4 +282,39 @@ func awaitExpected(cmd *cobra.Command, buf *mem.Buffer, wf workloadFlags, wait t
 			return failed(fmt.Errorf("expected workload not complete after %v: %s", wait, rep.Error))
 		}
 	}
+}
+
+// printEvents writes one line per receiver completion event until events is
+// closed: "received" with the peer, request, tag, bytes and route, or
+// "receive failed" with the error as well.
+func printEvents(w io.Writer, events <-chan pipeline.Received) {
+	for ev := range events {
+		if ev.Err != nil {
+			fmt.Fprintf(w, "receive failed: peer=%s request=%d tag=%q bytes=%d route=%s err=%q\n", ev.Peer, ev.Request, ev.Tag, ev.Bytes, ev.Route, ev.Err)
+			continue
+		}
+		fmt.Fprintf(w, "received: peer=%s request=%d tag=%q bytes=%d route=%s\n", ev.Peer, ev.Request, ev.Tag, ev.Bytes, ev.Route)
+	}
+}
+
+// writeFileAtomic writes b to path through a temporary file in the same
+// directory and a rename, so a reader never sees a partial descriptor.
+func writeFileAtomic(path string, b []byte) error {
+	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(f.Name()) // a no-op once renamed
+	if _, err := f.Write(b); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Chmod(0o644); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	return os.Rename(f.Name(), path)
 }

@@ -44,7 +44,7 @@ func startSession(cmd *cobra.Command, cfg config.Config, childArgs []string, cap
 		s.close()
 		return nil, wrap(err)
 	}
-	if s.n, err = node.Build(cfg, f, logger(cmd)); err != nil {
+	if s.n, err = node.Build(cfg, f, logger(cmd, cfg.Log)); err != nil {
 		return fail(usage, err)
 	}
 	if _, err := s.n.Agent.LoadPeer(recv.blob); err != nil {
@@ -63,6 +63,30 @@ func startSession(cmd *cobra.Command, cfg config.Config, childArgs []string, cap
 	return s, nil
 }
 
+// remoteSession builds the sender node against a receiver that runs
+// elsewhere ('bounce serve' on another host): its descriptor line h/blob is
+// all it knows of it, so nothing is verified or cleared on that side.
+func remoteSession(cmd *cobra.Command, cfg config.Config, h hello, blob []byte, capacity uint64) (*session, error) {
+	if capacity > h.BufferLen {
+		return nil, usage(fmt.Errorf("--peer: the receiver's buffer is %s, the largest cell needs %s: start 'bounce serve' with a larger --buffer-size or lower --max-bytes",
+			benchreport.FormatSize(h.BufferLen), benchreport.FormatSize(capacity)))
+	}
+	s := &session{tgt: driver.Target{Peer: h.Name, Buffer: h.buffer()}}
+	var err error
+	if s.n, err = node.Build(cfg, factories(), logger(cmd, cfg.Log)); err != nil {
+		return nil, usage(err)
+	}
+	if _, err := s.n.Agent.LoadPeer(blob); err != nil {
+		s.close()
+		return nil, failed(fmt.Errorf("load receiver %q: %w", h.Name, err))
+	}
+	if s.d, err = driver.New(s.n.Agent, capacity); err != nil {
+		s.close()
+		return nil, runtime(fmt.Errorf("source buffer of %s: %w", benchreport.FormatSize(capacity), err))
+	}
+	return s, nil
+}
+
 // close tears the session down: the source buffer, the sender, the receiver.
 func (s *session) close() error {
 	var errs []error
@@ -72,7 +96,9 @@ func (s *session) close() error {
 	if s.n != nil {
 		errs = append(errs, s.n.Close(context.Background()))
 	}
-	errs = append(errs, s.recv.close())
+	if s.recv != nil {
+		errs = append(errs, s.recv.close())
+	}
 	for _, e := range errs {
 		if e != nil {
 			return e

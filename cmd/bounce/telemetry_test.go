@@ -255,7 +255,8 @@ func TestPrometheusEndpoint(t *testing.T) {
 	dir := t.TempDir()
 	desc := filepath.Join(dir, "recv.json")
 	work := []string{"--workload", "llama70b-tp8-b16", "--count", "4096", "--requests", "1"}
-	serve := exec.Command(cliBinary(t), "serve", "--agent.name", "recv", "--buffer-size", "64MiB", "--descriptor-out", desc,
+	keyFile, allow := senderKey(t, dir, "send")
+	serve := exec.Command(cliBinary(t), "serve", "--agent.name", "recv", "--buffer-size", "64MiB", "--descriptor-out", desc, "--security.allowed-peers", allow,
 		"--control-plane.bind-address", "127.0.0.1", "--telemetry.metrics.listen", "127.0.0.1:0", "--telemetry.service-name", "scrape")
 	var serr syncBuffer
 	serve.Stderr = &serr
@@ -275,7 +276,7 @@ func TestPrometheusEndpoint(t *testing.T) {
 	if err := json.Unmarshal(raw, &h); err != nil || h.Metrics == "" {
 		t.Fatalf("descriptor line %s: %v (want a metrics address)", raw, err)
 	}
-	out, errOut, code := bounce(t, append([]string{"send", "--peer", desc, "--agent.name", "send", "--control-plane.bind-address", "127.0.0.1"}, work...)...)
+	out, errOut, code := bounce(t, append([]string{"send", "--peer", desc, "--agent.name", "send", "--security.key-file", keyFile, "--control-plane.bind-address", "127.0.0.1"}, work...)...)
 	if code != 0 {
 		t.Fatalf("send exit %d\n%s\n%s", code, out, errOut)
 	}

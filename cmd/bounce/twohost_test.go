@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/bouncekv/bounce/benchreport"
 )
 
 // twoHosts makes two network namespaces joined by a veth pair — the test's
@@ -16,6 +18,19 @@ import (
 // that forbids them).
 func twoHosts(t *testing.T) (nsA, nsB, ifA, ifB, ipA, ipB string) {
 	t.Helper()
+	id := os.Getpid() % 100000
+	n := id%250 + 1
+	ifA, ifB = fmt.Sprintf("bva%d", id), fmt.Sprintf("bvb%d", id)
+	ipA, ipB = fmt.Sprintf("10.199.%d.1", n), fmt.Sprintf("10.199.%d.2", n)
+	nsA, nsB = twoHostsWith(t, "", ifA, ifB, ipA, ipB)
+	return nsA, nsB, ifA, ifB, ipA, ipB
+}
+
+// twoHostsWith is twoHosts with the interface names and addresses given
+// (each namespace has its own, so eth0 on both sides is fine); tag tells
+// the namespaces of several calls in one process apart.
+func twoHostsWith(t *testing.T, tag, ifA, ifB, ipA, ipB string) (nsA, nsB string) {
+	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("network namespaces need root")
 	}
@@ -23,10 +38,7 @@ func twoHosts(t *testing.T) (nsA, nsB, ifA, ifB, ipA, ipB string) {
 		t.Skip("no ip(8): install iproute2")
 	}
 	id := os.Getpid() % 100000
-	nsA, nsB = fmt.Sprintf("bnc-a-%d", id), fmt.Sprintf("bnc-b-%d", id)
-	ifA, ifB = fmt.Sprintf("bva%d", id), fmt.Sprintf("bvb%d", id)
-	n := id%250 + 1
-	ipA, ipB = fmt.Sprintf("10.199.%d.1", n), fmt.Sprintf("10.199.%d.2", n)
+	nsA, nsB = fmt.Sprintf("bnc-a%s-%d", tag, id), fmt.Sprintf("bnc-b%s-%d", tag, id)
 	run := func(args ...string) error {
 		out, err := exec.Command("ip", args...).CombinedOutput()
 		if err != nil {
@@ -70,7 +82,7 @@ func twoHosts(t *testing.T) (nsA, nsB, ifA, ifB, ipA, ipB string) {
 			time.Sleep(20 * time.Millisecond)
 		}
 	}
-	return nsA, nsB, ifA, ifB, ipA, ipB
+	return nsA, nsB
 }
 
 // TestTwoHosts moves a verified workload between two hosts (network
@@ -82,12 +94,14 @@ func TestTwoHosts(t *testing.T) {
 	bin := cliBinary(t)
 	for _, engine := range []string{"tcp", "ucx"} {
 		t.Run(engine, func(t *testing.T) {
-			desc := filepath.Join(t.TempDir(), "recv.json")
+			dir := t.TempDir()
+			desc := filepath.Join(dir, "recv.json")
+			keyFile, allow := senderKey(t, dir, "host-a")
 			work := []string{"--workload", "llama70b-tp8-b16", "--count", "8192", "--requests", "2", "--seed", "11"}
 			common := []string{"--engine.kind", engine, "--bounce.arena-size", "32MiB", "--bounce.max-chunk", "4MiB"}
 			serve := exec.Command("ip", append(append([]string{"netns", "exec", nsB, bin, "serve", "--agent.name", "host-b",
 				"--engine.listen", ipB + ":0", "--control-plane.interface", ifB, "--buffer-size", "64MiB",
-				"--descriptor-out", desc, "--expect", "--expect-wait", "90s"}, common...), work...)...)
+				"--descriptor-out", desc, "--security.allowed-peers", allow, "--expect", "--expect-wait", "90s"}, common...), work...)...)
 			serve.Env = append(os.Environ(), "UCX_NET_DEVICES="+ifB, "UCX_TLS=tcp")
 			var sout, serr syncBuffer
 			serve.Stdout, serve.Stderr = &sout, &serr
@@ -103,7 +117,7 @@ func TestTwoHosts(t *testing.T) {
 			if !strings.Contains(string(b), `"bounce":true`) {
 				t.Fatalf("receiver offers no bounce path: %s\n%s", b, serr.String())
 			}
-			send := exec.Command("ip", append(append([]string{"netns", "exec", nsA, bin, "send", "--peer", desc, "--agent.name", "host-a",
+			send := exec.Command("ip", append(append([]string{"netns", "exec", nsA, bin, "send", "--peer", desc, "--agent.name", "host-a", "--security.key-file", keyFile,
 				"--engine.listen", ipA + ":0", "--control-plane.interface", ifA, "--route", "bounce"}, common...), work...)...)
 			send.Env = append(os.Environ(), "UCX_NET_DEVICES="+ifA, "UCX_TLS=tcp")
 			out, err := send.CombinedOutput()
@@ -121,6 +135,136 @@ func TestTwoHosts(t *testing.T) {
 			if serveErr != nil || !strings.Contains(sout.String(), "verified: 2 request(s)") {
 				t.Fatalf("receiver on host B: %v\nstdout:\n%s\nstderr:\n%s", serveErr, sout.String(), serr.String())
 			}
+			// The receiver was told of each request, by its tag.
+			for _, tag := range []string{"req-0", "req-1"} {
+				if !strings.Contains(serr.String(), "received: peer=host-a request=") || !strings.Contains(serr.String(), `tag="`+tag+`" bytes=33554432 route=bounce`) {
+					t.Fatalf("receiver printed no completion event for %s:\n%s", tag, serr.String())
+				}
+			}
 		})
+	}
+}
+
+// readmeTwoHosts returns the two-host commands of the README (key, serve,
+// send: the block between the two-hosts markers), one argv per command,
+// continuation lines joined.
+func readmeTwoHosts(t *testing.T) [][]string {
+	t.Helper()
+	b, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, block, ok := strings.Cut(string(b), "<!-- two-hosts -->")
+	block, _, ok2 := strings.Cut(block, "<!-- /two-hosts -->")
+	if !ok || !ok2 {
+		t.Fatal("README.md has no two-hosts block")
+	}
+	var cmds [][]string
+	var cur []string
+	for _, line := range strings.Split(block, "\n") {
+		line = strings.TrimSpace(line)
+		if line == "" || strings.HasPrefix(line, "```") {
+			continue
+		}
+		cont := strings.HasSuffix(line, "\\")
+		cur = append(cur, strings.Fields(strings.TrimSuffix(line, "\\"))...)
+		if !cont {
+			cmds = append(cmds, cur)
+			cur = nil
+		}
+	}
+	if len(cmds) != 3 || cmds[0][0] != "bin/bounce" || cmds[0][1] != "key" || cmds[1][1] != "serve" || cmds[2][1] != "send" {
+		t.Fatalf("README two-hosts block is not 'bin/bounce key ...', 'bin/bounce serve ...' then 'bin/bounce send ...': %q", cmds)
+	}
+	return cmds
+}
+
+// TestReadmeTwoHosts runs the README's two-host commands exactly as printed
+// (bin/bounce is this build), host B and host A being network namespaces
+// with eth0 at 10.0.0.2 and 10.0.0.1, sharing only the directory recv.json
+// is written to (the copy between hosts).
+func TestReadmeTwoHosts(t *testing.T) {
+	cmds := readmeTwoHosts(t)
+	nsA, nsB := twoHostsWith(t, "r", "eth0", "eth0", "10.0.0.1", "10.0.0.2")
+	bin := cliBinary(t)
+	dir := t.TempDir()
+	in := func(ns string, argv []string) *exec.Cmd {
+		c := exec.Command("ip", append([]string{"netns", "exec", ns, bin}, argv[1:]...)...)
+		c.Dir = dir
+		return c
+	}
+	// Host A's key line, copied to B (both share dir here).
+	if out, err := in(nsA, cmds[0]).CombinedOutput(); err != nil {
+		t.Fatalf("key: %v\n%s", err, out)
+	}
+	serve := in(nsB, cmds[1])
+	var sout, serr syncBuffer
+	serve.Stdout, serve.Stderr = &sout, &serr
+	if err := serve.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer serve.Process.Kill()
+	exited := make(chan struct{})
+	var serveErr error
+	go func() { serveErr = serve.Wait(); close(exited) }()
+	waitForFileOf(t, filepath.Join(dir, "recv.json"), &serr, exited)
+	out, err := in(nsA, cmds[2]).CombinedOutput()
+	if err != nil {
+		t.Fatalf("send: %v\n%s\nserve stderr:\n%s", err, out, serr.String())
+	}
+	if !strings.Contains(string(out), "bounce  ") || strings.Contains(string(out), "fell back") {
+		t.Fatalf("send did not take the bounce route:\n%s", out)
+	}
+	select {
+	case <-exited:
+	case <-time.After(2 * time.Minute):
+		t.Fatal("the receiver never finished verifying")
+	}
+	if serveErr != nil || !strings.Contains(sout.String(), "verified: 8 request(s)") {
+		t.Fatalf("receiver: %v\nstdout:\n%s\nstderr:\n%s", serveErr, sout.String(), serr.String())
+	}
+	if n := strings.Count(serr.String(), "received: peer="); n < 8 {
+		t.Fatalf("receiver printed %d completion events, want at least 8:\n%s", n, serr.String())
+	}
+}
+
+// TestBenchPeerTwoHosts: bench --peer measures against a plain 'bounce
+// serve' on another host (network namespace), knowing only its descriptor
+// line; the report names the remote receiver and marks the cells unverified.
+func TestBenchPeerTwoHosts(t *testing.T) {
+	nsA, nsB := twoHostsWith(t, "p", "eth0", "eth0", "10.0.9.1", "10.0.9.2")
+	bin := cliBinary(t)
+	dir := t.TempDir()
+	desc, js := filepath.Join(dir, "recv.json"), filepath.Join(dir, "bench.json")
+	serve := exec.Command("ip", "netns", "exec", nsB, bin, "serve", "--agent.name", "decode-0", "--buffer-size", "64MiB",
+		"--engine.listen", "10.0.9.2:0", "--control-plane.interface", "eth0", "--descriptor-out", desc)
+	var serr syncBuffer
+	serve.Stderr = &serr
+	if err := serve.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { serve.Process.Kill(); serve.Wait() }()
+	waitForFileOf(t, desc, &serr, nil)
+	out, err := exec.Command("ip", "netns", "exec", nsA, bin, "bench", "--peer", desc, "--agent.name", "prefill-0",
+		"--engine.listen", "10.0.9.1:0", "--control-plane.interface", "eth0",
+		"--workload", "gptoss120b-tp8-b16", "--count", "4096", "--concurrency", "1,4", "--repeat", "1",
+		"--routes", "bounce,direct", "--json", js).CombinedOutput()
+	if err != nil {
+		t.Fatalf("bench --peer: %v\n%s\nserve:\n%s", err, out, serr.String())
+	}
+	rep, err := benchreport.LoadJSON(js)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Config.Peer != "decode-0" || len(rep.Cells) != 4 {
+		t.Fatalf("peer %q, %d cells:\n%s", rep.Config.Peer, len(rep.Cells), out)
+	}
+	for _, c := range rep.Cells {
+		if c.Failed != 0 || c.Took != c.Route || c.Verified != benchreport.VerifiedSkipped || c.Bytes != uint64(c.Concurrency)*4096*2048 {
+			t.Fatalf("cell %+v\n%s", c, out)
+		}
+	}
+	if n := strings.Count(serr.String(), "received: peer=prefill-0"); n < 10 { // 2 warm-ups + 2 x (1 + 4)
+		t.Fatalf("the remote receiver announced %d requests, want at least 10:\n%s", n, serr.String())
 	}
 }

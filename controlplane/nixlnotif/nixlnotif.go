@@ -7,6 +7,12 @@
 // AddPeer loads it into the engine, which is how the engine learns to reach
 // the peer.
 //
+// Authentication is the engine's: a notification's Peer is the agent the
+// engine authenticated on the connection it arrived on (the tcp engine's
+// Noise handshake binds each connection to the key of an admitted agent),
+// and the channel adds no check of its own. Over an engine that does not
+// authenticate (UCX), neither does this channel (docs/SECURITY.md).
+//
 // The Channel borrows the engine: it never closes it and never forgets its
 // peers, because the data path uses the same engine and the same peers. It
 // assumes it is the only consumer of the engine's notifications.

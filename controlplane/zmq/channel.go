@@ -8,7 +8,18 @@
 // most SendHWM messages and a send beyond that is dropped with
 // transfer.ErrQueueFull.
 //
-// A Channel starts no goroutines: Recv reads the ROUTER itself. Every
+// With Config.Peers enabled (security.mode authenticate) every connection
+// is ZeroMQ CURVE: the ROUTER is a CURVE server holding this agent's key,
+// each DEALER a client pinned to its peer's public key, and a ZAP handler
+// bound in the channel's own context admits only the keys of admitted
+// peers, setting the connection's User-Id to the agent that owns the key.
+// Message.Peer is that agent; a message whose declared routing identity
+// differs is dropped and counted (Stats.Spoofed). ZMQ_MAXMSGSIZE bounds
+// every message (a peer sending more is disconnected before it is
+// buffered) and ZMQ_HANDSHAKE_IVL every handshake.
+//
+// A Channel starts one goroutine, the ZAP handler, when CURVE is on; Recv
+// reads the ROUTER itself. Every
 // Channel owns its own ZeroMQ context, so Close releases all of its sockets
 // and libzmq threads and affects no other Channel.
 package zmq
@@ -26,6 +37,7 @@ import (
 
 	zmq4 "github.com/pebbe/zmq4"
 
+	"github.com/bouncekv/bounce/security"
 	"github.com/bouncekv/bounce/transfer"
 )
 
@@ -49,6 +61,9 @@ var _ transfer.ControlChannel = (*Channel)(nil)
 type Channel struct {
 	name     string
 	sendHWM  int
+	auth     *security.Peers // nil or disabled: no CURVE
+	maxMsg   int64
+	zap      *zapHandler // nil without CURVE
 	log      *slog.Logger
 	lookup   hostLookup
 	zctx     *zmq4.Context
@@ -74,15 +89,16 @@ type Channel struct {
 	closeOnce sync.Once
 	closeErr  error
 
-	sent, received, dropped, badEndpoints, malformed atomic.Uint64
+	sent, received, dropped, badEndpoints, malformed, spoofed atomic.Uint64
 }
 
 // dealer is the send socket to one peer.
 type dealer struct {
-	mu       sync.Mutex // serializes use of sock
-	sock     *zmq4.Socket
-	endpoint string
-	dropping bool // the last send was dropped; used to warn once per episode
+	mu        sync.Mutex // serializes use of sock
+	sock      *zmq4.Socket
+	endpoint  string
+	dropping  bool // the last send was dropped; used to warn once per episode
+	connected bool // Connect was called (at once without CURVE, on the first Send with it)
 }
 
 // Stats are the channel's cumulative counters.
@@ -98,6 +114,12 @@ type Stats struct {
 	// Malformed counts incoming messages discarded because they were not a
 	// single frame from a named peer.
 	Malformed uint64
+	// Admitted and Refused count CURVE connections the ZAP handler admitted
+	// and refused (unknown key, other mechanism).
+	Admitted, Refused uint64
+	// Spoofed counts messages dropped because the routing identity the
+	// sender declared differs from the agent its key belongs to.
+	Spoofed uint64
 }
 
 // New binds a Channel's ROUTER on the address chosen from cfg (see Config).
@@ -121,20 +143,36 @@ func newChannel(cfg Config, probe netProbe, lookup hostLookup) (*Channel, error)
 	if err != nil {
 		return nil, fmt.Errorf("zmq: new context: %w", err)
 	}
-	router, endpoint, err := openRouter(zctx, bindEP, ipv6, cfg.RecvQueue)
+	// The ZAP handler binds first: libzmq admits CURVE clients without
+	// asking when no handler is bound.
+	var zap *zapHandler
+	stopZAP := func() {}
+	if cfg.Peers.Enabled() {
+		if zap, err = startZAP(zctx, cfg.Peers, cfg.Logger); err != nil {
+			_ = zctx.Term()
+			return nil, err
+		}
+		stopZAP = zap.stop
+	}
+	router, endpoint, err := openRouter(zctx, bindEP, ipv6, cfg)
 	if err != nil {
+		stopZAP()
 		_ = zctx.Term()
 		return nil, err
 	}
-	wakeRecv, wakeSend, err := openWakePair(zctx)
+	wakeRecv, wakeSend, err := openPair(zctx, wakeEndpoint)
 	if err != nil {
 		_ = router.Close()
+		stopZAP()
 		_ = zctx.Term()
-		return nil, err
+		return nil, fmt.Errorf("zmq: wake pair %w", err)
 	}
 	c := &Channel{
 		name:     cfg.Name,
 		sendHWM:  cfg.SendHWM,
+		auth:     cfg.Peers,
+		maxMsg:   cfg.MaxMessageSize,
+		zap:      zap,
 		log:      cfg.Logger,
 		lookup:   lookup,
 		zctx:     zctx,
@@ -152,8 +190,8 @@ func newChannel(cfg Config, probe netProbe, lookup hostLookup) (*Channel, error)
 	return c, nil
 }
 
-// openWakePair connects two inproc PAIR sockets.
-func openWakePair(zctx *zmq4.Context) (recv, send *zmq4.Socket, err error) {
+// openPair connects two inproc PAIR sockets at endpoint.
+func openPair(zctx *zmq4.Context, endpoint string) (recv, send *zmq4.Socket, err error) {
 	var socks [2]*zmq4.Socket
 	fail := func(what string, err error) (*zmq4.Socket, *zmq4.Socket, error) {
 		for _, s := range socks {
@@ -161,7 +199,7 @@ func openWakePair(zctx *zmq4.Context) (recv, send *zmq4.Socket, err error) {
 				_ = s.Close()
 			}
 		}
-		return nil, nil, fmt.Errorf("zmq: wake pair %s: %w", what, err)
+		return nil, nil, fmt.Errorf("pair %s: %w", what, err)
 	}
 	for i := range socks {
 		if socks[i], err = zctx.NewSocket(zmq4.PAIR); err != nil {
@@ -172,10 +210,10 @@ func openWakePair(zctx *zmq4.Context) (recv, send *zmq4.Socket, err error) {
 			return fail("set linger", err)
 		}
 	}
-	if err := socks[0].Bind(wakeEndpoint); err != nil {
+	if err := socks[0].Bind(endpoint); err != nil {
 		return fail("bind", err)
 	}
-	if err := socks[1].Connect(wakeEndpoint); err != nil {
+	if err := socks[1].Connect(endpoint); err != nil {
 		return fail("connect", err)
 	}
 	return socks[0], socks[1], nil
@@ -183,7 +221,7 @@ func openWakePair(zctx *zmq4.Context) (recv, send *zmq4.Socket, err error) {
 
 // openRouter creates, configures and binds the receive socket and returns
 // it with the endpoint it actually bound.
-func openRouter(zctx *zmq4.Context, bindEP string, ipv6 bool, rcvHWM int) (*zmq4.Socket, string, error) {
+func openRouter(zctx *zmq4.Context, bindEP string, ipv6 bool, cfg Config) (*zmq4.Socket, string, error) {
 	router, err := zctx.NewSocket(zmq4.ROUTER)
 	if err != nil {
 		return nil, "", fmt.Errorf("zmq: new router: %w", err)
@@ -195,8 +233,31 @@ func openRouter(zctx *zmq4.Context, bindEP string, ipv6 bool, rcvHWM int) (*zmq4
 	if err := router.SetLinger(0); err != nil {
 		return fail("set linger", err)
 	}
-	if err := router.SetRcvhwm(rcvHWM); err != nil {
+	if err := router.SetRcvhwm(cfg.RecvQueue); err != nil {
 		return fail("set rcvhwm", err)
+	}
+	// A peer that sends a larger message is disconnected by libzmq before
+	// the message is buffered whole.
+	if err := router.SetMaxmsgsize(cfg.MaxMessageSize); err != nil {
+		return fail("set maxmsgsize", err)
+	}
+	// Connections that have not finished the handshake by then are closed
+	// (an attacker opening connections and sending nothing holds an fd at
+	// most this long).
+	if err := router.SetHandshakeIvl(cfg.HandshakeTimeout); err != nil {
+		return fail("set handshake_ivl", err)
+	}
+	if cfg.Peers.Enabled() {
+		id := cfg.Peers.Self()
+		if err := router.SetCurveServer(1); err != nil {
+			return fail("set curve_server", err)
+		}
+		if err := router.SetCurveSecretkey(id.SecretZ85()); err != nil {
+			return fail("set curve_secretkey", err)
+		}
+		if err := router.SetZapDomain(zapDomain); err != nil {
+			return fail("set zap_domain", err)
+		}
 	}
 	// A peer that reconnects with the same identity (after being forgotten,
 	// or restarted) takes over the identity instead of being ignored while
@@ -233,13 +294,18 @@ func (c *Channel) LocalEndpoint() string { return c.endpoint }
 
 // Stats returns a snapshot of the channel's counters.
 func (c *Channel) Stats() Stats {
-	return Stats{
+	st := Stats{
 		Sent:         c.sent.Load(),
 		Received:     c.received.Load(),
 		Dropped:      c.dropped.Load(),
 		BadEndpoints: c.badEndpoints.Load(),
 		Malformed:    c.malformed.Load(),
+		Spoofed:      c.spoofed.Load(),
 	}
+	if c.zap != nil {
+		st.Admitted, st.Refused = c.zap.admitted.Load(), c.zap.refused.Load()
+	}
+	return st
 }
 
 // AddPeer validates endpoint (tcp://host:port: an IP literal, IPv6 in
@@ -280,14 +346,14 @@ func (c *Channel) AddPeer(peer, endpoint string) error {
 	if old != nil && old.endpoint == endpoint {
 		return nil
 	}
-	sock, err := c.openDealer(endpoint)
+	sock, err := c.openDealer(peer, endpoint)
 	if err != nil {
 		return fmt.Errorf("zmq: add peer %q: %w", peer, err)
 	}
 	if old != nil {
 		old.close()
 	}
-	c.peers[peer] = &dealer{sock: sock, endpoint: endpoint}
+	c.peers[peer] = &dealer{sock: sock, endpoint: endpoint, connected: !c.auth.Enabled()}
 	return nil
 }
 
@@ -313,7 +379,15 @@ func setHeartbeat(s *zmq4.Socket) error {
 
 // openDealer creates a DEALER with our identity and connects it. Connecting
 // is asynchronous: messages queue (up to SendHWM) until the peer answers.
-func (c *Channel) openDealer(endpoint string) (*zmq4.Socket, error) {
+func (c *Channel) openDealer(peer, endpoint string) (*zmq4.Socket, error) {
+	var server security.Key
+	if c.auth.Enabled() {
+		k, ok := c.auth.KeyOf(peer)
+		if !ok {
+			return nil, fmt.Errorf("no public key known for peer %q (load its descriptor or list it in security.allowed_peers): %w: %w", peer, security.ErrNotAdmitted, transfer.ErrUnknownPeer)
+		}
+		server = k
+	}
 	sock, err := c.zctx.NewSocket(zmq4.DEALER)
 	if err != nil {
 		return nil, fmt.Errorf("new dealer: %w", err)
@@ -328,12 +402,31 @@ func (c *Channel) openDealer(endpoint string) (*zmq4.Socket, error) {
 		// Harmless for IPv4, required to reach IPv6 peers.
 		{"set ipv6", func() error { return sock.SetIpv6(true) }},
 		{"set heartbeat", func() error { return setHeartbeat(sock) }},
+		{"set maxmsgsize", func() error { return sock.SetMaxmsgsize(c.maxMsg) }},
+	}
+	if c.auth.Enabled() {
+		id := c.auth.Self()
+		steps = append(steps, []struct {
+			what string
+			do   func() error
+		}{
+			{"set curve_serverkey", func() error { return sock.SetCurveServerkey(server.String()) }},
+			{"set curve_publickey", func() error { return sock.SetCurvePublickey(id.Public.String()) }},
+			{"set curve_secretkey", func() error { return sock.SetCurveSecretkey(id.SecretZ85()) }},
+		}...)
 	}
 	for _, s := range steps {
 		if err := s.do(); err != nil {
 			_ = sock.Close()
 			return nil, fmt.Errorf("dealer %s: %w", s.what, err)
 		}
+	}
+	if c.auth.Enabled() {
+		// With CURVE the DEALER connects on its first Send (see
+		// dealer.connect): libzmq never retries a connection whose
+		// handshake the peer refused, and a peer often admits us only once
+		// it loaded our descriptor, just after we loaded its.
+		return sock, nil
 	}
 	if err := sock.Connect(endpoint); err != nil {
 		_ = sock.Close()
@@ -377,6 +470,13 @@ func (c *Channel) Send(peer string, payload []byte) error {
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	if !d.connected {
+		if err := d.sock.Connect(d.endpoint); err != nil {
+			c.badEndpoints.Add(1)
+			return fmt.Errorf("zmq: send to %q: connect %q: %w: %w", peer, d.endpoint, transfer.ErrBadEndpoint, err)
+		}
+		d.connected = true
+	}
 	_, err := d.sock.SendBytes(payload, zmq4.DONTWAIT)
 	if isEAGAIN(err) {
 		// A non-blocking send sees queue credit returned by the I/O thread
@@ -449,9 +549,9 @@ func (c *Channel) recvTurnHeld(timeout time.Duration, deadline time.Time) (trans
 		if c.isDone() {
 			return transfer.Message{}, fmt.Errorf("zmq: recv: %w", transfer.ErrClosed)
 		}
-		frames, err := c.router.RecvMessageBytes(zmq4.DONTWAIT)
+		frames, userID, err := c.recvFrames()
 		if err == nil {
-			if m, ok := c.accept(frames); ok {
+			if m, ok := c.accept(frames, userID); ok {
 				return m, nil
 			}
 			continue
@@ -472,6 +572,36 @@ func (c *Channel) recvTurnHeld(timeout time.Duration, deadline time.Time) (trans
 	}
 }
 
+// recvFrames reads one ROUTER message without waiting and the User-Id of
+// the connection it came on. The ROUTER synthesizes the identity frame,
+// which carries no metadata, so the User-Id is read from the payload
+// frame.
+func (c *Channel) recvFrames() ([][]byte, string, error) {
+	first, err := c.router.RecvBytes(zmq4.DONTWAIT)
+	if err != nil {
+		return nil, "", err
+	}
+	frames := [][]byte{first}
+	userID := ""
+	for {
+		more, err := c.router.GetRcvmore()
+		if err != nil {
+			return nil, "", err
+		}
+		if !more {
+			return frames, userID, nil
+		}
+		b, meta, err := c.router.RecvBytesWithMetadata(zmq4.DONTWAIT, "User-Id")
+		if err != nil {
+			return nil, "", err
+		}
+		if len(frames) == 1 {
+			userID = meta["User-Id"]
+		}
+		frames = append(frames, b)
+	}
+}
+
 func (c *Channel) recvError(err error) error {
 	if c.isDone() || zmq4.AsErrno(err) == zmq4.ETERM {
 		return fmt.Errorf("zmq: recv: %w", transfer.ErrClosed)
@@ -481,13 +611,23 @@ func (c *Channel) recvError(err error) error {
 
 // accept turns one ROUTER message ([identity, payload]) into a Message.
 // Anything else (extra frames, an anonymous libzmq-assigned identity) is
-// counted and discarded.
-func (c *Channel) accept(frames [][]byte) (transfer.Message, bool) {
+// counted and discarded. With CURVE the peer is the agent that owns the
+// connection's key (the ZAP User-Id, userID); a declared identity that
+// differs from it is counted as spoofed and discarded.
+func (c *Channel) accept(frames [][]byte, userID string) (transfer.Message, bool) {
 	if len(frames) != 2 || len(frames[0]) == 0 || frames[0][0] == 0 {
 		n := c.malformed.Add(1)
 		if n&(n-1) == 0 { // log the 1st, 2nd, 4th, 8th ... occurrence
 			c.log.Warn("zmq: discarding malformed message",
 				"frames", len(frames), "malformed_total", n)
+		}
+		return transfer.Message{}, false
+	}
+	if c.auth.Enabled() && (userID == "" || userID != string(frames[0])) {
+		n := c.spoofed.Add(1)
+		if n&(n-1) == 0 {
+			c.log.Warn("zmq: discarding message whose declared identity is not its key's agent",
+				"declared", string(frames[0]), "authenticated", userID, "spoofed_total", n)
 		}
 		return transfer.Message{}, false
 	}
@@ -521,6 +661,9 @@ func (c *Channel) Close() error {
 			if err := s.Close(); err != nil {
 				errs = append(errs, fmt.Errorf("close socket: %w", err))
 			}
+		}
+		if c.zap != nil {
+			c.zap.stop()
 		}
 		if err := c.zctx.Term(); err != nil {
 			errs = append(errs, fmt.Errorf("terminate context: %w", err))

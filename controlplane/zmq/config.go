@@ -9,6 +9,8 @@ import (
 	"os"
 	"strings"
 	"time"
+
+	"github.com/bouncekv/bounce/security"
 )
 
 // Defaults applied by New to zero-valued Config fields.
@@ -18,6 +20,11 @@ const (
 	// DefaultRecvQueue is the receive high-water mark, in messages per
 	// connected peer.
 	DefaultRecvQueue = 1000
+	// DefaultMaxMessageSize is the largest control message accepted, in
+	// bytes (ZMQ_MAXMSGSIZE): a peer sending more is disconnected.
+	DefaultMaxMessageSize = 4 << 20
+	// DefaultHandshakeTimeout bounds a connection's ZMTP/CURVE handshake.
+	DefaultHandshakeTimeout = 5 * time.Second
 	// maxNameLen is the longest routing identity libzmq accepts.
 	maxNameLen = 255
 )
@@ -48,6 +55,18 @@ type Config struct {
 	// Logger receives warnings about dropped and malformed messages; nil
 	// discards them.
 	Logger *slog.Logger
+	// Peers, when enabled (security.mode authenticate), turns CURVE on: the
+	// ROUTER is a CURVE server with this agent's key, every DEALER a CURVE
+	// client pinned to its peer's key, and a ZAP handler admits only keys
+	// of admitted peers and names each message's sender from its key. Nil
+	// means plain ZMTP (security.mode off).
+	Peers *security.Peers
+	// MaxMessageSize is ZMQ_MAXMSGSIZE in bytes; 0 means
+	// DefaultMaxMessageSize.
+	MaxMessageSize int64
+	// HandshakeTimeout is ZMQ_HANDSHAKE_IVL; 0 means
+	// DefaultHandshakeTimeout.
+	HandshakeTimeout time.Duration
 }
 
 // withDefaults validates cfg and fills zero fields with defaults.
@@ -66,6 +85,18 @@ func (cfg Config) withDefaults() (Config, error) {
 		return cfg, fmt.Errorf("zmq: config recv_queue %d: must not be negative", cfg.RecvQueue)
 	case cfg.RecvQueue == 0:
 		cfg.RecvQueue = DefaultRecvQueue
+	}
+	switch {
+	case cfg.MaxMessageSize < 0:
+		return cfg, fmt.Errorf("zmq: config max_message_size %d: must not be negative", cfg.MaxMessageSize)
+	case cfg.MaxMessageSize == 0:
+		cfg.MaxMessageSize = DefaultMaxMessageSize
+	}
+	switch {
+	case cfg.HandshakeTimeout < 0:
+		return cfg, fmt.Errorf("zmq: config handshake_timeout %v: must not be negative", cfg.HandshakeTimeout)
+	case cfg.HandshakeTimeout == 0:
+		cfg.HandshakeTimeout = DefaultHandshakeTimeout
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)

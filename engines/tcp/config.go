@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/bouncekv/bounce/security"
 	"github.com/bouncekv/bounce/transfer"
 )
 
@@ -21,7 +22,15 @@ const (
 	DefaultNotifyQueue  = 256
 	DefaultRecvQueue    = 1024
 	DefaultStripeBytes  = 1 << 20
+	// DefaultFrameTimeout bounds a handshake and the receipt of one frame.
+	DefaultFrameTimeout = 15 * time.Second
+	// DefaultMaxPendingConns caps incoming connections still in their
+	// handshake or HELLO.
+	DefaultMaxPendingConns = 64
 )
+
+// MaxConnsPerPeer caps the incoming connections one peer may hold open.
+const MaxConnsPerPeer = 2 * MaxConnections
 
 // MaxConnections bounds Config.Connections.
 const MaxConnections = 64
@@ -61,6 +70,22 @@ type Config struct {
 	StripeBytes int
 	// Logger receives connection events; nil discards them.
 	Logger *slog.Logger
+	// Peers, when enabled (security.mode authenticate), makes every
+	// connection start with a mutual Noise handshake with the agents' keys:
+	// the engine dials only peers whose key it holds and accepts only
+	// admitted keys, and a HELLO must name the agent its key belongs to.
+	// Nil keeps the unauthenticated protocol (security.mode off).
+	Peers *security.Peers
+	// Encrypt seals every frame after the handshake (engine.encryption on);
+	// either side asking for it turns it on for the connection.
+	Encrypt bool
+	// FrameTimeout bounds a handshake and receiving one frame once its
+	// first byte arrived (default 15s): a peer that trickles bytes is cut
+	// off.
+	FrameTimeout time.Duration
+	// MaxPendingConns caps the incoming connections still in their
+	// handshake or HELLO (default 64); past it the oldest is closed.
+	MaxPendingConns int
 }
 
 // withDefaults returns c with zero fields replaced by defaults.
@@ -73,6 +98,8 @@ func (c Config) withDefaults() Config {
 	c.NotifyQueue = cmp.Or(c.NotifyQueue, DefaultNotifyQueue)
 	c.RecvQueue = cmp.Or(c.RecvQueue, DefaultRecvQueue)
 	c.StripeBytes = cmp.Or(c.StripeBytes, DefaultStripeBytes)
+	c.FrameTimeout = cmp.Or(c.FrameTimeout, DefaultFrameTimeout)
+	c.MaxPendingConns = cmp.Or(c.MaxPendingConns, DefaultMaxPendingConns)
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -91,10 +118,16 @@ func (c Config) Validate() error {
 	for _, d := range []struct {
 		name string
 		v    time.Duration
-	}{{"DialTimeout", c.DialTimeout}, {"WriteTimeout", c.WriteTimeout}, {"IdleTimeout", c.IdleTimeout}} {
+	}{{"DialTimeout", c.DialTimeout}, {"WriteTimeout", c.WriteTimeout}, {"IdleTimeout", c.IdleTimeout}, {"FrameTimeout", c.FrameTimeout}} {
 		if d.v < 0 {
 			return fmt.Errorf("tcp: config: %s %v is negative", d.name, d.v)
 		}
+	}
+	if c.MaxPendingConns < 0 {
+		return fmt.Errorf("tcp: config: MaxPendingConns %d is negative", c.MaxPendingConns)
+	}
+	if c.Encrypt && !c.Peers.Enabled() {
+		return fmt.Errorf("tcp: config: Encrypt needs authentication (Peers, security.mode authenticate): %w", transfer.ErrUnsupported)
 	}
 	if c.NotifyQueue < 0 {
 		return fmt.Errorf("tcp: config: NotifyQueue %d is negative", c.NotifyQueue)

@@ -43,6 +43,53 @@ type Engine struct {
 	closeErr  error
 	recvq     chan transfer.Message
 	nextID    atomic.Uint64
+
+	pending atomic.Int64 // incoming connections not yet admitted
+	guard   atomic.Pointer[transfer.WriteGuard]
+	stats   counters
+}
+
+// counters are the engine's security counters.
+type counters struct {
+	unauthenticated, refusedConns, slowConns, forbiddenWrites atomic.Uint64
+}
+
+// Stats are the engine's cumulative security counters.
+type Stats struct {
+	// Unauthenticated counts incoming connections refused for their
+	// handshake: no handshake (a plain HELLO), a key that is not admitted,
+	// a handshake to another key, or a HELLO naming another agent.
+	Unauthenticated uint64
+	// RefusedConns counts connections closed to enforce a cap: the oldest
+	// connection still in setup when a new one exceeds MaxPendingConns, or
+	// one over MaxConnsPerPeer for its peer.
+	RefusedConns uint64
+	// SlowConns counts incoming connections cut by a read deadline (a
+	// handshake, HELLO or frame that did not arrive in time).
+	SlowConns uint64
+	// ForbiddenWrites counts incoming writes the write guard refused
+	// (NACKed with ErrForbidden; nothing of them landed).
+	ForbiddenWrites uint64
+}
+
+// Stats returns a snapshot of the engine's security counters.
+func (e *Engine) Stats() Stats {
+	return Stats{
+		Unauthenticated: e.stats.unauthenticated.Load(),
+		RefusedConns:    e.stats.refusedConns.Load(),
+		SlowConns:       e.stats.slowConns.Load(),
+		ForbiddenWrites: e.stats.forbiddenWrites.Load(),
+	}
+}
+
+// SetWriteGuard installs g; every incoming write is checked against it
+// before a byte lands (transfer.WriteGuarded). Nil removes it.
+func (e *Engine) SetWriteGuard(g transfer.WriteGuard) {
+	if g == nil {
+		e.guard.Store(nil)
+		return
+	}
+	e.guard.Store(&g)
 }
 
 var (
@@ -50,6 +97,8 @@ var (
 	_ transfer.Notifier = (*Engine)(nil)
 	_ transfer.Writer   = (*Engine)(nil)
 	_ transfer.Fencer   = (*Engine)(nil)
+
+	_ transfer.WriteGuarded = (*Engine)(nil)
 )
 
 // New validates cfg, listens on cfg.Listen at once and starts accepting

@@ -329,9 +329,22 @@ func (ss *session) loop() (err error) {
 	ss.s.mu.Unlock()
 	defer conn.Close()
 
-	if err := writeFrame(conn, e.cfg.WriteTimeout, frameHello, 0, e.metadata()); err != nil {
+	var wc net.Conn = conn // what frames go through
+	if e.cfg.Peers.Enabled() {
+		sc, err := e.dialHandshake(conn, ss.s.p.name)
+		if err != nil {
+			return err
+		}
+		sc.unsealReplies(false)
+		wc = sc
+	}
+	if err := writeFrame(wc, e.cfg.WriteTimeout, frameHello, 0, e.metadata()); err != nil {
 		return fmt.Errorf("send hello: %w", err)
 	}
+	if sc, ok := wc.(*secureConn); ok {
+		sc.helloWritten()
+	}
+	conn = wc
 	readerDone := make(chan struct{})
 	go func() {
 		defer close(readerDone)
@@ -394,8 +407,7 @@ func (ss *session) drain(conn net.Conn, notifs chan []byte) error {
 		s.mu.Unlock()
 
 		conn.SetWriteDeadline(time.Now().Add(s.p.e.cfg.WriteTimeout))
-		bufs := net.Buffers(pt.bufs)
-		_, err := bufs.WriteTo(conn)
+		err := writeBufs(conn, pt.bufs)
 
 		s.mu.Lock()
 		ss.writing = false
@@ -439,9 +451,7 @@ func writeFrame(conn net.Conn, timeout time.Duration, typ byte, id uint64, body 
 	var h [headerSize]byte
 	putHeader(h[:], frameHeader{typ: typ, bodyLen: uint32(len(body)), id: id})
 	conn.SetWriteDeadline(time.Now().Add(timeout))
-	bufs := net.Buffers{h[:], body}
-	_, err := bufs.WriteTo(conn)
-	return err
+	return writeBufs(conn, [][]byte{h[:], body})
 }
 
 // readLoop reads ACK and NACK frames until the connection fails. While work

@@ -14,17 +14,23 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/bouncekv/bounce/mem"
+	"github.com/bouncekv/bounce/security"
 	"github.com/bouncekv/bounce/transfer"
 )
 
 // inConn is a connection a peer dialed to this engine.
 type inConn struct {
-	conn   net.Conn
-	name   atomic.Pointer[string] // the peer's name, once its HELLO was admitted
-	cut    atomic.Bool            // set by ForgetPeer: land nothing more
-	closed chan struct{}
-	once   sync.Once
-	served chan struct{} // closed once serve returned: no more bytes land
+	conn net.Conn
+	name atomic.Pointer[string] // the peer's name, once its HELLO was admitted
+	cut  atomic.Bool            // set by ForgetPeer: land nothing more
+	// pending is set once the connection left the pending count (admitted,
+	// or ended before).
+	pending  atomic.Bool
+	evicted  atomic.Bool // closed to make room for newer pending connections
+	accepted time.Time
+	closed   chan struct{}
+	once     sync.Once
+	served   chan struct{} // closed once serve returned: no more bytes land
 }
 
 func (ic *inConn) close() {
@@ -61,7 +67,7 @@ func (e *Engine) acceptLoop() {
 			continue
 		}
 		backoff = 5 * time.Millisecond
-		ic := &inConn{conn: c, closed: make(chan struct{}), served: make(chan struct{})}
+		ic := &inConn{conn: c, closed: make(chan struct{}), served: make(chan struct{}), accepted: time.Now()}
 		e.mu.Lock()
 		if e.closed {
 			e.mu.Unlock()
@@ -69,11 +75,31 @@ func (e *Engine) acceptLoop() {
 			return
 		}
 		e.incoming[ic] = struct{}{}
+		if e.pending.Add(1) > int64(e.cfg.MaxPendingConns) {
+			// Connections not yet through their handshake and HELLO are
+			// capped; the oldest goes, so a flood of idle connections
+			// cannot lock out a peer whose handshake takes a millisecond.
+			if v := e.oldestPendingLocked(ic); v != nil {
+				v.evicted.Store(true)
+				v.abort()
+				n := e.stats.refusedConns.Add(1)
+				if n&(n-1) == 0 {
+					e.log.Warn("tcp: incoming connection dropped: too many in setup", "max_pending_conns", e.cfg.MaxPendingConns, "refused_total", n)
+				}
+			}
+		}
 		e.wg.Add(1)
 		e.mu.Unlock()
 		go func() {
 			defer e.wg.Done()
 			err := e.serve(ic)
+			if ic.pending.CompareAndSwap(false, true) {
+				e.pending.Add(-1) // ended before it was admitted
+			}
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() && !ic.evicted.Load() {
+				e.stats.slowConns.Add(1)
+			}
 			ic.close()
 			close(ic.served)
 			e.mu.Lock()
@@ -125,28 +151,59 @@ func (e *Engine) peerLost(name string) {
 	}
 }
 
-// inReader reads frames from an incoming connection. Inside a frame every
-// read must make progress within IdleTimeout.
-type inReader struct {
-	conn    net.Conn
-	raw     syscall.RawConn // nil when the connection is not a socket
-	idle    time.Duration
-	lastSet time.Time
-	scratch []byte
+// oldestPendingLocked returns the longest-waiting connection not yet
+// admitted, other than except, or nil. The caller holds e.mu.
+func (e *Engine) oldestPendingLocked(except *inConn) *inConn {
+	var v *inConn
+	for ic := range e.incoming {
+		if ic == except || ic.name.Load() != nil || ic.pending.Load() || ic.evicted.Load() {
+			continue
+		}
+		if v == nil || ic.accepted.Before(v.accepted) {
+			v = ic
+		}
+	}
+	return v
 }
 
-// progress extends the read deadline; it is cheap when called often.
+// inReader reads frames from an incoming connection. Inside a frame every
+// read must make progress within IdleTimeout, and the whole frame must
+// arrive within FrameTimeout of its first byte (no slowloris).
+type inReader struct {
+	conn     net.Conn
+	raw      syscall.RawConn // nil when the connection is not a socket
+	idle     time.Duration
+	frame    time.Duration
+	frameEnd time.Time // deadline of the frame being read; zero between frames
+	lastSet  time.Time
+	scratch  []byte
+}
+
+// progress extends the read deadline, never past the frame's; it is cheap
+// when called often.
 func (r *inReader) progress() {
 	now := time.Now()
 	if now.Sub(r.lastSet) > r.idle/4 {
-		r.conn.SetReadDeadline(now.Add(r.idle))
+		d := now.Add(r.idle)
+		if !r.frameEnd.IsZero() && d.After(r.frameEnd) {
+			d = r.frameEnd
+		}
+		r.conn.SetReadDeadline(d)
 		r.lastSet = now
 	}
+}
+
+// frameStarted starts the frame deadline: the first byte arrived.
+func (r *inReader) frameStarted() {
+	r.frameEnd = time.Now().Add(r.frame)
+	r.lastSet = time.Time{}
+	r.progress()
 }
 
 func (r *inReader) noDeadline() {
 	r.conn.SetReadDeadline(time.Time{})
 	r.lastSet = time.Time{}
+	r.frameEnd = time.Time{}
 }
 
 func (r *inReader) full(b []byte) error {
@@ -236,14 +293,28 @@ func (e *Engine) serve(ic *inConn) error {
 	if tc, ok := conn.(*net.TCPConn); ok {
 		tc.SetKeepAliveConfig(keepAlive(e.cfg))
 	}
-	r := &inReader{conn: conn, idle: e.cfg.IdleTimeout}
-	if sc, ok := conn.(syscall.Conn); ok {
+	r := &inReader{conn: conn, idle: e.cfg.IdleTimeout, frame: e.cfg.FrameTimeout}
+	// The handshake and the HELLO share one deadline.
+	conn.SetReadDeadline(time.Now().Add(min(e.cfg.DialTimeout, e.cfg.FrameTimeout)))
+	authName := ""
+	if e.cfg.Peers.Enabled() {
+		sc, name, err := e.acceptHandshake(conn)
+		if err != nil {
+			n := e.stats.unauthenticated.Add(1)
+			if n&(n-1) == 0 {
+				e.log.Warn("tcp: incoming connection refused: authentication failed", "remote", conn.RemoteAddr(), "err", err, "unauthenticated_total", n)
+			}
+			return err
+		}
+		sc.unsealReplies(true)
+		conn, authName = sc, name
+		r.conn = conn
+	} else if sc, ok := conn.(syscall.Conn); ok {
 		if raw, err := sc.SyscallConn(); err == nil {
 			r.raw = raw
 		}
 	}
 	var hdr [headerSize]byte
-	conn.SetReadDeadline(time.Now().Add(e.cfg.DialTimeout))
 	if _, err := io.ReadFull(conn, hdr[:]); err != nil {
 		return fmt.Errorf("read hello: %w", err)
 	}
@@ -258,13 +329,25 @@ func (e *Engine) serve(ic *inConn) error {
 	if _, err := io.ReadFull(conn, body); err != nil {
 		return fmt.Errorf("read hello: %w", err)
 	}
+	if sc, ok := conn.(*secureConn); ok {
+		if err := sc.helloRead(); err != nil {
+			return err
+		}
+	}
 	m, err := decodeMetadata(body)
 	if err != nil {
 		e.reply(conn, encodeNack(0, nackBadMetadata, err.Error()))
 		return err
 	}
+	if authName != "" && m.name != authName {
+		e.stats.unauthenticated.Add(1)
+		err := fmt.Errorf("tcp: hello names %q but the connection's key belongs to %q: %w", m.name, authName, security.ErrNotAdmitted)
+		e.log.Warn("tcp: incoming connection refused", "remote", conn.RemoteAddr(), "err", err)
+		e.reply(conn, encodeNack(0, nackOther, err.Error()))
+		return err
+	}
 	if err := e.admit(ic, m); err != nil {
-		if errors.Is(err, transfer.ErrPeerLost) {
+		if errors.Is(err, transfer.ErrPeerLost) || errors.Is(err, transfer.ErrQueueFull) {
 			e.reply(conn, encodeNack(0, nackOther, err.Error()))
 		}
 		return err
@@ -279,7 +362,7 @@ func (e *Engine) serve(ic *inConn) error {
 		if _, err := io.ReadFull(conn, hdr[:1]); err != nil {
 			return err
 		}
-		r.progress()
+		r.frameStarted()
 		if err := r.full(hdr[1:]); err != nil {
 			return err
 		}
@@ -304,7 +387,7 @@ func (e *Engine) serve(ic *inConn) error {
 			if err != nil {
 				return err
 			}
-			if err := e.land(r, conn, h.id, segs, total, &bufs, log); err != nil {
+			if err := e.land(r, conn, m.name, h.id, segs, total, &bufs, log); err != nil {
 				return err
 			}
 		case frameNotif:
@@ -335,7 +418,20 @@ func (e *Engine) admit(ic *inConn, m metadata) error {
 	if _, ok := e.forgotten[m.name]; ok {
 		return fmt.Errorf("tcp: hello from %q refused: the peer was forgotten (ForgetPeer) and not loaded again: %w", m.name, transfer.ErrPeerLost)
 	}
+	conns := 0
+	for other := range e.incoming {
+		if n := other.name.Load(); n != nil && *n == m.name {
+			conns++
+		}
+	}
+	if conns >= MaxConnsPerPeer {
+		e.stats.refusedConns.Add(1)
+		return fmt.Errorf("tcp: hello from %q refused: it holds %d connections, the limit: %w", m.name, conns, transfer.ErrQueueFull)
+	}
 	ic.name.Store(&m.name)
+	if ic.pending.CompareAndSwap(false, true) {
+		e.pending.Add(-1)
+	}
 	if e.peers[m.name] == nil {
 		e.peers[m.name] = newPeer(e, m)
 	}
@@ -344,7 +440,17 @@ func (e *Engine) admit(ic *inConn, m metadata) error {
 
 // land validates every segment against this engine's registry, then reads
 // the payload straight into the destination memory and acknowledges it.
-func (e *Engine) land(r *inReader, conn net.Conn, id uint64, segs []segment, total uint64, scratch *[][]byte, log interface{ Warn(string, ...any) }) error {
+func (e *Engine) land(r *inReader, conn net.Conn, peer string, id uint64, segs []segment, total uint64, scratch *[][]byte, log interface{ Warn(string, ...any) }) error {
+	if err := e.authorize(peer, segs); err != nil {
+		n := e.stats.forbiddenWrites.Add(1)
+		if n&(n-1) == 0 {
+			log.Warn("tcp refused incoming write: not authorized", "part", id, "err", err, "forbidden_total", n)
+		}
+		if err := r.discard(total); err != nil {
+			return err
+		}
+		return e.reply(conn, encodeNack(id, nackForbidden, err.Error()))
+	}
 	bufs, pins, verr := e.resolveDsts(segs, (*scratch)[:0])
 	*scratch = bufs
 	if verr != nil {
@@ -362,6 +468,30 @@ func (e *Engine) land(r *inReader, conn net.Conn, id uint64, segs []segment, tot
 	var ack [headerSize]byte
 	putHeader(ack[:], frameHeader{typ: frameAck, id: id})
 	return e.reply(conn, ack[:])
+}
+
+// authorize asks the write guard (if one is installed) about every
+// segment, once per range the guard allows.
+func (e *Engine) authorize(peer string, segs []segment) error {
+	g := e.guard.Load()
+	if g == nil {
+		return nil
+	}
+	var allowed transfer.Desc
+	for i, s := range segs {
+		if allowed.Len > 0 && allowed.Contains(s.addr, s.n) {
+			continue
+		}
+		a, err := (*g)(peer, transfer.Desc{Addr: s.addr, Len: s.n, Kind: transfer.Host})
+		if err == nil && !a.Contains(s.addr, s.n) {
+			err = fmt.Errorf("guard allowed %v, not the segment", a)
+		}
+		if err != nil {
+			return fmt.Errorf("tcp: incoming segment %d [%#x+%d] from %q: %w", i, s.addr, s.n, peer, forbidden(err))
+		}
+		allowed = a
+	}
+	return nil
 }
 
 // resolveDsts maps segments to registered memory, appended to bufs (the

@@ -59,6 +59,7 @@ const (
 	nackOutOfBounds   byte = 2
 	nackNotRegistered byte = 3
 	nackBadMetadata   byte = 4
+	nackForbidden     byte = 5
 )
 
 // errProtocol marks a malformed frame; the connection carrying it is closed.
@@ -191,6 +192,8 @@ func parseNack(body []byte) (code byte, text string, err error) {
 // nackSentinel maps a NACK code to the transfer sentinel it reports.
 func nackSentinel(code byte) error {
 	switch code {
+	case nackForbidden:
+		return transfer.ErrForbidden
 	case nackOutOfBounds:
 		return transfer.ErrOutOfBounds
 	case nackNotRegistered:
@@ -204,6 +207,8 @@ func nackSentinel(code byte) error {
 // nackCode maps a local validation error to a NACK code.
 func nackCode(err error) byte {
 	switch {
+	case errors.Is(err, transfer.ErrForbidden):
+		return nackForbidden
 	case errors.Is(err, transfer.ErrOutOfBounds):
 		return nackOutOfBounds
 	case errors.Is(err, transfer.ErrNotRegistered):

@@ -151,6 +151,9 @@ func (s *Scheduler) Check() error {
 	if pending != s.pending {
 		return fmt.Errorf("credit: check: %d chunks pending, counter says %d", pending, s.pending)
 	}
+	if err := s.checkPeers(); err != nil {
+		return err
+	}
 	if ready != s.ringLen {
 		return fmt.Errorf("credit: check: %d ready flows, ring length %d", ready, s.ringLen)
 	}
@@ -204,4 +207,51 @@ func contains(s []uint64, v uint64) bool {
 		}
 	}
 	return false
+}
+
+// checkPeers checks the per-peer accounting against the flows: every live
+// flow is in its peer's set and nothing else is, held bytes and pending
+// chunks add up, and the waiting count is right.
+func (s *Scheduler) checkPeers() error {
+	type sum struct {
+		held    uint64
+		pending int
+		flows   int
+	}
+	want := map[string]*sum{}
+	for k, f := range s.flows {
+		w := want[k.Peer]
+		if w == nil {
+			w = &sum{}
+			want[k.Peer] = w
+		}
+		w.flows++
+		w.pending += len(f.pending) - f.head
+		for _, off := range f.held {
+			w.held += s.regions[off].size
+		}
+		if pl := s.peers[k.Peer]; pl == nil {
+			return fmt.Errorf("credit: check: flow %v has no peer entry", k)
+		} else if _, ok := pl.flows[f]; !ok {
+			return fmt.Errorf("credit: check: flow %v is missing from its peer's set", k)
+		}
+	}
+	waiting := 0
+	for p, pl := range s.peers {
+		w := want[p]
+		switch {
+		case w == nil:
+			return fmt.Errorf("credit: check: peer %q has an entry but no live flow", p)
+		case w.flows != len(pl.flows) || w.held != pl.held || w.pending != pl.pending:
+			return fmt.Errorf("credit: check: peer %q: %d flows, %d held, %d pending; entry says %d, %d, %d",
+				p, w.flows, w.held, w.pending, len(pl.flows), pl.held, pl.pending)
+		}
+		if pl.pending > 0 {
+			waiting++
+		}
+	}
+	if waiting != s.waiting {
+		return fmt.Errorf("credit: check: %d peers waiting, counter says %d", waiting, s.waiting)
+	}
+	return nil
 }

@@ -21,6 +21,39 @@ type model struct {
 	orphans  map[uint64]mRegion
 	locals   map[uint64]mLocal
 	quar     map[uint64]uint64 // quarantined regions: block size
+	share    bool              // Config.PeerShare
+	peerMax  uint64            // Config.PeerMax
+}
+
+// capped is the fair-share rule of Config.PeerShare, from the model's own
+// records: a peer holding at least capacity / (peers with live flows) block
+// bytes, while another peer has chunks pending.
+func (m *model) capped(peer string) bool {
+	if !m.share {
+		return false
+	}
+	live := map[string]bool{}
+	waiting := map[string]bool{}
+	for k, p := range m.pending {
+		if len(p) > 0 {
+			live[k.Peer], waiting[k.Peer] = true, true
+		}
+	}
+	var held uint64
+	for _, r := range m.held {
+		live[r.k.Peer] = true
+		if r.k.Peer == peer {
+			held += r.size
+		}
+	}
+	others := len(waiting)
+	if waiting[peer] {
+		others--
+	}
+	if held > 0 && m.peerMax > 0 && held >= m.peerMax {
+		return true
+	}
+	return held > 0 && len(live) >= 2 && others > 0 && held >= m.capacity/uint64(len(live))
 }
 
 type mRegion struct {
@@ -225,6 +258,10 @@ func TestSchedulerProperties(t *testing.T) {
 			Granularity:  granule,
 			MaxInflight:  rapid.IntRange(1, 4).Draw(t, "W"),
 			BypassRounds: rapid.IntRange(0, 3).Draw(t, "rounds"),
+			PeerShare:    rapid.Bool().Draw(t, "peerShare"),
+		}
+		if cfg.PeerShare {
+			cfg.PeerMax = rapid.Uint64Range(0, cfg.Capacity).Draw(t, "peerMax")
 		}
 		s, err := New(cfg)
 		if err != nil {
@@ -234,6 +271,7 @@ func TestSchedulerProperties(t *testing.T) {
 			s: s, capacity: s.Capacity(), w: cfg.MaxInflight,
 			pending: map[FlowKey][]uint64{}, wanted: map[FlowKey][]uint64{}, next: map[FlowKey]int{},
 			held: map[uint64]mRegion{}, orphans: map[uint64]mRegion{}, locals: map[uint64]mLocal{}, quar: map[uint64]uint64{},
+			share: cfg.PeerShare, peerMax: cfg.PeerMax,
 		}
 		// Mostly small chunks, some large ones (which drive drain mode), a few
 		// at or past the limits.
@@ -291,6 +329,10 @@ func TestSchedulerProperties(t *testing.T) {
 			},
 			"schedule": func(t *rapid.T) {
 				for _, g := range s.Schedule() {
+					// No grant goes to a peer at its fair share while another waits.
+					if m.capped(g.Flow.Peer) {
+						t.Fatalf("grant %+v to peer %q, which holds its fair share while another peer waits", g, g.Flow.Peer)
+					}
 					p := m.pending[g.Flow]
 					if len(p) == 0 || p[0] != g.Len || g.Chunk != m.next[g.Flow] {
 						t.Fatalf("grant %+v, model pending %v next chunk %d", g, p, m.next[g.Flow])
@@ -319,7 +361,7 @@ func TestSchedulerProperties(t *testing.T) {
 				}
 				// Schedule stops only when no ready head chunk fits.
 				for k, p := range m.pending {
-					if len(p) > 0 && m.heldBy(k) < m.w && s.BlockSize(p[0]) <= s.buddy.LargestFree() {
+					if len(p) > 0 && m.heldBy(k) < m.w && !m.capped(k.Peer) && s.BlockSize(p[0]) <= s.buddy.LargestFree() {
 						t.Fatalf("flow %v head %d fits (largest free %d) but was not granted", k, p[0], s.buddy.LargestFree())
 					}
 				}

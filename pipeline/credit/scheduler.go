@@ -75,6 +75,18 @@ type Config struct {
 	// fit may be bypassed before drain mode serves it; 0 means
 	// DefaultBypassRounds.
 	BypassRounds int
+	// PeerShare caps what one peer holds while other peers wait: a peer
+	// whose flows hold at least Capacity / (peers with live flows) block
+	// bytes gets no further grant while another peer has chunks pending.
+	// A peer holding nothing is never capped, so every peer can always be
+	// granted one region. Off, flows share the arena round-robin whatever
+	// peer they belong to (one peer's many flows can then take it all).
+	PeerShare bool
+	// PeerMax, with PeerShare, caps what one peer holds even when no other
+	// peer waits (block bytes; 0 means Capacity), so a peer that takes
+	// grants and never writes them cannot hold the whole arena against the
+	// next peer to arrive.
+	PeerMax uint64
 }
 
 // Stats is a snapshot of the scheduler's accounting. Byte counts are in
@@ -113,6 +125,11 @@ type Scheduler struct {
 	w            int
 	bypassRounds int
 
+	peerShare bool
+	peerMax   uint64
+	peers     map[string]*peerLoad // peers with live flows
+	waiting   int                  // peers with chunks pending
+
 	flows       map[FlowKey]*flow
 	regions     map[uint64]region
 	locals      map[uint64]local
@@ -132,6 +149,15 @@ type Scheduler struct {
 	heldBytes, orphanBytes, localBytes, eager uint64
 	quarantinedBytes                          uint64
 	scattering, orphans                       int
+}
+
+// peerLoad is one peer's share of the scheduler: the block bytes its flows
+// hold, its pending chunks and its live flows.
+type peerLoad struct {
+	held    uint64
+	pending int
+	flows   map[*flow]struct{}
+	capped  bool // capped as of the last rebalance
 }
 
 // flow is one (peer, request) stream.
@@ -186,6 +212,9 @@ func New(cfg Config) (*Scheduler, error) {
 		buddy:        b,
 		w:            cfg.MaxInflight,
 		bypassRounds: rounds,
+		peerShare:    cfg.PeerShare,
+		peerMax:      cfg.PeerMax,
+		peers:        make(map[string]*peerLoad),
 		flows:        make(map[FlowKey]*flow),
 		regions:      make(map[uint64]region),
 		locals:       make(map[uint64]local),
@@ -225,9 +254,71 @@ func (s *Scheduler) Want(k FlowKey, chunkBytes []uint64) error {
 	}
 	f := &flow{key: k, pending: slices.Clone(chunkBytes)}
 	s.flows[k] = f
+	pl := s.peers[k.Peer]
+	if pl == nil {
+		pl = &peerLoad{flows: make(map[*flow]struct{})}
+		s.peers[k.Peer] = pl
+	}
+	pl.flows[f] = struct{}{}
 	s.pending += len(chunkBytes)
+	s.addPending(pl, len(chunkBytes))
 	s.update(f)
+	s.rebalance()
 	return nil
+}
+
+// addPending changes pl's pending chunk count by d, keeping the count of
+// waiting peers.
+func (s *Scheduler) addPending(pl *peerLoad, d int) {
+	was := pl.pending > 0
+	pl.pending += d
+	switch now := pl.pending > 0; {
+	case now && !was:
+		s.waiting++
+	case was && !now:
+		s.waiting--
+	}
+}
+
+// capped reports whether the peer holds at least its fair share while
+// another peer waits, or PeerMax (Config.PeerShare).
+func (s *Scheduler) capped(pl *peerLoad) bool {
+	if !s.peerShare || pl == nil || pl.held == 0 {
+		return false
+	}
+	if s.peerMax > 0 && pl.held >= s.peerMax {
+		return true
+	}
+	if len(s.peers) < 2 {
+		return false
+	}
+	others := s.waiting
+	if pl.pending > 0 {
+		others--
+	}
+	return others > 0 && pl.held >= s.Capacity()/uint64(len(s.peers))
+}
+
+// rebalance puts on or takes off the ring the flows of every peer whose
+// capped state changed. Every mutating method ends with it.
+func (s *Scheduler) rebalance() {
+	if !s.peerShare {
+		return
+	}
+	var flows []*flow
+	for _, pl := range s.peers {
+		if c := s.capped(pl); c != pl.capped {
+			pl.capped = c
+			for f := range pl.flows {
+				flows = append(flows, f)
+			}
+		}
+	}
+	for _, f := range flows {
+		if s.flows[f.key] == f {
+			s.update(f)
+		}
+	}
 }
 
 // Schedule issues every grant possible right now, in round-robin order, and
@@ -362,8 +453,10 @@ func (s *Scheduler) EndScatter(off uint64) (k FlowKey, orphan bool, err error) {
 		return r.key, true, nil
 	}
 	s.heldBytes -= r.size
+	s.peers[r.key.Peer].held -= r.size
 	r.f.removeHeld(off)
 	s.update(r.f)
+	s.rebalance()
 	return r.key, false, nil
 }
 
@@ -380,8 +473,10 @@ func (s *Scheduler) Drop(k FlowKey, off uint64) error {
 	delete(s.regions, off)
 	s.buddy.Free(off)
 	s.heldBytes -= r.size
+	s.peers[k.Peer].held -= r.size
 	r.f.removeHeld(off)
 	s.update(r.f)
+	s.rebalance()
 	return nil
 }
 
@@ -414,11 +509,14 @@ func (s *Scheduler) reclaim(k FlowKey, quarantine bool) []uint64 {
 		return nil
 	}
 	s.pending -= len(f.pending) - f.head
+	pl := s.peers[k.Peer]
+	s.addPending(pl, -(len(f.pending) - f.head))
 	f.pending, f.head = nil, 0
 	var idle []uint64
 	for _, off := range f.held {
 		r := s.regions[off]
 		s.heldBytes -= r.size
+		pl.held -= r.size
 		if r.scattering {
 			r.f = nil
 			s.regions[off] = r
@@ -437,6 +535,7 @@ func (s *Scheduler) reclaim(k FlowKey, quarantine bool) []uint64 {
 	}
 	f.held = nil
 	s.update(f) // erases it
+	s.rebalance()
 	return idle
 }
 
@@ -588,13 +687,17 @@ func (s *Scheduler) grant(f *flow, off uint64) Grant {
 	g := Grant{Flow: f.key, Chunk: f.head, Offset: off, Len: n}
 	f.head++
 	s.pending--
+	pl := s.peers[f.key.Peer]
+	s.addPending(pl, -1)
 	size := s.buddy.BlockSize(n) // the block Alloc(n) just took
 	s.regions[off] = region{key: f.key, f: f, chunk: g.Chunk, len: n, size: size}
 	f.held = append(f.held, off)
 	s.heldBytes += size
+	pl.held += size
 	s.clearStamp(f)
 	s.cursor = f.next
 	s.update(f)
+	s.rebalance()
 	return g
 }
 
@@ -646,7 +749,7 @@ func (s *Scheduler) oldestStarving() *flow {
 
 // ready reports whether f belongs on the ring.
 func (s *Scheduler) ready(f *flow) bool {
-	return f.head < len(f.pending) && len(f.held) < s.w
+	return f.head < len(f.pending) && len(f.held) < s.w && !s.capped(s.peers[f.key.Peer])
 }
 
 // update restores the ring and table invariants after f changed: ready
@@ -668,6 +771,12 @@ func (s *Scheduler) update(f *flow) {
 	if f.head == len(f.pending) && len(f.held) == 0 {
 		s.clearStamp(f)
 		delete(s.flows, f.key)
+		if pl := s.peers[f.key.Peer]; pl != nil {
+			delete(pl.flows, f)
+			if len(pl.flows) == 0 {
+				delete(s.peers, f.key.Peer)
+			}
+		}
 	}
 }
 

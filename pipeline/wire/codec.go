@@ -59,6 +59,7 @@ func AppendMarshal(dst []byte, m Message) ([]byte, error) {
 		}
 		b = appendStr(b, m.Endpoint)
 		b = appendStr(b, m.TraceParent)
+		b = appendTag(b, m.Tag)
 	case *Grant:
 		b = le.AppendUint64(b, m.Request)
 		b = le.AppendUint32(b, uint32(len(m.Credits)))
@@ -85,6 +86,12 @@ func AppendMarshal(dst []byte, m Message) ([]byte, error) {
 		b = le.AppendUint32(b, m.Chunk)
 		b = le.AppendUint16(b, uint16(m.Code))
 		b = appendStr(b, m.Reason)
+	case *Done:
+		b = le.AppendUint64(b, m.Request)
+		b = le.AppendUint64(b, m.Bytes)
+		b = appendStr(b, m.Endpoint)
+		b = appendStr(b, m.Reason)
+		b = appendTag(b, m.Tag)
 	}
 	return b, nil
 }
@@ -136,7 +143,10 @@ func EncodedLen(m Message) (int, error) {
 		if err := checkStr("WANT", "traceparent", m.TraceParent); err != nil {
 			return 0, err
 		}
-		return headerLen + 8 + 4 + 8*len(m.ChunkBytes) + strPrefix + len(m.Endpoint) + strPrefix + len(m.TraceParent), nil
+		if len(m.Tag) > MaxTag {
+			return 0, errorf("WANT", ErrTooLarge, "tag is %d bytes, limit %d", len(m.Tag), MaxTag)
+		}
+		return headerLen + 8 + 4 + 8*len(m.ChunkBytes) + strPrefix + len(m.Endpoint) + strPrefix + len(m.TraceParent) + strPrefix + len(m.Tag), nil
 	case *Grant:
 		if m == nil {
 			return 0, errorf("GRANT", ErrMalformed, "nil message")
@@ -195,6 +205,20 @@ func EncodedLen(m Message) (int, error) {
 			return 0, err
 		}
 		return headerLen + 8 + 4 + 2 + strPrefix + len(m.Reason), nil
+	case *Done:
+		if m == nil {
+			return 0, errorf("DONE", ErrMalformed, "nil message")
+		}
+		if err := checkStr("DONE", "endpoint", m.Endpoint); err != nil {
+			return 0, err
+		}
+		if err := checkStr("DONE", "reason", m.Reason); err != nil {
+			return 0, err
+		}
+		if len(m.Tag) > MaxTag {
+			return 0, errorf("DONE", ErrTooLarge, "tag is %d bytes, limit %d", len(m.Tag), MaxTag)
+		}
+		return headerLen + 8 + 8 + strPrefix + len(m.Endpoint) + strPrefix + len(m.Reason) + strPrefix + len(m.Tag), nil
 	case nil:
 		return 0, fmt.Errorf("wire: nil message: %w", ErrMalformed)
 	default:
@@ -264,7 +288,7 @@ func PeekType(b []byte) (Type, error) {
 	if err != nil {
 		return 0, err
 	}
-	if t < TypeWant || t > TypeNack {
+	if t < TypeWant || t > TypeDone {
 		return 0, fmt.Errorf("wire: message: header names %v, not a control message: %w", t, ErrWrongType)
 	}
 	if b[7] != 0 {
@@ -294,6 +318,8 @@ func Unmarshal(b []byte) (Message, error) {
 		m, err = d.ack()
 	case TypeNack:
 		m, err = d.nack()
+	case TypeDone:
+		m, err = d.done()
 	}
 	if err != nil {
 		return nil, err
@@ -329,7 +355,7 @@ func readHeader(b []byte, what string) (Type, error) {
 		return 0, fmt.Errorf("wire: %s: header needs %d bytes, have %d: %w", what, headerLen, len(b), ErrTruncated)
 	}
 	if v := le.Uint16(b[4:]); v != Version {
-		return 0, fmt.Errorf("wire: %s: version %d, this codec speaks %d: %w", what, v, Version, ErrBadVersion)
+		return 0, fmt.Errorf("wire: %s: version %d, this codec speaks %d (peers must run the same bounce wire version; upgrade the older one): %w", what, v, Version, ErrBadVersion)
 	}
 	return Type(b[6]), nil
 }
@@ -489,6 +515,7 @@ func (d *decoder) want() (*Want, error) {
 	}
 	w.Endpoint = d.str("endpoint")
 	w.TraceParent = d.str("traceparent")
+	w.Tag = d.tag()
 	if err := d.end(); err != nil {
 		return nil, err
 	}
@@ -605,4 +632,32 @@ func (d *decoder) nack() (*Nack, error) {
 		return nil, err
 	}
 	return n, nil
+}
+
+func (d *decoder) done() (*Done, error) {
+	m := &Done{Request: d.u64("request"), Bytes: d.u64("bytes")}
+	m.Endpoint = d.str("endpoint")
+	m.Reason = d.str("reason")
+	m.Tag = d.tag()
+	if err := d.end(); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+// tag reads a caller tag (uint16 length, at most MaxTag bytes); an empty
+// one decodes as nil.
+func (d *decoder) tag() []byte {
+	n := d.u16("tag length")
+	t := d.bytes("tag", uint64(n), MaxTag)
+	if d.err != nil || n == 0 {
+		return nil
+	}
+	return append([]byte(nil), t...)
+}
+
+// appendTag appends a validated caller tag: its uint16 length, then it.
+func appendTag(b, tag []byte) []byte {
+	b = le.AppendUint16(b, uint16(len(tag)))
+	return append(b, tag...)
 }

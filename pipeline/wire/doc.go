@@ -1,5 +1,5 @@
 // Package wire is the little-endian codec for bounce's control plane: the
-// five control messages (WANT, GRANT, DATA, ACK, NACK), the capability
+// six control messages (WANT, GRANT, DATA, ACK, NACK, DONE), the capability
 // handshake and the agent descriptor peers exchange before they talk.
 //
 // It is pure logic: no goroutines, locks, clocks or IO. Decoders never panic
@@ -15,18 +15,22 @@
 //
 //	offset 0  magic    4 bytes  "BNCE"
 //	offset 4  version  uint16   Version
-//	offset 6  type     uint8    TypeWant..TypeNack, or the handshake or
+//	offset 6  type     uint8    TypeWant..TypeDone, or the handshake or
 //	                            agent descriptor kind
 //	offset 7  flags    uint8    reserved, must be 0
 //
 // Integers are little-endian and unpadded. A string is a uint16 byte length
 // followed by the bytes (at most MaxString). Bodies:
 //
-//	WANT   request u64 | n u32 | n × chunk_bytes u64 | endpoint str | traceparent str
+//	WANT   request u64 | n u32 | n × chunk_bytes u64 | endpoint str | traceparent str | tag
 //	GRANT  request u64 | n u32 | n × credit (region u64, addr u64, len u64, chunk u32, device i32)
 //	DATA   request u64 | chunk u32 | region u64 | traceparent str | n u32 | n × run
 //	ACK    request u64 | chunk u32 | region u64
 //	NACK   request u64 | chunk u32 | code u16 | reason str
+//	DONE   request u64 | bytes u64 | endpoint str | reason str | tag
+//
+// A tag is the caller's opaque request tag: a uint16 length and at most
+// MaxTag bytes (empty when the caller set none).
 //
 // A run is a one-byte tag and its fields. Tag 0 is a single copy (Count 1,
 // no strides) and carries region_off, addr and len (25 bytes in all); tag 1

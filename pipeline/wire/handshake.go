@@ -88,11 +88,14 @@ func (d *decoder) handshake() (Handshake, error) {
 }
 
 // AgentDesc is the blob peers exchange to load each other: the agent's name,
-// its engine's opaque metadata, and its bounce handshake (nil when the agent
-// offers no bounce path).
+// its engine's opaque metadata, its public key and its bounce handshake (nil
+// when the agent offers no bounce path).
 type AgentDesc struct {
-	Name      string
-	Engine    []byte
+	Name   string
+	Engine []byte
+	// PublicKey is the agent's X25519 public key (package security); all
+	// zeros when the agent runs with security.mode off.
+	PublicKey [32]byte
 	Handshake *Handshake
 	// HandshakeErr is set by UnmarshalAgentDesc when a handshake is present
 	// but cannot be decoded (a newer wire version, say). The rest of the
@@ -126,7 +129,7 @@ func (d AgentDesc) Validate() error {
 // MarshalAgentDesc encodes d. Like MarshalHandshake it never fails; values
 // that break Validate encode but are rejected by UnmarshalAgentDesc.
 func MarshalAgentDesc(d AgentDesc) []byte {
-	n := headerLen + strPrefix + len(d.Name) + 4 + len(d.Engine) + 1
+	n := headerLen + strPrefix + len(d.Name) + 4 + len(d.Engine) + len(d.PublicKey) + 1
 	if d.Handshake != nil {
 		n += 4 + headerLen + 2 + 2*strPrefix + len(d.Handshake.ControlKind) + len(d.Handshake.Endpoint) + 16
 	}
@@ -140,6 +143,7 @@ func MarshalAgentDesc(d AgentDesc) []byte {
 		b = le.AppendUint32(b, uint32(len(d.Engine)))
 		b = append(b, d.Engine...)
 	}
+	b = append(b, d.PublicKey[:]...)
 	if d.Handshake == nil {
 		return append(b, 0)
 	}
@@ -162,6 +166,9 @@ func UnmarshalAgentDesc(b []byte) (AgentDesc, error) {
 	out.Name = d.str("name")
 	if eng := d.bytes("engine metadata", uint64(d.u32("engine metadata length")), MaxEngineMetadata); len(eng) > 0 {
 		out.Engine = append([]byte(nil), eng...)
+	}
+	if k := d.bytes("public key", uint64(len(out.PublicKey)), len(out.PublicKey)); d.err == nil {
+		copy(out.PublicKey[:], k)
 	}
 	switch has := d.u8("has handshake"); {
 	case d.err != nil:

@@ -27,6 +27,8 @@ func sampleMessages() []namedMessage {
 		{"want-typical", &Want{Request: 42, ChunkBytes: []uint64{32 << 20, 32 << 20, 4096}, Endpoint: "tcp://10.0.0.2:41000", TraceParent: testTraceParent}},
 		{"want-traced-state", &Want{Request: 43, ChunkBytes: []uint64{8 << 20}, Endpoint: "tcp://10.0.0.2:41000", TraceParent: testTraceContext}},
 		{"want-max", &Want{Request: math.MaxUint64, ChunkBytes: []uint64{math.MaxUint64, 1}, Endpoint: long, TraceParent: long}},
+		{"want-tagged", &Want{Request: 44, ChunkBytes: []uint64{8 << 20}, Endpoint: "tcp://10.0.0.2:41000", Tag: []byte("req-7f3a\x00\xff")}},
+		{"want-tag-max", &Want{Request: 45, ChunkBytes: []uint64{1}, Tag: []byte(strings.Repeat("t", MaxTag))}},
 		{"grant-one", &Grant{Request: 1, Credits: []Credit{{Chunk: 0, Region: 0, Addr: 0x7f0000000000, Len: 1 << 20, Device: 0}}}},
 		{"grant-max", &Grant{Request: math.MaxUint64, Credits: []Credit{
 			{Chunk: math.MaxUint32, Region: math.MaxUint64 - 1, Addr: math.MaxUint64 - 1, Len: 1, Device: math.MaxInt32},
@@ -49,6 +51,10 @@ func sampleMessages() []namedMessage {
 		{"nack-empty-reason", &Nack{Request: 5, Chunk: WholeRequest, Code: NackShutdown}},
 		{"nack-future-code", &Nack{Request: 5, Chunk: 2, Code: 999, Reason: "a code this version does not name"}},
 		{"nack-max", &Nack{Request: math.MaxUint64, Chunk: math.MaxUint32, Code: math.MaxUint16, Reason: long}},
+		{"done-zero", &Done{}},
+		{"done-typical", &Done{Request: 12, Bytes: 320 << 20, Endpoint: "tcp://10.0.0.2:41000", Tag: []byte("kv-req-12")}},
+		{"done-failed", &Done{Request: 13, Reason: "direct write failed: peer lost", Tag: []byte{1}}},
+		{"done-max", &Done{Request: math.MaxUint64, Bytes: math.MaxUint64, Endpoint: long, Reason: long, Tag: []byte(strings.Repeat("t", MaxTag))}},
 	}
 }
 
@@ -75,7 +81,7 @@ func sampleAgentDescs() []namedAgentDesc {
 	hs := sampleHandshakes()
 	return []namedAgentDesc{
 		{"agentdesc-no-bounce", AgentDesc{Name: "a"}},
-		{"agentdesc-typical", AgentDesc{Name: "prefill-0", Engine: []byte("tcp engine metadata\x00\x01\x02"), Handshake: &hs[1].h}},
+		{"agentdesc-typical", AgentDesc{Name: "prefill-0", Engine: []byte("tcp engine metadata\x00\x01\x02"), PublicKey: [32]byte{1, 2, 3, 31: 0xff}, Handshake: &hs[1].h}},
 		{"agentdesc-max", AgentDesc{Name: strings.Repeat("n", MaxString), Engine: []byte(strings.Repeat("m", 1<<16)), Handshake: &hs[2].h}},
 	}
 }

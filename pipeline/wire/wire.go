@@ -9,8 +9,10 @@ import (
 )
 
 // Version is the codec version written in every header. Decoders reject any
-// other version with ErrBadVersion.
-const Version uint16 = 1
+// other version with ErrBadVersion. Version 2 added the agent's public key
+// to the descriptor (authenticated peers); version-1 peers are refused with
+// an error saying so.
+const Version uint16 = 2
 
 // Limits enforced by encoders and decoders. A count or length above its limit
 // is ErrTooLarge, checked before anything is allocated.
@@ -27,6 +29,8 @@ const (
 	// MaxEngineMetadata is the largest engine metadata blob in an agent
 	// descriptor, in bytes.
 	MaxEngineMetadata = 64 << 20
+	// MaxTag is the longest caller tag (Want.Tag, Done.Tag) in bytes.
+	MaxTag = 256
 )
 
 // WholeRequest is the Nack chunk value for a refusal that concerns the whole
@@ -69,6 +73,8 @@ const (
 	TypeAck
 	// TypeNack refuses a request or chunk with a reason (receiver → sender).
 	TypeNack
+	// TypeDone reports a direct-path request ended (sender → receiver).
+	TypeDone
 
 	// The two non-message kinds share the header, so decoding one as another
 	// fails with ErrWrongType.
@@ -89,6 +95,8 @@ func (t Type) String() string {
 		return "ACK"
 	case TypeNack:
 		return "NACK"
+	case TypeDone:
+		return "DONE"
 	case typeHandshake:
 		return "HANDSHAKE"
 	case typeAgentDesc:
@@ -98,7 +106,8 @@ func (t Type) String() string {
 	}
 }
 
-// Message is one control message: *Want, *Grant, *Data, *Ack or *Nack.
+// Message is one control message: *Want, *Grant, *Data, *Ack, *Nack or
+// *Done.
 type Message interface {
 	Type() Type
 }
@@ -114,12 +123,16 @@ type Message interface {
 // newline and a tracestate), opaque to the codec and empty when the sender
 // does not trace; every encoder of this version writes it (a length-prefixed
 // string), so there is no older form to accept. Chunk sizes must be
-// positive.
+// positive. Tag is the caller's opaque tag for the request (at most MaxTag
+// bytes), handed to the receiver's completion event; like the trace field
+// it is optional in value (empty when the caller set none) but always
+// encoded, as a uint16 length and the bytes.
 type Want struct {
 	Request     uint64
 	ChunkBytes  []uint64
 	Endpoint    string
 	TraceParent string
+	Tag         []byte
 }
 
 // Type returns TypeWant.
@@ -240,3 +253,20 @@ type Nack struct {
 
 // Type returns TypeNack.
 func (*Nack) Type() Type { return TypeNack }
+
+// Done tells the receiver that a direct-path request (one the sender posted
+// straight to the receiver's memory, without credits) ended: Bytes landed
+// when Reason is empty, or it failed for Reason. The sender sends it once
+// its engine op is terminal, so a successful Done follows the last byte.
+// Tag is the caller's tag (at most MaxTag bytes, may be empty); Endpoint is
+// the sender's control endpoint, as in Want.
+type Done struct {
+	Request  uint64
+	Bytes    uint64
+	Endpoint string
+	Reason   string
+	Tag      []byte
+}
+
+// Type returns TypeDone.
+func (*Done) Type() Type { return TypeDone }

@@ -50,22 +50,26 @@ func TestGoldenBytes(t *testing.T) {
 		hex  string
 	}{
 		{"ack", &Ack{Request: 0x0102030405060708, Chunk: 0x0a0b0c0d, Region: 0x1112131415161718},
-			"424e4345 0100 04 00 | 0807060504030201 | 0d0c0b0a | 1817161514131211"},
+			"424e4345 0200 04 00 | 0807060504030201 | 0d0c0b0a | 1817161514131211"},
 		{"want", &Want{Request: 1, ChunkBytes: []uint64{0x100000}, Endpoint: "ab"},
-			"424e4345 0100 01 00 | 0100000000000000 | 01000000 | 0000100000000000 | 0200 6162 | 0000"},
+			"424e4345 0200 01 00 | 0100000000000000 | 01000000 | 0000100000000000 | 0200 6162 | 0000 | 0000"},
 		{"want-cancel", &Want{Request: 2, TraceParent: "t"},
-			"424e4345 0100 01 00 | 0200000000000000 | 00000000 | 0000 | 0100 74"},
+			"424e4345 0200 01 00 | 0200000000000000 | 00000000 | 0000 | 0100 74 | 0000"},
+		{"want-tagged", &Want{Request: 2, Tag: []byte{0xaa, 0xbb}},
+			"424e4345 0200 01 00 | 0200000000000000 | 00000000 | 0000 | 0000 | 0200 aabb"},
 		{"grant", &Grant{Request: 2, Credits: []Credit{{Chunk: 3, Region: 0x10, Addr: 0x2000, Len: 0x40, Device: 1}}},
-			"424e4345 0100 02 00 | 0200000000000000 | 01000000 | 1000000000000000 0020000000000000 4000000000000000 03000000 01000000"},
+			"424e4345 0200 02 00 | 0200000000000000 | 01000000 | 1000000000000000 0020000000000000 4000000000000000 03000000 01000000"},
 		{"data", &Data{Request: 3, Chunk: 1, Region: 0x20, TraceParent: "t", Runs: []transfer.Run{
 			{RegionOff: 0, Addr: 0x1000, Len: 0x10, Count: 1},
 			{RegionOff: 0x10, Addr: 0x2000, Len: 8, Count: 2, RegionStride: 8, AddrStride: 0x100},
 		}},
-			"424e4345 0100 03 00 | 0300000000000000 | 01000000 | 2000000000000000 | 0100 74 | 02000000 |" +
+			"424e4345 0200 03 00 | 0300000000000000 | 01000000 | 2000000000000000 | 0100 74 | 02000000 |" +
 				"00 0000000000000000 0010000000000000 1000000000000000 |" +
 				"01 1000000000000000 0020000000000000 0800000000000000 0200000000000000 0800000000000000 0001000000000000"},
 		{"nack", &Nack{Request: 4, Chunk: WholeRequest, Code: NackShutdown, Reason: "x"},
-			"424e4345 0100 05 00 | 0400000000000000 | ffffffff | 0400 | 0100 78"},
+			"424e4345 0200 05 00 | 0400000000000000 | ffffffff | 0400 | 0100 78"},
+		{"done", &Done{Request: 5, Bytes: 0x1000, Endpoint: "e", Reason: "x", Tag: []byte("t")},
+			"424e4345 0200 06 00 | 0500000000000000 | 0010000000000000 | 0100 65 | 0100 78 | 0100 74"},
 	}
 	for _, c := range cases {
 		got, err := Marshal(c.msg)
@@ -78,17 +82,18 @@ func TestGoldenBytes(t *testing.T) {
 	}
 
 	h := Handshake{Version: 1, ControlKind: "zmq", ArenaCapacity: 0x100, MaxChunk: 0x80, Endpoint: "e"}
-	wantH := unhex(t, "424e4345 0100 48 00 | 0100 | 0300 7a6d71 | 0001000000000000 | 8000000000000000 | 0100 65")
+	wantH := unhex(t, "424e4345 0200 48 00 | 0100 | 0300 7a6d71 | 0001000000000000 | 8000000000000000 | 0100 65")
 	if got := MarshalHandshake(h); !bytes.Equal(got, wantH) {
 		t.Fatalf("handshake:\n got %x\nwant %x", got, wantH)
 	}
-	d := AgentDesc{Name: "n", Engine: []byte{0xaa}}
-	wantD := unhex(t, "424e4345 0100 41 00 | 0100 6e | 01000000 aa | 00")
+	d := AgentDesc{Name: "n", Engine: []byte{0xaa}, PublicKey: [32]byte{0: 0x11, 31: 0x22}}
+	key := "11" + strings.Repeat("00", 30) + "22"
+	wantD := unhex(t, "424e4345 0200 41 00 | 0100 6e | 01000000 aa | "+key+" | 00")
 	if got := MarshalAgentDesc(d); !bytes.Equal(got, wantD) {
 		t.Fatalf("agent desc:\n got %x\nwant %x", got, wantD)
 	}
 	d.Handshake = &h
-	wantDH := append(append(unhex(t, "424e4345 0100 41 00 | 0100 6e | 01000000 aa | 01"), byte(len(wantH)), 0, 0, 0), wantH...)
+	wantDH := append(append(unhex(t, "424e4345 0200 41 00 | 0100 6e | 01000000 aa | "+key+" | 01"), byte(len(wantH)), 0, 0, 0), wantH...)
 	if got := MarshalAgentDesc(d); !bytes.Equal(got, wantDH) {
 		t.Fatalf("agent desc with handshake:\n got %x\nwant %x", got, wantDH)
 	}
@@ -221,7 +226,7 @@ func TestBadMagic(t *testing.T) {
 
 func TestBadVersion(t *testing.T) {
 	for _, e := range sampleEncodings() {
-		for _, v := range []uint16{0, 2, math.MaxUint16} {
+		for _, v := range []uint16{0, 1, math.MaxUint16} {
 			b := bytes.Clone(e.b)
 			le.PutUint16(b[4:], v)
 			err := e.decode(b)
@@ -248,7 +253,7 @@ func TestCrossTypeDecode(t *testing.T) {
 	if _, err := PeekType(hs); !errors.Is(err, ErrWrongType) {
 		t.Fatalf("PeekType(handshake) = %v", err)
 	}
-	for _, typ := range []byte{0, 6, 0x47, 0xff} {
+	for _, typ := range []byte{0, 7, 0x47, 0xff} {
 		b := bytes.Clone(ack)
 		b[6] = typ
 		wantErr(t, "type "+itoa(int(typ)), decodeMessage(b), ErrWrongType)
@@ -292,7 +297,7 @@ func TestAbsurdCountsAndLengths(t *testing.T) {
 		{"handshake kind 65535", rawHeader(typeHandshake).u16(1).u16(math.MaxUint16), decodeHandshake, ErrTooLarge},
 		{"agent engine 2^32-1", rawHeader(typeAgentDesc).str("n").u32(math.MaxUint32), decodeAgentDesc, ErrTooLarge},
 		{"agent engine limit+1", rawHeader(typeAgentDesc).str("n").u32(MaxEngineMetadata + 1), decodeAgentDesc, ErrTooLarge},
-		{"agent handshake 2^32-1", rawHeader(typeAgentDesc).str("n").u32(0).u8(1).u32(math.MaxUint32), decodeAgentDesc, ErrTooLarge},
+		{"agent handshake 2^32-1", rawHeader(typeAgentDesc).str("n").u32(0).zeros(32).u8(1).u32(math.MaxUint32), decodeAgentDesc, ErrTooLarge},
 	}
 	for _, c := range cases {
 		wantErr(t, c.name, c.dec(c.b), c.want)
@@ -317,7 +322,7 @@ func TestTrailingBytes(t *testing.T) {
 	}
 	// Trailing bytes inside the embedded handshake are trailing too.
 	hs := MarshalHandshake(sampleHandshakes()[0].h)
-	b := rawHeader(typeAgentDesc).str("n").u32(0).u8(1).u32(uint32(len(hs) + 1))
+	b := rawHeader(typeAgentDesc).str("n").u32(0).zeros(32).u8(1).u32(uint32(len(hs) + 1))
 	b = append(append(b, hs...), 0)
 	d, err := UnmarshalAgentDesc(b)
 	if err != nil {
@@ -371,8 +376,8 @@ func TestMalformedDecode(t *testing.T) {
 		{"handshake no endpoint", hs(1, "zmq", 2, 1, ""), decodeHandshake, "empty endpoint"},
 		{"handshake max chunk 0", hs(1, "zmq", 2, 0, "e"), decodeHandshake, "max chunk 0"},
 		{"handshake chunk > arena", hs(1, "zmq", 2, 3, "e"), decodeHandshake, "exceeds arena capacity"},
-		{"agent empty name", rawHeader(typeAgentDesc).str("").u32(0).u8(0), decodeAgentDesc, "empty name"},
-		{"agent has-handshake 2", rawHeader(typeAgentDesc).str("n").u32(0).u8(2), decodeAgentDesc, "has-handshake byte 2"},
+		{"agent empty name", rawHeader(typeAgentDesc).str("").u32(0).zeros(32).u8(0), decodeAgentDesc, "empty name"},
+		{"agent has-handshake 2", rawHeader(typeAgentDesc).str("n").u32(0).zeros(32).u8(2), decodeAgentDesc, "has-handshake byte 2"},
 	}
 	for _, c := range cases {
 		err := c.dec(c.b)
@@ -383,7 +388,7 @@ func TestMalformedDecode(t *testing.T) {
 	}
 	// The embedded handshake is validated as well, naming where it sits.
 	bad := hs(1, "zmq", 2, 3, "e")
-	b := rawHeader(typeAgentDesc).str("n").u32(0).u8(1).u32(uint32(len(bad)))
+	b := rawHeader(typeAgentDesc).str("n").u32(0).zeros(32).u8(1).u32(uint32(len(bad)))
 	d, derr := UnmarshalAgentDesc(append(b, bad...))
 	if derr != nil || d.Handshake != nil {
 		t.Fatalf("agent desc bad handshake: %+v, %v; want the descriptor without its handshake", d, derr)
@@ -573,5 +578,28 @@ func TestUnmarshalDataReusesRuns(t *testing.T) {
 	})
 	if allocs != 0 {
 		t.Fatalf("AppendMarshal into a large enough buffer allocated %v times", allocs)
+	}
+}
+
+// TestTagBounds: a caller tag over MaxTag is refused by the encoder and the
+// decoder alike (ErrTooLarge); an empty tag decodes as nil.
+func TestTagBounds(t *testing.T) {
+	long := bytes.Repeat([]byte{'t'}, MaxTag+1)
+	for _, m := range []Message{&Want{Request: 1, ChunkBytes: []uint64{1}, Tag: long}, &Done{Request: 1, Tag: long}} {
+		if _, err := Marshal(m); !errors.Is(err, ErrTooLarge) {
+			t.Fatalf("%v with a %d-byte tag: %v, want ErrTooLarge", m.Type(), len(long), err)
+		}
+	}
+	head := rawHeader(TypeWant).u64(1).u32(1).u64(4096).str("e").str("")
+	if _, err := Unmarshal(head.u16(uint16(len(long))).zeros(len(long))); !errors.Is(err, ErrTooLarge) {
+		t.Fatalf("WANT with a %d-byte tag on the wire: %v, want ErrTooLarge", len(long), err)
+	}
+	m, err := Unmarshal(head.str("abc"))
+	if err != nil || string(m.(*Want).Tag) != "abc" {
+		t.Fatalf("tagged WANT: %+v, %v", m, err)
+	}
+	m, err = Unmarshal(head.str(""))
+	if err != nil || m.(*Want).Tag != nil {
+		t.Fatalf("untagged WANT: %+v, %v", m, err)
 	}
 }
