@@ -17,6 +17,7 @@ import (
 
 	"github.com/bouncekv/bounce/mem"
 	"github.com/bouncekv/bounce/pipeline/credit"
+	"github.com/bouncekv/bounce/pipeline/plan"
 	"github.com/bouncekv/bounce/pipeline/wire"
 	"github.com/bouncekv/bounce/stages/write"
 	"github.com/bouncekv/bounce/transfer"
@@ -174,8 +175,11 @@ type Agent struct {
 	set  Settings
 	log  *slog.Logger
 
-	arena    Arena
-	arenaD   transfer.Desc
+	arena  Arena
+	arenaD transfer.Desc
+	// ctrlMax is the control channel's message limit (0 = none stated):
+	// chunks are planned so that their DATA fits it and GRANTs are split.
+	ctrlMax  int
 	bounceOn bool   // bounce path usable locally
 	noBounce string // why not, when !bounceOn
 	capacity uint64
@@ -280,6 +284,12 @@ func (a *Agent) initBounce(out **credit.Scheduler) error {
 		return errors.New("no gather or scatter stage")
 	case a.set.Control.LocalEndpoint() == "":
 		return errors.New("control channel has no usable endpoint")
+	}
+	if l, ok := a.set.Control.(messageLimiter); ok && l.MaxMessageSize() > 0 {
+		a.ctrlMax = l.MaxMessageSize()
+		if need := minControlMessage(); a.ctrlMax < need {
+			return fmt.Errorf("control channel %s carries messages of at most %d bytes; bounce needs %d", a.set.Control.Kind(), a.ctrlMax, need)
+		}
 	}
 	sched, err := credit.New(credit.Config{Capacity: a.cfg.ArenaSize, Granularity: a.cfg.Granularity, MaxInflight: a.cfg.MaxInflight})
 	if err != nil {
@@ -561,6 +571,23 @@ func (a *Agent) SubmitContext(ctx context.Context, req Request) (*Batch, error) 
 		}
 		return nil, fmt.Errorf("pipeline: submit to %q: %w: %s", req.Peer, ErrBounceUnavailable, reason)
 	}
+	var p *plan.Plan
+	var planDur time.Duration
+	if route == RouteBounce {
+		planning := time.Now()
+		var err error
+		if p, err = a.plan(req); err != nil {
+			return nil, err
+		}
+		planDur = time.Since(planning)
+		if tooLarge := a.wantTooLarge(p); tooLarge != "" {
+			if want == RouteBounce {
+				a.stats.bounceRefused.Add(1)
+				return nil, fmt.Errorf("pipeline: submit to %q: %w: %s", req.Peer, ErrBounceUnavailable, tooLarge)
+			}
+			route, why, reason, p = RouteDirect, whyControlLimit, tooLarge, nil
+		}
+	}
 	if err := a.checkKinds(route, req); err != nil {
 		return nil, fmt.Errorf("pipeline: submit to %q: %w", req.Peer, err)
 	}
@@ -573,12 +600,7 @@ func (a *Agent) SubmitContext(ctx context.Context, req Request) (*Batch, error) 
 	b.abandon = func(timeout time.Duration) transfer.AbandonOutcome { return a.abandon(b, timeout) }
 	switch route {
 	case RouteBounce:
-		planning := time.Now()
-		p, err := a.plan(req)
-		if err != nil {
-			return nil, err
-		}
-		b.plan = time.Since(planning)
+		b.plan = planDur
 		b.obs.bytes = p.Payload
 		a.obs.submitted(ctx, b, req.Peer, len(req.Src), reason)
 		a.obs.planned(b, p)

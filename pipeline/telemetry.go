@@ -85,6 +85,7 @@ const (
 	whyFewDescriptors   = "few_descriptors"
 	whyLargeDescriptors = "large_descriptors"
 	whyEligible         = "eligible"
+	whyControlLimit     = "control_message_limit"
 )
 
 // Reasons a peer's input was rejected (bounce.peer.rejections).
@@ -285,7 +286,7 @@ func newObs(a *Agent, s Settings) *obs {
 				rec: []metric.RecordOption{metric.WithAttributeSet(set)},
 			}
 		}
-		for _, why := range []string{whyDirectRequested, whyBounceRequested, whyLocalOff, whyPeerNotCapable, whyEmpty, whyMixedDevices, whyMemoryKind, whyFewDescriptors, whyLargeDescriptors, whyEligible} {
+		for _, why := range []string{whyDirectRequested, whyBounceRequested, whyLocalOff, whyPeerNotCapable, whyEmpty, whyMixedDevices, whyMemoryKind, whyFewDescriptors, whyLargeDescriptors, whyEligible, whyControlLimit} {
 			set := attribute.NewSet(attrRoute.String(rt.String()), attrReason.String(why))
 			o.byDecision[routeOutcomeKey{rt.String(), why}] = []metric.AddOption{metric.WithAttributeSet(set)}
 		}

@@ -99,6 +99,9 @@ func New(cfg Config) (*Engine, error) {
 // Name returns the configured engine name.
 func (e *Engine) Name() string { return e.cfg.Name }
 
+// MaxNotifySize returns the largest payload Notify accepts (MaxNotification).
+func (e *Engine) MaxNotifySize() int { return MaxNotification }
+
 // Addr returns the address advertised in Metadata.
 func (e *Engine) Addr() string { return e.addr }
 

@@ -270,6 +270,10 @@ func New(cfg Config) (*Engine, error) {
 // Name returns the engine's name.
 func (e *Engine) Name() string { return e.name }
 
+// MaxNotifySize returns the largest payload Notify accepts
+// (Config.MaxNotifySize).
+func (e *Engine) MaxNotifySize() int { return e.cfg.MaxNotifySize }
+
 // Stats returns the notification counters.
 func (e *Engine) Stats() Stats {
 	return Stats{NotifySendFailed: e.sendFailed.Load(), RecvDropped: e.recvDropped.Load()}
