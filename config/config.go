@@ -194,6 +194,10 @@ type BounceConfig struct {
 	// and the gather stage both handle CUDA memory, pinned-host when only
 	// the stages do, else host.
 	ArenaMemory string
+	// CostModel lets route auto pick bounce or direct per request from
+	// the engine-aware cost model (bounce.cost_model, default true); false
+	// leaves the decision to the descriptor gates alone.
+	CostModel bool
 	// DisableMerging sends one run per descriptor; debugging only
 	// (bounce.disable_merging, default false).
 	DisableMerging bool
@@ -330,6 +334,7 @@ func Default() Config {
 			ZeroCopyArgs:     false,
 			ArenaMemory:      "auto",
 			Route:            p.Route.String(),
+			CostModel:        true,
 		},
 		Engine: EngineConfig{Kind: "tcp", Listen: "127.0.0.1:0", Connections: 4, Plugin: DefaultPlugin()},
 		ControlPlane: ControlPlaneConfig{

@@ -403,6 +403,7 @@ func PipelineConfig(b config.BounceConfig) pipeline.Config {
 		EagerGather:      b.EagerGather,
 		DisableMerging:   b.DisableMerging,
 		Route:            routeOf(b.Route),
+		CostModel:        b.CostModel,
 	}
 }
 

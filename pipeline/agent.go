@@ -16,6 +16,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/bouncekv/bounce/mem"
+	"github.com/bouncekv/bounce/pipeline/costmodel"
 	"github.com/bouncekv/bounce/pipeline/credit"
 	"github.com/bouncekv/bounce/pipeline/plan"
 	"github.com/bouncekv/bounce/pipeline/wire"
@@ -80,6 +81,10 @@ type Config struct {
 	// peer and counted), RouteBounce (required: a request that cannot take
 	// it is refused with the reason) or RouteDirect.
 	Route Route
+	// CostModel lets route auto decide each eligible request by the
+	// engine-aware cost model (predicted time on both paths; see package
+	// costmodel) instead of by the gates alone.
+	CostModel bool
 }
 
 // DefaultConfig returns the defaults: the reference design's, except an
@@ -97,6 +102,7 @@ func DefaultConfig() Config {
 		RequestTimeout:   30 * time.Second,
 		QuiesceTimeout:   5 * time.Second,
 		EagerGather:      true,
+		CostModel:        true,
 	}
 }
 
@@ -179,7 +185,9 @@ type Agent struct {
 	arenaD transfer.Desc
 	// ctrlMax is the control channel's message limit (0 = none stated):
 	// chunks are planned so that their DATA fits it and GRANTs are split.
-	ctrlMax  int
+	ctrlMax int
+	// router is route auto's cost model; nil when bounce is off.
+	router   *router
 	bounceOn bool   // bounce path usable locally
 	noBounce string // why not, when !bounceOn
 	capacity uint64
@@ -264,6 +272,9 @@ func New(s Settings, cfg Config) (*Agent, error) {
 		a.bounceOn, a.noBounce = false, err.Error()
 		a.log.Warn("bounce disabled, serving every transfer on the direct path", "reason", err)
 	}
+	if a.bounceOn && cfg.CostModel {
+		a.router = a.newRouter()
+	}
 	a.r = newReactor(a, sched)
 	a.wg.Add(1)
 	go func() {
@@ -332,6 +343,32 @@ func (a *Agent) initBounce(out **credit.Scheduler) error {
 	a.arena, a.arenaD, a.capacity, a.bounceOn = arena, d, sched.Capacity(), true
 	*out = sched
 	return nil
+}
+
+// newRouter calibrates the host copy costs on the arena and builds route
+// auto's model; a failed probe keeps conservative host costs.
+func (a *Agent) newRouter() *router {
+	h, err := calibrateHost(a.set.Gatherer, a.arenaD)
+	if err != nil {
+		a.log.Warn("copy probe failed; route auto assumes 2 GB/s host copies", "err", err)
+		h.CopyBandwidth, h.PerRun = 2e9, 50*time.Nanosecond
+	}
+	r, err := newRouter(a.set.Engine, h, a.cfg.MaxChunk)
+	if err != nil {
+		a.log.Warn("route auto falls back to the gates alone", "err", err)
+		return nil
+	}
+	a.log.Debug("route auto calibrated", "model", r.snapshot())
+	return r
+}
+
+// RouteModel returns a snapshot of route auto's cost model; ok is false
+// when there is none (bounce off).
+func (a *Agent) RouteModel() (m RouteModel, ok bool) {
+	if a.router == nil {
+		return RouteModel{}, false
+	}
+	return a.router.snapshot(), true
 }
 
 // Name returns the agent's name.
@@ -572,6 +609,23 @@ func (a *Agent) SubmitContext(ctx context.Context, req Request) (*Batch, error) 
 		return nil, fmt.Errorf("pipeline: submit to %q: %w: %s", req.Peer, ErrBounceUnavailable, reason)
 	}
 	var p *plan.Plan
+	var pred RoutePrediction
+	var shape costmodel.Shape
+	if a.router != nil && (route == RouteBounce || route == RouteDirect) {
+		if route == RouteBounce && want == RouteAuto {
+			d, s := a.router.decide(req)
+			pred = RoutePrediction{Made: true, Bounce: d.Prediction.Bounce, Direct: d.Prediction.Direct, Explore: d.Explore}
+			shape, why, reason = s, whyCostModel, "auto: "+d.Reason
+			if d.Route == costmodel.Direct {
+				route = RouteDirect
+				a.stats.autoDirect.Add(1)
+			} else {
+				a.stats.autoBounce.Add(1)
+			}
+		} else {
+			shape = a.router.shape(req)
+		}
+	}
 	var planDur time.Duration
 	if route == RouteBounce {
 		planning := time.Now()
@@ -597,6 +651,15 @@ func (a *Agent) SubmitContext(ctx context.Context, req Request) (*Batch, error) 
 	id := a.nextID.Add(1)
 	b := newBatch(id, route, reason, req.OnComplete)
 	b.obs.start, b.obs.why = start, why
+	b.pred, b.start = pred, start
+	if a.router != nil && shape.Descs > 0 {
+		cr := costmodel.Direct
+		if route == RouteBounce {
+			cr = costmodel.Bounce
+		}
+		rt := a.router
+		b.observe = func(d time.Duration) { rt.observe(cr, shape, d) }
+	}
 	b.abandon = func(timeout time.Duration) transfer.AbandonOutcome { return a.abandon(b, timeout) }
 	switch route {
 	case RouteBounce:

@@ -165,6 +165,15 @@ func New(cfg Config) (*Engine, error) {
 // Name returns the agent name.
 func (e *Engine) Name() string { return e.name }
 
+// RouteCosts declares the engine's costs for route auto: NIXL builds a
+// descriptor list and posts each descriptor through its backend (~2 µs
+// each over UCX), a request costs a createXferReq/postXferReq round
+// (~50 µs) and the bandwidth is UCX's. The agent refines them from
+// observed transfers.
+func (e *Engine) RouteCosts() (postPerDesc, perWrite time.Duration, bandwidth float64) {
+	return 2 * time.Microsecond, 50 * time.Microsecond, 3e9
+}
+
 // MaxNotifySize returns the largest payload Notify accepts
 // (Config.MaxNotifySize).
 func (e *Engine) MaxNotifySize() int { return e.cfg.MaxNotifySize }
