@@ -53,7 +53,7 @@ nixl-check: setup
 	@test -f $(NIXL_PREFIX)/include/nixl.h || { echo "no NIXL at NIXL_PREFIX=$(NIXL_PREFIX) (want $(NIXL_PREFIX)/include/nixl.h); see docs/NIXL.md"; exit 2; }
 	$(NIXL_ENV) $(GO) vet -tags nixl ./engines/nixl/ ./node/ ./certify/ ./pipeline/
 	$(NIXL_ENV) $(GO) test -tags nixl -race -count=1 ./engines/nixl/ ./node/ ./certify/
-	$(NIXL_ENV) $(GO) test -tags nixl -race -count=1 -run 'NIXL|Nixl' ./pipeline/
+	$(NIXL_ENV) $(GO) test -tags nixl -race -count=1 -run 'NIXL|DenseFragmented' ./pipeline/
 	$(NIXL_ENV) $(GO) build -tags nixl -o bin/bounce-nixl ./cmd/bounce
 	$(NIXL_ENV) ./bin/bounce-nixl conformance engine --builtin nixl
 	$(NIXL_ENV) ./bin/bounce-nixl conformance writer --builtin nixl

@@ -21,11 +21,7 @@ import (
 // the engine and the request times out.
 func TestDenseFragmentedPlanFitsNotifyLimit(t *testing.T) {
 	const blocks, block = 8192, 2 << 10 // 16 MiB in 2 KiB blocks, shuffled
-	engines := []struct {
-		name  string
-		limit int
-		make  func(t testing.TB, w *world, name string, opt loopback.Options) transfer.Engine
-	}{
+	engines := append([]limitEngine{
 		{"loopback-16KiB", 16 << 10, func(t testing.TB, w *world, name string, opt loopback.Options) transfer.Engine {
 			opt.MaxNotifySize = 16 << 10
 			e, err := w.fab.NewEngine(name, opt)
@@ -48,7 +44,7 @@ func TestDenseFragmentedPlanFitsNotifyLimit(t *testing.T) {
 			}
 			return e
 		}},
-	}
+	}, tagEngines()...)
 	for _, ec := range engines {
 		t.Run(ec.name, func(t *testing.T) {
 			w := newWorld(t)
@@ -110,6 +106,14 @@ func TestDenseFragmentedPlanFitsNotifyLimit(t *testing.T) {
 			settled(t, a, b)
 		})
 	}
+}
+
+// limitEngine makes the engines of one case of
+// TestDenseFragmentedPlanFitsNotifyLimit; limit is their notification limit.
+type limitEngine struct {
+	name  string
+	limit int
+	make  func(t testing.TB, w *world, name string, opt loopback.Options) transfer.Engine
 }
 
 // TestSplitCredits: GRANTs are cut to fit a message limit, in order, none
