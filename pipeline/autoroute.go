@@ -121,15 +121,15 @@ func serialStages() bool { return runtime.GOMAXPROCS(0) < 4 }
 
 // Probe sizes of the host copy calibration.
 const (
-	probeBytes = 4 << 20
+	probeBytes = 32 << 20 // beyond the caches, so the probe sees memory bandwidth
 	probeRun   = 4 << 10
-	probeTries = 3
+	probeTries = 2
 )
 
 // calibrateHost times the gather stage on the agent's own arena: probeBytes
 // copied as one run and as probeBytes/probeRun runs in shuffled order, the
 // best of probeTries each, and fits the copy bandwidth and per-run cost.
-// It takes a few milliseconds at start.
+// It takes some tens of milliseconds at start.
 func calibrateHost(g transfer.Gatherer, arena transfer.Desc) (costmodel.Host, error) {
 	h := costmodel.Host{PerChunk: defaultPerChunk, RoundTrip: defaultRoundTrip, Serial: serialStages()}
 	n := uint64(probeBytes)

@@ -34,12 +34,19 @@ const (
 	// DefaultCloseCall is how near (as a ratio) two predictions must be
 	// for Decide to explore.
 	DefaultCloseCall = 1.5
+	// unobservedCall is how near the predictions must be for Decide to try
+	// a path never observed yet, once.
+	unobservedCall = 4.0
 )
 
 // correction bounds: an observation more than this far from its
-// prediction is clamped, so one stalled request cannot flip every later
-// decision.
-const minCorrection, maxCorrection = 0.05, 20.0
+// prediction is clamped, and one observation moves a correction by at most
+// a factor of maxStep, so one cold or stalled request (a first transfer's
+// connection setup and page faults) cannot flip every later decision.
+const (
+	minCorrection, maxCorrection = 0.05, 20.0
+	maxStep                      = 2.0
+)
 
 // Model predicts both paths for one engine and host and learns from
 // observed transfers. The zero value is not usable: call New.
@@ -119,7 +126,8 @@ type Decision struct {
 
 // Decide picks the path predicted faster for s. One close call in
 // ExploreEvery (predictions within CloseCall of each other) takes the other
-// path instead, so both stay observed.
+// path instead, so both stay observed; so does the first call, within a
+// factor of 4, after the chosen path was observed but the other never was.
 func (m *Model) Decide(s Shape) Decision {
 	p := m.Predict(s)
 	d := Decision{Route: Direct, Prediction: p}
@@ -130,11 +138,14 @@ func (m *Model) Decide(s Shape) Decision {
 	if ratio < 1 {
 		ratio = 1 / ratio
 	}
-	if ratio <= m.closeCall {
+	other := d.Route ^ 1
+	switch {
+	case m.obs[other] == 0 && m.obs[d.Route] > 0 && ratio <= unobservedCall:
+		d.Route, d.Explore = other, true // never measured: try it once
+	case ratio <= m.closeCall:
 		m.closeCalls++
 		if m.closeCalls%m.exploreEvery == 0 {
-			d.Route ^= 1
-			d.Explore = true
+			d.Route, d.Explore = other, true
 		}
 	}
 	d.Reason = fmt.Sprintf("predicted bounce %v vs direct %v (%.2fx)", round(p.Bounce), round(p.Direct), p.Ratio())
@@ -169,10 +180,12 @@ func (m *Model) Observe(r Route, s Shape, elapsed time.Duration) {
 		return
 	}
 	f := math.Min(math.Max(elapsed.Seconds()/pred.Seconds(), minCorrection), maxCorrection)
+	c := m.corr[r]
+	f = math.Min(math.Max(f, c/maxStep), c*maxStep)
 	if m.obs[r] == 0 {
 		m.corr[r] = f
 	} else {
-		m.corr[r] += m.alpha * (f - m.corr[r])
+		m.corr[r] += m.alpha * (f - c)
 	}
 	m.obs[r]++
 }
