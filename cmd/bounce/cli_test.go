@@ -89,7 +89,7 @@ func TestRunTwoProcesses(t *testing.T) {
 			if code != 0 {
 				t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", code, out, errOut)
 			}
-			for _, want := range []string{"warm-up: one unrecorded request per route", "bounce  ", "direct  ", "every byte verified", "bounce vs direct"} {
+			for _, want := range []string{"warm-up: one unrecorded request per route", "bounce  ", "direct  ", "every byte verified", "bounce vs direct", "auto (took ", "route auto took "} {
 				if !strings.Contains(out, want) {
 					t.Fatalf("summary lacks %q:\n%s", want, out)
 				}
