@@ -440,11 +440,12 @@ func (e *Engine) Close() error {
 			w.x = nil
 			delete(e.handles, w)
 		}
+		e.settle() // let endpoints still wiring up finish before they are closed
 		for name := range e.peers {
 			C.bnx_invalidate(e.agent, cn0(name), C.size_t(len(name)))
 			delete(e.peers, name)
 		}
-		e.settle()
+		e.settle() // and let the disconnects run before the worker goes
 		if leak {
 			e.closeErr = fmt.Errorf("nixl: close %q: writes were not quiescent; NIXL agent leaked: %w", e.name, transfer.ErrNotQuiescent)
 			e.log.Error("close left NIXL writes running; agent leaked")
@@ -460,9 +461,11 @@ func (e *Engine) Close() error {
 // UCX 1.13 trips an assertion ("got REP message", fixed in 1.14) when a
 // worker is destroyed while one of its endpoints is still wiring up, which
 // a peer loaded moments before Close can be; progressing lets the
-// handshake finish (issue #18 measured 4 of 28 whole-package runs aborting
-// without it, none of 75 with it).
-const closeSettle = 20 * time.Millisecond
+// handshake finish; Close settles before invalidating its peers and again
+// before destroying the agent. (Issue #18 measured 4 of 28 whole-package
+// runs aborting without settling; here one 20 ms settle after the
+// invalidations still aborted 1 of 20 runs on a loaded 2-vCPU box.)
+const closeSettle = 30 * time.Millisecond
 
 // settle progresses the agent for closeSettle, discarding notifications
 // that still arrive; mu is held and the background goroutine has exited.
