@@ -28,14 +28,13 @@ import (
 // inproc control plane connect only nodes built from the same table.
 func Builtin() Factories {
 	lib := &cuda.Lib{}
-	return Factories{
+	f := Factories{
 		CUDA: lib,
 		Engines: map[string]EngineFactory{
 			"loopback": &LoopbackFactory{Fabric: loopback.NewFabric()},
 			"tcp":      TCPFactory{},
 			"ucx":      UCXFactory{},
 			"cudacopy": &CUDACopyFactory{Fabric: cudacopy.NewFabric(lib)},
-			"nixl":     NIXLFactory{},
 		},
 		Controls: map[string]ControlFactory{
 			"zmq":       ZMQFactory{},
@@ -45,6 +44,10 @@ func Builtin() Factories {
 		Gatherers:  map[string]GatherFactory{"host": HostGatherFactory{}, "cuda": CUDAGatherFactory{Lib: lib}},
 		Scatterers: map[string]ScatterFactory{"host": HostScatterFactory{}, "cuda": CUDAScatterFactory{Lib: lib}},
 	}
+	if nixl.Built {
+		f.Engines["nixl"] = NIXLFactory{}
+	}
+	return f
 }
 
 // CUDACopyFactory creates single-host GPU engines on one fabric (agents of
@@ -210,9 +213,9 @@ func (UCXFactory) CreateEngine(s Settings, cfg config.EngineConfig) (transfer.En
 	return ucx.New(c)
 }
 
-// NIXLFactory creates NIXL engines (UCX backend). In a build without
-// -tags nixl it is still listed, and CreateEngine says that the binary was
-// built without NIXL support rather than that no such engine exists.
+// NIXLFactory creates NIXL engines (UCX backend). Builtin lists it only in a
+// build with -tags nixl; without the tag CheckKinds says the build lacks
+// NIXL, and CreateEngine would say the same.
 type NIXLFactory struct{}
 
 // Type returns "nixl".

@@ -69,3 +69,6 @@ func (e *Engine) Close() error { return nil }
 
 // Stats returns zero counters.
 func (e *Engine) Stats() Stats { return Stats{} }
+
+// Built reports whether this build has the NIXL engine (-tags nixl).
+const Built = false
