@@ -43,6 +43,8 @@ type Stats struct {
 	// went direct (bounce off here, the peer's handshake, the gates);
 	// BounceRefused counts requests that required bounce and were refused.
 	Fallbacks, BounceRefused uint64
+	// Requests route auto sent bounce and direct by its cost model.
+	AutoBounce, AutoDirect uint64
 }
 
 type counters struct {
@@ -61,6 +63,7 @@ type counters struct {
 	wants, grants, bounceBytes                    atomic.Uint64
 	events, droppedEvents                         atomic.Uint64
 	fallbacks, bounceRefused                      atomic.Uint64
+	autoBounce, autoDirect                        atomic.Uint64
 }
 
 // Stats returns a snapshot of the agent's counters.
@@ -80,5 +83,6 @@ func (a *Agent) Stats() Stats {
 		Wants: c.wants.Load(), Grants: c.grants.Load(), BounceBytes: c.bounceBytes.Load(),
 		Events: c.events.Load(), DroppedEvents: c.droppedEvents.Load(),
 		Fallbacks: c.fallbacks.Load(), BounceRefused: c.bounceRefused.Load(),
+		AutoBounce: c.autoBounce.Load(), AutoDirect: c.autoDirect.Load(),
 	}
 }
