@@ -7,7 +7,7 @@ FUZZTIME  ?= 20s
 # Jaeger (tools/jaeger: a module of its own, with Jaeger as a Go tool).
 JAEGER    ?= bin/jaeger
 
-.PHONY: run test bench lint fuzz sim soak setup build clean jaeger jaeger-bin ptx
+.PHONY: run test bench lint fuzz sim soak setup build clean jaeger jaeger-bin ptx nixl-check
 
 setup:
 	./scripts/setup.sh
@@ -38,6 +38,28 @@ $(JAEGER): tools/jaeger/go.mod tools/jaeger/go.sum
 ## bench: Go benchmarks (ratios measured side by side in one run)
 bench: setup
 	$(GO) test -run '^$$' -bench . -benchtime $(BENCHTIME) $(PKGS)
+
+## nixl-check: the NIXL engine's tagged tests, conformance and bench; needs a
+## NIXL install at NIXL_PREFIX (headers in include/, libraries and plugins/
+## in NIXL_LIBDIR); see docs/NIXL.md
+NIXL_PREFIX ?= /opt/nixl
+NIXL_LIBDIR ?= $(firstword $(wildcard $(NIXL_PREFIX)/lib/x86_64-linux-gnu $(NIXL_PREFIX)/lib64) $(NIXL_PREFIX)/lib)
+NIXL_ENV     = CGO_CFLAGS="-I$(NIXL_PREFIX)/include" CGO_CXXFLAGS="-I$(NIXL_PREFIX)/include" \
+               CGO_LDFLAGS="-L$(NIXL_LIBDIR) -Wl,-rpath,$(NIXL_LIBDIR)" \
+               LD_LIBRARY_PATH="$(NIXL_LIBDIR)$${LD_LIBRARY_PATH:+:$$LD_LIBRARY_PATH}" \
+               NIXL_PLUGIN_DIR="$(NIXL_LIBDIR)/plugins"
+NIXL_BENCH  ?= --workload llama70b-tp8-b16,gptoss120b-tp8-b16 --concurrency 1 --routes bounce,direct,bulk --repeat 3
+nixl-check: setup
+	@test -f $(NIXL_PREFIX)/include/nixl.h || { echo "no NIXL at NIXL_PREFIX=$(NIXL_PREFIX) (want $(NIXL_PREFIX)/include/nixl.h); see docs/NIXL.md"; exit 2; }
+	$(NIXL_ENV) $(GO) vet -tags nixl ./engines/nixl/ ./node/ ./certify/ ./pipeline/
+	$(NIXL_ENV) $(GO) test -tags nixl -race -count=1 ./engines/nixl/ ./node/ ./certify/
+	$(NIXL_ENV) $(GO) test -tags nixl -race -count=1 -run 'NIXL|DenseFragmented' ./pipeline/
+	$(NIXL_ENV) $(GO) build -tags nixl -o bin/bounce-nixl ./cmd/bounce
+	$(NIXL_ENV) ./bin/bounce-nixl conformance engine --builtin nixl
+	$(NIXL_ENV) ./bin/bounce-nixl conformance writer --builtin nixl
+	$(NIXL_ENV) ./bin/bounce-nixl conformance control --builtin nixlnotif --carrier nixl
+	$(NIXL_ENV) ./bin/bounce-nixl bench --engine.kind nixl --control-plane.kind zmq $(NIXL_BENCH)
+	$(NIXL_ENV) ./bin/bounce-nixl bench --engine.kind nixl --control-plane.kind nixlnotif $(NIXL_BENCH)
 
 lint:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || (gofmt -l $$(git ls-files '*.go'); exit 1)

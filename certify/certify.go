@@ -175,15 +175,19 @@ func EngineFactory(ef node.EngineFactory, o Options) conformance.EngineFactory {
 // of the in-tree engines that have them (zero where unknown: the suite
 // then applies its own floor, or finds the largest notification itself).
 func limits(e transfer.Engine, cfg config.EngineConfig) (uint64, int) {
+	var note int
+	if l, ok := e.(interface{ MaxNotifySize() int }); ok {
+		note = l.MaxNotifySize()
+	}
 	switch e.(type) {
 	case *tcp.Engine:
-		return tcp.MaxFramePayload, tcp.MaxNotification
+		return tcp.MaxFramePayload, note
 	case *ucx.Engine:
 		if _, set := cfg.Options["fragment_size"]; !set {
-			return ucx.DefaultFragmentSize, 0
+			return ucx.DefaultFragmentSize, note
 		}
 	}
-	return 0, 0
+	return 0, note
 }
 
 // ControlFactory returns fresh channel sets "a", "b", "c"; a control plane

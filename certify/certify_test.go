@@ -89,3 +89,24 @@ func TestUnknownNames(t *testing.T) {
 		t.Fatal("unknown kind accepted")
 	}
 }
+
+// TestWaiversNameRealRules: every waived rule exists and has a reason.
+func TestWaiversNameRealRules(t *testing.T) {
+	known := map[string]bool{}
+	for _, r := range conformance.Rules() {
+		known[r.ID] = true
+	}
+	for subject, w := range waivers {
+		for id, why := range w {
+			if !known[id] || why == "" {
+				t.Errorf("%s: waiver %q (reason %q) names no rule or gives no reason", subject, id, why)
+			}
+		}
+	}
+	if skip, why := Waivers("engine", "nixl"); len(skip) != len(why) || len(skip) == 0 {
+		t.Fatalf("Waivers(engine, nixl) = %v, %v", skip, why)
+	}
+	if skip, _ := Waivers("engine", "tcp"); skip != nil {
+		t.Fatalf("tcp has waivers: %v", skip)
+	}
+}

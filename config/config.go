@@ -232,6 +232,10 @@ type BounceConfig struct {
 	// and the gather stage both handle CUDA memory, pinned-host when only
 	// the stages do, else host.
 	ArenaMemory string
+	// CostModel lets route auto pick bounce or direct per request from
+	// the engine-aware cost model (bounce.cost_model, default false); false
+	// leaves the decision to the descriptor gates alone.
+	CostModel bool
 	// DisableMerging sends one run per descriptor; debugging only
 	// (bounce.disable_merging, default false).
 	DisableMerging bool
@@ -382,6 +386,7 @@ func Default() Config {
 			ZeroCopyArgs:     false,
 			ArenaMemory:      "auto",
 			Route:            p.Route.String(),
+			CostModel:        p.CostModel,
 		},
 		Engine: EngineConfig{Kind: "tcp", Listen: "127.0.0.1:0", Connections: 4, Plugin: DefaultPlugin(), Encryption: "off", FrameTimeout: 15 * time.Second, MaxPendingConns: 64},
 		ControlPlane: ControlPlaneConfig{

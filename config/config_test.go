@@ -89,7 +89,7 @@ func TestKeysMatchTheDocumentedSet(t *testing.T) {
 		"agent.name",
 		"bounce.enabled", "bounce.arena_size", "bounce.granularity", "bounce.max_chunk", "bounce.min_chunk", "bounce.max_inflight",
 		"bounce.copy_contexts", "bounce.copy_workers", "bounce.scatter_workers", "bounce.min_descriptors", "bounce.max_avg_descriptor",
-		"bounce.request_timeout", "bounce.quarantine", "bounce.eager_gather", "bounce.zero_copy_args", "bounce.arena_memory", "bounce.disable_merging", "bounce.route",
+		"bounce.request_timeout", "bounce.quarantine", "bounce.eager_gather", "bounce.zero_copy_args", "bounce.arena_memory", "bounce.cost_model", "bounce.disable_merging", "bounce.route",
 		"engine.kind", "engine.plugin", "engine.listen", "engine.connections",
 		"engine.encryption", "engine.frame_timeout", "engine.max_pending_conns", "engine.options",
 		"control_plane.kind", "control_plane.interface", "control_plane.bind_address", "control_plane.send_hwm", "control_plane.plugin",

@@ -43,6 +43,7 @@ func fields() []field {
 		{"bounce.eager_gather", "gather before the GRANT arrives", func(c *Config) any { return &c.Bounce.EagerGather }},
 		{"bounce.zero_copy_args", "GPU stages read their plan from pinned host memory (false: staged to the device)", func(c *Config) any { return &c.Bounce.ZeroCopyArgs }},
 		{"bounce.arena_memory", "arena memory: auto, device, pinned-host or host", func(c *Config) any { return &c.Bounce.ArenaMemory }},
+		{"bounce.cost_model", "route auto predicts each request on both paths from the engine's calibrated costs and takes the faster (false: the gates alone decide)", func(c *Config) any { return &c.Bounce.CostModel }},
 		{"bounce.disable_merging", "one scatter run per descriptor (debugging only)", func(c *Config) any { return &c.Bounce.DisableMerging }},
 		{"bounce.route", "route of requests that choose none: auto, bounce (required: fail rather than fall back) or direct", func(c *Config) any { return &c.Bounce.Route }},
 

@@ -3,6 +3,7 @@ package node
 import (
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/bouncekv/bounce/config"
@@ -12,6 +13,7 @@ import (
 	"github.com/bouncekv/bounce/cuda"
 	"github.com/bouncekv/bounce/engines/cudacopy"
 	"github.com/bouncekv/bounce/engines/loopback"
+	"github.com/bouncekv/bounce/engines/nixl"
 	"github.com/bouncekv/bounce/engines/tcp"
 	"github.com/bouncekv/bounce/engines/ucx"
 	gathercuda "github.com/bouncekv/bounce/stages/gather/cuda"
@@ -26,7 +28,7 @@ import (
 // inproc control plane connect only nodes built from the same table.
 func Builtin() Factories {
 	lib := &cuda.Lib{}
-	return Factories{
+	f := Factories{
 		CUDA: lib,
 		Engines: map[string]EngineFactory{
 			"loopback": &LoopbackFactory{Fabric: loopback.NewFabric()},
@@ -42,6 +44,10 @@ func Builtin() Factories {
 		Gatherers:  map[string]GatherFactory{"host": HostGatherFactory{}, "cuda": CUDAGatherFactory{Lib: lib}},
 		Scatterers: map[string]ScatterFactory{"host": HostScatterFactory{}, "cuda": CUDAScatterFactory{Lib: lib}},
 	}
+	if nixl.Built {
+		f.Engines["nixl"] = NIXLFactory{}
+	}
+	return f
 }
 
 // CUDACopyFactory creates single-host GPU engines on one fabric (agents of
@@ -163,7 +169,7 @@ func (TCPFactory) Type() string { return "tcp" }
 // advertise (host:port put in the metadata), stripe_bytes, dial_timeout,
 // idle_timeout.
 func (TCPFactory) CreateEngine(s Settings, cfg config.EngineConfig) (transfer.Engine, error) {
-	c := tcp.Config{Name: s.Name, Listen: cfg.Listen, Connections: cfg.Connections, Logger: s.Logger,
+	c := tcp.Config{Name: s.Name, Listen: cfg.Listen, Connections: cfg.Connections, Logger: s.Logger, OnComplete: s.Notify,
 		Peers: s.Peers, Encrypt: cfg.Encryption == "on", FrameTimeout: cfg.FrameTimeout, MaxPendingConns: cfg.MaxPendingConns}
 	if c.Encrypt && !s.Peers.Enabled() {
 		return nil, fmt.Errorf("engine.encryption on needs security.mode authenticate (the keys come from the handshake)")
@@ -209,6 +215,65 @@ func (UCXFactory) CreateEngine(s Settings, cfg config.EngineConfig) (transfer.En
 		return nil, err
 	}
 	return ucx.New(c)
+}
+
+// NIXLFactory creates NIXL engines (UCX backend). Builtin lists it only in a
+// build with -tags nixl; without the tag CheckKinds says the build lacks
+// NIXL, and CreateEngine would say the same.
+type NIXLFactory struct{}
+
+// Type returns "nixl".
+func (NIXLFactory) Type() string { return "nixl" }
+
+// nixlBackendPrefix marks an engine option passed to NIXL's UCX backend
+// (createBackend) under the rest of its name.
+const nixlBackendPrefix = "backend_"
+
+// CreateEngine creates a NIXL engine. Options: error_mode (peer or none:
+// the backend's ucx_error_handling_mode; UCX 1.13's shared-memory
+// transports support only none), max_notify_size (a byte size, at most
+// 1 MiB), recv_queue, progress_thread (true or false), poll_interval,
+// drain_timeout, and backend_<name> for any other UCX backend parameter
+// (backend_device_list, backend_num_workers, ...). NIXL finds its UCX
+// plugin through NIXL_PLUGIN_DIR.
+func (NIXLFactory) CreateEngine(s Settings, cfg config.EngineConfig) (transfer.Engine, error) {
+	c := nixl.Config{Name: s.Name, Logger: s.Logger}
+	own := make(map[string]string, len(cfg.Options))
+	for k, v := range cfg.Options {
+		name, ok := strings.CutPrefix(k, nixlBackendPrefix)
+		if !ok {
+			own[k] = v
+			continue
+		}
+		if name == "" {
+			return nil, fmt.Errorf("engine.options.%s: empty backend parameter name; accepted: %s<parameter>", k, nixlBackendPrefix)
+		}
+		if c.Backend == nil {
+			c.Backend = make(map[string]string)
+		}
+		c.Backend[name] = v
+	}
+	err := options("engine.options", own, map[string]func(string) error{
+		"error_mode": func(v string) error {
+			if v != "peer" && v != "none" {
+				return fmt.Errorf("accepted: peer, none")
+			}
+			if c.Backend == nil {
+				c.Backend = make(map[string]string)
+			}
+			c.Backend[nixl.BackendErrorMode] = v
+			return nil
+		},
+		"max_notify_size": func(v string) error { n, err := config.ParseSize(v); c.MaxNotifySize = int(n); return err },
+		"recv_queue":      func(v string) (err error) { c.RecvQueue, err = strconv.Atoi(v); return },
+		"progress_thread": func(v string) (err error) { c.ProgressThread, err = strconv.ParseBool(v); return },
+		"poll_interval":   func(v string) (err error) { c.PollInterval, err = time.ParseDuration(v); return },
+		"drain_timeout":   func(v string) (err error) { c.DrainTimeout, err = time.ParseDuration(v); return },
+	})
+	if err != nil {
+		return nil, err
+	}
+	return nixl.New(c)
 }
 
 // ZMQFactory creates ZeroMQ ROUTER/DEALER control channels.

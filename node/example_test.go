@@ -51,6 +51,9 @@ func embed() error {
 	factories := node.Builtin()
 	cfg := config.Default()
 	cfg.Engine.Kind, cfg.ControlPlane.Kind = "loopback", "inproc"
+	// In one process the loopback engine's direct path is a memcpy, so route
+	// auto's cost model would take it; this example shows the bounce path.
+	cfg.Bounce.Route = "bounce"
 
 	// The decode server: a node whose completion events arrive on a
 	// buffered channel (a full channel drops and counts, never blocks).

@@ -467,6 +467,7 @@ func PipelineConfig(b config.BounceConfig, sec config.SecurityConfig) pipeline.C
 		WantBurst:        sec.WantBurst,
 		MaxControlPeers:  sec.MaxControlPeers,
 		MaxArenaShare:    sec.MaxArenaShare,
+		CostModel:        b.CostModel,
 	}
 }
 

@@ -22,6 +22,7 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 func testConfig(name, engine, control string) config.Config {
 	c := config.Default()
+	c.Bounce.CostModel = false // route by the gates (see pipeline's testConfig)
 	c.Agent.Name = name
 	c.Engine.Kind = engine
 	c.ControlPlane.Kind = control

@@ -17,7 +17,9 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/bouncekv/bounce/mem"
+	"github.com/bouncekv/bounce/pipeline/costmodel"
 	"github.com/bouncekv/bounce/pipeline/credit"
+	"github.com/bouncekv/bounce/pipeline/plan"
 	"github.com/bouncekv/bounce/pipeline/wire"
 	"github.com/bouncekv/bounce/security"
 	"github.com/bouncekv/bounce/stages/write"
@@ -95,6 +97,10 @@ type Config struct {
 	// even when no other peer waits (0 < share <= 1); while others wait a
 	// peer holds at most an equal share (credit.Config.PeerShare).
 	MaxArenaShare float64
+	// CostModel lets route auto decide each eligible request by the
+	// engine-aware cost model (predicted time on both paths; see package
+	// costmodel) instead of by the gates alone.
+	CostModel bool
 }
 
 // DefaultConfig returns the defaults: the reference design's, except an
@@ -117,6 +123,7 @@ func DefaultConfig() Config {
 		WantBurst:        DefaultWantBurst,
 		MaxControlPeers:  DefaultMaxControlPeers,
 		MaxArenaShare:    DefaultMaxArenaShare,
+		CostModel:        false,
 	}
 }
 
@@ -233,8 +240,13 @@ type Agent struct {
 	set  Settings
 	log  *slog.Logger
 
-	arena    Arena
-	arenaD   transfer.Desc
+	arena  Arena
+	arenaD transfer.Desc
+	// ctrlMax is the control channel's message limit (0 = none stated):
+	// chunks are planned so that their DATA fits it and GRANTs are split.
+	ctrlMax int
+	// router is route auto's cost model; nil when bounce is off.
+	router   *router
 	bounceOn bool   // bounce path usable locally
 	noBounce string // why not, when !bounceOn
 	capacity uint64
@@ -347,6 +359,9 @@ func build(s Settings, cfg Config) (*Agent, error) {
 		a.guard.setArena(a.arenaD)
 		wg.SetWriteGuard(a.guard.check)
 	}
+	if a.bounceOn && cfg.CostModel {
+		a.router = a.newRouter()
+	}
 	a.r = newReactor(a, sched)
 	if pl, ok := s.Engine.(transfer.PeerLossReporter); ok && a.bounceOn {
 		pl.SetPeerLost(func(peer string) { a.post(func(r *reactor) { r.peerGone(peer) }) })
@@ -364,6 +379,12 @@ func (a *Agent) initBounce(out **credit.Scheduler) error {
 		return errors.New("no gather or scatter stage")
 	case a.set.Control.LocalEndpoint() == "":
 		return errors.New("control channel has no usable endpoint")
+	}
+	if l, ok := a.set.Control.(messageLimiter); ok && l.MaxMessageSize() > 0 {
+		a.ctrlMax = l.MaxMessageSize()
+		if need := minControlMessage(); a.ctrlMax < need {
+			return fmt.Errorf("control channel %s carries messages of at most %d bytes; bounce needs %d", a.set.Control.Kind(), a.ctrlMax, need)
+		}
 	}
 	usable := credit.UsableCapacity(a.cfg.ArenaSize, a.cfg.Granularity)
 	sched, err := credit.New(credit.Config{Capacity: a.cfg.ArenaSize, Granularity: a.cfg.Granularity, MaxInflight: a.cfg.MaxInflight,
@@ -408,6 +429,32 @@ func (a *Agent) initBounce(out **credit.Scheduler) error {
 	a.arena, a.arenaD, a.capacity, a.bounceOn = arena, d, sched.Capacity(), true
 	*out = sched
 	return nil
+}
+
+// newRouter calibrates the host copy costs on the arena and builds route
+// auto's model; a failed probe keeps conservative host costs.
+func (a *Agent) newRouter() *router {
+	h, err := calibrateHost(a.set.Gatherer, a.arenaD)
+	if err != nil {
+		a.log.Warn("copy probe failed; route auto assumes 2 GB/s host copies", "err", err)
+		h.CopyBandwidth, h.PerRun = 2e9, 50*time.Nanosecond
+	}
+	r, err := newRouter(a.set.Engine, h, a.cfg.MaxChunk)
+	if err != nil {
+		a.log.Warn("route auto falls back to the gates alone", "err", err)
+		return nil
+	}
+	a.log.Debug("route auto calibrated", "model", r.snapshot())
+	return r
+}
+
+// RouteModel returns a snapshot of route auto's cost model; ok is false
+// when there is none (bounce off).
+func (a *Agent) RouteModel() (m RouteModel, ok bool) {
+	if a.router == nil {
+		return RouteModel{}, false
+	}
+	return a.router.snapshot(), true
 }
 
 // Name returns the agent's name.
@@ -684,6 +731,40 @@ func (a *Agent) SubmitContext(ctx context.Context, req Request) (*Batch, error) 
 		}
 		return nil, fmt.Errorf("pipeline: submit to %q: %w: %s", req.Peer, ErrBounceUnavailable, reason)
 	}
+	var p *plan.Plan
+	var pred RoutePrediction
+	var shape costmodel.Shape
+	if a.router != nil && (route == RouteBounce || route == RouteDirect) {
+		if route == RouteBounce && want == RouteAuto {
+			d, s := a.router.decide(req)
+			pred = RoutePrediction{Made: true, Bounce: d.Prediction.Bounce, Direct: d.Prediction.Direct, Explore: d.Explore}
+			shape, why, reason = s, whyCostModel, "auto: "+d.Reason
+			if d.Route == costmodel.Direct {
+				route = RouteDirect
+				a.stats.autoDirect.Add(1)
+			} else {
+				a.stats.autoBounce.Add(1)
+			}
+		} else {
+			shape = a.router.shape(req)
+		}
+	}
+	var planDur time.Duration
+	if route == RouteBounce {
+		planning := time.Now()
+		var err error
+		if p, err = a.plan(req); err != nil {
+			return nil, err
+		}
+		planDur = time.Since(planning)
+		if tooLarge := a.wantTooLarge(p); tooLarge != "" {
+			if want == RouteBounce {
+				a.stats.bounceRefused.Add(1)
+				return nil, fmt.Errorf("pipeline: submit to %q: %w: %s", req.Peer, ErrBounceUnavailable, tooLarge)
+			}
+			route, why, reason, p = RouteDirect, whyControlLimit, tooLarge, nil
+		}
+	}
 	if err := a.checkKinds(route, req); err != nil {
 		return nil, fmt.Errorf("pipeline: submit to %q: %w", req.Peer, err)
 	}
@@ -693,15 +774,19 @@ func (a *Agent) SubmitContext(ctx context.Context, req Request) (*Batch, error) 
 	id := a.nextID.Add(1)
 	b := newBatch(id, route, reason, req.OnComplete)
 	b.obs.start, b.obs.why = start, why
+	b.pred, b.start = pred, start
+	if a.router != nil && shape.Descs > 0 {
+		cr := costmodel.Direct
+		if route == RouteBounce {
+			cr = costmodel.Bounce
+		}
+		rt := a.router
+		b.observe = func(d time.Duration) { rt.observe(cr, shape, d) }
+	}
 	b.abandon = func(timeout time.Duration) transfer.AbandonOutcome { return a.abandon(b, timeout) }
 	switch route {
 	case RouteBounce:
-		planning := time.Now()
-		p, err := a.plan(req)
-		if err != nil {
-			return nil, err
-		}
-		b.plan = time.Since(planning)
+		b.plan = planDur
 		b.obs.bytes = p.Payload
 		a.obs.submitted(ctx, b, req.Peer, len(req.Src), reason)
 		a.obs.planned(b, p)

@@ -77,6 +77,12 @@ type Batch struct {
 
 	plan   time.Duration // building the plan, at Submit
 	stages Stages        // set by the reactor before a successful batch resolves
+
+	// pred is route auto's prediction; observe, when set, is told how
+	// long a successful batch took since start.
+	pred    RoutePrediction
+	start   time.Time
+	observe func(time.Duration)
 }
 
 // setStages records a successful request's stage times (reactor only,
@@ -112,6 +118,10 @@ func (b *Batch) Route() Route { return b.route }
 
 // RouteReason says why the route was chosen (for logs and summaries).
 func (b *Batch) RouteReason() string { return b.reason }
+
+// Prediction returns route auto's prediction of the request on both paths
+// (Made false when the route was forced or the gates decided).
+func (b *Batch) Prediction() RoutePrediction { return b.pred }
 
 // Done is closed when the batch is terminal.
 func (b *Batch) Done() <-chan struct{} { return b.done }
@@ -203,6 +213,9 @@ func (b *Batch) finish(err error, quiescent bool) bool {
 		b.cbWG.Add(1) // pinned before the status is visible to Release
 	}
 	b.mu.Unlock()
+	if err == nil && b.observe != nil {
+		b.observe(time.Since(b.start))
+	}
 	if quiescent {
 		b.markQuiescent()
 	}

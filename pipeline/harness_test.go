@@ -77,6 +77,10 @@ type nodeOpt func(*Settings)
 
 func testConfig() Config {
 	c := DefaultConfig()
+	// The gates alone route: these tests drive the bounce machinery, and
+	// route auto's cost model (autoroute_test.go) would send many of their
+	// small in-process transfers direct.
+	c.CostModel = false
 	c.ArenaSize = 8 << 20
 	c.Granularity = 64 << 10
 	c.MaxChunk = 1 << 20

@@ -347,7 +347,9 @@ func (r *reactor) schedule() {
 	for _, o := range order {
 		// A lost GRANT leaves the regions held; the sender times out and its
 		// cancel reclaims them.
-		_ = r.send(o.key.Peer, &wire.Grant{Request: o.key.Request, Credits: o.credits})
+		for _, cs := range splitCredits(o.credits, r.a.ctrlMax) {
+			_ = r.send(o.key.Peer, &wire.Grant{Request: o.key.Request, Credits: cs})
+		}
 	}
 }
 
@@ -455,4 +457,19 @@ func (r *reactor) drainScatterResults() bool {
 		r.schedule()
 	}
 	return len(res) > 0
+}
+
+// splitCredits cuts credits into GRANTs that each fit a control message of
+// limit bytes (0 = no limit: one GRANT).
+func splitCredits(credits []wire.Credit, limit int) [][]wire.Credit {
+	per := len(credits)
+	if limit > 0 {
+		per = max(1, (limit-wire.GrantOverhead)/wire.CreditSize)
+	}
+	var out [][]wire.Credit
+	for len(credits) > per {
+		out = append(out, credits[:per:per])
+		credits = credits[per:]
+	}
+	return append(out, credits)
 }

@@ -7,6 +7,7 @@ import (
 	"strconv"
 
 	"github.com/bouncekv/bounce/pipeline/plan"
+	"github.com/bouncekv/bounce/pipeline/wire"
 	"github.com/bouncekv/bounce/transfer"
 )
 
@@ -116,8 +117,49 @@ func uniform(ds []transfer.Desc) bool {
 	return true
 }
 
+// messageLimiter is a control channel that bounds the size of one message
+// (nixlnotif, whose messages are engine notifications).
+type messageLimiter interface{ MaxMessageSize() int }
+
+// traceAllowance is the room a DATA or WANT keeps for its traceparent (a
+// W3C traceparent is 55 bytes) when messages are sized to a channel limit.
+const traceAllowance = 256
+
+// minControlMessage is the smallest control message limit bounce works
+// with: a DATA of one strided run, a GRANT of one credit and a NACK with a
+// reason, each with room for a traceparent.
+func minControlMessage() int {
+	return max(wire.DataOverhead(traceAllowance)+wire.StridedRunSize, wire.GrantOverhead+wire.CreditSize, 1024)
+}
+
+// scatterLimit bounds each chunk's scatter runs so that its DATA fits the
+// control channel (no limit when the channel states none).
+func (a *Agent) scatterLimit() plan.ScatterLimit {
+	if a.ctrlMax == 0 {
+		return plan.ScatterLimit{}
+	}
+	return plan.ScatterLimit{Bytes: a.ctrlMax - wire.DataOverhead(traceAllowance), Single: wire.SingleRunSize, Strided: wire.StridedRunSize}
+}
+
+// wantTooLarge says why p's WANT cannot travel on the control channel, or
+// "" when it can. The request then takes the direct path.
+func (a *Agent) wantTooLarge(p *plan.Plan) string {
+	if a.ctrlMax == 0 {
+		return ""
+	}
+	sizes := make([]uint64, len(p.Chunks))
+	for i, c := range p.Chunks {
+		sizes[i] = c.Bytes
+	}
+	n, err := wire.EncodedLen(&wire.Want{ChunkBytes: sizes, Endpoint: a.set.Control.LocalEndpoint()})
+	if err == nil && n+traceAllowance <= a.ctrlMax {
+		return ""
+	}
+	return fmt.Sprintf("WANT for %d chunks exceeds the %s control channel's %d-byte messages", len(p.Chunks), a.set.Control.Kind(), a.ctrlMax)
+}
+
 func (a *Agent) plan(req Request) (*plan.Plan, error) {
-	p, err := plan.Build(req.Src, req.Dst, plan.Options{MaxChunk: a.cfg.MaxChunk, MinChunk: a.cfg.MinChunk, NoMerge: a.cfg.DisableMerging})
+	p, err := plan.Build(req.Src, req.Dst, plan.Options{MaxChunk: a.cfg.MaxChunk, MinChunk: a.cfg.MinChunk, NoMerge: a.cfg.DisableMerging, Scatter: a.scatterLimit()})
 	if err != nil {
 		return nil, fmt.Errorf("pipeline: plan transfer to %q: %w", req.Peer, err)
 	}

@@ -71,6 +71,10 @@ func (t *scatterTask) launch(s transfer.Scatterer) (transfer.Op, error) {
 	return op, err
 }
 
+// doneSignaller is an op that closes a channel once it is terminal
+// (the host copy stages' ops do), so a worker can block instead of polling.
+type doneSignaller interface{ Done() <-chan struct{} }
+
 // scatterWorker runs scatter tasks on its own goroutine: launch (retrying
 // while the copy pool is busy, and giving up once the task is cancelled),
 // wait for completion, hand the task back through report.
@@ -109,6 +113,14 @@ func (w *scatterWorker) scatter(t *scatterTask) error {
 		}
 		if !w.sleep(&back) {
 			return transfer.ErrClosed
+		}
+	}
+	if d, ok := op.(doneSignaller); ok {
+		select {
+		case <-d.Done():
+		case <-w.quit:
+			// The reactor quit under a running copy: Poll below says
+			// whether it still runs.
 		}
 	}
 	back = time.Microsecond

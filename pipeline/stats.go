@@ -56,6 +56,8 @@ type Stats struct {
 	// went direct (bounce off here, the peer's handshake, the gates);
 	// BounceRefused counts requests that required bounce and were refused.
 	Fallbacks, BounceRefused uint64
+	// Requests route auto sent bounce and direct by its cost model.
+	AutoBounce, AutoDirect uint64
 }
 
 type counters struct {
@@ -76,6 +78,7 @@ type counters struct {
 	controlPeers, flows, requests                 atomic.Uint64
 	events, droppedEvents                         atomic.Uint64
 	fallbacks, bounceRefused                      atomic.Uint64
+	autoBounce, autoDirect                        atomic.Uint64
 }
 
 // Stats returns a snapshot of the agent's counters.
@@ -98,6 +101,7 @@ func (a *Agent) Stats() Stats {
 		OpenFDs: openFDs(), Goroutines: runtime.NumGoroutine(),
 		Events: c.events.Load(), DroppedEvents: c.droppedEvents.Load(),
 		Fallbacks: c.fallbacks.Load(), BounceRefused: c.bounceRefused.Load(),
+		AutoBounce: c.autoBounce.Load(), AutoDirect: c.autoDirect.Load(),
 	}
 }
 

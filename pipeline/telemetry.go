@@ -70,6 +70,11 @@ const (
 	attrErrorType   = attribute.Key("error.type")
 	attrFailReason  = attribute.Key("bounce.reason")
 	attrAbandonWait = attribute.Key("bounce.abandon.timeout_ms")
+	// Route auto's prediction of the request on each path, and whether it
+	// took the path predicted slower on purpose (to re-measure it).
+	attrPredBounce  = attribute.Key("bounce.route.predicted_bounce_ms")
+	attrPredDirect  = attribute.Key("bounce.route.predicted_direct_ms")
+	attrPredExplore = attribute.Key("bounce.route.explore")
 )
 
 // Low-cardinality reasons a route was chosen (the bounce.route.reason
@@ -85,6 +90,8 @@ const (
 	whyFewDescriptors   = "few_descriptors"
 	whyLargeDescriptors = "large_descriptors"
 	whyEligible         = "eligible"
+	whyControlLimit     = "control_message_limit"
+	whyCostModel        = "cost_model"
 )
 
 // Reasons a peer's input was rejected (bounce.peer.rejections).
@@ -285,7 +292,7 @@ func newObs(a *Agent, s Settings) *obs {
 				rec: []metric.RecordOption{metric.WithAttributeSet(set)},
 			}
 		}
-		for _, why := range []string{whyDirectRequested, whyBounceRequested, whyLocalOff, whyPeerNotCapable, whyEmpty, whyMixedDevices, whyMemoryKind, whyFewDescriptors, whyLargeDescriptors, whyEligible} {
+		for _, why := range []string{whyDirectRequested, whyBounceRequested, whyLocalOff, whyPeerNotCapable, whyEmpty, whyMixedDevices, whyMemoryKind, whyFewDescriptors, whyLargeDescriptors, whyEligible, whyControlLimit, whyCostModel} {
 			set := attribute.NewSet(attrRoute.String(rt.String()), attrReason.String(why))
 			o.byDecision[routeOutcomeKey{rt.String(), why}] = []metric.AddOption{metric.WithAttributeSet(set)}
 		}
@@ -396,6 +403,10 @@ func (o *obs) submitted(ctx context.Context, b *Batch, peer string, descs int, r
 	span.SetAttributes(attrRoute.String(b.route.String()), attrReason.String(b.obs.why), attrReasonText.String(reasonText),
 		attrPeer.String(peer), attrRequest.Int64(int64(b.id)), attrDescs.Int(descs), attrBytes.Int64(int64(b.obs.bytes)))
 	span.SetAttributes(o.kinds...)
+	if p := b.pred; p.Made {
+		span.SetAttributes(attrPredBounce.Float64(float64(p.Bounce)/float64(time.Millisecond)),
+			attrPredDirect.Float64(float64(p.Direct)/float64(time.Millisecond)), attrPredExplore.Bool(p.Explore))
+	}
 	b.obs.ctx, b.obs.span, b.obs.sc = ctx, span, span.SpanContext()
 }
 

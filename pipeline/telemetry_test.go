@@ -95,6 +95,8 @@ func wantAttr(t *testing.T, s sdktrace.ReadOnlySpan, key attribute.Key, want any
 		ok = got.Type() == attribute.INT64 && got.AsInt64() == int64(w)
 	case bool:
 		ok = got.Type() == attribute.BOOL && got.AsBool() == w
+	case float64:
+		ok = got.Type() == attribute.FLOAT64 && got.AsFloat64() == w
 	}
 	if !ok {
 		t.Errorf("%s: %s = %v, want %v", s.Name(), key, got.Emit(), want)

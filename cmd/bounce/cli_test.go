@@ -89,7 +89,7 @@ func TestRunTwoProcesses(t *testing.T) {
 			if code != 0 {
 				t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", code, out, errOut)
 			}
-			for _, want := range []string{"warm-up: one unrecorded request per route", "bounce  ", "direct  ", "every byte verified", "bounce vs direct"} {
+			for _, want := range []string{"warm-up: one unrecorded request per route", "bounce  ", "direct  ", "every byte verified", "bounce vs direct", "auto (took ", "route auto took "} {
 				if !strings.Contains(out, want) {
 					t.Fatalf("summary lacks %q:\n%s", want, out)
 				}
@@ -141,8 +141,10 @@ func TestServeSend(t *testing.T) {
 	}
 	defer serve.Process.Kill()
 	waitForFile(t, desc, &serr)
+	// Route by the gates: this tests the serve/send flow on the bounce path;
+	// route auto's cost model may send this box's tcp transfers direct.
 	out, errOut, code := bounce(t, append([]string{"send", "--peer", desc, "--agent.name", "send", "--security.key-file", keyFile,
-		"--control-plane.bind-address", "127.0.0.1"}, work...)...)
+		"--control-plane.bind-address", "127.0.0.1", "--bounce.cost-model=false"}, work...)...)
 	if code != 0 {
 		t.Fatalf("send exit %d\n%s\n%s", code, out, errOut)
 	}
@@ -428,10 +430,12 @@ func TestServeBadInterfaceFailsAtStart(t *testing.T) {
 // TestSendShowsFallback: a sender whose peer fails the handshake says so in
 // its summary (auto), and fails with the reason when bounce is required.
 func TestSendShowsFallback(t *testing.T) {
-	desc := filepath.Join(t.TempDir(), "recv.json")
+	dir := t.TempDir()
+	desc := filepath.Join(dir, "recv.json")
 	work := []string{"--workload", "gptoss120b-tp8-b16", "--count", "2048", "--seed", "3"}
+	keyFile, allow := senderKey(t, dir, "send")
 	serve := exec.Command(cliBinary(t), "serve", "--agent.name", "recv", "--buffer-size", "16MiB", "--descriptor-out", desc,
-		"--control-plane.bind-address", "127.0.0.1", "--bounce.max-chunk", "4MiB")
+		"--security.allowed-peers", allow, "--control-plane.bind-address", "127.0.0.1", "--bounce.max-chunk", "4MiB")
 	var serr syncBuffer
 	serve.Stderr = &serr
 	if err := serve.Start(); err != nil {
@@ -439,7 +443,7 @@ func TestSendShowsFallback(t *testing.T) {
 	}
 	defer func() { serve.Process.Kill(); serve.Wait() }()
 	waitForFile(t, desc, &serr)
-	base := append([]string{"send", "--peer", desc, "--agent.name", "send", "--control-plane.bind-address", "127.0.0.1"}, work...)
+	base := append([]string{"send", "--peer", desc, "--agent.name", "send", "--security.key-file", keyFile, "--control-plane.bind-address", "127.0.0.1"}, work...)
 	out, errOut, code := bounce(t, base...)
 	if code != 0 || !strings.Contains(out, "1 of 1 request(s) fell back to the direct path") || !strings.Contains(out, "max chunk 8 MiB here vs 4 MiB on recv") {
 		t.Fatalf("auto: exit %d\n%s\n%s", code, out, errOut)
@@ -472,8 +476,9 @@ func TestServeRefusesSmallBufferBeforePublishing(t *testing.T) {
 func TestSendRepeatJSON(t *testing.T) {
 	dir := t.TempDir()
 	desc, js := filepath.Join(dir, "recv.json"), filepath.Join(dir, "send.json")
+	keyFile, allow := senderKey(t, dir, "send")
 	serve := exec.Command(cliBinary(t), "serve", "--agent.name", "recv", "--buffer-size", "8MiB", "--descriptor-out", desc,
-		"--control-plane.bind-address", "127.0.0.1")
+		"--security.allowed-peers", allow, "--control-plane.bind-address", "127.0.0.1")
 	var serr syncBuffer
 	serve.Stderr = &serr
 	if err := serve.Start(); err != nil {
@@ -481,7 +486,7 @@ func TestSendRepeatJSON(t *testing.T) {
 	}
 	defer func() { serve.Process.Kill(); serve.Wait() }()
 	waitForFile(t, desc, &serr)
-	out, errOut, code := bounce(t, "send", "--peer", desc, "--agent.name", "send", "--control-plane.bind-address", "127.0.0.1",
+	out, errOut, code := bounce(t, "send", "--peer", desc, "--agent.name", "send", "--security.key-file", keyFile, "--control-plane.bind-address", "127.0.0.1",
 		"--workload", "gptoss120b-tp8-b16", "--count", "2048", "--repeat", "3", "--json", js)
 	if code != 0 || !strings.Contains(out, "warm-up: one unrecorded request moved first") || !strings.Contains(out, "bounce #2") {
 		t.Fatalf("exit %d\n%s\n%s", code, out, errOut)

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"time"
 
@@ -24,7 +25,7 @@ func newConformanceCmd() *cobra.Command {
 		only, skip                                      []string
 		seed                                            int64
 		opTimeout                                       time.Duration
-		list                                            bool
+		list, noWaivers                                 bool
 	)
 	cmd := &cobra.Command{
 		Use:   "conformance <engine|control|gather|scatter|writer>",
@@ -99,6 +100,15 @@ CI systems.`,
 				cfg.Subject = kind + "/" + filepath.Base(plugin)
 			case builtin == "":
 				return usage(fmt.Errorf("name the implementation: --builtin NAME or --plugin PATH"))
+			default:
+				if skip, why := certify.Waivers(kind, builtin); !noWaivers && len(skip) > 0 && len(cfg.Only) == 0 {
+					for _, id := range skip {
+						if !slices.Contains(cfg.Skip, id) {
+							cfg.Skip = append(cfg.Skip, id)
+						}
+					}
+					cfg.SkipReasons = why
+				}
 			}
 			rep, err := certify.Run(f, kind, name, opts, cfg)
 			if err != nil {
@@ -134,6 +144,7 @@ CI systems.`,
 	fl.StringVar(&sizes, "sizes", "", "transfer sizes, e.g. 1,4KiB,8MiB (default 1,7,4096,4097,64KiB,1MiB,8MiB; a write above 1 MiB and above the engine's fragment size is always added)")
 	fl.BoolVar(&list, "list", false, "list every rule and exit")
 	configFlags(cmd)
+	fl.BoolVar(&noWaivers, "no-waivers", false, "also run the rules a built-in is known not to keep (skipped with their reason by default)")
 	return cmd
 }
 

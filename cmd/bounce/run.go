@@ -25,10 +25,11 @@ func newRunCmd() *cobra.Command {
 		Long: `run starts a receiver agent as a child process ('bounce serve') and a sender
 agent in this process, with the configured engine and control plane (tcp and
 zmq by default, on this machine's loopback unless configured otherwise). It
-moves the workload through the bounce pipeline, has the receiver verify every
-byte, then moves the same workload over the direct path (one engine post per
-descriptor) for comparison, and prints a summary: route, throughput, request
-latency percentiles and verification. One unrecorded request per route runs
+moves the workload with route auto (the agent predicts the request on both
+paths and takes the faster), then through the bounce pipeline and over the
+direct path (one engine post per descriptor) for comparison, has the receiver
+verify every byte of each, and prints a summary: route, throughput, request
+latency percentiles, verification, and which route auto took and why. One unrecorded request per route runs
 first (--warm-up=false to measure cold).
 
 The default workload is one rank of Llama-3.1-70B at TP=8 with block size 16:
@@ -76,7 +77,9 @@ func mainJob(cmd *cobra.Command, cfg config.Config, childArgs []string, spec wor
 	}
 	routes := []pipeline.Route{pipeline.RouteBounce}
 	if compare {
-		routes = append(routes, pipeline.RouteDirect)
+		// auto first, then both forced routes: the summary says what auto
+		// chose and why, next to what each route measured.
+		routes = []pipeline.Route{pipeline.RouteAuto, pipeline.RouteBounce, pipeline.RouteDirect}
 	}
 	if warm {
 		var moves []warmMove
@@ -89,6 +92,7 @@ func mainJob(cmd *cobra.Command, cfg config.Config, childArgs []string, spec wor
 		fmt.Fprintln(out, "warm-up: one unrecorded request per route moved first")
 	}
 	var rows []namedResult
+	var autoRes *driver.Result
 	var bad []string
 	for _, rt := range routes {
 		if _, err := s.recv.call(command{Op: "clear"}, 60*time.Second); err != nil {
@@ -101,7 +105,11 @@ func mainJob(cmd *cobra.Command, cfg config.Config, childArgs []string, spec wor
 			return failed(err)
 		}
 		row := namedResult{label: rt.String(), res: res, verified: "yes"}
-		if res.Route != rt.String() {
+		switch {
+		case rt == pipeline.RouteAuto:
+			row.label = fmt.Sprintf("auto (took %s)", res.Route)
+			autoRes = &res
+		case res.Route != rt.String():
 			row.label = fmt.Sprintf("%s (asked %s)", res.Route, rt)
 		}
 		if res.Failed > 0 {
@@ -114,9 +122,16 @@ func mainJob(cmd *cobra.Command, cfg config.Config, childArgs []string, spec wor
 		rows = append(rows, row)
 	}
 	printResults(out, spec, rows)
-	if len(rows) == 2 && rows[0].res.Failed == 0 && rows[1].res.Failed == 0 && rows[1].res.Throughput() > 0 {
-		fmt.Fprintf(out, "bounce vs direct: %.2fx the throughput (%s vs %s), the same bytes verified on the receiver\n",
-			rows[0].res.Throughput()/rows[1].res.Throughput(), rate(rows[0].res.Throughput()), rate(rows[1].res.Throughput()))
+	if n := len(rows); n >= 2 {
+		bnc, dir := rows[n-2].res, rows[n-1].res
+		if bnc.Failed == 0 && dir.Failed == 0 && dir.Throughput() > 0 {
+			fmt.Fprintf(out, "bounce vs direct: %.2fx the throughput (%s vs %s), the same bytes verified on the receiver\n",
+				bnc.Throughput()/dir.Throughput(), rate(bnc.Throughput()), rate(dir.Throughput()))
+			if autoRes != nil && autoRes.Failed == 0 {
+				best := max(bnc.Throughput(), dir.Throughput())
+				fmt.Fprintf(out, "route auto took %s (%s): %.2fx the faster of bounce and direct\n", autoRes.Route, autoRes.Reason, autoRes.Throughput()/best)
+			}
+		}
 	}
 	if len(bad) > 0 {
 		return failed(fmt.Errorf("%d route(s) failed:\n  %s", len(bad), strings.Join(bad, "\n  ")))

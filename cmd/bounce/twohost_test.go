@@ -236,8 +236,9 @@ func TestBenchPeerTwoHosts(t *testing.T) {
 	bin := cliBinary(t)
 	dir := t.TempDir()
 	desc, js := filepath.Join(dir, "recv.json"), filepath.Join(dir, "bench.json")
+	keyFile, allow := senderKey(t, dir, "prefill-0")
 	serve := exec.Command("ip", "netns", "exec", nsB, bin, "serve", "--agent.name", "decode-0", "--buffer-size", "64MiB",
-		"--engine.listen", "10.0.9.2:0", "--control-plane.interface", "eth0", "--descriptor-out", desc)
+		"--security.allowed-peers", allow, "--engine.listen", "10.0.9.2:0", "--control-plane.interface", "eth0", "--descriptor-out", desc)
 	var serr syncBuffer
 	serve.Stderr = &serr
 	if err := serve.Start(); err != nil {
@@ -245,7 +246,7 @@ func TestBenchPeerTwoHosts(t *testing.T) {
 	}
 	defer func() { serve.Process.Kill(); serve.Wait() }()
 	waitForFileOf(t, desc, &serr, nil)
-	out, err := exec.Command("ip", "netns", "exec", nsA, bin, "bench", "--peer", desc, "--agent.name", "prefill-0",
+	out, err := exec.Command("ip", "netns", "exec", nsA, bin, "bench", "--peer", desc, "--agent.name", "prefill-0", "--security.key-file", keyFile,
 		"--engine.listen", "10.0.9.1:0", "--control-plane.interface", "eth0",
 		"--workload", "gptoss120b-tp8-b16", "--count", "4096", "--concurrency", "1,4", "--repeat", "1",
 		"--routes", "bounce,direct", "--json", js).CombinedOutput()

@@ -76,6 +76,19 @@ func New(eng transfer.Engine) (*Channel, error) {
 // Kind returns "nixlnotif".
 func (c *Channel) Kind() string { return Kind }
 
+// notifyLimiter is an engine that bounds its notification payloads.
+type notifyLimiter interface{ MaxNotifySize() int }
+
+// MaxMessageSize returns the largest payload Send accepts: the engine's
+// notification limit when it declares one (MaxNotifySize), else 0, meaning
+// the engine states no limit.
+func (c *Channel) MaxMessageSize() int {
+	if l, ok := c.eng.(notifyLimiter); ok {
+		return max(l.MaxNotifySize(), 0)
+	}
+	return 0
+}
+
 // LocalEndpoint returns the engine's current Metadata, base64url encoded.
 // It is computed on every call, so it includes memory registered since the
 // last one. It is "" when the engine cannot produce metadata (it is closed,

@@ -412,3 +412,38 @@ func TestRecvHugeTimeoutStillWaits(t *testing.T) {
 		t.Fatalf("Recv(max duration) = %v, want the message", err)
 	}
 }
+
+// TestMaxMessageSizeIsTheEngines: the channel states its engine's
+// notification limit, a message of exactly that size travels and one byte
+// more is refused by the engine; an engine with no limit states 0.
+func TestMaxMessageSizeIsTheEngines(t *testing.T) {
+	fab := loopback.NewFabric()
+	if got := newChannel(t, mustLoopback(t, fab, "free")).MaxMessageSize(); got != 0 {
+		t.Fatalf("MaxMessageSize without a limit = %d, want 0", got)
+	}
+	const limit = 1000
+	a := newChannel(t, mustLoopback(t, fab, "a", loopback.Options{MaxNotifySize: limit}))
+	b := newChannel(t, mustLoopback(t, fab, "b"))
+	if got := a.MaxMessageSize(); got != limit {
+		t.Fatalf("MaxMessageSize = %d, want %d", got, limit)
+	}
+	if err := a.AddPeer("b", b.LocalEndpoint()); err != nil {
+		t.Fatal(err)
+	}
+	full := bytes.Repeat([]byte{7}, limit)
+	if err := a.Send("b", full); err != nil {
+		t.Fatalf("Send of %d bytes: %v", limit, err)
+	}
+	expectMsg(t, b, "a", full)
+	if err := a.Send("b", append(full, 8)); err == nil {
+		t.Fatalf("Send of %d bytes over a %d-byte limit succeeded", limit+1, limit)
+	}
+	for _, k := range engineKinds()[1:] {
+		t.Run(k.name, func(t *testing.T) {
+			c := newChannel(t, k.factory(t)("x"))
+			if c.MaxMessageSize() <= 0 {
+				t.Fatalf("%s engine states no notification limit", k.name)
+			}
+		})
+	}
+}

@@ -51,6 +51,10 @@ type Options struct {
 	// InboxSize bounds the notifications queued for this engine (default
 	// DefaultInboxSize). Notify to a full inbox returns ErrQueueFull.
 	InboxSize int
+	// MaxNotifySize, when positive, bounds a notification payload the way
+	// a real fabric's engine does (Notify refuses a larger one); 0 is no
+	// limit.
+	MaxNotifySize int
 	// OnComplete, when set, is called after each operation this engine
 	// posted becomes terminal, on the operation's goroutine. It must not
 	// block; it lets a reactor wait for completions instead of polling in a
@@ -130,6 +134,9 @@ func (f *Fabric) NewEngine(name string, opts ...Options) (*Engine, error) {
 	case o.InboxSize < 0 || o.InboxSize > MaxInboxSize:
 		return nil, fmt.Errorf("loopback: new engine %q: InboxSize %d outside [1, %d]", name, o.InboxSize, MaxInboxSize)
 	}
+	if o.MaxNotifySize < 0 {
+		return nil, fmt.Errorf("loopback: new engine %q: MaxNotifySize %d: want 0 (no limit) or positive", name, o.MaxNotifySize)
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if _, ok := f.engines[name]; ok {
@@ -154,6 +161,16 @@ func (f *Fabric) NewEngine(name string, opts ...Options) (*Engine, error) {
 
 // Name returns the engine's name.
 func (e *Engine) Name() string { return e.name }
+
+// RouteCosts declares the engine's costs for route auto: a post is a
+// memcpy per descriptor on a goroutine, so posting is nearly free and the
+// bandwidth is the host's copy bandwidth.
+func (e *Engine) RouteCosts() (postPerDesc, perWrite time.Duration, bandwidth float64) {
+	return 50 * time.Nanosecond, 5 * time.Microsecond, 5e9
+}
+
+// MaxNotifySize returns Options.MaxNotifySize (0 = no limit).
+func (e *Engine) MaxNotifySize() int { return e.opts.MaxNotifySize }
 
 // RegisterMemory makes host memory d a valid write source and, once a peer
 // reloads this engine's metadata, a valid write destination.
@@ -429,6 +446,9 @@ func (e *Engine) run(o *writeOp) {
 // is not loaded and ErrPeerLost when it has closed or forgot this engine. Notifications to one
 // peer arrive in the order they were sent.
 func (e *Engine) Notify(peerName string, payload []byte) error {
+	if m := e.opts.MaxNotifySize; m > 0 && len(payload) > m {
+		return fmt.Errorf("loopback %s: notify %q: payload of %d bytes exceeds MaxNotifySize %d", e.name, peerName, len(payload), m)
+	}
 	e.fab.mu.Lock()
 	defer e.fab.mu.Unlock()
 	if e.closed {

@@ -21,6 +21,12 @@ const (
 	DefaultDrainTimeout = 5 * time.Second
 )
 
+// BackendErrorMode is the UCX backend parameter that selects the UCP error
+// handling mode of NIXL's endpoints ("peer" or "none"). NIXL releases from
+// 0.3.0 on read it and default to peer; UCX 1.13's shared-memory transports
+// support only none, so on one host keep tcp among UCX_TLS or set none.
+const BackendErrorMode = "ucx_error_handling_mode"
+
 // Config configures an Engine. Zero fields take the defaults above.
 type Config struct {
 	// Name is the NIXL agent name peers know this engine by (1..255 bytes,

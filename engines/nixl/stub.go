@@ -33,6 +33,9 @@ func New(cfg Config) (*Engine, error) {
 // Name returns "".
 func (e *Engine) Name() string { return "" }
 
+// MaxNotifySize returns 0.
+func (e *Engine) MaxNotifySize() int { return 0 }
+
 // RegisterMemory reports ErrUnsupported.
 func (e *Engine) RegisterMemory(transfer.Desc) error { return errNoNIXL() }
 
@@ -66,3 +69,6 @@ func (e *Engine) Close() error { return nil }
 
 // Stats returns zero counters.
 func (e *Engine) Stats() Stats { return Stats{} }
+
+// Built reports whether this build has the NIXL engine (-tags nixl).
+const Built = false

@@ -68,6 +68,10 @@ type Config struct {
 	// StripeBytes is the smallest part a post is split into when it is
 	// striped over several connections (default 1 MiB).
 	StripeBytes int
+	// OnComplete, when set, is called once per write op right after it
+	// becomes terminal, on the goroutine that finished it. It must not
+	// block; it lets a reactor wait for completions instead of polling.
+	OnComplete func()
 	// Logger receives connection events; nil discards them.
 	Logger *slog.Logger
 	// Peers, when enabled (security.mode authenticate), makes every

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/bouncekv/bounce/mem"
 	"github.com/bouncekv/bounce/transfer"
@@ -148,6 +149,19 @@ func New(cfg Config) (*Engine, error) {
 
 // Name returns the configured engine name.
 func (e *Engine) Name() string { return e.cfg.Name }
+
+// RouteCosts declares the engine's costs for route auto: a descriptor
+// costs a segment header on the sender and a read into its destination on
+// the receiver (~1 µs together, measured on a 2-vCPU box: 36,864 x 2 KiB
+// direct in 97 ms against ~37 ms for the same bytes in one descriptor), one
+// write costs a frame round trip (~50 µs on loopback) and the bulk
+// bandwidth is a few GB/s. The agent refines them from observed transfers.
+func (e *Engine) RouteCosts() (postPerDesc, perWrite time.Duration, bandwidth float64) {
+	return time.Microsecond, 50 * time.Microsecond, 2e9
+}
+
+// MaxNotifySize returns the largest payload Notify accepts (MaxNotification).
+func (e *Engine) MaxNotifySize() int { return MaxNotification }
 
 // Addr returns the address advertised in Metadata.
 func (e *Engine) Addr() string { return e.addr }

@@ -56,7 +56,13 @@ func (o *writeOp) finish() {
 	}
 	o.mu.Unlock()
 	close(o.done)
+	if f := o.e.cfg.OnComplete; f != nil {
+		f()
+	}
 }
+
+// Done returns a channel closed once the op is terminal.
+func (o *writeOp) Done() <-chan struct{} { return o.done }
 
 // Poll reports the status; Failed comes with the first error of any part.
 func (o *writeOp) Poll() (transfer.Status, error) {

@@ -270,6 +270,18 @@ func New(cfg Config) (*Engine, error) {
 // Name returns the engine's name.
 func (e *Engine) Name() string { return e.name }
 
+// RouteCosts declares the engine's costs for route auto: one ucp_put_nbx
+// per descriptor (~1 µs with its bookkeeping), a flush per write (~30 µs)
+// and a few GB/s on one host's transports. The agent refines them from
+// observed transfers.
+func (e *Engine) RouteCosts() (postPerDesc, perWrite time.Duration, bandwidth float64) {
+	return time.Microsecond, 30 * time.Microsecond, 3e9
+}
+
+// MaxNotifySize returns the largest payload Notify accepts
+// (Config.MaxNotifySize).
+func (e *Engine) MaxNotifySize() int { return e.cfg.MaxNotifySize }
+
 // Stats returns the notification counters.
 func (e *Engine) Stats() Stats {
 	return Stats{NotifySendFailed: e.sendFailed.Load(), RecvDropped: e.recvDropped.Load()}

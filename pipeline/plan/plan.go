@@ -54,7 +54,32 @@ type Options struct {
 	Align uint64
 	// NoMerge keeps one run per piece (for debugging the control plane).
 	NoMerge bool
+	// Scatter, when its Bytes is positive, bounds each chunk's scatter runs
+	// by their encoded size, so a chunk's DATA fits a control channel's
+	// message limit however fragmented the transfer is.
+	Scatter ScatterLimit
 }
+
+// ScatterLimit bounds the encoded size of one chunk's scatter runs: a run of
+// one copy with no strides costs Single bytes, any other Strided bytes.
+// A chunk is closed before a piece that could take its runs over Bytes, so
+// a dense, fragmented transfer is planned in more, smaller chunks rather
+// than in chunks whose DATA no channel can carry. The zero value is no limit.
+type ScatterLimit struct {
+	Bytes, Single, Strided int
+}
+
+// cost returns r's size under l.
+func (l ScatterLimit) cost(r transfer.Run) int {
+	if r.Count == 1 && r.RegionStride == 0 && r.AddrStride == 0 {
+		return l.Single
+	}
+	return l.Strided
+}
+
+// worst is the most one more piece can add to a chunk's runs: a new single
+// run, or a single run turning strided when the piece merges into it.
+func (l ScatterLimit) worst() int { return max(l.Single, l.Strided-l.Single) }
 
 // Chunk is one region's worth of a transfer.
 type Chunk struct {
@@ -113,6 +138,9 @@ func Build(src, dst []transfer.Desc, opt Options) (*Plan, error) {
 	if align&(align-1) != 0 {
 		return nil, fmt.Errorf("plan: Align %d is not a power of two", align)
 	}
+	if l := opt.Scatter; l.Bytes != 0 && (l.Bytes < 0 || l.Single <= 0 || l.Strided < l.Single || l.Bytes < l.Strided) {
+		return nil, fmt.Errorf("plan: scatter limit %+v: want Bytes >= Strided >= Single > 0 (or Bytes 0, no limit)", l)
+	}
 	var payload, pieces uint64
 	for i := range src {
 		s, d := src[i], dst[i]
@@ -149,6 +177,7 @@ func Build(src, dst []transfer.Desc, opt Options) (*Plan, error) {
 		total:   payload,
 		align:   align,
 		merge:   !opt.NoMerge,
+		lim:     opt.Scatter,
 		gather:  make([]transfer.Run, 0, runCap),
 		scatter: make([]transfer.Run, 0, runCap),
 	}
@@ -170,6 +199,8 @@ type builder struct {
 	total, placed   uint64 // the plan's payload, and how much of it is placed
 	align           uint64
 	merge           bool
+	lim             ScatterLimit
+	runBytes        int            // the current chunk's scatter runs under lim
 	gather, scatter []transfer.Run // all chunks' runs, in chunk order
 	starts          [][2]int       // per chunk: first gather and scatter run index
 }
@@ -182,6 +213,9 @@ func (b *builder) add(s, d transfer.Desc) {
 		if c.SrcDevice != s.Device || c.SrcKind != s.Kind || c.DstDevice != d.Device || c.DstKind != d.Kind {
 			b.cur = -1
 		}
+	}
+	if b.cur >= 0 && b.lim.Bytes > 0 && b.runBytes+b.lim.worst() > b.lim.Bytes {
+		b.cur = -1 // its DATA is full
 	}
 	if b.cur >= 0 {
 		if off, ok := b.fit(b.p.Chunks[b.cur].Bytes, s.Len); ok {
@@ -236,6 +270,7 @@ func (b *builder) open(s, d transfer.Desc) {
 		SrcKind: s.Kind, DstKind: d.Kind,
 	})
 	b.starts = append(b.starts, [2]int{len(b.gather), len(b.scatter)})
+	b.runBytes = 0
 }
 
 // place puts n bytes from src to dst at region offset off of the current
@@ -243,12 +278,24 @@ func (b *builder) open(s, d transfer.Desc) {
 func (b *builder) place(off, src, dst, n uint64) {
 	g := transfer.Run{RegionOff: off, Addr: src, Len: n, Count: 1}
 	s := transfer.Run{RegionOff: off, Addr: dst, Len: n, Count: 1}
+	n0 := len(b.scatter)
+	var last transfer.Run // the run s may merge into
+	if n0 > b.starts[b.cur][1] {
+		last = b.scatter[n0-1]
+	}
 	if st := b.starts[b.cur]; b.merge {
 		b.gather = appendRunFrom(b.gather, st[0], g)
 		b.scatter = appendRunFrom(b.scatter, st[1], s)
 	} else {
 		b.gather = append(b.gather, g)
 		b.scatter = append(b.scatter, s)
+	}
+	if b.lim.Bytes > 0 {
+		if len(b.scatter) == n0 { // merged into the last run
+			b.runBytes += b.lim.cost(b.scatter[n0-1]) - b.lim.cost(last)
+		} else {
+			b.runBytes += b.lim.cost(b.scatter[n0])
+		}
 	}
 	c := &b.p.Chunks[b.cur]
 	c.Bytes = off + n

@@ -99,6 +99,11 @@ func TestPlanRoundTrip(t *testing.T) {
 		maxChunk := rapid.OneOf(rapid.Uint64Range(1, 64), rapid.Uint64Range(64, 1024)).Draw(t, "maxChunk")
 		minChunk := rapid.OneOf(rapid.Just(uint64(0)), rapid.Uint64Range(1, maxChunk+1)).Draw(t, "minChunk")
 		align := rapid.SampledFrom([]uint64{0, 1, 2, 8, 32, 64, 512}).Draw(t, "align")
+		// A DATA limit as the wire codec sizes runs (25 and 49 bytes).
+		var lim ScatterLimit
+		if rapid.Bool().Draw(t, "limitRuns") {
+			lim = ScatterLimit{Bytes: rapid.IntRange(49, 400).Draw(t, "limitBytes"), Single: 25, Strided: 49}
+		}
 		lenGen := rapid.OneOf(
 			rapid.Just(uint64(0)),
 			rapid.Uint64Range(1, 40),
@@ -133,7 +138,7 @@ func TestPlanRoundTrip(t *testing.T) {
 
 		var plans [2]*Plan
 		for i, noMerge := range []bool{false, true} {
-			opt := Options{MaxChunk: maxChunk, MinChunk: minChunk, Align: align, NoMerge: noMerge}
+			opt := Options{MaxChunk: maxChunk, MinChunk: minChunk, Align: align, NoMerge: noMerge, Scatter: lim}
 			p, err := Build(src, dst, opt)
 			if err != nil {
 				t.Fatalf("Build(NoMerge=%v): %v", noMerge, err)
@@ -160,6 +165,14 @@ func TestPlanRoundTrip(t *testing.T) {
 			plans[i] = p
 		}
 		merged, plain := plans[0], plans[1]
+		if lim.Bytes > 0 {
+			// Unmerged runs fill a DATA sooner, so the two plans' chunks
+			// differ; merging can only need fewer of them.
+			if len(merged.Chunks) > len(plain.Chunks) {
+				t.Fatalf("merged plan has %d chunks, unmerged %d", len(merged.Chunks), len(plain.Chunks))
+			}
+			return
+		}
 		if len(merged.Chunks) != len(plain.Chunks) || merged.Descs != plain.Descs || merged.Payload != plain.Payload {
 			t.Fatalf("merging changed the plan's shape")
 		}

@@ -137,6 +137,11 @@ func verifyPlan(p *Plan, src, dst []transfer.Desc, opt Options) error {
 		if payload != c.Payload || end != c.Bytes {
 			return fmt.Errorf("chunk %d: runs move %d bytes ending at %d; chunk says Payload %d Bytes %d", ci, payload, end, c.Payload, c.Bytes)
 		}
+		if l := opt.Scatter; l.Bytes > 0 {
+			if n := scatterCost(c, l); n > l.Bytes {
+				return fmt.Errorf("chunk %d: scatter runs cost %d, limit %d", ci, n, l.Bytes)
+			}
+		}
 		if opt.NoMerge {
 			for _, r := range append(append([]transfer.Run(nil), c.Gather...), c.Scatter...) {
 				if r.Count != 1 {
@@ -190,7 +195,8 @@ func verifyPlan(p *Plan, src, dst []transfer.Desc, opt Options) error {
 					prev := p.Chunks[ci-1]
 					sameDev := prev.SrcDevice == s.Device && prev.SrcKind == s.Kind && prev.DstDevice == d.Device && prev.DstKind == d.Kind
 					next := (prev.Bytes + align - 1) &^ (align - 1)
-					if sameDev && next+s.Len <= caps[ci-1] {
+					full := opt.Scatter.Bytes > 0 && scatterCost(prev, opt.Scatter)+opt.Scatter.worst() > opt.Scatter.Bytes
+					if sameDev && next+s.Len <= caps[ci-1] && !full {
 						return fmt.Errorf("descriptor %d opened chunk %d though it fit at offset %d of chunk %d", i, ci, next, ci-1)
 					}
 				}
@@ -235,4 +241,17 @@ func verifyPlan(p *Plan, src, dst []transfer.Desc, opt Options) error {
 		}
 	}
 	return nil
+}
+
+// scatterCost is the size of c's scatter runs under l.
+func scatterCost(c Chunk, l ScatterLimit) int {
+	n := 0
+	for _, r := range c.Scatter {
+		if r.Count == 1 && r.RegionStride == 0 && r.AddrStride == 0 {
+			n += l.Single
+		} else {
+			n += l.Strided
+		}
+	}
+	return n
 }

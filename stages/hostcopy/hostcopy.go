@@ -229,7 +229,7 @@ func (e *Engine) Submit(region transfer.Desc, runs []transfer.Run) (transfer.Op,
 		return nil, fmt.Errorf("%s: %w", e.name, err)
 	}
 	ctx.split, ctx.bounds = Split(ctx.split[:0], ctx.bounds[:0], ctx.runs, e.workers, MinShareBytes)
-	o := &op{e: e, ctx: ctx, region: region}
+	o := &op{e: e, ctx: ctx, region: region, done: make(chan struct{})}
 	o.left.Store(int32(len(ctx.bounds)))
 
 	e.mu.Lock()
@@ -428,6 +428,7 @@ type op struct {
 	state    atomic.Uint32         // transfer.Status
 	err      error                 // written before state becomes terminal
 	released atomic.Bool
+	done     chan struct{} // closed once terminal
 }
 
 // shareDone records one finished share; the last one makes the operation
@@ -446,10 +447,15 @@ func (o *op) shareDone(err error) {
 	} else {
 		o.state.Store(uint32(transfer.Done))
 	}
+	close(o.done)
 	if o.e.notify != nil {
 		o.e.notify()
 	}
 }
+
+// Done returns a channel closed once the operation is terminal, so a
+// waiter can block on it instead of polling.
+func (o *op) Done() <-chan struct{} { return o.done }
 
 // Poll reports the operation's status without blocking.
 func (o *op) Poll() (transfer.Status, error) {

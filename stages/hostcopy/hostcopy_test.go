@@ -630,3 +630,34 @@ func TestDeregisterRefusedWhileCopying(t *testing.T) {
 		t.Fatalf("submit after deregister: %v, want ErrNotRegistered", err)
 	}
 }
+
+// TestDoneClosedWhenTerminal: an op's Done channel is closed once it is
+// terminal, never before, so a worker can block on it instead of polling.
+func TestDoneClosedWhenTerminal(t *testing.T) {
+	const size = 4 << 20
+	reg := &mem.Registry{}
+	src, region := buffer(t, reg, size), buffer(t, reg, size)
+	g := newEngine(t, hostcopy.Gather, hostcopy.Settings{Registry: reg})
+	fill(src.Bytes(), 3)
+	for range 20 {
+		op, err := g.Submit(region.Desc(), []transfer.Run{{Addr: src.Desc().Addr, Len: size, Count: 1}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		d := op.(interface{ Done() <-chan struct{} }).Done()
+		select {
+		case <-d:
+		case <-time.After(10 * time.Second):
+			t.Fatal("Done not closed within 10s")
+		}
+		if st, err := op.Poll(); st != transfer.Done || err != nil {
+			t.Fatalf("after Done: %v, %v", st, err)
+		}
+		if err := op.Release(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !bytes.Equal(region.Bytes(), src.Bytes()) {
+		t.Fatal("region differs from source")
+	}
+}

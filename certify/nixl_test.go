@@ -1,0 +1,36 @@
+//go:build nixl
+
+package certify
+
+import (
+	"testing"
+
+	"github.com/bouncekv/bounce/conformance"
+	"github.com/bouncekv/bounce/node"
+)
+
+// TestNIXL certifies the NIXL engine (with its waivers), its writer and
+// nixlnotif carried by it, as `make nixl-check` does.
+func TestNIXL(t *testing.T) {
+	f := node.Builtin()
+	for _, tc := range []struct {
+		kind, name string
+		o          Options
+	}{
+		{"engine", "nixl", Options{}},
+		{"writer", "nixl", Options{}},
+		{"control", "nixlnotif", Options{Carrier: "nixl"}},
+	} {
+		t.Run(tc.kind+"/"+tc.name, func(t *testing.T) {
+			c := conformance.Config{Seed: 1}
+			c.Skip, c.SkipReasons = Waivers(tc.kind, tc.name)
+			rep, err := Run(f, tc.kind, tc.name, tc.o, c)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, r := range rep.Failures() {
+				t.Errorf("%s: %s", r.Rule, r.Message)
+			}
+		})
+	}
+}

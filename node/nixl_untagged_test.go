@@ -1,0 +1,5 @@
+//go:build !nixl
+
+package node
+
+const nixlBuilt = false
