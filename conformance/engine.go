@@ -133,17 +133,23 @@ func (e *enginePeer) connect(c *rc) error {
 
 // reload refreshes A's view of B after B registered more memory.
 func (e *enginePeer) reload(c *rc) error {
-	c.step("reloading B's metadata into A")
-	md, err := e.B.Metadata()
+	return loadAgain(c, "B", e.B, "A", e.A, e.peerB)
+}
+
+// loadAgain loads from's current metadata into into again and checks that
+// into still names the peer want, the name its first load gave.
+func loadAgain(c *rc, fromName string, from transfer.Engine, intoName string, into transfer.Engine, want string) error {
+	c.step("loading %s's metadata into %s again", fromName, intoName)
+	md, err := from.Metadata()
 	if err != nil {
-		return fmt.Errorf("B.Metadata: %w", err)
+		return fmt.Errorf("%s.Metadata: %w", fromName, err)
 	}
-	name, err := e.A.LoadPeer(md)
+	name, err := into.LoadPeer(md)
 	if err != nil {
-		return fmt.Errorf("A.LoadPeer(B's refreshed metadata): %w", err)
+		return fmt.Errorf("%s.LoadPeer(%s's metadata) again: %w", intoName, fromName, err)
 	}
-	if name != e.peerB {
-		return fmt.Errorf("reloading B's metadata named the peer %q; the first load named it %q", name, e.peerB)
+	if name != want {
+		return fmt.Errorf("loading %s's metadata into %s again named the peer %q; the first load named it %q", fromName, intoName, name, want)
 	}
 	return nil
 }

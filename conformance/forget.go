@@ -322,19 +322,7 @@ func targetForgetRound(c *rc, e *enginePeer, round int, fencer bool) error {
 
 // reloadA loads A's metadata into B again, under the name B knew it by.
 func (e *enginePeer) reloadA(c *rc) error {
-	c.step("loading A's metadata into B again")
-	md, err := e.A.Metadata()
-	if err != nil {
-		return fmt.Errorf("A.Metadata: %w", err)
-	}
-	name, err := e.B.LoadPeer(md)
-	if err != nil {
-		return fmt.Errorf("B.LoadPeer(A's metadata) after B forgot A: %w", err)
-	}
-	if name != e.peerA {
-		return fmt.Errorf("loading A's metadata into B again named the peer %q; the first load named it %q", name, e.peerA)
-	}
-	return nil
+	return loadAgain(c, "A", e.A, "B", e.B, e.peerA)
 }
 
 func ruleNotQuiescent(c *rc, e *enginePeer) error {
