@@ -167,7 +167,7 @@ func (TCPFactory) Type() string { return "tcp" }
 
 // CreateEngine creates a TCP engine listening on engine.listen. Options:
 // advertise (host:port put in the metadata), stripe_bytes, dial_timeout,
-// idle_timeout.
+// idle_timeout, fence_timeout.
 func (TCPFactory) CreateEngine(s Settings, cfg config.EngineConfig) (transfer.Engine, error) {
 	c := tcp.Config{Name: s.Name, Listen: cfg.Listen, Connections: cfg.Connections, Logger: s.Logger, OnComplete: s.Notify,
 		Peers: s.Peers, Encrypt: cfg.Encryption == "on", FrameTimeout: cfg.FrameTimeout, MaxPendingConns: cfg.MaxPendingConns}
@@ -179,6 +179,10 @@ func (TCPFactory) CreateEngine(s Settings, cfg config.EngineConfig) (transfer.En
 		"stripe_bytes": func(v string) error { n, err := config.ParseSize(v); c.StripeBytes = int(n); return err },
 		"dial_timeout": func(v string) (err error) { c.DialTimeout, err = time.ParseDuration(v); return },
 		"idle_timeout": func(v string) (err error) { c.IdleTimeout, err = time.ParseDuration(v); return },
+		"fence_timeout": func(v string) (err error) {
+			c.FenceTimeout, err = time.ParseDuration(v)
+			return
+		},
 	})
 	if err != nil {
 		return nil, err

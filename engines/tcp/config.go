@@ -27,6 +27,9 @@ const (
 	// DefaultMaxPendingConns caps incoming connections still in their
 	// handshake or HELLO.
 	DefaultMaxPendingConns = 64
+	// DefaultFenceTimeout bounds the wait, when a connection is given up,
+	// for the peer to close it after applying what it received.
+	DefaultFenceTimeout = 2 * time.Second
 )
 
 // MaxConnsPerPeer caps the incoming connections one peer may hold open.
@@ -90,6 +93,12 @@ type Config struct {
 	// MaxPendingConns caps the incoming connections still in their
 	// handshake or HELLO (default 64); past it the oldest is closed.
 	MaxPendingConns int
+	// FenceTimeout bounds how long giving up an outgoing connection
+	// (ForgetPeer, Close, a failed or stalled connection) waits for the peer
+	// to apply what it already received and close its side (default 2s).
+	// Writes whose bytes went out fail quiescent when the peer closes in
+	// time, and wrap transfer.ErrNotQuiescent when it does not.
+	FenceTimeout time.Duration
 }
 
 // withDefaults returns c with zero fields replaced by defaults.
@@ -104,6 +113,7 @@ func (c Config) withDefaults() Config {
 	c.StripeBytes = cmp.Or(c.StripeBytes, DefaultStripeBytes)
 	c.FrameTimeout = cmp.Or(c.FrameTimeout, DefaultFrameTimeout)
 	c.MaxPendingConns = cmp.Or(c.MaxPendingConns, DefaultMaxPendingConns)
+	c.FenceTimeout = cmp.Or(c.FenceTimeout, DefaultFenceTimeout)
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -122,7 +132,7 @@ func (c Config) Validate() error {
 	for _, d := range []struct {
 		name string
 		v    time.Duration
-	}{{"DialTimeout", c.DialTimeout}, {"WriteTimeout", c.WriteTimeout}, {"IdleTimeout", c.IdleTimeout}, {"FrameTimeout", c.FrameTimeout}} {
+	}{{"DialTimeout", c.DialTimeout}, {"WriteTimeout", c.WriteTimeout}, {"IdleTimeout", c.IdleTimeout}, {"FrameTimeout", c.FrameTimeout}, {"FenceTimeout", c.FenceTimeout}} {
 		if d.v < 0 {
 			return fmt.Errorf("tcp: config: %s %v is negative", d.name, d.v)
 		}

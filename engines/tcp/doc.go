@@ -47,7 +47,13 @@
 // socket write, so a terminal operation never reads its source memory again.
 // When a connection breaks, its unacknowledged parts fail with ErrPeerLost;
 // ForgetPeer fails them with ErrPeerLost and Close with ErrClosed, and both
-// return only after those operations are terminal. DeregisterMemory returns
+// return only after those operations are terminal. Giving up an outgoing
+// connection also proves the destination quiet: a reset would not (the
+// receiver's kernel keeps what it received, and its reader lands it after
+// the reset), so the connection is half-closed and the peer's close awaited
+// — it applies and acknowledges what it received, then closes. Writes whose
+// bytes went out on a connection the peer did not close within FenceTimeout
+// fail wrapping ErrNotQuiescent as well. DeregisterMemory returns
 // ErrInUse while an outgoing write reads from the range or an incoming write
 // is landing in it.
 //
@@ -58,7 +64,8 @@
 // frame must progress within IdleTimeout. A peer that stops answering while
 // writes are outstanding fails them within WriteTimeout (if it stops
 // reading) or 2×IdleTimeout after the last byte was written or
-// acknowledged (if it stops acknowledging). A peer process that dies is
+// acknowledged (if it stops acknowledging), then wait at most FenceTimeout
+// for the peer's close. A peer process that dies is
 // seen at once through the closed socket; a host that vanishes is also
 // caught by TCP keepalive (idle IdleTimeout). Close unblocks everything.
 package tcp

@@ -135,3 +135,47 @@ func countChanged(got, want []byte) int {
 	}
 	return n
 }
+
+// TestSourceForgetLandsNothingAfterFailure is the defect CI found: A
+// forgets B with large writes in flight; once a write reports a failure
+// that does not wrap ErrNotQuiescent, none of its bytes may land at B any
+// more. A reset alone does not prove that — B's kernel still holds bytes
+// it received, and B's reader copies them into memory after A gave up.
+func TestSourceForgetLandsNothingAfterFailure(t *testing.T) {
+	const size = 32 << 20
+	for try := range 5 {
+		v := newEnv(t)
+		a, b := v.engine("a"), v.engine("b")
+		src := v.buf(size, uint64(try+1), a)
+		dst := v.buf(size, 0, b)
+		connect(t, a, b)
+		// Warm every connection, so the big write streams at once.
+		op, err := a.PostWrite("b", []transfer.WriteOp{{Src: src.Desc(), Dst: dst.Desc()}})
+		mustDone(t, op, err)
+		clear(dst.Bytes())
+
+		op, err = a.PostWrite("b", []transfer.WriteOp{{Src: src.Desc(), Dst: dst.Desc()}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(time.Duration(try) * time.Millisecond)
+		if err := a.ForgetPeer("b"); err != nil {
+			t.Fatal(err)
+		}
+		st, werr := wait(t, op)
+		snap := bytes.Clone(dst.Bytes())
+		time.Sleep(watchSettle)
+		if st == transfer.Failed && !errors.Is(werr, transfer.ErrPeerLost) {
+			t.Fatalf("try %d: write failed with %v; want ErrPeerLost", try, werr)
+		}
+		// B is alive and reading: the fence must prove quiescence.
+		if errors.Is(werr, transfer.ErrNotQuiescent) {
+			t.Fatalf("try %d: write failed non-quiescent with a live peer: %v", try, werr)
+		}
+		if k := firstChange(dst.Bytes(), snap); k >= 0 {
+			t.Fatalf("try %d: destination byte %d changed after the write ended %v (%v); %d bytes in all",
+				try, k, st, werr, countChanged(dst.Bytes(), snap))
+		}
+		_ = op.Release()
+	}
+}

@@ -10,6 +10,7 @@ import (
 	"net"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/bouncekv/bounce/mem"
@@ -206,7 +207,9 @@ type session struct {
 	inflight     map[uint64]*part // taken from the queue, not yet resolved
 	writing      bool
 	lastProgress time.Time
-	broke        bool // ended by its connection failing, not by a stop
+	broke        bool      // ended by its connection failing, not by a stop
+	fenceBy      time.Time // set by stopLocked: the reader waits this long for the peer's close
+	peerClosed   bool      // the reader saw the peer close: nothing more lands
 }
 
 // stopLocked ends the session with cause (the first cause wins). The
@@ -218,13 +221,31 @@ func (ss *session) stopLocked(cause error) {
 	ss.stopped, ss.cause = true, cause
 	ss.cancel()
 	if ss.conn != nil {
-		abort(ss.conn)
+		ss.fenceLocked()
 	}
 }
 
+// fenceLocked starts the proof that the peer writes nothing more of this
+// connection's parts into its memory. A reset would not give it: the
+// peer's kernel keeps what it already received and the peer's reader
+// copies it into memory after the reset. So the connection is half-closed
+// instead (a write in progress stops, FIN follows what was sent), and the
+// reader goes on taking ACKs until the peer, having applied everything it
+// received, closes its side; only that EOF proves quiescence. The wait is
+// bounded by FenceTimeout; past it the parts fail non-quiescent (run).
+func (ss *session) fenceLocked() {
+	ss.fenceBy = time.Now().Add(ss.s.p.e.cfg.FenceTimeout)
+	if tc, ok := ss.conn.(*net.TCPConn); ok {
+		_ = tc.CloseWrite()
+	} else {
+		abort(ss.conn)
+	}
+	_ = ss.conn.SetReadDeadline(ss.fenceBy)
+}
+
 // abort closes c with a reset rather than a FIN: both kernels drop what is
-// still queued, so bytes of writes that were just failed are not delivered
-// (and written into the peer's memory) after the failure was reported.
+// still queued in their send queues. It does not stop the receiver from
+// applying what its kernel already received (see fenceLocked).
 func abort(c net.Conn) {
 	if tc, ok := c.(*net.TCPConn); ok {
 		_ = tc.SetLinger(0)
@@ -267,6 +288,13 @@ func (ss *session) run() {
 		ss.stopLocked(ss.lost(errors.New("session ended")))
 	}
 	cause := ss.cause
+	// A part that went (or was going) out on a connection the peer was not
+	// seen to close may still land: it fails non-quiescent.
+	sentCause := cause
+	if ss.conn != nil && !ss.peerClosed {
+		sentCause = fmt.Errorf("%w (%w: the peer was not seen to close the connection within %v)",
+			cause, transfer.ErrNotQuiescent, s.p.e.cfg.FenceTimeout)
+	}
 	failed := make([]*part, 0, len(ss.inflight)+len(s.queue))
 	errs := make([]error, 0, cap(failed))
 	for _, pt := range ss.inflight {
@@ -274,7 +302,7 @@ func (ss *session) run() {
 		if pt.replied && pt.replyErr != nil {
 			errs = append(errs, pt.replyErr)
 		} else {
-			errs = append(errs, cause)
+			errs = append(errs, sentCause)
 		}
 	}
 	for _, pt := range s.queue {
@@ -348,16 +376,23 @@ func (ss *session) loop() (err error) {
 	readerDone := make(chan struct{})
 	go func() {
 		defer close(readerDone)
-		if err := ss.readLoop(conn); err != nil {
-			ss.breakOff(ss.lost(err))
+		err := ss.readLoop(conn)
+		ss.breakOff(ss.lost(err)) // a no-op when this side stopped first
+		if !peerClosed(err) {
+			// Ended by itself (a stall, a bad frame) or by the fence's
+			// deadline: wait (bounded by the fence) for the close.
+			err = ss.awaitClose()
 		}
+		ss.s.mu.Lock()
+		ss.peerClosed = peerClosed(err)
+		ss.s.mu.Unlock()
 	}()
 	defer func() {
 		if err != nil {
-			ss.breakOff(ss.lost(err)) // name the cause before the reader sees the close
+			ss.breakOff(ss.lost(err)) // name the cause and fence
 		}
+		<-readerDone // bounded: every path here has fenced, or the reader ended
 		conn.Close()
-		<-readerDone
 	}()
 
 	var notifs chan []byte
@@ -454,16 +489,34 @@ func writeFrame(conn net.Conn, timeout time.Duration, typ byte, id uint64, body 
 	return writeBufs(conn, [][]byte{h[:], body})
 }
 
+// peerClosed reports whether a read error means the peer closed the
+// connection (EOF, a reset): its reader has returned, so it lands nothing
+// more of what this side sent.
+func peerClosed(err error) bool {
+	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNRESET)
+}
+
+// awaitClose discards what the peer still sends until it closes the
+// connection or the fence's deadline passes.
+func (ss *session) awaitClose() error {
+	_, err := io.Copy(io.Discard, ss.conn)
+	if err == nil {
+		err = io.EOF // io.Copy reports a clean EOF as nil
+	}
+	return err
+}
+
 // readLoop reads ACK and NACK frames until the connection fails. While work
 // is outstanding and nothing is being written, a silence of IdleTimeout
-// declares the peer dead.
+// declares the peer dead. Once the session is stopped it reads on, taking
+// ACKs, until the peer closes or the fence's deadline passes.
 func (ss *session) readLoop(conn net.Conn) error {
 	idle := ss.s.p.e.cfg.IdleTimeout
 	br := bufio.NewReaderSize(conn, 4096)
 	var hdr [headerSize]byte
 	body := make([]byte, 0, 64)
 	for {
-		conn.SetReadDeadline(time.Now().Add(idle))
+		ss.setReadDeadline(conn, idle)
 		n, err := io.ReadFull(br, hdr[:])
 		if err != nil {
 			var ne net.Error
@@ -505,10 +558,27 @@ func (ss *session) readLoop(conn net.Conn) error {
 	}
 }
 
-// stalled reports whether work is outstanding with no progress for idle.
+// setReadDeadline gives the next read IdleTimeout, or what is left of the
+// fence's wait once the session is stopped. It holds the slot's lock so a
+// fence that starts meanwhile is not overwritten.
+func (ss *session) setReadDeadline(conn net.Conn, idle time.Duration) {
+	ss.s.mu.Lock()
+	dl := time.Now().Add(idle)
+	if ss.stopped {
+		dl = ss.fenceBy
+	}
+	_ = conn.SetReadDeadline(dl)
+	ss.s.mu.Unlock()
+}
+
+// stalled reports whether work is outstanding with no progress for idle;
+// a stopped session has stalled once its fence's deadline passed.
 func (ss *session) stalled(idle time.Duration) bool {
 	ss.s.mu.Lock()
 	defer ss.s.mu.Unlock()
+	if ss.stopped {
+		return true
+	}
 	if ss.writing || len(ss.inflight) == 0 {
 		return false
 	}
