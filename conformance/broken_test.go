@@ -104,8 +104,11 @@ func TestRejectsBrokenEngines(t *testing.T) {
 				cfg.Settle = 100 * time.Millisecond
 			case broken.LandAfterLost:
 				// The late bytes come 50ms after ForgetPeer: after the
-				// snapshots, within Settle.
-				cfg.Settle = 250 * time.Millisecond
+				// snapshots, within Settle. Its rules end well before
+				// OpTimeout, so a long one costs nothing but keeps a loaded
+				// machine from abandoning a rule at 3×OpTimeout.
+				cfg.Settle = 500 * time.Millisecond
+				cfg.OpTimeout = 10 * time.Second
 			}
 			rep := conformance.CheckEngine(newPair, cfg)
 			requireRejected(t, rep, tc.rule, tc.want, tc.passing)
