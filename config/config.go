@@ -105,6 +105,7 @@ type Config struct {
 	Telemetry    TelemetryConfig
 	Log          LogConfig
 	Security     SecurityConfig
+	Discovery    DiscoveryConfig
 }
 
 // LogConfig configures the process's log on stderr.
@@ -415,6 +416,7 @@ func Default() Config {
 			Traces:      "none",
 			SampleRatio: 1,
 		},
+		Discovery: defaultDiscovery(),
 	}
 }
 
@@ -464,6 +466,7 @@ func (c *Config) validate() []*KeyError {
 	errs = append(errs, c.Telemetry.validate()...)
 	errs = append(errs, c.Log.validate()...)
 	errs = append(errs, c.Security.validate()...)
+	errs = append(errs, c.Discovery.validate()...)
 	return errs
 }
 

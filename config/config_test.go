@@ -99,6 +99,8 @@ func TestKeysMatchTheDocumentedSet(t *testing.T) {
 		"security.mode", "security.key_file", "security.allowed_peers", "security.max_flows_per_peer",
 		"security.want_rate", "security.want_burst", "security.max_control_peers", "security.max_message_size",
 		"security.max_arena_share",
+		"discovery.kind", "discovery.endpoints", "discovery.prefix", "discovery.lease", "discovery.dial_timeout",
+		"discovery.username", "discovery.password", "discovery.tls_ca", "discovery.tls_cert", "discovery.tls_key",
 	}
 	if got := Keys(); !slices.Equal(got, want) {
 		t.Fatalf("Keys() =\n%v\nwant\n%v", got, want)
@@ -121,7 +123,7 @@ func TestKeysMatchTheDocumentedSet(t *testing.T) {
 		ptrs[p] = f.key
 	}
 	n := 0
-	for _, sec := range []any{c.Agent, c.Bounce, c.Engine, c.ControlPlane, c.Stages, c.Telemetry, c.Log, c.Security} {
+	for _, sec := range []any{c.Agent, c.Bounce, c.Engine, c.ControlPlane, c.Stages, c.Telemetry, c.Log, c.Security, c.Discovery} {
 		n += reflect.TypeOf(sec).NumField()
 	}
 	if n != len(want) {

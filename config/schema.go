@@ -85,6 +85,17 @@ func fields() []field {
 		{"security.max_control_peers", "reverse control paths a receiver keeps (idle ones evicted), 1..1048576", func(c *Config) any { return &c.Security.MaxControlPeers }},
 		{"security.max_message_size", "largest control message accepted, 64KiB..1GiB", func(c *Config) any { return &c.Security.MaxMessageSize }},
 		{"security.max_arena_share", "fraction of the arena one peer may hold even when no other waits, (0, 1]", func(c *Config) any { return &c.Security.MaxArenaShare }},
+
+		{"discovery.kind", "how agents find each other: file (descriptor files) or etcd", func(c *Config) any { return &c.Discovery.Kind }},
+		{"discovery.endpoints", "etcd members, comma-separated host:port or http(s)://host:port", func(c *Config) any { return &c.Discovery.Endpoints }},
+		{"discovery.prefix", "etcd key prefix; agents live under <prefix>/agents/<name>", func(c *Config) any { return &c.Discovery.Prefix }},
+		{"discovery.lease", "TTL of an agent's etcd record; peers forget it this long after it stops, whole seconds, 2s..1h", func(c *Config) any { return &c.Discovery.Lease }},
+		{"discovery.dial_timeout", "bound on connecting to etcd and on each etcd call, 100ms..10m", func(c *Config) any { return &c.Discovery.DialTimeout }},
+		{"discovery.username", "etcd user (auth); empty = no auth", func(c *Config) any { return &c.Discovery.Username }},
+		{"discovery.password", "etcd password of discovery.username", func(c *Config) any { return &c.Discovery.Password }},
+		{"discovery.tls_ca", "PEM CA file for TLS to etcd (any tls_* set turns TLS on)", func(c *Config) any { return &c.Discovery.TLSCA }},
+		{"discovery.tls_cert", "PEM client certificate for TLS to etcd (with tls_key)", func(c *Config) any { return &c.Discovery.TLSCert }},
+		{"discovery.tls_key", "PEM client key for TLS to etcd (with tls_cert)", func(c *Config) any { return &c.Discovery.TLSKey }},
 	}
 }
 
