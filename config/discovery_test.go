@@ -49,4 +49,3 @@ func TestDiscoveryEndpointList(t *testing.T) {
 		t.Fatalf("EndpointList = %q", got)
 	}
 }
-

@@ -1,0 +1,192 @@
+package etcd_test
+
+import (
+	"context"
+	"errors"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/bouncekv/bounce/config"
+	"github.com/bouncekv/bounce/discovery"
+	"github.com/bouncekv/bounce/discovery/etcd"
+)
+
+// server starts an embedded member for one test.
+func server(t *testing.T) *etcd.Server {
+	t.Helper()
+	s, err := etcd.StartServer(t.TempDir(), 60*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Close)
+	return s
+}
+
+func cfgFor(endpoint string) config.DiscoveryConfig {
+	c := config.Default().Discovery
+	c.Kind, c.Endpoints, c.Lease, c.Prefix = "etcd", endpoint, 2*time.Second, "/test"
+	return c
+}
+
+func open(t *testing.T, c config.DiscoveryConfig) *etcd.Directory {
+	t.Helper()
+	d, err := etcd.Open(context.Background(), c, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Close() })
+	return d
+}
+
+// eventually polls cond every 50ms for up to 30s.
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting until %s", what)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func TestPublishLookupWatchWithdraw(t *testing.T) {
+	s := server(t)
+	ctx := context.Background()
+	a, b := open(t, cfgFor(s.Endpoint)), open(t, cfgFor(s.Endpoint))
+	if _, err := b.Lookup(ctx, "decode-0"); !errors.Is(err, discovery.ErrNotFound) {
+		t.Fatalf("lookup before publish: %v, want ErrNotFound", err)
+	}
+	events, err := b.Watch(ctx, "decode-0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	next := func() discovery.Event {
+		t.Helper()
+		select {
+		case ev := <-events:
+			return ev
+		case <-time.After(30 * time.Second):
+			t.Fatal("no watch event within 30s")
+		}
+		return discovery.Event{}
+	}
+	if ev := next(); !ev.Gone {
+		t.Fatalf("first event %+v, want Gone (absent)", ev)
+	}
+	pub, err := a.Publish(ctx, "decode-0", []byte("v1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ev := next()
+	if ev.Gone || string(ev.Record.Value) != "v1" {
+		t.Fatalf("after publish: %+v", ev)
+	}
+	rec, err := b.Lookup(ctx, "decode-0")
+	if err != nil || string(rec.Value) != "v1" || rec.Version != ev.Record.Version {
+		t.Fatalf("lookup = %+v, %v", rec, err)
+	}
+	if err := pub.Update(ctx, []byte("v2")); err != nil {
+		t.Fatal(err)
+	}
+	if ev := next(); string(ev.Record.Value) != "v2" || ev.Record.Version <= rec.Version {
+		t.Fatalf("after update: %+v", ev)
+	}
+	if err := pub.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if ev := next(); !ev.Gone {
+		t.Fatalf("after close: %+v, want Gone", ev)
+	}
+	if _, err := b.Lookup(ctx, "decode-0"); !errors.Is(err, discovery.ErrNotFound) {
+		t.Fatalf("lookup after close: %v", err)
+	}
+}
+
+func TestDuplicateNameRefusedUntilLeaseExpires(t *testing.T) {
+	s := server(t)
+	ctx := context.Background()
+	holder, err := etcd.Open(ctx, cfgFor(s.Endpoint), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := holder.Publish(ctx, "decode-0", []byte("first")); err != nil {
+		t.Fatal(err)
+	}
+	other := open(t, cfgFor(s.Endpoint))
+	_, err = other.Publish(ctx, "decode-0", []byte("second"))
+	if !errors.Is(err, discovery.ErrDuplicate) || !strings.Contains(err.Error(), "decode-0") {
+		t.Fatalf("second publish: %v, want ErrDuplicate naming decode-0", err)
+	}
+	if rec, _ := other.Lookup(ctx, "decode-0"); string(rec.Value) != "first" {
+		t.Fatalf("the live record was taken over: %q", rec.Value)
+	}
+	// The holder dies without withdrawing: its lease runs out and the
+	// name is free again.
+	holder.Close()
+	died := time.Now()
+	eventually(t, "the name is free again", func() bool {
+		_, err := other.Publish(ctx, "decode-0", []byte("second"))
+		return err == nil
+	})
+	t.Logf("name free %v after the holder died (lease 2s)", time.Since(died).Round(10*time.Millisecond))
+	if rec, _ := other.Lookup(ctx, "decode-0"); string(rec.Value) != "second" {
+		t.Fatalf("record = %q", rec.Value)
+	}
+}
+
+func TestLeaseKeptAliveBeyondItsTTL(t *testing.T) {
+	s := server(t)
+	ctx := context.Background()
+	d := open(t, cfgFor(s.Endpoint))
+	if _, err := d.Publish(ctx, "p", []byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(5 * time.Second) // two and a half leases
+	if _, err := d.Lookup(ctx, "p"); err != nil {
+		t.Fatalf("record of a live agent gone: %v", err)
+	}
+}
+
+func TestUnavailableAtStartIsAClearError(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close() // nothing listens there now
+	c := cfgFor(addr)
+	c.DialTimeout = 500 * time.Millisecond
+	_, err = etcd.Open(context.Background(), c, nil)
+	if !errors.Is(err, discovery.ErrUnavailable) || !strings.Contains(err.Error(), addr) {
+		t.Fatalf("Open against nothing: %v, want ErrUnavailable naming %s", err, addr)
+	}
+}
+
+func TestLookupFailsClearlyWhenClusterStops(t *testing.T) {
+	s := server(t)
+	ctx := context.Background()
+	c := cfgFor(s.Endpoint)
+	c.DialTimeout = time.Second
+	d := open(t, c)
+	if _, err := d.Publish(ctx, "p", []byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	_, err := d.Lookup(ctx, "q")
+	if !errors.Is(err, discovery.ErrUnavailable) {
+		t.Fatalf("lookup with the cluster down: %v, want ErrUnavailable", err)
+	}
+}
+
+func TestBadNames(t *testing.T) {
+	s := server(t)
+	d := open(t, cfgFor(s.Endpoint))
+	for _, n := range []string{"", "a/b", strings.Repeat("x", 256)} {
+		if _, err := d.Publish(context.Background(), n, nil); !errors.Is(err, discovery.ErrBadName) {
+			t.Fatalf("publish %q: %v", n, err)
+		}
+	}
+}
