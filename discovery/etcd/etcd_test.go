@@ -165,22 +165,6 @@ func TestUnavailableAtStartIsAClearError(t *testing.T) {
 	}
 }
 
-func TestLookupFailsClearlyWhenClusterStops(t *testing.T) {
-	s := server(t)
-	ctx := context.Background()
-	c := cfgFor(s.Endpoint)
-	c.DialTimeout = time.Second
-	d := open(t, c)
-	if _, err := d.Publish(ctx, "p", []byte("x")); err != nil {
-		t.Fatal(err)
-	}
-	s.Close()
-	_, err := d.Lookup(ctx, "q")
-	if !errors.Is(err, discovery.ErrUnavailable) {
-		t.Fatalf("lookup with the cluster down: %v, want ErrUnavailable", err)
-	}
-}
-
 func TestBadNames(t *testing.T) {
 	s := server(t)
 	d := open(t, cfgFor(s.Endpoint))
