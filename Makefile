@@ -7,7 +7,7 @@ FUZZTIME  ?= 20s
 # Jaeger (tools/jaeger: a module of its own, with Jaeger as a Go tool).
 JAEGER    ?= bin/jaeger
 
-.PHONY: run test bench lint fuzz sim soak setup build clean jaeger jaeger-bin ptx nixl-check
+.PHONY: run test bench lint fuzz sim soak setup build clean jaeger jaeger-bin ptx nixl-check etcd
 
 setup:
 	./scripts/setup.sh
@@ -31,6 +31,15 @@ jaeger: jaeger-bin
 	./$(JAEGER) --config tools/jaeger/loopback.yaml
 
 jaeger-bin: $(JAEGER)
+
+## etcd: a real etcd (Debian etcd-server) on 127.0.0.1:2379, the default
+## discovery.endpoints, data in out/etcd; for discovery.kind etcd
+etcd: setup
+	mkdir -p out/etcd
+	etcd --name bounce --data-dir out/etcd \
+	  --listen-client-urls http://127.0.0.1:2379 --advertise-client-urls http://127.0.0.1:2379 \
+	  --listen-peer-urls http://127.0.0.1:2380 --initial-advertise-peer-urls http://127.0.0.1:2380 \
+	  --initial-cluster bounce=http://127.0.0.1:2380
 
 $(JAEGER): tools/jaeger/go.mod tools/jaeger/go.sum
 	cd tools/jaeger && $(GO) build -o $(abspath $(JAEGER)) github.com/jaegertracing/jaeger/cmd/jaeger

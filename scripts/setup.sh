@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Installs the system packages bounce builds against (libzmq for the ZeroMQ
 # control plane, libucx for the UCX engine, pkg-config and gcc for cgo,
-# iproute2 for the two-host test in network namespaces) and
+# iproute2 for the two-host test in network namespaces, etcd-server for the
+# test against a real etcd process and `make etcd`) and
 # fetches the Go modules. Safe to run again: it skips what is already there.
 set -euo pipefail
 export PATH="/usr/local/go/bin:$PATH"
 need=()
-for pkg in libzmq3-dev libucx-dev pkg-config gcc g++ make iproute2; do
+for pkg in libzmq3-dev libucx-dev pkg-config gcc g++ make iproute2 etcd-server; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'install ok installed' || need+=("$pkg")
 done
 if [ ${#need[@]} -gt 0 ]; then

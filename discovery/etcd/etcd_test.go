@@ -174,3 +174,7 @@ func TestBadNames(t *testing.T) {
 		}
 	}
 }
+
+func openE(ctx context.Context, c config.DiscoveryConfig) (*etcd.Directory, error) {
+	return etcd.Open(ctx, c, nil)
+}
