@@ -91,9 +91,17 @@ unrecorded request moves first (--warm-up=false to measure cold; it writes
 the first request's bytes, which --expect accepts); --repeat moves the
 workload several times, one summary row each (against a plain 'bounce
 serve': one with --expect exits after the first complete pass); --json
-writes the rows.`,
+writes the rows.
+
+With discovery.kind etcd, --peer is the receiver's agent name: send
+resolves it in etcd, publishes its own descriptor under its agent.name (a
+receiver started with 'serve --follow NAME' admits it), follows the
+receiver's record (each --repeat pass targets it as it is then, so a
+receiver restarted on a new endpoint is picked up) and fails its requests at
+once when the receiver's lease expires.`,
 		Example: `  bounce send --peer recv.json --workload gptoss120b-tp8-b16 --requests 8
-  bounce send --peer recv.json --repeat 5 --json send.json`,
+  bounce send --peer recv.json --repeat 5 --json send.json
+  bounce send --discovery.kind etcd --agent.name prefill-0 --peer decode-0`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			l, err := loadConfig(cmd)
@@ -111,18 +119,23 @@ writes the rows.`,
 			if repeat < 1 {
 				return usage(fmt.Errorf("--repeat %d: must be at least 1", repeat))
 			}
-			h, blob, err := readHello(cmd.InOrStdin(), peerFile)
-			if err != nil {
-				return usage(err)
+			if l.Config.Discovery.Kind != "etcd" && peerFile != "-" {
+				// A bad descriptor file is reported before an agent starts.
+				if _, _, err := readHello(nil, peerFile); err != nil {
+					return usage(err)
+				}
 			}
-			n, err := node.Build(l.Config, factories(), logger(cmd, l.Config.Log))
+			log := logger(cmd, l.Config.Log)
+			n, err := node.Build(l.Config, factories(), log)
 			if err != nil {
 				return usage(err)
 			}
 			defer n.Close(context.Background())
-			if _, err := n.Agent.LoadPeer(blob); err != nil {
-				return failed(err)
+			src, err := openPeer(cmd.Context(), cmd.InOrStdin(), l.Config, n, log, peerFile)
+			if err != nil {
+				return err
 			}
+			defer src.close()
 			d, err := driver.New(n.Agent, spec.Bytes()*uint64(wf.requests))
 			if err != nil {
 				return runtime(err)
@@ -130,6 +143,10 @@ writes the rows.`,
 			defer d.Close()
 			ctx, cancel := context.WithTimeout(cmd.Context(), 10*time.Minute)
 			defer cancel()
+			h, err := src.current(ctx)
+			if err != nil {
+				return failed(err)
+			}
 			tgt := driver.Target{Peer: h.Name, Buffer: h.buffer()}
 			out := cmd.OutOrStdout()
 			if warm {
@@ -145,6 +162,13 @@ writes the rows.`,
 			var rows []namedResult
 			var firstErr error
 			for i := range repeat {
+				// Through etcd the receiver may have changed (restarted on
+				// a new endpoint, a grown buffer): each pass targets its
+				// record as it is now.
+				if h, err = src.current(ctx); err != nil {
+					return failed(err)
+				}
+				tgt = driver.Target{Peer: h.Name, Buffer: h.buffer()}
 				res, err := d.Run(ctx, tgt, driver.Options{Spec: spec, Requests: wf.requests, Route: rt})
 				if err != nil {
 					return failed(err)
@@ -174,7 +198,7 @@ writes the rows.`,
 	cmd.Flags().BoolVar(&warm, "warm-up", true, "first move one request unrecorded, so connection setup and first-touch faults are not measured")
 	cmd.Flags().IntVar(&repeat, "repeat", 1, "move the workload this many times, one summary row each")
 	cmd.Flags().StringVar(&jsonOut, "json", "", "also write the results as JSON to this file")
-	cmd.Flags().StringVar(&peerFile, "peer", "", `the receiver's descriptor line from 'bounce serve' (a file, or "-" for stdin)`)
+	cmd.Flags().StringVar(&peerFile, "peer", "", `the receiver: its descriptor line from 'bounce serve' (a file, or "-" for stdin), or with discovery.kind etcd its agent name`)
 	cmd.Flags().StringVar(&route, "route", "auto", "auto, bounce or direct")
 	cmd.MarkFlagRequired("peer")
 	configFlags(cmd)

@@ -37,13 +37,15 @@ type hello struct {
 
 // command is one line of the stdin control protocol of `serve --stdin-control`.
 type command struct {
-	Op         string `json:"op"` // verify, clear, load, stats, quit
+	Op         string `json:"op"` // verify, clear, load, stats, known, quit
 	DescSize   uint64 `json:"desc_size,omitempty"`
 	Count      int    `json:"count,omitempty"`
 	Fragmented bool   `json:"fragmented,omitempty"`
 	Seed       uint64 `json:"seed,omitempty"`
 	Requests   int    `json:"requests,omitempty"`
 	Descriptor string `json:"descriptor,omitempty"`
+	// Peers are the agent names op known asks about.
+	Peers []string `json:"peers,omitempty"`
 }
 
 type reply struct {
@@ -52,6 +54,8 @@ type reply struct {
 	Stats any    `json:"stats,omitempty"`
 	// Verified is the number of requests a verify checked.
 	Verified int `json:"verified,omitempty"`
+	// Known are the asked peers that are loaded (op known).
+	Known []string `json:"known,omitempty"`
 }
 
 func newServeCmd() *cobra.Command { return newServeCmdWith(factories) }
@@ -65,6 +69,7 @@ func newServeCmdWith(fs func() node.Factories) *cobra.Command {
 	var expect workloadFlags
 	var expectOn bool
 	var expectWait time.Duration
+	var follow []string
 	cmd := &cobra.Command{
 		Use:   "serve",
 		Short: "Run a receiver agent that publishes its descriptor and serves transfers",
@@ -80,8 +85,14 @@ sender's 'bounce send'): it checks the buffer as bytes land, prints
 "verified" and exits 0 once every byte is right, or exits 1 naming the first
 wrong byte when --expect-wait runs out.
 
+With discovery.kind etcd the line is also published in etcd under
+<discovery.prefix>/agents/<agent.name>, on a lease kept alive while serve
+runs (a name a live agent holds is refused), and --follow NAME admits the
+sender of that name as soon as it publishes itself (and again when it
+restarts).
+
 With --stdin-control it reads JSON commands from stdin instead (used by
-'bounce run' and 'bounce bench'): verify, clear, load, stats, quit.`,
+'bounce run' and 'bounce bench'): verify, clear, load, stats, known, quit.`,
 		Example: `  # host B
   bounce serve --engine.listen 10.0.0.2:7000 --control-plane.interface eth0 --descriptor-out recv.json \
       --expect --workload gptoss120b-tp8-b16 --requests 8
@@ -155,6 +166,14 @@ With --stdin-control it reads JSON commands from stdin instead (used by
 			on, _ := n.Agent.BounceEnabled()
 			line, _ := json.Marshal(hello{Name: n.Agent.Name(), Descriptor: base64.StdEncoding.EncodeToString(blob), BufferAddr: buf.Desc().Addr, BufferLen: buf.Desc().Len, Bounce: on,
 				Metrics: n.Telemetry.MetricsAddr()})
+			// With discovery.kind etcd the line is also published under
+			// the agent's name, and the senders named by --follow are
+			// admitted as they appear.
+			in, err := join(cmd.Context(), l.Config, n, log, line, follow)
+			if err != nil {
+				return err
+			}
+			defer in.close()
 			w := cmd.OutOrStdout()
 			if out != "" {
 				if err := writeFileAtomic(out, append(line, '\n')); err != nil {
@@ -179,6 +198,7 @@ With --stdin-control it reads JSON commands from stdin instead (used by
 	}
 	cmd.Flags().StringVar(&bufSize, "buffer-size", "", "size of the registered destination buffer (default: what --expect needs, else 1GiB)")
 	cmd.Flags().StringVar(&out, "descriptor-out", "", "write the descriptor line to this file instead of stdout")
+	cmd.Flags().StringSliceVar(&follow, "follow", nil, "with discovery.kind etcd: admit these senders (agent names, comma-separated or repeated) as they publish themselves")
 	cmd.Flags().BoolVar(&stdinControl, "stdin-control", false, "read JSON commands from stdin (for bounce run/bench)")
 	cmd.Flags().BoolVar(&expectOn, "expect", false, "verify the workload described by the workload flags as it lands, then exit")
 	cmd.Flags().DurationVar(&expectWait, "expect-wait", 5*time.Minute, "with --expect: give up (exit 1) after this long")
@@ -212,11 +232,19 @@ func controlLoop(in io.Reader, out io.Writer, n *node.Node, buf *mem.Buffer) err
 			enc.Encode(errReply(err))
 		case "stats":
 			enc.Encode(reply{OK: true, Stats: n.Agent.Stats()})
+		case "known":
+			rep := reply{OK: true}
+			for _, p := range c.Peers {
+				if _, _, ok := n.Agent.PeerRoute(p); ok {
+					rep.Known = append(rep.Known, p)
+				}
+			}
+			enc.Encode(rep)
 		case "quit":
 			enc.Encode(reply{OK: true})
 			return nil
 		default:
-			enc.Encode(reply{Error: fmt.Sprintf("unknown op %q; accepted: verify, clear, load, stats, quit", c.Op)})
+			enc.Encode(reply{Error: fmt.Sprintf("unknown op %q; accepted: verify, clear, load, stats, known, quit", c.Op)})
 		}
 	}
 	return sc.Err()

@@ -191,6 +191,9 @@ func (d *Directory) watch(ctx context.Context, name string, out chan<- discovery
 		resp, err := d.cli.Get(cctx, key)
 		cancel()
 		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
 			d.log.Warn("discovery: etcd watch: get failed; retrying", "peer", name, "err", err)
 			select {
 			case <-time.After(retry):
