@@ -43,6 +43,7 @@ type benchOptions struct {
 	cellTimeout time.Duration
 	peer        string // a remote receiver's descriptor line ('bounce serve')
 	duration    time.Duration
+	fleet       fleetFlags // --senders N --receivers M: the fleet benchmark (fleet.go)
 }
 
 // benchGroup is one workload shape at one concurrency: the routes and
@@ -111,6 +112,9 @@ RSS (VmHWM) is reported next to their KV buffers and arena.`,
 			if err != nil {
 				return err
 			}
+			if o.fleet.on() {
+				return runFleet(cmd, l.Config, &o)
+			}
 			plan, err := o.plan()
 			if err != nil {
 				return err
@@ -137,6 +141,7 @@ RSS (VmHWM) is reported next to their KV buffers and arena.`,
 	f.DurationVar(&o.cellTimeout, "cell-timeout", 10*time.Minute, "give up on a cell's requests after this long")
 	f.DurationVar(&o.duration, "duration", 0, "run each cell for at least this long (its workload moved again and again, every round counted) instead of once")
 	f.StringVar(&o.peer, "peer", "", `benchmark against a 'bounce serve' running elsewhere: its descriptor line (a file, or "-" for stdin); its bytes are not verified (run 'bounce serve --expect' with 'bounce send' for that)`)
+	o.fleet.add(f)
 	configFlags(cmd)
 	return cmd
 }

@@ -12,7 +12,7 @@ import (
 
 // extraCommands are the subcommands that live in their own files.
 func extraCommands() []*cobra.Command {
-	return []*cobra.Command{newConformanceCmd(), newBenchCmd(), newComponentsCmd()}
+	return []*cobra.Command{newConformanceCmd(), newBenchCmd(), newComponentsCmd(), newFleetSenderCmd()}
 }
 
 func newComponentsCmd() *cobra.Command {
