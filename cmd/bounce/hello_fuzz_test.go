@@ -29,3 +29,27 @@ func FuzzParseHello(f *testing.F) {
 		}
 	})
 }
+
+// FuzzHelloDescriptor: a record read from a directory (a sender's hello
+// has no buffer) yields a descriptor only when it names an agent and
+// carries one, never panics, and agrees with parseHello where both accept.
+func FuzzHelloDescriptor(f *testing.F) {
+	sender, _ := json.Marshal(hello{Name: "prefill-0", Descriptor: base64.StdEncoding.EncodeToString([]byte("BNCE..."))})
+	f.Add(sender)
+	f.Add([]byte(`{"name":"","descriptor":"QQ=="}`))
+	f.Add([]byte(`{"name":"x","descriptor":""}`))
+	f.Add([]byte(`null`))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		blob, err := helloDescriptor(b)
+		if err != nil {
+			return
+		}
+		var h hello
+		if json.Unmarshal(b, &h) != nil || h.Name == "" || len(blob) == 0 {
+			t.Fatalf("accepted a record without a name or descriptor: %q", b)
+		}
+		if _, blob2, err := parseHello(b); err == nil && string(blob2) != string(blob) {
+			t.Fatalf("parseHello and helloDescriptor disagree on %q", b)
+		}
+	})
+}

@@ -288,6 +288,11 @@ func (p *publication) take(ctx context.Context) error {
 		}
 		return fmt.Errorf("%w: %q at %s%s; choose another agent.name or stop the agent that holds it", discovery.ErrDuplicate, p.name, p.key, holder)
 	}
+	if want := int64(d.lease / time.Second); g.TTL != want {
+		// etcd raises a lease below its minimum (3 election timeouts'
+		// worth of heartbeats, 3s by default) to that minimum.
+		d.log.Info("discovery: etcd granted another lease TTL", "name", p.name, "asked_s", want, "granted_s", g.TTL)
+	}
 	p.mu.Lock()
 	p.lease = g.ID
 	p.mu.Unlock()

@@ -1,0 +1,258 @@
+package main
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/bouncekv/bounce/config"
+	"github.com/bouncekv/bounce/discovery/etcd"
+	"github.com/bouncekv/bounce/mem"
+	"github.com/bouncekv/bounce/node"
+	"github.com/bouncekv/bounce/pipeline"
+	"github.com/bouncekv/bounce/transfer"
+	"github.com/bouncekv/bounce/workload"
+)
+
+// TestFleetBenchThroughEtcd: bench --senders --receivers starts its own
+// etcd, receiver and sender processes, and verifies every byte.
+func TestFleetBenchThroughEtcd(t *testing.T) {
+	js := filepath.Join(t.TempDir(), "fleet.json")
+	out, errs, code := bounce(t, "bench", "--senders", "2", "--receivers", "2", "--count", "256", "--sender-requests", "3",
+		"--pattern", "seeded", "--seed", "7", "--json", js, "--log.level", "error")
+	if code != 0 {
+		t.Fatalf("exit %d\n%s\n%s", code, out, errs)
+	}
+	var rep fleetReport
+	b, err := os.ReadFile(js)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(b, &rep); err != nil {
+		t.Fatal(err)
+	}
+	verified := 0
+	for _, r := range rep.PerRecv {
+		verified += r.Verified
+	}
+	if !rep.Verified || rep.Requests != 6 || verified != 6 || rep.Bytes != 6*256*rep.DescSize || !strings.Contains(rep.Etcd, "embedded") {
+		t.Fatalf("report %+v (verified requests %d)\n%s", rep, verified, out)
+	}
+	if rep.P50NS <= 0 || rep.MaxNS < rep.P99NS || rep.P99NS < rep.P50NS {
+		t.Fatalf("latency percentiles %d/%d/%d", rep.P50NS, rep.P99NS, rep.MaxNS)
+	}
+}
+
+func TestPlanFleetCoversEveryRequestOnce(t *testing.T) {
+	for _, pattern := range []string{"round-robin", "seeded"} {
+		for _, c := range [][3]int{{4, 2, 8}, {3, 5, 7}, {1, 1, 1}, {8, 3, 1}} {
+			p, err := planFleet(c[0], c[1], c[2], pattern, 42)
+			if err != nil {
+				t.Fatal(err)
+			}
+			// Slots at each receiver are disjoint ranges, one per sender,
+			// that tile [0, slots).
+			for k := range c[1] {
+				next := 0
+				for s := range c[0] {
+					if p.start[s][k] != next {
+						t.Fatalf("%s %v: receiver %d sender %d starts at %d, want %d", pattern, c, k, s, p.start[s][k], next)
+					}
+					next += p.count[s][k]
+				}
+				if next != p.slots[k] {
+					t.Fatalf("%s %v: receiver %d has %d slots, ranges cover %d", pattern, c, k, p.slots[k], next)
+				}
+			}
+			total := 0
+			for s := range c[0] {
+				for k := range c[1] {
+					total += p.count[s][k]
+				}
+			}
+			if total != c[0]*c[2] {
+				t.Fatalf("%s %v: %d requests planned, want %d", pattern, c, total, c[0]*c[2])
+			}
+			again, _ := planFleet(c[0], c[1], c[2], pattern, 42)
+			if !equalPlans(p, again) {
+				t.Fatalf("%s %v: the plan is not reproducible from its seed", pattern, c)
+			}
+		}
+	}
+	if p, _ := planFleet(4, 2, 8, "round-robin", 1); p.count[0][0] != 4 || p.count[0][1] != 4 {
+		t.Fatalf("round robin over 2 receivers: counts %v", p.count[0])
+	}
+	if _, err := planFleet(2, 2, 2, "zigzag", 1); err == nil || !strings.Contains(err.Error(), "round-robin, seeded") {
+		t.Fatalf("bad pattern: %v", err)
+	}
+}
+
+func equalPlans(a, b fleetPlan) bool {
+	for s := range a.assign {
+		for j := range a.assign[s] {
+			if a.assign[s][j] != b.assign[s][j] {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// closedPort returns a loopback address nothing listens on.
+func closedPort(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	return addr
+}
+
+// TestEtcdUnavailableAtStart: serve and send against an etcd that is not
+// there fail at once (exit 1) naming the endpoint.
+func TestEtcdUnavailableAtStart(t *testing.T) {
+	addr := closedPort(t)
+	common := []string{"--discovery.kind", "etcd", "--discovery.endpoints", addr, "--discovery.dial-timeout", "500ms"}
+	for _, args := range [][]string{
+		append([]string{"serve", "--buffer-size", "1MiB", "--agent.name", "decode-0"}, common...),
+		append([]string{"send", "--peer", "decode-0", "--count", "16"}, common...),
+	} {
+		_, errs, code := bounce(t, args...)
+		if code != exitFailed || !strings.Contains(errs, "directory unavailable") || !strings.Contains(errs, addr) {
+			t.Fatalf("%s: exit %d, stderr %q; want exit %d naming %s as unavailable", args[0], code, errs, exitFailed, addr)
+		}
+	}
+}
+
+// TestStoppedReceiverLeaseFailsInFlight: a receiver process that stops
+// (SIGSTOP: its sockets stay open, it answers nothing, it keeps no lease)
+// is forgotten by the sender when its lease expires, and the sender's
+// request in flight fails then with ErrPeerLost, well before its timeout.
+func TestStoppedReceiverLeaseFailsInFlight(t *testing.T) {
+	srv, err := etcd.StartServer(t.TempDir(), 60*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	const lease = 2 * time.Second
+	dc := config.Default().Discovery
+	dc.Kind, dc.Endpoints, dc.Lease, dc.Prefix = "etcd", srv.Endpoint, lease, "/t"
+
+	cmd := exec.Command(cliBinary(t), "serve", "--stdin-control", "--agent.name", "decode-0", "--buffer-size", "16MiB",
+		"--follow", "prefill-0", "--discovery.kind", "etcd", "--discovery.endpoints", srv.Endpoint,
+		"--discovery.lease", "2s", "--discovery.prefix", "/t", "--control-plane.bind-address", "127.0.0.1")
+	cmd.Stderr = os.Stderr
+	stdin, _ := cmd.StdinPipe()
+	stdout, _ := cmd.StdoutPipe()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	r := &receiver{stdin: stdin, lines: make(chan []byte, 4), wait: cmd.Wait, pid: cmd.Process.Pid}
+	r.stop = func() { cmd.Process.Signal(syscall.SIGCONT); cmd.Process.Kill(); cmd.Wait() }
+	defer r.stop()
+	if err := r.start(stdout, 60*time.Second); err != nil {
+		t.Fatal(err)
+	}
+
+	cfg := config.Default()
+	cfg.Agent.Name = "prefill-0"
+	cfg.ControlPlane.BindAddress = "127.0.0.1"
+	cfg.Bounce.RequestTimeout = 2 * time.Minute // only the lease may fail the request
+	cfg.Discovery = dc
+	n, err := node.Build(cfg, node.Builtin(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Close(context.Background())
+	spec := workload.Spec{DescSize: 4096, Count: 256, Fragmented: true, Seed: 3}
+	src, err := mem.Alloc(spec.Bytes())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Free()
+	if err := n.Agent.RegisterMemory(src.Desc()); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	own, _ := n.Agent.Descriptor()
+	line, _ := json.Marshal(hello{Name: "prefill-0", Descriptor: base64.StdEncoding.EncodeToString(own)})
+	in, err := join(ctx, cfg, n, nil, line, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer in.close()
+	rec, err := in.peers.Resolve(ctx, "decode-0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, _, err := parseHello(rec.Value)
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		rep, err := r.call(command{Op: "known", Peers: []string{"prefill-0"}}, 30*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(rep.Known) == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the receiver never admitted prefill-0")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	submit := func() *pipeline.Batch {
+		if err := spec.Fill(src.Bytes()); err != nil {
+			t.Fatal(err)
+		}
+		s, d := spec.Descs(src.Desc(), h.buffer())
+		b, err := n.Agent.Submit(pipeline.Request{Peer: "decode-0", Src: s, Dst: d, Route: pipeline.RouteBounce})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	wctx, cancel := context.WithTimeout(ctx, 90*time.Second)
+	defer cancel()
+	first := submit()
+	if err := first.Wait(wctx); err != nil {
+		t.Fatalf("request before the stop: %v", err)
+	}
+	first.Release()
+	if rep, err := r.call(verifyCommand(spec, 1), 30*time.Second); err != nil || rep.Verified != 1 {
+		t.Fatalf("verify: %+v %v", rep, err)
+	}
+
+	if err := cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	stopped := time.Now()
+	b := submit()
+	err = b.Wait(wctx)
+	took := time.Since(stopped)
+	if !errors.Is(err, transfer.ErrPeerLost) {
+		t.Fatalf("request to the stopped receiver: %v, want ErrPeerLost", err)
+	}
+	t.Logf("in-flight request failed %v after the receiver stopped (lease %v)", took.Round(time.Millisecond), lease)
+	if took > lease+15*time.Second {
+		t.Fatalf("failed %v after the stop: not by the lease (%v)", took, lease)
+	}
+	b.Abandon(10 * time.Second)
+	b.Release()
+	if _, ok := in.peers.Current("decode-0"); ok {
+		t.Fatal("the stopped receiver is still current")
+	}
+}
