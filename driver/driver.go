@@ -38,6 +38,10 @@ type Options struct {
 	InFlight int
 	// Route forces a route (RouteAuto lets the agent decide).
 	Route pipeline.Route
+	// Prefilled skips filling the source: a run like the one before it on
+	// this Driver (the same Spec and Requests) finds its bytes in place,
+	// so a repeated run's time is the transfer's alone.
+	Prefilled bool
 }
 
 // Result is one measured run.
@@ -162,8 +166,10 @@ func (d *Driver) Run(ctx context.Context, t Target, o Options) (Result, error) {
 	for i := range reqs {
 		s := o.RequestSpec(i)
 		off := uint64(i) * per
-		if err := s.Fill(srcAll[off : off+per]); err != nil {
-			return Result{}, err
+		if !o.Prefilled {
+			if err := s.Fill(srcAll[off : off+per]); err != nil {
+				return Result{}, err
+			}
 		}
 		sb := d.src.Desc()
 		sb.Addr += off
