@@ -219,3 +219,71 @@ func TestLeaseExpiryFailsInFlightRequests(t *testing.T) {
 	b.Abandon(10 * time.Second)
 	b.Release()
 }
+
+// TestGrownMetadataIsReloaded: a receiver registers more memory after it
+// published itself and publishes its grown descriptor; the sender, which
+// follows it, reloads it and can then write into the new memory on the
+// direct path (whose writes are checked against the peer's registered
+// ranges), which it could not before.
+func TestGrownMetadataIsReloaded(t *testing.T) {
+	s := server(t)
+	ctx := context.Background()
+	snd := startAgent(t, s.Endpoint, "prefill-0", 1<<20)
+	rcv := startAgent(t, s.Endpoint, "decode-0", 1<<20)
+	sendBlob, _ := snd.n.Agent.Descriptor()
+	if _, err := rcv.n.Agent.LoadPeer(sendBlob); err != nil {
+		t.Fatal(err)
+	}
+	peers := discovery.NewPeers(snd.dir, snd.n.Agent, raw, nil)
+	defer peers.Close()
+	rec, err := peers.Resolve(ctx, "decode-0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	more, err := mem.Alloc(1 << 20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer more.Free()
+	if err := rcv.n.Agent.RegisterMemory(more.Desc()); err != nil {
+		t.Fatal(err)
+	}
+	direct := func() error {
+		wctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+		defer cancel()
+		d := more.Desc()
+		src := snd.buf.Desc()
+		src.Len, d.Len = 64<<10, 64<<10
+		copy(snd.buf.Bytes()[:64<<10], bytes.Repeat([]byte{0x5a}, 64<<10))
+		b, err := snd.n.Agent.Submit(pipeline.Request{Peer: "decode-0", Src: []transfer.Desc{src}, Dst: []transfer.Desc{d}, Route: pipeline.RouteDirect})
+		if err != nil {
+			return err
+		}
+		err = b.Wait(wctx)
+		b.Abandon(10 * time.Second)
+		b.Release()
+		return err
+	}
+	if err := direct(); err == nil {
+		t.Fatal("a write into memory the sender has no metadata for succeeded")
+	}
+	changed := peers.Changed("decode-0")
+	grown, _ := rcv.n.Agent.Descriptor()
+	if err := rcv.pub.Update(ctx, grown); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-changed:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the grown descriptor was not reloaded")
+	}
+	if cur, _ := peers.Current("decode-0"); cur.Version == rec.Version {
+		t.Fatal("record version unchanged")
+	}
+	if err := direct(); err != nil {
+		t.Fatalf("write into the newly registered memory after the reload: %v", err)
+	}
+	if !bytes.Equal(more.Bytes()[:64<<10], bytes.Repeat([]byte{0x5a}, 64<<10)) {
+		t.Fatal("bytes did not land in the new memory")
+	}
+}
