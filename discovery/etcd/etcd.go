@@ -21,6 +21,8 @@ import (
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/bouncekv/bounce/config"
 	"github.com/bouncekv/bounce/discovery"
@@ -107,7 +109,7 @@ func tlsConfig(cfg config.DiscoveryConfig) (*tls.Config, error) {
 // unavailable wraps an etcd call's failure: a deadline or a lost
 // connection is discovery.ErrUnavailable, naming the endpoints.
 func (d *Directory) unavailable(op string, err error) error {
-	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) || strings.Contains(err.Error(), "connection") {
+	if c := status.Code(err); errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) || c == codes.Unavailable || c == codes.DeadlineExceeded {
 		return fmt.Errorf("%w: etcd at %s: %s: no answer within %v: %v", discovery.ErrUnavailable, d.endpoints, op, d.timeout, err)
 	}
 	return fmt.Errorf("discovery: etcd at %s: %s: %w", d.endpoints, op, err)
