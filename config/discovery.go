@@ -29,10 +29,11 @@ type DiscoveryConfig struct {
 	// DialTimeout bounds connecting to etcd at start and each etcd call
 	// (discovery.dial_timeout, default 5s, 100ms..10m).
 	DialTimeout time.Duration
-	// Username and Password authenticate to etcd when Username is set
-	// (discovery.username, discovery.password).
-	Username string
-	Password string
+	// Username authenticates to etcd with the password held in
+	// PasswordFile (discovery.username, discovery.password_file; a file, so
+	// that the secret is in no configuration dump, flag or bench report).
+	Username     string
+	PasswordFile string
 	// TLSCA, TLSCert and TLSKey are PEM files for TLS to etcd: the CA that
 	// signs the members' certificates, and a client certificate and key
 	// (discovery.tls_ca, discovery.tls_cert, discovery.tls_key). Any of them
@@ -96,8 +97,8 @@ func (d *DiscoveryConfig) validate() []*KeyError {
 	if (d.TLSCert == "") != (d.TLSKey == "") {
 		add(outOfRange("discovery.tls_cert", d.TLSCert, "discovery.tls_cert and discovery.tls_key go together (tls_key is %q)", d.TLSKey))
 	}
-	if d.Password != "" && d.Username == "" {
-		add(outOfRange("discovery.password", "(set)", "needs discovery.username"))
+	if (d.PasswordFile != "") != (d.Username != "") {
+		add(outOfRange("discovery.password_file", d.PasswordFile, "discovery.username and discovery.password_file go together (username is %q)", d.Username))
 	}
 	return errs
 }

@@ -34,7 +34,8 @@ func TestDiscoveryBadValuesNameTheKey(t *testing.T) {
 		{"discovery.lease", func(d *DiscoveryConfig) { d.Lease = 2500 * time.Millisecond }},
 		{"discovery.dial_timeout", func(d *DiscoveryConfig) { d.DialTimeout = 0 }},
 		{"discovery.tls_cert", func(d *DiscoveryConfig) { d.TLSCert = "c.pem" }},
-		{"discovery.password", func(d *DiscoveryConfig) { d.Password = "x" }},
+		{"discovery.password_file", func(d *DiscoveryConfig) { d.PasswordFile = "pw" }},
+		{"discovery.password_file", func(d *DiscoveryConfig) { d.Username = "bounce" }},
 	} {
 		d := Default().Discovery
 		c.set(&d)

@@ -23,7 +23,7 @@
 //	control_plane:  kind, interface, bind_address, send_hwm, plugin
 //	stages:         gather, scatter, write, device, fallback
 //	telemetry:      traces, otlp_endpoint, service_name, sample_ratio, metrics.listen
-//	discovery:      kind, endpoints, prefix, lease, dial_timeout, username, password,
+//	discovery:      kind, endpoints, prefix, lease, dial_timeout, username, password_file,
 //	                tls_ca, tls_cert, tls_key
 //
 // Sizes take units B, K/KB/KiB, M/MB/MiB, G/GB/GiB and T/TB/TiB in any case,

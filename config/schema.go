@@ -92,7 +92,7 @@ func fields() []field {
 		{"discovery.lease", "TTL of an agent's etcd record; peers forget it this long after it stops, whole seconds, 2s..1h", func(c *Config) any { return &c.Discovery.Lease }},
 		{"discovery.dial_timeout", "bound on connecting to etcd and on each etcd call, 100ms..10m", func(c *Config) any { return &c.Discovery.DialTimeout }},
 		{"discovery.username", "etcd user (auth); empty = no auth", func(c *Config) any { return &c.Discovery.Username }},
-		{"discovery.password", "etcd password of discovery.username", func(c *Config) any { return &c.Discovery.Password }},
+		{"discovery.password_file", "file holding the etcd password of discovery.username", func(c *Config) any { return &c.Discovery.PasswordFile }},
 		{"discovery.tls_ca", "PEM CA file for TLS to etcd (any tls_* set turns TLS on)", func(c *Config) any { return &c.Discovery.TLSCA }},
 		{"discovery.tls_cert", "PEM client certificate for TLS to etcd (with tls_key)", func(c *Config) any { return &c.Discovery.TLSCert }},
 		{"discovery.tls_key", "PEM client key for TLS to etcd (with tls_cert)", func(c *Config) any { return &c.Discovery.TLSKey }},

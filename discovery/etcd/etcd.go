@@ -55,11 +55,17 @@ func Open(ctx context.Context, cfg config.DiscoveryConfig, log *slog.Logger) (*D
 		Endpoints:   eps,
 		DialTimeout: cfg.DialTimeout,
 		Username:    cfg.Username,
-		Password:    cfg.Password,
 		Logger:      zap.NewNop(),
 		// Keep-alive pings notice a dead member while a watch is idle.
 		DialKeepAliveTime:    cfg.DialTimeout,
 		DialKeepAliveTimeout: cfg.DialTimeout,
+	}
+	if cfg.PasswordFile != "" {
+		pw, err := os.ReadFile(cfg.PasswordFile)
+		if err != nil {
+			return nil, fmt.Errorf("discovery.password_file: %w", err)
+		}
+		cc.Password = strings.TrimRight(string(pw), "\r\n")
 	}
 	if cfg.TLS() {
 		t, err := tlsConfig(cfg)

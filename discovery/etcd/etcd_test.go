@@ -4,9 +4,14 @@ import (
 	"context"
 	"errors"
 	"net"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
 
 	"github.com/bouncekv/bounce/config"
 	"github.com/bouncekv/bounce/discovery"
@@ -177,4 +182,47 @@ func TestBadNames(t *testing.T) {
 
 func openE(ctx context.Context, c config.DiscoveryConfig) (*etcd.Directory, error) {
 	return etcd.Open(ctx, c, nil)
+}
+
+// TestAuthPasswordFile: with auth on in etcd, discovery.username and the
+// password in discovery.password_file open the directory; a wrong password
+// is an error at Open, not a silent retry.
+func TestAuthPasswordFile(t *testing.T) {
+	s := server(t)
+	ctx := context.Background()
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{s.Endpoint}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	for _, step := range []func() error{
+		func() error { _, err := cli.UserAdd(ctx, "root", "s3cret"); return err },
+		func() error { _, err := cli.UserGrantRole(ctx, "root", "root"); return err },
+		func() error { _, err := cli.AuthEnable(ctx); return err },
+	} {
+		if err := step(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	dir := t.TempDir()
+	good, bad := filepath.Join(dir, "good"), filepath.Join(dir, "bad")
+	os.WriteFile(good, []byte("s3cret\n"), 0o600)
+	os.WriteFile(bad, []byte("guess\n"), 0o600)
+	c := cfgFor(s.Endpoint)
+	c.Username, c.PasswordFile = "root", good
+	d, err := etcd.Open(ctx, c, nil)
+	if err != nil {
+		t.Fatalf("open with the right password: %v", err)
+	}
+	defer d.Close()
+	if _, err := d.Publish(ctx, "decode-0", []byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	c.PasswordFile = bad
+	if d2, err := etcd.Open(ctx, c, nil); err == nil {
+		d2.Close()
+		t.Fatal("a wrong password opened the directory")
+	} else if !strings.Contains(err.Error(), "authentication failed") {
+		t.Fatalf("wrong password: %v", err)
+	}
 }
