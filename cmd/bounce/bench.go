@@ -94,7 +94,16 @@ reports the median ratio over iterations.
 Memory stays bounded by --max-bytes: a concurrency whose requests x bytes
 exceed it is clamped to the largest that fits, or skipped, with a note.
 The TP=1 presets are 2.5 GiB per request. After the sweep both agents' peak
-RSS (VmHWM) is reported next to their KV buffers and arena.`,
+RSS (VmHWM) is reported next to their KV buffers and arena.
+
+With --senders N --receivers M it runs the fleet benchmark instead: M
+receiver and N sender processes on this machine that find each other through
+etcd (the cluster of discovery.kind etcd, else one embedded in this process),
+senders choosing receivers round robin or by a --seed pattern (--pattern),
+--sender-requests each, all at once (--duration: again and again for that
+long). It reports each sender's throughput into each receiver, per-receiver
+fairness (max/min across its senders), request latency percentiles, and has
+every receiver verify every byte (--json writes it all).`,
 		Example: `  bounce bench
   bounce bench --workload llama70b-tp8-b16 --count 4096 --concurrency 1,8,64,128 --routes bounce,direct,bulk
   bounce bench --all --layout both --repeat 3 --json bench.json --plots bench-plots
@@ -102,6 +111,8 @@ RSS (VmHWM) is reported next to their KV buffers and arena.`,
   bounce bench --engine.kind ucx --bounce.arena-size 32MiB --workload llama70b-tp8-b16 --routes bounce
   bounce bench --peer recv.json --engine.listen 10.0.0.1:0 --control-plane.interface eth0 --routes bounce,direct,bulk
   bounce bench --desc-size 512B..64KiB --concurrency 1,8 --routes bounce,direct --plots sweep
+  bounce bench --senders 4 --receivers 2
+  bounce bench --senders 8 --receivers 2 --pattern seeded --count 1024 --desc-size 4KiB --duration 10s
   bounce bench --list`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
