@@ -256,3 +256,35 @@ func TestStoppedReceiverLeaseFailsInFlight(t *testing.T) {
 		t.Fatal("the stopped receiver is still current")
 	}
 }
+
+// TestServeRefusesALiveAgentsName: a second serve under a name a live
+// agent holds in etcd exits 1 naming the name; the first keeps it.
+func TestServeRefusesALiveAgentsName(t *testing.T) {
+	srv, err := etcd.StartServer(t.TempDir(), 60*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	args := []string{"serve", "--agent.name", "decode-0", "--buffer-size", "1MiB", "--discovery.kind", "etcd",
+		"--discovery.endpoints", srv.Endpoint, "--control-plane.bind-address", "127.0.0.1"}
+	desc := filepath.Join(t.TempDir(), "first.json")
+	first := exec.Command(cliBinary(t), append(args, "--descriptor-out", desc)...)
+	if err := first.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { first.Process.Kill(); first.Wait() }()
+	deadline := time.Now().Add(60 * time.Second)
+	for { // the descriptor file appears once the record is published
+		if _, err := os.Stat(desc); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the first serve never published")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	_, errs, code := bounce(t, args...)
+	if code != exitFailed || !strings.Contains(errs, "name held by a live agent") || !strings.Contains(errs, "decode-0") {
+		t.Fatalf("second serve: exit %d, stderr %q", code, errs)
+	}
+}
