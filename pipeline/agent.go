@@ -271,6 +271,12 @@ type Agent struct {
 	// guard authorizes incoming writes; nil unless authentication is on and
 	// the engine asks a guard (transfer.WriteGuarded).
 	guard *writeGuard
+
+	// stageOnly holds the registrations the engine cannot touch (device
+	// memory over a host engine): the stages reach them, the bounce route
+	// alone carries them.
+	stageMu   sync.Mutex
+	stageOnly map[transfer.Desc]bool
 }
 
 type peerInfo struct {
@@ -482,7 +488,16 @@ func (a *Agent) RegisterMemory(d transfer.Desc) error {
 // write with the direct path (with authentication on; none named: every
 // admitted peer, as RegisterMemory). Any registered memory can be a
 // transfer's source.
+//
+// Memory the engine cannot touch but the stages can (device KV with a host
+// engine, CUDA stages and a pinned-host arena) is registered with the
+// stages alone: transfers from and into it take the bounce route, the only
+// one that can carry it. Memory neither can touch is refused wrapping
+// ErrUnsupported.
 func (a *Agent) RegisterMemoryFor(d transfer.Desc, peers ...string) error {
+	if !transfer.Handles(a.set.Engine, d.Kind) {
+		return a.registerStageOnly(d)
+	}
 	if err := a.set.Registry.Add(d); err != nil {
 		return fmt.Errorf("pipeline: register %v: %w", d, err)
 	}
@@ -500,6 +515,29 @@ func (a *Agent) RegisterMemoryFor(d transfer.Desc, peers ...string) error {
 	return nil
 }
 
+// registerStageOnly registers d, which the engine cannot touch, with the
+// stages alone, or says why it cannot be carried at all.
+func (a *Agent) registerStageOnly(d transfer.Desc) error {
+	if !a.bounceOn {
+		return fmt.Errorf("pipeline: register %v: the engine cannot touch %s memory and the bounce path, which could stage it through the arena, is off (%s): %w",
+			d, d.Kind, a.noBounce, transfer.ErrUnsupported)
+	}
+	if !transfer.Handles(a.set.Gatherer, d.Kind) || !transfer.Handles(a.set.Scatterer, d.Kind) {
+		return fmt.Errorf("pipeline: register %v: neither the engine nor both stages can touch %s memory (device KV needs stages.gather and stages.scatter cuda): %w",
+			d, d.Kind, transfer.ErrUnsupported)
+	}
+	if err := a.set.Registry.Add(d); err != nil {
+		return fmt.Errorf("pipeline: register %v: %w", d, err)
+	}
+	a.stageMu.Lock()
+	if a.stageOnly == nil {
+		a.stageOnly = map[transfer.Desc]bool{}
+	}
+	a.stageOnly[d] = true
+	a.stageMu.Unlock()
+	return nil
+}
+
 // DeregisterMemory undoes RegisterMemory. It refuses with ErrInUse while a
 // gather or scatter still copies into or out of the memory, or a write uses
 // it; free the memory only once DeregisterMemory succeeded.
@@ -509,6 +547,13 @@ func (a *Agent) DeregisterMemory(d transfer.Desc) error {
 	// refuses while a write uses it, in which case d stays registered.
 	if err := a.set.Registry.Remove(d); err != nil {
 		return fmt.Errorf("pipeline: deregister %v: %w", d, err)
+	}
+	a.stageMu.Lock()
+	stageOnly := a.stageOnly[d]
+	delete(a.stageOnly, d)
+	a.stageMu.Unlock()
+	if stageOnly {
+		return nil
 	}
 	if err := a.set.Engine.DeregisterMemory(d); err != nil {
 		if aerr := a.set.Registry.Add(d); aerr != nil {
@@ -735,7 +780,7 @@ func (a *Agent) SubmitContext(ctx context.Context, req Request) (*Batch, error) 
 	var pred RoutePrediction
 	var shape costmodel.Shape
 	if a.router != nil && (route == RouteBounce || route == RouteDirect) {
-		if route == RouteBounce && want == RouteAuto {
+		if route == RouteBounce && want == RouteAuto && why != whyEngineKind {
 			d, s := a.router.decide(req)
 			pred = RoutePrediction{Made: true, Bounce: d.Prediction.Bounce, Direct: d.Prediction.Direct, Explore: d.Explore}
 			shape, why, reason = s, whyCostModel, "auto: "+d.Reason

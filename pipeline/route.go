@@ -39,6 +39,13 @@ func (a *Agent) route(req Request, pi *peerInfo, want Route) (Route, string, str
 	if k := req.Src[0].Kind; !transfer.Handles(a.set.Gatherer, k) {
 		return RouteDirect, whyMemoryKind, fmt.Sprintf("the gather stage cannot read %s memory", k)
 	}
+	// Memory the engine cannot carry (device KV over a host engine) has
+	// one way across: gather into the arena the engine does carry. The
+	// descriptor gates and the cost model compare two routes; here there is
+	// one.
+	if k, ok := engineCannot(a.set.Engine, req); ok {
+		return RouteBounce, whyEngineKind, fmt.Sprintf("the engine cannot carry %s memory; the bounce route stages it through the arena", k)
+	}
 	if want == RouteBounce {
 		return RouteBounce, whyBounceRequested, "bounce route requested"
 	}
@@ -64,10 +71,34 @@ func (a *Agent) checkKinds(route Route, req Request) error {
 	if route == RouteBounce {
 		return transfer.CheckKinds(a.set.Gatherer, "the gather stage", req.Src)
 	}
-	if err := transfer.CheckKinds(a.set.Engine, "the engine", req.Src); err != nil {
-		return err
+	if k, ok := engineCannot(a.set.Engine, req); ok {
+		hint := "the bounce route can carry it only with stages that handle it (stages.gather and stages.scatter cuda) and bounce on at both ends"
+		if a.bounceOn && transfer.Handles(a.set.Gatherer, k) {
+			hint = "take the bounce route (it stages the memory through the arena)"
+		}
+		return fmt.Errorf("the direct path cannot carry %s memory: the engine cannot touch it; %s: %w", k, hint, transfer.ErrUnsupported)
 	}
-	return transfer.CheckKinds(a.set.Engine, "the engine", req.Dst)
+	return nil
+}
+
+// engineCannot returns the first memory kind among req's sources and
+// destinations the engine cannot touch.
+func engineCannot(eng transfer.Engine, req Request) (transfer.MemKind, bool) {
+	var ok [256]bool // by MemKind, resolved once: this runs per descriptor
+	ok[transfer.Host] = transfer.Handles(eng, transfer.Host)
+	if mk, has := eng.(transfer.MemoryKinder); has {
+		for _, k := range mk.MemoryKinds() {
+			ok[k] = true
+		}
+	}
+	for _, ds := range [][]transfer.Desc{req.Src, req.Dst} {
+		for _, d := range ds {
+			if !ok[d.Kind] {
+				return d.Kind, true
+			}
+		}
+	}
+	return 0, false
 }
 
 // fellBack counts a request that could have bounced but goes direct and

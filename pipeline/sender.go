@@ -280,7 +280,18 @@ func (r *reactor) dropStaging(c *sendChunk) {
 func (r *reactor) postWrite(q *sendReq, k int) {
 	c := &q.ch[k]
 	n := q.plan.Chunks[k].Bytes
-	dst := transfer.Desc{Addr: c.credit.Addr, Len: n, Device: c.credit.Device, Kind: q.plan.Chunks[k].DstKind}
+	// The destination is the peer's arena, memory its engine carries: of
+	// the KV's kind where the engine carries that (a device arena), else
+	// host memory (a pinned-host arena staging device KV over a host
+	// engine).
+	kind := q.plan.Chunks[k].DstKind
+	if !transfer.Handles(r.a.set.Engine, kind) {
+		kind = transfer.Host
+	}
+	dst := transfer.Desc{Addr: c.credit.Addr, Len: n, Device: c.credit.Device, Kind: kind}
+	if kind == transfer.Host {
+		dst.Device = 0
+	}
 	r.a.obs.writeStarted(q, k)
 	op, err := r.a.obs.write(r.a.set.Writer, c.tr, q.peer, r.regionDesc(c.off, n), dst)
 	if err != nil {

@@ -86,7 +86,8 @@ const (
 	whyPeerNotCapable   = "peer_not_capable"
 	whyEmpty            = "empty"
 	whyMixedDevices     = "mixed_devices"
-	whyMemoryKind       = "memory_kind" // sources the gather stage cannot read
+	whyMemoryKind       = "memory_kind"        // sources the gather stage cannot read
+	whyEngineKind       = "engine_memory_kind" // memory the engine cannot carry: bounce is the only route
 	whyFewDescriptors   = "few_descriptors"
 	whyLargeDescriptors = "large_descriptors"
 	whyEligible         = "eligible"
@@ -292,7 +293,7 @@ func newObs(a *Agent, s Settings) *obs {
 				rec: []metric.RecordOption{metric.WithAttributeSet(set)},
 			}
 		}
-		for _, why := range []string{whyDirectRequested, whyBounceRequested, whyLocalOff, whyPeerNotCapable, whyEmpty, whyMixedDevices, whyMemoryKind, whyFewDescriptors, whyLargeDescriptors, whyEligible, whyControlLimit, whyCostModel} {
+		for _, why := range []string{whyDirectRequested, whyBounceRequested, whyLocalOff, whyPeerNotCapable, whyEmpty, whyMixedDevices, whyMemoryKind, whyEngineKind, whyFewDescriptors, whyLargeDescriptors, whyEligible, whyControlLimit, whyCostModel} {
 			set := attribute.NewSet(attrRoute.String(rt.String()), attrReason.String(why))
 			o.byDecision[routeOutcomeKey{rt.String(), why}] = []metric.AddOption{metric.WithAttributeSet(set)}
 		}

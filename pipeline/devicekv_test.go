@@ -1,0 +1,135 @@
+package pipeline
+
+import (
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/bouncekv/bounce/mem"
+	gatherhost "github.com/bouncekv/bounce/stages/gather/host"
+	scatterhost "github.com/bouncekv/bounce/stages/scatter/host"
+	"github.com/bouncekv/bounce/transfer"
+)
+
+// cudaLabelled stands in for the CUDA stages on a machine without a GPU:
+// host stages over a shadow registry in which the "device" buffers are the
+// host memory they really are, while the agent's registry (and the
+// requests) call them CUDA memory — which the loopback engine, like tcp,
+// refuses to touch.
+type cudaLabelled struct {
+	shadow map[string]*mem.Registry
+}
+
+type kindGatherer struct{ transfer.Gatherer }
+
+func (kindGatherer) MemoryKinds() []transfer.MemKind { return []transfer.MemKind{transfer.Host, transfer.CUDA} }
+
+type kindScatterer struct{ transfer.Scatterer }
+
+func (kindScatterer) MemoryKinds() []transfer.MemKind { return []transfer.MemKind{transfer.Host, transfer.CUDA} }
+
+func (c *cudaLabelled) stages(t testing.TB, name string, _ *mem.Registry, _ transfer.Engine, notify func()) (transfer.Gatherer, transfer.Scatterer, transfer.Writer) {
+	reg := &mem.Registry{}
+	c.shadow[name] = reg
+	g, err := gatherhost.New(gatherhost.Settings{Registry: reg, Contexts: 8, Notify: notify})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := scatterhost.New(scatterhost.Settings{Registry: reg, Contexts: 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return kindGatherer{g}, kindScatterer{s}, nil
+}
+
+// device registers size bytes of "device" memory on n: host memory the
+// shadow registry knows as such, registered with the agent as CUDA.
+func (c *cudaLabelled) device(t testing.TB, n *node, size uint64) ([]byte, transfer.Desc) {
+	t.Helper()
+	b, err := mem.Alloc(size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = b.Free() })
+	reg := c.shadow[n.Name()]
+	if err := reg.Add(n.Arena()); err != nil {
+		t.Fatal(err)
+	}
+	if err := reg.Add(b.Desc()); err != nil {
+		t.Fatal(err)
+	}
+	d := b.Desc()
+	d.Kind = transfer.CUDA
+	if err := n.RegisterMemory(d); err != nil {
+		t.Fatalf("register device KV with a host engine and CUDA stages: %v", err)
+	}
+	return b.Bytes(), d
+}
+
+func relabel(ds []transfer.Desc) []transfer.Desc {
+	out := make([]transfer.Desc, len(ds))
+	for i, d := range ds {
+		d.Kind = transfer.CUDA
+		out[i] = d
+	}
+	return out
+}
+
+// TestDeviceKVOverHostEngine: memory the engine cannot touch but the stages
+// can (device KV over tcp with a pinned-host arena) registers with the
+// stages alone, every request from or into it takes the bounce route —
+// below the descriptor gates and with the cost model on — and lands byte
+// for byte; the direct route asked for is refused naming why; an agent
+// whose bounce path is off refuses the registration.
+func TestDeviceKVOverHostEngine(t *testing.T) {
+	w := newWorld(t)
+	c := &cudaLabelled{shadow: map[string]*mem.Registry{}}
+	w.stages = c.stages
+	cfg := testConfig()
+	cfg.CostModel = true
+	a, b := w.node("a", cfg), w.node("b", cfg)
+	connect(t, a, b)
+	srcB, srcD := c.device(t, a, 1<<20)
+	dstB, dstD := c.device(t, b, 1<<20)
+	for _, n := range []int{3, 256} { // below and above MinDescriptors (64)
+		j := prepare(srcB, dstB, kvLayout{count: n, size: 4096, fragmented: true}, uint64(n))
+		clear(dstB)
+		bt, err := a.Submit(Request{Peer: "b", Src: relabel(j.src), Dst: relabel(j.dst)})
+		if err != nil {
+			t.Fatalf("%d descriptors: %v", n, err)
+		}
+		if err := wait(t, bt); err != nil {
+			t.Fatalf("%d descriptors: %v", n, err)
+		}
+		if bt.Route() != RouteBounce || !strings.Contains(bt.RouteReason(), "engine cannot carry cuda memory") {
+			t.Fatalf("%d descriptors: route %v (%s), want bounce because the engine cannot carry cuda memory", n, bt.Route(), bt.RouteReason())
+		}
+		j.verify(t)
+		if err := bt.Release(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if s := a.Stats(); s.Fallbacks != 0 || s.DirectSubmits != 0 {
+		t.Fatalf("stats: %d fallbacks, %d direct submits, want 0 and 0", s.Fallbacks, s.DirectSubmits)
+	}
+	j := prepare(srcB, dstB, kvLayout{count: 8, size: 4096}, 9)
+	_, err := a.Submit(Request{Peer: "b", Src: relabel(j.src), Dst: relabel(j.dst), Route: RouteDirect})
+	if !errors.Is(err, transfer.ErrUnsupported) || !strings.Contains(err.Error(), "direct path cannot carry cuda memory") {
+		t.Fatalf("direct route on device KV: err = %v, want ErrUnsupported naming the direct path and cuda memory", err)
+	}
+	settled(t, a, b)
+	if err := a.DeregisterMemory(srcD); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.DeregisterMemory(dstD); err != nil {
+		t.Fatal(err)
+	}
+
+	off := testConfig()
+	off.Enabled = false
+	o := w.node("off", off)
+	err = o.RegisterMemory(transfer.Desc{Addr: 1 << 40, Len: 4096, Kind: transfer.CUDA})
+	if !errors.Is(err, transfer.ErrUnsupported) || !strings.Contains(err.Error(), "bounce path") {
+		t.Fatalf("device KV with the bounce path off: err = %v, want ErrUnsupported naming the bounce path", err)
+	}
+}
