@@ -91,6 +91,7 @@ type symbols struct {
 	memcpyHtoD, memcpyDtoH, memcpyDtoD, memcpyHtoDAsync, memcpyDtoHAsync   uintptr
 	memcpyDtoDAsync, memcpyPeerAsync, memcpyBatchAsync, memGetAddressRange uintptr
 	memcpyAsync                                                            uintptr
+	ipcGetMemHandle, ipcOpenMemHandle, ipcCloseMemHandle                   uintptr // optional (ipc.go)
 	moduleLoadDataEx, moduleUnload, moduleGetFunction, launchKernel        uintptr
 	pointerGetAttribute, occupancy                                         uintptr
 }
@@ -148,6 +149,7 @@ func Open(path string) (*Driver, error) {
 	if p, err := purego.Dlsym(h, "cuMemcpyBatchAsync"); err == nil {
 		f.memcpyBatchAsync = p
 	}
+	d.openIPC()
 	if err := d.check("cuInit", sys(f.init, 0)); err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrUnavailable, err)
 	}
