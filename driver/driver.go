@@ -11,7 +11,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/bouncekv/bounce/mem"
 	"github.com/bouncekv/bounce/pipeline"
 	"github.com/bouncekv/bounce/transfer"
 	"github.com/bouncekv/bounce/workload"
@@ -105,15 +104,23 @@ func Percentile(sorted []time.Duration, p float64) time.Duration {
 // Driver owns a registered source buffer on one agent.
 type Driver struct {
 	agent *pipeline.Agent
-	src   *mem.Buffer
+	src   Buffer
 }
 
-// New allocates and registers capacity bytes of source memory on agent.
+// New allocates and registers capacity bytes of host source memory on
+// agent.
 func New(agent *pipeline.Agent, capacity uint64) (*Driver, error) {
-	src, err := mem.Alloc(capacity)
+	src, err := AllocHost(capacity)
 	if err != nil {
 		return nil, err
 	}
+	return NewOn(agent, src)
+}
+
+// NewOn registers src (host or device memory) on agent as the source
+// buffer; the Driver owns it from then on (Close frees it), also when
+// NewOn fails.
+func NewOn(agent *pipeline.Agent, src Buffer) (*Driver, error) {
 	if err := agent.RegisterMemory(src.Desc()); err != nil {
 		src.Free()
 		return nil, err
@@ -162,13 +169,16 @@ func (d *Driver) Run(ctx context.Context, t Target, o Options) (Result, error) {
 		src, dst []transfer.Desc
 	}
 	reqs := make([]req, o.Requests)
-	srcAll := d.src.Bytes()
+	fill := make([]byte, per)
 	for i := range reqs {
 		s := o.RequestSpec(i)
 		off := uint64(i) * per
 		if !o.Prefilled {
-			if err := s.Fill(srcAll[off : off+per]); err != nil {
+			if err := s.Fill(fill); err != nil {
 				return Result{}, err
+			}
+			if err := d.src.WriteAt(fill, off); err != nil {
+				return Result{}, fmt.Errorf("driver: fill request %d: %w", i, err)
 			}
 		}
 		sb := d.src.Desc()

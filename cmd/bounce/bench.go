@@ -44,6 +44,7 @@ type benchOptions struct {
 	peer        string // a remote receiver's descriptor line ('bounce serve')
 	duration    time.Duration
 	fleet       fleetFlags // --senders N --receivers M: the fleet benchmark (fleet.go)
+	memory      memoryFlag
 }
 
 // benchGroup is one workload shape at one concurrency: the routes and
@@ -123,6 +124,10 @@ every receiver verify every byte (--json writes it all).`,
 			if err != nil {
 				return err
 			}
+			if err := o.memory.check(); err != nil {
+				return err
+			}
+			o.memory.apply(&l.Config, cmd.ErrOrStderr())
 			if o.fleet.on() {
 				return runFleet(cmd, l.Config, &o)
 			}
@@ -151,6 +156,7 @@ every receiver verify every byte (--json writes it all).`,
 	f.StringVar(&o.maxBytes, "max-bytes", "3GiB", "budget for one cell's requests x bytes (each side holds one such buffer)")
 	f.DurationVar(&o.cellTimeout, "cell-timeout", 10*time.Minute, "give up on a cell's requests after this long")
 	f.DurationVar(&o.duration, "duration", 0, "run each cell for at least this long (its workload moved again and again, every round counted) instead of once")
+	o.memory.add(cmd)
 	f.StringVar(&o.peer, "peer", "", `benchmark against a 'bounce serve' running elsewhere: its descriptor line (a file, or "-" for stdin); its bytes are not verified (run 'bounce serve --expect' with 'bounce send' for that)`)
 	o.fleet.add(f)
 	configFlags(cmd)
@@ -377,7 +383,10 @@ func (o *benchOptions) run(cmd *cobra.Command, cfg config.Config, plan benchPlan
 		}
 	} else {
 		cfg, childArgs = localPair(cmd, cfg)
-		childArgs = append(childArgs, "--buffer-size="+config.Size(plan.largest).String())
+		childArgs = append(childArgs, "--buffer-size="+config.Size(plan.largest).String(), o.memory.arg())
+	}
+	if o.memory.kind == memoryDevice {
+		plan.notes = append(plan.notes, "--memory device: sources and destinations are GPU memory (stages.device); the receiver verifies by copying each request back")
 	}
 
 	rep := &benchreport.Report{
@@ -421,10 +430,10 @@ func (o *benchOptions) run(cmd *cobra.Command, cfg config.Config, plan benchPlan
 	var s *session
 	var err error
 	if o.peer != "" {
-		s, err = remoteSession(cmd, cfg, h, blob, plan.largest)
+		s, err = remoteSession(cmd, cfg, h, blob, plan.largest, o.memory)
 		rep.Config.Peer = h.Name
 	} else {
-		s, err = startSession(cmd, cfg, childArgs, plan.largest)
+		s, err = startSession(cmd, cfg, childArgs, plan.largest, o.memory)
 	}
 	if err != nil {
 		return err

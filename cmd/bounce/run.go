@@ -19,6 +19,7 @@ import (
 func newRunCmd() *cobra.Command {
 	var wf workloadFlags
 	var compare, warm bool
+	var memory memoryFlag
 	cmd := &cobra.Command{
 		Use:   "run",
 		Short: "The main job: two agent processes move a KV-shaped transfer, verified byte-exact",
@@ -47,24 +48,30 @@ The default workload is one rank of Llama-3.1-70B at TP=8 with block size 16:
 			if err != nil {
 				return err
 			}
+			if err := memory.check(); err != nil {
+				return err
+			}
+			memory.apply(&l.Config, cmd.ErrOrStderr())
 			cfg, childArgs := localPair(cmd, l.Config)
+			childArgs = append(childArgs, memory.arg())
 			total := spec.Bytes() * uint64(wf.requests)
 			childArgs = append(childArgs, "--buffer-size="+config.Size(total).String())
 			out := cmd.OutOrStdout()
-			fmt.Fprintf(out, "bounce run: %s, engine %s, control plane %s\n", describe(spec, wf.requests), cfg.Engine.Kind, cfg.ControlPlane.Kind)
-			return mainJob(cmd, cfg, childArgs, spec, wf.requests, compare, warm)
+			fmt.Fprintf(out, "bounce run: %s, engine %s, control plane %s, %s memory\n", describe(spec, wf.requests), cfg.Engine.Kind, cfg.ControlPlane.Kind, memory.kind)
+			return mainJob(cmd, cfg, childArgs, spec, wf.requests, compare, warm, memory)
 		},
 	}
 	wf.add(cmd, 1)
 	cmd.Flags().BoolVar(&compare, "compare", true, "also move the workload over the direct path for comparison (--compare=false to skip)")
 	cmd.Flags().BoolVar(&warm, "warm-up", true, "first move one request per route unrecorded, so connection setup and first-touch faults are measured on neither route")
+	memory.add(cmd)
 	configFlags(cmd)
 	return cmd
 }
 
-func mainJob(cmd *cobra.Command, cfg config.Config, childArgs []string, spec workload.Spec, requests int, compare, warm bool) error {
+func mainJob(cmd *cobra.Command, cfg config.Config, childArgs []string, spec workload.Spec, requests int, compare, warm bool, memory memoryFlag) error {
 	out := cmd.OutOrStdout()
-	s, err := startSession(cmd, cfg, childArgs, spec.Bytes()*uint64(requests))
+	s, err := startSession(cmd, cfg, childArgs, spec.Bytes()*uint64(requests), memory)
 	if err != nil {
 		return err
 	}

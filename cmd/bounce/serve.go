@@ -16,7 +16,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/bouncekv/bounce/config"
-	"github.com/bouncekv/bounce/mem"
+	"github.com/bouncekv/bounce/driver"
 	"github.com/bouncekv/bounce/node"
 	"github.com/bouncekv/bounce/pipeline"
 	"github.com/bouncekv/bounce/transfer"
@@ -29,7 +29,11 @@ type hello struct {
 	Descriptor string `json:"descriptor"` // base64 agent descriptor
 	BufferAddr uint64 `json:"buffer_addr"`
 	BufferLen  uint64 `json:"buffer_len"`
-	Bounce     bool   `json:"bounce"`
+	// BufferKind is the buffer's memory kind ("cuda"; empty means host)
+	// and BufferDevice its CUDA ordinal (--memory device).
+	BufferKind   string `json:"buffer_kind,omitempty"`
+	BufferDevice int32  `json:"buffer_device,omitempty"`
+	Bounce       bool   `json:"bounce"`
 	// Metrics is the Prometheus endpoint's host:port, when one is served
 	// (telemetry.metrics.listen).
 	Metrics string `json:"metrics,omitempty"`
@@ -70,6 +74,7 @@ func newServeCmdWith(fs func() node.Factories) *cobra.Command {
 	var expectOn bool
 	var expectWait time.Duration
 	var follow []string
+	var memory memoryFlag
 	cmd := &cobra.Command{
 		Use:   "serve",
 		Short: "Run a receiver agent that publishes its descriptor and serves transfers",
@@ -105,6 +110,10 @@ With --stdin-control it reads JSON commands from stdin instead (used by
 			if err != nil {
 				return err
 			}
+			if err := memory.check(); err != nil {
+				return err
+			}
+			memory.apply(&l.Config, cmd.ErrOrStderr())
 			// Everything is validated before the descriptor is published:
 			// a sender never sees a receiver that then refuses to start.
 			var want uint64 // the bytes --expect needs
@@ -151,11 +160,12 @@ With --stdin-control it reads JSON commands from stdin instead (used by
 				return usage(err)
 			}
 			defer n.Close(context.Background())
-			buf, err := mem.Alloc(uint64(size))
+			buf, err := memory.alloc(fs(), l.Config, uint64(size))
 			if err != nil {
 				return runtime(err)
 			}
 			defer buf.Free()
+			defer n.Close(context.Background()) // before the buffer is freed
 			if err := n.Agent.RegisterMemory(buf.Desc()); err != nil {
 				return runtime(err)
 			}
@@ -164,8 +174,9 @@ With --stdin-control it reads JSON commands from stdin instead (used by
 				return runtime(err)
 			}
 			on, _ := n.Agent.BounceEnabled()
-			line, _ := json.Marshal(hello{Name: n.Agent.Name(), Descriptor: base64.StdEncoding.EncodeToString(blob), BufferAddr: buf.Desc().Addr, BufferLen: buf.Desc().Len, Bounce: on,
-				Metrics: n.Telemetry.MetricsAddr()})
+			bd := buf.Desc()
+			line, _ := json.Marshal(hello{Name: n.Agent.Name(), Descriptor: base64.StdEncoding.EncodeToString(blob), BufferAddr: bd.Addr, BufferLen: bd.Len, Bounce: on,
+				Metrics: n.Telemetry.MetricsAddr(), BufferKind: kindName(bd), BufferDevice: bd.Device})
 			// With discovery.kind etcd the line is also published under
 			// the agent's name, and the senders named by --follow are
 			// admitted as they appear.
@@ -203,12 +214,13 @@ With --stdin-control it reads JSON commands from stdin instead (used by
 	cmd.Flags().BoolVar(&expectOn, "expect", false, "verify the workload described by the workload flags as it lands, then exit")
 	cmd.Flags().DurationVar(&expectWait, "expect-wait", 5*time.Minute, "with --expect: give up (exit 1) after this long")
 	expect.add(cmd, 1)
+	memory.add(cmd)
 	configFlags(cmd)
 	return cmd
 }
 
 // controlLoop serves the stdin protocol until quit or EOF.
-func controlLoop(in io.Reader, out io.Writer, n *node.Node, buf *mem.Buffer) error {
+func controlLoop(in io.Reader, out io.Writer, n *node.Node, buf driver.Buffer) error {
 	sc := bufio.NewScanner(in)
 	sc.Buffer(make([]byte, 1<<20), 16<<20)
 	enc := json.NewEncoder(out)
@@ -220,10 +232,9 @@ func controlLoop(in io.Reader, out io.Writer, n *node.Node, buf *mem.Buffer) err
 		}
 		switch c.Op {
 		case "verify":
-			enc.Encode(verify(buf.Bytes(), c))
+			enc.Encode(verify(buf, c))
 		case "clear":
-			clear(buf.Bytes())
-			enc.Encode(reply{OK: true})
+			enc.Encode(errReply(buf.Clear()))
 		case "load":
 			blob, err := base64.StdEncoding.DecodeString(c.Descriptor)
 			if err == nil {
@@ -250,24 +261,37 @@ func controlLoop(in io.Reader, out io.Writer, n *node.Node, buf *mem.Buffer) err
 	return sc.Err()
 }
 
-// verify checks every request's blocks in the buffer.
-func verify(b []byte, c command) reply {
+// verify checks every request's blocks in the buffer (device memory is
+// copied back to the host one request at a time and checked there).
+func verify(b driver.Buffer, c command) reply {
 	s := workload.Spec{DescSize: c.DescSize, Count: c.Count, Fragmented: c.Fragmented, Seed: c.Seed}
 	if err := s.Validate(); err != nil {
 		return errReply(err)
 	}
 	per := s.Bytes()
-	if uint64(c.Requests)*per > uint64(len(b)) {
-		return errReply(fmt.Errorf("%d requests x %d bytes exceed the %d-byte buffer", c.Requests, per, len(b)))
+	if n := b.Desc().Len; uint64(c.Requests)*per > n {
+		return errReply(fmt.Errorf("%d requests x %d bytes exceed the %d-byte buffer", c.Requests, per, n))
 	}
+	got := make([]byte, per)
 	for i := 0; i < c.Requests; i++ {
 		r := s
 		r.Seed += uint64(i)
-		if err := r.Verify(b[uint64(i)*per : uint64(i+1)*per]); err != nil {
+		if err := b.ReadAt(got, uint64(i)*per); err != nil {
+			return errReply(fmt.Errorf("request %d: read back: %w", i, err))
+		}
+		if err := r.Verify(got); err != nil {
 			return errReply(fmt.Errorf("request %d: %w", i, err))
 		}
 	}
 	return reply{OK: true, Verified: c.Requests}
+}
+
+// kindName is a buffer's kind for the hello line: "" for host memory.
+func kindName(d transfer.Desc) string {
+	if d.Kind == transfer.Host {
+		return ""
+	}
+	return d.Kind.String()
 }
 
 func errReply(err error) reply {
@@ -279,12 +303,16 @@ func errReply(err error) reply {
 
 // target converts a hello into the driver's target.
 func (h hello) buffer() transfer.Desc {
-	return transfer.Desc{Addr: h.BufferAddr, Len: h.BufferLen, Kind: transfer.Host}
+	d := transfer.Desc{Addr: h.BufferAddr, Len: h.BufferLen, Kind: transfer.Host}
+	if h.BufferKind == transfer.CUDA.String() {
+		d.Kind, d.Device = transfer.CUDA, h.BufferDevice
+	}
+	return d
 }
 
 // awaitExpected checks the buffer until every request of the expected
 // workload verifies, or the wait runs out (the first wrong byte is named).
-func awaitExpected(cmd *cobra.Command, buf *mem.Buffer, wf workloadFlags, wait time.Duration) error {
+func awaitExpected(cmd *cobra.Command, buf driver.Buffer, wf workloadFlags, wait time.Duration) error {
 	spec, err := wf.spec()
 	if err != nil {
 		return err
@@ -297,7 +325,7 @@ func awaitExpected(cmd *cobra.Command, buf *mem.Buffer, wf workloadFlags, wait t
 	tick := time.NewTicker(200 * time.Millisecond)
 	defer tick.Stop()
 	for {
-		rep := verify(buf.Bytes(), c)
+		rep := verify(buf, c)
 		if rep.OK {
 			fmt.Fprintf(cmd.OutOrStdout(), "verified: %d request(s), %d bytes, every byte right\n", wf.requests, uint64(wf.requests)*spec.Bytes())
 			return nil

@@ -26,7 +26,8 @@ type session struct {
 
 // startSession starts the receiver child and the sender node and introduces
 // them to each other.
-func startSession(cmd *cobra.Command, cfg config.Config, childArgs []string, capacity uint64) (*session, error) {
+// The sender's source buffer lives where memory says.
+func startSession(cmd *cobra.Command, cfg config.Config, childArgs []string, capacity uint64, memory memoryFlag) (*session, error) {
 	f := factories()
 	var recv *receiver
 	var err error
@@ -57,7 +58,11 @@ func startSession(cmd *cobra.Command, cfg config.Config, childArgs []string, cap
 	if _, err := recv.call(command{Op: "load", Descriptor: base64.StdEncoding.EncodeToString(own)}, 30*time.Second); err != nil {
 		return fail(runtime, err)
 	}
-	if s.d, err = driver.New(s.n.Agent, capacity); err != nil {
+	src, err := memory.alloc(f, cfg, capacity)
+	if err != nil {
+		return fail(runtime, fmt.Errorf("source buffer of %s: %w", benchreport.FormatSize(capacity), err))
+	}
+	if s.d, err = driver.NewOn(s.n.Agent, src); err != nil {
 		return fail(runtime, fmt.Errorf("source buffer of %s: %w", benchreport.FormatSize(capacity), err))
 	}
 	return s, nil
@@ -66,21 +71,26 @@ func startSession(cmd *cobra.Command, cfg config.Config, childArgs []string, cap
 // remoteSession builds the sender node against a receiver that runs
 // elsewhere ('bounce serve' on another host): its descriptor line h/blob is
 // all it knows of it, so nothing is verified or cleared on that side.
-func remoteSession(cmd *cobra.Command, cfg config.Config, h hello, blob []byte, capacity uint64) (*session, error) {
+func remoteSession(cmd *cobra.Command, cfg config.Config, h hello, blob []byte, capacity uint64, memory memoryFlag) (*session, error) {
 	if capacity > h.BufferLen {
 		return nil, usage(fmt.Errorf("--peer: the receiver's buffer is %s, the largest cell needs %s: start 'bounce serve' with a larger --buffer-size or lower --max-bytes",
 			benchreport.FormatSize(h.BufferLen), benchreport.FormatSize(capacity)))
 	}
 	s := &session{tgt: driver.Target{Peer: h.Name, Buffer: h.buffer()}}
 	var err error
-	if s.n, err = node.Build(cfg, factories(), logger(cmd, cfg.Log)); err != nil {
+	f := factories()
+	if s.n, err = node.Build(cfg, f, logger(cmd, cfg.Log)); err != nil {
 		return nil, usage(err)
 	}
 	if _, err := s.n.Agent.LoadPeer(blob); err != nil {
 		s.close()
 		return nil, failed(fmt.Errorf("load receiver %q: %w", h.Name, err))
 	}
-	if s.d, err = driver.New(s.n.Agent, capacity); err != nil {
+	src, err := memory.alloc(f, cfg, capacity)
+	if err == nil {
+		s.d, err = driver.NewOn(s.n.Agent, src)
+	}
+	if err != nil {
 		s.close()
 		return nil, runtime(fmt.Errorf("source buffer of %s: %w", benchreport.FormatSize(capacity), err))
 	}
