@@ -51,7 +51,8 @@ func Builtin() Factories {
 }
 
 // CUDACopyFactory creates single-host GPU engines on one fabric (agents of
-// one process).
+// one process; with the ipc option also agents of other processes on the
+// host, through CUDA IPC).
 type CUDACopyFactory struct{ Fabric *cudacopy.Fabric }
 
 // Type returns "cudacopy".
@@ -59,7 +60,9 @@ func (*CUDACopyFactory) Type() string { return "cudacopy" }
 
 // CreateEngine creates an engine on the fabric. Options: device (CUDA
 // ordinal, default 0), batch (true: multi-op writes through
-// cuMemcpyBatchAsync where the driver has it; default false).
+// cuMemcpyBatchAsync where the driver has it; default false), ipc (true:
+// export registered device memory by CUDA IPC handle and write into
+// engines of other processes on this host; default false).
 func (f *CUDACopyFactory) CreateEngine(s Settings, cfg config.EngineConfig) (transfer.Engine, error) {
 	c := cudacopy.Config{Name: s.Name, Device: s.CUDADevice, OnComplete: s.Notify}
 	err := options("engine.options", cfg.Options, map[string]func(string) error{
@@ -71,6 +74,7 @@ func (f *CUDACopyFactory) CreateEngine(s Settings, cfg config.EngineConfig) (tra
 			return err
 		},
 		"batch": func(v string) (err error) { c.Batch, err = strconv.ParseBool(v); return },
+		"ipc":   func(v string) (err error) { c.IPC, err = strconv.ParseBool(v); return },
 	})
 	if err != nil {
 		return nil, err

@@ -12,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/bouncekv/bounce/config"
 	"github.com/bouncekv/bounce/node"
 )
 
@@ -32,6 +33,15 @@ type receiver struct {
 // within one process: bounce run and bench start their receiver in-process
 // for them.
 var inProcessEngines = map[string]bool{"loopback": true, "cudacopy": true}
+
+// inProcess reports whether an engine so configured reaches agents of
+// this process only (cudacopy with the ipc option reaches other processes).
+func inProcess(e config.EngineConfig) bool {
+	if e.Kind == "cudacopy" && e.Options["ipc"] == "true" {
+		return false
+	}
+	return inProcessEngines[e.Kind]
+}
 
 // startLocalReceiver runs serve --stdin-control with args on a goroutine
 // of this process, building its agent from f, and waits (at most timeout)

@@ -31,7 +31,7 @@ func startSession(cmd *cobra.Command, cfg config.Config, childArgs []string, cap
 	f := factories()
 	var recv *receiver
 	var err error
-	if inProcessEngines[cfg.Engine.Kind] {
+	if inProcess(cfg.Engine) {
 		fmt.Fprintf(cmd.ErrOrStderr(), "engine %s connects agents of one process only: the receiver runs in this process\n", cfg.Engine.Kind)
 		recv, err = startLocalReceiver(f, childArgs, cmd.ErrOrStderr(), 60*time.Second)
 	} else {

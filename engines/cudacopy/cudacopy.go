@@ -10,7 +10,8 @@
 // write op, or one cuMemcpyBatchAsync per BatchMax ops where the driver
 // exports it (Config.Batch). Registered host memory is page-locked with
 // cuMemHostRegister (unless the driver already knows it as pinned), so the
-// engine also serves host memory. Cross-process CUDA IPC is not built.
+// engine also serves host memory. With Config.IPC an engine also writes
+// into engines of other processes on the host through CUDA IPC (ipc.go).
 package cudacopy
 
 import (
@@ -70,6 +71,12 @@ type Config struct {
 	// OnComplete, when set, is called after Poll first observes an
 	// operation terminal. It must not block.
 	OnComplete func()
+	// IPC exports the CUDA memory this engine registers (cuIpcGetMemHandle,
+	// listed in its Metadata) and lets LoadPeer take metadata of an engine
+	// in another process on the same host, whose exported memory it opens
+	// (cuIpcOpenMemHandle) and writes. With it on the engine does not fence
+	// forgotten peers: it cannot stop another process's copies.
+	IPC bool
 	// Hold, when set, runs on a goroutine of each posted operation before
 	// its copies are queued and may block; abort is closed when the
 	// operation is failed by ForgetPeer or Close, and Hold must return by
@@ -97,6 +104,12 @@ type Engine struct {
 	streams []*slot // idle
 	nslots  int
 	batch   *cuda.BatchCopy
+
+	// CUDA IPC (Config.IPC), guarded by fab.mu.
+	host    [16]byte
+	exports map[uint64]export           // by registered range Addr
+	remotes map[string]*remote          // peers of other processes
+	opened  map[cuda.IPCHandle]*opened // their allocations mapped here
 }
 
 type slot struct {
@@ -109,10 +122,11 @@ var (
 	_ transfer.Fencer = (*Engine)(nil)
 )
 
-// FencesForgottenPeers reports true: once ForgetPeer(p) returns, p's
-// copies into this engine's memory have stopped and its later posts are
-// refused until p is loaded again.
-func (e *Engine) FencesForgottenPeers() bool { return true }
+// FencesForgottenPeers reports true without IPC: once ForgetPeer(p)
+// returns, p's copies into this engine's memory have stopped and its later
+// posts are refused until p is loaded again. With IPC it is false: a peer
+// in another process writes through its own mapping.
+func (e *Engine) FencesForgottenPeers() bool { return !e.cfg.IPC }
 
 // NewEngine opens the driver (on first use), retains the device's primary
 // context and creates the engine. Without a GPU the error wraps
@@ -137,7 +151,15 @@ func (f *Fabric) NewEngine(cfg Config) (*Engine, error) {
 	}
 	f.nextInc++
 	e := &Engine{fab: f, name: cfg.Name, inc: f.nextInc, cfg: cfg, cc: cc, owned: map[uint64]bool{},
-		peers: map[string]*Engine{}, fenced: map[string]bool{}, out: map[*writeOp]struct{}{}, in: map[*writeOp]struct{}{}}
+		peers: map[string]*Engine{}, fenced: map[string]bool{}, out: map[*writeOp]struct{}{}, in: map[*writeOp]struct{}{},
+		exports: map[uint64]export{}, remotes: map[string]*remote{}, opened: map[cuda.IPCHandle]*opened{}}
+	if cfg.IPC {
+		if !drv.HasIPC() {
+			_ = cc.Release()
+			return nil, fmt.Errorf("cudacopy: new engine %q: ipc: %w", cfg.Name, cuda.ErrNoIPC)
+		}
+		e.host = bootID()
+	}
 	if cfg.Batch && drv.HasBatchCopy() {
 		if e.batch, err = cc.NewBatchCopy(BatchMax); err != nil {
 			_ = cc.Release()
@@ -192,7 +214,13 @@ func (e *Engine) RegisterMemory(d transfer.Desc) error {
 			pinned = true
 		}
 	}
+	if e.cfg.IPC && d.Kind == transfer.CUDA {
+		if err := e.exportLocked(d); err != nil {
+			return fmt.Errorf("cudacopy %s: register %v: %w", e.name, d, err)
+		}
+	}
 	if err := e.reg.Add(d); err != nil {
+		delete(e.exports, d.Addr)
 		if pinned {
 			_ = e.cc.HostUnregister(uintptr(d.Addr))
 		}
@@ -229,6 +257,7 @@ func (e *Engine) DeregisterMemory(d transfer.Desc) error {
 	if err := e.reg.Remove(d); err != nil {
 		return fmt.Errorf("cudacopy %s: %w", e.name, err)
 	}
+	delete(e.exports, d.Addr)
 	if e.owned[d.Addr] {
 		delete(e.owned, d.Addr)
 		if err := e.cc.HostUnregister(uintptr(d.Addr)); err != nil {
@@ -251,10 +280,12 @@ const (
 // Metadata identifies this engine on its fabric.
 func (e *Engine) Metadata() ([]byte, error) {
 	e.fab.mu.Lock()
-	closed := e.closed
-	e.fab.mu.Unlock()
-	if closed {
+	defer e.fab.mu.Unlock()
+	if e.closed {
 		return nil, fmt.Errorf("cudacopy %s: metadata: %w", e.name, transfer.ErrClosed)
+	}
+	if e.cfg.IPC {
+		return e.ipcMetadataLocked(), nil
 	}
 	return encodeMetadata(e.fab.id, e.inc, e.name), nil
 }
@@ -267,40 +298,51 @@ func encodeMetadata(fabric, inc uint64, name string) []byte {
 	return append(b, name...)
 }
 
-// decodeMetadata parses Metadata; every failure wraps ErrBadMetadata.
-func decodeMetadata(b []byte) (fabric, inc uint64, name string, err error) {
+// decodeMetadata parses Metadata (version 1, or 2 with IPC exports);
+// every failure wraps ErrBadMetadata.
+func decodeMetadata(b []byte) (md metadata, err error) {
 	if len(b) < mdFixed {
-		return 0, 0, "", fmt.Errorf("%d bytes, want at least %d: %w", len(b), mdFixed, transfer.ErrBadMetadata)
+		return md, fmt.Errorf("%d bytes, want at least %d: %w", len(b), mdFixed, transfer.ErrBadMetadata)
 	}
 	if string(b[:4]) != mdMagic {
-		return 0, 0, "", fmt.Errorf("bad magic %q: %w", b[:4], transfer.ErrBadMetadata)
+		return md, fmt.Errorf("bad magic %q: %w", b[:4], transfer.ErrBadMetadata)
 	}
-	if b[4] != mdVersion {
-		return 0, 0, "", fmt.Errorf("version %d, want %d: %w", b[4], mdVersion, transfer.ErrBadMetadata)
+	if b[4] != mdVersion && b[4] != mdVersionIPC {
+		return md, fmt.Errorf("version %d, want %d or %d: %w", b[4], mdVersion, mdVersionIPC, transfer.ErrBadMetadata)
 	}
-	fabric = binary.LittleEndian.Uint64(b[5:])
-	inc = binary.LittleEndian.Uint64(b[13:])
+	md.fabric = binary.LittleEndian.Uint64(b[5:])
+	md.inc = binary.LittleEndian.Uint64(b[13:])
 	n := int(binary.LittleEndian.Uint16(b[21:]))
-	if len(b) != mdFixed+n {
-		return 0, 0, "", fmt.Errorf("name of %d bytes in %d bytes of metadata: %w", n, len(b), transfer.ErrBadMetadata)
+	switch {
+	case b[4] == mdVersion && len(b) != mdFixed+n, len(b) < mdFixed+n:
+		return metadata{}, fmt.Errorf("name of %d bytes in %d bytes of metadata: %w", n, len(b), transfer.ErrBadMetadata)
 	}
-	name = string(b[mdFixed:])
-	if err := transfer.CheckName(name); err != nil {
-		return 0, 0, "", fmt.Errorf("%v: %w", err, transfer.ErrBadMetadata)
+	md.name = string(b[mdFixed : mdFixed+n])
+	if err := transfer.CheckName(md.name); err != nil {
+		return metadata{}, fmt.Errorf("%v: %w", err, transfer.ErrBadMetadata)
 	}
-	return fabric, inc, name, nil
+	if b[4] == mdVersionIPC {
+		if err := decodeIPC(&md, b[mdFixed+n:]); err != nil {
+			return metadata{}, err
+		}
+	}
+	return md, nil
 }
 
 // LoadPeer decodes a peer's Metadata. Errors wrap ErrBadMetadata (bad
 // bytes or another fabric), ErrUnknownPeer (no such open engine) or
 // ErrPeerLost (a closed incarnation).
 func (e *Engine) LoadPeer(md []byte) (string, error) {
-	fabric, inc, name, err := decodeMetadata(md)
+	m, err := decodeMetadata(md)
 	if err != nil {
 		return "", fmt.Errorf("cudacopy %s: load peer: %w", e.name, err)
 	}
-	if fabric != e.fab.id {
-		return "", fmt.Errorf("cudacopy %s: load peer %q: metadata from another fabric: %w", e.name, name, transfer.ErrBadMetadata)
+	inc, name := m.inc, m.name
+	if m.fabric != e.fab.id {
+		if e.cfg.IPC {
+			return e.loadRemote(m)
+		}
+		return "", fmt.Errorf("cudacopy %s: load peer %q: metadata from another fabric (another process: set engine.options ipc true on both): %w", e.name, name, transfer.ErrBadMetadata)
 	}
 	e.fab.mu.Lock()
 	defer e.fab.mu.Unlock()
@@ -325,6 +367,10 @@ func (e *Engine) LoadPeer(md []byte) (string, error) {
 	}
 	e.peers[name] = t
 	delete(e.fenced, name)
+	if r := e.remotes[name]; r != nil {
+		delete(e.remotes, name)
+		_ = e.releaseLocked(r)
+	}
 	return name, nil
 }
 
@@ -342,6 +388,9 @@ func (e *Engine) ForgetPeer(name string) error {
 	}
 	_, known := e.peers[name]
 	delete(e.peers, name)
+	rem := e.remotes[name]
+	delete(e.remotes, name)
+	known = known || rem != nil
 	e.fenced[name] = true
 	var pending []*writeOp
 	for o := range e.out {
@@ -358,7 +407,16 @@ func (e *Engine) ForgetPeer(name string) error {
 	}
 	e.fab.mu.Unlock()
 	if err := waitOps(pending); err != nil {
+		// A copy may still run into the peer's mappings: they stay open.
 		return fmt.Errorf("cudacopy %s: forget peer %q: %w", e.name, name, err)
+	}
+	if rem != nil {
+		e.fab.mu.Lock()
+		err := e.releaseLocked(rem)
+		e.fab.mu.Unlock()
+		if err != nil {
+			return fmt.Errorf("cudacopy %s: forget peer %q: close its IPC mappings: %w", e.name, name, err)
+		}
 	}
 	if !known {
 		return fmt.Errorf("cudacopy %s: forget peer %q: %w", e.name, name, transfer.ErrUnknownPeer)
@@ -410,6 +468,13 @@ func (e *Engine) PostWrite(peerName string, ops []transfer.WriteOp) (transfer.Op
 	defer f.mu.Unlock()
 	if e.closed {
 		return nil, fmt.Errorf("%s: %w", ctx("engine"), transfer.ErrClosed)
+	}
+	if r := e.remotes[peerName]; r != nil {
+		op, err := e.postRemoteLocked(r, own)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", ctx("peer in another process"), err)
+		}
+		return op, nil
 	}
 	t, ok := e.peers[peerName]
 	if !ok {
@@ -503,9 +568,11 @@ func (e *Engine) slotLocked() (*slot, error) {
 	return &slot{stream: st, event: ev}, nil
 }
 
-// queue puts the copies of ops on s's stream and records its event.
+// queue puts the copies of ops on s's stream and records its event. A nil
+// t is a peer of another process: ops are already translated to its
+// mappings here.
 func (e *Engine) queue(s *slot, t *Engine, ops []transfer.WriteOp) error {
-	peer := t.cc.Device() != e.cc.Device()
+	peer := t != nil && t.cc.Device() != e.cc.Device()
 	if e.batch != nil && len(ops) > 1 && !peer {
 		for lo := 0; lo < len(ops); lo += BatchMax {
 			hi := min(lo+BatchMax, len(ops))
@@ -575,8 +642,16 @@ func (e *Engine) Close() error {
 	e.streams = nil
 	owned := e.owned
 	e.owned = map[uint64]bool{}
-	f.mu.Unlock()
 	var errs []error
+	if err == nil { // else a copy may still run into a mapping: it stays open
+		for _, r := range e.remotes {
+			if rerr := e.releaseLocked(r); rerr != nil {
+				errs = append(errs, fmt.Errorf("cudacopy %s: close: IPC mappings of %q: %w", e.name, r.name, rerr))
+			}
+		}
+	}
+	clear(e.remotes)
+	f.mu.Unlock()
 	if err != nil {
 		errs = append(errs, err)
 	} else {
@@ -649,7 +724,9 @@ func (o *writeOp) Poll() (transfer.Status, error) {
 	f.mu.Lock()
 	abort := o.abort
 	delete(o.src.out, o)
-	delete(o.dst.in, o)
+	if o.dst != nil {
+		delete(o.dst.in, o)
+	}
 	f.mu.Unlock()
 	switch {
 	case qerr != nil:
