@@ -22,11 +22,15 @@ type cudaLabelled struct {
 
 type kindGatherer struct{ transfer.Gatherer }
 
-func (kindGatherer) MemoryKinds() []transfer.MemKind { return []transfer.MemKind{transfer.Host, transfer.CUDA} }
+func (kindGatherer) MemoryKinds() []transfer.MemKind {
+	return []transfer.MemKind{transfer.Host, transfer.CUDA}
+}
 
 type kindScatterer struct{ transfer.Scatterer }
 
-func (kindScatterer) MemoryKinds() []transfer.MemKind { return []transfer.MemKind{transfer.Host, transfer.CUDA} }
+func (kindScatterer) MemoryKinds() []transfer.MemKind {
+	return []transfer.MemKind{transfer.Host, transfer.CUDA}
+}
 
 func (c *cudaLabelled) stages(t testing.TB, name string, _ *mem.Registry, _ transfer.Engine, notify func()) (transfer.Gatherer, transfer.Scatterer, transfer.Writer) {
 	reg := &mem.Registry{}

@@ -107,8 +107,8 @@ type Engine struct {
 
 	// CUDA IPC (Config.IPC), guarded by fab.mu.
 	host    [16]byte
-	exports map[uint64]export           // by registered range Addr
-	remotes map[string]*remote          // peers of other processes
+	exports map[uint64]export          // by registered range Addr
+	remotes map[string]*remote         // peers of other processes
 	opened  map[cuda.IPCHandle]*opened // their allocations mapped here
 }
 
