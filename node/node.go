@@ -400,9 +400,14 @@ func (n *Node) chooseArena(cfg config.Config, f Factories, logger *slog.Logger) 
 		return fmt.Errorf("bounce.arena_memory %s: %w", kind, err)
 	}
 	n.arenaCtx = c
-	if kind == "device" {
+	switch {
+	case kind == "device":
 		n.newArena = func(_ string, size uint64) (pipeline.Arena, error) { return c.NewDeviceArena(size) }
-	} else {
+	case cfg.Engine.Kind == "plugin":
+		// A plugin engine maps the host memory it is given by memfd: the
+		// pinned arena is a memfd arena page-locked for the device.
+		n.newArena = func(name string, size uint64) (pipeline.Arena, error) { return c.NewSharedPinnedArena(name, size) }
+	default:
 		n.newArena = func(_ string, size uint64) (pipeline.Arena, error) { return c.NewPinnedArena(size) }
 	}
 	logger.Info("bounce arena memory", "bounce.arena_memory", kind, "stages.device", cfg.Stages.Device)
