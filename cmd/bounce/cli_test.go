@@ -34,9 +34,14 @@ var (
 	cliErr  error
 )
 
-// cliBinary builds the bounce binary once per test run.
+// cliBinary builds the bounce binary once per test run, or returns the
+// one BOUNCE_TEST_CLI names (a machine without a Go toolchain, the GPU
+// host say, runs the test binary against a prebuilt bounce).
 func cliBinary(t *testing.T) string {
 	t.Helper()
+	if p := os.Getenv("BOUNCE_TEST_CLI"); p != "" {
+		return p
+	}
 	cliOnce.Do(func() {
 		dir, err := os.MkdirTemp("", "bounce-cli-")
 		if err != nil {

@@ -1,12 +1,29 @@
 package main
 
 import (
+	"bufio"
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
+	"github.com/bouncekv/bounce/config"
 	"github.com/bouncekv/bounce/cuda"
+	"github.com/bouncekv/bounce/cuda/cudatest"
+	"github.com/bouncekv/bounce/driver"
+	"github.com/bouncekv/bounce/node"
+	"github.com/bouncekv/bounce/pipeline"
+	"github.com/bouncekv/bounce/transfer"
+	"github.com/bouncekv/bounce/workload"
 )
 
 // TestRunMemoryDevice: `bounce run --memory device` moves device KV between
@@ -50,5 +67,226 @@ func TestRunMemoryDevice(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// gpuOrSkip returns device 0's context or skips the test.
+func gpuOrSkip(t *testing.T) *cuda.Context {
+	t.Helper()
+	return cudatest.Context(t)
+}
+
+// deviceNodeConfig is a tcp agent with cuda stages (device KV over a host
+// engine through a pinned-host arena).
+func deviceNodeConfig(name string) config.Config {
+	cfg := config.Default()
+	cfg.Agent.Name = name
+	cfg.Engine.Kind = "tcp"
+	cfg.ControlPlane.BindAddress = "127.0.0.1"
+	cfg.Bounce.ArenaSize = 16 * config.MiB
+	cfg.Bounce.RequestTimeout = 2 * time.Second
+	cfg.Stages.Gather.Kind, cfg.Stages.Scatter.Kind = "cuda", "cuda"
+	return cfg
+}
+
+// startDeviceReceiver starts `bounce serve --stdin-control --memory device`
+// and returns it with its hello line and a line reader of its stdout.
+func startDeviceReceiver(t *testing.T, name string) (*exec.Cmd, io.WriteCloser, *bufio.Reader, hello, []byte) {
+	t.Helper()
+	recv := exec.Command(cliBinary(t), "serve", "--stdin-control", "--memory", "device", "--agent.name", name, "--buffer-size", "256MiB",
+		"--engine.kind", "tcp", "--control-plane.bind-address", "127.0.0.1", "--bounce.arena-size", "16MiB")
+	stdout, _ := recv.StdoutPipe()
+	stdin, _ := recv.StdinPipe()
+	if err := recv.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { stdin.Close(); recv.Process.Kill(); recv.Wait() })
+	r := bufio.NewReader(stdout)
+	line, err := r.ReadBytes('\n')
+	if err != nil {
+		t.Fatal(err)
+	}
+	var h hello
+	if err := json.Unmarshal(line, &h); err != nil {
+		t.Fatal(err)
+	}
+	if h.BufferKind != "cuda" {
+		t.Fatalf("receiver buffer kind %q, want cuda", h.BufferKind)
+	}
+	blob, _ := base64.StdEncoding.DecodeString(h.Descriptor)
+	return recv, stdin, r, h, blob
+}
+
+// TestDeviceKVReceiverKilled: device KV over tcp, the receiver process is
+// frozen mid-transfer and killed -9: every request resolves within the
+// timeout with an error, retirement says the sender's device buffers are
+// quiescent, and the sender then serves a new receiver, byte-exact.
+func TestDeviceKVReceiverKilled(t *testing.T) {
+	c := gpuOrSkip(t)
+	recv, _, _, h, blob := startDeviceReceiver(t, "victim")
+	n, err := node.Build(deviceNodeConfig("killer"), node.Builtin(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Close(context.Background())
+	if _, err := n.Agent.LoadPeer(blob); err != nil {
+		t.Fatal(err)
+	}
+	spec := workload.Spec{DescSize: 4096, Count: 16384, Fragmented: true, Seed: 3}
+	src, err := driver.AllocDevice(c, 4*spec.Bytes())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Free()
+	if err := n.Agent.RegisterMemory(src.Desc()); err != nil {
+		t.Fatal(err)
+	}
+	defer n.Agent.DeregisterMemory(src.Desc())
+	submit := func(peer string, dst transfer.Desc, k int) *pipeline.Batch {
+		s := spec
+		s.Seed += uint64(k)
+		host := make([]byte, spec.Bytes())
+		if err := s.Fill(host); err != nil {
+			t.Fatal(err)
+		}
+		if err := src.WriteAt(host, uint64(k)*spec.Bytes()); err != nil {
+			t.Fatal(err)
+		}
+		sb := src.Desc()
+		sb.Addr += uint64(k) * spec.Bytes()
+		dst.Addr += uint64(k) * spec.Bytes()
+		sd, dd := s.Descs(sb, dst)
+		b, err := n.Agent.Submit(pipeline.Request{Peer: peer, Src: sd, Dst: dd})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if b.Route() != pipeline.RouteBounce {
+			t.Fatalf("device KV over tcp took %v (%s), want bounce", b.Route(), b.RouteReason())
+		}
+		return b
+	}
+	if err := recv.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	time.AfterFunc(300*time.Millisecond, func() { recv.Process.Kill() })
+	var batches []*pipeline.Batch
+	for k := range 4 {
+		batches = append(batches, submit(h.Name, h.buffer(), k))
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for i, b := range batches {
+		err := b.Wait(ctx)
+		if ctx.Err() != nil {
+			t.Fatalf("request %d to a killed receiver did not resolve within 30s", i)
+		}
+		if err == nil {
+			t.Fatalf("request %d to a killed receiver succeeded", i)
+		}
+		if retired, quiescent := b.Retirement(); !retired || !quiescent {
+			t.Fatalf("request %d: retirement = (%v, %v), want (true, true); err %v", i, retired, quiescent, err)
+		}
+		if err := b.Release(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := n.Agent.CheckConservation(); err != nil {
+		t.Fatal(err)
+	}
+	// The survivor keeps serving: a new receiver gets every byte.
+	_, stdin, out, h2, blob2 := startDeviceReceiver(t, "next")
+	if _, err := n.Agent.LoadPeer(blob2); err != nil {
+		t.Fatal(err)
+	}
+	b := submit(h2.Name, h2.buffer(), 0)
+	if err := b.Wait(ctx); err != nil {
+		t.Fatalf("request to the next receiver: %v", err)
+	}
+	b.Release()
+	line, _ := json.Marshal(command{Op: "verify", DescSize: spec.DescSize, Count: spec.Count, Fragmented: true, Seed: spec.Seed, Requests: 1})
+	fmt.Fprintf(stdin, "%s\n", line)
+	rl, err := out.ReadBytes('\n')
+	var rep reply
+	if err != nil || json.Unmarshal(rl, &rep) != nil || !rep.OK || rep.Verified != 1 {
+		t.Fatalf("verify on the next receiver: %s, %v", rl, err)
+	}
+}
+
+// TestDeviceKVSenderKilled: device KV over tcp into this process's GPU
+// buffer; the sending process is killed -9 once the first request landed:
+// the receiver reclaims every flow (its arena all free again, conserved)
+// within a bounded wait and then serves a new sender, byte-exact.
+func TestDeviceKVSenderKilled(t *testing.T) {
+	c := gpuOrSkip(t)
+	events := make(chan pipeline.Received, 64)
+	n, err := node.BuildWith(deviceNodeConfig("survivor"), node.Builtin(), node.Options{Received: events})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Close(context.Background())
+	spec := workload.Spec{DescSize: 4096, Count: 16384, Fragmented: true, Seed: 1}
+	dst, err := driver.AllocDevice(c, 8*spec.Bytes())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dst.Free()
+	if err := n.Agent.RegisterMemory(dst.Desc()); err != nil {
+		t.Fatal(err)
+	}
+	defer n.Agent.DeregisterMemory(dst.Desc())
+	blob, err := n.Agent.Descriptor()
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := dst.Desc()
+	line, _ := json.Marshal(hello{Name: n.Agent.Name(), Descriptor: base64.StdEncoding.EncodeToString(blob), BufferAddr: d.Addr, BufferLen: d.Len, Bounce: true, BufferKind: "cuda"})
+	peer := filepath.Join(t.TempDir(), "recv.json")
+	if err := os.WriteFile(peer, append(line, '\n'), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	send := func(requests int, name string) *exec.Cmd {
+		cmd := exec.Command(cliBinary(t), "send", "--peer", peer, "--memory", "device", "--agent.name", name, "--warm-up=false",
+			"--desc-size", "4KiB", "--count", "16384", "--requests", strconv.Itoa(requests), "--seed", "1",
+			"--engine.kind", "tcp", "--control-plane.bind-address", "127.0.0.1", "--bounce.arena-size", "16MiB")
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		return cmd
+	}
+	victim := send(8, "victim")
+	select {
+	case <-events:
+	case <-time.After(60 * time.Second):
+		t.Fatal("no request landed from the sender in 60s")
+	}
+	victim.Process.Kill()
+	victim.Wait()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		s := n.Agent.ArenaStats()
+		if s.Flows == 0 && s.Regions == 0 && s.FreeBytes == s.Capacity {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the receiver did not reclaim the killed sender's flows within 30s: %+v", s)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if err := n.Agent.CheckConservation(); err != nil {
+		t.Fatal(err)
+	}
+	if err := dst.Clear(); err != nil {
+		t.Fatal(err)
+	}
+	next := send(1, "next")
+	if err := next.Wait(); err != nil {
+		t.Fatalf("the next sender: %v", err)
+	}
+	got := make([]byte, spec.Bytes())
+	if err := dst.ReadAt(got, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := spec.Verify(got); err != nil {
+		t.Fatalf("bytes from the next sender: %v", err)
 	}
 }

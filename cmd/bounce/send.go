@@ -79,6 +79,7 @@ func newSendCmd() *cobra.Command {
 	var peerFile, route, jsonOut string
 	var warm bool
 	var repeat int
+	var memory memoryFlag
 	cmd := &cobra.Command{
 		Use:   "send",
 		Short: "Move a KV-shaped workload to a serving agent",
@@ -108,6 +109,10 @@ once when the receiver's lease expires.`,
 			if err != nil {
 				return err
 			}
+			if err := memory.check(); err != nil {
+				return err
+			}
+			memory.apply(&l.Config, cmd.ErrOrStderr())
 			spec, err := wf.spec()
 			if err != nil {
 				return err
@@ -136,7 +141,11 @@ once when the receiver's lease expires.`,
 				return err
 			}
 			defer src.close()
-			d, err := driver.New(n.Agent, spec.Bytes()*uint64(wf.requests))
+			buf, err := memory.alloc(factories(), l.Config, spec.Bytes()*uint64(wf.requests))
+			if err != nil {
+				return runtime(err)
+			}
+			d, err := driver.NewOn(n.Agent, buf)
 			if err != nil {
 				return runtime(err)
 			}
@@ -201,6 +210,7 @@ once when the receiver's lease expires.`,
 	cmd.Flags().StringVar(&peerFile, "peer", "", `the receiver: its descriptor line from 'bounce serve' (a file, or "-" for stdin), or with discovery.kind etcd its agent name`)
 	cmd.Flags().StringVar(&route, "route", "auto", "auto, bounce or direct")
 	cmd.MarkFlagRequired("peer")
+	memory.add(cmd)
 	configFlags(cmd)
 	return cmd
 }
