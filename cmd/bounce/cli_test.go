@@ -35,11 +35,11 @@ var (
 )
 
 // cliBinary builds the bounce binary once per test run, or returns the
-// one BOUNCE_TEST_CLI names (a machine without a Go toolchain, the GPU
+// one BOUNCETEST_CLI names (a machine without a Go toolchain, the GPU
 // host say, runs the test binary against a prebuilt bounce).
 func cliBinary(t *testing.T) string {
 	t.Helper()
-	if p := os.Getenv("BOUNCE_TEST_CLI"); p != "" {
+	if p := os.Getenv("BOUNCETEST_CLI"); p != "" {
 		return p
 	}
 	cliOnce.Do(func() {

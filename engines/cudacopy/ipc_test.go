@@ -1,10 +1,10 @@
 package cudacopy_test
 
 import (
+	"bufio"
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"strconv"
 	"strings"
@@ -64,13 +64,11 @@ func ipcPeer() error {
 		return err
 	}
 	fmt.Printf("peer %s %d\n", hex.EncodeToString(md), dst.Addr)
-	var seed int
-	for {
-		if _, err := fmt.Fscanf(os.Stdin, "check %d\n", &seed); err != nil {
-			if err == io.EOF {
-				return nil
-			}
-			return err
+	sc := bufio.NewScanner(os.Stdin)
+	for sc.Scan() {
+		seed, err := strconv.Atoi(strings.TrimPrefix(sc.Text(), "check "))
+		if err != nil {
+			return fmt.Errorf("bad line %q", sc.Text())
 		}
 		got := make([]byte, ipcN*ipcSize)
 		if err := c.CopyDtoH(got, p); err != nil {
@@ -82,6 +80,7 @@ func ipcPeer() error {
 		}
 		fmt.Println("ok")
 	}
+	return sc.Err()
 }
 
 // source is the sender's bytes for seed; scattered is where the writes
