@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/base64"
 	"encoding/json"
@@ -12,6 +13,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -77,14 +79,17 @@ func gpuOrSkip(t *testing.T) *cuda.Context {
 }
 
 // deviceNodeConfig is a tcp agent with cuda stages (device KV over a host
-// engine through a pinned-host arena).
+// engine through a pinned-host arena). Security is off on every agent of
+// these tests: each admits peers it never loaded (the subject is peer
+// death, not admission).
 func deviceNodeConfig(name string) config.Config {
 	cfg := config.Default()
 	cfg.Agent.Name = name
 	cfg.Engine.Kind = "tcp"
 	cfg.ControlPlane.BindAddress = "127.0.0.1"
+	cfg.Security.Mode = "off"
 	cfg.Bounce.ArenaSize = 16 * config.MiB
-	cfg.Bounce.RequestTimeout = 2 * time.Second
+	cfg.Bounce.RequestTimeout = 5 * time.Second
 	cfg.Stages.Gather.Kind, cfg.Stages.Scatter.Kind = "cuda", "cuda"
 	return cfg
 }
@@ -94,7 +99,8 @@ func deviceNodeConfig(name string) config.Config {
 func startDeviceReceiver(t *testing.T, name string) (*exec.Cmd, io.WriteCloser, *bufio.Reader, hello, []byte) {
 	t.Helper()
 	recv := exec.Command(cliBinary(t), "serve", "--stdin-control", "--memory", "device", "--agent.name", name, "--buffer-size", "256MiB",
-		"--engine.kind", "tcp", "--control-plane.bind-address", "127.0.0.1", "--bounce.arena-size", "16MiB")
+		"--engine.kind", "tcp", "--control-plane.bind-address", "127.0.0.1", "--bounce.arena-size", "16MiB", "--security.mode", "off")
+	recv.Stderr = &logWriter{t: t, prefix: name + ": "}
 	stdout, _ := recv.StdoutPipe()
 	stdin, _ := recv.StdinPipe()
 	if err := recv.Start(); err != nil {
@@ -247,20 +253,26 @@ func TestDeviceKVSenderKilled(t *testing.T) {
 	send := func(requests int, name string) *exec.Cmd {
 		cmd := exec.Command(cliBinary(t), "send", "--peer", peer, "--memory", "device", "--agent.name", name, "--warm-up=false",
 			"--desc-size", "4KiB", "--count", "16384", "--requests", strconv.Itoa(requests), "--seed", "1",
-			"--engine.kind", "tcp", "--control-plane.bind-address", "127.0.0.1", "--bounce.arena-size", "16MiB")
+			"--engine.kind", "tcp", "--control-plane.bind-address", "127.0.0.1", "--bounce.arena-size", "16MiB", "--security.mode", "off")
+		cmd.Stdout = &logWriter{t: t, prefix: name + ": "}
+		cmd.Stderr = cmd.Stdout
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
 		}
 		return cmd
 	}
 	victim := send(8, "victim")
+	exited := make(chan error, 1)
+	go func() { exited <- victim.Wait() }()
 	select {
 	case <-events:
+	case err := <-exited:
+		t.Fatalf("the sender exited (%v) before a request landed", err)
 	case <-time.After(60 * time.Second):
 		t.Fatal("no request landed from the sender in 60s")
 	}
 	victim.Process.Kill()
-	victim.Wait()
+	<-exited
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		s := n.Agent.ArenaStats()
@@ -279,6 +291,8 @@ func TestDeviceKVSenderKilled(t *testing.T) {
 		t.Fatal(err)
 	}
 	next := send(1, "next")
+	stop := time.AfterFunc(2*time.Minute, func() { next.Process.Kill() }) // never hang
+	defer stop.Stop()
 	if err := next.Wait(); err != nil {
 		t.Fatalf("the next sender: %v", err)
 	}
@@ -288,5 +302,27 @@ func TestDeviceKVSenderKilled(t *testing.T) {
 	}
 	if err := spec.Verify(got); err != nil {
 		t.Fatalf("bytes from the next sender: %v", err)
+	}
+}
+
+// logWriter copies a child's output into the test log, line by line.
+type logWriter struct {
+	t      *testing.T
+	prefix string
+	mu     sync.Mutex
+	buf    []byte
+}
+
+func (w *logWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.buf = append(w.buf, p...)
+	for {
+		i := bytes.IndexByte(w.buf, '\n')
+		if i < 0 {
+			return len(p), nil
+		}
+		w.t.Log(w.prefix + string(w.buf[:i]))
+		w.buf = w.buf[i+1:]
 	}
 }
