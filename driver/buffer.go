@@ -21,6 +21,15 @@ type Buffer interface {
 	Free() error
 }
 
+// HostBytes returns b's bytes when b is host memory the process can
+// address (filled and checked in place), else nil.
+func HostBytes(b Buffer) []byte {
+	if h, ok := b.(hostBuffer); ok {
+		return h.b.Bytes()
+	}
+	return nil
+}
+
 // AllocHost allocates n bytes of host memory (mem.Alloc).
 func AllocHost(n uint64) (Buffer, error) {
 	b, err := mem.Alloc(n)

@@ -169,11 +169,21 @@ func (d *Driver) Run(ctx context.Context, t Target, o Options) (Result, error) {
 		src, dst []transfer.Desc
 	}
 	reqs := make([]req, o.Requests)
-	fill := make([]byte, per)
+	host := HostBytes(d.src) // filled in place; device memory through one request's scratch
+	var fill []byte
+	if host == nil {
+		fill = make([]byte, per)
+	}
 	for i := range reqs {
 		s := o.RequestSpec(i)
 		off := uint64(i) * per
-		if !o.Prefilled {
+		switch {
+		case o.Prefilled:
+		case host != nil:
+			if err := s.Fill(host[off : off+per]); err != nil {
+				return Result{}, err
+			}
+		default:
 			if err := s.Fill(fill); err != nil {
 				return Result{}, err
 			}

@@ -811,6 +811,9 @@ func (a *Agent) SubmitContext(ctx context.Context, req Request) (*Batch, error) 
 		}
 	}
 	if err := a.checkKinds(route, req); err != nil {
+		if route == RouteDirect && why != whyDirectRequested {
+			return nil, fmt.Errorf("pipeline: submit to %q: %w (the bounce route was not taken: %s)", req.Peer, err, reason)
+		}
 		return nil, fmt.Errorf("pipeline: submit to %q: %w", req.Peer, err)
 	}
 	if route == RouteDirect {

@@ -129,6 +129,17 @@ func TestDeviceKVOverHostEngine(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	// A peer that cannot bounce leaves device KV no route: refused, naming
+	// why bounce was not taken.
+	nb := testConfig()
+	nb.MaxChunk = 2 << 20 // a handshake mismatch with a
+	c2 := w.node("c", nb)
+	connect(t, a, c2)
+	_, err = a.Submit(Request{Peer: "c", Src: relabel(j.src), Dst: relabel(j.dst)})
+	if !errors.Is(err, transfer.ErrUnsupported) || !strings.Contains(err.Error(), "the bounce route was not taken") || !strings.Contains(err.Error(), "max chunk") {
+		t.Fatalf("device KV to a peer that cannot bounce: err = %v, want ErrUnsupported naming why bounce was not taken", err)
+	}
+
 	off := testConfig()
 	off.Enabled = false
 	o := w.node("off", off)

@@ -272,11 +272,17 @@ func verify(b driver.Buffer, c command) reply {
 	if n := b.Desc().Len; uint64(c.Requests)*per > n {
 		return errReply(fmt.Errorf("%d requests x %d bytes exceed the %d-byte buffer", c.Requests, per, n))
 	}
-	got := make([]byte, per)
+	host := driver.HostBytes(b) // checked in place; device memory copied back per request
+	var got []byte
+	if host == nil {
+		got = make([]byte, per)
+	}
 	for i := 0; i < c.Requests; i++ {
 		r := s
 		r.Seed += uint64(i)
-		if err := b.ReadAt(got, uint64(i)*per); err != nil {
+		if host != nil {
+			got = host[uint64(i)*per : uint64(i+1)*per]
+		} else if err := b.ReadAt(got, uint64(i)*per); err != nil {
 			return errReply(fmt.Errorf("request %d: read back: %w", i, err))
 		}
 		if err := r.Verify(got); err != nil {

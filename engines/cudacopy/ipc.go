@@ -171,6 +171,9 @@ func (r *remote) find(addr, n uint64) (cuda.DevicePtr, error) {
 // exportLocked makes a registered CUDA range d openable by other processes.
 // Caller holds fab.mu.
 func (e *Engine) exportLocked(d transfer.Desc) error {
+	if len(e.exports) >= MaxExports {
+		return fmt.Errorf("%d device ranges exported already (at most %d): %w", len(e.exports), MaxExports, transfer.ErrUnsupported)
+	}
 	base, size, err := e.cc.AddressRange(cuda.DevicePtr(d.Addr))
 	if err != nil {
 		return err
