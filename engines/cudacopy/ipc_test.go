@@ -178,6 +178,9 @@ func TestIPCWritesIntoAnotherProcess(t *testing.T) {
 	if name, err := a.LoadPeer(md); err != nil || name != "b" {
 		t.Fatalf("load peer = %q, %v", name, err)
 	}
+	if n := a.OpenMappings(); n != 1 {
+		t.Fatalf("%d peer allocations mapped after LoadPeer, want 1", n)
+	}
 	if a.FencesForgottenPeers() {
 		t.Fatal("an IPC engine claims to fence forgotten peers; it cannot stop another process's copies")
 	}
@@ -196,11 +199,20 @@ func TestIPCWritesIntoAnotherProcess(t *testing.T) {
 			if err := a.ForgetPeer("b"); err != nil {
 				t.Fatal(err)
 			}
+			if n := a.OpenMappings(); n != 0 {
+				t.Fatalf("%d peer allocations still mapped after ForgetPeer, want 0", n)
+			}
 			if _, err := a.PostWrite("b", ipcOps(src.Addr, dst)); !errors.Is(err, transfer.ErrUnknownPeer) && !errors.Is(err, transfer.ErrPeerLost) {
 				t.Fatalf("write after ForgetPeer = %v, want ErrUnknownPeer or ErrPeerLost", err)
 			}
 			if _, err := a.LoadPeer(md); err != nil {
 				t.Fatal(err)
+			}
+			if _, err := a.LoadPeer(md); err != nil { // a reload shares the mapping
+				t.Fatal(err)
+			}
+			if n := a.OpenMappings(); n != 1 {
+				t.Fatalf("%d peer allocations mapped after two loads, want 1", n)
 			}
 		}
 	}
@@ -255,5 +267,8 @@ func TestIPCPeerKilled(t *testing.T) {
 	t.Logf("write after the peer died: %v, %v", s, err)
 	if err := a.ForgetPeer("b"); err != nil {
 		t.Fatalf("forget a dead peer: %v", err)
+	}
+	if n := a.OpenMappings(); n != 0 {
+		t.Fatalf("%d mappings of the dead peer still open after ForgetPeer, want 0", n)
 	}
 }
