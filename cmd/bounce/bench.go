@@ -128,6 +128,9 @@ every receiver verify every byte (--json writes it all).`,
 				return err
 			}
 			o.memory.apply(&l.Config, cmd.ErrOrStderr())
+			if o.fleet.on() && o.memory.kind == memoryDevice {
+				return usage(fmt.Errorf("--memory device: not yet with --senders/--receivers (the fleet benchmark moves host memory)"))
+			}
 			if o.fleet.on() {
 				return runFleet(cmd, l.Config, &o)
 			}
