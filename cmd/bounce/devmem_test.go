@@ -38,6 +38,9 @@ func TestRunMemoryDevice(t *testing.T) {
 	if _, errOut, code := bounce(t, "run", "--memory", "hbm"); code != exitUsage || !strings.Contains(errOut, "--memory \"hbm\": accepted: host, device") {
 		t.Fatalf("--memory hbm: exit %d, stderr %q", code, errOut)
 	}
+	if _, errOut, code := bounce(t, "bench", "--memory", "device", "--senders", "2", "--receivers", "2"); code != exitUsage || !strings.Contains(errOut, "not yet with --senders/--receivers") {
+		t.Fatalf("--memory device with the fleet bench: exit %d, stderr %q", code, errOut)
+	}
 	_, noGPU := cuda.Open("")
 	for _, engine := range []string{"tcp", "ucx", "plugin"} {
 		t.Run(engine, func(t *testing.T) {
