@@ -95,11 +95,11 @@ func (c *Client) Engine(name string, opts map[string]string) (transfer.Engine, e
 	if err != nil {
 		return nil, err
 	}
-	e := &remoteEngine{c: c, rpc: rpc, name: string(rep.GetName())}
-	if rep.GetNotifier() {
-		return &remoteNotifier{e}, nil
-	}
-	return e, nil
+	return newRemoteEngine(c, rpc, rep).declared(), nil
+}
+
+func newRemoteEngine(c *Client, rpc pb.EngineClient, rep *pb.OpenReply) *remoteEngine {
+	return &remoteEngine{c: c, rpc: rpc, name: string(rep.GetName()), caps: capsFrom(rep)}
 }
 
 // remoteEngine is a transfer.Engine in a plugin process.
@@ -107,7 +107,32 @@ type remoteEngine struct {
 	c    *Client
 	rpc  pb.EngineClient
 	name string
+	caps caps
 	hs   handles
+}
+
+// declared returns e as the engine type that implements exactly the
+// optional capabilities the plugin's engine declared.
+func (e *remoteEngine) declared() transfer.Engine {
+	switch {
+	case e.caps.notifier && e.caps.fencer:
+		return &remoteNotifierFencer{&remoteNotifier{e}, e.caps.fencing()}
+	case e.caps.notifier:
+		return &remoteNotifier{e}
+	case e.caps.fencer:
+		return &remoteFencer{e, e.caps.fencing()}
+	}
+	return e
+}
+
+// capabilities returns what the plugin's engine declared.
+func (e *remoteEngine) capabilities() caps { return e.caps }
+
+// RouteCosts returns the costs the plugin's engine declared for route
+// auto; zero costs (it declared none) are invalid, so route auto assumes
+// its defaults, as for an in-process engine that declares none.
+func (e *remoteEngine) RouteCosts() (postPerDesc, perWrite time.Duration, bandwidth float64) {
+	return e.caps.postPerDesc, e.caps.perWrite, e.caps.bandwidth
 }
 
 func (e *remoteEngine) call(what string, f func(context.Context) (interface{ GetError() *pb.Error }, error)) error {
@@ -199,6 +224,22 @@ func (e *remoteEngine) Close() error { return closeRemote(e.c, "engine", e.rpc.C
 
 // remoteNotifier is a remoteEngine whose plugin engine has notifications.
 type remoteNotifier struct{ *remoteEngine }
+
+// MaxNotifySize returns the notification limit the plugin's engine
+// declared; 0 means it declared none.
+func (n *remoteNotifier) MaxNotifySize() int { return n.caps.maxNotify }
+
+// remoteFencer is a remoteEngine whose plugin engine is a transfer.Fencer.
+type remoteFencer struct {
+	*remoteEngine
+	fencing
+}
+
+// remoteNotifierFencer has notifications and is a transfer.Fencer.
+type remoteNotifierFencer struct {
+	*remoteNotifier
+	fencing
+}
 
 // Notify sends a notification through the plugin engine.
 func (n *remoteNotifier) Notify(peer string, payload []byte) error {
@@ -297,8 +338,7 @@ func (s *engineServer) Open(_ context.Context, r *pb.OpenRequest) (*pb.OpenReply
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.lent { // describe the lent engine
-		_, notifier := s.eng.(transfer.Notifier)
-		return &pb.OpenReply{Name: []byte(s.eng.Name()), Notifier: notifier}, nil
+		return describe(s.eng), nil
 	}
 	if s.eng != nil || s.closed {
 		return &pb.OpenReply{Error: toProtoError(errors.New("plugin: this process already opened its engine"))}, nil
@@ -308,8 +348,7 @@ func (s *engineServer) Open(_ context.Context, r *pb.OpenRequest) (*pb.OpenReply
 		return &pb.OpenReply{Error: toProtoError(err)}, nil
 	}
 	s.eng, s.shares = e, map[transfer.Desc][]*pb.Share{}
-	_, notifier := e.(transfer.Notifier)
-	return &pb.OpenReply{Name: []byte(e.Name()), Notifier: notifier}, nil
+	return describe(e), nil
 }
 
 func (s *engineServer) RegisterMemory(_ context.Context, r *pb.RegisterRequest) (*pb.Reply, error) {

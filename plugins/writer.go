@@ -135,11 +135,7 @@ func (s *writerServer) Open(_ context.Context, r *pb.OpenRequest) (*pb.OpenReply
 		host.Close()
 		return &pb.OpenReply{Error: toProtoError(host.rpcErr("describe the host's engine", err))}, nil
 	}
-	var eng transfer.Engine = &remoteEngine{c: host, rpc: rpc, name: string(desc.GetName())}
-	if desc.GetNotifier() {
-		eng = &remoteNotifier{eng.(*remoteEngine)}
-	}
-	w, err := s.open(string(r.GetName()), r.GetOptions(), eng)
+	w, err := s.open(string(r.GetName()), r.GetOptions(), newRemoteEngine(host, rpc, desc).declared())
 	if err != nil {
 		host.Close()
 		return &pb.OpenReply{Error: toProtoError(err)}, nil
