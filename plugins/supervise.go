@@ -324,6 +324,16 @@ func (w *supervisedWriter) Write(peer string, src, dst transfer.Desc) (transfer.
 	return cur.Write(peer, src, dst)
 }
 
+// WriteContext is Write carrying ctx's trace context to the plugin
+// (transfer.ContextWriter).
+func (w *supervisedWriter) WriteContext(ctx context.Context, peer string, src, dst transfer.Desc) (transfer.Op, error) {
+	cur, err := w.get()
+	if err != nil {
+		return nil, fmt.Errorf("write: %w", err)
+	}
+	return cur.WriteContext(ctx, peer, src, dst)
+}
+
 // OpenEngine starts the engine plugin spec describes and opens its engine
 // for agent name, under policy. A restarted engine gets the memory
 // registrations and the peers of the one that died replayed before it
@@ -671,6 +681,7 @@ func (c *supervisedControl) Close() error { return c.sv.Close() }
 
 var (
 	_ transfer.ContextPoster = (*supervisedEngine)(nil)
+	_ transfer.ContextWriter = (*supervisedWriter)(nil)
 	_ transfer.Notifier      = (*supervisedNotifier)(nil)
 	_ transfer.Fencer        = (*supervisedFencer)(nil)
 	_ transfer.Fencer        = (*supervisedNotifierFencer)(nil)

@@ -66,9 +66,16 @@ func (c *Client) Writer(name string, opts map[string]string, engine transfer.Eng
 
 // Write posts one bulk write in the plugin and returns it by handle.
 func (w *RemoteWriter) Write(peer string, src, dst transfer.Desc) (transfer.Op, error) {
+	return w.WriteContext(context.Background(), peer, src, dst)
+}
+
+// WriteContext is Write whose RPC carries ctx's trace context in its gRPC
+// metadata (transfer.ContextWriter), so the plugin's span of the write —
+// and its post through the host's engine — joins the trace.
+func (w *RemoteWriter) WriteContext(ctx context.Context, peer string, src, dst transfer.Desc) (transfer.Op, error) {
 	what := fmt.Sprintf("write %v to %q %v", src, peer, dst)
 	var rep *pb.HandleReply
-	err := call(w.c, "writer", what, func(cx context.Context) (_ *pb.HandleReply, err error) {
+	err := callIn(ctx, w.c, "writer", what, func(cx context.Context) (_ *pb.HandleReply, err error) {
 		rep, err = w.rpc.Write(cx, &pb.WriteRequest{Peer: []byte(peer), Src: toProtoDesc(src), Dst: toProtoDesc(dst)})
 		return rep, err
 	})
@@ -153,12 +160,20 @@ func (s *writerServer) writer() (transfer.Writer, error) {
 	return s.w, nil
 }
 
-func (s *writerServer) Write(_ context.Context, r *pb.WriteRequest) (*pb.HandleReply, error) {
+func (s *writerServer) Write(cx context.Context, r *pb.WriteRequest) (*pb.HandleReply, error) {
 	w, err := s.writer()
 	if err != nil {
 		return &pb.HandleReply{Error: toProtoError(err)}, nil
 	}
-	op, err := w.Write(string(r.GetPeer()), fromProtoDesc(r.GetSrc()), fromProtoDesc(r.GetDst()))
+	peer, src, dst := string(r.GetPeer()), fromProtoDesc(r.GetSrc()), fromProtoDesc(r.GetDst())
+	var op transfer.Op
+	if cw, ok := w.(transfer.ContextWriter); ok {
+		// The call's context holds the host's trace span (its cancellation
+		// ends with the call, the write does not).
+		op, err = cw.WriteContext(context.WithoutCancel(cx), peer, src, dst)
+	} else {
+		op, err = w.Write(peer, src, dst)
+	}
 	if err != nil {
 		return &pb.HandleReply{Error: toProtoError(err)}, nil
 	}
