@@ -4,6 +4,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -146,4 +147,43 @@ func TestRunWithPluginEngine(t *testing.T) {
 	if code != 0 || !strings.Contains(out, "every byte verified") || !strings.Contains(out, "bounce vs direct") {
 		t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", code, out, errOut)
 	}
+}
+
+// TestOutsideEnginePlugin follows plugins/examples/outside/README.md: the
+// SDK-only engine plugin of the example third-party module, built in its
+// own module as an outside author builds it, is certified by `bounce
+// conformance engine --plugin` (the report naming its absent capabilities)
+// and moves the main job's verified transfer under `bounce run`.
+func TestOutsideEnginePlugin(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds a separate module")
+	}
+	bin := filepath.Join(t.TempDir(), "sockengine")
+	build := exec.Command("go", "build", "-o", bin, "./sockengine")
+	build.Dir = filepath.Join("..", "..", "plugins", "examples", "outside")
+	build.Env = append(os.Environ(), "GOFLAGS=-mod=mod")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("build the example module's engine: %v\n%s", err, out)
+	}
+	stdout, stderr, code := bounce(t, "conformance", "engine", "--plugin", bin, "--sizes", "1,4097,1MiB")
+	if code != 0 || !strings.Contains(stdout, "engine/sockengine: certified") || !strings.Contains(stdout, "optional capability absent: transfer.Notifier — 6 rule(s) skipped") {
+		t.Fatalf("conformance: exit %d\nstdout:\n%s\nstderr:\n%s", code, stdout, stderr)
+	}
+	if res, _ := regexpFind(`engine/target-forget\s+(\w+)`, stdout); res != "PASS" {
+		t.Fatalf("engine/target-forget %q, want PASS (sockengine claims transfer.Fencer):\n%s", res, stdout)
+	}
+	out, errOut, code := bounce(t, "run", "--engine.kind", "plugin", "--engine.plugin", bin,
+		"--workload", "gptoss120b-tp8-b16", "--count", "4096", "--bounce.arena-size", "32MiB", "--bounce.max-chunk", "4MiB")
+	if code != 0 || !strings.Contains(out, "every byte verified") || !strings.Contains(out, "engine plugin") {
+		t.Fatalf("run: exit %d\nstdout:\n%s\nstderr:\n%s", code, out, errOut)
+	}
+}
+
+// regexpFind returns the first submatch of pattern in s.
+func regexpFind(pattern, s string) (string, bool) {
+	m := regexp.MustCompile(pattern).FindStringSubmatch(s)
+	if m == nil {
+		return "", false
+	}
+	return m[1], true
 }
