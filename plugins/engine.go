@@ -213,10 +213,7 @@ func (e *remoteEngine) PostWriteContext(ctx context.Context, peer string, ops []
 	if err != nil {
 		return nil, err
 	}
-	if err := e.hs.claim(rep.GetHandle()); err != nil {
-		return nil, fmt.Errorf("plugin %s: %s: %v: %w", e.c.name, what, err, transfer.ErrNotQuiescent)
-	}
-	return (&remoteOp{c: e.c, rpc: enginePoller{e.rpc}, what: what, h: rep.GetHandle(), done: e.hs.drop}).watch(e.c.notify), nil
+	return started(e.c, &e.hs, e.rpc, what, rep.GetHandle(), nil)
 }
 
 // Close closes the plugin engine and ends the plugin process.
@@ -274,26 +271,6 @@ func recvMessage(c *Client, what string, timeout time.Duration, f func(context.C
 		return transfer.Message{}, fmt.Errorf("plugin %s: %s: %w", c.name, what, rerr)
 	}
 	return transfer.Message{Peer: string(rep.GetPeer()), Payload: rep.GetPayload()}, nil
-}
-
-type enginePoller struct{ rpc pb.EngineClient }
-
-func (p enginePoller) Poll(h uint64) (*pb.PollReply, error) {
-	cx, cancel := ctx(PollTimeout)
-	defer cancel()
-	return p.rpc.Poll(cx, &pb.HandleRequest{Handle: h})
-}
-
-func (p enginePoller) Wait(h uint64, timeout time.Duration) (*pb.PollReply, error) {
-	cx, cancel := ctx(timeout + waitSlack)
-	defer cancel()
-	return p.rpc.Wait(cx, &pb.WaitRequest{Handle: h, TimeoutNs: int64(timeout)})
-}
-
-func (p enginePoller) Release(h uint64) (*pb.Reply, error) {
-	cx, cancel := ctx(CallTimeout)
-	defer cancel()
-	return p.rpc.Release(cx, &pb.HandleRequest{Handle: h})
 }
 
 // engineServer is the plugin side of the Engine service.

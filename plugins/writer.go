@@ -82,34 +82,11 @@ func (w *RemoteWriter) WriteContext(ctx context.Context, peer string, src, dst t
 	if err != nil {
 		return nil, err
 	}
-	if err := w.hs.claim(rep.GetHandle()); err != nil {
-		return nil, fmt.Errorf("plugin %s: %s: %v: %w", w.c.name, what, err, transfer.ErrNotQuiescent)
-	}
-	return (&remoteOp{c: w.c, rpc: writerPoller{w.rpc}, what: what, h: rep.GetHandle(), done: w.hs.drop}).watch(w.c.notify), nil
+	return started(w.c, &w.hs, w.rpc, what, rep.GetHandle(), nil)
 }
 
 // Close closes the writer in the plugin and ends the plugin process.
 func (w *RemoteWriter) Close() error { return closeRemote(w.c, "writer", w.rpc.Close) }
-
-type writerPoller struct{ rpc pb.WriterClient }
-
-func (p writerPoller) Poll(h uint64) (*pb.PollReply, error) {
-	cx, cancel := ctx(PollTimeout)
-	defer cancel()
-	return p.rpc.Poll(cx, &pb.HandleRequest{Handle: h})
-}
-
-func (p writerPoller) Wait(h uint64, timeout time.Duration) (*pb.PollReply, error) {
-	cx, cancel := ctx(timeout + waitSlack)
-	defer cancel()
-	return p.rpc.Wait(cx, &pb.WaitRequest{Handle: h, TimeoutNs: int64(timeout)})
-}
-
-func (p writerPoller) Release(h uint64) (*pb.Reply, error) {
-	cx, cancel := ctx(CallTimeout)
-	defer cancel()
-	return p.rpc.Release(cx, &pb.HandleRequest{Handle: h})
-}
 
 // writerServer is the plugin side of the Writer service.
 type writerServer struct {
