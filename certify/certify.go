@@ -184,10 +184,10 @@ func Run(f node.Factories, kind, name string, o Options, cfg conformance.Config)
 }
 
 // EngineAbsent names the optional capabilities e lacks, of those the
-// agent uses: transfer.Notifier and MaxNotifySize (a notification limit),
-// transfer.Fencer, transfer.PeerLossReporter, transfer.WriteGuarded,
-// transfer.ContextPoster and RouteCosts (route auto's cost model; costs
-// that are not valid count as absent).
+// agent uses: transfer.Notifier and MaxNotifySize (its limit; 0 states none),
+// transfer.Fencer, transfer.PeerLossReporter, transfer.WriteGuarded and
+// RouteCosts (route auto's cost model; costs that are not valid count as
+// absent).
 func EngineAbsent(e transfer.Engine) []string {
 	var absent []string
 	lacks := func(name string, has bool) {
@@ -198,8 +198,8 @@ func EngineAbsent(e transfer.Engine) []string {
 	_, notifier := e.(transfer.Notifier)
 	lacks("transfer.Notifier", notifier)
 	if notifier {
-		l, ok := e.(interface{ MaxNotifySize() int })
-		lacks("MaxNotifySize", ok && l.MaxNotifySize() > 0)
+		_, ok := e.(interface{ MaxNotifySize() int })
+		lacks("MaxNotifySize", ok)
 	}
 	_, fencer := e.(transfer.Fencer)
 	lacks("transfer.Fencer", fencer)
@@ -207,8 +207,6 @@ func EngineAbsent(e transfer.Engine) []string {
 	lacks("transfer.PeerLossReporter", reporter)
 	_, guarded := e.(transfer.WriteGuarded)
 	lacks("transfer.WriteGuarded", guarded)
-	_, poster := e.(transfer.ContextPoster)
-	lacks("transfer.ContextPoster", poster)
 	c, ok := e.(interface {
 		RouteCosts() (postPerDesc, perWrite time.Duration, bandwidth float64)
 	})
