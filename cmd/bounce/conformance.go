@@ -36,7 +36,11 @@ built-in (--builtin) or a plugin binary (--plugin) — and prints a
 certification report: every rule, its result and its time, and the optional
 capabilities (transfer.Notifier, ...) found absent, whose rules were skipped.
 The exit status is the verdict: 0 certified, 1 a rule failed, 2 bad usage,
-3 the plugin could not be started (the message names the cause).
+3 the implementation could not be started — a plugin that is missing, not a
+plugin, fails its checksum or refuses its options — and no rule ran (the
+message names the cause). writer --plugin certifies the binary's Writer
+over --carrier engines, or, when it serves none, the bulk write over its
+engine.
 
 The configuration the fixtures use comes from --config and the usual key
 flags (--engine.options k=v, --bounce.copy-contexts, ...), as for bounce run;
