@@ -6,8 +6,11 @@ package certify
 
 import (
 	"fmt"
+	"io"
 	"maps"
+	"math"
 	"slices"
+	"time"
 
 	"github.com/bouncekv/bounce/config"
 	"github.com/bouncekv/bounce/conformance"
@@ -35,6 +38,9 @@ type Options struct {
 	Control config.ControlPlaneConfig
 	// Bounce configures stages (copy contexts).
 	Bounce config.BounceConfig
+	// Stages holds the stages' plugin blocks (checksum, env, args,
+	// options), used when the stage certified is a plugin.
+	Stages config.StagesConfig
 	// Carrier is the engine kind that carries a control plane built on
 	// engine notifications (nixlnotif); default loopback.
 	Carrier string
@@ -59,50 +65,157 @@ func (o *Options) fill() {
 	}
 }
 
+// StartError is Run's error when the subject could not be created at all
+// — a plugin that does not start or refuses its options, a built-in whose
+// configuration it rejects — so no rule ran.
+type StartError struct {
+	// Subject is the report's subject ("engine/myfabric").
+	Subject string
+	Err     error
+}
+
+// Error says what could not be started and why.
+func (e *StartError) Error() string {
+	return fmt.Sprintf("certify: %s could not be started: %v", e.Subject, e.Err)
+}
+
+// Unwrap returns the cause.
+func (e *StartError) Unwrap() error { return e.Err }
+
 // Run certifies the implementation name of kind with cfg and returns the
 // report. Unknown kinds or names are errors listing what is accepted.
+// Before any rule, Run creates one fixture and closes it: an error there
+// is a *StartError, and what that fixture lacks of the kind's optional
+// capabilities is the report's Absent. A writer named in f.Writers (a
+// write stage) is certified over a pair of carrier engines (o.Carrier);
+// otherwise name is an engine and the writer its one bulk write.
 func Run(f node.Factories, kind, name string, o Options, cfg conformance.Config) (conformance.Report, error) {
 	o.fill()
 	if cfg.Subject == "" {
 		cfg.Subject = kind + "/" + name
 	}
+	started := func(err error) error { return &StartError{Subject: cfg.Subject, Err: err} }
+	var rep conformance.Report
+	var absent []string
 	switch kind {
 	case "engine":
 		ef, ok := f.Engines[name]
 		if !ok {
-			return conformance.Report{}, unknown("engine", name, f.Engines)
+			return rep, unknown("engine", name, f.Engines)
 		}
-		return conformance.CheckEngine(EngineFactory(ef, o), cfg), nil
+		pairs := EngineFactory(ef, o)
+		p, err := pairs()
+		if err != nil {
+			return rep, started(err)
+		}
+		absent = EngineAbsent(p.A)
+		p.Cleanup()
+		rep = conformance.CheckEngine(pairs, cfg)
 	case "control":
 		cf, ok := f.Controls[name]
 		if !ok {
-			return conformance.Report{}, unknown("control plane", name, f.Controls)
+			return rep, unknown("control plane", name, f.Controls)
 		}
 		carrier, ok := f.Engines[o.Carrier]
 		if !ok {
-			return conformance.Report{}, unknown("carrier engine", o.Carrier, f.Engines)
+			return rep, unknown("carrier engine", o.Carrier, f.Engines)
 		}
-		return conformance.CheckControlChannel(ControlFactory(cf, carrier, o), cfg), nil
+		sets := ControlFactory(cf, carrier, o)
+		set, err := sets()
+		if err != nil {
+			return rep, started(err)
+		}
+		for _, c := range []transfer.ControlChannel{set.A, set.B, set.C} {
+			c.Close()
+		}
+		set.Cleanup()
+		rep = conformance.CheckControlChannel(sets, cfg)
 	case "gather":
 		gf, ok := f.Gatherers[name]
 		if !ok {
-			return conformance.Report{}, unknown("gather stage", name, f.Gatherers)
+			return rep, unknown("gather stage", name, f.Gatherers)
 		}
-		return conformance.CheckGatherer(GathererFactory(gf, o), cfg), nil
+		fixtures := GathererFactory(gf, o)
+		fx, err := fixtures()
+		if err != nil {
+			return rep, started(err)
+		}
+		fx.Gatherer.Close()
+		rep = conformance.CheckGatherer(fixtures, cfg)
 	case "scatter":
 		sf, ok := f.Scatterers[name]
 		if !ok {
-			return conformance.Report{}, unknown("scatter stage", name, f.Scatterers)
+			return rep, unknown("scatter stage", name, f.Scatterers)
 		}
-		return conformance.CheckScatterer(ScattererFactory(sf, o), cfg), nil
+		fixtures := ScattererFactory(sf, o)
+		fx, err := fixtures()
+		if err != nil {
+			return rep, started(err)
+		}
+		fx.Scatterer.Close()
+		rep = conformance.CheckScatterer(fixtures, cfg)
 	case "writer":
-		ef, ok := f.Engines[name]
-		if !ok {
-			return conformance.Report{}, unknown("engine (the writer's)", name, f.Engines)
+		var fixtures conformance.WriterFactory
+		if wf, ok := f.Writers[name]; ok {
+			carrier, ok := f.Engines[o.Carrier]
+			if !ok {
+				return rep, unknown("carrier engine", o.Carrier, f.Engines)
+			}
+			fixtures = WriteStageFactory(wf, carrier, o)
+		} else if ef, ok := f.Engines[name]; ok {
+			fixtures = WriterFactory(ef, o)
+		} else {
+			return rep, fmt.Errorf("certify: no write stage or engine named %q; accepted: %v", name, slices.Sorted(maps.Keys(f.Writers)))
 		}
-		return conformance.CheckWriter(WriterFactory(ef, o), cfg), nil
+		fx, err := fixtures()
+		if err != nil {
+			return rep, started(err)
+		}
+		if _, ok := fx.Writer.(transfer.ContextWriter); !ok {
+			absent = append(absent, "transfer.ContextWriter")
+		}
+		fx.Cleanup()
+		rep = conformance.CheckWriter(fixtures, cfg)
+	default:
+		return rep, fmt.Errorf("certify: unknown kind %q; accepted: %v", kind, Kinds())
 	}
-	return conformance.Report{}, fmt.Errorf("certify: unknown kind %q; accepted: %v", kind, Kinds())
+	rep.Absent = absent
+	return rep, nil
+}
+
+// EngineAbsent names the optional capabilities e lacks, of those the
+// agent uses: transfer.Notifier and MaxNotifySize (its limit; 0 states none),
+// transfer.Fencer, transfer.PeerLossReporter, transfer.WriteGuarded and
+// RouteCosts (route auto's cost model; costs that are not valid count as
+// absent).
+func EngineAbsent(e transfer.Engine) []string {
+	var absent []string
+	lacks := func(name string, has bool) {
+		if !has {
+			absent = append(absent, name)
+		}
+	}
+	_, notifier := e.(transfer.Notifier)
+	lacks("transfer.Notifier", notifier)
+	if notifier {
+		_, ok := e.(interface{ MaxNotifySize() int })
+		lacks("MaxNotifySize", ok)
+	}
+	_, fencer := e.(transfer.Fencer)
+	lacks("transfer.Fencer", fencer)
+	_, reporter := e.(transfer.PeerLossReporter)
+	lacks("transfer.PeerLossReporter", reporter)
+	_, guarded := e.(transfer.WriteGuarded)
+	lacks("transfer.WriteGuarded", guarded)
+	c, ok := e.(interface {
+		RouteCosts() (postPerDesc, perWrite time.Duration, bandwidth float64)
+	})
+	if ok {
+		post, write, bw := c.RouteCosts()
+		ok = post >= 0 && write >= 0 && bw > 0 && !math.IsInf(bw, 0)
+	}
+	lacks("RouteCosts", ok)
+	return absent
 }
 
 func unknown[V any](what, name string, m map[string]V) error {
@@ -111,6 +224,14 @@ func unknown[V any](what, name string, m map[string]V) error {
 
 func settings(name string) node.Settings {
 	return node.Settings{Name: name, Logger: nil, Registry: &mem.Registry{}, Notify: func() {}}
+}
+
+// stageSettings are settings for a stage of configuration c: its plugin
+// block when it is a plugin (or names a binary).
+func stageSettings(name string, c config.StageConfig) node.Settings {
+	s := settings(name)
+	s.Plugin = c.Plugin
+	return s
 }
 
 // EngineFactory returns fresh engine pairs "a" and "b" from ef; KillB
@@ -234,7 +355,7 @@ func ControlFactory(cf node.ControlFactory, carrier node.EngineFactory, o Option
 func GathererFactory(gf node.GatherFactory, o Options) conformance.GathererFactory {
 	o.fill()
 	return func() (conformance.GathererFixture, error) {
-		s := settings("g")
+		s := stageSettings("g", o.Stages.Gather)
 		g, err := gf.CreateGatherer(s, o.Bounce)
 		if err != nil {
 			return conformance.GathererFixture{}, err
@@ -247,7 +368,7 @@ func GathererFactory(gf node.GatherFactory, o Options) conformance.GathererFacto
 func ScattererFactory(sf node.ScatterFactory, o Options) conformance.ScattererFactory {
 	o.fill()
 	return func() (conformance.ScattererFixture, error) {
-		s := settings("s")
+		s := stageSettings("s", o.Stages.Scatter)
 		sc, err := sf.CreateScatterer(s, o.Bounce)
 		if err != nil {
 			return conformance.ScattererFixture{}, err
@@ -266,23 +387,53 @@ func WriterFactory(ef node.EngineFactory, o Options) conformance.WriterFactory {
 		if err != nil {
 			return conformance.WriterFixture{}, err
 		}
-		return conformance.WriterFixture{
-			Writer:         write.New(p.A),
-			Peer:           "b",
-			RegisterSource: p.A.RegisterMemory,
-			Grant: func(d transfer.Desc) error {
-				if err := p.B.RegisterMemory(d); err != nil {
-					return err
-				}
-				md, err := p.B.Metadata()
-				if err != nil {
-					return err
-				}
-				_, err = p.A.LoadPeer(md)
+		return writerOver(p, write.New(p.A), p.Cleanup), nil
+	}
+}
+
+// WriteStageFactory returns the write stage wf creates over a fresh pair
+// of carrier engines from ef: a writes to b, through wf's writer on a.
+func WriteStageFactory(wf node.WriteFactory, ef node.EngineFactory, o Options) conformance.WriterFactory {
+	o.fill()
+	pairs := EngineFactory(ef, o)
+	return func() (conformance.WriterFixture, error) {
+		p, err := pairs()
+		if err != nil {
+			return conformance.WriterFixture{}, err
+		}
+		w, err := wf.CreateWriter(stageSettings("a", o.Stages.Write), p.A)
+		if err != nil {
+			p.Cleanup()
+			return conformance.WriterFixture{}, err
+		}
+		return writerOver(p, w, func() {
+			if c, ok := w.(io.Closer); ok {
+				c.Close()
+			}
+			p.Cleanup()
+		}), nil
+	}
+}
+
+// writerOver is the fixture of writer w on pair p's engine a, writing to
+// b; cleanup ends it.
+func writerOver(p conformance.EnginePair, w transfer.Writer, cleanup func()) conformance.WriterFixture {
+	return conformance.WriterFixture{
+		Writer:         w,
+		Peer:           "b",
+		RegisterSource: p.A.RegisterMemory,
+		Grant: func(d transfer.Desc) error {
+			if err := p.B.RegisterMemory(d); err != nil {
 				return err
-			},
-			Cleanup: p.Cleanup,
-		}, nil
+			}
+			md, err := p.B.Metadata()
+			if err != nil {
+				return err
+			}
+			_, err = p.A.LoadPeer(md)
+			return err
+		},
+		Cleanup: cleanup,
 	}
 }
 

@@ -1,12 +1,15 @@
 package certify
 
 import (
+	"errors"
 	"maps"
 	"slices"
+	"strings"
 	"testing"
 
 	"go.uber.org/goleak"
 
+	"github.com/bouncekv/bounce/config"
 	"github.com/bouncekv/bounce/conformance"
 	"github.com/bouncekv/bounce/cuda"
 	"github.com/bouncekv/bounce/node"
@@ -108,5 +111,39 @@ func TestWaiversNameRealRules(t *testing.T) {
 	}
 	if skip, _ := Waivers("engine", "tcp"); skip != nil {
 		t.Fatalf("tcp has waivers: %v", skip)
+	}
+}
+
+// TestStartFailure: a subject that cannot be created — here the tcp engine
+// given an option it does not know — is a *StartError naming the cause,
+// and no rule runs.
+func TestStartFailure(t *testing.T) {
+	o := Options{Engine: config.Default().Engine}
+	o.Engine.Options = map[string]string{"bogus": "1"}
+	rep, err := Run(node.Builtin(), "engine", "tcp", o, conformance.Config{Seed: 1})
+	var start *StartError
+	if !errors.As(err, &start) || start.Subject != "engine/tcp" || !strings.Contains(err.Error(), "bogus") {
+		t.Fatalf("Run = %v (%T), want a *StartError for engine/tcp naming the option", err, err)
+	}
+	if len(rep.Results) != 0 {
+		t.Fatalf("%d rules ran", len(rep.Results))
+	}
+}
+
+// TestAbsentCapabilities: the report lists what the subject lacks of the
+// optional capabilities — nothing for the tcp engine, which has them all;
+// the loopback engine has no peer-loss reports and no write guard.
+func TestAbsentCapabilities(t *testing.T) {
+	cfg := conformance.Config{Seed: 1, Only: []string{"engine/unknown-peer"}}
+	rep, err := Run(node.Builtin(), "engine", "tcp", Options{}, cfg)
+	if err != nil || !rep.Passed() || len(rep.Absent) != 0 {
+		t.Fatalf("tcp: absent %q, err %v, passed %v", rep.Absent, err, rep.Passed())
+	}
+	rep, err = Run(node.Builtin(), "engine", "loopback", Options{}, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"transfer.PeerLossReporter", "transfer.WriteGuarded"}; !slices.Equal(rep.Absent, want) {
+		t.Fatalf("loopback: absent %q, want %q", rep.Absent, want)
 	}
 }

@@ -39,6 +39,10 @@ type Report struct {
 	Subject string
 	Seed    int64
 	Results []Result
+	// Absent names the optional capabilities the subject was found to
+	// lack ("transfer.Fencer", "RouteCosts", ...), as whoever built the
+	// fixtures inspected it (package certify does); nil when nobody did.
+	Absent []string
 }
 
 // Passed reports whether no rule failed (skipped rules do not count).
@@ -139,13 +143,15 @@ type jsonReport struct {
 	Subject string       `json:"subject"`
 	Seed    int64        `json:"seed"`
 	Passed  bool         `json:"passed"`
+	Absent  []string     `json:"absent,omitempty"`
 	Results []jsonResult `json:"results"`
 }
 
 // WriteJSON writes the report as one indented JSON object with fields kind,
-// subject, seed, passed and results (rule, outcome, message, seconds).
+// subject, seed, passed, absent (the optional capabilities found absent,
+// when any) and results (rule, outcome, message, seconds).
 func (r Report) WriteJSON(w io.Writer) error {
-	out := jsonReport{Kind: r.Kind, Subject: r.Subject, Seed: r.Seed, Passed: r.Passed(), Results: []jsonResult{}}
+	out := jsonReport{Kind: r.Kind, Subject: r.Subject, Seed: r.Seed, Passed: r.Passed(), Absent: r.Absent, Results: []jsonResult{}}
 	for _, res := range r.Results {
 		out.Results = append(out.Results, jsonResult{res.Rule, res.Outcome, res.Message, res.Duration.Seconds()})
 	}

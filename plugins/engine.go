@@ -95,11 +95,11 @@ func (c *Client) Engine(name string, opts map[string]string) (transfer.Engine, e
 	if err != nil {
 		return nil, err
 	}
-	e := &remoteEngine{c: c, rpc: rpc, name: string(rep.GetName())}
-	if rep.GetNotifier() {
-		return &remoteNotifier{e}, nil
-	}
-	return e, nil
+	return newRemoteEngine(c, rpc, rep).declared(), nil
+}
+
+func newRemoteEngine(c *Client, rpc pb.EngineClient, rep *pb.OpenReply) *remoteEngine {
+	return &remoteEngine{c: c, rpc: rpc, name: string(rep.GetName()), caps: capsFrom(rep)}
 }
 
 // remoteEngine is a transfer.Engine in a plugin process.
@@ -107,7 +107,32 @@ type remoteEngine struct {
 	c    *Client
 	rpc  pb.EngineClient
 	name string
+	caps caps
 	hs   handles
+}
+
+// declared returns e as the engine type that implements exactly the
+// optional capabilities the plugin's engine declared.
+func (e *remoteEngine) declared() transfer.Engine {
+	switch {
+	case e.caps.notifier && e.caps.fencer:
+		return &remoteNotifierFencer{&remoteNotifier{e}, e.caps.fencing()}
+	case e.caps.notifier:
+		return &remoteNotifier{e}
+	case e.caps.fencer:
+		return &remoteFencer{e, e.caps.fencing()}
+	}
+	return e
+}
+
+// capabilities returns what the plugin's engine declared.
+func (e *remoteEngine) capabilities() caps { return e.caps }
+
+// RouteCosts returns the costs the plugin's engine declared for route
+// auto; zero costs (it declared none) are invalid, so route auto assumes
+// its defaults, as for an in-process engine that declares none.
+func (e *remoteEngine) RouteCosts() (postPerDesc, perWrite time.Duration, bandwidth float64) {
+	return e.caps.postPerDesc, e.caps.perWrite, e.caps.bandwidth
 }
 
 func (e *remoteEngine) call(what string, f func(context.Context) (interface{ GetError() *pb.Error }, error)) error {
@@ -188,10 +213,7 @@ func (e *remoteEngine) PostWriteContext(ctx context.Context, peer string, ops []
 	if err != nil {
 		return nil, err
 	}
-	if err := e.hs.claim(rep.GetHandle()); err != nil {
-		return nil, fmt.Errorf("plugin %s: %s: %v: %w", e.c.name, what, err, transfer.ErrNotQuiescent)
-	}
-	return (&remoteOp{c: e.c, rpc: enginePoller{e.rpc}, what: what, h: rep.GetHandle(), done: e.hs.drop}).watch(e.c.notify), nil
+	return started(e.c, &e.hs, e.rpc, what, rep.GetHandle(), nil)
 }
 
 // Close closes the plugin engine and ends the plugin process.
@@ -199,6 +221,22 @@ func (e *remoteEngine) Close() error { return closeRemote(e.c, "engine", e.rpc.C
 
 // remoteNotifier is a remoteEngine whose plugin engine has notifications.
 type remoteNotifier struct{ *remoteEngine }
+
+// MaxNotifySize returns the notification limit the plugin's engine
+// declared; 0 means it declared none.
+func (n *remoteNotifier) MaxNotifySize() int { return n.caps.maxNotify }
+
+// remoteFencer is a remoteEngine whose plugin engine is a transfer.Fencer.
+type remoteFencer struct {
+	*remoteEngine
+	fencing
+}
+
+// remoteNotifierFencer has notifications and is a transfer.Fencer.
+type remoteNotifierFencer struct {
+	*remoteNotifier
+	fencing
+}
 
 // Notify sends a notification through the plugin engine.
 func (n *remoteNotifier) Notify(peer string, payload []byte) error {
@@ -233,26 +271,6 @@ func recvMessage(c *Client, what string, timeout time.Duration, f func(context.C
 		return transfer.Message{}, fmt.Errorf("plugin %s: %s: %w", c.name, what, rerr)
 	}
 	return transfer.Message{Peer: string(rep.GetPeer()), Payload: rep.GetPayload()}, nil
-}
-
-type enginePoller struct{ rpc pb.EngineClient }
-
-func (p enginePoller) Poll(h uint64) (*pb.PollReply, error) {
-	cx, cancel := ctx(PollTimeout)
-	defer cancel()
-	return p.rpc.Poll(cx, &pb.HandleRequest{Handle: h})
-}
-
-func (p enginePoller) Wait(h uint64, timeout time.Duration) (*pb.PollReply, error) {
-	cx, cancel := ctx(timeout + waitSlack)
-	defer cancel()
-	return p.rpc.Wait(cx, &pb.WaitRequest{Handle: h, TimeoutNs: int64(timeout)})
-}
-
-func (p enginePoller) Release(h uint64) (*pb.Reply, error) {
-	cx, cancel := ctx(CallTimeout)
-	defer cancel()
-	return p.rpc.Release(cx, &pb.HandleRequest{Handle: h})
 }
 
 // engineServer is the plugin side of the Engine service.
@@ -297,8 +315,7 @@ func (s *engineServer) Open(_ context.Context, r *pb.OpenRequest) (*pb.OpenReply
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.lent { // describe the lent engine
-		_, notifier := s.eng.(transfer.Notifier)
-		return &pb.OpenReply{Name: []byte(s.eng.Name()), Notifier: notifier}, nil
+		return describe(s.eng), nil
 	}
 	if s.eng != nil || s.closed {
 		return &pb.OpenReply{Error: toProtoError(errors.New("plugin: this process already opened its engine"))}, nil
@@ -308,8 +325,7 @@ func (s *engineServer) Open(_ context.Context, r *pb.OpenRequest) (*pb.OpenReply
 		return &pb.OpenReply{Error: toProtoError(err)}, nil
 	}
 	s.eng, s.shares = e, map[transfer.Desc][]*pb.Share{}
-	_, notifier := e.(transfer.Notifier)
-	return &pb.OpenReply{Name: []byte(e.Name()), Notifier: notifier}, nil
+	return describe(e), nil
 }
 
 func (s *engineServer) RegisterMemory(_ context.Context, r *pb.RegisterRequest) (*pb.Reply, error) {

@@ -86,6 +86,11 @@ func fromProtoError(e *pb.Error) error {
 	return r
 }
 
+// ErrNotServed is wrapped (with transfer.ErrUnsupported) by the error of
+// a call to a service the plugin binary does not serve: opening a writer
+// of a binary whose ServeOpts has no Writer, say.
+var ErrNotServed = errors.New("the plugin does not serve this")
+
 // rpcError turns a failed gRPC call into an error wrapping a transfer
 // sentinel: a plugin that went away is ErrPeerLost (or ErrClosed after the
 // host closed it), a call past its deadline ErrTimeout.
@@ -95,7 +100,7 @@ func rpcError(what string, err error, closed bool) error {
 	}
 	switch status.Code(err) {
 	case codes.Unimplemented:
-		return fmt.Errorf("plugin: %s: the plugin does not serve this: %v: %w", what, err, transfer.ErrUnsupported)
+		return fmt.Errorf("plugin: %s: %w: %v: %w", what, ErrNotServed, err, transfer.ErrUnsupported)
 	case codes.DeadlineExceeded:
 		return fmt.Errorf("plugin: %s: no reply in time: %v: %w", what, err, transfer.ErrTimeout)
 	case codes.Canceled:

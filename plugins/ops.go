@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -87,6 +88,46 @@ func (t *opTable) release(h uint64) *pb.Reply {
 	delete(t.ops, h)
 	t.mu.Unlock()
 	return &pb.Reply{}
+}
+
+// opService is the part of every service that starts ops (Engine, Gather,
+// Scatter, Writer) that serves them: their clients all have it.
+type opService interface {
+	Poll(ctx context.Context, in *pb.HandleRequest, opts ...grpc.CallOption) (*pb.PollReply, error)
+	Wait(ctx context.Context, in *pb.WaitRequest, opts ...grpc.CallOption) (*pb.PollReply, error)
+	Release(ctx context.Context, in *pb.HandleRequest, opts ...grpc.CallOption) (*pb.Reply, error)
+}
+
+// rpcPoller is the poller of the ops svc serves, each call bounded.
+type rpcPoller struct{ svc opService }
+
+func (p rpcPoller) Poll(h uint64) (*pb.PollReply, error) {
+	cx, cancel := ctx(PollTimeout)
+	defer cancel()
+	return p.svc.Poll(cx, &pb.HandleRequest{Handle: h})
+}
+
+func (p rpcPoller) Wait(h uint64, timeout time.Duration) (*pb.PollReply, error) {
+	cx, cancel := ctx(timeout + waitSlack)
+	defer cancel()
+	return p.svc.Wait(cx, &pb.WaitRequest{Handle: h, TimeoutNs: int64(timeout)})
+}
+
+func (p rpcPoller) Release(h uint64) (*pb.Reply, error) {
+	cx, cancel := ctx(CallTimeout)
+	defer cancel()
+	return p.svc.Release(cx, &pb.HandleRequest{Handle: h})
+}
+
+// started returns the op a plugin started as handle h (what names it in
+// errors), watched; settled, if set, runs once it is first seen terminal.
+// A malformed handle (0, or one already live in hs) is an error wrapping
+// ErrNotQuiescent: the plugin may run an op the host cannot poll.
+func started(c *Client, hs *handles, svc opService, what string, h uint64, settled func()) (transfer.Op, error) {
+	if err := hs.claim(h); err != nil {
+		return nil, fmt.Errorf("plugin %s: %s: %v: %w", c.name, what, err, transfer.ErrNotQuiescent)
+	}
+	return (&remoteOp{c: c, rpc: rpcPoller{svc}, what: what, h: h, done: hs.drop, settled: settled}).watch(c.notify), nil
 }
 
 // poller is the host side of an operation's Poll, Wait and Release RPCs.

@@ -197,35 +197,13 @@ func (s *remoteStage) copy(verb string, region transfer.Desc, runs []transfer.Ru
 		unpin()
 		return nil, err
 	}
-	if err := s.hs.claim(rep.GetHandle()); err != nil {
-		// The plugin may run a copy the host cannot poll: keep the pins.
-		return nil, fmt.Errorf("plugin %s: %s: %v: %w", s.c.name, what, err, transfer.ErrNotQuiescent)
-	}
-	return (&remoteOp{c: s.c, rpc: stagePoller{s.rpc}, what: what, h: rep.GetHandle(), done: s.hs.drop, settled: unpin}).watch(s.c.notify), nil
+	// A malformed handle keeps the pins: the plugin may run a copy the
+	// host cannot poll.
+	return started(s.c, &s.hs, s.rpc, what, rep.GetHandle(), unpin)
 }
 
 // Close closes the stage in the plugin and ends the plugin process.
 func (s *remoteStage) Close() error { return closeRemote(s.c, s.noun, s.rpc.Close) }
-
-type stagePoller struct{ rpc stageRPC }
-
-func (p stagePoller) Poll(h uint64) (*pb.PollReply, error) {
-	cx, cancel := ctx(PollTimeout)
-	defer cancel()
-	return p.rpc.Poll(cx, &pb.HandleRequest{Handle: h})
-}
-
-func (p stagePoller) Wait(h uint64, timeout time.Duration) (*pb.PollReply, error) {
-	cx, cancel := ctx(timeout + waitSlack)
-	defer cancel()
-	return p.rpc.Wait(cx, &pb.WaitRequest{Handle: h, TimeoutNs: int64(timeout)})
-}
-
-func (p stagePoller) Release(h uint64) (*pb.Reply, error) {
-	cx, cancel := ctx(CallTimeout)
-	defer cancel()
-	return p.rpc.Release(cx, &pb.HandleRequest{Handle: h})
-}
 
 // stageImpl is a gather or scatter stage seen as one copy direction.
 type stageImpl interface {

@@ -324,6 +324,16 @@ func (w *supervisedWriter) Write(peer string, src, dst transfer.Desc) (transfer.
 	return cur.Write(peer, src, dst)
 }
 
+// WriteContext is Write carrying ctx's trace context to the plugin
+// (transfer.ContextWriter).
+func (w *supervisedWriter) WriteContext(ctx context.Context, peer string, src, dst transfer.Desc) (transfer.Op, error) {
+	cur, err := w.get()
+	if err != nil {
+		return nil, fmt.Errorf("write: %w", err)
+	}
+	return cur.WriteContext(ctx, peer, src, dst)
+}
+
 // OpenEngine starts the engine plugin spec describes and opens its engine
 // for agent name, under policy. A restarted engine gets the memory
 // registrations and the peers of the one that died replayed before it
@@ -352,8 +362,17 @@ func OpenEngine(spec Spec, policy Restart, name string, opts map[string]string) 
 	se.sv = sv
 	first, _ := sv.get()
 	se.name = first.Name()
-	if _, ok := first.(transfer.Notifier); ok {
+	if d, ok := first.(interface{ capabilities() caps }); ok {
+		se.caps = d.capabilities()
+	}
+	_, notifier := first.(transfer.Notifier)
+	switch {
+	case notifier && se.caps.fencer:
+		return &supervisedNotifierFencer{&supervisedNotifier{se}, se.caps.fencing()}, nil
+	case notifier:
 		return &supervisedNotifier{se}, nil
+	case se.caps.fencer:
+		return &supervisedFencer{se, se.caps.fencing()}, nil
 	}
 	return se, nil
 }
@@ -363,6 +382,7 @@ func OpenEngine(spec Spec, policy Restart, name string, opts map[string]string) 
 type supervisedEngine struct {
 	sv   *supervisor[transfer.Engine]
 	name string
+	caps caps // the first process's; a restart runs the same binary
 
 	mu    sync.Mutex
 	regs  map[transfer.Desc]int // registration counts
@@ -501,7 +521,29 @@ func (e *supervisedEngine) Current() *Client { return e.sv.Current() }
 // Restarts returns how many times the plugin was restarted.
 func (e *supervisedEngine) Restarts() int { return e.sv.Restarts() }
 
+// RouteCosts returns the costs the plugin's engine declared (zero: none).
+func (e *supervisedEngine) RouteCosts() (postPerDesc, perWrite time.Duration, bandwidth float64) {
+	return e.caps.postPerDesc, e.caps.perWrite, e.caps.bandwidth
+}
+
 type supervisedNotifier struct{ *supervisedEngine }
+
+// MaxNotifySize returns the notification limit the plugin's engine
+// declared; 0 means it declared none.
+func (n *supervisedNotifier) MaxNotifySize() int { return n.caps.maxNotify }
+
+// supervisedFencer is a supervised engine whose plugin's engine is a
+// transfer.Fencer. A restarted process fences as the first one did.
+type supervisedFencer struct {
+	*supervisedEngine
+	fencing
+}
+
+// supervisedNotifierFencer has notifications and is a transfer.Fencer.
+type supervisedNotifierFencer struct {
+	*supervisedNotifier
+	fencing
+}
 
 // Notify sends through the current process.
 func (n *supervisedNotifier) Notify(peer string, payload []byte) error {
@@ -639,5 +681,10 @@ func (c *supervisedControl) Close() error { return c.sv.Close() }
 
 var (
 	_ transfer.ContextPoster = (*supervisedEngine)(nil)
+	_ transfer.ContextWriter = (*supervisedWriter)(nil)
 	_ transfer.Notifier      = (*supervisedNotifier)(nil)
+	_ transfer.Fencer        = (*supervisedFencer)(nil)
+	_ transfer.Fencer        = (*supervisedNotifierFencer)(nil)
+	_ costDeclarer           = (*supervisedEngine)(nil)
+	_ notifyLimiter          = (*supervisedNotifier)(nil)
 )

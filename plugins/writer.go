@@ -66,43 +66,27 @@ func (c *Client) Writer(name string, opts map[string]string, engine transfer.Eng
 
 // Write posts one bulk write in the plugin and returns it by handle.
 func (w *RemoteWriter) Write(peer string, src, dst transfer.Desc) (transfer.Op, error) {
+	return w.WriteContext(context.Background(), peer, src, dst)
+}
+
+// WriteContext is Write whose RPC carries ctx's trace context in its gRPC
+// metadata (transfer.ContextWriter), so the plugin's span of the write —
+// and its post through the host's engine — joins the trace.
+func (w *RemoteWriter) WriteContext(ctx context.Context, peer string, src, dst transfer.Desc) (transfer.Op, error) {
 	what := fmt.Sprintf("write %v to %q %v", src, peer, dst)
 	var rep *pb.HandleReply
-	err := call(w.c, "writer", what, func(cx context.Context) (_ *pb.HandleReply, err error) {
+	err := callIn(ctx, w.c, "writer", what, func(cx context.Context) (_ *pb.HandleReply, err error) {
 		rep, err = w.rpc.Write(cx, &pb.WriteRequest{Peer: []byte(peer), Src: toProtoDesc(src), Dst: toProtoDesc(dst)})
 		return rep, err
 	})
 	if err != nil {
 		return nil, err
 	}
-	if err := w.hs.claim(rep.GetHandle()); err != nil {
-		return nil, fmt.Errorf("plugin %s: %s: %v: %w", w.c.name, what, err, transfer.ErrNotQuiescent)
-	}
-	return (&remoteOp{c: w.c, rpc: writerPoller{w.rpc}, what: what, h: rep.GetHandle(), done: w.hs.drop}).watch(w.c.notify), nil
+	return started(w.c, &w.hs, w.rpc, what, rep.GetHandle(), nil)
 }
 
 // Close closes the writer in the plugin and ends the plugin process.
 func (w *RemoteWriter) Close() error { return closeRemote(w.c, "writer", w.rpc.Close) }
-
-type writerPoller struct{ rpc pb.WriterClient }
-
-func (p writerPoller) Poll(h uint64) (*pb.PollReply, error) {
-	cx, cancel := ctx(PollTimeout)
-	defer cancel()
-	return p.rpc.Poll(cx, &pb.HandleRequest{Handle: h})
-}
-
-func (p writerPoller) Wait(h uint64, timeout time.Duration) (*pb.PollReply, error) {
-	cx, cancel := ctx(timeout + waitSlack)
-	defer cancel()
-	return p.rpc.Wait(cx, &pb.WaitRequest{Handle: h, TimeoutNs: int64(timeout)})
-}
-
-func (p writerPoller) Release(h uint64) (*pb.Reply, error) {
-	cx, cancel := ctx(CallTimeout)
-	defer cancel()
-	return p.rpc.Release(cx, &pb.HandleRequest{Handle: h})
-}
 
 // writerServer is the plugin side of the Writer service.
 type writerServer struct {
@@ -135,11 +119,7 @@ func (s *writerServer) Open(_ context.Context, r *pb.OpenRequest) (*pb.OpenReply
 		host.Close()
 		return &pb.OpenReply{Error: toProtoError(host.rpcErr("describe the host's engine", err))}, nil
 	}
-	var eng transfer.Engine = &remoteEngine{c: host, rpc: rpc, name: string(desc.GetName())}
-	if desc.GetNotifier() {
-		eng = &remoteNotifier{eng.(*remoteEngine)}
-	}
-	w, err := s.open(string(r.GetName()), r.GetOptions(), eng)
+	w, err := s.open(string(r.GetName()), r.GetOptions(), newRemoteEngine(host, rpc, desc).declared())
 	if err != nil {
 		host.Close()
 		return &pb.OpenReply{Error: toProtoError(err)}, nil
@@ -157,12 +137,20 @@ func (s *writerServer) writer() (transfer.Writer, error) {
 	return s.w, nil
 }
 
-func (s *writerServer) Write(_ context.Context, r *pb.WriteRequest) (*pb.HandleReply, error) {
+func (s *writerServer) Write(cx context.Context, r *pb.WriteRequest) (*pb.HandleReply, error) {
 	w, err := s.writer()
 	if err != nil {
 		return &pb.HandleReply{Error: toProtoError(err)}, nil
 	}
-	op, err := w.Write(string(r.GetPeer()), fromProtoDesc(r.GetSrc()), fromProtoDesc(r.GetDst()))
+	peer, src, dst := string(r.GetPeer()), fromProtoDesc(r.GetSrc()), fromProtoDesc(r.GetDst())
+	var op transfer.Op
+	if cw, ok := w.(transfer.ContextWriter); ok {
+		// The call's context holds the host's trace span (its cancellation
+		// ends with the call, the write does not).
+		op, err = cw.WriteContext(context.WithoutCancel(cx), peer, src, dst)
+	} else {
+		op, err = w.Write(peer, src, dst)
+	}
 	if err != nil {
 		return &pb.HandleReply{Error: toProtoError(err)}, nil
 	}

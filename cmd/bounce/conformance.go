@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -35,7 +36,11 @@ built-in (--builtin) or a plugin binary (--plugin) — and prints a
 certification report: every rule, its result and its time, and the optional
 capabilities (transfer.Notifier, ...) found absent, whose rules were skipped.
 The exit status is the verdict: 0 certified, 1 a rule failed, 2 bad usage,
-3 the plugin could not be started (the message names the cause).
+3 the implementation could not be started — a plugin that is missing, not a
+plugin, fails its checksum or refuses its options — and no rule ran (the
+message names the cause). writer --plugin certifies the binary's Writer
+over --carrier engines, or, when it serves none, the bulk write over its
+engine.
 
 The configuration the fixtures use comes from --config and the usual key
 flags (--engine.options k=v, --bounce.copy-contexts, ...), as for bounce run;
@@ -82,7 +87,7 @@ CI systems.`,
 			if err != nil {
 				return err
 			}
-			opts := certify.Options{Engine: l.Config.Engine, Control: l.Config.ControlPlane, Bounce: l.Config.Bounce, Carrier: carrier}
+			opts := certify.Options{Engine: l.Config.Engine, Control: l.Config.ControlPlane, Bounce: l.Config.Bounce, Stages: l.Config.Stages, Carrier: carrier}
 			f := node.Builtin()
 			name := builtin
 			switch {
@@ -111,6 +116,17 @@ CI systems.`,
 				}
 			}
 			rep, err := certify.Run(f, kind, name, opts, cfg)
+			if kind == "writer" && plugin != "" && errors.Is(err, plugins.ErrNotServed) {
+				// The binary serves no Writer: certify the bulk write
+				// over the engine it serves.
+				fmt.Fprintf(out, "%s serves no writer: certifying the bulk write over its engine\n", plugin)
+				delete(f.Writers, name)
+				rep, err = certify.Run(f, kind, name, opts, cfg)
+			}
+			var start *certify.StartError
+			if errors.As(err, &start) {
+				return runtime(err)
+			}
 			if err != nil {
 				return usage(err)
 			}
@@ -170,13 +186,14 @@ func probePlugin(path, kind string, c config.Config) error {
 	return cl.Close()
 }
 
-// writeAbsent names the optional capabilities the subject lacks and the
-// rules skipped for it (a wrapper that embeds the transfer.Engine
-// interface, say, hides its engine's Notify).
+// writeAbsent names the optional capabilities the subject lacks
+// (rep.Absent, and any a skipped rule names) and the rules skipped for
+// each (a wrapper that embeds the transfer.Engine interface, say, hides
+// its engine's Notify).
 func writeAbsent(w io.Writer, rep conformance.Report) {
 	capability := regexp.MustCompile(`(?:do not|does not) implement (transfer\.[A-Z][A-Za-z]*)`)
 	skipped := map[string][]string{}
-	var caps []string
+	caps := slices.Clone(rep.Absent)
 	for _, r := range rep.Results {
 		if r.Outcome != conformance.Skip {
 			continue
@@ -185,13 +202,17 @@ func writeAbsent(w io.Writer, rep conformance.Report) {
 		if m == nil {
 			continue
 		}
-		if _, ok := skipped[m[1]]; !ok {
+		if !slices.Contains(caps, m[1]) {
 			caps = append(caps, m[1])
 		}
 		skipped[m[1]] = append(skipped[m[1]], r.Rule)
 	}
 	for _, c := range caps {
-		fmt.Fprintf(w, "optional capability absent: %s — %d rule(s) skipped: %s\n", c, len(skipped[c]), strings.Join(skipped[c], ", "))
+		if n := len(skipped[c]); n > 0 {
+			fmt.Fprintf(w, "optional capability absent: %s — %d rule(s) skipped: %s\n", c, n, strings.Join(skipped[c], ", "))
+		} else {
+			fmt.Fprintf(w, "optional capability absent: %s\n", c)
+		}
 	}
 }
 

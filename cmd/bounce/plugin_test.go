@@ -4,6 +4,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -21,8 +23,41 @@ func TestPluginConformanceCLI(t *testing.T) {
 	if code != 0 || !strings.Contains(stdout, "engine/tcpengine: certified") {
 		t.Fatalf("exit %d (want the subject named after the binary)\nstdout:\n%s\nstderr:\n%s", code, stdout, stderr)
 	}
+	// The plugin form declares what the in-process tcp engine declares,
+	// but for the two capabilities whose callbacks do not cross yet.
+	var absent []string
+	for _, line := range strings.Split(stdout, "\n") {
+		if c, ok := strings.CutPrefix(line, "optional capability absent: "); ok {
+			absent = append(absent, c)
+		}
+	}
+	if want := []string{"transfer.PeerLossReporter", "transfer.WriteGuarded"}; !slices.Equal(absent, want) {
+		t.Fatalf("absent capabilities %q, want %q:\n%s", absent, want, stdout)
+	}
+}
+
+// TestWriterPluginConformanceCLI: bounce conformance writer --plugin
+// certifies the Writer a binary serves (stages.write.plugin), over a pair
+// of carrier engines; a binary that serves no Writer has the bulk write
+// over its engine certified instead, and says so.
+func TestWriterPluginConformanceCLI(t *testing.T) {
+	dir := t.TempDir()
+	writer, engine := filepath.Join(dir, "testplugin"), filepath.Join(dir, "tcpengine")
+	for bin, pkg := range map[string]string{writer: "../../plugins/internal/testplugin", engine: "../../plugins/examples/tcpengine"} {
+		if out, err := exec.Command("go", "build", "-o", bin, pkg).CombinedOutput(); err != nil {
+			t.Fatalf("build %s: %v\n%s", pkg, err, out)
+		}
+	}
+	stdout, stderr, code := bounce(t, "conformance", "writer", "--plugin", writer, "--sizes", "1,4097")
+	if code != 0 || !strings.Contains(stdout, "writer/testplugin: certified") || strings.Contains(stdout, "serves no writer") || !strings.Contains(stdout, "writer/byte-exact") {
+		t.Fatalf("writer plugin: exit %d\nstdout:\n%s\nstderr:\n%s", code, stdout, stderr)
+	}
 	if strings.Contains(stdout, "capability absent") {
-		t.Fatalf("a Notifier reported absent:\n%s", stdout)
+		t.Fatalf("the writer plugin lacks a capability (transfer.ContextWriter?):\n%s", stdout)
+	}
+	stdout, stderr, code = bounce(t, "conformance", "writer", "--plugin", engine, "--sizes", "1,4097")
+	if code != 0 || !strings.Contains(stdout, "serves no writer: certifying the bulk write over its engine") || !strings.Contains(stdout, "writer/tcpengine: certified") {
+		t.Fatalf("engine plugin as writer: exit %d\nstdout:\n%s\nstderr:\n%s", code, stdout, stderr)
 	}
 }
 
@@ -39,9 +74,34 @@ func TestPluginConformanceCLIOptions(t *testing.T) {
 	if code != 0 || !strings.Contains(stdout, "optional capability absent: transfer.Notifier") || !strings.Contains(stdout, "engine/notify-order") {
 		t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", code, stdout, stderr)
 	}
-	stdout, stderr, code = bounce(t, "conformance", "engine", "--plugin", bin, "--engine.options", "bogus=1", "--only", "engine/byte-exact")
-	if code != 1 || !strings.Contains(stdout, `unknown engine option "bogus"`) {
-		t.Fatalf("an option the plugin refuses: exit %d, want 1 naming the option\nstdout:\n%s\nstderr:\n%s", code, stdout, stderr)
+}
+
+// TestPluginConformanceCLIStartFailures: a plugin that refuses an option
+// (engine.options, or a stage's plugin options from --config), or a
+// binary that is not a plugin, is a start failure — exit 3 naming the
+// cause — and no rule runs.
+func TestPluginConformanceCLIStartFailures(t *testing.T) {
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "testplugin")
+	if out, err := exec.Command("go", "build", "-o", bin, "../../plugins/internal/testplugin").CombinedOutput(); err != nil {
+		t.Fatalf("build test plugin: %v\n%s", err, out)
+	}
+	cfg := filepath.Join(dir, "agent.yaml")
+	if err := os.WriteFile(cfg, []byte("stages:\n  gather: {plugin: {path: "+bin+", options: {bogus: \"1\"}}}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"conformance", "engine", "--plugin", bin, "--engine.options", "bogus=1"}, `unknown engine option "bogus"`},
+		{[]string{"conformance", "gather", "--plugin", bin, "--config", cfg}, `unknown stage option "bogus"`},
+		{[]string{"conformance", "engine", "--plugin", "/bin/true"}, "not a bounce plugin"},
+	} {
+		stdout, stderr, code := bounce(t, tc.args...)
+		if code != 3 || !strings.Contains(stderr, tc.want) || !strings.Contains(stderr, "start") || strings.Contains(stdout, "PASS") || strings.Contains(stdout, "FAIL") {
+			t.Errorf("%v: exit %d, want 3 naming %q and no rule run\nstdout:\n%s\nstderr:\n%s", tc.args, code, tc.want, stdout, stderr)
+		}
 	}
 }
 
@@ -87,4 +147,43 @@ func TestRunWithPluginEngine(t *testing.T) {
 	if code != 0 || !strings.Contains(out, "every byte verified") || !strings.Contains(out, "bounce vs direct") {
 		t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", code, out, errOut)
 	}
+}
+
+// TestOutsideEnginePlugin follows plugins/examples/outside/README.md: the
+// SDK-only engine plugin of the example third-party module, built in its
+// own module as an outside author builds it, is certified by `bounce
+// conformance engine --plugin` (the report naming its absent capabilities)
+// and moves the main job's verified transfer under `bounce run`.
+func TestOutsideEnginePlugin(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds a separate module")
+	}
+	bin := filepath.Join(t.TempDir(), "sockengine")
+	build := exec.Command("go", "build", "-o", bin, "./sockengine")
+	build.Dir = filepath.Join("..", "..", "plugins", "examples", "outside")
+	build.Env = append(os.Environ(), "GOFLAGS=-mod=mod")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("build the example module's engine: %v\n%s", err, out)
+	}
+	stdout, stderr, code := bounce(t, "conformance", "engine", "--plugin", bin, "--sizes", "1,4097,1MiB")
+	if code != 0 || !strings.Contains(stdout, "engine/sockengine: certified") || !strings.Contains(stdout, "optional capability absent: transfer.Notifier — 6 rule(s) skipped") {
+		t.Fatalf("conformance: exit %d\nstdout:\n%s\nstderr:\n%s", code, stdout, stderr)
+	}
+	if res, _ := regexpFind(`engine/target-forget\s+(\w+)`, stdout); res != "PASS" {
+		t.Fatalf("engine/target-forget %q, want PASS (sockengine claims transfer.Fencer):\n%s", res, stdout)
+	}
+	out, errOut, code := bounce(t, "run", "--engine.kind", "plugin", "--engine.plugin", bin,
+		"--workload", "gptoss120b-tp8-b16", "--count", "4096", "--bounce.arena-size", "32MiB", "--bounce.max-chunk", "4MiB")
+	if code != 0 || !strings.Contains(out, "every byte verified") || !strings.Contains(out, "engine plugin") {
+		t.Fatalf("run: exit %d\nstdout:\n%s\nstderr:\n%s", code, out, errOut)
+	}
+}
+
+// regexpFind returns the first submatch of pattern in s.
+func regexpFind(pattern, s string) (string, bool) {
+	m := regexp.MustCompile(pattern).FindStringSubmatch(s)
+	if m == nil {
+		return "", false
+	}
+	return m[1], true
 }

@@ -602,7 +602,10 @@ type OpenReply struct {
 	// notifier says the engine implements transfer.Notifier.
 	Notifier bool `protobuf:"varint,3,opt,name=notifier,proto3" json:"notifier,omitempty"`
 	// endpoint is the control channel's LocalEndpoint.
-	Endpoint      []byte `protobuf:"bytes,4,opt,name=endpoint,proto3" json:"endpoint,omitempty"`
+	Endpoint []byte `protobuf:"bytes,4,opt,name=endpoint,proto3" json:"endpoint,omitempty"`
+	// caps are the engine's optional capabilities beyond transfer.Notifier.
+	// A plugin that sends none (an older build of protocol 2) declares none.
+	Caps          *Capabilities `protobuf:"bytes,5,opt,name=caps,proto3" json:"caps,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -665,6 +668,114 @@ func (x *OpenReply) GetEndpoint() []byte {
 	return nil
 }
 
+func (x *OpenReply) GetCaps() *Capabilities {
+	if x != nil {
+		return x.Caps
+	}
+	return nil
+}
+
+// Capabilities are an engine's optional, static declarations, so the host
+// side declares what the plugin's engine declares.
+type Capabilities struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// fencer says the engine implements transfer.Fencer; fences is what its
+	// FencesForgottenPeers answers.
+	Fencer bool `protobuf:"varint,1,opt,name=fencer,proto3" json:"fencer,omitempty"`
+	Fences bool `protobuf:"varint,2,opt,name=fences,proto3" json:"fences,omitempty"`
+	// max_notify_size is what MaxNotifySize answers (with notifier), 0 when
+	// the engine declares no limit.
+	MaxNotifySize int64 `protobuf:"varint,3,opt,name=max_notify_size,json=maxNotifySize,proto3" json:"max_notify_size,omitempty"`
+	// route_costs says the engine declares RouteCosts (route auto's cost
+	// model): the cost of posting one descriptor, of one write, and its
+	// bandwidth in bytes per second.
+	RouteCosts    bool    `protobuf:"varint,4,opt,name=route_costs,json=routeCosts,proto3" json:"route_costs,omitempty"`
+	PostPerDescNs int64   `protobuf:"varint,5,opt,name=post_per_desc_ns,json=postPerDescNs,proto3" json:"post_per_desc_ns,omitempty"`
+	PerWriteNs    int64   `protobuf:"varint,6,opt,name=per_write_ns,json=perWriteNs,proto3" json:"per_write_ns,omitempty"`
+	Bandwidth     float64 `protobuf:"fixed64,7,opt,name=bandwidth,proto3" json:"bandwidth,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Capabilities) Reset() {
+	*x = Capabilities{}
+	mi := &file_plugin_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Capabilities) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Capabilities) ProtoMessage() {}
+
+func (x *Capabilities) ProtoReflect() protoreflect.Message {
+	mi := &file_plugin_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Capabilities.ProtoReflect.Descriptor instead.
+func (*Capabilities) Descriptor() ([]byte, []int) {
+	return file_plugin_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *Capabilities) GetFencer() bool {
+	if x != nil {
+		return x.Fencer
+	}
+	return false
+}
+
+func (x *Capabilities) GetFences() bool {
+	if x != nil {
+		return x.Fences
+	}
+	return false
+}
+
+func (x *Capabilities) GetMaxNotifySize() int64 {
+	if x != nil {
+		return x.MaxNotifySize
+	}
+	return 0
+}
+
+func (x *Capabilities) GetRouteCosts() bool {
+	if x != nil {
+		return x.RouteCosts
+	}
+	return false
+}
+
+func (x *Capabilities) GetPostPerDescNs() int64 {
+	if x != nil {
+		return x.PostPerDescNs
+	}
+	return 0
+}
+
+func (x *Capabilities) GetPerWriteNs() int64 {
+	if x != nil {
+		return x.PerWriteNs
+	}
+	return 0
+}
+
+func (x *Capabilities) GetBandwidth() float64 {
+	if x != nil {
+		return x.Bandwidth
+	}
+	return 0
+}
+
 type RegisterRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Desc          *Desc                  `protobuf:"bytes,1,opt,name=desc,proto3" json:"desc,omitempty"`
@@ -675,7 +786,7 @@ type RegisterRequest struct {
 
 func (x *RegisterRequest) Reset() {
 	*x = RegisterRequest{}
-	mi := &file_plugin_proto_msgTypes[9]
+	mi := &file_plugin_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -687,7 +798,7 @@ func (x *RegisterRequest) String() string {
 func (*RegisterRequest) ProtoMessage() {}
 
 func (x *RegisterRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_plugin_proto_msgTypes[9]
+	mi := &file_plugin_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -700,7 +811,7 @@ func (x *RegisterRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterRequest.ProtoReflect.Descriptor instead.
 func (*RegisterRequest) Descriptor() ([]byte, []int) {
-	return file_plugin_proto_rawDescGZIP(), []int{9}
+	return file_plugin_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *RegisterRequest) GetDesc() *Desc {
@@ -726,7 +837,7 @@ type DescRequest struct {
 
 func (x *DescRequest) Reset() {
 	*x = DescRequest{}
-	mi := &file_plugin_proto_msgTypes[10]
+	mi := &file_plugin_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -738,7 +849,7 @@ func (x *DescRequest) String() string {
 func (*DescRequest) ProtoMessage() {}
 
 func (x *DescRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_plugin_proto_msgTypes[10]
+	mi := &file_plugin_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -751,7 +862,7 @@ func (x *DescRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DescRequest.ProtoReflect.Descriptor instead.
 func (*DescRequest) Descriptor() ([]byte, []int) {
-	return file_plugin_proto_rawDescGZIP(), []int{10}
+	return file_plugin_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *DescRequest) GetDesc() *Desc {
@@ -770,7 +881,7 @@ type BytesRequest struct {
 
 func (x *BytesRequest) Reset() {
 	*x = BytesRequest{}
-	mi := &file_plugin_proto_msgTypes[11]
+	mi := &file_plugin_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -782,7 +893,7 @@ func (x *BytesRequest) String() string {
 func (*BytesRequest) ProtoMessage() {}
 
 func (x *BytesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_plugin_proto_msgTypes[11]
+	mi := &file_plugin_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -795,7 +906,7 @@ func (x *BytesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BytesRequest.ProtoReflect.Descriptor instead.
 func (*BytesRequest) Descriptor() ([]byte, []int) {
-	return file_plugin_proto_rawDescGZIP(), []int{11}
+	return file_plugin_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *BytesRequest) GetData() []byte {
@@ -815,7 +926,7 @@ type BytesReply struct {
 
 func (x *BytesReply) Reset() {
 	*x = BytesReply{}
-	mi := &file_plugin_proto_msgTypes[12]
+	mi := &file_plugin_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -827,7 +938,7 @@ func (x *BytesReply) String() string {
 func (*BytesReply) ProtoMessage() {}
 
 func (x *BytesReply) ProtoReflect() protoreflect.Message {
-	mi := &file_plugin_proto_msgTypes[12]
+	mi := &file_plugin_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -840,7 +951,7 @@ func (x *BytesReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BytesReply.ProtoReflect.Descriptor instead.
 func (*BytesReply) Descriptor() ([]byte, []int) {
-	return file_plugin_proto_rawDescGZIP(), []int{12}
+	return file_plugin_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *BytesReply) GetError() *Error {
@@ -870,7 +981,7 @@ type PeerRequest struct {
 
 func (x *PeerRequest) Reset() {
 	*x = PeerRequest{}
-	mi := &file_plugin_proto_msgTypes[13]
+	mi := &file_plugin_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -882,7 +993,7 @@ func (x *PeerRequest) String() string {
 func (*PeerRequest) ProtoMessage() {}
 
 func (x *PeerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_plugin_proto_msgTypes[13]
+	mi := &file_plugin_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -895,7 +1006,7 @@ func (x *PeerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PeerRequest.ProtoReflect.Descriptor instead.
 func (*PeerRequest) Descriptor() ([]byte, []int) {
-	return file_plugin_proto_rawDescGZIP(), []int{13}
+	return file_plugin_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *PeerRequest) GetPeer() []byte {
@@ -922,7 +1033,7 @@ type PeerReply struct {
 
 func (x *PeerReply) Reset() {
 	*x = PeerReply{}
-	mi := &file_plugin_proto_msgTypes[14]
+	mi := &file_plugin_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -934,7 +1045,7 @@ func (x *PeerReply) String() string {
 func (*PeerReply) ProtoMessage() {}
 
 func (x *PeerReply) ProtoReflect() protoreflect.Message {
-	mi := &file_plugin_proto_msgTypes[14]
+	mi := &file_plugin_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -947,7 +1058,7 @@ func (x *PeerReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PeerReply.ProtoReflect.Descriptor instead.
 func (*PeerReply) Descriptor() ([]byte, []int) {
-	return file_plugin_proto_rawDescGZIP(), []int{14}
+	return file_plugin_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *PeerReply) GetError() *Error {
@@ -974,7 +1085,7 @@ type PostWriteRequest struct {
 
 func (x *PostWriteRequest) Reset() {
 	*x = PostWriteRequest{}
-	mi := &file_plugin_proto_msgTypes[15]
+	mi := &file_plugin_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -986,7 +1097,7 @@ func (x *PostWriteRequest) String() string {
 func (*PostWriteRequest) ProtoMessage() {}
 
 func (x *PostWriteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_plugin_proto_msgTypes[15]
+	mi := &file_plugin_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -999,7 +1110,7 @@ func (x *PostWriteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PostWriteRequest.ProtoReflect.Descriptor instead.
 func (*PostWriteRequest) Descriptor() ([]byte, []int) {
-	return file_plugin_proto_rawDescGZIP(), []int{15}
+	return file_plugin_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *PostWriteRequest) GetPeer() []byte {
@@ -1025,7 +1136,7 @@ type HandleRequest struct {
 
 func (x *HandleRequest) Reset() {
 	*x = HandleRequest{}
-	mi := &file_plugin_proto_msgTypes[16]
+	mi := &file_plugin_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1037,7 +1148,7 @@ func (x *HandleRequest) String() string {
 func (*HandleRequest) ProtoMessage() {}
 
 func (x *HandleRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_plugin_proto_msgTypes[16]
+	mi := &file_plugin_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1050,7 +1161,7 @@ func (x *HandleRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HandleRequest.ProtoReflect.Descriptor instead.
 func (*HandleRequest) Descriptor() ([]byte, []int) {
-	return file_plugin_proto_rawDescGZIP(), []int{16}
+	return file_plugin_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *HandleRequest) GetHandle() uint64 {
@@ -1070,7 +1181,7 @@ type HandleReply struct {
 
 func (x *HandleReply) Reset() {
 	*x = HandleReply{}
-	mi := &file_plugin_proto_msgTypes[17]
+	mi := &file_plugin_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1082,7 +1193,7 @@ func (x *HandleReply) String() string {
 func (*HandleReply) ProtoMessage() {}
 
 func (x *HandleReply) ProtoReflect() protoreflect.Message {
-	mi := &file_plugin_proto_msgTypes[17]
+	mi := &file_plugin_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1095,7 +1206,7 @@ func (x *HandleReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HandleReply.ProtoReflect.Descriptor instead.
 func (*HandleReply) Descriptor() ([]byte, []int) {
-	return file_plugin_proto_rawDescGZIP(), []int{17}
+	return file_plugin_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *HandleReply) GetError() *Error {
@@ -1123,7 +1234,7 @@ type PollReply struct {
 
 func (x *PollReply) Reset() {
 	*x = PollReply{}
-	mi := &file_plugin_proto_msgTypes[18]
+	mi := &file_plugin_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1135,7 +1246,7 @@ func (x *PollReply) String() string {
 func (*PollReply) ProtoMessage() {}
 
 func (x *PollReply) ProtoReflect() protoreflect.Message {
-	mi := &file_plugin_proto_msgTypes[18]
+	mi := &file_plugin_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1148,7 +1259,7 @@ func (x *PollReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PollReply.ProtoReflect.Descriptor instead.
 func (*PollReply) Descriptor() ([]byte, []int) {
-	return file_plugin_proto_rawDescGZIP(), []int{18}
+	return file_plugin_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *PollReply) GetError() *Error {
@@ -1178,7 +1289,7 @@ type WaitRequest struct {
 
 func (x *WaitRequest) Reset() {
 	*x = WaitRequest{}
-	mi := &file_plugin_proto_msgTypes[19]
+	mi := &file_plugin_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1190,7 +1301,7 @@ func (x *WaitRequest) String() string {
 func (*WaitRequest) ProtoMessage() {}
 
 func (x *WaitRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_plugin_proto_msgTypes[19]
+	mi := &file_plugin_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1203,7 +1314,7 @@ func (x *WaitRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaitRequest.ProtoReflect.Descriptor instead.
 func (*WaitRequest) Descriptor() ([]byte, []int) {
-	return file_plugin_proto_rawDescGZIP(), []int{19}
+	return file_plugin_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *WaitRequest) GetHandle() uint64 {
@@ -1230,7 +1341,7 @@ type MessageRequest struct {
 
 func (x *MessageRequest) Reset() {
 	*x = MessageRequest{}
-	mi := &file_plugin_proto_msgTypes[20]
+	mi := &file_plugin_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1242,7 +1353,7 @@ func (x *MessageRequest) String() string {
 func (*MessageRequest) ProtoMessage() {}
 
 func (x *MessageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_plugin_proto_msgTypes[20]
+	mi := &file_plugin_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1255,7 +1366,7 @@ func (x *MessageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MessageRequest.ProtoReflect.Descriptor instead.
 func (*MessageRequest) Descriptor() ([]byte, []int) {
-	return file_plugin_proto_rawDescGZIP(), []int{20}
+	return file_plugin_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *MessageRequest) GetPeer() []byte {
@@ -1281,7 +1392,7 @@ type RecvRequest struct {
 
 func (x *RecvRequest) Reset() {
 	*x = RecvRequest{}
-	mi := &file_plugin_proto_msgTypes[21]
+	mi := &file_plugin_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1293,7 +1404,7 @@ func (x *RecvRequest) String() string {
 func (*RecvRequest) ProtoMessage() {}
 
 func (x *RecvRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_plugin_proto_msgTypes[21]
+	mi := &file_plugin_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1306,7 +1417,7 @@ func (x *RecvRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RecvRequest.ProtoReflect.Descriptor instead.
 func (*RecvRequest) Descriptor() ([]byte, []int) {
-	return file_plugin_proto_rawDescGZIP(), []int{21}
+	return file_plugin_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *RecvRequest) GetTimeoutNs() int64 {
@@ -1327,7 +1438,7 @@ type MessageReply struct {
 
 func (x *MessageReply) Reset() {
 	*x = MessageReply{}
-	mi := &file_plugin_proto_msgTypes[22]
+	mi := &file_plugin_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1339,7 +1450,7 @@ func (x *MessageReply) String() string {
 func (*MessageReply) ProtoMessage() {}
 
 func (x *MessageReply) ProtoReflect() protoreflect.Message {
-	mi := &file_plugin_proto_msgTypes[22]
+	mi := &file_plugin_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1352,7 +1463,7 @@ func (x *MessageReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MessageReply.ProtoReflect.Descriptor instead.
 func (*MessageReply) Descriptor() ([]byte, []int) {
-	return file_plugin_proto_rawDescGZIP(), []int{22}
+	return file_plugin_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *MessageReply) GetError() *Error {
@@ -1386,7 +1497,7 @@ type StageRequest struct {
 
 func (x *StageRequest) Reset() {
 	*x = StageRequest{}
-	mi := &file_plugin_proto_msgTypes[23]
+	mi := &file_plugin_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1398,7 +1509,7 @@ func (x *StageRequest) String() string {
 func (*StageRequest) ProtoMessage() {}
 
 func (x *StageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_plugin_proto_msgTypes[23]
+	mi := &file_plugin_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1411,7 +1522,7 @@ func (x *StageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StageRequest.ProtoReflect.Descriptor instead.
 func (*StageRequest) Descriptor() ([]byte, []int) {
-	return file_plugin_proto_rawDescGZIP(), []int{23}
+	return file_plugin_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *StageRequest) GetRegion() *Desc {
@@ -1441,7 +1552,7 @@ type WriteRequest struct {
 
 func (x *WriteRequest) Reset() {
 	*x = WriteRequest{}
-	mi := &file_plugin_proto_msgTypes[24]
+	mi := &file_plugin_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1453,7 +1564,7 @@ func (x *WriteRequest) String() string {
 func (*WriteRequest) ProtoMessage() {}
 
 func (x *WriteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_plugin_proto_msgTypes[24]
+	mi := &file_plugin_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1466,7 +1577,7 @@ func (x *WriteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteRequest.ProtoReflect.Descriptor instead.
 func (*WriteRequest) Descriptor() ([]byte, []int) {
-	return file_plugin_proto_rawDescGZIP(), []int{24}
+	return file_plugin_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *WriteRequest) GetPeer() []byte {
@@ -1530,12 +1641,23 @@ const file_plugin_proto_rawDesc = "" +
 	"\tbroker_id\x18\x03 \x01(\rR\bbrokerId\x1a:\n" +
 	"\fOptionsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x86\x01\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xba\x01\n" +
 	"\tOpenReply\x12-\n" +
 	"\x05error\x18\x01 \x01(\v2\x17.bounce.plugin.v1.ErrorR\x05error\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\fR\x04name\x12\x1a\n" +
 	"\bnotifier\x18\x03 \x01(\bR\bnotifier\x12\x1a\n" +
-	"\bendpoint\x18\x04 \x01(\fR\bendpoint\"l\n" +
+	"\bendpoint\x18\x04 \x01(\fR\bendpoint\x122\n" +
+	"\x04caps\x18\x05 \x01(\v2\x1e.bounce.plugin.v1.CapabilitiesR\x04caps\"\xf0\x01\n" +
+	"\fCapabilities\x12\x16\n" +
+	"\x06fencer\x18\x01 \x01(\bR\x06fencer\x12\x16\n" +
+	"\x06fences\x18\x02 \x01(\bR\x06fences\x12&\n" +
+	"\x0fmax_notify_size\x18\x03 \x01(\x03R\rmaxNotifySize\x12\x1f\n" +
+	"\vroute_costs\x18\x04 \x01(\bR\n" +
+	"routeCosts\x12'\n" +
+	"\x10post_per_desc_ns\x18\x05 \x01(\x03R\rpostPerDescNs\x12 \n" +
+	"\fper_write_ns\x18\x06 \x01(\x03R\n" +
+	"perWriteNs\x12\x1c\n" +
+	"\tbandwidth\x18\a \x01(\x01R\tbandwidth\"l\n" +
 	"\x0fRegisterRequest\x12*\n" +
 	"\x04desc\x18\x01 \x01(\v2\x16.bounce.plugin.v1.DescR\x04desc\x12-\n" +
 	"\x05share\x18\x02 \x01(\v2\x17.bounce.plugin.v1.ShareR\x05share\"9\n" +
@@ -1664,7 +1786,7 @@ func file_plugin_proto_rawDescGZIP() []byte {
 }
 
 var file_plugin_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_plugin_proto_msgTypes = make([]protoimpl.MessageInfo, 26)
+var file_plugin_proto_msgTypes = make([]protoimpl.MessageInfo, 27)
 var file_plugin_proto_goTypes = []any{
 	(Code)(0),                // 0: bounce.plugin.v1.Code
 	(*Error)(nil),            // 1: bounce.plugin.v1.Error
@@ -1676,131 +1798,133 @@ var file_plugin_proto_goTypes = []any{
 	(*Reply)(nil),            // 7: bounce.plugin.v1.Reply
 	(*OpenRequest)(nil),      // 8: bounce.plugin.v1.OpenRequest
 	(*OpenReply)(nil),        // 9: bounce.plugin.v1.OpenReply
-	(*RegisterRequest)(nil),  // 10: bounce.plugin.v1.RegisterRequest
-	(*DescRequest)(nil),      // 11: bounce.plugin.v1.DescRequest
-	(*BytesRequest)(nil),     // 12: bounce.plugin.v1.BytesRequest
-	(*BytesReply)(nil),       // 13: bounce.plugin.v1.BytesReply
-	(*PeerRequest)(nil),      // 14: bounce.plugin.v1.PeerRequest
-	(*PeerReply)(nil),        // 15: bounce.plugin.v1.PeerReply
-	(*PostWriteRequest)(nil), // 16: bounce.plugin.v1.PostWriteRequest
-	(*HandleRequest)(nil),    // 17: bounce.plugin.v1.HandleRequest
-	(*HandleReply)(nil),      // 18: bounce.plugin.v1.HandleReply
-	(*PollReply)(nil),        // 19: bounce.plugin.v1.PollReply
-	(*WaitRequest)(nil),      // 20: bounce.plugin.v1.WaitRequest
-	(*MessageRequest)(nil),   // 21: bounce.plugin.v1.MessageRequest
-	(*RecvRequest)(nil),      // 22: bounce.plugin.v1.RecvRequest
-	(*MessageReply)(nil),     // 23: bounce.plugin.v1.MessageReply
-	(*StageRequest)(nil),     // 24: bounce.plugin.v1.StageRequest
-	(*WriteRequest)(nil),     // 25: bounce.plugin.v1.WriteRequest
-	nil,                      // 26: bounce.plugin.v1.OpenRequest.OptionsEntry
+	(*Capabilities)(nil),     // 10: bounce.plugin.v1.Capabilities
+	(*RegisterRequest)(nil),  // 11: bounce.plugin.v1.RegisterRequest
+	(*DescRequest)(nil),      // 12: bounce.plugin.v1.DescRequest
+	(*BytesRequest)(nil),     // 13: bounce.plugin.v1.BytesRequest
+	(*BytesReply)(nil),       // 14: bounce.plugin.v1.BytesReply
+	(*PeerRequest)(nil),      // 15: bounce.plugin.v1.PeerRequest
+	(*PeerReply)(nil),        // 16: bounce.plugin.v1.PeerReply
+	(*PostWriteRequest)(nil), // 17: bounce.plugin.v1.PostWriteRequest
+	(*HandleRequest)(nil),    // 18: bounce.plugin.v1.HandleRequest
+	(*HandleReply)(nil),      // 19: bounce.plugin.v1.HandleReply
+	(*PollReply)(nil),        // 20: bounce.plugin.v1.PollReply
+	(*WaitRequest)(nil),      // 21: bounce.plugin.v1.WaitRequest
+	(*MessageRequest)(nil),   // 22: bounce.plugin.v1.MessageRequest
+	(*RecvRequest)(nil),      // 23: bounce.plugin.v1.RecvRequest
+	(*MessageReply)(nil),     // 24: bounce.plugin.v1.MessageReply
+	(*StageRequest)(nil),     // 25: bounce.plugin.v1.StageRequest
+	(*WriteRequest)(nil),     // 26: bounce.plugin.v1.WriteRequest
+	nil,                      // 27: bounce.plugin.v1.OpenRequest.OptionsEntry
 }
 var file_plugin_proto_depIdxs = []int32{
 	0,  // 0: bounce.plugin.v1.Error.codes:type_name -> bounce.plugin.v1.Code
 	2,  // 1: bounce.plugin.v1.WriteOp.src:type_name -> bounce.plugin.v1.Desc
 	2,  // 2: bounce.plugin.v1.WriteOp.dst:type_name -> bounce.plugin.v1.Desc
 	1,  // 3: bounce.plugin.v1.Reply.error:type_name -> bounce.plugin.v1.Error
-	26, // 4: bounce.plugin.v1.OpenRequest.options:type_name -> bounce.plugin.v1.OpenRequest.OptionsEntry
+	27, // 4: bounce.plugin.v1.OpenRequest.options:type_name -> bounce.plugin.v1.OpenRequest.OptionsEntry
 	1,  // 5: bounce.plugin.v1.OpenReply.error:type_name -> bounce.plugin.v1.Error
-	2,  // 6: bounce.plugin.v1.RegisterRequest.desc:type_name -> bounce.plugin.v1.Desc
-	3,  // 7: bounce.plugin.v1.RegisterRequest.share:type_name -> bounce.plugin.v1.Share
-	2,  // 8: bounce.plugin.v1.DescRequest.desc:type_name -> bounce.plugin.v1.Desc
-	1,  // 9: bounce.plugin.v1.BytesReply.error:type_name -> bounce.plugin.v1.Error
-	1,  // 10: bounce.plugin.v1.PeerReply.error:type_name -> bounce.plugin.v1.Error
-	5,  // 11: bounce.plugin.v1.PostWriteRequest.ops:type_name -> bounce.plugin.v1.WriteOp
-	1,  // 12: bounce.plugin.v1.HandleReply.error:type_name -> bounce.plugin.v1.Error
-	1,  // 13: bounce.plugin.v1.PollReply.error:type_name -> bounce.plugin.v1.Error
-	1,  // 14: bounce.plugin.v1.MessageReply.error:type_name -> bounce.plugin.v1.Error
-	2,  // 15: bounce.plugin.v1.StageRequest.region:type_name -> bounce.plugin.v1.Desc
-	4,  // 16: bounce.plugin.v1.StageRequest.runs:type_name -> bounce.plugin.v1.Run
-	2,  // 17: bounce.plugin.v1.WriteRequest.src:type_name -> bounce.plugin.v1.Desc
-	2,  // 18: bounce.plugin.v1.WriteRequest.dst:type_name -> bounce.plugin.v1.Desc
-	8,  // 19: bounce.plugin.v1.Engine.Open:input_type -> bounce.plugin.v1.OpenRequest
-	10, // 20: bounce.plugin.v1.Engine.RegisterMemory:input_type -> bounce.plugin.v1.RegisterRequest
-	11, // 21: bounce.plugin.v1.Engine.DeregisterMemory:input_type -> bounce.plugin.v1.DescRequest
-	6,  // 22: bounce.plugin.v1.Engine.Metadata:input_type -> bounce.plugin.v1.Empty
-	12, // 23: bounce.plugin.v1.Engine.LoadPeer:input_type -> bounce.plugin.v1.BytesRequest
-	14, // 24: bounce.plugin.v1.Engine.ForgetPeer:input_type -> bounce.plugin.v1.PeerRequest
-	16, // 25: bounce.plugin.v1.Engine.PostWrite:input_type -> bounce.plugin.v1.PostWriteRequest
-	17, // 26: bounce.plugin.v1.Engine.Poll:input_type -> bounce.plugin.v1.HandleRequest
-	20, // 27: bounce.plugin.v1.Engine.Wait:input_type -> bounce.plugin.v1.WaitRequest
-	17, // 28: bounce.plugin.v1.Engine.Release:input_type -> bounce.plugin.v1.HandleRequest
-	21, // 29: bounce.plugin.v1.Engine.Notify:input_type -> bounce.plugin.v1.MessageRequest
-	22, // 30: bounce.plugin.v1.Engine.RecvNotification:input_type -> bounce.plugin.v1.RecvRequest
-	6,  // 31: bounce.plugin.v1.Engine.Close:input_type -> bounce.plugin.v1.Empty
-	8,  // 32: bounce.plugin.v1.Control.Open:input_type -> bounce.plugin.v1.OpenRequest
-	14, // 33: bounce.plugin.v1.Control.AddPeer:input_type -> bounce.plugin.v1.PeerRequest
-	14, // 34: bounce.plugin.v1.Control.RemovePeer:input_type -> bounce.plugin.v1.PeerRequest
-	21, // 35: bounce.plugin.v1.Control.Send:input_type -> bounce.plugin.v1.MessageRequest
-	22, // 36: bounce.plugin.v1.Control.Recv:input_type -> bounce.plugin.v1.RecvRequest
-	6,  // 37: bounce.plugin.v1.Control.Close:input_type -> bounce.plugin.v1.Empty
-	8,  // 38: bounce.plugin.v1.Gather.Open:input_type -> bounce.plugin.v1.OpenRequest
-	10, // 39: bounce.plugin.v1.Gather.Share:input_type -> bounce.plugin.v1.RegisterRequest
-	11, // 40: bounce.plugin.v1.Gather.Unshare:input_type -> bounce.plugin.v1.DescRequest
-	24, // 41: bounce.plugin.v1.Gather.Copy:input_type -> bounce.plugin.v1.StageRequest
-	17, // 42: bounce.plugin.v1.Gather.Poll:input_type -> bounce.plugin.v1.HandleRequest
-	20, // 43: bounce.plugin.v1.Gather.Wait:input_type -> bounce.plugin.v1.WaitRequest
-	17, // 44: bounce.plugin.v1.Gather.Release:input_type -> bounce.plugin.v1.HandleRequest
-	6,  // 45: bounce.plugin.v1.Gather.Close:input_type -> bounce.plugin.v1.Empty
-	8,  // 46: bounce.plugin.v1.Scatter.Open:input_type -> bounce.plugin.v1.OpenRequest
-	10, // 47: bounce.plugin.v1.Scatter.Share:input_type -> bounce.plugin.v1.RegisterRequest
-	11, // 48: bounce.plugin.v1.Scatter.Unshare:input_type -> bounce.plugin.v1.DescRequest
-	24, // 49: bounce.plugin.v1.Scatter.Copy:input_type -> bounce.plugin.v1.StageRequest
-	17, // 50: bounce.plugin.v1.Scatter.Poll:input_type -> bounce.plugin.v1.HandleRequest
-	20, // 51: bounce.plugin.v1.Scatter.Wait:input_type -> bounce.plugin.v1.WaitRequest
-	17, // 52: bounce.plugin.v1.Scatter.Release:input_type -> bounce.plugin.v1.HandleRequest
-	6,  // 53: bounce.plugin.v1.Scatter.Close:input_type -> bounce.plugin.v1.Empty
-	8,  // 54: bounce.plugin.v1.Writer.Open:input_type -> bounce.plugin.v1.OpenRequest
-	25, // 55: bounce.plugin.v1.Writer.Write:input_type -> bounce.plugin.v1.WriteRequest
-	17, // 56: bounce.plugin.v1.Writer.Poll:input_type -> bounce.plugin.v1.HandleRequest
-	20, // 57: bounce.plugin.v1.Writer.Wait:input_type -> bounce.plugin.v1.WaitRequest
-	17, // 58: bounce.plugin.v1.Writer.Release:input_type -> bounce.plugin.v1.HandleRequest
-	6,  // 59: bounce.plugin.v1.Writer.Close:input_type -> bounce.plugin.v1.Empty
-	9,  // 60: bounce.plugin.v1.Engine.Open:output_type -> bounce.plugin.v1.OpenReply
-	7,  // 61: bounce.plugin.v1.Engine.RegisterMemory:output_type -> bounce.plugin.v1.Reply
-	7,  // 62: bounce.plugin.v1.Engine.DeregisterMemory:output_type -> bounce.plugin.v1.Reply
-	13, // 63: bounce.plugin.v1.Engine.Metadata:output_type -> bounce.plugin.v1.BytesReply
-	15, // 64: bounce.plugin.v1.Engine.LoadPeer:output_type -> bounce.plugin.v1.PeerReply
-	7,  // 65: bounce.plugin.v1.Engine.ForgetPeer:output_type -> bounce.plugin.v1.Reply
-	18, // 66: bounce.plugin.v1.Engine.PostWrite:output_type -> bounce.plugin.v1.HandleReply
-	19, // 67: bounce.plugin.v1.Engine.Poll:output_type -> bounce.plugin.v1.PollReply
-	19, // 68: bounce.plugin.v1.Engine.Wait:output_type -> bounce.plugin.v1.PollReply
-	7,  // 69: bounce.plugin.v1.Engine.Release:output_type -> bounce.plugin.v1.Reply
-	7,  // 70: bounce.plugin.v1.Engine.Notify:output_type -> bounce.plugin.v1.Reply
-	23, // 71: bounce.plugin.v1.Engine.RecvNotification:output_type -> bounce.plugin.v1.MessageReply
-	7,  // 72: bounce.plugin.v1.Engine.Close:output_type -> bounce.plugin.v1.Reply
-	9,  // 73: bounce.plugin.v1.Control.Open:output_type -> bounce.plugin.v1.OpenReply
-	7,  // 74: bounce.plugin.v1.Control.AddPeer:output_type -> bounce.plugin.v1.Reply
-	7,  // 75: bounce.plugin.v1.Control.RemovePeer:output_type -> bounce.plugin.v1.Reply
-	7,  // 76: bounce.plugin.v1.Control.Send:output_type -> bounce.plugin.v1.Reply
-	23, // 77: bounce.plugin.v1.Control.Recv:output_type -> bounce.plugin.v1.MessageReply
-	7,  // 78: bounce.plugin.v1.Control.Close:output_type -> bounce.plugin.v1.Reply
-	9,  // 79: bounce.plugin.v1.Gather.Open:output_type -> bounce.plugin.v1.OpenReply
-	7,  // 80: bounce.plugin.v1.Gather.Share:output_type -> bounce.plugin.v1.Reply
-	7,  // 81: bounce.plugin.v1.Gather.Unshare:output_type -> bounce.plugin.v1.Reply
-	18, // 82: bounce.plugin.v1.Gather.Copy:output_type -> bounce.plugin.v1.HandleReply
-	19, // 83: bounce.plugin.v1.Gather.Poll:output_type -> bounce.plugin.v1.PollReply
-	19, // 84: bounce.plugin.v1.Gather.Wait:output_type -> bounce.plugin.v1.PollReply
-	7,  // 85: bounce.plugin.v1.Gather.Release:output_type -> bounce.plugin.v1.Reply
-	7,  // 86: bounce.plugin.v1.Gather.Close:output_type -> bounce.plugin.v1.Reply
-	9,  // 87: bounce.plugin.v1.Scatter.Open:output_type -> bounce.plugin.v1.OpenReply
-	7,  // 88: bounce.plugin.v1.Scatter.Share:output_type -> bounce.plugin.v1.Reply
-	7,  // 89: bounce.plugin.v1.Scatter.Unshare:output_type -> bounce.plugin.v1.Reply
-	18, // 90: bounce.plugin.v1.Scatter.Copy:output_type -> bounce.plugin.v1.HandleReply
-	19, // 91: bounce.plugin.v1.Scatter.Poll:output_type -> bounce.plugin.v1.PollReply
-	19, // 92: bounce.plugin.v1.Scatter.Wait:output_type -> bounce.plugin.v1.PollReply
-	7,  // 93: bounce.plugin.v1.Scatter.Release:output_type -> bounce.plugin.v1.Reply
-	7,  // 94: bounce.plugin.v1.Scatter.Close:output_type -> bounce.plugin.v1.Reply
-	9,  // 95: bounce.plugin.v1.Writer.Open:output_type -> bounce.plugin.v1.OpenReply
-	18, // 96: bounce.plugin.v1.Writer.Write:output_type -> bounce.plugin.v1.HandleReply
-	19, // 97: bounce.plugin.v1.Writer.Poll:output_type -> bounce.plugin.v1.PollReply
-	19, // 98: bounce.plugin.v1.Writer.Wait:output_type -> bounce.plugin.v1.PollReply
-	7,  // 99: bounce.plugin.v1.Writer.Release:output_type -> bounce.plugin.v1.Reply
-	7,  // 100: bounce.plugin.v1.Writer.Close:output_type -> bounce.plugin.v1.Reply
-	60, // [60:101] is the sub-list for method output_type
-	19, // [19:60] is the sub-list for method input_type
-	19, // [19:19] is the sub-list for extension type_name
-	19, // [19:19] is the sub-list for extension extendee
-	0,  // [0:19] is the sub-list for field type_name
+	10, // 6: bounce.plugin.v1.OpenReply.caps:type_name -> bounce.plugin.v1.Capabilities
+	2,  // 7: bounce.plugin.v1.RegisterRequest.desc:type_name -> bounce.plugin.v1.Desc
+	3,  // 8: bounce.plugin.v1.RegisterRequest.share:type_name -> bounce.plugin.v1.Share
+	2,  // 9: bounce.plugin.v1.DescRequest.desc:type_name -> bounce.plugin.v1.Desc
+	1,  // 10: bounce.plugin.v1.BytesReply.error:type_name -> bounce.plugin.v1.Error
+	1,  // 11: bounce.plugin.v1.PeerReply.error:type_name -> bounce.plugin.v1.Error
+	5,  // 12: bounce.plugin.v1.PostWriteRequest.ops:type_name -> bounce.plugin.v1.WriteOp
+	1,  // 13: bounce.plugin.v1.HandleReply.error:type_name -> bounce.plugin.v1.Error
+	1,  // 14: bounce.plugin.v1.PollReply.error:type_name -> bounce.plugin.v1.Error
+	1,  // 15: bounce.plugin.v1.MessageReply.error:type_name -> bounce.plugin.v1.Error
+	2,  // 16: bounce.plugin.v1.StageRequest.region:type_name -> bounce.plugin.v1.Desc
+	4,  // 17: bounce.plugin.v1.StageRequest.runs:type_name -> bounce.plugin.v1.Run
+	2,  // 18: bounce.plugin.v1.WriteRequest.src:type_name -> bounce.plugin.v1.Desc
+	2,  // 19: bounce.plugin.v1.WriteRequest.dst:type_name -> bounce.plugin.v1.Desc
+	8,  // 20: bounce.plugin.v1.Engine.Open:input_type -> bounce.plugin.v1.OpenRequest
+	11, // 21: bounce.plugin.v1.Engine.RegisterMemory:input_type -> bounce.plugin.v1.RegisterRequest
+	12, // 22: bounce.plugin.v1.Engine.DeregisterMemory:input_type -> bounce.plugin.v1.DescRequest
+	6,  // 23: bounce.plugin.v1.Engine.Metadata:input_type -> bounce.plugin.v1.Empty
+	13, // 24: bounce.plugin.v1.Engine.LoadPeer:input_type -> bounce.plugin.v1.BytesRequest
+	15, // 25: bounce.plugin.v1.Engine.ForgetPeer:input_type -> bounce.plugin.v1.PeerRequest
+	17, // 26: bounce.plugin.v1.Engine.PostWrite:input_type -> bounce.plugin.v1.PostWriteRequest
+	18, // 27: bounce.plugin.v1.Engine.Poll:input_type -> bounce.plugin.v1.HandleRequest
+	21, // 28: bounce.plugin.v1.Engine.Wait:input_type -> bounce.plugin.v1.WaitRequest
+	18, // 29: bounce.plugin.v1.Engine.Release:input_type -> bounce.plugin.v1.HandleRequest
+	22, // 30: bounce.plugin.v1.Engine.Notify:input_type -> bounce.plugin.v1.MessageRequest
+	23, // 31: bounce.plugin.v1.Engine.RecvNotification:input_type -> bounce.plugin.v1.RecvRequest
+	6,  // 32: bounce.plugin.v1.Engine.Close:input_type -> bounce.plugin.v1.Empty
+	8,  // 33: bounce.plugin.v1.Control.Open:input_type -> bounce.plugin.v1.OpenRequest
+	15, // 34: bounce.plugin.v1.Control.AddPeer:input_type -> bounce.plugin.v1.PeerRequest
+	15, // 35: bounce.plugin.v1.Control.RemovePeer:input_type -> bounce.plugin.v1.PeerRequest
+	22, // 36: bounce.plugin.v1.Control.Send:input_type -> bounce.plugin.v1.MessageRequest
+	23, // 37: bounce.plugin.v1.Control.Recv:input_type -> bounce.plugin.v1.RecvRequest
+	6,  // 38: bounce.plugin.v1.Control.Close:input_type -> bounce.plugin.v1.Empty
+	8,  // 39: bounce.plugin.v1.Gather.Open:input_type -> bounce.plugin.v1.OpenRequest
+	11, // 40: bounce.plugin.v1.Gather.Share:input_type -> bounce.plugin.v1.RegisterRequest
+	12, // 41: bounce.plugin.v1.Gather.Unshare:input_type -> bounce.plugin.v1.DescRequest
+	25, // 42: bounce.plugin.v1.Gather.Copy:input_type -> bounce.plugin.v1.StageRequest
+	18, // 43: bounce.plugin.v1.Gather.Poll:input_type -> bounce.plugin.v1.HandleRequest
+	21, // 44: bounce.plugin.v1.Gather.Wait:input_type -> bounce.plugin.v1.WaitRequest
+	18, // 45: bounce.plugin.v1.Gather.Release:input_type -> bounce.plugin.v1.HandleRequest
+	6,  // 46: bounce.plugin.v1.Gather.Close:input_type -> bounce.plugin.v1.Empty
+	8,  // 47: bounce.plugin.v1.Scatter.Open:input_type -> bounce.plugin.v1.OpenRequest
+	11, // 48: bounce.plugin.v1.Scatter.Share:input_type -> bounce.plugin.v1.RegisterRequest
+	12, // 49: bounce.plugin.v1.Scatter.Unshare:input_type -> bounce.plugin.v1.DescRequest
+	25, // 50: bounce.plugin.v1.Scatter.Copy:input_type -> bounce.plugin.v1.StageRequest
+	18, // 51: bounce.plugin.v1.Scatter.Poll:input_type -> bounce.plugin.v1.HandleRequest
+	21, // 52: bounce.plugin.v1.Scatter.Wait:input_type -> bounce.plugin.v1.WaitRequest
+	18, // 53: bounce.plugin.v1.Scatter.Release:input_type -> bounce.plugin.v1.HandleRequest
+	6,  // 54: bounce.plugin.v1.Scatter.Close:input_type -> bounce.plugin.v1.Empty
+	8,  // 55: bounce.plugin.v1.Writer.Open:input_type -> bounce.plugin.v1.OpenRequest
+	26, // 56: bounce.plugin.v1.Writer.Write:input_type -> bounce.plugin.v1.WriteRequest
+	18, // 57: bounce.plugin.v1.Writer.Poll:input_type -> bounce.plugin.v1.HandleRequest
+	21, // 58: bounce.plugin.v1.Writer.Wait:input_type -> bounce.plugin.v1.WaitRequest
+	18, // 59: bounce.plugin.v1.Writer.Release:input_type -> bounce.plugin.v1.HandleRequest
+	6,  // 60: bounce.plugin.v1.Writer.Close:input_type -> bounce.plugin.v1.Empty
+	9,  // 61: bounce.plugin.v1.Engine.Open:output_type -> bounce.plugin.v1.OpenReply
+	7,  // 62: bounce.plugin.v1.Engine.RegisterMemory:output_type -> bounce.plugin.v1.Reply
+	7,  // 63: bounce.plugin.v1.Engine.DeregisterMemory:output_type -> bounce.plugin.v1.Reply
+	14, // 64: bounce.plugin.v1.Engine.Metadata:output_type -> bounce.plugin.v1.BytesReply
+	16, // 65: bounce.plugin.v1.Engine.LoadPeer:output_type -> bounce.plugin.v1.PeerReply
+	7,  // 66: bounce.plugin.v1.Engine.ForgetPeer:output_type -> bounce.plugin.v1.Reply
+	19, // 67: bounce.plugin.v1.Engine.PostWrite:output_type -> bounce.plugin.v1.HandleReply
+	20, // 68: bounce.plugin.v1.Engine.Poll:output_type -> bounce.plugin.v1.PollReply
+	20, // 69: bounce.plugin.v1.Engine.Wait:output_type -> bounce.plugin.v1.PollReply
+	7,  // 70: bounce.plugin.v1.Engine.Release:output_type -> bounce.plugin.v1.Reply
+	7,  // 71: bounce.plugin.v1.Engine.Notify:output_type -> bounce.plugin.v1.Reply
+	24, // 72: bounce.plugin.v1.Engine.RecvNotification:output_type -> bounce.plugin.v1.MessageReply
+	7,  // 73: bounce.plugin.v1.Engine.Close:output_type -> bounce.plugin.v1.Reply
+	9,  // 74: bounce.plugin.v1.Control.Open:output_type -> bounce.plugin.v1.OpenReply
+	7,  // 75: bounce.plugin.v1.Control.AddPeer:output_type -> bounce.plugin.v1.Reply
+	7,  // 76: bounce.plugin.v1.Control.RemovePeer:output_type -> bounce.plugin.v1.Reply
+	7,  // 77: bounce.plugin.v1.Control.Send:output_type -> bounce.plugin.v1.Reply
+	24, // 78: bounce.plugin.v1.Control.Recv:output_type -> bounce.plugin.v1.MessageReply
+	7,  // 79: bounce.plugin.v1.Control.Close:output_type -> bounce.plugin.v1.Reply
+	9,  // 80: bounce.plugin.v1.Gather.Open:output_type -> bounce.plugin.v1.OpenReply
+	7,  // 81: bounce.plugin.v1.Gather.Share:output_type -> bounce.plugin.v1.Reply
+	7,  // 82: bounce.plugin.v1.Gather.Unshare:output_type -> bounce.plugin.v1.Reply
+	19, // 83: bounce.plugin.v1.Gather.Copy:output_type -> bounce.plugin.v1.HandleReply
+	20, // 84: bounce.plugin.v1.Gather.Poll:output_type -> bounce.plugin.v1.PollReply
+	20, // 85: bounce.plugin.v1.Gather.Wait:output_type -> bounce.plugin.v1.PollReply
+	7,  // 86: bounce.plugin.v1.Gather.Release:output_type -> bounce.plugin.v1.Reply
+	7,  // 87: bounce.plugin.v1.Gather.Close:output_type -> bounce.plugin.v1.Reply
+	9,  // 88: bounce.plugin.v1.Scatter.Open:output_type -> bounce.plugin.v1.OpenReply
+	7,  // 89: bounce.plugin.v1.Scatter.Share:output_type -> bounce.plugin.v1.Reply
+	7,  // 90: bounce.plugin.v1.Scatter.Unshare:output_type -> bounce.plugin.v1.Reply
+	19, // 91: bounce.plugin.v1.Scatter.Copy:output_type -> bounce.plugin.v1.HandleReply
+	20, // 92: bounce.plugin.v1.Scatter.Poll:output_type -> bounce.plugin.v1.PollReply
+	20, // 93: bounce.plugin.v1.Scatter.Wait:output_type -> bounce.plugin.v1.PollReply
+	7,  // 94: bounce.plugin.v1.Scatter.Release:output_type -> bounce.plugin.v1.Reply
+	7,  // 95: bounce.plugin.v1.Scatter.Close:output_type -> bounce.plugin.v1.Reply
+	9,  // 96: bounce.plugin.v1.Writer.Open:output_type -> bounce.plugin.v1.OpenReply
+	19, // 97: bounce.plugin.v1.Writer.Write:output_type -> bounce.plugin.v1.HandleReply
+	20, // 98: bounce.plugin.v1.Writer.Poll:output_type -> bounce.plugin.v1.PollReply
+	20, // 99: bounce.plugin.v1.Writer.Wait:output_type -> bounce.plugin.v1.PollReply
+	7,  // 100: bounce.plugin.v1.Writer.Release:output_type -> bounce.plugin.v1.Reply
+	7,  // 101: bounce.plugin.v1.Writer.Close:output_type -> bounce.plugin.v1.Reply
+	61, // [61:102] is the sub-list for method output_type
+	20, // [20:61] is the sub-list for method input_type
+	20, // [20:20] is the sub-list for extension type_name
+	20, // [20:20] is the sub-list for extension extendee
+	0,  // [0:20] is the sub-list for field type_name
 }
 
 func init() { file_plugin_proto_init() }
@@ -1814,7 +1938,7 @@ func file_plugin_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_plugin_proto_rawDesc), len(file_plugin_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   26,
+			NumMessages:   27,
 			NumExtensions: 0,
 			NumServices:   5,
 		},

@@ -1,0 +1,43 @@
+package plugins
+
+import (
+	"testing"
+	"time"
+
+	pb "github.com/bouncekv/bounce/plugins/internal/proto"
+	"github.com/bouncekv/bounce/transfer"
+)
+
+// TestCapsFromOlderPlugin: an Open reply without capabilities (a plugin
+// built before they were carried) declares none beyond what it said —
+// no transfer.Fencer, no route costs, no notification limit — and a
+// reply with them declares exactly those.
+func TestCapsFromOlderPlugin(t *testing.T) {
+	c := &Client{name: "old"}
+	old := newRemoteEngine(c, nil, &pb.OpenReply{Name: []byte("e"), Notifier: true}).declared()
+	if _, ok := old.(transfer.Fencer); ok {
+		t.Errorf("%T declares transfer.Fencer for a plugin that did not", old)
+	}
+	n, ok := old.(interface {
+		transfer.Notifier
+		MaxNotifySize() int
+	})
+	if !ok || n.MaxNotifySize() != 0 {
+		t.Fatalf("%T: want a Notifier stating no limit", old)
+	}
+	if post, write, bw := old.(costDeclarer).RouteCosts(); post != 0 || write != 0 || bw != 0 {
+		t.Errorf("undeclared route costs %v %v %v, want zero (invalid: route auto assumes its defaults)", post, write, bw)
+	}
+	caps := &pb.Capabilities{Fencer: true, Fences: false, RouteCosts: true, PostPerDescNs: 1000, PerWriteNs: 2000, Bandwidth: 3e9}
+	e := newRemoteEngine(c, nil, &pb.OpenReply{Name: []byte("e"), Caps: caps}).declared()
+	f, ok := e.(transfer.Fencer)
+	if !ok || f.FencesForgottenPeers() {
+		t.Errorf("%T: want a transfer.Fencer answering false", e)
+	}
+	if _, ok := e.(transfer.Notifier); ok {
+		t.Errorf("%T declares transfer.Notifier for a plugin that did not", e)
+	}
+	if post, write, bw := e.(costDeclarer).RouteCosts(); post != time.Microsecond || write != 2*time.Microsecond || bw != 3e9 {
+		t.Errorf("route costs %v %v %v, want 1µs 2µs 3e9", post, write, bw)
+	}
+}
