@@ -62,6 +62,10 @@ type Settings struct {
 	Peers *security.Peers
 	// Security is the security section of the configuration.
 	Security config.SecurityConfig
+	// FenceHold is how long an engine that fences forgotten peers keeps
+	// refusing one: the agent's quarantine (bounce.quarantine resolved),
+	// the time it trusts a late write to have landed by.
+	FenceHold time.Duration
 }
 
 // EngineFactory creates a transfer engine of one kind.
@@ -252,6 +256,7 @@ func BuildWith(cfg config.Config, f Factories, o Options) (*Node, error) {
 		MeterProvider:  n.Telemetry.MeterProvider,
 		Propagator:     n.Telemetry.Propagator,
 		CUDADevice:     cfg.Stages.Device,
+		FenceHold:      PipelineConfig(cfg.Bounce, cfg.Security).EffectiveQuarantine(),
 	}
 	fail := func(err error) (*Node, error) {
 		n.closeParts()

@@ -138,6 +138,14 @@ const (
 	DefaultMaxArenaShare   = 0.5
 )
 
+// EffectiveQuarantine returns the quarantine c resolves to (Quarantine,
+// or its default): how long the agent trusts a late write to have landed
+// by. An engine that fences forgotten peers holds its fence that long.
+func (c Config) EffectiveQuarantine() time.Duration {
+	c.fill()
+	return c.Quarantine
+}
+
 func (c *Config) fill() {
 	d := DefaultConfig()
 	c.ArenaSize = cmp.Or(c.ArenaSize, d.ArenaSize)

@@ -30,6 +30,12 @@ const (
 	// DefaultFenceTimeout bounds the wait, when a connection is given up,
 	// for the peer to close it after applying what it received.
 	DefaultFenceTimeout = 2 * time.Second
+	// DefaultFenceHold is how long ForgetPeer keeps refusing a forgotten
+	// peer: the default of bounce.quarantine (one request timeout), the
+	// time the agent trusts a late write to have landed by.
+	DefaultFenceHold = 30 * time.Second
+	// DefaultMaxForgotten caps the names the fence holds at once.
+	DefaultMaxForgotten = 1 << 16
 )
 
 // MaxConnsPerPeer caps the incoming connections one peer may hold open.
@@ -99,6 +105,18 @@ type Config struct {
 	// Writes whose bytes went out fail quiescent when the peer closes in
 	// time, and wrap transfer.ErrNotQuiescent when it does not.
 	FenceTimeout time.Duration
+	// FenceHold is how long a peer ForgetPeer dropped stays refused unless
+	// LoadPeer loads it again (default DefaultFenceHold). A late write the
+	// forgotten peer still sends after that is what the agent's quarantine
+	// (bounce.quarantine) assumes cannot happen either, so the node sets
+	// it to the quarantine; past it the name may be admitted again (a
+	// learned peer that comes back is served).
+	FenceHold time.Duration
+	// MaxForgotten caps the forgotten names held (default
+	// DefaultMaxForgotten). Past it the oldest is dropped before its hold
+	// ended, counted in Stats.FenceEvictions and logged: only a forget
+	// rate above MaxForgotten per FenceHold does that.
+	MaxForgotten int
 }
 
 // withDefaults returns c with zero fields replaced by defaults.
@@ -114,6 +132,8 @@ func (c Config) withDefaults() Config {
 	c.FrameTimeout = cmp.Or(c.FrameTimeout, DefaultFrameTimeout)
 	c.MaxPendingConns = cmp.Or(c.MaxPendingConns, DefaultMaxPendingConns)
 	c.FenceTimeout = cmp.Or(c.FenceTimeout, DefaultFenceTimeout)
+	c.FenceHold = cmp.Or(c.FenceHold, DefaultFenceHold)
+	c.MaxForgotten = cmp.Or(c.MaxForgotten, DefaultMaxForgotten)
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -132,10 +152,13 @@ func (c Config) Validate() error {
 	for _, d := range []struct {
 		name string
 		v    time.Duration
-	}{{"DialTimeout", c.DialTimeout}, {"WriteTimeout", c.WriteTimeout}, {"IdleTimeout", c.IdleTimeout}, {"FrameTimeout", c.FrameTimeout}, {"FenceTimeout", c.FenceTimeout}} {
+	}{{"DialTimeout", c.DialTimeout}, {"WriteTimeout", c.WriteTimeout}, {"IdleTimeout", c.IdleTimeout}, {"FrameTimeout", c.FrameTimeout}, {"FenceTimeout", c.FenceTimeout}, {"FenceHold", c.FenceHold}} {
 		if d.v < 0 {
 			return fmt.Errorf("tcp: config: %s %v is negative", d.name, d.v)
 		}
+	}
+	if c.MaxForgotten < 0 {
+		return fmt.Errorf("tcp: config: MaxForgotten %d is negative", c.MaxForgotten)
 	}
 	if c.MaxPendingConns < 0 {
 		return fmt.Errorf("tcp: config: MaxPendingConns %d is negative", c.MaxPendingConns)

@@ -40,8 +40,12 @@
 // memory in progress included; a connection still dialing or in HELLO is
 // refused (a connection-level NACK, then a reset) when its HELLO names
 // the peer, and so is every later one, until LoadPeer loads the peer
-// again. The dialer's writes on a refused connection fail with
-// ErrPeerLost.
+// again or Config.FenceHold passed. The dialer's writes on a refused
+// connection fail with ErrPeerLost. The fence is bounded: a name is held
+// for FenceHold (the node sets it to bounce.quarantine, the time the agent
+// trusts any late write to have landed by, fence or not) and at most
+// MaxForgotten names are held, the oldest dropped first (counted in
+// Stats.FenceEvictions).
 //
 // A part is resolved only after the goroutine writing it returned from the
 // socket write, so a terminal operation never reads its source memory again.

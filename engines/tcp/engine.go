@@ -33,9 +33,11 @@ type Engine struct {
 	peers    map[string]*peer
 	incoming map[*inConn]struct{}
 	// forgotten holds the peers ForgetPeer dropped and LoadPeer has not
-	// loaded again: their HELLO is refused, so no connection of theirs,
-	// however far its setup had got, ever lands a byte.
-	forgotten map[string]struct{}
+	// loaded again, each for FenceHold: their HELLO is refused, so no
+	// connection of theirs, however far its setup had got, lands a byte
+	// while the agent may have granted their regions to others.
+	forgotten *fenceSet
+	now       func() time.Time // the fence's clock; time.Now but in tests
 	onLost    func(peer string) // SetPeerLost's callback
 	wg        sync.WaitGroup
 
@@ -52,7 +54,7 @@ type Engine struct {
 
 // counters are the engine's security counters.
 type counters struct {
-	unauthenticated, refusedConns, slowConns, forbiddenWrites atomic.Uint64
+	unauthenticated, refusedConns, slowConns, forbiddenWrites, fenceEvictions atomic.Uint64
 }
 
 // Stats are the engine's cumulative security counters.
@@ -71,6 +73,11 @@ type Stats struct {
 	// ForbiddenWrites counts incoming writes the write guard refused
 	// (NACKed with ErrForbidden; nothing of them landed).
 	ForbiddenWrites uint64
+	// FenceEvictions counts forgotten peers whose fence was dropped before
+	// FenceHold ended because MaxForgotten names were already held.
+	FenceEvictions uint64
+	// Fenced is the number of forgotten peers refused now (a gauge).
+	Fenced int
 }
 
 // Stats returns a snapshot of the engine's security counters.
@@ -80,7 +87,17 @@ func (e *Engine) Stats() Stats {
 		RefusedConns:    e.stats.refusedConns.Load(),
 		SlowConns:       e.stats.slowConns.Load(),
 		ForbiddenWrites: e.stats.forbiddenWrites.Load(),
+		FenceEvictions:  e.stats.fenceEvictions.Load(),
+		Fenced:          e.fenced(),
 	}
+}
+
+// fenced returns the number of names the fence holds now.
+func (e *Engine) fenced() int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.forgotten.prune(e.now())
+	return e.forgotten.len()
 }
 
 // SetWriteGuard installs g; every incoming write is checked against it
@@ -138,7 +155,8 @@ func New(cfg Config) (*Engine, error) {
 		addr:      addr,
 		peers:     make(map[string]*peer),
 		incoming:  make(map[*inConn]struct{}),
-		forgotten: make(map[string]struct{}),
+		forgotten: newFenceSet(cfg.FenceHold, cfg.MaxForgotten),
+		now:       time.Now,
 		done:      make(chan struct{}),
 		recvq:     make(chan transfer.Message, cfg.RecvQueue),
 	}
@@ -279,7 +297,7 @@ func (e *Engine) addPeer(m metadata) (*peer, error) {
 	if e.closed {
 		return nil, fmt.Errorf("tcp: load peer %q: %w", m.name, transfer.ErrClosed)
 	}
-	delete(e.forgotten, m.name)
+	e.forgotten.remove(m.name)
 	old := e.peers[m.name]
 	if old != nil && old.addr == m.addr {
 		old.setRanges(m.ranges)
@@ -295,7 +313,8 @@ func (e *Engine) addPeer(m metadata) (*peer, error) {
 // connection of the peer not yet named by its HELLO (still dialing, or
 // accepted with its HELLO unread) is closed when the HELLO names it, and
 // every named one is cut before its next frame — until LoadPeer loads the
-// peer again. It returns once the peer's writes are terminal and its named
+// peer again or FenceHold passed (the fence holds at most MaxForgotten
+// names; see Config). It returns once the peer's writes are terminal and its named
 // connections have stopped serving (a read into local memory in progress
 // included), so no byte the peer sent, or sends later, lands in registered
 // memory after it returns. A peer that only wrote to us (never loaded
@@ -305,7 +324,13 @@ func (e *Engine) ForgetPeer(name string) error {
 	e.mu.Lock()
 	p := e.peers[name]
 	delete(e.peers, name)
-	e.forgotten[name] = struct{}{}
+	if n := e.forgotten.add(name, e.now()); n > 0 {
+		total := e.stats.fenceEvictions.Add(uint64(n))
+		if total&(total-1) == 0 {
+			e.log.Warn("tcp: forgotten peers unfenced before their hold ended: too many forgotten at once",
+				"max_forgotten", e.cfg.MaxForgotten, "fence_hold", e.cfg.FenceHold, "evicted_total", total)
+		}
+	}
 	var ins []*inConn
 	for ic := range e.incoming {
 		if n := ic.name.Load(); n != nil && *n == name {
@@ -341,7 +366,8 @@ func (e *Engine) SetPeerLost(fn func(peer string)) {
 
 // FencesForgottenPeers reports true: ForgetPeer cuts every connection of
 // the peer, refuses the ones still being set up and keeps refusing the
-// peer until it is loaded again (transfer.Fencer).
+// peer until it is loaded again or Config.FenceHold (the agent's
+// quarantine) passed (transfer.Fencer).
 func (e *Engine) FencesForgottenPeers() bool { return true }
 
 func (e *Engine) peer(name string) (*peer, error) {

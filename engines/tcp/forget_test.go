@@ -3,6 +3,8 @@ package tcp
 import (
 	"bytes"
 	"errors"
+	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -177,5 +179,128 @@ func TestSourceForgetLandsNothingAfterFailure(t *testing.T) {
 				try, k, st, werr, countChanged(dst.Bytes(), snap))
 		}
 		_ = op.Release()
+	}
+}
+
+// fakeClock is the fence's clock in tests: it moves only when told to.
+type fakeClock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func (c *fakeClock) Now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.now }
+func (c *fakeClock) Add(d time.Duration) {
+	c.mu.Lock()
+	c.now = c.now.Add(d)
+	c.mu.Unlock()
+}
+
+// refusesHello reports whether e refuses a HELLO naming name (a raw
+// connection whose HELLO and WRITE land nothing and that e closes), as a
+// forgotten peer's late connection would be.
+func refusesHello(t *testing.T, e *Engine, name string, dst transfer.Desc) bool {
+	t.Helper()
+	c := dialRaw(t, e)
+	c.send(helloFrame(name), writeFrameBytes(1, []segment{{dst.Addr, 64}}), bytes.Repeat([]byte{9}, 64))
+	c.conn.SetReadDeadline(time.Now().Add(hangGuard))
+	h, body := c.readFrame()
+	switch h.typ {
+	case frameAck:
+		c.conn.Close()
+		return false
+	case frameNack:
+		c.expectClosed("connection of a forgotten peer")
+		return true
+	}
+	t.Fatalf("reply to %q: frame type %d (%q)", name, h.typ, body)
+	return false
+}
+
+// TestForgottenFenceBounded: the fence refusing forgotten peers is bounded
+// (it grew by one name per ForgetPeer forever): it holds at most
+// MaxForgotten names, dropping the oldest first and counting it, and a
+// name only for FenceHold; a recently forgotten peer is refused all along.
+func TestForgottenFenceBounded(t *testing.T) {
+	const max = 8
+	v := newEnv(t)
+	clk := &fakeClock{now: time.Unix(1e9, 0)}
+	b := v.engine("b", func(c *Config) { c.MaxForgotten = max; c.FenceHold = time.Minute })
+	b.mu.Lock()
+	b.now = clk.Now
+	b.mu.Unlock()
+	dst := v.buf(4096, 0, b)
+	// 1,000 peers, each connected and then forgotten, a second apart.
+	const n = 1000
+	for i := range n {
+		name := fmt.Sprintf("p%d", i)
+		c := dialRaw(t, b)
+		c.send(helloFrame(name))
+		eventually(t, "b learns "+name, func() bool { _, err := b.peer(name); return err == nil })
+		if err := b.ForgetPeer(name); err != nil {
+			t.Fatal(err)
+		}
+		c.expectClosed("a forgotten peer's connection")
+		clk.Add(time.Second)
+		if st := b.Stats(); st.Fenced > max {
+			t.Fatalf("after %d forgets the fence holds %d names; the cap is %d", i+1, st.Fenced, max)
+		}
+	}
+	st := b.Stats()
+	if st.Fenced != max || st.FenceEvictions != n-max {
+		t.Fatalf("fence holds %d names, %d evicted; want %d and %d", st.Fenced, st.FenceEvictions, max, n-max)
+	}
+	// The most recently forgotten are still refused; the oldest, pushed
+	// out by the cap, is admitted again.
+	for i := n - max; i < n; i++ {
+		if !refusesHello(t, b, fmt.Sprintf("p%d", i), dst.Desc()) {
+			t.Fatalf("p%d, forgotten %d s ago, was admitted", i, n-i)
+		}
+	}
+	if refusesHello(t, b, "p0", dst.Desc()) {
+		t.Fatal("p0, evicted from the fence by the cap, is still refused")
+	}
+	if n := countChanged(dst.Bytes(), make([]byte, len(dst.Bytes()))); n != 64 {
+		t.Fatalf("%d bytes landed; want the 64 of p0's write only", n)
+	}
+	// Within its hold a name stays refused; once the hold passed it is
+	// dropped without any other forget.
+	if err := b.ForgetPeer("late"); !errors.Is(err, transfer.ErrUnknownPeer) {
+		t.Fatalf("forget of a never-seen name: %v; want ErrUnknownPeer", err)
+	}
+	clk.Add(time.Minute - time.Second)
+	if !refusesHello(t, b, "late", dst.Desc()) {
+		t.Fatal("late was admitted within its hold")
+	}
+	clk.Add(time.Second)
+	if st := b.Stats(); st.Fenced != 0 {
+		t.Fatalf("every hold ended, but the fence holds %d names", st.Fenced)
+	}
+	if refusesHello(t, b, "late", dst.Desc()) {
+		t.Fatal("late is still refused after its hold")
+	}
+}
+
+// TestFenceHoldRestartsOnForget: forgetting a held name again restarts its
+// hold; LoadPeer lifts it at once.
+func TestFenceHoldRestartsOnForget(t *testing.T) {
+	v := newEnv(t)
+	clk := &fakeClock{now: time.Unix(1e9, 0)}
+	a := v.engine("a")
+	b := v.engine("b", func(c *Config) { c.FenceHold = time.Minute })
+	b.mu.Lock()
+	b.now = clk.Now
+	b.mu.Unlock()
+	dst := v.buf(4096, 0, b)
+	_ = b.ForgetPeer("x")
+	clk.Add(50 * time.Second)
+	_ = b.ForgetPeer("x")
+	clk.Add(50 * time.Second)
+	if !refusesHello(t, b, "x", dst.Desc()) {
+		t.Fatal("x, forgotten again 50 s ago (hold 1 min), was admitted")
+	}
+	_ = b.ForgetPeer("a")
+	connect(t, b, a)
+	if refusesHello(t, b, "a", dst.Desc()) {
+		t.Fatal("a is refused after b loaded it again")
 	}
 }

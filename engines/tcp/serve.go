@@ -415,7 +415,7 @@ func (e *Engine) admit(ic *inConn, m metadata) error {
 	if e.closed {
 		return fmt.Errorf("tcp: hello from %q: %w", m.name, transfer.ErrClosed)
 	}
-	if _, ok := e.forgotten[m.name]; ok {
+	if e.forgotten.has(m.name, e.now()) {
 		return fmt.Errorf("tcp: hello from %q refused: the peer was forgotten (ForgetPeer) and not loaded again: %w", m.name, transfer.ErrPeerLost)
 	}
 	conns := 0
