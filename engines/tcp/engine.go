@@ -37,7 +37,7 @@ type Engine struct {
 	// connection of theirs, however far its setup had got, lands a byte
 	// while the agent may have granted their regions to others.
 	forgotten *fenceSet
-	now       func() time.Time // the fence's clock; time.Now but in tests
+	now       func() time.Time  // the fence's clock; time.Now but in tests
 	onLost    func(peer string) // SetPeerLost's callback
 	wg        sync.WaitGroup
 
