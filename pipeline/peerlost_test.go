@@ -103,10 +103,69 @@ func TestPeerLostReclaimsFlows(t *testing.T) {
 	conserve(t, r)
 }
 
+// TestPeerLostBeforeFirstWrite: a sender dies holding a grant it never
+// wrote, its very first request to the receiver. The connection its engine
+// opened when the request started (transfer.Connector; LoadPeer dials
+// nothing) is what tells the receiver, which reclaims the flow at once.
+func TestPeerLostBeforeFirstWrite(t *testing.T) {
+	w := zmqWorld(t, 0)
+	w.engine = func(t testing.TB, name string, _ loopback.Options) transfer.Engine {
+		e, err := tcp.New(tcp.Config{Name: name})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return e
+	}
+	cfg := testConfig()
+	var sw *stallWriter
+	s := w.node("s", cfg, func(set *Settings) {
+		sw = &stallWriter{w: write.New(set.Engine)}
+		sw.stall.Store(true)
+		set.Writer = sw
+	})
+	r := w.node("r", cfg)
+	connect(t, s, r)
+	j := simple(t, s, r, 1)
+	if _, err := s.Submit(Request{Peer: "r", Src: j.src, Dst: j.dst}); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for r.ArenaStats().HeldBytes == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the receiver never granted the stalled request")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	// The sender dies once its connection is up (the receiver's engine
+	// named it): killed earlier, inside that round trip, only expiry
+	// would reclaim the flow.
+	for r.eng.(*tcp.Engine).Stats().IncomingConns == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the sender's engine never connected to the receiver before its first write")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	killed := time.Now()
+	s.ctrl.Close()
+	s.eng.Close()
+	for {
+		st := r.ArenaStats()
+		if st.HeldBytes == 0 && st.Flows == 0 {
+			break
+		}
+		if time.Since(killed) > 10*time.Second {
+			t.Fatalf("10 s after the sender died the receiver still holds its flow: %+v (lost peers %d; flow expiry %v)", st, r.Stats().LostPeers, 4*cfg.RequestTimeout)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	t.Logf("flow reclaimed %v after the sender died", time.Since(killed))
+	conserve(t, r)
+}
+
 // TestPeerLostFailsWaitingRequests: a receiver dies while the sender's
 // request waits for its GRANT (no write in flight to fail). The sender's
-// engine reports the receiver lost (its first connection, opened at
-// LoadPeer, broke) and the request fails with ErrPeerLost at once, not at
+// engine reports the receiver lost (its first connection, opened when the
+// request started, broke) and the request fails with ErrPeerLost at once, not at
 // its 5 s timeout.
 func TestPeerLostFailsWaitingRequests(t *testing.T) {
 	w := zmqWorld(t, 0)

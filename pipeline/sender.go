@@ -88,6 +88,12 @@ func (r *reactor) submitBounce(b *Batch, pi *peerInfo, p *plan.Plan, tag []byte)
 	want := &wire.Want{Request: q.id, ChunkBytes: sizes, Endpoint: r.a.set.Control.LocalEndpoint(), Tag: tag}
 	r.a.obs.inject(b.obs.ctx, &want.TraceParent)
 	q.wantAt = time.Now()
+	// The receiver admits this agent by now (it is asked to grant to it):
+	// an engine that can opens its connection ahead of the first write, so
+	// the receiver notices this process die even before that write.
+	if c, ok := r.a.set.Engine.(transfer.Connector); ok {
+		c.Connect(peer)
+	}
 	if err := r.send(peer, want); err != nil {
 		q.noCancel = true // the flow never reached the peer
 		r.fail(q, fmt.Errorf("pipeline: send WANT to %q: %w", peer, err))

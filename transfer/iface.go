@@ -178,6 +178,19 @@ type PeerLossReporter interface {
 	SetPeerLost(fn func(peer string))
 }
 
+// Connector is the optional capability of an Engine that can open its
+// connection to a loaded peer ahead of the first write, so that the peer
+// notices this process die (PeerLossReporter) even before that write.
+// The agent calls it when it starts a request to the peer, not when it
+// loads the peer: by then the peer has admitted this agent (a connection
+// dialed before that is refused and looks like an attack to the peer).
+type Connector interface {
+	// Connect starts opening a connection to peer unless one is open or
+	// opening. It does not block; a failure fails nothing (the first write
+	// dials again).
+	Connect(peer string)
+}
+
 // WriteGuard authorizes one incoming write: it returns nil and the range
 // allowed contains dst when peer may write dst, and an error wrapping
 // ErrForbidden otherwise. allowed is a range the caller may treat as

@@ -87,7 +87,7 @@ func TestAuthenticatedWrites(t *testing.T) {
 			if err != nil || m.Peer != "a" || string(m.Payload) != "note" {
 				t.Fatalf("notification %+v, %v", m, err)
 			}
-			if st := b.Stats(); st != (Stats{}) {
+			if st := b.Stats(); st != (Stats{IncomingConns: st.IncomingConns}) {
 				t.Fatalf("receiver counted refusals for a legitimate peer: %+v", st)
 			}
 		})
@@ -343,4 +343,38 @@ func FuzzAcceptHandshake(f *testing.F) {
 			t.Fatalf("arbitrary bytes admitted as %q", name)
 		}
 	})
+}
+
+// TestLoadPeerBeforeAdmittedCountsNothing is the reported noise: A loads B
+// before B admits A (two agents loading each other's descriptors, one
+// first). A dialed at LoadPeer, its handshake was refused and B counted a
+// legitimate sender as Unauthenticated. LoadPeer dials nothing now; once B
+// admits A, A's write is served and B's counter stays 0.
+func TestLoadPeerBeforeAdmittedCountsNothing(t *testing.T) {
+	k := keyring{}
+	v := newEnv(t)
+	a := v.engine("a", k.authed(t, "a", "b"), func(c *Config) { c.Connections = 1 })
+	b := v.engine("b", k.authed(t, "b"))
+	src := v.buf(4096, 3, a)
+	dst := v.buf(4096, 0, b)
+	connect(t, a, b)
+	time.Sleep(200 * time.Millisecond) // time for a dial at LoadPeer to reach B
+	if err := b.cfg.Peers.Introduce("a", k.id(t, "a").Public); err != nil {
+		t.Fatal(err)
+	}
+	// One connection: this write's session starts only after any earlier
+	// one on it ended, so a refused early dial was counted by now.
+	op, err := a.PostWrite("b", []transfer.WriteOp{{Src: src.Desc(), Dst: dst.Desc()}})
+	mustDone(t, op, err)
+	if !bytes.Equal(dst.Bytes(), src.Bytes()) {
+		t.Fatal("destination differs")
+	}
+	if n := b.Stats().Unauthenticated; n != 0 {
+		t.Fatalf("B counted %d unauthenticated connections from A, a sender it admitted before A's first write", n)
+	}
+	// A connection from a key B does not admit still counts.
+	c := v.engine("c", k.authed(t, "c", "b"))
+	connect(t, c, b)
+	c.Connect("b")
+	eventually(t, "B counts c's refused handshake", func() bool { return b.Stats().Unauthenticated == 1 })
 }

@@ -6,7 +6,7 @@
 // New listens at once. Metadata advertises the engine's name, its address
 // and its registered host ranges; a peer passes it to LoadPeer. Each engine
 // dials up to Config.Connections connections to a peer, lazily on the first
-// write or notification, and redials on the next use after a connection
+// write or notification (or at Connect), and redials on the next use after a connection
 // broke. The first frame on a connection is HELLO carrying the dialer's
 // metadata, so the accepting engine learns the dialer's name (the Peer of
 // received notifications) and can write or notify back even if it never

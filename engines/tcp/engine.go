@@ -57,7 +57,8 @@ type counters struct {
 	unauthenticated, refusedConns, slowConns, forbiddenWrites, fenceEvictions atomic.Uint64
 }
 
-// Stats are the engine's cumulative security counters.
+// Stats are the engine's cumulative security counters and two gauges
+// (Fenced, IncomingConns).
 type Stats struct {
 	// Unauthenticated counts incoming connections refused for their
 	// handshake: no handshake (a plain HELLO), a key that is not admitted,
@@ -78,26 +79,30 @@ type Stats struct {
 	FenceEvictions uint64
 	// Fenced is the number of forgotten peers refused now (a gauge).
 	Fenced int
+	// IncomingConns is the number of connections peers dialed here that
+	// their HELLO named (a gauge; connections still in setup excluded).
+	IncomingConns int
 }
 
-// Stats returns a snapshot of the engine's security counters.
+// Stats returns a snapshot of the engine's counters and gauges.
 func (e *Engine) Stats() Stats {
-	return Stats{
+	st := Stats{
 		Unauthenticated: e.stats.unauthenticated.Load(),
 		RefusedConns:    e.stats.refusedConns.Load(),
 		SlowConns:       e.stats.slowConns.Load(),
 		ForbiddenWrites: e.stats.forbiddenWrites.Load(),
 		FenceEvictions:  e.stats.fenceEvictions.Load(),
-		Fenced:          e.fenced(),
 	}
-}
-
-// fenced returns the number of names the fence holds now.
-func (e *Engine) fenced() int {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.forgotten.prune(e.now())
-	return e.forgotten.len()
+	st.Fenced = e.forgotten.len()
+	for ic := range e.incoming {
+		if ic.name.Load() != nil {
+			st.IncomingConns++
+		}
+	}
+	return st
 }
 
 // SetWriteGuard installs g; every incoming write is checked against it
@@ -111,10 +116,11 @@ func (e *Engine) SetWriteGuard(g transfer.WriteGuard) {
 }
 
 var (
-	_ transfer.Engine   = (*Engine)(nil)
-	_ transfer.Notifier = (*Engine)(nil)
-	_ transfer.Writer   = (*Engine)(nil)
-	_ transfer.Fencer   = (*Engine)(nil)
+	_ transfer.Engine    = (*Engine)(nil)
+	_ transfer.Notifier  = (*Engine)(nil)
+	_ transfer.Writer    = (*Engine)(nil)
+	_ transfer.Fencer    = (*Engine)(nil)
+	_ transfer.Connector = (*Engine)(nil)
 
 	_ transfer.WriteGuarded = (*Engine)(nil)
 )
@@ -271,20 +277,28 @@ func (e *Engine) LoadPeer(md []byte) (string, error) {
 	if old != nil {
 		old.shutdown(fmt.Errorf("tcp: peer %q moved from %s to %s: %w", m.name, old.addr, m.addr, transfer.ErrPeerLost))
 	}
-	e.warm(m.name)
 	return m.name, nil
 }
 
-// warm opens the first connection to a loaded peer now rather than at the
-// first write: the peer then learns at once, from that connection ending,
-// when this process dies (SetPeerLost), even if it never wrote. A dial that
-// fails fails nothing; the first write dials again.
-func (e *Engine) warm(name string) {
+// Connect opens the first connection to a loaded peer now rather than at
+// the first write (transfer.Connector): the peer then learns at once, from
+// that connection ending, when this process dies (SetPeerLost), even if it
+// never wrote. LoadPeer does not dial: the peer may not admit this engine
+// yet, and a refused handshake counts as Unauthenticated there. A dial
+// that fails fails nothing; the first write dials again.
+func (e *Engine) Connect(name string) {
 	e.mu.Lock()
 	p := e.peers[name]
 	e.mu.Unlock()
-	if p != nil && len(p.slots) > 0 {
-		p.slots[0].push(nil)
+	if p == nil || len(p.slots) == 0 {
+		return
+	}
+	s := p.slots[0]
+	s.mu.Lock()
+	idle := s.sess == nil
+	s.mu.Unlock()
+	if idle {
+		s.push(nil)
 	}
 }
 

@@ -74,7 +74,7 @@ func TestPeerLostNotOnForget(t *testing.T) {
 	}
 }
 
-// TestPeerLostWhenOutgoingBreaks: A dialed B (at LoadPeer, before any
+// TestPeerLostWhenOutgoingBreaks: A dialed B (at Connect, before any
 // write) and B dies: A reports B lost once its connection broke, without
 // having written anything.
 func TestPeerLostWhenOutgoingBreaks(t *testing.T) {
@@ -83,6 +83,7 @@ func TestPeerLostWhenOutgoingBreaks(t *testing.T) {
 	var lost lostRecorder
 	a.SetPeerLost(lost.add)
 	connect(t, a, b)
+	a.Connect("b")
 	eventually(t, "A's first connection to B is up", func() bool { return a.peers["b"] != nil && a.peers["b"].connected() })
 	time.Sleep(20 * time.Millisecond) // HELLO through
 	if err := b.Close(); err != nil {
@@ -91,5 +92,34 @@ func TestPeerLostWhenOutgoingBreaks(t *testing.T) {
 	eventually(t, "A reports B lost", func() bool { return len(lost.get()) > 0 })
 	if got := lost.get(); got[0] != "b" {
 		t.Fatalf("reports %v, want [b]", got)
+	}
+}
+
+// TestConnectBeforeAnyWrite: B notices A die from the connection Connect
+// opened, A having written nothing, and Connect opens one connection
+// however often it is called.
+func TestConnectBeforeAnyWrite(t *testing.T) {
+	v := newEnv(t)
+	a, b := v.engine("a"), v.engine("b")
+	var lost lostRecorder
+	b.SetPeerLost(lost.add)
+	connect(t, a, b)
+	for range 5 {
+		a.Connect("b")
+	}
+	a.Connect("nobody") // unknown: nothing
+	eventually(t, "b learns a", func() bool { _, err := b.peer("a"); return err == nil })
+	b.mu.Lock()
+	n := len(b.incoming)
+	b.mu.Unlock()
+	if n != 1 {
+		t.Fatalf("b has %d incoming connections after 5 Connects, want 1", n)
+	}
+	if err := a.Close(); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "B reports A lost", func() bool { return len(lost.get()) > 0 })
+	if got := lost.get(); got[0] != "a" {
+		t.Fatalf("reports %v, want [a]", got)
 	}
 }
