@@ -93,11 +93,15 @@ SEED_FIRST ?= 1
 sim:
 	$(GO) test -count=1 -timeout 0 -run '^TestSim$$' ./pipeline -sim.seeds=$(SEEDS) -sim.first=$(SEED_FIRST) -v | grep -E '^(---|ok|FAIL)|sim:|VIOLATION|replay'
 
-## soak: SOAK_SENDERS short-lived sender processes against one receiver, then
-## the fd/goroutine/table check; also the kill -9 and fairness tests
+## soak: 8 senders x 128 concurrent requests (fairness, SOAK_REPEAT passes,
+## failing above 1.3), then SOAK_SENDERS short-lived sender processes in
+## sequence (or as many as fit in SOAK_FOR, e.g. 25m; 0 = no limit), then
+## the fd/goroutine/table check; also the kill -9 tests
 SOAK_SENDERS ?= 10000
+SOAK_FOR     ?= 0
+SOAK_REPEAT  ?= 20
 soak:
-	SOAK_SENDERS=$(SOAK_SENDERS) $(GO) test -count=1 -timeout 0 -run '^(TestSoakSenderProcesses|TestKillSenderMidTransfer|TestKillReceiverMidTransfer|TestFairnessEightSenders)$$' ./cmd/bounce -v -kill.rounds=10 | grep -E '^(---|ok|FAIL)|soak:|kill -9|fairness:'
+	SOAK_SENDERS=$(SOAK_SENDERS) SOAK_FOR=$(SOAK_FOR) SOAK_REPEAT=$(SOAK_REPEAT) $(GO) test -count=1 -timeout 0 -run '^(TestSoak|TestKillSenderMidTransfer|TestKillReceiverMidTransfer)$$' ./cmd/bounce -v -kill.rounds=10 -soak.fairness=1.3 | grep -E '^(---|ok|FAIL)|soak:|kill -9|fairness'
 
 clean:
 	rm -rf bin out

@@ -323,65 +323,6 @@ func rss() uint64 {
 	return pages * uint64(os.Getpagesize())
 }
 
-// TestSoakSenderProcesses runs many short-lived sender processes in
-// sequence against one receiver (SOAK_SENDERS, default 40; make
-// soak runs 10,000), then checks the receiver's tables and the process's
-// fds and goroutines came back to where they were (within +16), with no
-// flows, control peers or requests left.
-func TestSoakSenderProcesses(t *testing.T) {
-	if testing.Short() {
-		t.Skip("real processes")
-	}
-	senders := 40
-	if v := os.Getenv("SOAK_SENDERS"); v != "" {
-		var err error
-		if senders, err = strconv.Atoi(v); err != nil {
-			t.Fatal(err)
-		}
-	}
-	names := []string{"warm"}
-	for i := 0; i < senders; i++ {
-		names = append(names, fmt.Sprintf("s%d", i))
-	}
-	r := newReceiver(t, 64<<20, names...)
-	work := []string{"--workload", "gptoss120b-tp8-b16", "--count", "2048", "--requests", "4"}
-	r.send(t, "warm", work...) // first-use allocations are not growth
-	time.Sleep(100 * time.Millisecond)
-	goruntime.GC()
-	before, rssBefore := r.n.Agent.Stats(), rss()
-	start := time.Now()
-	for i := 0; i < senders; i++ {
-		r.send(t, fmt.Sprintf("s%d", i), work...)
-	}
-	elapsed := time.Since(start)
-	// Let the receiver notice the last sender went away.
-	var after pipeline.Stats
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		goruntime.GC()
-		after = r.n.Agent.Stats()
-		settled := after.ControlPeers == 0 && after.Flows == 0 && after.Requests == 0 &&
-			after.OpenFDs <= before.OpenFDs+16 && after.Goroutines <= before.Goroutines+16
-		if settled || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	rssAfter := rss()
-	t.Logf("soak: %d sender processes in %v; receiver fds %d → %d, goroutines %d → %d, RSS %d MiB → %d MiB, control peers %d, flows %d, lost-peer reports %d, quarantined %d B",
-		senders, elapsed.Round(time.Millisecond), before.OpenFDs, after.OpenFDs, before.Goroutines, after.Goroutines, rssBefore>>20, rssAfter>>20,
-		after.ControlPeers, after.Flows, after.LostPeers-before.LostPeers, after.QuarantinedBytes)
-	if after.OpenFDs > before.OpenFDs+16 || after.Goroutines > before.Goroutines+16 {
-		t.Fatalf("growth after %d senders: fds %d → %d, goroutines %d → %d", senders, before.OpenFDs, after.OpenFDs, before.Goroutines, after.Goroutines)
-	}
-	if after.ControlPeers != 0 || after.Flows != 0 || after.Requests != 0 {
-		t.Fatalf("tables not empty after the senders left: control peers %d, flows %d, requests %d", after.ControlPeers, after.Flows, after.Requests)
-	}
-	if after.Succeeded != before.Succeeded || after.Failed != before.Failed {
-		t.Logf("receiver-side request counters moved: %+v", after)
-	}
-}
-
 // parseRate reads FormatRate's output ("1.23 GB/s", "45.6 MB/s", "7 B/s").
 func parseRate(s string) (float64, error) {
 	f := strings.Fields(s)
@@ -403,29 +344,102 @@ func parseRate(s string) (float64, error) {
 	return 0, fmt.Errorf("rate %q: unit", s)
 }
 
-// TestFairnessEightSenders: 8 sender processes with 128 concurrent
-// requests each (1,024 in all) share one receiver (default
-// configuration). Each moves the same bytes; the ratio of the fastest
-// sender's throughput to the slowest one's is the fairness figure (goal
-// ≤ 1.3). Every request must succeed.
-func TestFairnessEightSenders(t *testing.T) {
+// soakFairness is the largest fairness ratio TestSoak accepts; 0 only
+// reports it (CI: a timing ratio on a shared box; make soak sets 1.3).
+var soakFairness = flag.Float64("soak.fairness", 0, "fail TestSoak when the per-sender throughput max/min exceeds this (0: report only)")
+
+// soakEnv reads an environment variable of TestSoak, or def.
+func soakEnv[T any](t *testing.T, name string, def T, parse func(string) (T, error)) T {
+	t.Helper()
+	v := os.Getenv(name)
+	if v == "" {
+		return def
+	}
+	x, err := parse(v)
+	if err != nil {
+		t.Fatalf("%s=%q: %v", name, v, err)
+	}
+	return x
+}
+
+// soakGauges is what TestSoak checks for growth.
+type soakGauges struct {
+	st  pipeline.Stats
+	rss uint64
+}
+
+func (g soakGauges) String() string {
+	return fmt.Sprintf("fds %d, goroutines %d, RSS %d MiB, control peers %d, flows %d, requests %d",
+		g.st.OpenFDs, g.st.Goroutines, g.rss>>20, g.st.ControlPeers, g.st.Flows, g.st.Requests)
+}
+
+// settle waits (up to 10 s) for the receiver to notice the last sender
+// went away: tables empty and fds and goroutines within +16 of base.
+func settle(r *liveReceiver, base pipeline.Stats) soakGauges {
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		goruntime.GC()
+		st := r.n.Agent.Stats()
+		ok := st.ControlPeers == 0 && st.Flows == 0 && st.Requests == 0 &&
+			st.OpenFDs <= base.OpenFDs+16 && st.Goroutines <= base.Goroutines+16
+		if ok || time.Now().After(deadline) {
+			return soakGauges{st, rss()}
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestSoak is the receiver's soak, on one in-process receiver with the
+// default configuration: first 8 sender processes with 128 concurrent
+// requests each (1,024 in flight) move the same bytes, and the ratio of
+// the fastest sender's throughput to the slowest one's is the fairness
+// figure (goal ≤ 1.3; -soak.fairness fails above it), taken over the
+// middle of SOAK_REPEAT passes (3) when every sender is active; then SOAK_SENDERS
+// short-lived sender processes in sequence (40 in CI; make soak runs
+// 10,000), or as many as fit in SOAK_FOR. After each phase the receiver's
+// fds and goroutines must be within +16 of where they were after a warm-up
+// sender, its control-peer, flow and request tables empty.
+func TestSoak(t *testing.T) {
 	if testing.Short() {
 		t.Skip("real processes")
 	}
-	const senders = 8
-	var names []string
-	for i := 0; i < senders; i++ {
+	senders := soakEnv(t, "SOAK_SENDERS", 40, strconv.Atoi)
+	budget := soakEnv(t, "SOAK_FOR", time.Duration(0), time.ParseDuration)
+	repeat := soakEnv(t, "SOAK_REPEAT", 3, strconv.Atoi)
+	const fair = 8
+	names := []string{"warm"}
+	for i := range fair {
 		names = append(names, fmt.Sprintf("fair-%d", i))
 	}
+	for i := range senders {
+		names = append(names, fmt.Sprintf("s%d", i))
+	}
 	r := newReceiver(t, 256<<20, names...)
+	work := []string{"--workload", "gptoss120b-tp8-b16", "--count", "2048", "--requests", "4"}
+	r.send(t, "warm", work...) // first-use allocations are not growth
+	base := settle(r, r.n.Agent.Stats())
+	t.Logf("soak: start: %v", base)
+	check := func(phase string, g soakGauges) {
+		t.Helper()
+		if g.st.OpenFDs > base.st.OpenFDs+16 || g.st.Goroutines > base.st.Goroutines+16 {
+			t.Fatalf("%s: growth: fds %d → %d, goroutines %d → %d (allowed +16)", phase, base.st.OpenFDs, g.st.OpenFDs, base.st.Goroutines, g.st.Goroutines)
+		}
+		if g.st.ControlPeers != 0 || g.st.Flows != 0 || g.st.Requests != 0 {
+			t.Fatalf("%s: tables not empty after the senders left: %v", phase, g)
+		}
+	}
+
+	// Phase 1: 8 senders × 128 concurrent requests.
 	type out struct {
 		stdout, stderr string
 		err            error
 	}
-	res := make(chan out, senders)
-	for i := 0; i < senders; i++ {
-		cmd := exec.Command(cliBinary(t), "send", "--peer", r.desc, "--agent.name", names[i], "--security.key-file", r.key(names[i]), "--control-plane.bind-address", "127.0.0.1",
-			"--bounce.arena-size", "64MiB", "--workload", "gptoss120b-tp8-b16", "--count", "512", "--requests", "128", "--route", "bounce")
+	res := make(chan out, fair)
+	start := time.Now()
+	for i := range fair {
+		name := names[1+i]
+		cmd := exec.Command(cliBinary(t), "send", "--peer", r.desc, "--agent.name", name, "--security.key-file", r.key(name), "--control-plane.bind-address", "127.0.0.1",
+			"--bounce.arena-size", "64MiB", "--workload", "gptoss120b-tp8-b16", "--count", "512", "--requests", "128", "--route", "bounce", "--repeat", strconv.Itoa(repeat))
 		var so, se strings.Builder
 		cmd.Stdout, cmd.Stderr = &so, &se
 		go func() {
@@ -434,35 +448,80 @@ func TestFairnessEightSenders(t *testing.T) {
 		}()
 	}
 	var rates []float64
-	for i := 0; i < senders; i++ {
+	for range fair {
 		o := <-res
 		if o.err != nil {
 			t.Fatalf("sender: %v\n%s\n%s", o.err, o.stdout, o.stderr)
 		}
-		var rate float64
-		for _, line := range strings.Split(o.stdout, "\n") {
-			f := strings.Split(line, "  ")
-			var cols []string
-			for _, c := range f {
-				if c = strings.TrimSpace(c); c != "" {
-					cols = append(cols, c)
-				}
-			}
-			if len(cols) >= 6 && cols[0] == "bounce" {
-				var err error
-				if rate, err = parseRate(cols[5]); err != nil {
-					t.Fatalf("%v in %q", err, line)
-				}
-			}
-		}
-		if rate == 0 {
-			t.Fatalf("no bounce throughput in:\n%s", o.stdout)
+		rate, err := bounceRate(o.stdout)
+		if err != nil {
+			t.Fatal(err)
 		}
 		rates = append(rates, rate)
 	}
 	lo, hi := slices.Min(rates), slices.Max(rates)
-	t.Logf("fairness: 8 senders × 128 requests; per-sender throughput min %.1f MB/s max %.1f MB/s; max/min %.2f", lo/1e6, hi/1e6, hi/lo)
-	if st := r.n.Agent.Stats(); st.Flows != 0 && st.Requests != 0 {
-		t.Logf("receiver after: %+v", st)
+	g := settle(r, base.st)
+	t.Logf("fairness: 8 senders × 128 concurrent requests × %d passes in %v (rates of the middle passes); per-sender throughput min %.1f MB/s max %.1f MB/s; max/min %.2f; after: %v",
+		repeat, time.Since(start).Round(time.Millisecond), lo/1e6, hi/1e6, hi/lo, g)
+	check("after 8 × 128 concurrent requests", g)
+	if *soakFairness > 0 && hi/lo > *soakFairness {
+		t.Errorf("fairness max/min %.2f exceeds %.2f (rates %v)", hi/lo, *soakFairness, rates)
 	}
+
+	// Phase 2: short-lived sender processes in sequence.
+	start = time.Now()
+	done := 0
+	for ; done < senders; done++ {
+		if budget > 0 && time.Since(start) > budget {
+			t.Logf("soak: SOAK_FOR %v reached after %d of %d sender processes", budget, done, senders)
+			break
+		}
+		r.send(t, fmt.Sprintf("s%d", done), work...)
+		if (done+1)%1000 == 0 {
+			st := r.n.Agent.Stats()
+			t.Logf("soak: %d sender processes in %v: fds %d, goroutines %d, control peers %d, flows %d",
+				done+1, time.Since(start).Round(time.Second), st.OpenFDs, st.Goroutines, st.ControlPeers, st.Flows)
+		}
+	}
+	elapsed := time.Since(start)
+	g = settle(r, base.st)
+	t.Logf("soak: %d sender processes in sequence in %v (%v each); start: %v; after: %v; lost-peer reports %d, quarantined %d B",
+		done, elapsed.Round(time.Millisecond), (elapsed / time.Duration(max(done, 1))).Round(time.Millisecond), base, g, g.st.LostPeers, g.st.QuarantinedBytes)
+	check(fmt.Sprintf("after %d sender processes", done), g)
+}
+
+// bounceRate reads the bounce rows' throughputs from `bounce send
+// --repeat`'s summary and returns their mean, leaving out the first and the
+// last quarter of the rows (at least one each, when there are three or
+// more): the senders start and finish at different times, and only the
+// middle rows ran with every sender active.
+func bounceRate(stdout string) (float64, error) {
+	var rates []float64
+	for _, line := range strings.Split(stdout, "\n") {
+		var cols []string
+		for _, c := range strings.Split(line, "  ") {
+			if c = strings.TrimSpace(c); c != "" {
+				cols = append(cols, c)
+			}
+		}
+		if len(cols) >= 6 && (cols[0] == "bounce" || strings.HasPrefix(cols[0], "bounce #")) {
+			rate, err := parseRate(cols[5])
+			if err != nil {
+				return 0, fmt.Errorf("%w in %q", err, line)
+			}
+			rates = append(rates, rate)
+		}
+	}
+	if len(rates) == 0 {
+		return 0, fmt.Errorf("no bounce throughput in:\n%s", stdout)
+	}
+	if n := len(rates); n >= 3 {
+		edge := max(1, n/4)
+		rates = rates[edge : n-edge]
+	}
+	sum := 0.0
+	for _, r := range rates {
+		sum += r
+	}
+	return sum / float64(len(rates)), nil
 }
