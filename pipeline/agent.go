@@ -378,7 +378,13 @@ func build(s Settings, cfg Config) (*Agent, error) {
 	}
 	a.r = newReactor(a, sched)
 	if pl, ok := s.Engine.(transfer.PeerLossReporter); ok && a.bounceOn {
-		pl.SetPeerLost(func(peer string) { a.post(func(r *reactor) { r.peerGone(peer) }) })
+		pl.SetPeerLost(func(peer string) { a.post(func(r *reactor) { r.peerGone(peer, "the engine lost every connection") }) })
+	}
+	// A control channel that notices a peer's connection drop (zmq: the
+	// socket monitor) reports a dead peer as fast, even one that never
+	// opened an engine connection.
+	if pl, ok := s.Control.(transfer.PeerLossReporter); ok && a.bounceOn {
+		pl.SetPeerLost(func(peer string) { a.post(func(r *reactor) { r.peerGone(peer, "the control channel lost its connection") }) })
 	}
 	return a, nil
 }

@@ -160,6 +160,56 @@ func TestPeerLostBeforeFirstWrite(t *testing.T) {
 	}
 	t.Logf("flow reclaimed %v after the sender died", time.Since(killed))
 	conserve(t, r)
+	// The sender's gathers read j's buffers, which the test frees first.
+	s.close(t)
+}
+
+// TestControlPeerLostReclaimsFlows: a sender's control channel dies (its
+// process would be killed) while it holds a grant, over an engine that
+// reports no loss (loopback). The receiver's zmq channel sees its
+// connection to the sender drop (socket monitor) and the receiver
+// reclaims the flow at once instead of at its expiry (20 s here).
+func TestControlPeerLostReclaimsFlows(t *testing.T) {
+	w := zmqWorld(t, 0)
+	cfg := testConfig()
+	var sw *stallWriter
+	s := w.node("s", cfg, func(set *Settings) {
+		sw = &stallWriter{w: write.New(set.Engine)}
+		sw.stall.Store(true)
+		set.Writer = sw
+	})
+	r := w.node("r", cfg)
+	connect(t, s, r)
+	j := simple(t, s, r, 1)
+	if _, err := s.Submit(Request{Peer: "r", Src: j.src, Dst: j.dst}); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for r.ArenaStats().HeldBytes == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the receiver never granted the stalled request")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	killed := time.Now()
+	s.ctrl.Close()
+	for {
+		st := r.ArenaStats()
+		if st.HeldBytes == 0 && st.Flows == 0 {
+			break
+		}
+		if time.Since(killed) > 10*time.Second {
+			t.Fatalf("10 s after the sender's control channel died the receiver still holds its flow: %+v (lost peers %d; flow expiry %v)", st, r.Stats().LostPeers, 4*cfg.RequestTimeout)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	t.Logf("flow reclaimed %v after the sender's control channel died", time.Since(killed))
+	if n := r.Stats().LostPeers; n != 1 {
+		t.Fatalf("LostPeers = %d, want 1", n)
+	}
+	conserve(t, r)
+	// The sender's gathers read j's buffers, which the test frees first.
+	s.close(t)
 }
 
 // TestPeerLostFailsWaitingRequests: a receiver dies while the sender's

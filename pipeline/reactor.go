@@ -395,29 +395,30 @@ func (r *reactor) forgetPeer(peer string, fenced bool) {
 
 // peerGone handles a peer the engine reported lost (the last connection
 // it dialed here ended, or the last one dialed to it broke: a process
-// killed with kill -9 shows within a round trip). As a receiver it
+// killed with kill -9 shows within a round trip), or the control channel
+// did (its connection to the peer dropped); why says which. As a receiver it
 // reclaims the peer's flows instead of leaving them to expiry and closes
 // the control path opened from its WANTs; the regions are quarantined:
 // the closed connections prove their writes over, but the peer may dial
 // again, and only a fence (ForgetPeer) would refuse that. As a sender it
 // fails the requests to the peer (ErrPeerLost), those waiting for a GRANT
 // or an ACK included, instead of leaving them to their timeout.
-func (r *reactor) peerGone(peer string) {
+func (r *reactor) peerGone(peer, why string) {
 	r.a.stats.lostPeers.Add(1)
 	for _, q := range r.reqs {
 		if q.peer == peer && q.err == nil {
-			r.fail(q, fmt.Errorf("pipeline: request %d: the engine lost every connection to %q: %w", q.id, peer, transfer.ErrPeerLost))
+			r.fail(q, fmt.Errorf("pipeline: request %d: %s to %q: %w", q.id, why, peer, transfer.ErrPeerLost))
 		}
 	}
 	r.a.obs.peerFlowsEnded(r, peer, "lost")
 	r.failFlows(func(k credit.FlowKey) bool { return k.Peer == peer },
-		fmt.Errorf("flow reclaimed: the engine lost every connection of its sender: %w", transfer.ErrPeerLost))
+		fmt.Errorf("flow reclaimed: %s to its sender: %w", why, transfer.ErrPeerLost))
 	if r.a.guard != nil {
 		r.a.guard.revokeMatching(func(k credit.FlowKey) bool { return k.Peer == peer })
 	}
 	if r.sched != nil {
 		if offs := r.sched.QuarantinePeer(peer); len(offs) > 0 || r.hasFlows(peer) {
-			r.log.Warn("flows reclaimed: the engine lost every connection of their sender", "peer", peer, "regions", len(offs))
+			r.log.Warn("flows reclaimed: their sender is lost", "peer", peer, "why", why, "regions", len(offs))
 			r.quarantine(offs)
 		}
 		r.cancelScatters(func(k credit.FlowKey) bool { return k.Peer == peer })

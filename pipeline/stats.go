@@ -41,7 +41,8 @@ type Stats struct {
 	// the bounce path.
 	Wants, Grants, BounceBytes uint64
 	// LostPeers counts the engine's reports of a peer that lost every
-	// connection (transfer.PeerLossReporter); their flows were reclaimed.
+	// connection and the control channel's of a dropped connection
+	// (transfer.PeerLossReporter); their flows were reclaimed.
 	LostPeers uint64
 	// Gauges, for leak checks: control peers the receiver opened from
 	// WANT endpoints, receiver flows, and requests in flight (as of the

@@ -167,10 +167,11 @@ type ContextWriter interface {
 	WriteContext(ctx context.Context, peer string, src, dst Desc) (Op, error)
 }
 
-// PeerLossReporter is the optional capability of an Engine that notices a
-// peer is gone before any write to it fails: every connection the peer
-// opened to this engine closed or reset (a process killed with kill -9, a
-// host gone). The agent reclaims the receiver-side flows of that peer at
+// PeerLossReporter is the optional capability of an Engine (or a
+// ControlChannel) that notices a peer is gone before any write to it
+// fails: every connection the peer opened to this engine closed or reset
+// (a process killed with kill -9, a host gone), or the control channel's
+// connection to the peer dropped. The agent reclaims the receiver-side flows of that peer at
 // once instead of waiting for their expiry.
 type PeerLossReporter interface {
 	// SetPeerLost registers fn, called with the peer's name each time the

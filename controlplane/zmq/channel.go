@@ -18,8 +18,12 @@
 // every message (a peer sending more is disconnected before it is
 // buffered) and ZMQ_HANDSHAKE_IVL every handshake.
 //
-// A Channel starts one goroutine, the ZAP handler, when CURVE is on; Recv
-// reads the ROUTER itself. Every
+// Every DEALER's connection is watched through the ZeroMQ socket monitor:
+// one that drops after its handshake (the peer process died, or its
+// heartbeats timed out) is reported at once (SetPeerLost).
+//
+// A Channel starts one goroutine for the socket monitor, and one more,
+// the ZAP handler, when CURVE is on; Recv reads the ROUTER itself. Every
 // Channel owns its own ZeroMQ context, so Close releases all of its sockets
 // and libzmq threads and affects no other Channel.
 package zmq
@@ -49,7 +53,10 @@ const Kind = "zmq"
 // its own context.
 const wakeEndpoint = "inproc://bounce-zmq-wake"
 
-var _ transfer.ControlChannel = (*Channel)(nil)
+var (
+	_ transfer.ControlChannel   = (*Channel)(nil)
+	_ transfer.PeerLossReporter = (*Channel)(nil)
+)
 
 // Channel is a transfer.ControlChannel over a ZeroMQ ROUTER (receive) and
 // one DEALER per peer (send). All methods are safe for concurrent use.
@@ -89,11 +96,16 @@ type Channel struct {
 	closeOnce sync.Once
 	closeErr  error
 
-	sent, received, dropped, badEndpoints, malformed, spoofed atomic.Uint64
+	mon       *monitor                     // watches every DEALER's connection
+	onLost    atomic.Pointer[func(string)] // SetPeerLost's callback
+	dealerIDs atomic.Uint64
+
+	sent, received, dropped, badEndpoints, malformed, spoofed, lost atomic.Uint64
 }
 
 // dealer is the send socket to one peer.
 type dealer struct {
+	id        uint64     // unique in the channel: its monitor's reports name it
 	mu        sync.Mutex // serializes use of sock
 	sock      *zmq4.Socket
 	endpoint  string
@@ -120,6 +132,9 @@ type Stats struct {
 	// Spoofed counts messages dropped because the routing identity the
 	// sender declared differs from the agent its key belongs to.
 	Spoofed uint64
+	// LostPeers counts DEALER connections that dropped after completing
+	// their handshake (reported to SetPeerLost).
+	LostPeers uint64
 }
 
 // New binds a Channel's ROUTER on the address chosen from cfg (see Config).
@@ -184,6 +199,14 @@ func newChannel(cfg Config, probe netProbe, lookup hostLookup) (*Channel, error)
 		wakeSend: wakeSend,
 		poller:   zmq4.NewPoller(),
 		done:     make(chan struct{}),
+	}
+	if c.mon, err = newMonitor(zctx, c.connLost); err != nil {
+		for _, s := range []*zmq4.Socket{router, wakeRecv, wakeSend} {
+			_ = s.Close()
+		}
+		stopZAP()
+		_ = zctx.Term()
+		return nil, err
 	}
 	c.poller.Add(router, zmq4.POLLIN)
 	c.poller.Add(wakeRecv, zmq4.POLLIN)
@@ -301,6 +324,7 @@ func (c *Channel) Stats() Stats {
 		BadEndpoints: c.badEndpoints.Load(),
 		Malformed:    c.malformed.Load(),
 		Spoofed:      c.spoofed.Load(),
+		LostPeers:    c.lost.Load(),
 	}
 	if c.zap != nil {
 		st.Admitted, st.Refused = c.zap.admitted.Load(), c.zap.refused.Load()
@@ -346,15 +370,46 @@ func (c *Channel) AddPeer(peer, endpoint string) error {
 	if old != nil && old.endpoint == endpoint {
 		return nil
 	}
-	sock, err := c.openDealer(peer, endpoint)
+	id := c.dealerIDs.Add(1)
+	sock, err := c.openDealer(peer, endpoint, id)
 	if err != nil {
 		return fmt.Errorf("zmq: add peer %q: %w", peer, err)
 	}
 	if old != nil {
 		old.close()
 	}
-	c.peers[peer] = &dealer{sock: sock, endpoint: endpoint, connected: !c.auth.Enabled()}
+	c.peers[peer] = &dealer{id: id, sock: sock, endpoint: endpoint, connected: !c.auth.Enabled()}
 	return nil
+}
+
+// SetPeerLost registers fn, called with a peer's name when the connection
+// of its DEALER drops after it had completed its handshake: the peer
+// process died (its kernel closed the socket: seen within a round trip,
+// through the ZeroMQ socket monitor) or went silent past the heartbeat
+// timeout (transfer.PeerLossReporter). The DEALER reconnects by itself; a
+// removed or replaced DEALER is not reported. fn must not block.
+func (c *Channel) SetPeerLost(fn func(peer string)) {
+	if fn == nil {
+		c.onLost.Store(nil)
+		return
+	}
+	c.onLost.Store(&fn)
+}
+
+// connLost is the monitor's report that w's connection dropped.
+func (c *Channel) connLost(w watch) {
+	c.mu.RLock()
+	d := c.peers[w.peer]
+	current := !c.closed && d != nil && d.id == w.id
+	c.mu.RUnlock()
+	if !current {
+		return
+	}
+	n := c.lost.Add(1)
+	c.log.Info("zmq: connection to peer dropped", "peer", w.peer, "lost_total", n)
+	if fn := c.onLost.Load(); fn != nil {
+		(*fn)(w.peer)
+	}
 }
 
 // Heartbeats (ZMTP PING/PONG) on every connection: a peer silent for
@@ -379,7 +434,7 @@ func setHeartbeat(s *zmq4.Socket) error {
 
 // openDealer creates a DEALER with our identity and connects it. Connecting
 // is asynchronous: messages queue (up to SendHWM) until the peer answers.
-func (c *Channel) openDealer(peer, endpoint string) (*zmq4.Socket, error) {
+func (c *Channel) openDealer(peer, endpoint string, id uint64) (*zmq4.Socket, error) {
 	var server security.Key
 	if c.auth.Enabled() {
 		k, ok := c.auth.KeyOf(peer)
@@ -420,6 +475,10 @@ func (c *Channel) openDealer(peer, endpoint string) (*zmq4.Socket, error) {
 			_ = sock.Close()
 			return nil, fmt.Errorf("dealer %s: %w", s.what, err)
 		}
+	}
+	if err := c.mon.watch(c.zctx, sock, peer, id); err != nil {
+		_ = sock.Close()
+		return nil, fmt.Errorf("dealer %w", err)
 	}
 	if c.auth.Enabled() {
 		// With CURVE the DEALER connects on its first Send (see
@@ -650,6 +709,7 @@ func (c *Channel) Close() error {
 			d.close()
 		}
 		c.mu.Unlock()
+		c.mon.stop()
 		close(c.done)
 		// Wake a Recv parked in zmq_poll, then take the receive turn for
 		// good: no Recv touches the sockets after this.

@@ -1,0 +1,166 @@
+package zmq
+
+import (
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/bouncekv/bounce/internal/childproc"
+	"github.com/bouncekv/bounce/security"
+)
+
+// lostLog records SetPeerLost reports with their time.
+type lostLog struct {
+	mu    sync.Mutex
+	peers []string
+	at    []time.Time
+}
+
+func (l *lostLog) add(p string) {
+	l.mu.Lock()
+	l.peers, l.at = append(l.peers, p), append(l.at, time.Now())
+	l.mu.Unlock()
+}
+
+func (l *lostLog) get() ([]string, []time.Time) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]string(nil), l.peers...), append([]time.Time(nil), l.at...)
+}
+
+// waitLost polls until l holds a report, within hangGuard.
+func waitLost(t *testing.T, l *lostLog, what string) ([]string, []time.Time) {
+	t.Helper()
+	deadline := time.Now().Add(hangGuard)
+	for {
+		if p, at := l.get(); len(p) > 0 {
+			return p, at
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: no peer-loss report within %v", what, hangGuard)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// TestPeerLostWhenProcessKilled: a control peer in another process is
+// killed with SIGKILL. Its DEALER's connection drops at once and the
+// socket monitor reports the peer lost, well before the heartbeat timeout
+// (3 s) would have dropped a silent connection.
+func TestPeerLostWhenProcessKilled(t *testing.T) {
+	c := childproc.Start(t, childEnv, "1")
+	line, err := c.Next(0)
+	if err != nil {
+		t.Fatalf("read child endpoint: %v", err)
+	}
+	parent := newTestChannel(t, "parent")
+	var lost lostLog
+	parent.SetPeerLost(lost.add)
+	if err := parent.AddPeer("child", strings.TrimSpace(line)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := fmt.Fprintln(c.Stdin, parent.LocalEndpoint()); err != nil {
+		t.Fatal(err)
+	}
+	mustSend(t, parent, "child", "ping")
+	expectMsg(t, parent, "child", "echo:ping")
+	if p, _ := lost.get(); len(p) != 0 {
+		t.Fatalf("reports %v while the child is alive", p)
+	}
+	killed := time.Now()
+	if err := c.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	_ = c.Wait()
+	peers, at := waitLost(t, &lost, "child killed")
+	took := at[0].Sub(killed)
+	t.Logf("peer lost reported %v after SIGKILL (heartbeat timeout %v)", took.Round(time.Microsecond), heartbeatTimeout)
+	if peers[0] != "child" {
+		t.Fatalf("reports %v, want [child]", peers)
+	}
+	if took >= heartbeatTimeout {
+		t.Fatalf("reported %v after the kill: not before the heartbeat timeout (%v), so not by the monitor", took, heartbeatTimeout)
+	}
+	// The DEALER keeps reconnecting to the dead address; that is no new
+	// loss (nothing completes a handshake).
+	time.Sleep(300 * time.Millisecond)
+	if p, _ := lost.get(); len(p) != 1 {
+		t.Fatalf("reports %v, want exactly one", p)
+	}
+	if n := parent.Stats().LostPeers; n != 1 {
+		t.Fatalf("Stats.LostPeers = %d, want 1", n)
+	}
+}
+
+// TestPeerLostNotOnRemoveOrClose: a DEALER the channel itself removes,
+// replaces or closes is no loss; a peer whose channel closes is, once per
+// drop; a connection that never completed its handshake (CURVE refused)
+// is none.
+func TestPeerLostNotOnRemoveOrClose(t *testing.T) {
+	a, b, c := newTestChannel(t, "a"), newTestChannel(t, "b"), newTestChannel(t, "c")
+	var lost lostLog
+	a.SetPeerLost(lost.add)
+	connect(t, a, b)
+	connect(t, a, c)
+	for _, p := range []*Channel{b, c} {
+		mustSend(t, a, p.Name(), "hi")
+		expectMsg(t, p, "a", "hi")
+	}
+	if err := a.RemovePeer("b"); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.AddPeer("c", b.LocalEndpoint()); err != nil { // replaces c's DEALER
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond)
+	if p, _ := lost.get(); len(p) != 0 {
+		t.Fatalf("removing and replacing DEALERs reported %v", p)
+	}
+	d := newTestChannel(t, "d")
+	if err := a.AddPeer("d", d.LocalEndpoint()); err != nil {
+		t.Fatal(err)
+	}
+	mustSend(t, a, "d", "hi")
+	expectMsg(t, d, "a", "hi")
+	if err := d.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if peers, _ := waitLost(t, &lost, "d closed"); peers[0] != "d" {
+		t.Fatalf("reports %v, want [d]", peers)
+	}
+
+	// CURVE: e does not admit a's key; the handshake never completes.
+	ids := map[string]security.Identity{}
+	for _, n := range []string{"a2", "e"} {
+		id, err := security.Generate(nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids[n] = id
+	}
+	pa := security.NewPeers(security.Authenticate, ids["a2"], security.Policy{Loaded: true})
+	pe := security.NewPeers(security.Authenticate, ids["e"], security.Policy{Loaded: true})
+	if err := pa.Introduce("e", ids["e"].Public); err != nil {
+		t.Fatal(err)
+	}
+	a2 := newTestChannel(t, "a2", func(c *Config) { c.Peers = pa })
+	e := newTestChannel(t, "e", func(c *Config) { c.Peers = pe })
+	var lost2 lostLog
+	a2.SetPeerLost(lost2.add)
+	if err := a2.AddPeer("e", e.LocalEndpoint()); err != nil {
+		t.Fatal(err)
+	}
+	mustSend(t, a2, "e", "refused")
+	time.Sleep(500 * time.Millisecond)
+	if p, _ := lost2.get(); len(p) != 0 {
+		t.Fatalf("a refused handshake reported %v", p)
+	}
+	if err := a.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if p, _ := lost.get(); len(p) != 1 {
+		t.Fatalf("reports %v after a closed, want only [d]", p)
+	}
+}
