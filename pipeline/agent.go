@@ -384,7 +384,9 @@ func build(s Settings, cfg Config) (*Agent, error) {
 	// socket monitor) reports a dead peer as fast, even one that never
 	// opened an engine connection.
 	if pl, ok := s.Control.(transfer.PeerLossReporter); ok && a.bounceOn {
-		pl.SetPeerLost(func(peer string) { a.post(func(r *reactor) { r.peerGone(peer, "the control channel lost its connection") }) })
+		pl.SetPeerLost(func(peer string) {
+			a.post(func(r *reactor) { r.peerGone(peer, "the control channel lost its connection") })
+		})
 	}
 	return a, nil
 }
