@@ -2,6 +2,7 @@ package pipeline
 
 import (
 	"errors"
+	"fmt"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -251,4 +252,93 @@ func TestPeerLostFailsWaitingRequests(t *testing.T) {
 		t.Fatal("not quiescent")
 	}
 	t.Logf("resolved %v after the receiver died: %v", time.Since(killed), b.Err())
+}
+
+// loadInto loads b's descriptor into a only (a sends to b; b learns a from
+// its WANTs and its engine connections).
+func loadInto(t testing.TB, a, b *node) {
+	t.Helper()
+	blob, err := b.Descriptor()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.LoadPeer(blob); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestLostSenderFencedReleasesAtOnce is the quarantine burst: senders
+// killed holding grants left their regions quarantined for the whole
+// quarantine (192 of 256 MiB after three kills with defaults). The tcp
+// engine fences a forgotten peer, so the receiver fences each lost sender
+// it only learned and releases its regions as soon as the fence holds,
+// not after the quarantine (1 min here); the next senders get the whole
+// arena.
+func TestLostSenderFencedReleasesAtOnce(t *testing.T) {
+	w := zmqWorld(t, 0)
+	w.engine = func(t testing.TB, name string, _ loopback.Options) transfer.Engine {
+		e, err := tcp.New(tcp.Config{Name: name})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return e
+	}
+	cfg := testConfig()
+	cfg.Quarantine = time.Minute
+	r := w.node("r", cfg)
+	for round := range 3 {
+		var sw *stallWriter
+		s := w.node(fmt.Sprintf("victim-%d", round), cfg, func(set *Settings) {
+			sw = &stallWriter{w: write.New(set.Engine)}
+			sw.stall.Store(true)
+			set.Writer = sw
+		})
+		loadInto(t, s, r)
+		j := simple(t, s, r, uint64(1+round))
+		if _, err := s.Submit(Request{Peer: "r", Src: j.src, Dst: j.dst}); err != nil {
+			t.Fatal(err)
+		}
+		deadline := time.Now().Add(20 * time.Second)
+		for r.ArenaStats().HeldBytes == 0 || r.eng.(*tcp.Engine).Stats().IncomingConns == 0 {
+			if time.Now().After(deadline) {
+				t.Fatalf("round %d: the receiver never granted the stalled request (or the sender never connected)", round)
+			}
+			time.Sleep(time.Millisecond)
+		}
+		held := r.ArenaStats().HeldBytes
+		killed := time.Now()
+		s.ctrl.Close()
+		s.eng.Close()
+		for {
+			st, as := r.Stats(), r.ArenaStats()
+			if as.FreeBytes == as.Capacity && as.Flows == 0 && st.QuarantinedBytes == 0 {
+				break
+			}
+			if time.Since(killed) > 10*time.Second {
+				t.Fatalf("round %d: 10 s after the sender died the receiver holds %+v, quarantined %d B (quarantine %v)", round, as, st.QuarantinedBytes, cfg.Quarantine)
+			}
+			time.Sleep(time.Millisecond)
+		}
+		t.Logf("round %d: %d B the dead sender held free again %v after the kill", round, held, time.Since(killed))
+		s.close(t)
+	}
+	if n := r.Stats().FencedReleases; n == 0 {
+		t.Fatal("FencedReleases = 0")
+	}
+	// The fence holds: the dead senders stay refused for the quarantine.
+	if n := r.eng.(*tcp.Engine).Stats().Fenced; n != 3 {
+		t.Fatalf("the receiver's engine fences %d names, want the 3 dead senders", n)
+	}
+	next := w.node("next", cfg)
+	loadInto(t, next, r)
+	jn := simple(t, next, r, 9)
+	b, err := next.Submit(Request{Peer: "r", Src: jn.src, Dst: jn.dst})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := wait(t, b); err != nil {
+		t.Fatal(err)
+	}
+	jn.verify(t)
+	conserve(t, r)
 }

@@ -57,6 +57,9 @@ type reactor struct {
 
 	inbox *fairInbox
 	quit  chan struct{}
+	// fenceJobs feeds the peerFencer (nil when the engine does not fence,
+	// or in a simulation, which steps the reactor alone).
+	fenceJobs chan<- fenceJob
 
 	shuttingDown bool
 	shutdownAt   time.Time
@@ -116,6 +119,18 @@ func (r *reactor) startHelpers(wg *sync.WaitGroup) {
 	}()
 	if r.sched == nil {
 		return
+	}
+	if fences(r.a.set.Engine) {
+		jobs := make(chan fenceJob, fenceQueue)
+		f := &peerFencer{eng: r.a.set.Engine, jobs: jobs, quit: r.quit, done: func(j fenceJob, fenced bool) {
+			r.a.post(func(r *reactor) { r.lostPeerFenced(j, fenced) })
+		}}
+		r.fenceJobs = jobs
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			f.run()
+		}()
 	}
 	for i := 0; i < r.cfg.ScatterWorkers; i++ {
 		w := &scatterWorker{scatterer: r.a.set.Scatterer, tasks: r.jobs, quit: r.quit, report: r.reportScatter}
@@ -419,13 +434,59 @@ func (r *reactor) peerGone(peer, why string) {
 	if r.sched != nil {
 		if offs := r.sched.QuarantinePeer(peer); len(offs) > 0 || r.hasFlows(peer) {
 			r.log.Warn("flows reclaimed: their sender is lost", "peer", peer, "why", why, "regions", len(offs))
-			r.quarantine(offs)
+			r.fenceLost(peer, offs, r.quarantine(offs))
 		}
 		r.cancelScatters(func(k credit.FlowKey) bool { return k.Peer == peer })
 		r.purgeEndedFlows(peer)
 		r.schedule()
 	}
 	r.dropControlPeer(peer)
+	r.publishTables()
+}
+
+// fenceQueue bounds the lost senders waiting to be fenced; past it their
+// regions just serve out the quarantine.
+const fenceQueue = 256
+
+// fenceLost asks the peerFencer to fence a lost sender whose flows held
+// offs, so that they are released before the quarantine ends. Only a
+// sender this agent learned from its WANTs qualifies: the fence drops a
+// loaded peer's engine state, which LoadPeer owns.
+func (r *reactor) fenceLost(peer string, offs []uint64, until time.Time) {
+	if r.fenceJobs == nil || len(offs) == 0 {
+		return
+	}
+	if _, loaded := r.descEndpoint(peer); loaded {
+		return
+	}
+	select {
+	case r.fenceJobs <- fenceJob{peer: peer, offs: offs, until: until}:
+	default:
+	}
+}
+
+// lostPeerFenced handles the engine's fence of a lost sender: the regions
+// its flows held are released from quarantine at once, and flows the
+// sender opened since (its connections are now refused) are reclaimed
+// free. Unfenced (ForgetPeer failed), they serve out the quarantine.
+func (r *reactor) lostPeerFenced(j fenceJob, fenced bool) {
+	if !fenced || r.sched == nil {
+		return
+	}
+	if r.hasFlows(j.peer) {
+		r.failFlows(func(k credit.FlowKey) bool { return k.Peer == j.peer },
+			fmt.Errorf("flow reclaimed: its sender was lost and is fenced: %w", transfer.ErrPeerLost))
+		if r.a.guard != nil {
+			r.a.guard.revokeMatching(func(k credit.FlowKey) bool { return k.Peer == j.peer })
+		}
+		r.sched.ReclaimPeer(j.peer)
+		r.cancelScatters(func(k credit.FlowKey) bool { return k.Peer == j.peer })
+		r.purgeEndedFlows(j.peer)
+		r.dropControlPeer(j.peer)
+	}
+	r.releaseEarly(j.offs, j.until)
+	r.a.stats.fencedReleases.Add(uint64(len(j.offs)))
+	r.schedule()
 	r.publishTables()
 }
 

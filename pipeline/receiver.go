@@ -193,16 +193,17 @@ func (r *reactor) expireFlows(now time.Time) {
 
 // quarantine starts the quarantine of regions the scheduler just
 // quarantined; releaseQuarantine frees them when it is over.
-func (r *reactor) quarantine(offs []uint64) {
+func (r *reactor) quarantine(offs []uint64) (until time.Time) {
 	if len(offs) == 0 {
-		return
+		return time.Time{}
 	}
-	until := r.clock.Now().Add(r.cfg.Quarantine)
+	until = r.clock.Now().Add(r.cfg.Quarantine)
 	for _, off := range offs {
 		r.quarantined = append(r.quarantined, quarantined{off: off, until: until})
 	}
 	r.a.stats.quarantines.Add(uint64(len(offs)))
 	r.publishQuarantine()
+	return until
 }
 
 // quarantineLocal keeps a staging region an engine may still read (its
@@ -234,6 +235,32 @@ func (r *reactor) releaseQuarantine(now time.Time) {
 	r.quarantined = r.quarantined[:copy(r.quarantined, r.quarantined[n:])]
 	r.publishQuarantine()
 	r.schedule()
+}
+
+// releaseEarly frees the regions at offs that are still in the quarantine
+// that ends at until (not one that ended, or one they entered since)
+// before it ends: a fence proved nothing lands in them any more.
+func (r *reactor) releaseEarly(offs []uint64, until time.Time) {
+	if len(offs) == 0 {
+		return
+	}
+	set := make(map[uint64]bool, len(offs))
+	for _, off := range offs {
+		set[off] = true
+	}
+	kept := r.quarantined[:0]
+	for _, q := range r.quarantined {
+		if !set[q.off] || !q.until.Equal(until) {
+			kept = append(kept, q)
+			continue
+		}
+		if err := r.sched.ReleaseQuarantined(q.off); err != nil {
+			r.log.Error("release quarantined region", "off", q.off, "err", err)
+		}
+	}
+	clear(r.quarantined[len(kept):])
+	r.quarantined = kept
+	r.publishQuarantine()
 }
 
 // publishQuarantine mirrors the quarantine gauges into the agent's stats.

@@ -32,6 +32,9 @@ type Stats struct {
 	// Config.Quarantine); QuarantinedRegions and QuarantinedBytes are the
 	// regions (and their arena bytes) in quarantine now.
 	Quarantines, QuarantinedRegions, QuarantinedBytes uint64
+	// FencedReleases counts quarantined regions released early because the
+	// engine fenced their lost sender (transfer.Fencer).
+	FencedReleases uint64
 	// Control messages dropped because their sender is not an admitted
 	// peer, WANTs naming an endpoint other than the one in the peer's
 	// descriptor (the descriptor's is used), WANTs over the per-peer rate
@@ -71,6 +74,7 @@ type counters struct {
 	scatterFailures, expiredFlows                 atomic.Uint64
 	cancelledScatters                             atomic.Uint64
 	quarantines                                   atomic.Uint64
+	fencedReleases                                atomic.Uint64
 	quarantinedRegions, quarantinedBytes          atomic.Uint64
 	unadmitted, foreignEndpoints                  atomic.Uint64
 	rateLimited, flowLimited                      atomic.Uint64
@@ -93,7 +97,8 @@ func (a *Agent) Stats() Stats {
 		DuplicateWants:    c.duplicateWants.Load(),
 		IncompatiblePeers: c.incompatiblePeers.Load(), BadPeerDescriptors: c.badPeerDesc.Load(),
 		ScatterFailures: c.scatterFailures.Load(), ExpiredFlows: c.expiredFlows.Load(), CancelledScatters: c.cancelledScatters.Load(),
-		Quarantines: c.quarantines.Load(), QuarantinedRegions: c.quarantinedRegions.Load(), QuarantinedBytes: c.quarantinedBytes.Load(),
+		FencedReleases: c.fencedReleases.Load(),
+		Quarantines:    c.quarantines.Load(), QuarantinedRegions: c.quarantinedRegions.Load(), QuarantinedBytes: c.quarantinedBytes.Load(),
 		Unadmitted: c.unadmitted.Load(), ForeignEndpoints: c.foreignEndpoints.Load(),
 		RateLimited: c.rateLimited.Load(), FlowLimited: c.flowLimited.Load(),
 		Wants: c.wants.Load(), Grants: c.grants.Load(), BounceBytes: c.bounceBytes.Load(),
