@@ -60,6 +60,10 @@ type reactor struct {
 	// fenceJobs feeds the peerFencer (nil when the engine does not fence,
 	// or in a simulation, which steps the reactor alone).
 	fenceJobs chan<- fenceJob
+	// fencedUntil holds the lost senders the engine fenced, until their
+	// fence ends: their WANTs are dropped meanwhile (a WANT still queued
+	// when the sender died would otherwise open a flow nobody writes).
+	fencedUntil map[string]time.Time
 
 	shuttingDown bool
 	shutdownAt   time.Time
@@ -473,6 +477,16 @@ func (r *reactor) lostPeerFenced(j fenceJob, fenced bool) {
 	if !fenced || r.sched == nil {
 		return
 	}
+	now := r.clock.Now()
+	if r.fencedUntil == nil {
+		r.fencedUntil = make(map[string]time.Time)
+	}
+	for p, until := range r.fencedUntil {
+		if !now.Before(until) {
+			delete(r.fencedUntil, p)
+		}
+	}
+	r.fencedUntil[j.peer] = now.Add(r.cfg.Quarantine)
 	if r.hasFlows(j.peer) {
 		r.failFlows(func(k credit.FlowKey) bool { return k.Peer == j.peer },
 			fmt.Errorf("flow reclaimed: its sender was lost and is fenced: %w", transfer.ErrPeerLost))

@@ -39,6 +39,13 @@ func (r *reactor) onWant(peer string, w *wire.Want) {
 		}
 		return
 	}
+	if until, ok := r.fencedUntil[peer]; ok {
+		if now.Before(until) {
+			r.log.Debug("WANT dropped: its sender was lost and is fenced", "peer", peer, "until", until)
+			return
+		}
+		delete(r.fencedUntil, peer)
+	}
 	endpoint := w.Endpoint
 	if ep, ok := r.descEndpoint(peer); ok {
 		// The loaded descriptor is authoritative; the WANT's endpoint is
