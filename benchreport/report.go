@@ -38,14 +38,16 @@ const (
 // Stages is the pipeline's own per-stage timing of a request, summed over
 // its chunks (chunks overlap: the stages add up to more than the latency):
 // building the plan, WANT to first GRANT, the gathers, the bulk writes
-// until landed, sending DATA, and DATA to ACK (the receiver's scatter and
-// the ACK's trip back). A direct request has only its write.
+// until landed, sending DATA, the receiver's scatter (DATA's arrival to the
+// scatter's end, as its ACKs report it), and the rest of DATA to ACK (the
+// DATA's and the ACK's trips). A direct request has only its write.
 type Stages struct {
 	PlanNS      int64 `json:"plan_ns"`
 	GrantWaitNS int64 `json:"grant_wait_ns"`
 	GatherNS    int64 `json:"gather_ns"`
 	WriteNS     int64 `json:"write_ns"`
 	DataNS      int64 `json:"data_ns"`
+	ScatterNS   int64 `json:"scatter_ns"`
 	AckWaitNS   int64 `json:"ack_wait_ns"`
 }
 

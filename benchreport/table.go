@@ -146,7 +146,7 @@ func writeStages(w io.Writer, cells []Cell) error {
 		route string
 	}
 	var order []key
-	sums := map[key]*[7]int64{} // six stages and the count
+	sums := map[key]*[8]int64{} // seven stages and the count
 	for _, c := range cells {
 		if c.Stages == nil {
 			continue
@@ -154,25 +154,25 @@ func writeStages(w io.Writer, cells []Cell) error {
 		k := key{c.Group, c.Route}
 		s := sums[k]
 		if s == nil {
-			s = &[7]int64{}
+			s = &[8]int64{}
 			sums[k] = s
 			order = append(order, k)
 		}
-		for i, v := range []int64{c.Stages.PlanNS, c.Stages.GrantWaitNS, c.Stages.GatherNS, c.Stages.WriteNS, c.Stages.DataNS, c.Stages.AckWaitNS} {
+		for i, v := range []int64{c.Stages.PlanNS, c.Stages.GrantWaitNS, c.Stages.GatherNS, c.Stages.WriteNS, c.Stages.DataNS, c.Stages.ScatterNS, c.Stages.AckWaitNS} {
 			s[i] += v
 		}
-		s[6]++
+		s[7]++
 	}
 	if len(order) == 0 {
 		return nil
 	}
-	fmt.Fprintln(w, "\nwhere a request's time went on the sender (mean per request, summed over its chunks, which overlap; ack wait holds the receiver's scatter):")
+	fmt.Fprintln(w, "\nwhere a request's time went (mean per request, summed over its chunks, which overlap; scatter is the receiver's, from its ACKs; ACK is the rest of DATA->ACK):")
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "cell\troute\tplan\tWANT->GRANT\tgather\twrite\tDATA\tDATA->ACK")
+	fmt.Fprintln(tw, "cell\troute\tplan\tWANT->GRANT\tgather\twrite\tDATA\tscatter\tACK")
 	for _, k := range order {
 		s := sums[k]
-		n := s[6]
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", k.g, k.route, dur(s[0]/n), dur(s[1]/n), dur(s[2]/n), dur(s[3]/n), dur(s[4]/n), dur(s[5]/n))
+		n := s[7]
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", k.g, k.route, dur(s[0]/n), dur(s[1]/n), dur(s[2]/n), dur(s[3]/n), dur(s[4]/n), dur(s[5]/n), dur(s[6]/n))
 	}
 	if err := tw.Flush(); err != nil {
 		return fmt.Errorf("benchreport: write stages: %w", err)

@@ -378,7 +378,12 @@ func (r *reactor) onAck(peer string, m *wire.Ack) {
 		return
 	}
 	q.ch[k].st = cAcked
-	q.stages.AckWait += time.Since(q.ch[k].phase)
+	// The receiver's scatter time (capped: its clock and word are its
+	// own) is the Scatter stage; the rest of DATA→ACK is the trip.
+	toAck := time.Since(q.ch[k].phase)
+	sc := time.Duration(min(m.ScatterNS, uint64(max(toAck, 0))))
+	q.stages.Scatter += sc
+	q.stages.AckWait += toAck - sc
 	r.a.obs.acked(q, k)
 	q.acked++
 	q.live--

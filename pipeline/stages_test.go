@@ -1,6 +1,11 @@
 package pipeline
 
-import "testing"
+import (
+	"testing"
+	"time"
+
+	"github.com/bouncekv/bounce/transfer"
+)
 
 // TestStagesOfASuccessfulRequest: a bounce request reports time in every
 // stage it went through, a direct one its write.
@@ -17,7 +22,7 @@ func TestStagesOfASuccessfulRequest(t *testing.T) {
 		t.Fatal(err)
 	}
 	s := bt.Stages()
-	if s.Plan <= 0 || s.GrantWait <= 0 || s.Gather <= 0 || s.Write <= 0 || s.Data <= 0 || s.AckWait <= 0 {
+	if s.Plan <= 0 || s.GrantWait <= 0 || s.Gather <= 0 || s.Write <= 0 || s.Data <= 0 || s.Scatter <= 0 || s.AckWait <= 0 {
 		t.Fatalf("bounce stages %+v: every stage took time", s)
 	}
 	bt, err = a.Submit(Request{Peer: "b", Src: j.src, Dst: j.dst, Route: RouteDirect})
@@ -27,10 +32,57 @@ func TestStagesOfASuccessfulRequest(t *testing.T) {
 	if err := wait(t, bt); err != nil {
 		t.Fatal(err)
 	}
-	if s := bt.Stages(); s.Write <= 0 || s.Gather != 0 || s.AckWait != 0 {
+	if s := bt.Stages(); s.Write <= 0 || s.Gather != 0 || s.Scatter != 0 || s.AckWait != 0 {
 		t.Fatalf("direct stages %+v", s)
 	}
-	if got := (Stages{Write: 4, Gather: 2}).Add(Stages{Write: 2}).Div(2); got != (Stages{Write: 3, Gather: 1}) {
+	if got := (Stages{Write: 4, Gather: 2, Scatter: 6}).Add(Stages{Write: 2}).Div(2); got != (Stages{Write: 3, Gather: 1, Scatter: 3}) {
 		t.Fatalf("Add/Div: %+v", got)
+	}
+}
+
+// slowScatterer wraps a real scatterer: every scatter starts after delay.
+type slowScatterer struct {
+	transfer.Scatterer
+	delay time.Duration
+}
+
+func (s *slowScatterer) Scatter(region transfer.Desc, runs []transfer.Run) (transfer.Op, error) {
+	time.Sleep(s.delay)
+	return s.Scatterer.Scatter(region, runs)
+}
+
+// TestStagesScatterFromTheReceiver: the Scatter stage is the receiver's
+// scatter time carried back in each ACK, separate from the ACK's trip: a
+// receiver whose every scatter takes at least 30ms reports at least that
+// much per chunk, and Scatter plus AckWait is the sender's DATA→ACK time.
+func TestStagesScatterFromTheReceiver(t *testing.T) {
+	const delay = 30 * time.Millisecond
+	w := newWorld(t)
+	cfg := testConfig()
+	a := w.node("a", cfg)
+	b := w.node("b", cfg, func(s *Settings) { s.Scatterer = &slowScatterer{Scatterer: s.Scatterer, delay: delay} })
+	const total = 4 << 20 // 4 chunks of 1 MiB
+	src, dst := a.buffer(t, total), b.buffer(t, total)
+	connect(t, a, b)
+	j := prepare(src, dst, kvLayout{count: 1024, size: 4096, fragmented: true}, 3)
+	start := time.Now()
+	bt, err := a.Submit(Request{Peer: "b", Src: j.src, Dst: j.dst, Route: RouteBounce})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := wait(t, bt); err != nil {
+		t.Fatal(err)
+	}
+	took := time.Since(start)
+	s := bt.Stages()
+	if s.Scatter < 4*delay {
+		t.Fatalf("scatter stage %v over 4 chunks each scattered after %v: want at least %v (stages %+v)", s.Scatter, delay, 4*delay, s)
+	}
+	// Chunks overlap (W = 4), so the sum is bounded by W × the latency.
+	if s.Scatter+s.AckWait > time.Duration(cfg.MaxInflight)*took {
+		t.Fatalf("scatter %v + ack %v exceed %d × the request's %v", s.Scatter, s.AckWait, cfg.MaxInflight, took)
+	}
+	if err := j.check(); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -758,7 +758,7 @@ func effectiveConfig(cfg config.Config) (map[string]any, error) {
 
 func scaleStages(s pipeline.Stages, n int) pipeline.Stages {
 	d := time.Duration(n)
-	return pipeline.Stages{Plan: s.Plan * d, GrantWait: s.GrantWait * d, Gather: s.Gather * d, Write: s.Write * d, Data: s.Data * d, AckWait: s.AckWait * d}
+	return pipeline.Stages{Plan: s.Plan * d, GrantWait: s.GrantWait * d, Gather: s.Gather * d, Write: s.Write * d, Data: s.Data * d, Scatter: s.Scatter * d, AckWait: s.AckWait * d}
 }
 
 // cellStages converts the driver's mean stage times for the report.
@@ -767,5 +767,5 @@ func cellStages(s pipeline.Stages) *benchreport.Stages {
 		return nil
 	}
 	return &benchreport.Stages{PlanNS: int64(s.Plan), GrantWaitNS: int64(s.GrantWait), GatherNS: int64(s.Gather),
-		WriteNS: int64(s.Write), DataNS: int64(s.Data), AckWaitNS: int64(s.AckWait)}
+		WriteNS: int64(s.Write), DataNS: int64(s.Data), ScatterNS: int64(s.Scatter), AckWaitNS: int64(s.AckWait)}
 }

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -317,10 +318,10 @@ func TestBenchDuration(t *testing.T) {
 		len(c.LatenciesNS) != c.Requests || c.Verified != benchreport.VerifiedYes || c.DescriptorsPerSecond <= 0 {
 		t.Fatalf("cell %+v", c)
 	}
-	if st := c.Stages; st == nil || st.GrantWaitNS <= 0 || st.GatherNS <= 0 || st.WriteNS <= 0 || st.AckWaitNS <= 0 {
+	if st := c.Stages; st == nil || st.GrantWaitNS <= 0 || st.GatherNS <= 0 || st.WriteNS <= 0 || st.ScatterNS <= 0 || st.AckWaitNS <= 0 {
 		t.Fatalf("stages %+v", c.Stages)
 	}
-	if !strings.Contains(stdout.String(), "where a request's time went") || !strings.Contains(stdout.String(), "DATA->ACK") {
+	if out := stdout.String(); !strings.Contains(out, "where a request's time went") || !regexp.MustCompile(`DATA +scatter +ACK\n`).MatchString(out) {
 		t.Fatalf("no stage table:\n%s", stdout.String())
 	}
 }
