@@ -16,6 +16,7 @@ func WriteTable(w io.Writer, r *Report) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "cell\troute\tn\tthroughput\tdesc/s\tp50\tp90\tp99\tmax\tp99/p50\tverified")
 	bulk, loop := false, false
+	var unchecked []string // why bytes were not checked, each reason once
 	for _, row := range Rows(r.Cells) {
 		loop = loop || row.Generations > 1
 		route := row.Route
@@ -30,12 +31,18 @@ func WriteTable(w io.Writer, r *Report) error {
 		if row.Failed > 0 {
 			v = fmt.Sprintf("%s (%d requests failed)", VerifiedFailed, row.Failed)
 		}
+		if row.NotVerified != "" && !slices.Contains(unchecked, row.NotVerified) {
+			unchecked = append(unchecked, row.NotVerified)
+		}
 		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", row.Group, route, row.Iterations,
 			FormatRate(row.Throughput), descRate(row.Throughput, row.DescSize), dur(row.Latency.P50NS), dur(row.Latency.P90NS), dur(row.Latency.P99NS),
 			dur(row.Latency.MaxNS), tail(row.Latency.TailRatio), v)
 	}
 	if err := tw.Flush(); err != nil {
 		return fmt.Errorf("benchreport: write table: %w", err)
+	}
+	for _, why := range unchecked {
+		fmt.Fprintf(w, "verified skipped = the bytes were not checked: %s\n", why)
 	}
 	if bulk {
 		fmt.Fprintln(w, "bulk (1 desc) = the same bytes as one contiguous descriptor per request, on the direct path")

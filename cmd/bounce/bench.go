@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -39,6 +40,7 @@ type benchOptions struct {
 	jsonPath    string
 	plotsDir    string
 	verify      bool
+	notVerified string // why cells are not verified when verify is off ("" = --verify=false)
 	maxBytes    string
 	cellTimeout time.Duration
 	peer        string // a remote receiver's descriptor line ('bounce serve')
@@ -381,7 +383,8 @@ func (o *benchOptions) run(cmd *cobra.Command, cfg config.Config, plan benchPlan
 			return usage(err)
 		}
 		if o.verify {
-			plan.notes = append(plan.notes, fmt.Sprintf("--peer: the receiver %q runs elsewhere; its bytes are not verified (cells say verified=skipped)", h.Name))
+			o.notVerified = fmt.Sprintf("the receiver %q runs elsewhere (--peer)", h.Name)
+			plan.notes = append(plan.notes, fmt.Sprintf("--peer: the receiver %q runs elsewhere; its bytes are not verified (cells say verified false, not_verified %q)", h.Name, o.notVerified))
 			o.verify = false
 		}
 	} else {
@@ -535,7 +538,7 @@ func (o *benchOptions) cell(ctx context.Context, s *session, g benchreport.Group
 	}
 	if err != nil {
 		c := benchreport.NewCell(g, route, it, order, requests, requests, 0, 0, nil)
-		c.Verified, c.Error = benchreport.VerifiedFailed, err.Error()
+		c.Error = err.Error()
 		return c, nil
 	}
 	window, all := res.Latencies, (*benchreport.LatencyStats)(nil)
@@ -548,15 +551,14 @@ func (o *benchOptions) cell(ctx context.Context, s *session, g benchreport.Group
 	c.Stages = cellStages(res.Stages)
 	switch {
 	case res.Failed > 0:
-		c.Verified = benchreport.VerifiedFailed
 		c.Error = fmt.Sprintf("%d of %d requests failed: %v", res.Failed, res.Requests, res.FirstErr)
 	case !o.verify:
-		c.Verified = benchreport.VerifiedSkipped
+		c.NotVerified = cmp.Or(o.notVerified, "verification off (--verify=false)")
 	default:
 		rep, err := s.recv.call(verifyCommand(rs, requests), 5*time.Minute)
-		c.Verified, c.VerifiedRequests = benchreport.VerifiedYes, rep.Verified
+		c.Verified, c.VerifiedRequests = err == nil, rep.Verified
 		if err != nil {
-			c.Verified, c.Error = benchreport.VerifiedFailed, err.Error()
+			c.Error = err.Error()
 		}
 	}
 	return c, nil
@@ -657,7 +659,10 @@ func (p *benchProgress) done(c benchreport.Cell) {
 		p.bar.Add(1)
 		return
 	}
-	status := "verified " + c.Verified
+	status := "verified " + c.Verification()
+	if c.NotVerified != "" {
+		status += " (" + c.NotVerified + ")"
+	}
 	if c.Error != "" {
 		status += ": " + c.Error
 	}
