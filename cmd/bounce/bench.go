@@ -28,6 +28,7 @@ import (
 // benchOptions are the flags of `bounce bench`.
 type benchOptions struct {
 	workloads   []string
+	workloadSet bool // --workload was given (not its default)
 	all, list   bool
 	descSize    string
 	count       int
@@ -133,6 +134,7 @@ every receiver verify every byte (--json writes it all).`,
 			if o.fleet.on() && o.memory.kind == memoryDevice {
 				return usage(fmt.Errorf("--memory device: not yet with --senders/--receivers (the fleet benchmark moves host memory)"))
 			}
+			o.workloadSet = cmd.Flags().Changed("workload")
 			if o.fleet.on() {
 				return runFleet(cmd, l.Config, &o)
 			}
@@ -144,14 +146,14 @@ every receiver verify every byte (--json writes it all).`,
 		},
 	}
 	f := cmd.Flags()
-	f.StringSliceVar(&o.workloads, "workload", []string{"gptoss120b-tp8-b16", "llama70b-tp8-b16"}, "workload presets, repeatable or comma-separated (see --list)")
+	f.StringSliceVar(&o.workloads, "workload", []string{"gptoss120b-tp8-b16", "llama70b-tp8-b16"}, "workload presets, repeatable or comma-separated, each named once (see --list)")
 	f.BoolVar(&o.all, "all", false, "every preset (the TP=1 ones are 2.5 GiB per request; see --max-bytes)")
 	f.BoolVar(&o.list, "list", false, "list the workload presets and exit")
 	f.StringVar(&o.descSize, "desc-size", "", "override every preset's descriptor size (e.g. 4KiB), or sweep sizes: a list (2KiB,16KiB) or a range doubling from its low end (512B..64KiB); a sweep keeps each preset's bytes")
 	f.IntVar(&o.count, "count", 0, "override every preset's descriptor count (e.g. 4096)")
-	f.IntSliceVar(&o.concurrency, "concurrency", []int{1, 8}, "concurrent requests per cell, a list (the GUIDE sweeps 1,8,64,128)")
+	f.IntSliceVar(&o.concurrency, "concurrency", []int{1, 8}, "concurrent requests per cell, a list, each level once (the GUIDE sweeps 1,8,64,128)")
 	f.IntVar(&o.generations, "generations", 1, "1: a burst, every request of a cell submitted at once; K > 1: a closed loop moving K x concurrency requests with concurrency in flight (a new one as each finishes), latency percentiles over the requests after the first generation")
-	f.StringSliceVar(&o.routes, "routes", []string{benchreport.RouteBounce, benchreport.RouteDirect}, "routes to compare: bounce, direct, bulk, auto")
+	f.StringSliceVar(&o.routes, "routes", []string{benchreport.RouteBounce, benchreport.RouteDirect}, "routes to compare, each named once: bounce, direct, bulk, auto")
 	f.StringVar(&o.layout, "layout", "fragmented", "block layout: fragmented, contiguous or both")
 	f.IntVar(&o.repeat, "repeat", 3, "iterations per cell (routes alternate within each)")
 	f.Uint64Var(&o.seed, "seed", 1, "seed for the block layouts and byte patterns (the sweep is reproducible from it)")
@@ -213,9 +215,10 @@ func (o *benchOptions) plan() (benchPlan, error) {
 		default:
 			return p, usage(fmt.Errorf("--routes %q: accepted: bounce, direct, bulk, auto", r))
 		}
-		if !slices.Contains(p.routes, r) {
-			p.routes = append(p.routes, r)
+		if slices.Contains(p.routes, r) {
+			return p, usage(fmt.Errorf("--routes %q is listed twice: name each route once", r))
 		}
+		p.routes = append(p.routes, r)
 	}
 	if len(p.routes) == 0 {
 		return p, usage(fmt.Errorf("--routes: name at least one of bounce, direct, bulk, auto"))
@@ -235,6 +238,9 @@ func (o *benchOptions) plan() (benchPlan, error) {
 	}
 	slices.Sort(conc)
 	var presets []workload.Preset
+	if o.all && o.workloadSet {
+		return p, usage(fmt.Errorf("--all and --workload %s: --all runs every preset; name presets with --workload, or pass --all alone", strings.Join(o.workloads, ",")))
+	}
 	if o.all {
 		presets = workload.Presets()
 		p.notes = append(p.notes, fmt.Sprintf("--all includes the TP=1 presets, 2.5GiB per request: requests x bytes are capped at --max-bytes %s", benchreport.FormatSize(budget)))
@@ -247,9 +253,10 @@ func (o *benchOptions) plan() (benchPlan, error) {
 			if err != nil {
 				return p, usage(fmt.Errorf("--workload: %w", err))
 			}
-			if !slices.ContainsFunc(presets, func(q workload.Preset) bool { return q.Name == pr.Name }) {
-				presets = append(presets, pr)
+			if slices.ContainsFunc(presets, func(q workload.Preset) bool { return q.Name == pr.Name }) {
+				return p, usage(fmt.Errorf("--workload %q is listed twice (as preset %s): name each preset once", strings.TrimSpace(name), pr.Name))
 			}
+			presets = append(presets, pr)
 		}
 	}
 	var descSizes []uint64 // nil: each preset's own

@@ -171,8 +171,8 @@ func checkBenchPNG(t *testing.T, path string) {
 // TestBenchPlan checks how flags become cells: presets, overrides, layouts,
 // and the --max-bytes clamp with its notes.
 func TestBenchPlan(t *testing.T) {
-	o := benchOptions{workloads: []string{"llama70b-tp8-b16", "gptoss120b-tp8-b16", "llama70b-tp8-b16"}, concurrency: []int{8, 1, 64}, generations: 1,
-		routes: []string{"bounce", "bulk", "bounce"}, layout: "both", repeat: 2, seed: 1, maxBytes: "1GiB", cellTimeout: time.Minute}
+	o := benchOptions{workloads: []string{"llama70b-tp8-b16", "gptoss120b-tp8-b16"}, concurrency: []int{8, 1, 64}, generations: 1,
+		routes: []string{"bounce", "bulk"}, layout: "both", repeat: 2, seed: 1, maxBytes: "1GiB", cellTimeout: time.Minute}
 	p, err := o.plan()
 	if err != nil {
 		t.Fatal(err)
@@ -277,6 +277,29 @@ func TestBenchUsageErrors(t *testing.T) {
 		var out, errb bytes.Buffer
 		if code := execute(append([]string{"bench"}, args...), strings.NewReader(""), &out, &errb); code != exitUsage {
 			t.Errorf("bench %v: exit %d, want %d\n%s%s", args, code, exitUsage, out.String(), errb.String())
+		}
+	}
+}
+
+// TestBenchRejectsDuplicates: a value listed twice in a list flag is a
+// usage error naming the flag and the value, never silently merged, so
+// every cell is one that was asked for once.
+func TestBenchRejectsDuplicates(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--routes", "bounce,direct,bounce"}, `--routes "bounce" is listed twice`},
+		{[]string{"--routes", "bulk", "--routes", "bulk"}, `--routes "bulk" is listed twice`},
+		{[]string{"--workload", "gptoss120b-tp8-b16,llama70b-tp8-b16,gptoss120b-tp8-b16"}, `--workload "gptoss120b-tp8-b16" is listed twice`},
+		{[]string{"--concurrency", "8,1,8"}, "--concurrency 8 is listed twice"},
+		{[]string{"--desc-size", "4KiB,16KiB,4096"}, "--desc-size: 4096 is listed twice"},
+		{[]string{"--all", "--workload", "llama70b-tp8-b16"}, "--all and --workload llama70b-tp8-b16"},
+	} {
+		var out, errb bytes.Buffer
+		code := execute(append([]string{"bench"}, c.args...), strings.NewReader(""), &out, &errb)
+		if code != exitUsage || !strings.Contains(errb.String(), c.want) {
+			t.Errorf("bench %v: exit %d, stderr %q; want exit %d naming %q", c.args, code, errb.String(), exitUsage, c.want)
 		}
 	}
 }
