@@ -106,6 +106,40 @@ func TestRunTwoProcesses(t *testing.T) {
 	}
 }
 
+// TestRunRepeatJSON: run --repeat moves every route's workload that many
+// times, one row each, and --json writes the rows with the route asked,
+// the one taken and a boolean verified.
+func TestRunRepeatJSON(t *testing.T) {
+	js := filepath.Join(t.TempDir(), "run.json")
+	out, errOut, code := bounce(t, "run", "--workload", "gptoss120b-tp8-b16", "--count", "1024", "--repeat", "2", "--json", js, "--warm-up=false",
+		"--bounce.arena-size", "16MiB", "--bounce.max-chunk", "2MiB")
+	if code != 0 || !strings.Contains(out, "bounce #1") || !strings.Contains(out, "direct #1") || !strings.Contains(out, "every byte verified") {
+		t.Fatalf("exit %d\n%s\n%s", code, out, errOut)
+	}
+	b, err := os.ReadFile(js)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc struct {
+		Rows []struct {
+			Iteration int    `json:"iteration"`
+			Asked     string `json:"route_asked"`
+			Route     string `json:"route"`
+			Bytes     uint64 `json:"bytes"`
+			Verified  any    `json:"verified"`
+		} `json:"rows"`
+	}
+	if err := json.Unmarshal(b, &doc); err != nil || len(doc.Rows) != 6 {
+		t.Fatalf("%v: %s", err, b)
+	}
+	for i, r := range doc.Rows {
+		asked := []string{"auto", "bounce", "direct"}[i%3]
+		if r.Iteration != i/3 || r.Asked != asked || (asked != "auto" && r.Route != asked) || r.Bytes != 1024*2048 || r.Verified != true {
+			t.Fatalf("row %d = %+v, want iteration %d asking %s, verified true", i, r, i/3, asked)
+		}
+	}
+}
+
 // TestRunInProcessEngine: an engine whose agents meet only within one
 // process (loopback; cudacopy on a GPU) runs its receiver in-process, with
 // the same verification (before, the child's separate fabric could not
@@ -506,13 +540,15 @@ func TestSendRepeatJSON(t *testing.T) {
 			Route          string  `json:"route"`
 			Bytes          uint64  `json:"bytes"`
 			BytesPerSecond float64 `json:"bytes_per_second"`
+			Verified       any     `json:"verified"`
+			NotVerified    string  `json:"not_verified"`
 		} `json:"rows"`
 	}
 	if err := json.Unmarshal(b, &doc); err != nil || doc.Fragmented == nil || !*doc.Fragmented || len(doc.Rows) != 3 {
 		t.Fatalf("%v: %s", err, b)
 	}
 	for _, r := range doc.Rows {
-		if r.Route != "bounce" || r.Bytes != 2048*2048 || r.BytesPerSecond <= 0 {
+		if r.Route != "bounce" || r.Bytes != 2048*2048 || r.BytesPerSecond <= 0 || r.Verified != false || !strings.Contains(r.NotVerified, "bounce serve --expect") {
 			t.Fatalf("row %+v", r)
 		}
 	}
