@@ -562,6 +562,38 @@ func TestSendRepeatJSON(t *testing.T) {
 	}
 }
 
+// TestServeHearsDirectOnlySender: a receiver with bounce off (so the sender
+// has no control path to it: no handshake) still prints one received line
+// per request, route direct, from the engine notification the sender's
+// agent sends when each direct write is Done (real processes, tcp engines).
+func TestServeHearsDirectOnlySender(t *testing.T) {
+	dir := t.TempDir()
+	desc := filepath.Join(dir, "recv.json")
+	keyFile, allow := senderKey(t, dir, "send")
+	serve := exec.Command(cliBinary(t), "serve", "--agent.name", "recv", "--buffer-size", "8MiB", "--descriptor-out", desc,
+		"--security.allowed-peers", allow, "--control-plane.bind-address", "127.0.0.1", "--bounce.enabled=false")
+	var serr syncBuffer
+	serve.Stderr = &serr
+	if err := serve.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { serve.Process.Kill(); serve.Wait() }()
+	waitForFile(t, desc, &serr)
+	out, errOut, code := bounce(t, "send", "--peer", desc, "--agent.name", "send", "--security.key-file", keyFile, "--control-plane.bind-address", "127.0.0.1",
+		"--workload", "gptoss120b-tp8-b16", "--count", "1024", "--requests", "3", "--warm-up=false")
+	if code != 0 || !strings.Contains(out, "direct") {
+		t.Fatalf("send: exit %d\n%s\n%s", code, out, errOut)
+	}
+	const line = "bytes=2097152 route=direct"
+	deadline := time.Now().Add(20 * time.Second)
+	for strings.Count(serr.String(), line) < 3 && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if n := strings.Count(serr.String(), line); n != 3 || strings.Count(serr.String(), "received: peer=send") != 3 {
+		t.Fatalf("%d direct receive events from send, want 3:\n%s", n, serr.String())
+	}
+}
+
 // TestHelpExamplesParse: every example in every command's help names flags
 // that command has (the run help once showed a --no-compare that does not
 // exist).
