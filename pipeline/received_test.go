@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/bouncekv/bounce/controlplane/nixlnotif"
 	"github.com/bouncekv/bounce/engines/loopback"
 	"github.com/bouncekv/bounce/engines/tcp"
 	"github.com/bouncekv/bounce/mem"
@@ -64,6 +65,23 @@ func tcpZMQWorld(t testing.TB) *world {
 func TestReceivedInproc(t *testing.T) { receivedSuite(t, newWorld) }
 
 func TestReceivedTCPZMQ(t *testing.T) { receivedSuite(t, tcpZMQWorld) }
+
+// TestReceivedNixlNotif: over a control plane carried by the engine's own
+// notifications, the agent reads none itself, and a direct-only peer's DONE
+// notice still arrives (through the channel when the receiver has it).
+func TestReceivedNixlNotif(t *testing.T) {
+	receivedSuite(t, func(t testing.TB) *world {
+		w := newWorld(t)
+		w.ctrl = func(t testing.TB, name string, eng transfer.Engine) transfer.ControlChannel {
+			ch, err := nixlnotif.New(eng)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return ch
+		}
+		return w
+	})
+}
 
 // receivedSuite checks the receiver's completion events over one world:
 // success on both routes (the bytes are in place when the event arrives),
