@@ -471,12 +471,14 @@ func (r *reactor) publish(b *Batch, err error, quiescent bool) {
 		return
 	}
 	r.a.obs.resolved(b, err, quiescent) // spans end before Wait returns
-	b.finish(err, quiescent)
+	// Counted before Wait returns too: a caller that waited reads Stats
+	// with its batch in them.
 	if err == nil {
 		r.a.stats.succeeded.Add(1)
 	} else {
 		r.a.stats.failed.Add(1)
 	}
+	b.finish(err, quiescent)
 }
 
 func (r *reactor) checkTimeouts(now time.Time) {
