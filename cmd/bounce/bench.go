@@ -96,9 +96,15 @@ bounce/direct and bounce/bulk ratios are measured side by side; the table
 reports the median ratio over iterations.
 
 Memory stays bounded by --max-bytes: a concurrency whose requests x bytes
-exceed it is clamped to the largest that fits, or skipped, with a note.
+exceed it is clamped to the largest that fits, or skipped, with a note; a
+clamped cell is named with the level asked for. A value listed twice in
+--workload, --routes, --concurrency or --desc-size is a usage error.
 The TP=1 presets are 2.5 GiB per request. After the sweep both agents' peak
-RSS (VmHWM) is reported next to their KV buffers and arena.
+RSS (VmHWM) is reported next to their KV buffers and arena, and where a
+request's time went: plan, WANT->GRANT, gather, write, DATA, the receiver's
+scatter (carried back in its ACKs) and the rest of DATA->ACK. In the JSON
+report each cell's verified is a boolean, with not_verified giving the
+reason when the bytes were not checked (--verify=false, --peer).
 
 With --senders N --receivers M it runs the fleet benchmark instead: M
 receiver and N sender processes on this machine that find each other through
