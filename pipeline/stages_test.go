@@ -1,9 +1,11 @@
 package pipeline
 
 import (
+	"math"
 	"testing"
 	"time"
 
+	"github.com/bouncekv/bounce/pipeline/wire"
 	"github.com/bouncekv/bounce/transfer"
 )
 
@@ -84,5 +86,51 @@ func TestStagesScatterFromTheReceiver(t *testing.T) {
 	}
 	if err := j.check(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// inflatingControl wraps a real control channel: every ACK it receives
+// claims a scatter time of MaxUint64 nanoseconds, as a lying peer's would.
+type inflatingControl struct {
+	transfer.ControlChannel
+}
+
+func (c *inflatingControl) Recv(timeout time.Duration) (transfer.Message, error) {
+	m, err := c.ControlChannel.Recv(timeout)
+	if err != nil {
+		return m, err
+	}
+	if msg, derr := wire.Unmarshal(m.Payload); derr == nil {
+		if a, ok := msg.(*wire.Ack); ok {
+			a.ScatterNS = math.MaxUint64
+			if b, merr := wire.Marshal(a); merr == nil {
+				m.Payload = b
+			}
+		}
+	}
+	return m, nil
+}
+
+// TestStagesScatterCappedByTheSender: a peer's claimed scatter time is
+// capped at the sender's own DATA→ACK time, so a lying ACK can neither
+// inflate Scatter beyond it nor make AckWait negative.
+func TestStagesScatterCappedByTheSender(t *testing.T) {
+	w := newWorld(t)
+	a := w.node("a", testConfig(), func(s *Settings) { s.Control = &inflatingControl{s.Control} })
+	b := w.node("b", testConfig())
+	j := simple(t, a, b, 4)
+	connect(t, a, b)
+	start := time.Now()
+	bt, err := a.Submit(Request{Peer: "b", Src: j.src, Dst: j.dst, Route: RouteBounce})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := wait(t, bt); err != nil {
+		t.Fatal(err)
+	}
+	took := time.Since(start)
+	s := bt.Stages()
+	if s.Scatter <= 0 || s.AckWait != 0 || s.Scatter > time.Duration(testConfig().MaxInflight)*took {
+		t.Fatalf("stages %+v over a %v request: a lying ACK's scatter must be capped at DATA→ACK (AckWait 0)", s, took)
 	}
 }
