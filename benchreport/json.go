@@ -6,7 +6,11 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"regexp"
 )
+
+// legacyVerified matches a schema 1 or 2 cell's verified string.
+var legacyVerified = regexp.MustCompile(`"verified":\s*"(yes|failed|skipped)"`)
 
 // WriteJSON writes r as indented JSON.
 func WriteJSON(w io.Writer, r *Report) error {
@@ -19,8 +23,9 @@ func WriteJSON(w io.Writer, r *Report) error {
 }
 
 // ReadJSON decodes a report written by WriteJSON, of this schema or of
-// schema 1 (whose cells name their throughput throughput_bps); another
-// schema version is an error.
+// schemas 1 and 2 (1 names a cell's throughput throughput_bps; both write
+// verified as "yes", "failed" or "skipped", read as true, false, and false
+// with not_verified "skipped"); another schema version is an error.
 func ReadJSON(rd io.Reader) (*Report, error) {
 	b, err := io.ReadAll(rd)
 	if err != nil {
@@ -34,10 +39,19 @@ func ReadJSON(rd io.Reader) (*Report, error) {
 	}
 	switch head.Schema {
 	case Schema:
-	case 1:
+	case 1, 2:
 		b = bytes.ReplaceAll(b, []byte(`"throughput_bps":`), []byte(`"bytes_per_second":`))
+		b = legacyVerified.ReplaceAllFunc(b, func(m []byte) []byte {
+			switch {
+			case bytes.HasSuffix(m, []byte(`"yes"`)):
+				return []byte(`"verified": true`)
+			case bytes.HasSuffix(m, []byte(`"skipped"`)):
+				return []byte(`"verified": false, "not_verified": "skipped"`)
+			}
+			return []byte(`"verified": false`)
+		})
 	default:
-		return nil, fmt.Errorf("benchreport: report schema %d, this build reads 1 and %d", head.Schema, Schema)
+		return nil, fmt.Errorf("benchreport: report schema %d, this build reads 1 to %d", head.Schema, Schema)
 	}
 	var r Report
 	dec := json.NewDecoder(bytes.NewReader(b))

@@ -19,7 +19,7 @@ func TestWritePlots(t *testing.T) {
 				lat[k] = time.Duration(k+1) * time.Duration(r.Cells[i].Iteration+1) * time.Millisecond
 			}
 			c := NewCell(r.Cells[i].Group, r.Cells[i].Route, r.Cells[i].Iteration, 0, 8, 0, r.Cells[i].Bytes, time.Duration(r.Cells[i].ElapsedNS), lat)
-			c.Verified = VerifiedYes
+			c.Verified = true
 			r.Cells[i] = c
 		}
 	}
@@ -66,7 +66,7 @@ func TestWritePlotsOnePoint(t *testing.T) {
 
 func TestWritePlotsSkipsFailed(t *testing.T) {
 	c := cell(small, RouteBounce, 0, 1)
-	c.Verified = VerifiedFailed
+	c.Verified = false
 	paths, err := WritePlots(t.TempDir(), &Report{Schema: Schema, Cells: []Cell{c}})
 	if err != nil {
 		t.Fatal(err)

@@ -16,8 +16,11 @@ import (
 
 // Schema is the version of the JSON layout written by WriteJSON. Version 2
 // names a cell's throughput bytes_per_second (1 called it throughput_bps)
-// and adds the build and the effective configuration; ReadJSON reads both.
-const Schema = 2
+// and adds the build and the effective configuration; version 3 makes a
+// cell's verified a boolean, with not_verified saying why bytes were not
+// checked (1 and 2 wrote "yes", "failed" or "skipped"). ReadJSON reads all
+// three.
+const Schema = 3
 
 // Route names used in cells. RouteBulk is not a pipeline route: it is the
 // same bytes as one contiguous descriptor per request, moved on the direct
@@ -28,24 +31,27 @@ const (
 	RouteBulk   = "bulk"
 )
 
-// Verification outcomes of a cell.
+// Verification outcomes of a row of the summary table (Row.Verified), and
+// of a cell as its Verification method names them.
 const (
 	VerifiedYes     = "yes"     // the receiver checked every byte of every request
 	VerifiedFailed  = "failed"  // a request failed or a byte was wrong
-	VerifiedSkipped = "skipped" // verification was turned off
+	VerifiedSkipped = "skipped" // the bytes were not checked (Cell.NotVerified says why)
 )
 
 // Stages is the pipeline's own per-stage timing of a request, summed over
 // its chunks (chunks overlap: the stages add up to more than the latency):
 // building the plan, WANT to first GRANT, the gathers, the bulk writes
-// until landed, sending DATA, and DATA to ACK (the receiver's scatter and
-// the ACK's trip back). A direct request has only its write.
+// until landed, sending DATA, the receiver's scatter (DATA's arrival to the
+// scatter's end, as its ACKs report it), and the rest of DATA to ACK (the
+// DATA's and the ACK's trips). A direct request has only its write.
 type Stages struct {
 	PlanNS      int64 `json:"plan_ns"`
 	GrantWaitNS int64 `json:"grant_wait_ns"`
 	GatherNS    int64 `json:"gather_ns"`
 	WriteNS     int64 `json:"write_ns"`
 	DataNS      int64 `json:"data_ns"`
+	ScatterNS   int64 `json:"scatter_ns"`
 	AckWaitNS   int64 `json:"ack_wait_ns"`
 }
 
@@ -214,18 +220,37 @@ type Cell struct {
 	AllLatency *LatencyStats `json:"all_requests_latency,omitempty"`
 	// PeakInFlight is the most requests in flight at once.
 	PeakInFlight int `json:"peak_in_flight,omitempty"`
-	// Verified is VerifiedYes, VerifiedFailed or VerifiedSkipped;
-	// VerifiedRequests is how many requests the receiver checked.
-	Verified         string `json:"verified"`
+	// Verified is true when the receiver checked every byte of every
+	// request and found each right. When it is false, NotVerified says why
+	// the bytes were not checked (verification off, a remote receiver), or
+	// is empty when they were and a request failed or a byte was wrong
+	// (Error says which). VerifiedRequests is how many requests the
+	// receiver checked.
+	Verified         bool   `json:"verified"`
+	NotVerified      string `json:"not_verified,omitempty"`
 	VerifiedRequests int    `json:"verified_requests,omitempty"`
 	// Error is the first failure, if any.
 	Error string `json:"error,omitempty"`
 }
 
+// Verification names the cell's outcome: VerifiedYes, VerifiedSkipped (not
+// checked: NotVerified says why) or VerifiedFailed.
+func (c Cell) Verification() string {
+	switch {
+	case c.Failed > 0:
+		return VerifiedFailed
+	case c.Verified:
+		return VerifiedYes
+	case c.NotVerified != "":
+		return VerifiedSkipped
+	}
+	return VerifiedFailed
+}
+
 // OK reports a cell whose requests all succeeded and whose bytes did not
 // fail verification.
 func (c Cell) OK() bool {
-	return c.Failed == 0 && c.Verified != VerifiedFailed && c.Throughput > 0
+	return c.Verification() != VerifiedFailed && c.Throughput > 0
 }
 
 // Latencies returns the cell's latencies as durations.
@@ -396,8 +421,11 @@ type Row struct {
 	Throughput float64
 	// Latency pools every iteration's request latencies.
 	Latency LatencyStats
-	// Verified is VerifiedYes only if every iteration verified.
-	Verified string
+	// Verified is VerifiedYes only if every iteration verified,
+	// VerifiedFailed if one failed, else VerifiedSkipped; NotVerified is
+	// then the reason of the first iteration not checked.
+	Verified    string
+	NotVerified string
 }
 
 // Rows aggregates cells into one row per group and route, in the order the
@@ -427,11 +455,11 @@ func Rows(cells []Cell) []Row {
 			r.Failed += c.Failed
 			tps = append(tps, c.Throughput)
 			lat = append(lat, c.Latencies()...)
-			switch {
-			case c.Verified == VerifiedFailed || c.Failed > 0:
-				r.Verified = VerifiedFailed
-			case c.Verified == VerifiedSkipped && r.Verified == VerifiedYes:
-				r.Verified = VerifiedSkipped
+			switch v := c.Verification(); {
+			case v == VerifiedFailed:
+				r.Verified, r.NotVerified = VerifiedFailed, ""
+			case v == VerifiedSkipped && r.Verified == VerifiedYes:
+				r.Verified, r.NotVerified = VerifiedSkipped, c.NotVerified
 			}
 			if c.Took != "" && c.Took != expectedTook(c.Route) && !slices.Contains(took, c.Took) {
 				took = append(took, c.Took)

@@ -2,6 +2,7 @@ package benchreport
 
 import (
 	"bytes"
+	"encoding/json"
 	"math"
 	"os"
 	"reflect"
@@ -64,7 +65,7 @@ func cell(g Group, route string, iter int, gbps float64, lat ...time.Duration) C
 		}
 	}
 	c := NewCell(g, route, iter, 0, g.Concurrency, 0, bytes, elapsed, lat)
-	c.Took, c.Verified = expectedTook(route), VerifiedYes
+	c.Took, c.Verified = expectedTook(route), true
 	// Make the throughput exact so ratios are exact.
 	c.Throughput = gbps * 1e9
 	return c
@@ -129,7 +130,7 @@ func TestComputeRatiosPairsIterations(t *testing.T) {
 		cell(small, RouteBounce, 2, 9), cell(small, RouteDirect, 2, 1),
 		cell(big, RouteDirect, 0, 1), // no bounce: no ratio
 	}
-	cells[4].Verified = VerifiedFailed // iteration 2 is left out
+	cells[4].Verified = false // iteration 2 is left out
 	rs := ComputeRatios(cells)
 	if len(rs) != 1 || !approx(rs[0].PerIteration, []float64{0.25, 0.02}) || !near(rs[0].Median, 0.135) {
 		t.Fatalf("ratios = %+v", rs)
@@ -143,9 +144,10 @@ func TestComputeRatiosPairsIterations(t *testing.T) {
 
 func TestRows(t *testing.T) {
 	r := sample()
-	r.Cells[0].Verified = VerifiedFailed               // small bounce, iteration 0
-	r.Cells[1].Took = "bounce"                         // small direct took something else once
-	r.Cells[len(r.Cells)-1].Verified = VerifiedSkipped // bigC8 direct
+	r.Cells[0].Verified = false              // small bounce, iteration 0: checked, wrong
+	r.Cells[1].Took = "bounce"               // small direct took something else once
+	r.Cells[len(r.Cells)-1].Verified = false // bigC8 direct: not checked
+	r.Cells[len(r.Cells)-1].NotVerified = "verification off (test)"
 	rows := Rows(r.Cells)
 	if len(rows) != 8 {
 		t.Fatalf("%d rows, want 8", len(rows))
@@ -160,7 +162,7 @@ func TestRows(t *testing.T) {
 	if rows[1].Took != "bounce" || rows[2].Took != "" {
 		t.Fatalf("took: %q, %q (bulk takes direct: no mention)", rows[1].Took, rows[2].Took)
 	}
-	if last := rows[len(rows)-1]; last.Group != bigC8 || last.Route != RouteDirect || last.Verified != VerifiedSkipped || last.Latency.Count != 24 {
+	if last := rows[len(rows)-1]; last.Group != bigC8 || last.Route != RouteDirect || last.Verified != VerifiedSkipped || last.NotVerified != "verification off (test)" || last.Latency.Count != 24 {
 		t.Fatalf("last row = %+v", last)
 	}
 }
@@ -310,5 +312,66 @@ func TestReadsSchema1(t *testing.T) {
 	}
 	if r.Schema != 1 || len(r.Cells) == 0 || r.Cells[0].Throughput <= 0 {
 		t.Fatalf("schema %d, %d cells, first throughput %v", r.Schema, len(r.Cells), r.Cells)
+	}
+	for _, c := range r.Cells {
+		if !c.Verified || c.NotVerified != "" || c.Verification() != VerifiedYes {
+			t.Fatalf("schema 1 cell verified %q read as verified %v, not verified %q", "yes", c.Verified, c.NotVerified)
+		}
+	}
+}
+
+// TestVerifiedIsABoolean: a cell's verified is a JSON boolean, with the
+// reason bytes were not checked in not_verified; schema 2's strings read
+// as the same three outcomes, and the text summary names the reason.
+func TestVerifiedIsABoolean(t *testing.T) {
+	r := &Report{Schema: Schema, Cells: []Cell{cell(small, RouteBounce, 0, 1), cell(small, RouteDirect, 0, 1), cell(big, RouteBounce, 0, 1)}}
+	r.Cells[1].Verified, r.Cells[1].Error = false, "byte 7 of request 2 differs"
+	r.Cells[2].Verified, r.Cells[2].NotVerified = false, "the receiver \"d\" runs elsewhere (--peer)"
+	var buf bytes.Buffer
+	if err := WriteJSON(&buf, r); err != nil {
+		t.Fatal(err)
+	}
+	var raw struct {
+		Cells []map[string]any `json:"cells"`
+	}
+	if err := json.Unmarshal(buf.Bytes(), &raw); err != nil {
+		t.Fatal(err)
+	}
+	for i, want := range []bool{true, false, false} {
+		if v, ok := raw.Cells[i]["verified"].(bool); !ok || v != want {
+			t.Fatalf("cell %d: verified %#v, want the boolean %v", i, raw.Cells[i]["verified"], want)
+		}
+	}
+	if _, ok := raw.Cells[0]["not_verified"]; ok {
+		t.Fatal("a verified cell carries not_verified")
+	}
+	if raw.Cells[2]["not_verified"] != "the receiver \"d\" runs elsewhere (--peer)" {
+		t.Fatalf("not_verified = %#v", raw.Cells[2]["not_verified"])
+	}
+	for i, want := range []string{VerifiedYes, VerifiedFailed, VerifiedSkipped} {
+		if got := r.Cells[i].Verification(); got != want {
+			t.Fatalf("cell %d: %s, want %s", i, got, want)
+		}
+	}
+	if r.Cells[1].OK() || !r.Cells[2].OK() {
+		t.Fatal("OK: a cell that failed verification is OK, or one not checked is not")
+	}
+	var tbl bytes.Buffer
+	if err := WriteTable(&tbl, r); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(tbl.String(), "verified skipped = the bytes were not checked: the receiver \"d\" runs elsewhere (--peer)") {
+		t.Fatalf("the summary does not say why bytes were not checked:\n%s", tbl.String())
+	}
+	// Schema 2 wrote strings.
+	old := []byte(`{"schema": 2, "cells": [{"verified": "yes"}, {"verified": "failed"}, {"verified":"skipped"}]}`)
+	got, err := ReadJSON(bytes.NewReader(old))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, want := range []string{VerifiedYes, VerifiedFailed, VerifiedSkipped} {
+		if v := got.Cells[i].Verification(); v != want {
+			t.Fatalf("schema 2 cell %d read as %s, want %s", i, v, want)
+		}
 	}
 }

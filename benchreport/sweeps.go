@@ -46,7 +46,7 @@ func sweepSeries(cells []Cell, key func(Cell) sweepKey, x func(Cell) float64, y 
 	var keys []sweepKey
 	routes := map[sweepKey][]string{}
 	for _, c := range cells {
-		if c.Failed > 0 || c.Verified == VerifiedFailed || c.ElapsedNS <= 0 {
+		if c.Verification() == VerifiedFailed || c.ElapsedNS <= 0 {
 			continue
 		}
 		k := key(c)
@@ -312,7 +312,7 @@ func ratioCells(rs []Ratio) []Cell {
 	var out []Cell
 	for _, r := range rs {
 		for it, v := range r.PerIteration {
-			out = append(out, Cell{Group: r.Group, Route: r.Denominator, Iteration: it, Throughput: v, ElapsedNS: 1, Verified: VerifiedYes})
+			out = append(out, Cell{Group: r.Group, Route: r.Denominator, Iteration: it, Throughput: v, ElapsedNS: 1, Verified: true})
 		}
 	}
 	return out

@@ -16,6 +16,7 @@ func WriteTable(w io.Writer, r *Report) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "cell\troute\tn\tthroughput\tdesc/s\tp50\tp90\tp99\tmax\tp99/p50\tverified")
 	bulk, loop := false, false
+	var unchecked []string // why bytes were not checked, each reason once
 	for _, row := range Rows(r.Cells) {
 		loop = loop || row.Generations > 1
 		route := row.Route
@@ -30,12 +31,18 @@ func WriteTable(w io.Writer, r *Report) error {
 		if row.Failed > 0 {
 			v = fmt.Sprintf("%s (%d requests failed)", VerifiedFailed, row.Failed)
 		}
+		if row.NotVerified != "" && !slices.Contains(unchecked, row.NotVerified) {
+			unchecked = append(unchecked, row.NotVerified)
+		}
 		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", row.Group, route, row.Iterations,
 			FormatRate(row.Throughput), descRate(row.Throughput, row.DescSize), dur(row.Latency.P50NS), dur(row.Latency.P90NS), dur(row.Latency.P99NS),
 			dur(row.Latency.MaxNS), tail(row.Latency.TailRatio), v)
 	}
 	if err := tw.Flush(); err != nil {
 		return fmt.Errorf("benchreport: write table: %w", err)
+	}
+	for _, why := range unchecked {
+		fmt.Fprintf(w, "verified skipped = the bytes were not checked: %s\n", why)
 	}
 	if bulk {
 		fmt.Fprintln(w, "bulk (1 desc) = the same bytes as one contiguous descriptor per request, on the direct path")
@@ -146,7 +153,7 @@ func writeStages(w io.Writer, cells []Cell) error {
 		route string
 	}
 	var order []key
-	sums := map[key]*[7]int64{} // six stages and the count
+	sums := map[key]*[8]int64{} // seven stages and the count
 	for _, c := range cells {
 		if c.Stages == nil {
 			continue
@@ -154,25 +161,25 @@ func writeStages(w io.Writer, cells []Cell) error {
 		k := key{c.Group, c.Route}
 		s := sums[k]
 		if s == nil {
-			s = &[7]int64{}
+			s = &[8]int64{}
 			sums[k] = s
 			order = append(order, k)
 		}
-		for i, v := range []int64{c.Stages.PlanNS, c.Stages.GrantWaitNS, c.Stages.GatherNS, c.Stages.WriteNS, c.Stages.DataNS, c.Stages.AckWaitNS} {
+		for i, v := range []int64{c.Stages.PlanNS, c.Stages.GrantWaitNS, c.Stages.GatherNS, c.Stages.WriteNS, c.Stages.DataNS, c.Stages.ScatterNS, c.Stages.AckWaitNS} {
 			s[i] += v
 		}
-		s[6]++
+		s[7]++
 	}
 	if len(order) == 0 {
 		return nil
 	}
-	fmt.Fprintln(w, "\nwhere a request's time went on the sender (mean per request, summed over its chunks, which overlap; ack wait holds the receiver's scatter):")
+	fmt.Fprintln(w, "\nwhere a request's time went (mean per request, summed over its chunks, which overlap; scatter is the receiver's, from its ACKs; ACK is the rest of DATA->ACK):")
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "cell\troute\tplan\tWANT->GRANT\tgather\twrite\tDATA\tDATA->ACK")
+	fmt.Fprintln(tw, "cell\troute\tplan\tWANT->GRANT\tgather\twrite\tDATA\tscatter\tACK")
 	for _, k := range order {
 		s := sums[k]
-		n := s[6]
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", k.g, k.route, dur(s[0]/n), dur(s[1]/n), dur(s[2]/n), dur(s[3]/n), dur(s[4]/n), dur(s[5]/n))
+		n := s[7]
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", k.g, k.route, dur(s[0]/n), dur(s[1]/n), dur(s[2]/n), dur(s[3]/n), dur(s[4]/n), dur(s[5]/n), dur(s[6]/n))
 	}
 	if err := tw.Flush(); err != nil {
 		return fmt.Errorf("benchreport: write stages: %w", err)

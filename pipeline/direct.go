@@ -27,17 +27,23 @@ type directReq struct {
 }
 
 // tell sends the receiver the DONE notice of a direct request, once: after
-// the op was Done (every byte landed), or when the request failed. Without
-// a control path to the peer there is nobody to tell.
+// the op was Done (every byte landed), or when the request failed. It goes
+// on the control path when the peer has one, else as an engine
+// notification (transfer.Notifier) on the connections the bytes took; an
+// engine without notifications and no control path leave nobody to tell.
 func (d *directReq) tell(r *reactor, err error) {
 	if d.told {
 		return
 	}
 	d.told = true
-	if !d.pi.ctrl || d.pi.forgotten.Load() {
+	if d.pi.forgotten.Load() {
 		return
 	}
-	m := &wire.Done{Request: d.b.id, Endpoint: r.a.set.Control.LocalEndpoint(), Tag: d.tag}
+	n, notes := r.a.set.Engine.(transfer.Notifier)
+	if !d.pi.ctrl && !notes {
+		return
+	}
+	m := &wire.Done{Request: d.b.id, Tag: d.tag}
 	if err != nil {
 		m.Reason = err.Error()
 		if len(m.Reason) > wire.MaxString {
@@ -46,7 +52,15 @@ func (d *directReq) tell(r *reactor, err error) {
 	} else {
 		m.Bytes = d.bytes
 	}
-	_ = r.send(d.peer, m)
+	if d.pi.ctrl {
+		m.Endpoint = r.a.set.Control.LocalEndpoint()
+		_ = r.send(d.peer, m)
+		return
+	}
+	if nerr := notify(n, d.peer, m); nerr != nil {
+		r.a.stats.sendDrops.Add(1)
+		r.log.Warn("DONE notice not sent as an engine notification", "peer", d.peer, "request", d.b.id, "err", nerr)
+	}
 }
 
 func (r *reactor) submitDirect(b *Batch, pi *peerInfo, req Request) {

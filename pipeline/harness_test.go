@@ -27,6 +27,8 @@ type world struct {
 	net    *inproc.Network
 	engine func(t testing.TB, name string, opt loopback.Options) transfer.Engine
 	ctrl   func(t testing.TB, name string, eng transfer.Engine) transfer.ControlChannel
+	// bufs are the nodes' buffers (node.buffer), freed after every node closed.
+	bufs []*mem.Buffer
 	// stages, if set, replaces the host stages: it returns a node's gather
 	// and scatter stages and its writer (nil: the engine's bulk write).
 	// notify wakes the node's reactor.
@@ -43,6 +45,16 @@ func newWorld(t testing.TB) *world {
 		}
 	})
 	w := &world{t: t, fab: loopback.NewFabric(), net: inproc.NewNetwork()}
+	// Buffers are freed once every node of the world closed (cleanups run
+	// last-registered first, and the nodes register theirs later): a test
+	// that gives up on a request (Abandon with a short timeout) may end
+	// while a gather still reads its source or a write lands in its
+	// destination.
+	t.Cleanup(func() {
+		for _, b := range w.bufs {
+			_ = b.Free()
+		}
+	})
 	w.engine = func(t testing.TB, name string, opt loopback.Options) transfer.Engine {
 		eng, err := w.fab.NewEngine(name, opt)
 		if err != nil {
@@ -69,6 +81,7 @@ type node struct {
 	gather  transfer.Gatherer
 	scatter transfer.Scatterer
 	writer  transfer.Writer
+	w       *world
 }
 
 // nodeOpt adjusts a node's settings (wrapping a component with a fault
@@ -120,7 +133,7 @@ func (w *world) node(name string, cfg Config, opts ...nodeOpt) *node {
 	if err != nil {
 		t.Fatal(err)
 	}
-	n := &node{Agent: a, eng: eng, ctrl: s.Control, reg: s.Registry, gather: s.Gatherer, scatter: s.Scatterer, writer: s.Writer}
+	n := &node{Agent: a, eng: eng, ctrl: s.Control, reg: s.Registry, gather: s.Gatherer, scatter: s.Scatterer, writer: s.Writer, w: w}
 	t.Cleanup(func() { n.close(t) })
 	return n
 }
@@ -171,7 +184,7 @@ func (n *node) buffer(t testing.TB, size uint64) []byte {
 	if err := n.RegisterMemory(b.Desc()); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = b.Free() })
+	n.w.bufs = append(n.w.bufs, b)
 	return b.Bytes()
 }
 

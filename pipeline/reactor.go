@@ -109,10 +109,21 @@ func newReactor(a *Agent, sched *credit.Scheduler) *reactor {
 	return r
 }
 
-// startHelpers starts the control receive pump (whenever there is a control
-// channel: a direct-only agent still hears DONE notices) and, with bounce
-// up, the scatter workers.
+// startHelpers starts the engine notification pump (when the agent reads
+// the engine's notifications: DONE notices from peers without a control
+// path), the control receive pump (whenever there is a control channel: a
+// direct-only agent still hears DONE notices) and, with bounce up, the
+// scatter workers.
 func (r *reactor) startHelpers(wg *sync.WaitGroup) {
+	if n := engineNotes(r.a.set); n != nil {
+		p := &notePump{notes: n, inbox: r.inbox, quit: r.quit, admitted: r.a.set.Peers.Admitted, unadmitted: r.dropUnadmitted,
+			bad: func(peer string, err error) {
+				if c := r.a.stats.badMessages.Add(1); c&(c-1) == 0 {
+					r.log.Warn("dropped engine notification", "peer", peer, "err", err, "bad_total", c)
+				}
+			}}
+		p.start(wg)
+	}
 	if r.a.set.Control == nil {
 		return
 	}

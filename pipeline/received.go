@@ -12,7 +12,8 @@ import (
 // Received is a receiver-side completion event: one request a peer sent to
 // this agent ended. Err is nil when every byte of it landed in its
 // destinations (bounce: every chunk scattered; direct: the sender's engine
-// op was Done and the sender said so); otherwise it says why the request
+// op was Done and the sender said so, on the control path or, to a peer
+// without one, as an engine notification); otherwise it says why the request
 // will never complete here (the sender cancelled it, the flow expired, the
 // peer was forgotten, a scatter failed, the receiver shut down, ...). Bytes
 // counts the payload bytes that landed before the event (all of them on

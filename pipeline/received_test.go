@@ -9,8 +9,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/bouncekv/bounce/controlplane/nixlnotif"
 	"github.com/bouncekv/bounce/engines/loopback"
 	"github.com/bouncekv/bounce/engines/tcp"
+	"github.com/bouncekv/bounce/mem"
 	"github.com/bouncekv/bounce/transfer"
 )
 
@@ -64,6 +66,23 @@ func TestReceivedInproc(t *testing.T) { receivedSuite(t, newWorld) }
 
 func TestReceivedTCPZMQ(t *testing.T) { receivedSuite(t, tcpZMQWorld) }
 
+// TestReceivedNixlNotif: over a control plane carried by the engine's own
+// notifications, the agent reads none itself, and a direct-only peer's DONE
+// notice still arrives (through the channel when the receiver has it).
+func TestReceivedNixlNotif(t *testing.T) {
+	receivedSuite(t, func(t testing.TB) *world {
+		w := newWorld(t)
+		w.ctrl = func(t testing.TB, name string, eng transfer.Engine) transfer.ControlChannel {
+			ch, err := nixlnotif.New(eng)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return ch
+		}
+		return w
+	})
+}
+
 // receivedSuite checks the receiver's completion events over one world:
 // success on both routes (the bytes are in place when the event arrives),
 // and failures half way through a request, on the sender and on the
@@ -71,10 +90,14 @@ func TestReceivedTCPZMQ(t *testing.T) { receivedSuite(t, tcpZMQWorld) }
 func receivedSuite(t *testing.T, mk func(testing.TB) *world) {
 	const total = 4 << 20 // 1024 × 4 KiB in 1 MiB chunks: 4 chunks
 	layout := kvLayout{count: 1024, size: 4096, fragmented: true}
-	one := func(t *testing.T, route Route, sendOpt, recvOpt nodeOpt) (*node, *node, job, <-chan Received, *Batch) {
+	one := func(t *testing.T, route Route, sendOpt, recvOpt nodeOpt, recvCfg ...func(*Config)) (*node, *node, job, <-chan Received, *Batch) {
 		w := mk(t)
 		cfg := testConfig()
 		cfg.MaxInflight = 1 // chunk k+1 starts only once chunk k landed
+		rcfg := cfg
+		for _, f := range recvCfg {
+			f(&rcfg)
+		}
 		events := make(chan Received, 8)
 		var sopts, ropts []nodeOpt
 		if sendOpt != nil {
@@ -84,7 +107,7 @@ func receivedSuite(t *testing.T, mk func(testing.TB) *world) {
 		if recvOpt != nil {
 			ropts = append(ropts, recvOpt)
 		}
-		a, b := w.node("a", cfg, sopts...), w.node("b", cfg, ropts...)
+		a, b := w.node("a", cfg, sopts...), w.node("b", rcfg, ropts...)
 		src, dst := a.buffer(t, total), b.buffer(t, total)
 		connect(t, a, b)
 		j := prepare(src, dst, layout, 11)
@@ -184,6 +207,68 @@ func receivedSuite(t *testing.T, mk func(testing.TB) *world) {
 		}
 		bt.Abandon(time.Millisecond)
 	})
+	// A peer without a control path to the sender still hears of a direct
+	// request: the DONE notice travels as an engine notification. The
+	// receiver here either has no control channel at all or has bounce
+	// off (no handshake, so not bounce-capable: route auto goes direct).
+	directOnly := map[string]struct {
+		opt nodeOpt
+		cfg func(*Config)
+	}{
+		"no-control": {opt: func(s *Settings) {
+			s.Control.Close()
+			s.Control = nil
+		}},
+		"bounce-off": {cfg: func(c *Config) { c.Enabled = false }},
+	}
+	for _, name := range []string{"no-control", "bounce-off"} {
+		peer := directOnly[name]
+		var cfgs []func(*Config)
+		if peer.cfg != nil {
+			cfgs = append(cfgs, peer.cfg)
+		}
+		t.Run("direct-only-peer-"+name+"-success", func(t *testing.T) {
+			a, b, j, events, bt := one(t, RouteAuto, nil, peer.opt, cfgs...)
+			if ok, reason, _ := a.PeerRoute("b"); ok {
+				t.Fatal("b is bounce-capable; the case needs a direct-only peer")
+			} else if reason == "" {
+				t.Fatal("no reason for the direct-only peer")
+			}
+			ev := next(t, events)
+			if err := j.check(); err != nil {
+				t.Fatalf("event arrived before the bytes: %v", err)
+			}
+			check(t, ev, RouteDirect, total)
+			if ev.Err != nil || ev.Request != bt.ID() {
+				t.Fatalf("event error %v request %d, want nil and %d", ev.Err, ev.Request, bt.ID())
+			}
+			if err := wait(t, bt); err != nil || bt.Route() != RouteDirect {
+				t.Fatalf("sender: %v on %v", err, bt.Route())
+			}
+			if s := b.Stats(); s.Events != 1 || s.BadMessages != 0 {
+				t.Fatalf("receiver stats: %d events, %d bad messages", s.Events, s.BadMessages)
+			}
+		})
+		t.Run("direct-only-peer-"+name+"-fails-half-way", func(t *testing.T) {
+			var eng *halfEngine
+			_, _, j, events, bt := one(t, RouteAuto, func(s *Settings) {
+				eng = &halfEngine{notifyingEngine: s.Engine.(notifyingEngine)}
+				s.Engine = eng
+			}, peer.opt, cfgs...)
+			ev := next(t, events)
+			check(t, ev, RouteDirect, 0)
+			if !errors.Is(ev.Err, ErrSenderFailed) || !strings.Contains(ev.Err.Error(), "injected failure half way") {
+				t.Fatalf("event error %v, want ErrSenderFailed with the cause", ev.Err)
+			}
+			if err := wait(t, bt); err == nil {
+				t.Fatal("sender succeeded")
+			}
+			// Half of the descriptors landed before the failure.
+			if landed := j.landed(); landed != eng.half.Load() || landed == 0 || landed == int64(len(j.src)) {
+				t.Fatalf("%d of %d descriptors landed, want the %d written before the failure", landed, len(j.src), eng.half.Load())
+			}
+		})
+	}
 	t.Run("direct-fails", func(t *testing.T) {
 		_, _, _, events, bt := one(t, RouteDirect, func(s *Settings) {
 			s.Engine = &nthFailEngine{Engine: s.Engine, ok: 0}
@@ -256,4 +341,58 @@ func TestSubmitRefusesLongTag(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "257 bytes") || !strings.Contains(err.Error(), "at most 256") {
 		t.Fatalf("err = %v, want a refusal naming 257 bytes and the 256-byte limit", err)
 	}
+}
+
+// notifyingEngine is an engine with notifications.
+type notifyingEngine interface {
+	transfer.Engine
+	transfer.Notifier
+}
+
+// halfEngine wraps a real engine with notifications: a write of several
+// descriptors lands its first half for real, then fails.
+type halfEngine struct {
+	notifyingEngine
+	half atomic.Int64 // descriptors written before the failure
+}
+
+func (e *halfEngine) PostWrite(peer string, ops []transfer.WriteOp) (transfer.Op, error) {
+	if len(ops) < 2 {
+		return e.notifyingEngine.PostWrite(peer, ops)
+	}
+	n := len(ops) / 2
+	op, err := e.notifyingEngine.PostWrite(peer, ops[:n])
+	if err != nil {
+		return nil, err
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		st, err := op.Poll()
+		if st == transfer.Done {
+			break
+		}
+		if st == transfer.Failed || time.Now().After(deadline) {
+			_ = op.Release()
+			return nil, fmt.Errorf("first half: %v %w", st, err)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if err := op.Release(); err != nil {
+		return nil, err
+	}
+	e.half.Store(int64(n))
+	return &doneOp{err: errors.New("injected failure half way")}, nil
+}
+
+// landed counts the job's descriptors whose destination holds their source
+// bytes.
+func (j job) landed() int64 {
+	sb, db := mem.DescOf(j.srcB), mem.DescOf(j.dstB)
+	var n int64
+	for i := range j.src {
+		if bytes.Equal(j.srcB[j.src[i].Addr-sb.Addr:][:j.src[i].Len], j.dstB[j.dst[i].Addr-db.Addr:][:j.dst[i].Len]) {
+			n++
+		}
+	}
+	return n
 }

@@ -424,7 +424,7 @@ func (r *reactor) onData(peer string, d *wire.Data) {
 		r.log.Warn("DATA for a region already scattering dropped", "peer", peer, "err", err)
 		return
 	}
-	t := &scatterTask{key: key, chunk: d.Chunk, region: r.regionDesc(d.Region, grant.Len), off: d.Region, runs: d.Runs}
+	t := &scatterTask{key: key, chunk: d.Chunk, region: r.regionDesc(d.Region, grant.Len), off: d.Region, runs: d.Runs, queued: time.Now()}
 	r.a.obs.scatterQueued(r, t, d)
 	r.scatters++
 	r.tasks[d.Region] = t
@@ -483,7 +483,7 @@ func (r *reactor) drainScatterResults() bool {
 		case orphan:
 			// The flow was reclaimed while scattering: nobody to ACK.
 		default:
-			_ = r.send(t.key.Peer, &wire.Ack{Request: t.key.Request, Chunk: t.chunk, Region: t.off})
+			_ = r.send(t.key.Peer, &wire.Ack{Request: t.key.Request, Chunk: t.chunk, Region: t.off, ScatterNS: uint64(max(time.Since(t.queued), 0))})
 			r.chunkLanded(t.key, t.runs)
 		}
 	}

@@ -30,9 +30,11 @@ type scatterTask struct {
 	runs   []transfer.Run
 
 	// Telemetry, set and read on the reactor only: the DATA's arrival and
-	// the sender's chunk span it carried (zero unless the flow is traced).
+	// the sender's chunk span it carried (zero unless the flow is traced),
+	// and when the scatter was queued (the ACK's ScatterNS).
 	at     time.Time
 	parent trace.SpanContext
+	queued time.Time
 
 	mu        sync.Mutex
 	started   bool

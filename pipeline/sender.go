@@ -384,7 +384,12 @@ func (r *reactor) onAck(peer string, m *wire.Ack) {
 		return
 	}
 	q.ch[k].st = cAcked
-	q.stages.AckWait += time.Since(q.ch[k].phase)
+	// The receiver's scatter time (capped: its clock and word are its
+	// own) is the Scatter stage; the rest of DATA→ACK is the trip.
+	toAck := time.Since(q.ch[k].phase)
+	sc := time.Duration(min(m.ScatterNS, uint64(max(toAck, 0))))
+	q.stages.Scatter += sc
+	q.stages.AckWait += toAck - sc
 	r.a.obs.acked(q, k)
 	q.acked++
 	q.live--
@@ -472,12 +477,14 @@ func (r *reactor) publish(b *Batch, err error, quiescent bool) {
 		return
 	}
 	r.a.obs.resolved(b, err, quiescent) // spans end before Wait returns
-	b.finish(err, quiescent)
+	// Counted before Wait returns too: a caller that waited reads Stats
+	// with its batch in them.
 	if err == nil {
 		r.a.stats.succeeded.Add(1)
 	} else {
 		r.a.stats.failed.Add(1)
 	}
+	b.finish(err, quiescent)
 }
 
 func (r *reactor) checkTimeouts(now time.Time) {

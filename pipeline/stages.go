@@ -7,18 +7,19 @@ import "time"
 // request's latency): Plan is building the plan at Submit; GrantWait runs
 // from the WANT to the first GRANT; Gather, Write and Data are the gather
 // ops, the bulk writes (until landed) and sending the DATA messages;
-// AckWait runs from each DATA to its ACK, and so holds the receiver's
-// scatter and the ACK's trip back. A direct request has only Plan at 0 and
-// Write (its one engine post, until Done).
+// Scatter is the receiver's time from each DATA's arrival to its scatter's
+// end (queue wait included), as its ACK reports it; AckWait is the rest of
+// each DATA→ACK interval (the DATA's and the ACK's trips). A direct request
+// has only Plan at 0 and Write (its one engine post, until Done).
 type Stages struct {
-	Plan, GrantWait, Gather, Write, Data, AckWait time.Duration
+	Plan, GrantWait, Gather, Write, Data, Scatter, AckWait time.Duration
 }
 
 // Add returns s plus o, stage by stage.
 func (s Stages) Add(o Stages) Stages {
 	return Stages{
 		Plan: s.Plan + o.Plan, GrantWait: s.GrantWait + o.GrantWait, Gather: s.Gather + o.Gather,
-		Write: s.Write + o.Write, Data: s.Data + o.Data, AckWait: s.AckWait + o.AckWait,
+		Write: s.Write + o.Write, Data: s.Data + o.Data, Scatter: s.Scatter + o.Scatter, AckWait: s.AckWait + o.AckWait,
 	}
 }
 
@@ -28,5 +29,5 @@ func (s Stages) Div(n int) Stages {
 		return s
 	}
 	d := time.Duration(n)
-	return Stages{Plan: s.Plan / d, GrantWait: s.GrantWait / d, Gather: s.Gather / d, Write: s.Write / d, Data: s.Data / d, AckWait: s.AckWait / d}
+	return Stages{Plan: s.Plan / d, GrantWait: s.GrantWait / d, Gather: s.Gather / d, Write: s.Write / d, Data: s.Data / d, Scatter: s.Scatter / d, AckWait: s.AckWait / d}
 }

@@ -10,9 +10,11 @@ import (
 type Stats struct {
 	BounceSubmits, DirectSubmits uint64
 	Succeeded, Failed            uint64
-	// Control messages that could not be sent (queue full, unknown peer).
+	// Control messages that could not be sent (queue full, unknown peer),
+	// DONE notices sent as engine notifications included.
 	SendDrops uint64
-	// Malformed or unexpected control messages dropped, by reason.
+	// Malformed or unexpected control messages dropped, by reason
+	// (BadMessages counts engine notifications that were not a DONE too).
 	// RejectedWants counts refused WANTs (a WANT conflicting with its live
 	// flow included); DuplicateWants counts repeated WANTs of a live flow,
 	// dropped without a reply.

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -27,6 +28,7 @@ import (
 // benchOptions are the flags of `bounce bench`.
 type benchOptions struct {
 	workloads   []string
+	workloadSet bool // --workload was given (not its default)
 	all, list   bool
 	descSize    string
 	count       int
@@ -39,6 +41,7 @@ type benchOptions struct {
 	jsonPath    string
 	plotsDir    string
 	verify      bool
+	notVerified string // why cells are not verified when verify is off ("" = --verify=false)
 	maxBytes    string
 	cellTimeout time.Duration
 	peer        string // a remote receiver's descriptor line ('bounce serve')
@@ -93,9 +96,15 @@ bounce/direct and bounce/bulk ratios are measured side by side; the table
 reports the median ratio over iterations.
 
 Memory stays bounded by --max-bytes: a concurrency whose requests x bytes
-exceed it is clamped to the largest that fits, or skipped, with a note.
+exceed it is clamped to the largest that fits, or skipped, with a note; a
+clamped cell is named with the level asked for. A value listed twice in
+--workload, --routes, --concurrency or --desc-size is a usage error.
 The TP=1 presets are 2.5 GiB per request. After the sweep both agents' peak
-RSS (VmHWM) is reported next to their KV buffers and arena.
+RSS (VmHWM) is reported next to their KV buffers and arena, and where a
+request's time went: plan, WANT->GRANT, gather, write, DATA, the receiver's
+scatter (carried back in its ACKs) and the rest of DATA->ACK. In the JSON
+report each cell's verified is a boolean, with not_verified giving the
+reason when the bytes were not checked (--verify=false, --peer).
 
 With --senders N --receivers M it runs the fleet benchmark instead: M
 receiver and N sender processes on this machine that find each other through
@@ -131,6 +140,7 @@ every receiver verify every byte (--json writes it all).`,
 			if o.fleet.on() && o.memory.kind == memoryDevice {
 				return usage(fmt.Errorf("--memory device: not yet with --senders/--receivers (the fleet benchmark moves host memory)"))
 			}
+			o.workloadSet = cmd.Flags().Changed("workload")
 			if o.fleet.on() {
 				return runFleet(cmd, l.Config, &o)
 			}
@@ -142,14 +152,14 @@ every receiver verify every byte (--json writes it all).`,
 		},
 	}
 	f := cmd.Flags()
-	f.StringSliceVar(&o.workloads, "workload", []string{"gptoss120b-tp8-b16", "llama70b-tp8-b16"}, "workload presets, repeatable or comma-separated (see --list)")
+	f.StringSliceVar(&o.workloads, "workload", []string{"gptoss120b-tp8-b16", "llama70b-tp8-b16"}, "workload presets, repeatable or comma-separated, each named once (see --list)")
 	f.BoolVar(&o.all, "all", false, "every preset (the TP=1 ones are 2.5 GiB per request; see --max-bytes)")
 	f.BoolVar(&o.list, "list", false, "list the workload presets and exit")
 	f.StringVar(&o.descSize, "desc-size", "", "override every preset's descriptor size (e.g. 4KiB), or sweep sizes: a list (2KiB,16KiB) or a range doubling from its low end (512B..64KiB); a sweep keeps each preset's bytes")
 	f.IntVar(&o.count, "count", 0, "override every preset's descriptor count (e.g. 4096)")
-	f.IntSliceVar(&o.concurrency, "concurrency", []int{1, 8}, "concurrent requests per cell, a list (the GUIDE sweeps 1,8,64,128)")
+	f.IntSliceVar(&o.concurrency, "concurrency", []int{1, 8}, "concurrent requests per cell, a list, each level once (the GUIDE sweeps 1,8,64,128)")
 	f.IntVar(&o.generations, "generations", 1, "1: a burst, every request of a cell submitted at once; K > 1: a closed loop moving K x concurrency requests with concurrency in flight (a new one as each finishes), latency percentiles over the requests after the first generation")
-	f.StringSliceVar(&o.routes, "routes", []string{benchreport.RouteBounce, benchreport.RouteDirect}, "routes to compare: bounce, direct, bulk, auto")
+	f.StringSliceVar(&o.routes, "routes", []string{benchreport.RouteBounce, benchreport.RouteDirect}, "routes to compare, each named once: bounce, direct, bulk, auto")
 	f.StringVar(&o.layout, "layout", "fragmented", "block layout: fragmented, contiguous or both")
 	f.IntVar(&o.repeat, "repeat", 3, "iterations per cell (routes alternate within each)")
 	f.Uint64Var(&o.seed, "seed", 1, "seed for the block layouts and byte patterns (the sweep is reproducible from it)")
@@ -211,9 +221,10 @@ func (o *benchOptions) plan() (benchPlan, error) {
 		default:
 			return p, usage(fmt.Errorf("--routes %q: accepted: bounce, direct, bulk, auto", r))
 		}
-		if !slices.Contains(p.routes, r) {
-			p.routes = append(p.routes, r)
+		if slices.Contains(p.routes, r) {
+			return p, usage(fmt.Errorf("--routes %q is listed twice: name each route once", r))
 		}
+		p.routes = append(p.routes, r)
 	}
 	if len(p.routes) == 0 {
 		return p, usage(fmt.Errorf("--routes: name at least one of bounce, direct, bulk, auto"))
@@ -233,6 +244,9 @@ func (o *benchOptions) plan() (benchPlan, error) {
 	}
 	slices.Sort(conc)
 	var presets []workload.Preset
+	if o.all && o.workloadSet {
+		return p, usage(fmt.Errorf("--all and --workload %s: --all runs every preset; name presets with --workload, or pass --all alone", strings.Join(o.workloads, ",")))
+	}
 	if o.all {
 		presets = workload.Presets()
 		p.notes = append(p.notes, fmt.Sprintf("--all includes the TP=1 presets, 2.5GiB per request: requests x bytes are capped at --max-bytes %s", benchreport.FormatSize(budget)))
@@ -245,9 +259,10 @@ func (o *benchOptions) plan() (benchPlan, error) {
 			if err != nil {
 				return p, usage(fmt.Errorf("--workload: %w", err))
 			}
-			if !slices.ContainsFunc(presets, func(q workload.Preset) bool { return q.Name == pr.Name }) {
-				presets = append(presets, pr)
+			if slices.ContainsFunc(presets, func(q workload.Preset) bool { return q.Name == pr.Name }) {
+				return p, usage(fmt.Errorf("--workload %q is listed twice (as preset %s): name each preset once", strings.TrimSpace(name), pr.Name))
 			}
+			presets = append(presets, pr)
 		}
 	}
 	var descSizes []uint64 // nil: each preset's own
@@ -381,7 +396,8 @@ func (o *benchOptions) run(cmd *cobra.Command, cfg config.Config, plan benchPlan
 			return usage(err)
 		}
 		if o.verify {
-			plan.notes = append(plan.notes, fmt.Sprintf("--peer: the receiver %q runs elsewhere; its bytes are not verified (cells say verified=skipped)", h.Name))
+			o.notVerified = fmt.Sprintf("the receiver %q runs elsewhere (--peer)", h.Name)
+			plan.notes = append(plan.notes, fmt.Sprintf("--peer: the receiver %q runs elsewhere; its bytes are not verified (cells say verified false, not_verified %q)", h.Name, o.notVerified))
 			o.verify = false
 		}
 	} else {
@@ -535,7 +551,7 @@ func (o *benchOptions) cell(ctx context.Context, s *session, g benchreport.Group
 	}
 	if err != nil {
 		c := benchreport.NewCell(g, route, it, order, requests, requests, 0, 0, nil)
-		c.Verified, c.Error = benchreport.VerifiedFailed, err.Error()
+		c.Error = err.Error()
 		return c, nil
 	}
 	window, all := res.Latencies, (*benchreport.LatencyStats)(nil)
@@ -548,15 +564,14 @@ func (o *benchOptions) cell(ctx context.Context, s *session, g benchreport.Group
 	c.Stages = cellStages(res.Stages)
 	switch {
 	case res.Failed > 0:
-		c.Verified = benchreport.VerifiedFailed
 		c.Error = fmt.Sprintf("%d of %d requests failed: %v", res.Failed, res.Requests, res.FirstErr)
 	case !o.verify:
-		c.Verified = benchreport.VerifiedSkipped
+		c.NotVerified = cmp.Or(o.notVerified, "verification off (--verify=false)")
 	default:
 		rep, err := s.recv.call(verifyCommand(rs, requests), 5*time.Minute)
-		c.Verified, c.VerifiedRequests = benchreport.VerifiedYes, rep.Verified
+		c.Verified, c.VerifiedRequests = err == nil, rep.Verified
 		if err != nil {
-			c.Verified, c.Error = benchreport.VerifiedFailed, err.Error()
+			c.Error = err.Error()
 		}
 	}
 	return c, nil
@@ -657,7 +672,10 @@ func (p *benchProgress) done(c benchreport.Cell) {
 		p.bar.Add(1)
 		return
 	}
-	status := "verified " + c.Verified
+	status := "verified " + c.Verification()
+	if c.NotVerified != "" {
+		status += " (" + c.NotVerified + ")"
+	}
 	if c.Error != "" {
 		status += ": " + c.Error
 	}
@@ -758,7 +776,7 @@ func effectiveConfig(cfg config.Config) (map[string]any, error) {
 
 func scaleStages(s pipeline.Stages, n int) pipeline.Stages {
 	d := time.Duration(n)
-	return pipeline.Stages{Plan: s.Plan * d, GrantWait: s.GrantWait * d, Gather: s.Gather * d, Write: s.Write * d, Data: s.Data * d, AckWait: s.AckWait * d}
+	return pipeline.Stages{Plan: s.Plan * d, GrantWait: s.GrantWait * d, Gather: s.Gather * d, Write: s.Write * d, Data: s.Data * d, Scatter: s.Scatter * d, AckWait: s.AckWait * d}
 }
 
 // cellStages converts the driver's mean stage times for the report.
@@ -767,5 +785,5 @@ func cellStages(s pipeline.Stages) *benchreport.Stages {
 		return nil
 	}
 	return &benchreport.Stages{PlanNS: int64(s.Plan), GrantWaitNS: int64(s.GrantWait), GatherNS: int64(s.Gather),
-		WriteNS: int64(s.Write), DataNS: int64(s.Data), AckWaitNS: int64(s.AckWait)}
+		WriteNS: int64(s.Write), DataNS: int64(s.Data), ScatterNS: int64(s.Scatter), AckWaitNS: int64(s.AckWait)}
 }

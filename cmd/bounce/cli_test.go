@@ -106,6 +106,40 @@ func TestRunTwoProcesses(t *testing.T) {
 	}
 }
 
+// TestRunRepeatJSON: run --repeat moves every route's workload that many
+// times, one row each, and --json writes the rows with the route asked,
+// the one taken and a boolean verified.
+func TestRunRepeatJSON(t *testing.T) {
+	js := filepath.Join(t.TempDir(), "run.json")
+	out, errOut, code := bounce(t, "run", "--workload", "gptoss120b-tp8-b16", "--count", "1024", "--repeat", "2", "--json", js, "--warm-up=false",
+		"--bounce.arena-size", "16MiB", "--bounce.max-chunk", "2MiB")
+	if code != 0 || !strings.Contains(out, "bounce #1") || !strings.Contains(out, "direct #1") || !strings.Contains(out, "every byte verified") {
+		t.Fatalf("exit %d\n%s\n%s", code, out, errOut)
+	}
+	b, err := os.ReadFile(js)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc struct {
+		Rows []struct {
+			Iteration int    `json:"iteration"`
+			Asked     string `json:"route_asked"`
+			Route     string `json:"route"`
+			Bytes     uint64 `json:"bytes"`
+			Verified  any    `json:"verified"`
+		} `json:"rows"`
+	}
+	if err := json.Unmarshal(b, &doc); err != nil || len(doc.Rows) != 6 {
+		t.Fatalf("%v: %s", err, b)
+	}
+	for i, r := range doc.Rows {
+		asked := []string{"auto", "bounce", "direct"}[i%3]
+		if r.Iteration != i/3 || r.Asked != asked || (asked != "auto" && r.Route != asked) || r.Bytes != 1024*2048 || r.Verified != true {
+			t.Fatalf("row %d = %+v, want iteration %d asking %s, verified true", i, r, i/3, asked)
+		}
+	}
+}
+
 // TestRunInProcessEngine: an engine whose agents meet only within one
 // process (loopback; cudacopy on a GPU) runs its receiver in-process, with
 // the same verification (before, the child's separate fabric could not
@@ -506,13 +540,15 @@ func TestSendRepeatJSON(t *testing.T) {
 			Route          string  `json:"route"`
 			Bytes          uint64  `json:"bytes"`
 			BytesPerSecond float64 `json:"bytes_per_second"`
+			Verified       any     `json:"verified"`
+			NotVerified    string  `json:"not_verified"`
 		} `json:"rows"`
 	}
 	if err := json.Unmarshal(b, &doc); err != nil || doc.Fragmented == nil || !*doc.Fragmented || len(doc.Rows) != 3 {
 		t.Fatalf("%v: %s", err, b)
 	}
 	for _, r := range doc.Rows {
-		if r.Route != "bounce" || r.Bytes != 2048*2048 || r.BytesPerSecond <= 0 {
+		if r.Route != "bounce" || r.Bytes != 2048*2048 || r.BytesPerSecond <= 0 || r.Verified != false || !strings.Contains(r.NotVerified, "bounce serve --expect") {
 			t.Fatalf("row %+v", r)
 		}
 	}
@@ -523,6 +559,38 @@ func TestSendRepeatJSON(t *testing.T) {
 	}
 	if n := strings.Count(serr.String(), "received: peer=send"); n != 4 {
 		t.Fatalf("%d receive events, want 4:\n%s", n, serr.String())
+	}
+}
+
+// TestServeHearsDirectOnlySender: a receiver with bounce off (so the sender
+// has no control path to it: no handshake) still prints one received line
+// per request, route direct, from the engine notification the sender's
+// agent sends when each direct write is Done (real processes, tcp engines).
+func TestServeHearsDirectOnlySender(t *testing.T) {
+	dir := t.TempDir()
+	desc := filepath.Join(dir, "recv.json")
+	keyFile, allow := senderKey(t, dir, "send")
+	serve := exec.Command(cliBinary(t), "serve", "--agent.name", "recv", "--buffer-size", "8MiB", "--descriptor-out", desc,
+		"--security.allowed-peers", allow, "--control-plane.bind-address", "127.0.0.1", "--bounce.enabled=false")
+	var serr syncBuffer
+	serve.Stderr = &serr
+	if err := serve.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { serve.Process.Kill(); serve.Wait() }()
+	waitForFile(t, desc, &serr)
+	out, errOut, code := bounce(t, "send", "--peer", desc, "--agent.name", "send", "--security.key-file", keyFile, "--control-plane.bind-address", "127.0.0.1",
+		"--workload", "gptoss120b-tp8-b16", "--count", "1024", "--requests", "3", "--warm-up=false")
+	if code != 0 || !strings.Contains(out, "direct") {
+		t.Fatalf("send: exit %d\n%s\n%s", code, out, errOut)
+	}
+	const line = "bytes=2097152 route=direct"
+	deadline := time.Now().Add(20 * time.Second)
+	for strings.Count(serr.String(), line) < 3 && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if n := strings.Count(serr.String(), line); n != 3 || strings.Count(serr.String(), "received: peer=send") != 3 {
+		t.Fatalf("%d direct receive events from send, want 3:\n%s", n, serr.String())
 	}
 }
 

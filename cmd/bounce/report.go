@@ -17,8 +17,16 @@ import (
 type namedResult struct {
 	label    string // defaults to the route
 	res      driver.Result
-	verified string // "yes", "FAILED: ...", or "" when not verified
+	verified string // verifiedYes, "FAILED", "no: requests failed", or "" when not verified
+	// notVerified says why the bytes were not checked (JSON); asked and
+	// iteration are run's route asked and repetition (JSON).
+	notVerified string
+	asked       string
+	iteration   int
 }
+
+// verifiedYes is a summary row whose bytes the receiver checked, all right.
+const verifiedYes = "yes"
 
 func describe(s workload.Spec, requests int) string {
 	layout := "fragmented"

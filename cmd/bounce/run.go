@@ -20,6 +20,8 @@ func newRunCmd() *cobra.Command {
 	var wf workloadFlags
 	var compare, warm bool
 	var memory memoryFlag
+	var repeat int
+	var jsonOut string
 	cmd := &cobra.Command{
 		Use:   "run",
 		Short: "The main job: two agent processes move a KV-shaped transfer, verified byte-exact",
@@ -31,13 +33,15 @@ paths and takes the faster), then through the bounce pipeline and over the
 direct path (one engine post per descriptor) for comparison, has the receiver
 verify every byte of each, and prints a summary: route, throughput, request
 latency percentiles, verification, and which route auto took and why. One unrecorded request per route runs
-first (--warm-up=false to measure cold).
+first (--warm-up=false to measure cold); --repeat moves every route's
+workload several times, one summary row each; --json writes the rows.
 
 The default workload is one rank of Llama-3.1-70B at TP=8 with block size 16:
 81,920 fragmented descriptors of 4 KiB (320 MiB).`,
 		Example: `  bounce run
   bounce run --workload gptoss120b-tp8-b16 --requests 8
-  bounce run --engine.kind ucx --control-plane.kind zmq --compare=false`,
+  bounce run --engine.kind ucx --control-plane.kind zmq --compare=false
+  bounce run --repeat 3 --json run.json`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			l, err := loadConfig(cmd)
@@ -58,18 +62,32 @@ The default workload is one rank of Llama-3.1-70B at TP=8 with block size 16:
 			childArgs = append(childArgs, "--buffer-size="+config.Size(total).String())
 			out := cmd.OutOrStdout()
 			fmt.Fprintf(out, "bounce run: %s, engine %s, control plane %s, %s memory\n", describe(spec, wf.requests), cfg.Engine.Kind, cfg.ControlPlane.Kind, memory.kind)
-			return mainJob(cmd, cfg, childArgs, spec, wf.requests, compare, warm, memory)
+			if repeat < 1 {
+				return usage(fmt.Errorf("--repeat %d: must be at least 1", repeat))
+			}
+			return mainJob(cmd, cfg, childArgs, spec, wf.requests, jobOptions{compare: compare, warm: warm, repeat: repeat, json: jsonOut, memory: memory})
 		},
 	}
 	wf.add(cmd, 1)
 	cmd.Flags().BoolVar(&compare, "compare", true, "also move the workload over the direct path for comparison (--compare=false to skip)")
 	cmd.Flags().BoolVar(&warm, "warm-up", true, "first move one request per route unrecorded, so connection setup and first-touch faults are measured on neither route")
 	memory.add(cmd)
+	cmd.Flags().IntVar(&repeat, "repeat", 1, "move every route's workload this many times, one summary row each")
+	cmd.Flags().StringVar(&jsonOut, "json", "", "also write the results as JSON to this file")
 	configFlags(cmd)
 	return cmd
 }
 
-func mainJob(cmd *cobra.Command, cfg config.Config, childArgs []string, spec workload.Spec, requests int, compare, warm bool, memory memoryFlag) error {
+// jobOptions are run's choices besides the workload.
+type jobOptions struct {
+	compare, warm bool
+	repeat        int    // iterations of every route
+	json          string // file for the rows, "" for none
+	memory        memoryFlag
+}
+
+func mainJob(cmd *cobra.Command, cfg config.Config, childArgs []string, spec workload.Spec, requests int, jo jobOptions) error {
+	memory := jo.memory
 	out := cmd.OutOrStdout()
 	s, err := startSession(cmd, cfg, childArgs, spec.Bytes()*uint64(requests), memory)
 	if err != nil {
@@ -83,12 +101,12 @@ func mainJob(cmd *cobra.Command, cfg config.Config, childArgs []string, spec wor
 		fmt.Fprintf(out, "metrics: sender http://%s/metrics, receiver http://%s/metrics\n", addr, s.recv.hello.Metrics)
 	}
 	routes := []pipeline.Route{pipeline.RouteBounce}
-	if compare {
+	if jo.compare {
 		// auto first, then both forced routes: the summary says what auto
 		// chose and why, next to what each route measured.
 		routes = []pipeline.Route{pipeline.RouteAuto, pipeline.RouteBounce, pipeline.RouteDirect}
 	}
-	if warm {
+	if jo.warm {
 		var moves []warmMove
 		for _, rt := range routes {
 			moves = append(moves, warmMove{route: rt.String(), opts: driver.Options{Spec: spec, Requests: 1, Route: rt}})
@@ -101,34 +119,44 @@ func mainJob(cmd *cobra.Command, cfg config.Config, childArgs []string, spec wor
 	var rows []namedResult
 	var autoRes *driver.Result
 	var bad []string
-	for _, rt := range routes {
-		if _, err := s.recv.call(command{Op: "clear"}, 60*time.Second); err != nil {
-			return runtime(err)
+	for it := range jo.repeat {
+		for _, rt := range routes {
+			if _, err := s.recv.call(command{Op: "clear"}, 60*time.Second); err != nil {
+				return runtime(err)
+			}
+			ctx, cancel := context.WithTimeout(cmd.Context(), 10*time.Minute)
+			res, err := s.d.Run(ctx, s.tgt, driver.Options{Spec: spec, Requests: requests, Route: rt})
+			cancel()
+			if err != nil {
+				return failed(err)
+			}
+			row := namedResult{label: rt.String(), res: res, verified: verifiedYes, asked: rt.String(), iteration: it}
+			switch {
+			case rt == pipeline.RouteAuto:
+				row.label = fmt.Sprintf("auto (took %s)", res.Route)
+				autoRes = &res
+			case res.Route != rt.String():
+				row.label = fmt.Sprintf("%s (asked %s)", res.Route, rt)
+			}
+			if jo.repeat > 1 {
+				row.label += fmt.Sprintf(" #%d", it)
+			}
+			if res.Failed > 0 {
+				row.verified = "no: requests failed"
+				bad = append(bad, fmt.Sprintf("%s: %d of %d requests failed: %v", rt, res.Failed, res.Requests, res.FirstErr))
+			} else if _, err := s.recv.call(verifyCommand(spec, requests), 5*time.Minute); err != nil {
+				row.verified = "FAILED"
+				bad = append(bad, fmt.Sprintf("%s: %v", rt, err))
+			}
+			rows = append(rows, row)
 		}
-		ctx, cancel := context.WithTimeout(cmd.Context(), 10*time.Minute)
-		res, err := s.d.Run(ctx, s.tgt, driver.Options{Spec: spec, Requests: requests, Route: rt})
-		cancel()
-		if err != nil {
-			return failed(err)
-		}
-		row := namedResult{label: rt.String(), res: res, verified: "yes"}
-		switch {
-		case rt == pipeline.RouteAuto:
-			row.label = fmt.Sprintf("auto (took %s)", res.Route)
-			autoRes = &res
-		case res.Route != rt.String():
-			row.label = fmt.Sprintf("%s (asked %s)", res.Route, rt)
-		}
-		if res.Failed > 0 {
-			row.verified = "no: requests failed"
-			bad = append(bad, fmt.Sprintf("%s: %d of %d requests failed: %v", rt, res.Failed, res.Requests, res.FirstErr))
-		} else if _, err := s.recv.call(verifyCommand(spec, requests), 5*time.Minute); err != nil {
-			row.verified = "FAILED"
-			bad = append(bad, fmt.Sprintf("%s: %v", rt, err))
-		}
-		rows = append(rows, row)
 	}
 	printResults(out, spec, rows)
+	if jo.json != "" {
+		if err := writeSendJSON(jo.json, spec, "", rows); err != nil {
+			return runtime(err)
+		}
+	}
 	if n := len(rows); n >= 2 {
 		bnc, dir := rows[n-2].res, rows[n-1].res
 		if bnc.Failed == 0 && dir.Failed == 0 && dir.Throughput() > 0 {

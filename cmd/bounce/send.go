@@ -182,7 +182,7 @@ once when the receiver's lease expires.`,
 				if err != nil {
 					return failed(err)
 				}
-				row := namedResult{res: res}
+				row := namedResult{res: res, notVerified: sendNotVerified, iteration: i}
 				if repeat > 1 {
 					row.label = fmt.Sprintf("%s #%d", res.Route, i)
 				}
@@ -193,7 +193,7 @@ once when the receiver's lease expires.`,
 			}
 			printResults(out, spec, rows)
 			if jsonOut != "" {
-				if err := writeSendJSON(jsonOut, spec, rt, rows); err != nil {
+				if err := writeSendJSON(jsonOut, spec, rt.String(), rows); err != nil {
 					return runtime(err)
 				}
 			}
@@ -255,9 +255,10 @@ func parseHello(b []byte) (hello, []byte, error) {
 	return h, blob, nil
 }
 
-// sendRow is one measured repetition in send's JSON output.
+// sendRow is one measured repetition in send's and run's JSON output.
 type sendRow struct {
 	Iteration      int     `json:"iteration"`
+	Asked          string  `json:"route_asked,omitempty"`
 	Route          string  `json:"route"`
 	Reason         string  `json:"reason,omitempty"`
 	Requests       int     `json:"requests"`
@@ -270,21 +271,30 @@ type sendRow struct {
 	MaxNS          int64   `json:"max_ns"`
 	Fallbacks      int     `json:"fallbacks"`
 	FallbackReason string  `json:"fallback_reason,omitempty"`
-	Error          string  `json:"error,omitempty"`
+	// Verified is true when the receiver checked every byte and found each
+	// right; NotVerified says why the bytes were not checked here.
+	Verified    bool   `json:"verified"`
+	NotVerified string `json:"not_verified,omitempty"`
+	Error       string `json:"error,omitempty"`
 }
 
-// writeSendJSON writes send's rows with the workload they moved.
-func writeSendJSON(path string, spec workload.Spec, asked pipeline.Route, rows []namedResult) error {
+// sendNotVerified is why send's rows are not verified.
+const sendNotVerified = "the receiver checks the bytes ('bounce serve --expect')"
+
+// writeSendJSON writes send's rows (asked: the route every row asked for)
+// or run's (asked "": each row names its own) with the workload they moved.
+func writeSendJSON(path string, spec workload.Spec, asked string, rows []namedResult) error {
 	doc := struct {
 		DescSize   uint64    `json:"desc_size"`
 		Count      int       `json:"count"`
 		Fragmented bool      `json:"fragmented"`
-		Asked      string    `json:"route_asked"`
+		Asked      string    `json:"route_asked,omitempty"`
 		Rows       []sendRow `json:"rows"`
-	}{DescSize: spec.DescSize, Count: spec.Count, Fragmented: spec.Fragmented, Asked: asked.String()}
-	for i, r := range rows {
+	}{DescSize: spec.DescSize, Count: spec.Count, Fragmented: spec.Fragmented, Asked: asked}
+	for _, r := range rows {
 		row := sendRow{
-			Iteration: i, Route: r.res.Route, Reason: r.res.Reason, Requests: r.res.Requests, Failed: r.res.Failed,
+			Iteration: r.iteration, Asked: r.asked, Route: r.res.Route, Reason: r.res.Reason, Requests: r.res.Requests, Failed: r.res.Failed,
+			Verified: r.verified == verifiedYes, NotVerified: r.notVerified,
 			Bytes: r.res.Bytes, ElapsedNS: int64(r.res.Elapsed), BytesPerSecond: r.res.Throughput(),
 			P50NS: int64(r.res.Percentile(50)), P99NS: int64(r.res.Percentile(99)), MaxNS: int64(r.res.Percentile(100)),
 			Fallbacks: r.res.Fallbacks, FallbackReason: r.res.FallbackReason,

@@ -76,6 +76,11 @@ func New(eng transfer.Engine) (*Channel, error) {
 // Kind returns "nixlnotif".
 func (c *Channel) Kind() string { return Kind }
 
+// ReadsEngineNotifications reports true: the channel is the consumer of its
+// engine's notifications, so an agent over it reads none itself (a DONE
+// notice a peer sends as an engine notification arrives through Recv).
+func (c *Channel) ReadsEngineNotifications() bool { return true }
+
 // notifyLimiter is an engine that bounds its notification payloads.
 type notifyLimiter interface{ MaxNotifySize() int }
 

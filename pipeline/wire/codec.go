@@ -21,7 +21,7 @@ const (
 	runStrided  = 1 // tag: all six fields
 	singleSize  = runTagLen + 3*8
 	stridedSize = runTagLen + 6*8
-	ackSize     = 8 + 4 + 8
+	ackSize     = 8 + 4 + 8 + 8
 )
 
 var le = binary.LittleEndian
@@ -81,6 +81,7 @@ func AppendMarshal(dst []byte, m Message) ([]byte, error) {
 		b = le.AppendUint64(b, m.Request)
 		b = le.AppendUint32(b, m.Chunk)
 		b = le.AppendUint64(b, m.Region)
+		b = le.AppendUint64(b, m.ScatterNS)
 	case *Nack:
 		b = le.AppendUint64(b, m.Request)
 		b = le.AppendUint32(b, m.Chunk)
@@ -615,7 +616,7 @@ func (d *decoder) data(out *Data) error {
 }
 
 func (d *decoder) ack() (*Ack, error) {
-	a := &Ack{Request: d.u64("request"), Chunk: d.u32("chunk"), Region: d.u64("region")}
+	a := &Ack{Request: d.u64("request"), Chunk: d.u32("chunk"), Region: d.u64("region"), ScatterNS: d.u64("scatter ns")}
 	if err := d.end(); err != nil {
 		return nil, err
 	}

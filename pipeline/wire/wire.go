@@ -180,11 +180,14 @@ type Data struct {
 func (*Data) Type() Type { return TypeData }
 
 // Ack tells the sender that chunk Chunk was scattered and region Region is
-// free again.
+// free again. ScatterNS is the receiver's time from the DATA's arrival to
+// the scatter's end, in nanoseconds (the scatter stage of the sender's
+// per-stage times; the sender caps it at its own DATA→ACK time).
 type Ack struct {
-	Request uint64
-	Chunk   uint32
-	Region  uint64
+	Request   uint64
+	Chunk     uint32
+	Region    uint64
+	ScatterNS uint64
 }
 
 // Type returns TypeAck.

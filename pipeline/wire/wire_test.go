@@ -49,8 +49,8 @@ func TestGoldenBytes(t *testing.T) {
 		msg  Message
 		hex  string
 	}{
-		{"ack", &Ack{Request: 0x0102030405060708, Chunk: 0x0a0b0c0d, Region: 0x1112131415161718},
-			"424e4345 0200 04 00 | 0807060504030201 | 0d0c0b0a | 1817161514131211"},
+		{"ack", &Ack{Request: 0x0102030405060708, Chunk: 0x0a0b0c0d, Region: 0x1112131415161718, ScatterNS: 0x2122232425262728},
+			"424e4345 0200 04 00 | 0807060504030201 | 0d0c0b0a | 1817161514131211 | 2827262524232221"},
 		{"want", &Want{Request: 1, ChunkBytes: []uint64{0x100000}, Endpoint: "ab"},
 			"424e4345 0200 01 00 | 0100000000000000 | 01000000 | 0000100000000000 | 0200 6162 | 0000 | 0000"},
 		{"want-cancel", &Want{Request: 2, TraceParent: "t"},
