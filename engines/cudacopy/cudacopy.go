@@ -488,8 +488,9 @@ func (e *Engine) PostWrite(peerName string, ops []transfer.WriteOp) (transfer.Op
 	}
 	// The registrations, not the descriptors' kinds, say what memory an
 	// address is: both engines live in this process, so the peer's
-	// registry is authoritative (a sender does not learn the kind of the
-	// peer's arena from a GRANT). Every range found is one this engine
+	// registry is authoritative (the pipeline labels its writes with the
+	// arena kind a GRANT carries, but any other caller may label a
+	// descriptor wrongly). Every range found is one this engine
 	// handles, on a device it reaches.
 	for i := range own {
 		w := &own[i]
