@@ -24,6 +24,7 @@ import (
 
 	"github.com/bouncekv/bounce/cuda"
 	"github.com/bouncekv/bounce/cuda/kernels"
+	"github.com/bouncekv/bounce/internal/ctxpool"
 	"github.com/bouncekv/bounce/mem"
 	"github.com/bouncekv/bounce/transfer"
 )
@@ -89,11 +90,12 @@ type Engine struct {
 	zero    bool
 	onClose func() error
 
-	mu     sync.Mutex
-	closed bool
-	free   []*copyCtx
-	all    []*copyCtx
-	live   map[*op]struct{}
+	// mu guards the pool (free contexts, closed flag) and live, so a
+	// launch is either seen by Close or refused.
+	mu   sync.Mutex
+	pool *ctxpool.Pool[*copyCtx]
+	all  []*copyCtx
+	live map[*op]struct{}
 }
 
 type copyCtx struct {
@@ -137,8 +139,8 @@ func New(dir Direction, s Settings) (*Engine, error) {
 			return nil, fmt.Errorf("%s: %w", name, err)
 		}
 		e.all = append(e.all, c)
-		e.free = append(e.free, c)
 	}
+	e.pool = ctxpool.New(name, &e.mu, slices.Clone(e.all))
 	return e, nil
 }
 
@@ -217,11 +219,7 @@ func (e *Engine) MemoryKinds() []transfer.MemKind {
 }
 
 // Idle returns the number of copy contexts free right now.
-func (e *Engine) Idle() int {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	return len(e.free)
-}
+func (e *Engine) Idle() int { return e.pool.Idle() }
 
 // Submit checks region and runs and launches the copy. It never blocks on
 // the copy: ErrBusy when every context is in use, ErrClosed after Close,
@@ -229,19 +227,10 @@ func (e *Engine) Idle() int {
 // device cannot reach) when a run falls outside the region or the
 // registered memory, in which case nothing moves.
 func (e *Engine) Submit(region transfer.Desc, runs []transfer.Run) (transfer.Op, error) {
-	e.mu.Lock()
-	if e.closed {
-		e.mu.Unlock()
-		return nil, fmt.Errorf("%s: submit: %w", e.name, transfer.ErrClosed)
+	c, err := e.pool.Get()
+	if err != nil {
+		return nil, err
 	}
-	n := len(e.free)
-	if n == 0 {
-		e.mu.Unlock()
-		return nil, fmt.Errorf("%s: submit: all copy contexts in use: %w", e.name, transfer.ErrBusy)
-	}
-	c := e.free[n-1]
-	e.free = e.free[:n-1]
-	e.mu.Unlock()
 
 	c.runs = append(c.runs[:0], runs...)
 	c.pins = c.pins[:0]
@@ -255,7 +244,19 @@ func (e *Engine) Submit(region transfer.Desc, runs []transfer.Run) (transfer.Op,
 		return nil, fmt.Errorf("%s: %w", e.name, err)
 	}
 	o := &op{e: e, c: c}
-	if err := e.launch(c, region); err != nil {
+	err = e.prepare(c)
+	if err == nil {
+		// Launched under mu, so Close either sees the operation live (and
+		// waits for it before unloading the module) or refuses it here.
+		e.mu.Lock()
+		if e.pool.ClosedLocked() {
+			err = fmt.Errorf("submit: %w", transfer.ErrClosed)
+		} else if err = e.launch(c, region); err == nil {
+			e.live[o] = struct{}{}
+		}
+		e.mu.Unlock()
+	}
+	if err != nil {
 		// Nothing was queued after a failed table copy or launch, or the
 		// stream is broken; wait for what was queued before saying so.
 		_ = c.stream.Synchronize()
@@ -263,23 +264,26 @@ func (e *Engine) Submit(region transfer.Desc, runs []transfer.Run) (transfer.Op,
 		e.put(c)
 		return nil, fmt.Errorf("%s: %w", e.name, err)
 	}
-	e.mu.Lock()
-	e.live[o] = struct{}{}
-	e.mu.Unlock()
 	return o, nil
 }
 
-func (e *Engine) launch(c *copyCtx, region transfer.Desc) error {
+// prepare cuts c's runs into pieces and encodes them into c's pinned
+// table (host work only; nothing is queued).
+func (e *Engine) prepare(c *copyCtx) error {
 	c.pieces = kernels.Pieces(c.pieces[:0], c.runs, kernels.PieceBytes)
 	np := len(c.pieces)
 	if err := e.grow(c, np); err != nil {
 		return fmt.Errorf("piece table of %d pieces: %w", np, err)
 	}
+	return kernels.Encode(c.host.Bytes()[:uint64(np)*kernels.PieceSize], c.pieces)
+}
+
+// launch queues c's prepared table (staged to the device unless read
+// zero-copy), the kernel and the event on c's stream.
+func (e *Engine) launch(c *copyCtx, region transfer.Desc) error {
+	np := len(c.pieces)
 	bytes := uint64(np) * kernels.PieceSize
 	if np > 0 {
-		if err := kernels.Encode(c.host.Bytes()[:bytes], c.pieces); err != nil {
-			return err
-		}
 		table := c.host.Dev
 		if !e.zero {
 			if err := c.stream.CopyHtoD(c.dev, c.host.Host, bytes); err != nil {
@@ -395,30 +399,27 @@ func (e *Engine) reachable(d transfer.Desc) error {
 }
 
 func (e *Engine) put(c *copyCtx) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if e.closed {
-		e.freeCtx(c)
-		return
+	if !e.pool.Put(c) {
+		e.freeCtx(c) // closed: Close freed the contexts idle then, not this one
 	}
-	e.free = append(e.free, c)
 }
 
 // Close waits (bounded) for launched copies, finishes their operations
 // (they keep their status and may still be released) and frees every idle
 // context. It is idempotent.
 func (e *Engine) Close() error {
-	e.mu.Lock()
-	if e.closed {
-		e.mu.Unlock()
+	var live []*op
+	closing := false
+	free := e.pool.CloseWith(func() {
+		closing = true
+		live = make([]*op, 0, len(e.live))
+		for o := range e.live {
+			live = append(live, o)
+		}
+	})
+	if !closing {
 		return nil
 	}
-	e.closed = true
-	live := make([]*op, 0, len(e.live))
-	for o := range e.live {
-		live = append(live, o)
-	}
-	e.mu.Unlock()
 	var errs []error
 	deadline := time.Now().Add(closeWait)
 	for _, o := range live {
@@ -434,10 +435,6 @@ func (e *Engine) Close() error {
 			time.Sleep(100 * time.Microsecond)
 		}
 	}
-	e.mu.Lock()
-	free := e.free
-	e.free = nil
-	e.mu.Unlock()
 	for _, c := range free {
 		e.freeCtx(c)
 	}
