@@ -28,6 +28,23 @@
 #ifndef BOUNCE_SMALL4
 #define BOUNCE_SMALL4 1
 #endif
+// The wide kernels (bounce_gather_wide, bounce_scatter_wide: tables whose
+// pieces average 1 KiB or more, picked by the host) read each piece
+// straight from the table, without the shuffles and the batched small
+// path, so they need fewer registers and more warps fit: their own
+// fewest resident blocks per multiprocessor, whether a warp copies two
+// pieces at a time with all their loads in flight before the stores
+// (8 KiB in flight per warp at 4 KiB pieces), and whether payload
+// accesses are streaming (evict-first) hints.
+#ifndef BOUNCE_WIDE_MIN_BLOCKS
+#define BOUNCE_WIDE_MIN_BLOCKS 4
+#endif
+#ifndef BOUNCE_WIDE_PAIR
+#define BOUNCE_WIDE_PAIR 0
+#endif
+#ifndef BOUNCE_WIDE_STREAM
+#define BOUNCE_WIDE_STREAM 0
+#endif
 
 struct Piece {
     uint64_t region_off;
@@ -192,4 +209,117 @@ extern "C" __global__ void __launch_bounds__(256, BOUNCE_MIN_BLOCKS) bounce_gath
 // bounce_scatter copies the region out to every piece's addresses.
 extern "C" __global__ void __launch_bounds__(256, BOUNCE_MIN_BLOCKS) bounce_scatter(uint8_t* region, const Piece* pieces, uint64_t n) {
     run_pieces<false>(region, pieces, n);
+}
+
+// Wide kernels. One warp per piece, grid-stride; every lane reads the same
+// piece (one broadcast load). A piece that is one 16-byte-aligned copy of
+// at most 4 KiB is moved with at most eight uint4 per lane in one round of
+// loads; with BOUNCE_WIDE_PAIR two such pieces (i and i + warps) go
+// together, sixteen loads in flight before the stores.
+
+__device__ __forceinline__ bool simple16(const uint8_t* region, const Piece& q) {
+    return q.count == 1 && q.len <= 4096 && ((q.len | (uintptr_t)(region + q.region_off) | q.addr) & 15) == 0;
+}
+
+__device__ __forceinline__ uint4 load16(const uint4* p) {
+#if BOUNCE_WIDE_STREAM
+    return __ldcs(p);
+#else
+    return *p;
+#endif
+}
+
+__device__ __forceinline__ void store16(uint4* p, uint4 v) {
+#if BOUNCE_WIDE_STREAM
+    __stcs(p, v);
+#else
+    *p = v;
+#endif
+}
+
+template <bool GATHER>
+__device__ __forceinline__ void ends(uint8_t* region, const Piece& q, const uint4*& s, uint4*& d) {
+    uint8_t* r = region + q.region_off;
+    uint8_t* a = reinterpret_cast<uint8_t*>(q.addr);
+    s = reinterpret_cast<const uint4*>(GATHER ? a : r);
+    d = reinterpret_cast<uint4*>(GATHER ? r : a);
+}
+
+template <bool GATHER>
+__device__ __forceinline__ void run_wide(uint8_t* region, const Piece* __restrict__ pieces, uint64_t n) {
+    const unsigned lane = threadIdx.x & 31;
+    const uint64_t warp = ((uint64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    const uint64_t warps = ((uint64_t)gridDim.x * blockDim.x) >> 5;
+#if BOUNCE_WIDE_PAIR
+    for (uint64_t i = warp; i < n; i += 2 * warps) {
+        const Piece a = pieces[i];
+        const bool two = i + warps < n;
+        Piece b = {0, 0, 0, 0, 0, 0};
+        if (two) b = pieces[i + warps];
+        if (two && simple16(region, a) && simple16(region, b)) {
+            const uint4 *sa, *sb;
+            uint4 *da, *db;
+            ends<GATHER>(region, a, sa, da);
+            ends<GATHER>(region, b, sb, db);
+            const unsigned na = (unsigned)(a.len >> 4), nb = (unsigned)(b.len >> 4);
+            uint4 va[8], vb[8];
+#pragma unroll
+            for (int u = 0; u < 8; ++u) {
+                const unsigned k = lane + 32u * u;
+                if (k < na) va[u] = load16(sa + k);
+            }
+#pragma unroll
+            for (int u = 0; u < 8; ++u) {
+                const unsigned k = lane + 32u * u;
+                if (k < nb) vb[u] = load16(sb + k);
+            }
+#pragma unroll
+            for (int u = 0; u < 8; ++u) {
+                const unsigned k = lane + 32u * u;
+                if (k < na) store16(da + k, va[u]);
+            }
+#pragma unroll
+            for (int u = 0; u < 8; ++u) {
+                const unsigned k = lane + 32u * u;
+                if (k < nb) store16(db + k, vb[u]);
+            }
+            continue;
+        }
+        copy_piece<GATHER>(region, a, lane);
+        if (two) copy_piece<GATHER>(region, b, lane);
+    }
+#else
+    for (uint64_t i = warp; i < n; i += warps) {
+        const Piece a = pieces[i];
+        if (simple16(region, a)) {
+            const uint4* sa;
+            uint4* da;
+            ends<GATHER>(region, a, sa, da);
+            const unsigned na = (unsigned)(a.len >> 4);
+            uint4 va[8];
+#pragma unroll
+            for (int u = 0; u < 8; ++u) {
+                const unsigned k = lane + 32u * u;
+                if (k < na) va[u] = load16(sa + k);
+            }
+#pragma unroll
+            for (int u = 0; u < 8; ++u) {
+                const unsigned k = lane + 32u * u;
+                if (k < na) store16(da + k, va[u]);
+            }
+            continue;
+        }
+        copy_piece<GATHER>(region, a, lane);
+    }
+#endif
+}
+
+// bounce_gather_wide is bounce_gather for tables of large pieces.
+extern "C" __global__ void __launch_bounds__(256, BOUNCE_WIDE_MIN_BLOCKS) bounce_gather_wide(uint8_t* region, const Piece* pieces, uint64_t n) {
+    run_wide<true>(region, pieces, n);
+}
+
+// bounce_scatter_wide is bounce_scatter for tables of large pieces.
+extern "C" __global__ void __launch_bounds__(256, BOUNCE_WIDE_MIN_BLOCKS) bounce_scatter_wide(uint8_t* region, const Piece* pieces, uint64_t n) {
+    run_wide<false>(region, pieces, n);
 }

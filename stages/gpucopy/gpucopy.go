@@ -105,8 +105,9 @@ type copyCtx struct {
 	host   cuda.HostMem   // encoded piece table (pinned, device-mapped)
 	dev    cuda.DevicePtr // staged copy of the table (0 when zero-copy)
 	cap    int            // pieces the table holds
-	runs   []transfer.Run // the submitted runs, validated
-	pieces []transfer.Run
+	pieces []transfer.Run // the table before Encode, on a big-endian host only
+	n      int            // pieces in the table
+	bytes  uint64         // payload bytes they move
 	pins   []uint64
 	last   transfer.Desc // the registered range the previous run lay in
 }
@@ -158,15 +159,16 @@ func (e *Engine) newCtx() (*copyCtx, error) {
 		e.freeCtx(c)
 		return nil, err
 	}
-	if err := e.grow(c, initialPieces); err != nil {
+	if err := e.grow(c, initialPieces, 0); err != nil {
 		e.freeCtx(c)
 		return nil, err
 	}
 	return c, nil
 }
 
-// grow gives c a table of at least n pieces. c is idle.
-func (e *Engine) grow(c *copyCtx, n int) error {
+// grow gives c a table of at least n pieces, keeping its first keep
+// pieces. c is idle.
+func (e *Engine) grow(c *copyCtx, n, keep int) error {
 	if n <= c.cap {
 		return nil
 	}
@@ -182,6 +184,7 @@ func (e *Engine) grow(c *copyCtx, n int) error {
 			return err
 		}
 	}
+	copy(host.Bytes(), c.host.Bytes()[:keep*kernels.PieceSize])
 	e.freeTable(c)
 	c.host, c.dev, c.cap = host, dev, n
 	return nil
@@ -232,10 +235,9 @@ func (e *Engine) Submit(region transfer.Desc, runs []transfer.Run) (transfer.Op,
 		return nil, err
 	}
 
-	c.runs = append(c.runs[:0], runs...)
 	c.pins = c.pins[:0]
 	c.last = transfer.Desc{}
-	if err := e.validate(c, region); err != nil {
+	if err := e.build(c, region, runs); err != nil {
 		e.put(c)
 		return nil, fmt.Errorf("%s: %w", e.name, err)
 	}
@@ -244,18 +246,15 @@ func (e *Engine) Submit(region transfer.Desc, runs []transfer.Run) (transfer.Op,
 		return nil, fmt.Errorf("%s: %w", e.name, err)
 	}
 	o := &op{e: e, c: c}
-	err = e.prepare(c)
-	if err == nil {
-		// Launched under mu, so Close either sees the operation live (and
-		// waits for it before unloading the module) or refuses it here.
-		e.mu.Lock()
-		if e.pool.ClosedLocked() {
-			err = fmt.Errorf("submit: %w", transfer.ErrClosed)
-		} else if err = e.launch(c, region); err == nil {
-			e.live[o] = struct{}{}
-		}
-		e.mu.Unlock()
+	// Launched under mu, so Close either sees the operation live (and
+	// waits for it before unloading the module) or refuses it here.
+	e.mu.Lock()
+	if e.pool.ClosedLocked() {
+		err = fmt.Errorf("submit: %w", transfer.ErrClosed)
+	} else if err = e.launch(c, region); err == nil {
+		e.live[o] = struct{}{}
 	}
+	e.mu.Unlock()
 	if err != nil {
 		// Nothing was queued after a failed table copy or launch, or the
 		// stream is broken; wait for what was queued before saying so.
@@ -267,21 +266,10 @@ func (e *Engine) Submit(region transfer.Desc, runs []transfer.Run) (transfer.Op,
 	return o, nil
 }
 
-// prepare cuts c's runs into pieces and encodes them into c's pinned
-// table (host work only; nothing is queued).
-func (e *Engine) prepare(c *copyCtx) error {
-	c.pieces = kernels.Pieces(c.pieces[:0], c.runs, kernels.PieceBytes)
-	np := len(c.pieces)
-	if err := e.grow(c, np); err != nil {
-		return fmt.Errorf("piece table of %d pieces: %w", np, err)
-	}
-	return kernels.Encode(c.host.Bytes()[:uint64(np)*kernels.PieceSize], c.pieces)
-}
-
 // launch queues c's prepared table (staged to the device unless read
 // zero-copy), the kernel and the event on c's stream.
 func (e *Engine) launch(c *copyCtx, region transfer.Desc) error {
-	np := len(c.pieces)
+	np := c.n
 	bytes := uint64(np) * kernels.PieceSize
 	if np > 0 {
 		table := c.host.Dev
@@ -291,16 +279,20 @@ func (e *Engine) launch(c *copyCtx, region transfer.Desc) error {
 			}
 			table = c.dev
 		}
-		if err := e.mod.Launch(e.dir == Gather, c.stream, c.args, cuda.DevicePtr(region.Addr), table, uint64(np)); err != nil {
+		if err := e.mod.Launch(e.dir == Gather, c.stream, c.args, cuda.DevicePtr(region.Addr), table, uint64(np), c.bytes); err != nil {
 			return fmt.Errorf("launch: %w", err)
 		}
 	}
 	return c.event.Record(c.stream)
 }
 
-// validate checks the region and every run of c and records the
-// registered ranges they touch in c.pins. It touches no payload byte.
-func (e *Engine) validate(c *copyCtx, region transfer.Desc) error {
+// build checks the region and every run and writes c's piece table, in
+// one pass: each run is read once, checked, and its pieces appended
+// straight into the pinned table (kernels.View), so what was checked is
+// what the kernel copies even if the caller changes runs meanwhile, and
+// no run is copied or encoded twice. It records the registered ranges
+// touched in c.pins. It touches no payload byte and queues nothing.
+func (e *Engine) build(c *copyCtx, region transfer.Desc, runs []transfer.Run) error {
 	if region.Len == 0 {
 		return fmt.Errorf("region %v: empty: %w", region, transfer.ErrOutOfBounds)
 	}
@@ -311,7 +303,11 @@ func (e *Engine) validate(c *copyCtx, region transfer.Desc) error {
 	if err := e.touch(c, rd); err != nil {
 		return fmt.Errorf("region %v: %w", region, err)
 	}
-	for i, r := range c.runs {
+	tab := kernels.View(c.host.Bytes())
+	c.pieces = c.pieces[:0]
+	c.bytes = 0
+	for i := range runs {
+		r := runs[i]
 		if r.Len == 0 || r.Count == 0 {
 			continue
 		}
@@ -328,8 +324,31 @@ func (e *Engine) validate(c *copyCtx, region transfer.Desc) error {
 		if err := e.checkAddrs(c, r); err != nil {
 			return fmt.Errorf("run %d: %w", i, err)
 		}
+		c.bytes += r.Len * r.Count
+		if tab == nil { // big-endian host: encoded below
+			c.pieces = kernels.AppendPieces(c.pieces, r, kernels.PieceBytes)
+			continue
+		}
+		// end <= region.Len bounds Len*Count, so k is at most a region's
+		// bytes.
+		if k := kernels.PieceCount(r, kernels.PieceBytes); uint64(len(tab))+k > uint64(cap(tab)) {
+			n := len(tab)
+			if err := e.grow(c, n+int(k), n); err != nil {
+				return fmt.Errorf("piece table of %d pieces: %w", n+int(k), err)
+			}
+			tab = kernels.View(c.host.Bytes())[:n]
+		}
+		tab = kernels.AppendPieces(tab, r, kernels.PieceBytes)
 	}
-	return nil
+	if tab != nil {
+		c.n = len(tab)
+		return nil
+	}
+	c.n = len(c.pieces)
+	if err := e.grow(c, c.n, 0); err != nil {
+		return fmt.Errorf("piece table of %d pieces: %w", c.n, err)
+	}
+	return kernels.Encode(c.host.Bytes(), c.pieces)
 }
 
 // checkAddrs proves every copy of r lies in one registered range the
