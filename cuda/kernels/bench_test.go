@@ -46,9 +46,10 @@ func BenchmarkGatherKernel(b *testing.B) {
 		}
 		defer ev[i].Destroy()
 	}
-	families := []bool{false}
+	type family struct{ wide, full bool }
+	families := []family{{}}
 	if m.HasWide() {
-		families = append(families, true)
+		families = append(families, family{wide: true}, family{wide: true, full: true})
 	}
 	for _, w := range []struct {
 		size  uint64
@@ -83,13 +84,17 @@ func BenchmarkGatherKernel(b *testing.B) {
 				name string
 				p    uint64
 			}{{"staged", staged.Addr}, {"zero-copy", table.Addr}} {
-				for _, wide := range families {
-					name := fmt.Sprintf("%dx%s/into-%s/table-%s/kernel-%s", w.count, sizeName(w.size), into, tableAt.name, familyName(wide))
+				for _, fam := range families {
+					name := fmt.Sprintf("%dx%s/into-%s/table-%s/kernel-%s", w.count, sizeName(w.size), into, tableAt.name, familyName(fam.wide, fam.full))
 					b.Run(name, func(b *testing.B) {
 						var kms, cms float64
 						run := func() {
 							must(b, ev[0].Record(s))
-							must(b, m.LaunchAs(true, wide, s, args, cuda.DevicePtr(region.Addr), cuda.DevicePtr(tableAt.p), uint64(len(pieces))))
+							launch := m.LaunchAs
+							if fam.full {
+								launch = m.LaunchFullGrid
+							}
+							must(b, launch(true, fam.wide, s, args, cuda.DevicePtr(region.Addr), cuda.DevicePtr(tableAt.p), uint64(len(pieces))))
 							must(b, ev[1].Record(s))
 							if into == "device" {
 								must(b, s.CopyDtoD(cuda.DevicePtr(region.Addr), cuda.DevicePtr(src.Addr), spec.Bytes()))
@@ -121,8 +126,11 @@ func BenchmarkGatherKernel(b *testing.B) {
 	}
 }
 
-func familyName(wide bool) string {
-	if wide {
+func familyName(wide, full bool) string {
+	switch {
+	case wide && full:
+		return "wide-fullgrid"
+	case wide:
 		return "wide"
 	}
 	return "general"

@@ -45,6 +45,12 @@
 #ifndef BOUNCE_WIDE_STREAM
 #define BOUNCE_WIDE_STREAM 0
 #endif
+// BOUNCE_WIDE_PREFETCH: a warp loads its next piece's table entry before
+// copying the current one, so the table read does not wait behind the
+// payload (one dependent round trip per piece instead of two).
+#ifndef BOUNCE_WIDE_PREFETCH
+#define BOUNCE_WIDE_PREFETCH 0
+#endif
 
 struct Piece {
     uint64_t region_off;
@@ -289,8 +295,17 @@ __device__ __forceinline__ void run_wide(uint8_t* region, const Piece* __restric
         if (two) copy_piece<GATHER>(region, b, lane);
     }
 #else
+#if BOUNCE_WIDE_PREFETCH
+    Piece next = {0, 0, 0, 0, 0, 0};
+    if (warp < n) next = pieces[warp];
+#endif
     for (uint64_t i = warp; i < n; i += warps) {
+#if BOUNCE_WIDE_PREFETCH
+        const Piece a = next;
+        if (i + warps < n) next = pieces[i + warps];
+#else
         const Piece a = pieces[i];
+#endif
         if (simple16(region, a)) {
             const uint4* sa;
             uint4* da;

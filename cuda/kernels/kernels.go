@@ -10,6 +10,7 @@ import (
 	_ "embed"
 	"encoding/binary"
 	"fmt"
+	"math"
 	"math/bits"
 	"unsafe"
 
@@ -245,6 +246,13 @@ func (m *Module) Wide(n, bytes uint64) bool {
 // LaunchAs is Launch with the kernel family named: wide (which the module
 // must hold) or general. Benchmarks compare the two with it.
 func (m *Module) LaunchAs(gather, wide bool, s *cuda.Stream, args *cuda.Args, region, table cuda.DevicePtr, n uint64) error {
+	return m.launch(gather, wide, false, s, args, region, table, n)
+}
+
+// launch is LaunchAs; full launches one warp per piece (a block per eight
+// pieces) instead of one wave of resident blocks taking pieces
+// grid-stride (the benchmarks compare the two).
+func (m *Module) launch(gather, wide, full bool, s *cuda.Stream, args *cuda.Args, region, table cuda.DevicePtr, n uint64) error {
 	if n == 0 {
 		return nil
 	}
@@ -264,7 +272,11 @@ func (m *Module) LaunchAs(gather, wide bool, s *cuda.Stream, args *cuda.Args, re
 	args.SetU64(0, uint64(region))
 	args.SetU64(1, uint64(table))
 	args.SetU64(2, n)
-	return f.Launch(s, cuda.Dim3{X: Grid(n, wave), Y: 1, Z: 1}, cuda.Dim3{X: BlockThreads, Y: 1, Z: 1}, 0, args)
+	grid := Grid(n, wave)
+	if full {
+		grid = Grid(n, math.MaxInt32)
+	}
+	return f.Launch(s, cuda.Dim3{X: grid, Y: 1, Z: 1}, cuda.Dim3{X: BlockThreads, Y: 1, Z: 1}, 0, args)
 }
 
 // Wave returns the blocks the device holds at once (the launch's largest
