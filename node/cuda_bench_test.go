@@ -199,8 +199,8 @@ func BenchmarkGPUBounce(b *testing.B) {
 }
 
 // BenchmarkGPUBounceWindow is the bounce route of 81,920 × 4 KiB
-// fragmented blocks under different windows: bounce.max_inflight (W, the
-// regions one request holds at once) and bounce.max_chunk, every
+// fragmented blocks under different windows: bounce.max_inflight (W 8, 16,
+// 32, 64: the regions one request holds at once) and bounce.max_chunk, every
 // configuration on its own pair of agents and all timed in the same
 // iterations, in rotated order. It shows whether the pipeline is bound by
 // its host work per descriptor (then the window changes nothing) or by the
@@ -212,7 +212,7 @@ func BenchmarkGPUBounceWindow(b *testing.B) {
 		w     int
 		chunk int64
 	}
-	knobs := []knob{{8, 8 << 20}, {32, 8 << 20}, {8, 32 << 20}, {64, 4 << 20}}
+	knobs := []knob{{8, 8 << 20}, {32, 8 << 20}, {8, 32 << 20}, {64, 4 << 20}, {16, 8 << 20}}
 	spec := workload.Spec{DescSize: 4096, Count: 81920, Fragmented: true, Seed: 5}
 	src := cudatest.Device(b, c, spec.Bytes())
 	dst := cudatest.Device(b, c, spec.Bytes())
@@ -258,4 +258,5 @@ func BenchmarkGPUBounceWindow(b *testing.B) {
 		b.ReportMetric(gbs, fmt.Sprintf("W%d-chunk%dMiB-GB/s", k.w, k.chunk>>20))
 	}
 	b.ReportMetric(took[0].Seconds()/took[1].Seconds(), "W32/W8")
+	b.ReportMetric(took[0].Seconds()/took[4].Seconds(), "W16/W8")
 }
