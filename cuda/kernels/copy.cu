@@ -243,6 +243,24 @@ __device__ __forceinline__ void store16(uint4* p, uint4 v) {
 #endif
 }
 
+// load8 loads a piece of n uint4 (n <= 256) into v, eight per lane at
+// most; store8 stores them.
+__device__ __forceinline__ void load8(uint4 (&v)[8], const uint4* s, unsigned n, unsigned lane) {
+#pragma unroll
+    for (int u = 0; u < 8; ++u) {
+        const unsigned k = lane + 32u * u;
+        if (k < n) v[u] = load16(s + k);
+    }
+}
+
+__device__ __forceinline__ void store8(uint4* d, const uint4 (&v)[8], unsigned n, unsigned lane) {
+#pragma unroll
+    for (int u = 0; u < 8; ++u) {
+        const unsigned k = lane + 32u * u;
+        if (k < n) store16(d + k, v[u]);
+    }
+}
+
 template <bool GATHER>
 __device__ __forceinline__ void ends(uint8_t* region, const Piece& q, const uint4*& s, uint4*& d) {
     uint8_t* r = region + q.region_off;
@@ -269,26 +287,10 @@ __device__ __forceinline__ void run_wide(uint8_t* region, const Piece* __restric
             ends<GATHER>(region, b, sb, db);
             const unsigned na = (unsigned)(a.len >> 4), nb = (unsigned)(b.len >> 4);
             uint4 va[8], vb[8];
-#pragma unroll
-            for (int u = 0; u < 8; ++u) {
-                const unsigned k = lane + 32u * u;
-                if (k < na) va[u] = load16(sa + k);
-            }
-#pragma unroll
-            for (int u = 0; u < 8; ++u) {
-                const unsigned k = lane + 32u * u;
-                if (k < nb) vb[u] = load16(sb + k);
-            }
-#pragma unroll
-            for (int u = 0; u < 8; ++u) {
-                const unsigned k = lane + 32u * u;
-                if (k < na) store16(da + k, va[u]);
-            }
-#pragma unroll
-            for (int u = 0; u < 8; ++u) {
-                const unsigned k = lane + 32u * u;
-                if (k < nb) store16(db + k, vb[u]);
-            }
+            load8(va, sa, na, lane);
+            load8(vb, sb, nb, lane);
+            store8(da, va, na, lane);
+            store8(db, vb, nb, lane);
             continue;
         }
         copy_piece<GATHER>(region, a, lane);
@@ -312,16 +314,8 @@ __device__ __forceinline__ void run_wide(uint8_t* region, const Piece* __restric
             ends<GATHER>(region, a, sa, da);
             const unsigned na = (unsigned)(a.len >> 4);
             uint4 va[8];
-#pragma unroll
-            for (int u = 0; u < 8; ++u) {
-                const unsigned k = lane + 32u * u;
-                if (k < na) va[u] = load16(sa + k);
-            }
-#pragma unroll
-            for (int u = 0; u < 8; ++u) {
-                const unsigned k = lane + 32u * u;
-                if (k < na) store16(da + k, va[u]);
-            }
+            load8(va, sa, na, lane);
+            store8(da, va, na, lane);
             continue;
         }
         copy_piece<GATHER>(region, a, lane);
