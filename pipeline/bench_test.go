@@ -16,20 +16,27 @@ import (
 	tracenoop "go.opentelemetry.io/otel/trace/noop"
 )
 
-// BenchmarkHostPipeline moves 16,384 x 4 KiB fragmented blocks between two
-// agents on the loopback engine, alternating the bounce and the direct path
-// in every iteration, and reports both throughputs and their ratio.
-func BenchmarkHostPipeline(b *testing.B) {
+// loopbackPair builds agents x and y on the loopback engine (64 MiB
+// arenas, 8 MiB chunks) and a job of n fragmented blocks of size bytes
+// from x to y.
+func loopbackPair(b *testing.B, n, size uint64) (*node, job) {
 	w := newWorld(b)
 	cfg := DefaultConfig()
 	cfg.ArenaSize = 64 << 20
 	cfg.MaxChunk = 8 << 20
 	cfg.Granularity = 1 << 20
 	x, y := w.node("x", cfg), w.node("y", cfg)
-	const n, size = 16384, 4096
 	src, dst := x.buffer(b, n*size), y.buffer(b, n*size)
 	connect(b, x, y)
-	j := prepare(src, dst, kvLayout{count: n, size: size, fragmented: true}, 42)
+	return x, prepare(src, dst, kvLayout{count: int(n), size: size, fragmented: true}, 42)
+}
+
+// BenchmarkHostPipeline moves 16,384 x 4 KiB fragmented blocks between two
+// agents on the loopback engine, alternating the bounce and the direct path
+// in every iteration, and reports both throughputs and their ratio.
+func BenchmarkHostPipeline(b *testing.B) {
+	const n, size = 16384, 4096
+	x, j := loopbackPair(b, n, size)
 	var tb, td time.Duration
 	run := func(route Route) time.Duration {
 		start := time.Now()
@@ -164,16 +171,8 @@ func (t switchTracer) Start(ctx context.Context, name string, opts ...trace.Span
 // validation, DATA encoding and decoding, the copies' setup), which is
 // what bounds the pipeline when a GPU moves the bytes. It reports ns/desc.
 func BenchmarkHostCostPerDescriptor(b *testing.B) {
-	w := newWorld(b)
-	cfg := DefaultConfig()
-	cfg.ArenaSize = 64 << 20
-	cfg.MaxChunk = 8 << 20
-	cfg.Granularity = 1 << 20
-	x, y := w.node("x", cfg), w.node("y", cfg)
-	const n, size = 81920, 64
-	src, dst := x.buffer(b, n*size), y.buffer(b, n*size)
-	connect(b, x, y)
-	j := prepare(src, dst, kvLayout{count: n, size: size, fragmented: true}, 42)
+	const n = 81920
+	x, j := loopbackPair(b, n, 64)
 	b.ResetTimer()
 	start := time.Now()
 	for i := 0; i < b.N; i++ {
