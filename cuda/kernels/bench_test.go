@@ -19,7 +19,7 @@ import (
 // zero-copy from pinned host memory, into a device region and into a
 // pinned host region (the PCIe path; there the copy is one DtoH), with
 // the general kernels and with the wide ones (where the module has them;
-// Launch picks the wide ones for pieces of 1 KiB and more on average).
+// Launch picks the wide ones for pieces of 4 KiB and more on average).
 //
 //	go test -run '^$' -bench GatherKernel -benchtime 20x ./cuda/kernels/
 func BenchmarkGatherKernel(b *testing.B) {
@@ -46,10 +46,10 @@ func BenchmarkGatherKernel(b *testing.B) {
 		}
 		defer ev[i].Destroy()
 	}
-	type family struct{ wide, full bool }
+	type family struct{ wide, wave bool }
 	families := []family{{}}
 	if m.HasWide() {
-		families = append(families, family{wide: true}, family{wide: true, full: true})
+		families = append(families, family{wide: true}, family{wide: true, wave: true})
 	}
 	for _, w := range []struct {
 		size  uint64
@@ -85,14 +85,14 @@ func BenchmarkGatherKernel(b *testing.B) {
 				p    uint64
 			}{{"staged", staged.Addr}, {"zero-copy", table.Addr}} {
 				for _, fam := range families {
-					name := fmt.Sprintf("%dx%s/into-%s/table-%s/kernel-%s", w.count, sizeName(w.size), into, tableAt.name, familyName(fam.wide, fam.full))
+					name := fmt.Sprintf("%dx%s/into-%s/table-%s/kernel-%s", w.count, sizeName(w.size), into, tableAt.name, familyName(fam.wide, fam.wave))
 					b.Run(name, func(b *testing.B) {
 						var kms, cms float64
 						run := func() {
 							must(b, ev[0].Record(s))
 							launch := m.LaunchAs
-							if fam.full {
-								launch = m.LaunchFullGrid
+							if fam.wave {
+								launch = m.LaunchOneWave
 							}
 							must(b, launch(true, fam.wide, s, args, cuda.DevicePtr(region.Addr), cuda.DevicePtr(tableAt.p), uint64(len(pieces))))
 							must(b, ev[1].Record(s))
@@ -126,10 +126,10 @@ func BenchmarkGatherKernel(b *testing.B) {
 	}
 }
 
-func familyName(wide, full bool) string {
+func familyName(wide, wave bool) string {
 	switch {
-	case wide && full:
-		return "wide-fullgrid"
+	case wide && wave:
+		return "wide-onewave"
 	case wide:
 		return "wide"
 	}

@@ -36,11 +36,15 @@
 // pieces at a time with all their loads in flight before the stores
 // (8 KiB in flight per warp at 4 KiB pieces), and whether payload
 // accesses are streaming (evict-first) hints.
+// The defaults are the best of five builds on the H200
+// (docs/bench/device/gpu/kernel-variants-3.txt): capped at 64 or 80
+// registers the wide kernels spill (the inlined general path) and lose up
+// to half the rate; at 128 registers they do not.
 #ifndef BOUNCE_WIDE_MIN_BLOCKS
-#define BOUNCE_WIDE_MIN_BLOCKS 4
+#define BOUNCE_WIDE_MIN_BLOCKS 2
 #endif
 #ifndef BOUNCE_WIDE_PAIR
-#define BOUNCE_WIDE_PAIR 0
+#define BOUNCE_WIDE_PAIR 1
 #endif
 #ifndef BOUNCE_WIDE_STREAM
 #define BOUNCE_WIDE_STREAM 0

@@ -2,8 +2,8 @@ package kernels
 
 import "github.com/bouncekv/bounce/cuda"
 
-// LaunchFullGrid is LaunchAs with one warp per piece instead of one wave
-// of blocks, for the benchmarks.
-func (m *Module) LaunchFullGrid(gather, wide bool, s *cuda.Stream, args *cuda.Args, region, table cuda.DevicePtr, n uint64) error {
-	return m.launch(gather, wide, true, s, args, region, table, n)
+// LaunchOneWave is LaunchAs with one wave of blocks taking pieces
+// grid-stride, for the benchmarks (the wide kernels' other grid).
+func (m *Module) LaunchOneWave(gather, wide bool, s *cuda.Stream, args *cuda.Args, region, table cuda.DevicePtr, n uint64) error {
+	return m.launch(gather, wide, false, s, args, region, table, n)
 }

@@ -33,9 +33,12 @@ const (
 )
 
 // WideMinBytes is the average piece size from which Launch takes the wide
-// kernels: tables of KV blocks (2 KiB and up) go there, tables of small
-// pieces stay on the general kernels, whose batched path serves them.
-const WideMinBytes = 1 << 10
+// kernels, one warp per piece: tables of 4 KiB KV blocks go there (0.86
+// and 0.94 of one contiguous copy at 16,384 and 81,920 blocks, against
+// 0.85 and 0.90 on the general kernels, docs/BENCHMARKS.md); smaller
+// pieces stay on the general kernels, faster there (2 KiB: 0.81 against
+// 0.74; 512 B: 0.78 against 0.30).
+const WideMinBytes = 4 << 10
 
 // PieceBytes is the most bytes one piece moves: the unit one warp copies
 // before it takes the next piece. Small enough that a chunk of a few MiB
@@ -244,14 +247,16 @@ func (m *Module) Wide(n, bytes uint64) bool {
 }
 
 // LaunchAs is Launch with the kernel family named: wide (which the module
-// must hold) or general. Benchmarks compare the two with it.
+// must hold; one warp per piece, a block per eight pieces) or general (one
+// wave of resident blocks taking pieces grid-stride). Benchmarks compare
+// the two with it.
 func (m *Module) LaunchAs(gather, wide bool, s *cuda.Stream, args *cuda.Args, region, table cuda.DevicePtr, n uint64) error {
-	return m.launch(gather, wide, false, s, args, region, table, n)
+	return m.launch(gather, wide, wide, s, args, region, table, n)
 }
 
-// launch is LaunchAs; full launches one warp per piece (a block per eight
-// pieces) instead of one wave of resident blocks taking pieces
-// grid-stride (the benchmarks compare the two).
+// launch is LaunchAs; full launches one warp per piece instead of one wave
+// of resident blocks taking pieces grid-stride (measured faster for the
+// wide kernels).
 func (m *Module) launch(gather, wide, full bool, s *cuda.Stream, args *cuda.Args, region, table cuda.DevicePtr, n uint64) error {
 	if n == 0 {
 		return nil
