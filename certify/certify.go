@@ -5,6 +5,7 @@
 package certify
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"maps"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/bouncekv/bounce/config"
 	"github.com/bouncekv/bounce/conformance"
+	"github.com/bouncekv/bounce/cuda"
 	"github.com/bouncekv/bounce/engines/cudacopy"
 	"github.com/bouncekv/bounce/engines/loopback"
 	"github.com/bouncekv/bounce/engines/tcp"
@@ -44,6 +46,56 @@ type Options struct {
 	// Carrier is the engine kind that carries a control plane built on
 	// engine notifications (nixlnotif); default loopback.
 	Carrier string
+	// Memory is the memory the data rules of engines, writers and stages
+	// run on: "host" (the default), "cuda" (CUDA managed memory on
+	// CUDADevice, through CUDA) or "auto" (Run probes: cuda for an
+	// implementation that declares CUDA memory, transfer.MemoryKinder, else
+	// host). Where no GPU is usable the rules are skipped with the reason.
+	Memory string
+	// CUDA is the driver for Memory "cuda"; Run takes it from the
+	// factories' table when nil.
+	CUDA *cuda.Lib
+	// CUDADevice is the ordinal of Memory "cuda".
+	CUDADevice int
+}
+
+// Memories lists the accepted Options.Memory values.
+func Memories() []string { return []string{"host", "cuda", "auto"} }
+
+// memory returns the conformance memory o names.
+func (o Options) memory() (conformance.Memory, error) {
+	switch o.Memory {
+	case "", "host":
+		return conformance.Memory{}, nil
+	case "cuda":
+	default:
+		return conformance.Memory{}, fmt.Errorf("certify: unknown memory %q; accepted: %v", o.Memory, Memories())
+	}
+	m := conformance.Memory{Kind: transfer.CUDA, Device: int32(o.CUDADevice)}
+	if o.CUDA == nil {
+		m.Unavailable = "no CUDA driver given"
+		return m, nil
+	}
+	drv, err := o.CUDA.Open()
+	if err != nil {
+		m.Unavailable = err.Error()
+		return m, nil
+	}
+	ctx, err := drv.Primary(o.CUDADevice)
+	if err != nil {
+		m.Unavailable = err.Error()
+		return m, nil
+	}
+	// The primary context is retained for the life of the process, as the
+	// stages and engines on it retain it too.
+	m.Alloc = func(n uint64) ([]byte, func() error, error) {
+		p, err := ctx.MemAllocManaged(n)
+		if err != nil {
+			return nil, nil, err
+		}
+		return cuda.ManagedBytes(p, n), func() error { return ctx.MemFree(p) }, nil
+	}
+	return m, nil
 }
 
 func (o *Options) fill() {
@@ -91,6 +143,15 @@ func (e *StartError) Unwrap() error { return e.Err }
 // otherwise name is an engine and the writer its one bulk write.
 func Run(f node.Factories, kind, name string, o Options, cfg conformance.Config) (conformance.Report, error) {
 	o.fill()
+	if o.CUDA == nil {
+		o.CUDA = f.CUDA
+	}
+	if o.Memory == "auto" {
+		o.Memory = probeMemory(f, kind, name, o)
+	}
+	if _, err := o.memory(); err != nil {
+		return conformance.Report{}, err
+	}
 	if cfg.Subject == "" {
 		cfg.Subject = kind + "/" + name
 	}
@@ -108,8 +169,12 @@ func Run(f node.Factories, kind, name string, o Options, cfg conformance.Config)
 		if err != nil {
 			return rep, started(err)
 		}
-		absent = EngineAbsent(p.A)
-		p.Cleanup()
+		if p.Memory.Unavailable == "" { // else every rule skips with the reason
+			absent = EngineAbsent(p.A)
+		}
+		if p.Cleanup != nil {
+			p.Cleanup()
+		}
 		rep = conformance.CheckEngine(pairs, cfg)
 	case "control":
 		cf, ok := f.Controls[name]
@@ -140,7 +205,9 @@ func Run(f node.Factories, kind, name string, o Options, cfg conformance.Config)
 		if err != nil {
 			return rep, started(err)
 		}
-		fx.Gatherer.Close()
+		if fx.Gatherer != nil { // nil where the memory is unavailable
+			fx.Gatherer.Close()
+		}
 		rep = conformance.CheckGatherer(fixtures, cfg)
 	case "scatter":
 		sf, ok := f.Scatterers[name]
@@ -152,7 +219,9 @@ func Run(f node.Factories, kind, name string, o Options, cfg conformance.Config)
 		if err != nil {
 			return rep, started(err)
 		}
-		fx.Scatterer.Close()
+		if fx.Scatterer != nil { // nil where the memory is unavailable
+			fx.Scatterer.Close()
+		}
 		rep = conformance.CheckScatterer(fixtures, cfg)
 	case "writer":
 		var fixtures conformance.WriterFactory
@@ -171,10 +240,12 @@ func Run(f node.Factories, kind, name string, o Options, cfg conformance.Config)
 		if err != nil {
 			return rep, started(err)
 		}
-		if _, ok := fx.Writer.(transfer.ContextWriter); !ok {
+		if _, ok := fx.Writer.(transfer.ContextWriter); !ok && fx.Writer != nil {
 			absent = append(absent, "transfer.ContextWriter")
 		}
-		fx.Cleanup()
+		if fx.Cleanup != nil {
+			fx.Cleanup()
+		}
 		rep = conformance.CheckWriter(fixtures, cfg)
 	default:
 		return rep, fmt.Errorf("certify: unknown kind %q; accepted: %v", kind, Kinds())
@@ -218,6 +289,46 @@ func EngineAbsent(e transfer.Engine) []string {
 	return absent
 }
 
+// probeMemory returns "cuda" when the implementation name of kind declares
+// CUDA memory, else "host" (also when it cannot be made here: the suite
+// then reports why).
+func probeMemory(f node.Factories, kind, name string, o Options) string {
+	var x any
+	var err error
+	switch kind {
+	case "engine", "writer":
+		if ef, ok := f.Engines[name]; ok {
+			if _, isCUDA := ef.(*node.CUDACopyFactory); isCUDA {
+				return "cuda" // made on demand; no GPU is reported by the rules
+			}
+			if e, err := fresh(ef).CreateEngine(settings("probe"), o.Engine); err == nil {
+				x = e
+				defer e.Close()
+			}
+		}
+	case "gather":
+		if gf, ok := f.Gatherers[name]; ok {
+			var g transfer.Gatherer
+			if g, err = gf.CreateGatherer(settings("probe"), o.Bounce); err == nil {
+				x = g
+				defer g.Close()
+			}
+		}
+	case "scatter":
+		if sf, ok := f.Scatterers[name]; ok {
+			var sc transfer.Scatterer
+			if sc, err = sf.CreateScatterer(settings("probe"), o.Bounce); err == nil {
+				x = sc
+				defer sc.Close()
+			}
+		}
+	}
+	if errors.Is(err, cuda.ErrUnavailable) || x != nil && transfer.Handles(x, transfer.CUDA) {
+		return "cuda" // a CUDA stage without a GPU: the rules say why they skip
+	}
+	return "host"
+}
+
 func unknown[V any](what, name string, m map[string]V) error {
 	return fmt.Errorf("certify: no %s named %q; accepted: %v", what, name, slices.Sorted(maps.Keys(m)))
 }
@@ -241,7 +352,11 @@ func stageSettings(name string, c config.StageConfig) node.Settings {
 // purpose.
 func EngineFactory(ef node.EngineFactory, o Options) conformance.EngineFactory {
 	o.fill()
+	memory, merr := o.memory()
 	return func() (conformance.EnginePair, error) {
+		if merr != nil || memory.Unavailable != "" {
+			return conformance.EnginePair{Memory: memory}, merr
+		}
 		ef := fresh(ef)
 		var create func(name string) (transfer.Engine, error)
 		var valve *conformance.Valve
@@ -261,7 +376,7 @@ func EngineFactory(ef node.EngineFactory, o Options) conformance.EngineFactory {
 			// Hold returns.
 			valve = &conformance.Valve{}
 			create = func(name string) (transfer.Engine, error) {
-				c := cudacopy.Config{Name: name}
+				c := cudacopy.Config{Name: name, Device: o.CUDADevice}
 				if name == "a" {
 					c.Hold = valve.Wait
 				}
@@ -281,6 +396,7 @@ func EngineFactory(ef node.EngineFactory, o Options) conformance.EngineFactory {
 		}
 		p := conformance.EnginePair{
 			A: a, B: b,
+			Memory:  memory,
 			KillB:   func() { b.Close() },
 			Cleanup: func() { a.Close(); b.Close() },
 		}
@@ -354,26 +470,36 @@ func ControlFactory(cf node.ControlFactory, carrier node.EngineFactory, o Option
 // GathererFactory returns fresh gatherers over their own registry.
 func GathererFactory(gf node.GatherFactory, o Options) conformance.GathererFactory {
 	o.fill()
+	memory, merr := o.memory()
 	return func() (conformance.GathererFixture, error) {
+		if merr != nil || memory.Unavailable != "" {
+			return conformance.GathererFixture{Memory: memory}, merr
+		}
 		s := stageSettings("g", o.Stages.Gather)
+		s.CUDADevice = o.CUDADevice
 		g, err := gf.CreateGatherer(s, o.Bounce)
 		if err != nil {
 			return conformance.GathererFixture{}, err
 		}
-		return conformance.GathererFixture{Gatherer: g, Register: s.Registry.Add}, nil
+		return conformance.GathererFixture{Gatherer: g, Register: s.Registry.Add, Memory: memory}, nil
 	}
 }
 
 // ScattererFactory returns fresh scatterers over their own registry.
 func ScattererFactory(sf node.ScatterFactory, o Options) conformance.ScattererFactory {
 	o.fill()
+	memory, merr := o.memory()
 	return func() (conformance.ScattererFixture, error) {
+		if merr != nil || memory.Unavailable != "" {
+			return conformance.ScattererFixture{Memory: memory}, merr
+		}
 		s := stageSettings("s", o.Stages.Scatter)
+		s.CUDADevice = o.CUDADevice
 		sc, err := sf.CreateScatterer(s, o.Bounce)
 		if err != nil {
 			return conformance.ScattererFixture{}, err
 		}
-		return conformance.ScattererFixture{Scatterer: sc, Register: s.Registry.Add}, nil
+		return conformance.ScattererFixture{Scatterer: sc, Register: s.Registry.Add, Memory: memory}, nil
 	}
 }
 
@@ -384,8 +510,8 @@ func WriterFactory(ef node.EngineFactory, o Options) conformance.WriterFactory {
 	pairs := EngineFactory(ef, o)
 	return func() (conformance.WriterFixture, error) {
 		p, err := pairs()
-		if err != nil {
-			return conformance.WriterFixture{}, err
+		if err != nil || p.Memory.Unavailable != "" {
+			return conformance.WriterFixture{Memory: p.Memory}, err
 		}
 		return writerOver(p, write.New(p.A), p.Cleanup), nil
 	}
@@ -398,8 +524,8 @@ func WriteStageFactory(wf node.WriteFactory, ef node.EngineFactory, o Options) c
 	pairs := EngineFactory(ef, o)
 	return func() (conformance.WriterFixture, error) {
 		p, err := pairs()
-		if err != nil {
-			return conformance.WriterFixture{}, err
+		if err != nil || p.Memory.Unavailable != "" {
+			return conformance.WriterFixture{Memory: p.Memory}, err
 		}
 		w, err := wf.CreateWriter(stageSettings("a", o.Stages.Write), p.A)
 		if err != nil {
@@ -419,6 +545,7 @@ func WriteStageFactory(wf node.WriteFactory, ef node.EngineFactory, o Options) c
 // b; cleanup ends it.
 func writerOver(p conformance.EnginePair, w transfer.Writer, cleanup func()) conformance.WriterFixture {
 	return conformance.WriterFixture{
+		Memory:         p.Memory,
 		Writer:         w,
 		Peer:           "b",
 		RegisterSource: p.A.RegisterMemory,

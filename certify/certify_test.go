@@ -12,6 +12,7 @@ import (
 	"github.com/bouncekv/bounce/config"
 	"github.com/bouncekv/bounce/conformance"
 	"github.com/bouncekv/bounce/cuda"
+	"github.com/bouncekv/bounce/engines/cudacopy"
 	"github.com/bouncekv/bounce/node"
 )
 
@@ -56,13 +57,20 @@ func TestBuiltins(t *testing.T) {
 		{"writer", "ucx", Options{}, nil, nil},
 		{"engine", "cudacopy", Options{}, nil, nil},
 		{"writer", "cudacopy", Options{}, nil, nil},
+		{"engine", "cudacopy", Options{Memory: "cuda"}, nil, nil},
+		{"writer", "cudacopy", Options{Memory: "cuda"}, nil, nil},
+		{"gather", "cuda", Options{Memory: "cuda"}, nil, nil},
+		{"scatter", "cuda", Options{Memory: "cuda"}, nil, nil},
 	} {
 		name := tc.kind + "/" + tc.name
 		if tc.o.Carrier != "" {
 			name += "-over-" + tc.o.Carrier
 		}
+		if tc.o.Memory != "" {
+			name += "-on-" + tc.o.Memory
+		}
 		t.Run(name, func(t *testing.T) {
-			if tc.name == "cudacopy" {
+			if tc.name == "cudacopy" || tc.o.Memory == "cuda" {
 				if _, err := cuda.Open(""); err != nil {
 					t.Skipf("skipping: %v (cudacopy needs a GPU)", err)
 				}
@@ -145,5 +153,44 @@ func TestAbsentCapabilities(t *testing.T) {
 	}
 	if want := []string{"transfer.PeerLossReporter", "transfer.WriteGuarded"}; !slices.Equal(rep.Absent, want) {
 		t.Fatalf("loopback: absent %q, want %q", rep.Absent, want)
+	}
+}
+
+// Without a GPU, certifying a CUDA implementation on device memory (what
+// --memory auto picks for one) skips every rule with the driver's reason.
+func TestCUDAMemoryWithoutGPU(t *testing.T) {
+	f := node.Builtin()
+	lib := &cuda.Lib{Path: "libcuda-missing.so.1"}
+	f.CUDA = lib
+	f.Engines["cudacopy"] = &node.CUDACopyFactory{Fabric: cudacopy.NewFabric(lib)}
+	f.Gatherers["cuda"] = node.CUDAGatherFactory{Lib: lib}
+	f.Scatterers["cuda"] = node.CUDAScatterFactory{Lib: lib}
+	for _, kind := range []string{"engine", "writer", "gather", "scatter"} {
+		name := "cuda"
+		if kind == "engine" || kind == "writer" {
+			name = "cudacopy"
+		}
+		rep, err := Run(f, kind, name, Options{Memory: "auto"}, conformance.Config{Seed: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(rep.Results) < 2 {
+			t.Fatalf("%s/%s: %d results", kind, name, len(rep.Results))
+		}
+		for _, r := range rep.Results {
+			if strings.HasSuffix(r.Rule, "/no-goroutine-leak") {
+				continue // checked after every skipped rule too
+			}
+			if r.Outcome != conformance.Skip || !strings.Contains(r.Message, "cuda:0 memory unavailable here") || !strings.Contains(r.Message, "libcuda-missing") {
+				t.Errorf("%s/%s %s: %v %q; want skipped with the driver's reason", kind, name, r.Rule, r.Outcome, r.Message)
+			}
+		}
+	}
+}
+
+func TestUnknownMemory(t *testing.T) {
+	_, err := Run(node.Builtin(), "engine", "loopback", Options{Memory: "hbm"}, conformance.Config{})
+	if err == nil || !strings.Contains(err.Error(), `unknown memory "hbm"`) {
+		t.Fatalf("err = %v; want unknown memory", err)
 	}
 }

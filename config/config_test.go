@@ -87,7 +87,7 @@ func findKeyError(t *testing.T, err error, key string, sentinel error) *KeyError
 func TestKeysMatchTheDocumentedSet(t *testing.T) {
 	want := []string{
 		"agent.name",
-		"bounce.enabled", "bounce.arena_size", "bounce.granularity", "bounce.max_chunk", "bounce.min_chunk", "bounce.max_inflight",
+		"bounce.enabled", "bounce.arena_size", "bounce.granularity", "bounce.max_chunk", "bounce.min_chunk", "bounce.max_inflight", "bounce.device_max_inflight",
 		"bounce.copy_contexts", "bounce.copy_workers", "bounce.scatter_workers", "bounce.min_descriptors", "bounce.max_avg_descriptor",
 		"bounce.request_timeout", "bounce.quarantine", "bounce.eager_gather", "bounce.zero_copy_args", "bounce.arena_memory", "bounce.cost_model", "bounce.disable_merging", "bounce.route",
 		"engine.kind", "engine.plugin", "engine.listen", "engine.connections",
@@ -154,7 +154,7 @@ func TestDefaults(t *testing.T) {
 		t.Fatalf("defaults invalid: %v", err)
 	}
 	b := d.Bounce
-	if !b.Enabled || b.ArenaSize != 256*MiB || b.Granularity != MiB || b.MaxChunk != 8*MiB || b.MinChunk != 0 || b.MaxInflight != 8 ||
+	if !b.Enabled || b.ArenaSize != 256*MiB || b.Granularity != MiB || b.MaxChunk != 8*MiB || b.MinChunk != 0 || b.MaxInflight != 8 || b.DeviceMaxInflight != 32 ||
 		b.CopyContexts != 8 || b.ScatterWorkers != 4 || b.MinDescriptors != 1024 || b.MaxAvgDescriptor != 16*KiB ||
 		b.RequestTimeout != 30*time.Second || !b.EagerGather || b.ZeroCopyArgs || b.DisableMerging {
 		t.Fatalf("bounce defaults: %+v", b)
@@ -476,6 +476,7 @@ func TestValidateRanges(t *testing.T) {
 		{"bounce.max_chunk", func(c *Config) { c.Bounce.MaxChunk = 0 }, "0B", "positive"},
 		{"bounce.max_inflight", func(c *Config) { c.Bounce.MaxInflight = 0 }, "0", "between 1 and 1024"},
 		{"bounce.max_inflight", func(c *Config) { c.Bounce.MaxInflight = 1025 }, "1025", "between 1 and 1024"},
+		{"bounce.device_max_inflight", func(c *Config) { c.Bounce.DeviceMaxInflight = 0 }, "0", "between 1 and 1024"},
 		{"bounce.copy_contexts", func(c *Config) { c.Bounce.CopyContexts = -1 }, "-1", "between 1 and 1024"},
 		{"bounce.copy_workers", func(c *Config) { c.Bounce.CopyWorkers = 257 }, "257", "between 0 and 256"},
 		{"bounce.min_chunk", func(c *Config) { c.Bounce.MinChunk = 1 }, "1B", "0 (off) or at least 64KiB"},

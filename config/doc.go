@@ -16,7 +16,7 @@
 //
 //	agent:          name
 //	bounce:         enabled, arena_size, granularity, max_chunk, min_chunk, max_inflight,
-//	                copy_contexts, copy_workers, scatter_workers, min_descriptors,
+//	                device_max_inflight, copy_contexts, copy_workers, scatter_workers, min_descriptors,
 //	                max_avg_descriptor, request_timeout, quarantine,
 //	                eager_gather, zero_copy_args, arena_memory, disable_merging
 //	engine:         kind, plugin, listen, connections, options

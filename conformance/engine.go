@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/bouncekv/bounce/mem"
 	"github.com/bouncekv/bounce/transfer"
 )
 
@@ -22,6 +21,10 @@ type EnginePair struct {
 	// Alloc, if set, provides the host memory the suite registers with A
 	// and B; nil means mem.Alloc.
 	Alloc AllocFunc
+	// Memory is the memory the rules write from and into; the zero value
+	// is host memory. Both engines must declare its kind
+	// (transfer.MemoryKinder).
+	Memory Memory
 	// Cleanup, if set, releases both engines and anything else the
 	// factory made. It is called once after each rule, also after the rule
 	// closed or killed an engine itself.
@@ -84,16 +87,29 @@ func engineSuite(newPair EngineFactory) suite[*enginePeer] {
 			if cleanup == nil {
 				cleanup = func() {}
 			}
+			if p.Memory.Unavailable != "" {
+				return opened[*enginePeer]{cleanup: cleanup, memory: p.Memory}, nil
+			}
 			if p.A == nil || p.B == nil {
 				return opened[*enginePeer]{cleanup: cleanup}, errors.New("EnginePair.A or B is nil")
 			}
-			return opened[*enginePeer]{
+			o := opened[*enginePeer]{
 				f:        &enginePeer{EnginePair: p},
 				cleanup:  cleanup,
 				alloc:    p.Alloc,
+				memory:   p.Memory,
 				subject:  fmt.Sprintf("%T", p.A),
 				fragment: p.FragmentSize,
-			}, nil
+			}
+			for _, e := range []struct {
+				what string
+				x    transfer.Engine
+			}{{"EnginePair.A", p.A}, {"EnginePair.B", p.B}} {
+				if err := transfer.CheckKinds(e.x, e.what, []transfer.Desc{{Kind: p.Memory.Kind}}); err != nil {
+					return o, fmt.Errorf("EnginePair.Memory: %w", err)
+				}
+			}
+			return o, nil
 		},
 	}
 }
@@ -204,7 +220,7 @@ func ruleMultiOp(c *rc, e *enginePeer) error {
 			return err
 		}
 		c.fill(src)
-		if err := e.A.RegisterMemory(mem.DescOf(src)); err != nil {
+		if err := e.A.RegisterMemory(c.desc(src)); err != nil {
 			return fmt.Errorf("A.RegisterMemory: %w", err)
 		}
 		var dst []byte
@@ -214,7 +230,7 @@ func ruleMultiOp(c *rc, e *enginePeer) error {
 				return err
 			}
 			c.fill(shared)
-			if err := e.B.RegisterMemory(mem.DescOf(shared)); err != nil {
+			if err := e.B.RegisterMemory(c.desc(shared)); err != nil {
 				return fmt.Errorf("B.RegisterMemory: %w", err)
 			}
 			dst = shared[1+n : 1+2*n]
@@ -225,7 +241,7 @@ func ruleMultiOp(c *rc, e *enginePeer) error {
 				return err
 			}
 			c.fill(dst)
-			if err := e.B.RegisterMemory(mem.DescOf(dst)); err != nil {
+			if err := e.B.RegisterMemory(c.desc(dst)); err != nil {
 				return fmt.Errorf("B.RegisterMemory: %w", err)
 			}
 			j.watch(fmt.Sprintf("write %d: guard before the destination:", i), dst[:3], nil)
@@ -233,7 +249,7 @@ func ruleMultiOp(c *rc, e *enginePeer) error {
 			dst = dst[3 : 3+n]
 		}
 		j.watch(fmt.Sprintf("write %d (%d bytes): destination", i, n), dst, src[2:2+n])
-		ops = append(ops, transfer.WriteOp{Src: mem.DescOf(src[2 : 2+n]), Dst: mem.DescOf(dst)})
+		ops = append(ops, transfer.WriteOp{Src: c.desc(src[2 : 2+n]), Dst: c.desc(dst)})
 	}
 	j.watch("shared destination: guard", shared[:1], nil)
 	j.watch("shared destination: guard at the end", shared[len(shared)-1:], nil)

@@ -35,6 +35,7 @@ type opened[F any] struct {
 	f       F
 	cleanup func()
 	alloc   AllocFunc
+	memory  Memory
 	subject string
 	// fragment is the implementation's internal fragment size, if known:
 	// the rule's sizes then include one above it.
@@ -181,9 +182,12 @@ func (s suite[F]) runRule(r rule[F], cfg Config, subject *string) (res Result, l
 		done <- c.protect(func() error {
 			c.step("opening the fixture")
 			o, err := s.open()
-			c.opened(o.cleanup, o.alloc, o.subject) // a half-made fixture may need its cleanup
+			c.opened(o.cleanup, o.alloc, o.subject, o.memory) // a half-made fixture may need its cleanup
 			if err != nil {
 				return fmt.Errorf("fixture: %w", err)
+			}
+			if why := o.memory.Unavailable; why != "" {
+				return &skipError{msg: fmt.Sprintf("%s memory unavailable here: %s", o.memory, why)}
 			}
 			c.cfg.Sizes = sizeFloors(c.cfg.Sizes, o.fragment)
 			c.step("running the rule")
@@ -255,6 +259,7 @@ type rc struct {
 	where   string
 	subject string
 	alloc   AllocFunc
+	memory  Memory
 	cleanup func()
 	bufs    []func() error
 	taint   []string
@@ -287,10 +292,13 @@ func (c *rc) protect(fn func() error) (err error) {
 	return fn()
 }
 
-func (c *rc) opened(cleanup func(), alloc AllocFunc, subject string) {
+func (c *rc) opened(cleanup func(), alloc AllocFunc, subject string, memory Memory) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.cleanup, c.alloc, c.subject = cleanup, alloc, subject
+	c.cleanup, c.alloc, c.subject, c.memory = cleanup, alloc, subject, memory
+	if memory.Alloc != nil {
+		c.alloc = memory.Alloc
+	}
 }
 
 // step records what the rule is doing, for the message of a rule that hangs.

@@ -6,7 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/bouncekv/bounce/mem"
 	"github.com/bouncekv/bounce/transfer"
 )
 
@@ -21,6 +20,10 @@ type GathererFixture struct {
 	// Cleanup, if set, runs after each rule; the suite closes the gatherer
 	// itself before calling it.
 	Cleanup func()
+	// Memory is the memory the rules gather from and into; the zero value
+	// is host memory. The gatherer must declare its kind
+	// (transfer.MemoryKinder).
+	Memory Memory
 }
 
 // GathererFactory returns a fresh GathererFixture for one rule.
@@ -34,6 +37,9 @@ type ScattererFixture struct {
 	// Cleanup, if set, runs after each rule, after the suite closed the
 	// scatterer.
 	Cleanup func()
+	// Memory is the memory the rules scatter from and into; see
+	// GathererFixture.Memory.
+	Memory Memory
 }
 
 // ScattererFactory returns a fresh ScattererFixture for one rule.
@@ -77,6 +83,8 @@ type stageParts struct {
 	subject  string
 	register func(d transfer.Desc) error
 	cleanup  func()
+	memory   Memory
+	stage    any
 }
 
 func gathererSuite(newFixture GathererFactory) suite[*stageRig] {
@@ -88,9 +96,9 @@ func gathererSuite(newFixture GathererFactory) suite[*stageRig] {
 		if err != nil {
 			return stageParts{}, err
 		}
-		p := stageParts{register: f.Register, cleanup: f.Cleanup}
+		p := stageParts{register: f.Register, cleanup: f.Cleanup, memory: f.Memory}
 		if f.Gatherer != nil {
-			p.do, p.closer, p.subject = f.Gatherer.Gather, f.Gatherer, fmt.Sprintf("%T", f.Gatherer)
+			p.do, p.closer, p.subject, p.stage = f.Gatherer.Gather, f.Gatherer, fmt.Sprintf("%T", f.Gatherer), f.Gatherer
 		}
 		return p, nil
 	})
@@ -105,9 +113,9 @@ func scattererSuite(newFixture ScattererFactory) suite[*stageRig] {
 		if err != nil {
 			return stageParts{}, err
 		}
-		p := stageParts{register: f.Register, cleanup: f.Cleanup}
+		p := stageParts{register: f.Register, cleanup: f.Cleanup, memory: f.Memory}
 		if f.Scatterer != nil {
-			p.do, p.closer, p.subject = f.Scatterer.Scatter, f.Scatterer, fmt.Sprintf("%T", f.Scatterer)
+			p.do, p.closer, p.subject, p.stage = f.Scatterer.Scatter, f.Scatterer, fmt.Sprintf("%T", f.Scatterer), f.Scatterer
 		}
 		return p, nil
 	})
@@ -132,14 +140,24 @@ func stageSuite(kind, field string, scatter bool, open func() (stageParts, error
 					p.cleanup()
 				}
 			}
+			if p.memory.Unavailable != "" {
+				return opened[*stageRig]{cleanup: cleanup, memory: p.memory}, nil
+			}
 			if p.do == nil || p.register == nil {
 				return opened[*stageRig]{cleanup: cleanup}, fmt.Errorf("%s or Register is nil", field)
 			}
-			return opened[*stageRig]{
+			o := opened[*stageRig]{
 				f:       &stageRig{scatter: scatter, do: p.do, register: p.register},
 				cleanup: cleanup,
 				subject: p.subject,
-			}, nil
+				memory:  p.memory,
+			}
+			{
+				if err := transfer.CheckKinds(p.stage, field, []transfer.Desc{{Kind: p.memory.Kind}}); err != nil {
+					return o, fmt.Errorf("%s: Memory: %w", field, err)
+				}
+			}
+			return o, nil
 		},
 	}
 }
@@ -257,15 +275,15 @@ func (s *stageRig) job(c *rc, n uint64, variant int) (*job, error) {
 	c.fill(rbuf)
 	c.fill(pool)
 	c.step("registering the region and pool of a %d-byte %s", n, s.noun())
-	if err := s.register(mem.DescOf(rbuf)); err != nil {
+	if err := s.register(c.desc(rbuf)); err != nil {
 		return nil, fmt.Errorf("registering the region's buffer: %w", err)
 	}
-	if err := s.register(mem.DescOf(pool)); err != nil {
+	if err := s.register(c.desc(pool)); err != nil {
 		return nil, fmt.Errorf("registering the pool: %w", err)
 	}
 	regionB := rbuf[regionGuard : regionGuard+p.regionLen]
-	region := mem.DescOf(regionB)
-	base := mem.DescOf(pool).Addr
+	region := c.desc(regionB)
+	base := c.desc(pool).Addr
 	runs := make([]transfer.Run, len(p.runs))
 	merged := 0
 	for i, r := range p.runs {
@@ -332,14 +350,14 @@ func (s *stageRig) badJobs(c *rc) ([]*job, error) {
 		c.fill(b)
 	}
 	// The region's buffer is registered up to just past the region.
-	if err := s.register(mem.DescOf(rbuf[:regionGuard+regionLen+8])); err != nil {
+	if err := s.register(c.desc(rbuf[:regionGuard+regionLen+8])); err != nil {
 		return nil, fmt.Errorf("registering the region's buffer: %w", err)
 	}
-	if err := s.register(mem.DescOf(pool[:poolReg])); err != nil {
+	if err := s.register(c.desc(pool[:poolReg])); err != nil {
 		return nil, fmt.Errorf("registering the pool: %w", err)
 	}
-	region := mem.DescOf(rbuf[regionGuard : regionGuard+regionLen])
-	p, l := mem.DescOf(pool).Addr, mem.DescOf(loose).Addr
+	region := c.desc(rbuf[regionGuard : regionGuard+regionLen])
+	p, l := c.desc(pool).Addr, c.desc(loose).Addr
 	ok := transfer.Run{RegionOff: 0, Addr: p, Len: 32, Count: 1}
 	bounds := []error{transfer.ErrOutOfBounds, transfer.ErrNotRegistered}
 	cases := []struct {
@@ -355,8 +373,8 @@ func (s *stageRig) badJobs(c *rc) ([]*job, error) {
 		{"run whose address span overflows", region, transfer.Run{RegionOff: 64, Addr: p, Len: 8, Count: 1 << 40, RegionStride: 0, AddrStride: 1 << 40}},
 		{"run whose region span overflows", region, transfer.Run{RegionOff: 64, Addr: p, Len: 8, Count: 1 << 40, RegionStride: 1 << 40, AddrStride: 0}},
 		{"run at an address that wraps", region, transfer.Run{RegionOff: 64, Addr: ^uint64(0) - 3, Len: 8, Count: 1}},
-		{"region in unregistered memory", mem.DescOf(loose[:regionLen]), transfer.Run{RegionOff: 64, Addr: p + 64, Len: 8, Count: 1}},
-		{"region straddling the end of registered memory", mem.DescOf(rbuf[regionGuard+32 : regionGuard+32+regionLen]), transfer.Run{RegionOff: 64, Addr: p + 64, Len: 8, Count: 1}},
+		{"region in unregistered memory", c.desc(loose[:regionLen]), transfer.Run{RegionOff: 64, Addr: p + 64, Len: 8, Count: 1}},
+		{"region straddling the end of registered memory", c.desc(rbuf[regionGuard+32 : regionGuard+32+regionLen]), transfer.Run{RegionOff: 64, Addr: p + 64, Len: 8, Count: 1}},
 	}
 	var out []*job
 	for _, k := range cases {

@@ -3,7 +3,6 @@ package conformance
 import (
 	"fmt"
 
-	"github.com/bouncekv/bounce/mem"
 	"github.com/bouncekv/bounce/transfer"
 )
 
@@ -48,7 +47,7 @@ func (w *writeRig) job(c *rc, n uint64, variant int) (*job, error) {
 	}
 	c.fill(src)
 	c.fill(dst)
-	j := &job{srcReg: mem.DescOf(src), dstReg: mem.DescOf(dst)}
+	j := &job{srcReg: c.desc(src), dstReg: c.desc(dst)}
 	c.step("registering the source and destination of a %d-byte write", n)
 	if err := w.regSrc(j.srcReg); err != nil {
 		return nil, fmt.Errorf("registering source %v: %w", j.srcReg, err)
@@ -56,7 +55,7 @@ func (w *writeRig) job(c *rc, n uint64, variant int) (*job, error) {
 	if err := w.regDst(j.dstReg); err != nil {
 		return nil, fmt.Errorf("registering destination %v: %w", j.dstReg, err)
 	}
-	j.src, j.dst = mem.DescOf(src[so:so+n]), mem.DescOf(dst[do:do+n])
+	j.src, j.dst = c.desc(src[so:so+n]), c.desc(dst[do:do+n])
 	j.what = fmt.Sprintf("write of %d bytes (src+%d → dst+%d)", n, so, do)
 	j.post = func() (transfer.Op, error) { return w.write(j.src, j.dst) }
 	j.watch("source", src, nil)
@@ -91,10 +90,10 @@ func (w *writeRig) badJobs(c *rc) ([]*job, error) {
 		c.fill(b.src)
 		c.fill(b.dst)
 		c.fill(b.loose)
-		if err := w.regSrc(mem.DescOf(b.src[:regLen])); err != nil {
+		if err := w.regSrc(c.desc(b.src[:regLen])); err != nil {
 			return b, fmt.Errorf("registering source: %w", err)
 		}
-		if err := w.regDst(mem.DescOf(b.dst[:regLen])); err != nil {
+		if err := w.regDst(c.desc(b.dst[:regLen])); err != nil {
 			return b, fmt.Errorf("registering destination: %w", err)
 		}
 		return b, nil
@@ -105,22 +104,22 @@ func (w *writeRig) badJobs(c *rc) ([]*job, error) {
 		sentinels []error
 	}{
 		{"write to unregistered destination memory", func(b bufs) (transfer.Desc, transfer.Desc) {
-			return mem.DescOf(b.src[:n]), mem.DescOf(b.loose[:n])
+			return c.desc(b.src[:n]), c.desc(b.loose[:n])
 		}, bounds},
 		{"write straddling the end of the registered destination", func(b bufs) (transfer.Desc, transfer.Desc) {
-			return mem.DescOf(b.src[:n]), mem.DescOf(b.dst[regLen-n/2 : regLen+n/2])
+			return c.desc(b.src[:n]), c.desc(b.dst[regLen-n/2 : regLen+n/2])
 		}, bounds},
 		{"write from unregistered source memory", func(b bufs) (transfer.Desc, transfer.Desc) {
-			return mem.DescOf(b.loose[:n]), mem.DescOf(b.dst[:n])
+			return c.desc(b.loose[:n]), c.desc(b.dst[:n])
 		}, bounds},
 		{"write from a source straddling the end of registered memory", func(b bufs) (transfer.Desc, transfer.Desc) {
-			return mem.DescOf(b.src[regLen-n/2 : regLen+n/2]), mem.DescOf(b.dst[:n])
+			return c.desc(b.src[regLen-n/2 : regLen+n/2]), c.desc(b.dst[:n])
 		}, bounds},
 		{"write to a destination that wraps the address space", func(b bufs) (transfer.Desc, transfer.Desc) {
-			return mem.DescOf(b.src[:n]), transfer.Desc{Addr: ^uint64(0) - n/2, Len: n, Kind: transfer.Host}
+			return c.desc(b.src[:n]), transfer.Desc{Addr: ^uint64(0) - n/2, Len: n, Kind: c.memory.Kind, Device: c.memory.Device}
 		}, bounds},
 		{"write with Src.Len != Dst.Len", func(b bufs) (transfer.Desc, transfer.Desc) {
-			return mem.DescOf(b.src[:n]), mem.DescOf(b.dst[:n/2])
+			return c.desc(b.src[:n]), c.desc(b.dst[:n/2])
 		}, nil},
 	}
 	watch := func(j *job, b bufs) {
@@ -146,8 +145,8 @@ func (w *writeRig) badJobs(c *rc) ([]*job, error) {
 			return nil, err
 		}
 		ops := []transfer.WriteOp{
-			{Src: mem.DescOf(b.src[:n]), Dst: mem.DescOf(b.dst[:n])},
-			{Src: mem.DescOf(b.src[n : 2*n]), Dst: mem.DescOf(b.loose[:n])},
+			{Src: c.desc(b.src[:n]), Dst: c.desc(b.dst[:n])},
+			{Src: c.desc(b.src[n : 2*n]), Dst: c.desc(b.loose[:n])},
 		}
 		j := &job{
 			what:      "post of two writes whose second targets unregistered memory",

@@ -23,6 +23,9 @@ type WriterFixture struct {
 	// Alloc, if set, provides the host memory the suite uses; nil means
 	// mem.Alloc.
 	Alloc AllocFunc
+	// Memory is the memory the rules write from and into; the zero value
+	// is host memory.
+	Memory Memory
 	// Cleanup, if set, releases the writer and its peer after each rule.
 	Cleanup func()
 }
@@ -58,6 +61,9 @@ func writerSuite(newFixture WriterFactory) suite[*writeRig] {
 			if cleanup == nil {
 				cleanup = func() {}
 			}
+			if f.Memory.Unavailable != "" {
+				return opened[*writeRig]{cleanup: cleanup, memory: f.Memory}, nil
+			}
 			if f.Writer == nil || f.RegisterSource == nil || f.Grant == nil {
 				return opened[*writeRig]{cleanup: cleanup}, errors.New("WriterFixture.Writer, RegisterSource or Grant is nil")
 			}
@@ -72,6 +78,7 @@ func writerSuite(newFixture WriterFactory) suite[*writeRig] {
 				},
 				cleanup: cleanup,
 				alloc:   f.Alloc,
+				memory:  f.Memory,
 				subject: fmt.Sprintf("%T", w),
 			}, nil
 		},

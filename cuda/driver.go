@@ -90,7 +90,7 @@ type symbols struct {
 	memHostRegister, memHostUnregister, memsetD8, memsetD8Async            uintptr
 	memcpyHtoD, memcpyDtoH, memcpyDtoD, memcpyHtoDAsync, memcpyDtoHAsync   uintptr
 	memcpyDtoDAsync, memcpyPeerAsync, memcpyBatchAsync, memGetAddressRange uintptr
-	memcpyAsync                                                            uintptr
+	memcpyAsync, memAllocManaged                                           uintptr
 	ipcGetMemHandle, ipcOpenMemHandle, ipcCloseMemHandle                   uintptr // optional (ipc.go)
 	moduleLoadDataEx, moduleUnload, moduleGetFunction, launchKernel        uintptr
 	pointerGetAttribute, occupancy                                         uintptr
@@ -150,6 +150,11 @@ func Open(path string) (*Driver, error) {
 		f.memcpyBatchAsync = p
 	}
 	d.openIPC()
+	// Optional: managed memory (what conformance runs its device-memory
+	// rules on, as the host can read it too).
+	if p, err := purego.Dlsym(h, "cuMemAllocManaged"); err == nil {
+		f.memAllocManaged = p
+	}
 	if err := d.check("cuInit", sys(f.init, 0)); err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrUnavailable, err)
 	}

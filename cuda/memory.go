@@ -21,7 +21,29 @@ func (c *Context) MemAlloc(n uint64) (DevicePtr, error) {
 	return DevicePtr(p), nil
 }
 
-// MemFree frees device memory from MemAlloc.
+// MemAllocManaged allocates n bytes of managed memory
+// (cuMemAllocManaged, attached globally): device memory the driver reports
+// as such, which this process can also read and write at the same address
+// (pages migrate on touch). Free it with MemFree.
+func (c *Context) MemAllocManaged(n uint64) (DevicePtr, error) {
+	if n == 0 {
+		return 0, fmt.Errorf("cuda: cuMemAllocManaged of 0 bytes")
+	}
+	if c.d.fn.memAllocManaged == 0 {
+		return 0, fmt.Errorf("cuda: the driver lacks cuMemAllocManaged: %w", ErrUnavailable)
+	}
+	const attachGlobal = 1 // CU_MEM_ATTACH_GLOBAL
+	var p uint64
+	if err := c.call("cuMemAllocManaged", c.d.fn.memAllocManaged, uintptr(unsafe.Pointer(&p)), uintptr(n), attachGlobal); err != nil {
+		return 0, fmt.Errorf("%w (%d bytes)", err, n)
+	}
+	return DevicePtr(p), nil
+}
+
+// ManagedBytes returns n bytes of managed memory at p as a byte slice.
+func ManagedBytes(p DevicePtr, n uint64) []byte { return unsafe.Slice((*byte)(ptr(uintptr(p))), n) }
+
+// MemFree frees device memory from MemAlloc or MemAllocManaged.
 func (c *Context) MemFree(p DevicePtr) error {
 	return c.call("cuMemFree", c.d.fn.memFree, uintptr(p))
 }

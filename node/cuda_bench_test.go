@@ -197,3 +197,66 @@ func BenchmarkGPUBounce(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkGPUBounceWindow is the bounce route of 81,920 × 4 KiB
+// fragmented blocks under different windows: bounce.max_inflight (W 8, 16,
+// 32, 64: the regions one request holds at once) and bounce.max_chunk, every
+// configuration on its own pair of agents and all timed in the same
+// iterations, in rotated order. It shows whether the pipeline is bound by
+// its host work per descriptor (then the window changes nothing) or by the
+// latency of each region's round trip (then a larger window helps).
+func BenchmarkGPUBounceWindow(b *testing.B) {
+	c := cudatest.Context(b)
+	f := gpuFactories(b)
+	type knob struct {
+		w     int
+		chunk int64
+	}
+	knobs := []knob{{8, 8 << 20}, {32, 8 << 20}, {8, 32 << 20}, {64, 4 << 20}, {16, 8 << 20}}
+	spec := workload.Spec{DescSize: 4096, Count: 81920, Fragmented: true, Seed: 5}
+	src := cudatest.Device(b, c, spec.Bytes())
+	dst := cudatest.Device(b, c, spec.Bytes())
+	reqs := make([]pipeline.Request, len(knobs))
+	senders := make([]*Node, len(knobs))
+	for i, k := range knobs {
+		cfg := func(name string) config.Config {
+			c := gpuConfig(name)
+			c.Bounce.ArenaSize, c.Bounce.MaxChunk, c.Bounce.MaxInflight = 256<<20, config.Size(k.chunk), k.w
+			return c
+		}
+		a, bn := build(b, cfg(fmt.Sprintf("a%d", i)), f), build(b, cfg(fmt.Sprintf("b%d", i)), f)
+		connectTB(b, a, bn)
+		connectTB(b, bn, a)
+		if err := a.Agent.RegisterMemory(src); err != nil {
+			b.Fatal(err)
+		}
+		if err := bn.Agent.RegisterMemory(dst); err != nil {
+			b.Fatal(err)
+		}
+		sd, dd := spec.Descs(src, dst)
+		reqs[i] = pipeline.Request{Peer: fmt.Sprintf("b%d", i), Src: sd, Dst: dd, Route: pipeline.RouteBounce}
+		senders[i] = a
+		if _, err := move(a, reqs[i]); err != nil {
+			b.Fatal(err)
+		}
+	}
+	took := make([]time.Duration, len(knobs))
+	b.ResetTimer()
+	for it := range b.N {
+		for j := range knobs {
+			i := (j + it) % len(knobs)
+			d, err := move(senders[i], reqs[i])
+			if err != nil {
+				b.Fatal(err)
+			}
+			took[i] += d
+		}
+	}
+	b.StopTimer()
+	for i, k := range knobs {
+		gbs := float64(spec.Bytes()) * float64(b.N) / took[i].Seconds() / 1e9
+		b.ReportMetric(gbs, fmt.Sprintf("W%d-chunk%dMiB-GB/s", k.w, k.chunk>>20))
+	}
+	b.ReportMetric(took[0].Seconds()/took[1].Seconds(), "W32/W8")
+	b.ReportMetric(took[0].Seconds()/took[4].Seconds(), "W16/W8")
+}

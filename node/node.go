@@ -285,7 +285,7 @@ func BuildWith(cfg config.Config, f Factories, o Options) (*Node, error) {
 			n.closeBounceParts()
 		}
 	}
-	pc := PipelineConfig(cfg.Bounce, cfg.Security)
+	pc := runtimeConfig(cfg, n.ArenaMemory)
 	kinds := pipeline.Kinds{Engine: cfg.Engine.Kind}
 	if n.Control != nil {
 		kinds.Control, kinds.Gather, kinds.Scatter = cfg.ControlPlane.Kind, cfg.Stages.Gather.Kind, cfg.Stages.Scatter.Kind
@@ -451,6 +451,16 @@ func Trust(c config.SecurityConfig, logger *slog.Logger) (*security.Peers, error
 		return nil, fmt.Errorf("security.allowed_peers: %w", err)
 	}
 	return security.NewPeers(mode, id, policy), nil
+}
+
+// runtimeConfig is PipelineConfig for an arena of memory arenaMemory:
+// device arenas take bounce.device_max_inflight as W.
+func runtimeConfig(cfg config.Config, arenaMemory string) pipeline.Config {
+	pc := PipelineConfig(cfg.Bounce, cfg.Security)
+	if arenaMemory == "device" {
+		pc.MaxInflight = cfg.Bounce.DeviceMaxInflight
+	}
+	return pc
 }
 
 // PipelineConfig maps the bounce section of the configuration to the

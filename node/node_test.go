@@ -274,6 +274,21 @@ func TestOneSourceOfDefaults(t *testing.T) {
 	}
 }
 
+// TestDeviceArenasTakeTheirWindow: W is bounce.device_max_inflight on a
+// device arena and bounce.max_inflight on every other.
+func TestDeviceArenasTakeTheirWindow(t *testing.T) {
+	d := config.Default()
+	d.Bounce.MaxInflight, d.Bounce.DeviceMaxInflight = 5, 40
+	for mem, want := range map[string]int{"device": 40, "pinned-host": 5, "host": 5, "": 5} {
+		if got := runtimeConfig(d, mem).MaxInflight; got != want {
+			t.Errorf("arena memory %q: W %d, want %d", mem, got, want)
+		}
+	}
+	if got := runtimeConfig(config.Default(), "device").MaxInflight; got != config.DefaultDeviceMaxInflight {
+		t.Errorf("default W on device arenas %d, want %d", got, config.DefaultDeviceMaxInflight)
+	}
+}
+
 // TestReadmeShowsTheExample: the README's embedding code is the Example's.
 func TestReadmeShowsTheExample(t *testing.T) {
 	readme, err := os.ReadFile("../README.md")

@@ -375,7 +375,7 @@ func (r *reactor) schedule() {
 			wg.grant(g.Flow, g.Offset, g.Len)
 		}
 		o.credits = append(o.credits, wire.Credit{
-			Chunk: uint32(g.Chunk), Region: g.Offset, Addr: r.a.arenaD.Addr + g.Offset, Len: g.Len, Device: r.a.arenaD.Device,
+			Chunk: uint32(g.Chunk), Region: g.Offset, Addr: r.a.arenaD.Addr + g.Offset, Len: g.Len, Device: r.a.arenaD.Device, Kind: r.a.arenaD.Kind,
 		})
 	}
 	for _, o := range order {

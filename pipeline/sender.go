@@ -286,16 +286,11 @@ func (r *reactor) dropStaging(c *sendChunk) {
 func (r *reactor) postWrite(q *sendReq, k int) {
 	c := &q.ch[k]
 	n := q.plan.Chunks[k].Bytes
-	// The destination is the peer's arena, memory its engine carries: of
-	// the KV's kind where the engine carries that (a device arena), else
-	// host memory (a pinned-host arena staging device KV over a host
-	// engine).
-	kind := q.plan.Chunks[k].DstKind
-	if !transfer.Handles(r.a.set.Engine, kind) {
-		kind = transfer.Host
-	}
-	dst := transfer.Desc{Addr: c.credit.Addr, Len: n, Device: c.credit.Device, Kind: kind}
-	if kind == transfer.Host {
+	// The destination is the peer's arena: its GRANT credit says which
+	// memory that is (a device arena, or host memory: a pinned-host arena
+	// staging device KV over a host engine).
+	dst := transfer.Desc{Addr: c.credit.Addr, Len: n, Device: c.credit.Device, Kind: c.credit.Kind}
+	if dst.Kind == transfer.Host {
 		dst.Device = 0
 	}
 	r.a.obs.writeStarted(q, k)

@@ -54,10 +54,26 @@ func hopEngine(t testing.TB, name string, open func(string, map[string]string) (
 	return hop(t, ServeOpts{Engine: open}, KindEngine).Engine(name, nil)
 }
 
+// hopCallTimeout is the suite's CallTimeout through the gRPC hop. The
+// default (one second) bounds a call that must not block; through a gRPC
+// round trip under -race on a loaded two-core machine a call that does
+// not block was seen taking 1.1-1.9 s (engine/notify-order: "Notify
+// blocked for 1.136s"), failing about one run in ten there. A call that
+// does block (a PostWrite waiting for a stalled write, a Notify waiting
+// for the receiver) blocks until released, so ten seconds still catches
+// it; no rule waits out CallTimeout when it passes. hopOpTimeout is the
+// suite's OpTimeout there, for the same reason (engine/notify-order: "B
+// received 944 of 1000 notifications within OpTimeout (10s)", on main);
+// rules that wait for nothing to happen wait Settle, not OpTimeout.
+const (
+	hopCallTimeout = 10 * time.Second
+	hopOpTimeout   = 30 * time.Second
+)
+
 // TestEngineConformanceOverGRPC runs the engine rules through the gRPC hop,
 // over the loopback and the TCP engine.
 func TestEngineConformanceOverGRPC(t *testing.T) {
-	cfg := conformance.Config{Seed: 1, Sizes: []uint64{1, 4097, 1 << 20}}
+	cfg := conformance.Config{Seed: 1, Sizes: []uint64{1, 4097, 1 << 20}, CallTimeout: hopCallTimeout, OpTimeout: hopOpTimeout}
 	t.Run("loopback", func(t *testing.T) {
 		conformance.Engine(t, func() (conformance.EnginePair, error) {
 			fab := loopback.NewFabric()
@@ -103,7 +119,7 @@ func pairOver(t *testing.T, open func(string, map[string]string) (transfer.Engin
 // TestControlConformanceOverGRPC runs the control channel rules through
 // the gRPC hop over in-process channels.
 func TestControlConformanceOverGRPC(t *testing.T) {
-	cfg := conformance.Config{Seed: 1}
+	cfg := conformance.Config{Seed: 1, CallTimeout: hopCallTimeout, OpTimeout: hopOpTimeout}
 	conformance.ControlChannel(t, func() (conformance.ControlSet, error) {
 		net := inproc.NewNetwork()
 		open := func(name string, _ map[string]string) (transfer.ControlChannel, error) {
@@ -405,7 +421,7 @@ func hostStages() ServeOpts {
 // the gRPC hop: the host's registry decides what is shared, the plugin's
 // stage validates against what it was shared.
 func TestStageConformanceOverGRPC(t *testing.T) {
-	cfg := conformance.Config{Seed: 1}
+	cfg := conformance.Config{Seed: 1, CallTimeout: hopCallTimeout, OpTimeout: hopOpTimeout}
 	t.Run("gather", func(t *testing.T) {
 		conformance.Gatherer(t, func() (conformance.GathererFixture, error) {
 			reg := &mem.Registry{}
@@ -432,7 +448,7 @@ func TestStageConformanceOverGRPC(t *testing.T) {
 // hop: the plugin's writer posts through the host's engine, lent back to
 // it over the broker.
 func TestWriterConformanceOverGRPC(t *testing.T) {
-	cfg := conformance.Config{Seed: 1, Sizes: []uint64{1, 4097, 1 << 20}}
+	cfg := conformance.Config{Seed: 1, Sizes: []uint64{1, 4097, 1 << 20}, CallTimeout: hopCallTimeout, OpTimeout: hopOpTimeout}
 	conformance.Writer(t, func() (conformance.WriterFixture, error) {
 		fab := loopback.NewFabric()
 		a, err := fab.NewEngine("a", loopback.Options{})

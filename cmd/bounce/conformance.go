@@ -27,6 +27,8 @@ func newConformanceCmd() *cobra.Command {
 		seed                                            int64
 		opTimeout                                       time.Duration
 		list, noWaivers                                 bool
+		memory                                          string
+		device                                          int
 	)
 	cmd := &cobra.Command{
 		Use:   "conformance <engine|control|gather|scatter|writer>",
@@ -115,6 +117,7 @@ CI systems.`,
 					cfg.SkipReasons = why
 				}
 			}
+			opts.Memory, opts.CUDADevice = memory, device
 			rep, err := certify.Run(f, kind, name, opts, cfg)
 			if kind == "writer" && plugin != "" && errors.Is(err, plugins.ErrNotServed) {
 				// The binary serves no Writer: certify the bulk write
@@ -159,6 +162,8 @@ CI systems.`,
 	fl.DurationVar(&opTimeout, "op-timeout", 0, "bound on every wait for an operation (default 10s)")
 	fl.StringVar(&sizes, "sizes", "", "transfer sizes, e.g. 1,4KiB,8MiB (default 1,7,4096,4097,64KiB,1MiB,8MiB; a write above 1 MiB and above the engine's fragment size is always added)")
 	fl.BoolVar(&list, "list", false, "list every rule and exit")
+	fl.StringVar(&memory, "memory", "auto", "memory the data rules run on: host, cuda (managed device memory) or auto (cuda for an implementation that declares CUDA memory); without a usable GPU cuda rules are skipped with the reason")
+	fl.IntVar(&device, "device", 0, "CUDA ordinal of --memory cuda")
 	configFlags(cmd)
 	fl.BoolVar(&noWaivers, "no-waivers", false, "also run the rules a built-in is known not to keep (skipped with their reason by default)")
 	return cmd

@@ -17,7 +17,9 @@ import (
 // by CUDA events in the same iteration, and reports both rates and their
 // ratio. It runs with the piece table staged in device memory and read
 // zero-copy from pinned host memory, into a device region and into a
-// pinned host region (the PCIe path; there the copy is one DtoH).
+// pinned host region (the PCIe path; there the copy is one DtoH), with
+// the general kernels and with the wide ones (where the module has them;
+// Launch picks the wide ones for pieces of 4 KiB and more on average).
 //
 //	go test -run '^$' -bench GatherKernel -benchtime 20x ./cuda/kernels/
 func BenchmarkGatherKernel(b *testing.B) {
@@ -43,6 +45,11 @@ func BenchmarkGatherKernel(b *testing.B) {
 			b.Fatal(err)
 		}
 		defer ev[i].Destroy()
+	}
+	type family struct{ wide, wave bool }
+	families := []family{{}}
+	if m.HasWide() {
+		families = append(families, family{wide: true}, family{wide: true, wave: true})
 	}
 	for _, w := range []struct {
 		size  uint64
@@ -77,40 +84,56 @@ func BenchmarkGatherKernel(b *testing.B) {
 				name string
 				p    uint64
 			}{{"staged", staged.Addr}, {"zero-copy", table.Addr}} {
-				name := fmt.Sprintf("%dx%s/into-%s/table-%s", w.count, sizeName(w.size), into, tableAt.name)
-				b.Run(name, func(b *testing.B) {
-					var kms, cms float64
-					run := func() {
-						must(b, ev[0].Record(s))
-						must(b, m.Launch(true, s, args, cuda.DevicePtr(region.Addr), cuda.DevicePtr(tableAt.p), uint64(len(pieces))))
-						must(b, ev[1].Record(s))
-						if into == "device" {
-							must(b, s.CopyDtoD(cuda.DevicePtr(region.Addr), cuda.DevicePtr(src.Addr), spec.Bytes()))
-						} else {
-							must(b, s.CopyDtoH(uintptr(region.Addr), cuda.DevicePtr(src.Addr), spec.Bytes()))
+				for _, fam := range families {
+					name := fmt.Sprintf("%dx%s/into-%s/table-%s/kernel-%s", w.count, sizeName(w.size), into, tableAt.name, familyName(fam.wide, fam.wave))
+					b.Run(name, func(b *testing.B) {
+						var kms, cms float64
+						run := func() {
+							must(b, ev[0].Record(s))
+							launch := m.LaunchAs
+							if fam.wave {
+								launch = m.LaunchOneWave
+							}
+							must(b, launch(true, fam.wide, s, args, cuda.DevicePtr(region.Addr), cuda.DevicePtr(tableAt.p), uint64(len(pieces))))
+							must(b, ev[1].Record(s))
+							if into == "device" {
+								must(b, s.CopyDtoD(cuda.DevicePtr(region.Addr), cuda.DevicePtr(src.Addr), spec.Bytes()))
+							} else {
+								must(b, s.CopyDtoH(uintptr(region.Addr), cuda.DevicePtr(src.Addr), spec.Bytes()))
+							}
+							must(b, ev[2].Record(s))
+							must(b, ev[2].Synchronize())
 						}
-						must(b, ev[2].Record(s))
-						must(b, ev[2].Synchronize())
-					}
-					run() // warm-up: JIT, first touch
-					b.ResetTimer()
-					for range b.N {
-						run()
-						k, err := ev[1].Elapsed(ev[0])
-						must(b, err)
-						cp, err := ev[2].Elapsed(ev[1])
-						must(b, err)
-						kms += float64(k)
-						cms += float64(cp)
-					}
-					bytes := float64(spec.Bytes()) * float64(b.N)
-					b.ReportMetric(bytes/kms/1e6, "kernel-GB/s")
-					b.ReportMetric(bytes/cms/1e6, "copy-GB/s")
-					b.ReportMetric(cms/kms, "kernel/copy")
-				})
+						run() // warm-up: JIT, first touch
+						b.ResetTimer()
+						for range b.N {
+							run()
+							k, err := ev[1].Elapsed(ev[0])
+							must(b, err)
+							cp, err := ev[2].Elapsed(ev[1])
+							must(b, err)
+							kms += float64(k)
+							cms += float64(cp)
+						}
+						bytes := float64(spec.Bytes()) * float64(b.N)
+						b.ReportMetric(bytes/kms/1e6, "kernel-GB/s")
+						b.ReportMetric(bytes/cms/1e6, "copy-GB/s")
+						b.ReportMetric(cms/kms, "kernel/copy")
+					})
+				}
 			}
 		}
 	}
+}
+
+func familyName(wide, wave bool) string {
+	switch {
+	case wide && wave:
+		return "wide-onewave"
+	case wide:
+		return "wide"
+	}
+	return "general"
 }
 
 func sizeName(n uint64) string {

@@ -28,6 +28,33 @@
 #ifndef BOUNCE_SMALL4
 #define BOUNCE_SMALL4 1
 #endif
+// The wide kernels (bounce_gather_wide, bounce_scatter_wide: tables whose
+// pieces average 1 KiB or more, picked by the host) read each piece
+// straight from the table, without the shuffles and the batched small
+// path, so they need fewer registers and more warps fit: their own
+// fewest resident blocks per multiprocessor, whether a warp copies two
+// pieces at a time with all their loads in flight before the stores
+// (8 KiB in flight per warp at 4 KiB pieces), and whether payload
+// accesses are streaming (evict-first) hints.
+// The defaults are the best of five builds on the H200
+// (docs/bench/device/gpu/kernel-variants-3.txt): capped at 64 or 80
+// registers the wide kernels spill (the inlined general path) and lose up
+// to half the rate; at 128 registers they do not.
+#ifndef BOUNCE_WIDE_MIN_BLOCKS
+#define BOUNCE_WIDE_MIN_BLOCKS 2
+#endif
+#ifndef BOUNCE_WIDE_PAIR
+#define BOUNCE_WIDE_PAIR 1
+#endif
+#ifndef BOUNCE_WIDE_STREAM
+#define BOUNCE_WIDE_STREAM 0
+#endif
+// BOUNCE_WIDE_PREFETCH: a warp loads its next piece's table entry before
+// copying the current one, so the table read does not wait behind the
+// payload (one dependent round trip per piece instead of two).
+#ifndef BOUNCE_WIDE_PREFETCH
+#define BOUNCE_WIDE_PREFETCH 0
+#endif
 
 struct Piece {
     uint64_t region_off;
@@ -192,4 +219,120 @@ extern "C" __global__ void __launch_bounds__(256, BOUNCE_MIN_BLOCKS) bounce_gath
 // bounce_scatter copies the region out to every piece's addresses.
 extern "C" __global__ void __launch_bounds__(256, BOUNCE_MIN_BLOCKS) bounce_scatter(uint8_t* region, const Piece* pieces, uint64_t n) {
     run_pieces<false>(region, pieces, n);
+}
+
+// Wide kernels. One warp per piece, grid-stride; every lane reads the same
+// piece (one broadcast load). A piece that is one 16-byte-aligned copy of
+// at most 4 KiB is moved with at most eight uint4 per lane in one round of
+// loads; with BOUNCE_WIDE_PAIR two such pieces (i and i + warps) go
+// together, sixteen loads in flight before the stores.
+
+__device__ __forceinline__ bool simple16(const uint8_t* region, const Piece& q) {
+    return q.count == 1 && q.len <= 4096 && ((q.len | (uintptr_t)(region + q.region_off) | q.addr) & 15) == 0;
+}
+
+__device__ __forceinline__ uint4 load16(const uint4* p) {
+#if BOUNCE_WIDE_STREAM
+    return __ldcs(p);
+#else
+    return *p;
+#endif
+}
+
+__device__ __forceinline__ void store16(uint4* p, uint4 v) {
+#if BOUNCE_WIDE_STREAM
+    __stcs(p, v);
+#else
+    *p = v;
+#endif
+}
+
+// load8 loads a piece of n uint4 (n <= 256) into v, eight per lane at
+// most; store8 stores them.
+__device__ __forceinline__ void load8(uint4 (&v)[8], const uint4* s, unsigned n, unsigned lane) {
+#pragma unroll
+    for (int u = 0; u < 8; ++u) {
+        const unsigned k = lane + 32u * u;
+        if (k < n) v[u] = load16(s + k);
+    }
+}
+
+__device__ __forceinline__ void store8(uint4* d, const uint4 (&v)[8], unsigned n, unsigned lane) {
+#pragma unroll
+    for (int u = 0; u < 8; ++u) {
+        const unsigned k = lane + 32u * u;
+        if (k < n) store16(d + k, v[u]);
+    }
+}
+
+template <bool GATHER>
+__device__ __forceinline__ void ends(uint8_t* region, const Piece& q, const uint4*& s, uint4*& d) {
+    uint8_t* r = region + q.region_off;
+    uint8_t* a = reinterpret_cast<uint8_t*>(q.addr);
+    s = reinterpret_cast<const uint4*>(GATHER ? a : r);
+    d = reinterpret_cast<uint4*>(GATHER ? r : a);
+}
+
+template <bool GATHER>
+__device__ __forceinline__ void run_wide(uint8_t* region, const Piece* __restrict__ pieces, uint64_t n) {
+    const unsigned lane = threadIdx.x & 31;
+    const uint64_t warp = ((uint64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    const uint64_t warps = ((uint64_t)gridDim.x * blockDim.x) >> 5;
+#if BOUNCE_WIDE_PAIR
+    for (uint64_t i = warp; i < n; i += 2 * warps) {
+        const Piece a = pieces[i];
+        const bool two = i + warps < n;
+        Piece b = {0, 0, 0, 0, 0, 0};
+        if (two) b = pieces[i + warps];
+        if (two && simple16(region, a) && simple16(region, b)) {
+            const uint4 *sa, *sb;
+            uint4 *da, *db;
+            ends<GATHER>(region, a, sa, da);
+            ends<GATHER>(region, b, sb, db);
+            const unsigned na = (unsigned)(a.len >> 4), nb = (unsigned)(b.len >> 4);
+            uint4 va[8], vb[8];
+            load8(va, sa, na, lane);
+            load8(vb, sb, nb, lane);
+            store8(da, va, na, lane);
+            store8(db, vb, nb, lane);
+            continue;
+        }
+        copy_piece<GATHER>(region, a, lane);
+        if (two) copy_piece<GATHER>(region, b, lane);
+    }
+#else
+#if BOUNCE_WIDE_PREFETCH
+    Piece next = {0, 0, 0, 0, 0, 0};
+    if (warp < n) next = pieces[warp];
+#endif
+    for (uint64_t i = warp; i < n; i += warps) {
+#if BOUNCE_WIDE_PREFETCH
+        const Piece a = next;
+        if (i + warps < n) next = pieces[i + warps];
+#else
+        const Piece a = pieces[i];
+#endif
+        if (simple16(region, a)) {
+            const uint4* sa;
+            uint4* da;
+            ends<GATHER>(region, a, sa, da);
+            const unsigned na = (unsigned)(a.len >> 4);
+            uint4 va[8];
+            load8(va, sa, na, lane);
+            store8(da, va, na, lane);
+            continue;
+        }
+        copy_piece<GATHER>(region, a, lane);
+    }
+#endif
+}
+
+// bounce_gather_wide is bounce_gather for tables of large pieces.
+extern "C" __global__ void __launch_bounds__(256, BOUNCE_WIDE_MIN_BLOCKS) bounce_gather_wide(uint8_t* region, const Piece* pieces, uint64_t n) {
+    run_wide<true>(region, pieces, n);
+}
+
+// bounce_scatter_wide is bounce_scatter for tables of large pieces.
+extern "C" __global__ void __launch_bounds__(256, BOUNCE_WIDE_MIN_BLOCKS) bounce_scatter_wide(uint8_t* region, const Piece* pieces, uint64_t n) {
+    run_wide<false>(region, pieces, n);
 }

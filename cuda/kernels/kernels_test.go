@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"testing"
+	"unsafe"
 
 	"pgregory.net/rapid"
 
@@ -48,6 +49,59 @@ func TestPiecesMoveTheSameBytes(t *testing.T) {
 			t.Fatalf("pieces gather differently from runs: %s", cudatest.Diff(got, want))
 		}
 	})
+}
+
+// TestViewIsTheEncodedTable: pieces appended into a View of a table buffer
+// are byte for byte what Encode writes, PieceCount counts them exactly,
+// and appending within PieceCount never leaves the buffer.
+func TestViewIsTheEncodedTable(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		p := cudatest.RandomPlan(rapid.Uint64().Draw(t, "seed"), cudatest.PlanOptions{
+			Runs:    rapid.IntRange(1, 40).Draw(t, "runs"),
+			MaxLen:  rapid.Uint64Range(1, 20000).Draw(t, "maxlen"),
+			Strided: rapid.Bool().Draw(t, "strided"),
+		})
+		max := rapid.Uint64Range(1, 20000).Draw(t, "max")
+		var count uint64
+		for _, r := range p.Runs {
+			k := kernels.PieceCount(r, max)
+			if got := uint64(len(kernels.AppendPieces(nil, r, max))); got != k {
+				t.Fatalf("run %+v: PieceCount %d, AppendPieces made %d", r, k, got)
+			}
+			count += k
+		}
+		want := kernels.Pieces(nil, p.Runs, max)
+		enc := make([]byte, len(want)*kernels.PieceSize)
+		if err := kernels.Encode(enc, want); err != nil {
+			t.Fatal(err)
+		}
+		backing := make([]uint64, count*kernels.PieceSize/8+1) // 8-byte aligned
+		buf := unsafe.Slice((*byte)(unsafe.Pointer(&backing[0])), count*kernels.PieceSize)
+		view := kernels.View(buf)
+		if len(buf) > 0 && (view == nil || uint64(cap(view)) != count) {
+			t.Fatalf("view of %d bytes: cap %d, want %d", len(buf), cap(view), count)
+		}
+		for _, r := range p.Runs {
+			view = kernels.AppendPieces(view, r, max)
+		}
+		if len(view) > 0 && unsafe.Pointer(&view[0]) != unsafe.Pointer(&buf[0]) {
+			t.Fatal("appending within PieceCount reallocated the view")
+		}
+		if !bytes.Equal(buf, enc) {
+			t.Fatalf("view bytes differ from Encode's: %s", cudatest.Diff(buf, enc))
+		}
+	})
+}
+
+func TestViewRefusesMisalignedBuffers(t *testing.T) {
+	backing := make([]uint64, 13)
+	b := unsafe.Slice((*byte)(unsafe.Pointer(&backing[0])), 104)
+	if kernels.View(b[1:]) != nil || kernels.View(b[:kernels.PieceSize-1]) != nil {
+		t.Fatal("View accepted a misaligned or too short buffer")
+	}
+	if v := kernels.View(b); cap(v) != 2 || len(v) != 0 {
+		t.Fatalf("View of 104 bytes: len %d cap %d, want 0 and 2", len(v), cap(v))
+	}
 }
 
 func TestPiecesDropEmptyRuns(t *testing.T) {
@@ -111,42 +165,56 @@ func TestKernelsByteExact(t *testing.T) {
 		{Runs: 100, MaxLen: 40000, Aligned: true, Shuffled: true},
 		{Runs: 100, MaxLen: 3000, Strided: true, Shuffled: true},
 		{Runs: 50, MaxLen: 9000, Aligned: true, Strided: true},
+		// Aligned bases (i%15 == 0): the wide kernels' one-round path.
+		7: {}, 14: {}, 15: {Runs: 400, MaxLen: 4096, Aligned: true, Shuffled: true},
+		30: {Runs: 300, MaxLen: 6000, Aligned: true, Strided: true, Shuffled: true},
+	}
+	wides := []bool{false}
+	if m.HasWide() {
+		wides = append(wides, true)
+	} else {
+		t.Log("the module has no wide kernels; only the general ones are checked")
 	}
 	for i, o := range cases {
+		if o.Runs == 0 {
+			continue
+		}
 		for _, gather := range []bool{true, false} {
 			for _, zero := range []bool{true, false} {
-				p := cudatest.RandomPlan(uint64(i*4+1), o)
-				region := cudatest.Device(t, c, p.RegionSize+64)
-				pool := cudatest.Device(t, c, p.PoolSize+64)
-				// Odd base offsets exercise unaligned addresses.
-				rbase, pbase := region.Addr+uint64(i%3), pool.Addr+uint64(i%5)
-				regionB := cudatest.Fill(t, c, region, uint64(i)+100)
-				poolB := cudatest.Fill(t, c, pool, uint64(i)+200)
-				pieces := kernels.Pieces(nil, p.At(pbase), kernels.PieceBytes)
-				table, hostTable := cudatest.Pinned(t, c, uint64(len(pieces))*kernels.PieceSize+1)
-				if err := kernels.Encode(hostTable, pieces); err != nil {
-					t.Fatal(err)
-				}
-				tableAt := cuda.DevicePtr(table.Addr)
-				if !zero {
-					dt := cudatest.Device(t, c, table.Len)
-					if err := c.CopyHtoD(cuda.DevicePtr(dt.Addr), hostTable); err != nil {
+				for _, wide := range wides {
+					p := cudatest.RandomPlan(uint64(i*4+1), o)
+					region := cudatest.Device(t, c, p.RegionSize+64)
+					pool := cudatest.Device(t, c, p.PoolSize+64)
+					// Odd base offsets exercise unaligned addresses.
+					rbase, pbase := region.Addr+uint64(i%3), pool.Addr+uint64(i%5)
+					regionB := cudatest.Fill(t, c, region, uint64(i)+100)
+					poolB := cudatest.Fill(t, c, pool, uint64(i)+200)
+					pieces := kernels.Pieces(nil, p.At(pbase), kernels.PieceBytes)
+					table, hostTable := cudatest.Pinned(t, c, uint64(len(pieces))*kernels.PieceSize+1)
+					if err := kernels.Encode(hostTable, pieces); err != nil {
 						t.Fatal(err)
 					}
-					tableAt = cuda.DevicePtr(dt.Addr)
-				}
-				if err := m.Launch(gather, s, args, cuda.DevicePtr(rbase), tableAt, uint64(len(pieces))); err != nil {
-					t.Fatal(err)
-				}
-				if err := s.Synchronize(); err != nil {
-					t.Fatal(err)
-				}
-				p.Apply(gather, regionB[rbase-region.Addr:], poolB[pbase-pool.Addr:])
-				if d := cudatest.Diff(cudatest.Read(t, c, region), regionB); d != "" {
-					t.Errorf("case %d gather=%v zero-copy=%v: region %s", i, gather, zero, d)
-				}
-				if d := cudatest.Diff(cudatest.Read(t, c, pool), poolB); d != "" {
-					t.Errorf("case %d gather=%v zero-copy=%v: pool %s", i, gather, zero, d)
+					tableAt := cuda.DevicePtr(table.Addr)
+					if !zero {
+						dt := cudatest.Device(t, c, table.Len)
+						if err := c.CopyHtoD(cuda.DevicePtr(dt.Addr), hostTable); err != nil {
+							t.Fatal(err)
+						}
+						tableAt = cuda.DevicePtr(dt.Addr)
+					}
+					if err := m.LaunchAs(gather, wide, s, args, cuda.DevicePtr(rbase), tableAt, uint64(len(pieces))); err != nil {
+						t.Fatal(err)
+					}
+					if err := s.Synchronize(); err != nil {
+						t.Fatal(err)
+					}
+					p.Apply(gather, regionB[rbase-region.Addr:], poolB[pbase-pool.Addr:])
+					if d := cudatest.Diff(cudatest.Read(t, c, region), regionB); d != "" {
+						t.Errorf("case %d gather=%v zero-copy=%v wide=%v: region %s", i, gather, zero, wide, d)
+					}
+					if d := cudatest.Diff(cudatest.Read(t, c, pool), poolB); d != "" {
+						t.Errorf("case %d gather=%v zero-copy=%v wide=%v: pool %s", i, gather, zero, wide, d)
+					}
 				}
 			}
 		}

@@ -24,6 +24,7 @@ import (
 	"time"
 
 	"github.com/bouncekv/bounce/cuda"
+	"github.com/bouncekv/bounce/engines/internal/writeset"
 	"github.com/bouncekv/bounce/mem"
 	"github.com/bouncekv/bounce/transfer"
 )
@@ -240,19 +241,8 @@ func (e *Engine) DeregisterMemory(d transfer.Desc) error {
 	if e.closed {
 		return fmt.Errorf("cudacopy %s: deregister %v: %w", e.name, d, transfer.ErrClosed)
 	}
-	for o := range e.out {
-		for _, w := range o.ops {
-			if overlaps(w.Src, d) {
-				return fmt.Errorf("cudacopy %s: deregister %v: source of a write in flight: %w", e.name, d, transfer.ErrInUse)
-			}
-		}
-	}
-	for o := range e.in {
-		for _, w := range o.ops {
-			if overlaps(w.Dst, d) {
-				return fmt.Errorf("cudacopy %s: deregister %v: destination of a write in flight: %w", e.name, d, transfer.ErrInUse)
-			}
-		}
+	if err := writeset.InUse(d, e.out, e.in); err != nil {
+		return fmt.Errorf("cudacopy %s: deregister %v: %w", e.name, d, err)
 	}
 	if err := e.reg.Remove(d); err != nil {
 		return fmt.Errorf("cudacopy %s: %w", e.name, err)
@@ -266,8 +256,6 @@ func (e *Engine) DeregisterMemory(d transfer.Desc) error {
 	}
 	return nil
 }
-
-func overlaps(a, b transfer.Desc) bool { return a.Addr < b.Addr+b.Len && b.Addr < a.Addr+a.Len }
 
 // Metadata layout, little-endian: magic "BCMD", version 1, fabric id (8),
 // incarnation (8), name length (2), name.
@@ -451,16 +439,8 @@ func (e *Engine) PostWrite(peerName string, ops []transfer.WriteOp) (transfer.Op
 	ctx := func(format string, args ...any) string {
 		return fmt.Sprintf("cudacopy %s: post write to %q: ", e.name, peerName) + fmt.Sprintf(format, args...)
 	}
-	if len(ops) == 0 {
-		return nil, fmt.Errorf("%s", ctx("no writes"))
-	}
-	for i, w := range ops {
-		if err := transfer.CheckKinds(e, "cudacopy", []transfer.Desc{w.Src, w.Dst}); err != nil {
-			return nil, fmt.Errorf("%s: %w", ctx("write %d", i), err)
-		}
-		if w.Src.Len == 0 || w.Src.Len != w.Dst.Len {
-			return nil, fmt.Errorf("%s: %w", ctx("write %d: source length %d, destination length %d", i, w.Src.Len, w.Dst.Len), transfer.ErrOutOfBounds)
-		}
+	if err := writeset.CheckPost(e, "cudacopy", ops); err != nil {
+		return nil, fmt.Errorf("%s%w", ctx(""), err)
 	}
 	own := slices.Clone(ops)
 	f := e.fab
@@ -488,8 +468,9 @@ func (e *Engine) PostWrite(peerName string, ops []transfer.WriteOp) (transfer.Op
 	}
 	// The registrations, not the descriptors' kinds, say what memory an
 	// address is: both engines live in this process, so the peer's
-	// registry is authoritative (a sender does not learn the kind of the
-	// peer's arena from a GRANT). Every range found is one this engine
+	// registry is authoritative (the pipeline labels its writes with the
+	// arena kind a GRANT carries, but any other caller may label a
+	// descriptor wrongly). Every range found is one this engine
 	// handles, on a device it reaches.
 	for i := range own {
 		w := &own[i]
@@ -686,6 +667,11 @@ type writeOp struct {
 	err      error
 	released bool
 }
+
+// Writes, From and To make writeOp a writeset.Write.
+func (o *writeOp) Writes() []transfer.WriteOp { return o.ops }
+func (o *writeOp) From() string               { return o.src.name }
+func (o *writeOp) To() string                 { return o.peer }
 
 // failLocked records the failure the operation reports once its copies
 // have stopped and ends a Hold. Caller holds fab.mu.

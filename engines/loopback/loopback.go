@@ -9,13 +9,14 @@ package loopback
 import (
 	"bytes"
 	"fmt"
-	"github.com/bouncekv/bounce/internal/inbox"
 	"math/rand/v2"
 	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/bouncekv/bounce/engines/internal/writeset"
+	"github.com/bouncekv/bounce/internal/inbox"
 	"github.com/bouncekv/bounce/mem"
 	"github.com/bouncekv/bounce/transfer"
 )
@@ -197,28 +198,13 @@ func (e *Engine) DeregisterMemory(d transfer.Desc) error {
 	if e.closed {
 		return fmt.Errorf("loopback %s: deregister %v: %w", e.name, d, transfer.ErrClosed)
 	}
-	for o := range e.out {
-		for _, w := range o.ops {
-			if overlaps(w.Src, d) {
-				return fmt.Errorf("loopback %s: deregister %v: source of a write to %q in flight: %w", e.name, d, o.peer, transfer.ErrInUse)
-			}
-		}
-	}
-	for o := range e.in {
-		for _, w := range o.ops {
-			if overlaps(w.Dst, d) {
-				return fmt.Errorf("loopback %s: deregister %v: destination of a write from %q in flight: %w", e.name, d, o.src.name, transfer.ErrInUse)
-			}
-		}
+	if err := writeset.InUse(d, e.out, e.in); err != nil {
+		return fmt.Errorf("loopback %s: deregister %v: %w", e.name, d, err)
 	}
 	if err := e.reg.Remove(d); err != nil {
 		return fmt.Errorf("loopback %s: %w", e.name, err)
 	}
 	return nil
-}
-
-func overlaps(a, b transfer.Desc) bool {
-	return a.Addr < b.Addr+b.Len && b.Addr < a.Addr+a.Len
 }
 
 // Metadata encodes this engine's fabric, identity and registered ranges.
@@ -330,16 +316,8 @@ func (e *Engine) PostWrite(peerName string, ops []transfer.WriteOp) (transfer.Op
 	ctx := func(format string, args ...any) string {
 		return fmt.Sprintf("loopback %s: post write to %q: ", e.name, peerName) + fmt.Sprintf(format, args...)
 	}
-	if len(ops) == 0 {
-		return nil, fmt.Errorf("%s", ctx("no writes"))
-	}
-	for i, w := range ops {
-		switch {
-		case w.Src.Kind != transfer.Host || w.Dst.Kind != transfer.Host:
-			return nil, fmt.Errorf("%s: %w", ctx("write %d %v -> %v: only host memory", i, w.Src, w.Dst), transfer.ErrUnsupported)
-		case w.Src.Len == 0 || w.Src.Len != w.Dst.Len:
-			return nil, fmt.Errorf("%s: %w", ctx("write %d: source length %d, destination length %d", i, w.Src.Len, w.Dst.Len), transfer.ErrOutOfBounds)
-		}
+	if err := writeset.CheckPost(e, "loopback", ops); err != nil {
+		return nil, fmt.Errorf("%s%w", ctx(""), err)
 	}
 	if h := e.opts.BeforePost; h != nil {
 		if err := h(peerName, ops); err != nil {
@@ -527,6 +505,11 @@ type writeOp struct {
 	err      error         // written before state becomes terminal
 	released atomic.Bool
 }
+
+// Writes, From and To make writeOp a writeset.Write.
+func (o *writeOp) Writes() []transfer.WriteOp { return o.ops }
+func (o *writeOp) From() string               { return o.src.name }
+func (o *writeOp) To() string                 { return o.peer }
 
 func (o *writeOp) abortLocked(err error) {
 	if o.abortErr == nil {

@@ -15,7 +15,7 @@ const (
 	headerLen        = 8
 
 	strPrefix   = 2  // uint16 string length
-	creditSize  = 32 // region, addr, len u64 + chunk u32 + device i32
+	creditSize  = 33 // region, addr, len u64 + chunk u32 + device i32 + kind u8
 	runTagLen   = 1
 	runSingle   = 0 // tag: RegionOff, Addr, Len; Count 1, no strides
 	runStrided  = 1 // tag: all six fields
@@ -69,6 +69,7 @@ func AppendMarshal(dst []byte, m Message) ([]byte, error) {
 			b = le.AppendUint64(b, c.Len)
 			b = le.AppendUint32(b, c.Chunk)
 			b = le.AppendUint32(b, uint32(c.Device))
+			b = append(b, byte(c.Kind))
 		}
 	case *Data:
 		b = le.AppendUint64(b, m.Request)
@@ -261,7 +262,7 @@ func describeRun(r *transfer.Run) string {
 
 // checkCredit returns why c cannot be carried, or "".
 func checkCredit(c *Credit) string {
-	if c.Len != 0 && c.Addr <= math.MaxUint64-c.Len && c.Region <= math.MaxUint64-c.Len && c.Device >= 0 {
+	if c.Len != 0 && c.Addr <= math.MaxUint64-c.Len && c.Region <= math.MaxUint64-c.Len && c.Device >= 0 && c.Kind <= transfer.CUDA {
 		return ""
 	}
 	return describeCredit(c)
@@ -275,8 +276,10 @@ func describeCredit(c *Credit) string {
 		return fmt.Sprintf("addr %#x + len %d overflows", c.Addr, c.Len)
 	case c.Region > math.MaxUint64-c.Len:
 		return fmt.Sprintf("region %d + len %d overflows", c.Region, c.Len)
-	default:
+	case c.Device < 0:
 		return fmt.Sprintf("negative device %d", c.Device)
+	default:
+		return fmt.Sprintf("unknown memory kind %d (want host 0 or cuda 1)", uint8(c.Kind))
 	}
 }
 
@@ -542,6 +545,7 @@ func (d *decoder) grant() (*Grant, error) {
 		c.Len = le.Uint64(e[16:])
 		c.Chunk = le.Uint32(e[24:])
 		c.Device = int32(le.Uint32(e[28:]))
+		c.Kind = transfer.MemKind(e[32])
 		if why := checkCredit(c); why != "" {
 			return nil, errorf(d.what, ErrMalformed, "credits[%d]: %s", i, why)
 		}

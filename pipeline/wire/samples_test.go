@@ -32,7 +32,7 @@ func sampleMessages() []namedMessage {
 		{"grant-one", &Grant{Request: 1, Credits: []Credit{{Chunk: 0, Region: 0, Addr: 0x7f0000000000, Len: 1 << 20, Device: 0}}}},
 		{"grant-max", &Grant{Request: math.MaxUint64, Credits: []Credit{
 			{Chunk: math.MaxUint32, Region: math.MaxUint64 - 1, Addr: math.MaxUint64 - 1, Len: 1, Device: math.MaxInt32},
-			{Chunk: 1, Region: 1 << 20, Addr: 0x1000, Len: 2 << 20, Device: 3},
+			{Chunk: 1, Region: 1 << 20, Addr: 0x1000, Len: 2 << 20, Device: 3, Kind: transfer.CUDA},
 		}}},
 		{"data-one-run", &Data{Request: 9, Chunk: 0, Region: 0, Runs: []transfer.Run{{RegionOff: 0, Addr: 0x1000, Len: 4096, Count: 1}}}},
 		{"data-mixed", &Data{Request: 9, Chunk: 3, Region: 1 << 20, TraceParent: testTraceParent, Runs: []transfer.Run{

@@ -10,7 +10,8 @@ import (
 
 // Version is the codec version written in every header. Decoders reject any
 // other version with ErrBadVersion. Version 2 added the agent's public key
-// to the descriptor (authenticated peers); version-1 peers are refused with
+// to the descriptor (authenticated peers) and the memory kind of the
+// receiver's arena to every GRANT credit; version-1 peers are refused with
 // an error saying so.
 const Version uint16 = 2
 
@@ -142,15 +143,19 @@ func (*Want) Type() Type { return TypeWant }
 func (w *Want) IsCancel() bool { return len(w.ChunkBytes) == 0 }
 
 // Credit is exclusive permission to write Len bytes at Addr on the receiver's
-// Device, for chunk Chunk. Region is the receiver's handle for the region (its
-// arena offset); the sender echoes it in DATA. Len must be positive, Addr+Len
-// and Region+Len must not overflow, and Device must not be negative.
+// Device, for chunk Chunk. Kind is the memory kind of the receiver's arena,
+// so the sender labels its write with what it actually writes into. Region is
+// the receiver's handle for the region (its arena offset); the sender echoes
+// it in DATA. Len must be positive, Addr+Len and Region+Len must not
+// overflow, Device must not be negative and Kind must be a known MemKind
+// (host or cuda).
 type Credit struct {
 	Chunk  uint32
 	Region uint64
 	Addr   uint64
 	Len    uint64
 	Device int32
+	Kind   transfer.MemKind
 }
 
 // Grant hands one or more credits (at least one) for a request to its sender.

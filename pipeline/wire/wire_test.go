@@ -57,8 +57,8 @@ func TestGoldenBytes(t *testing.T) {
 			"424e4345 0200 01 00 | 0200000000000000 | 00000000 | 0000 | 0100 74 | 0000"},
 		{"want-tagged", &Want{Request: 2, Tag: []byte{0xaa, 0xbb}},
 			"424e4345 0200 01 00 | 0200000000000000 | 00000000 | 0000 | 0000 | 0200 aabb"},
-		{"grant", &Grant{Request: 2, Credits: []Credit{{Chunk: 3, Region: 0x10, Addr: 0x2000, Len: 0x40, Device: 1}}},
-			"424e4345 0200 02 00 | 0200000000000000 | 01000000 | 1000000000000000 0020000000000000 4000000000000000 03000000 01000000"},
+		{"grant", &Grant{Request: 2, Credits: []Credit{{Chunk: 3, Region: 0x10, Addr: 0x2000, Len: 0x40, Device: 1, Kind: transfer.CUDA}}},
+			"424e4345 0200 02 00 | 0200000000000000 | 01000000 | 1000000000000000 0020000000000000 4000000000000000 03000000 01000000 01"},
 		{"data", &Data{Request: 3, Chunk: 1, Region: 0x20, TraceParent: "t", Runs: []transfer.Run{
 			{RegionOff: 0, Addr: 0x1000, Len: 0x10, Count: 1},
 			{RegionOff: 0x10, Addr: 0x2000, Len: 8, Count: 2, RegionStride: 8, AddrStride: 0x100},
@@ -226,7 +226,7 @@ func TestBadMagic(t *testing.T) {
 
 func TestBadVersion(t *testing.T) {
 	for _, e := range sampleEncodings() {
-		for _, v := range []uint16{0, 1, math.MaxUint16} {
+		for _, v := range []uint16{0, Version - 1, Version + 1, math.MaxUint16} {
 			b := bytes.Clone(e.b)
 			le.PutUint16(b[4:], v)
 			err := e.decode(b)
@@ -343,8 +343,11 @@ func TestMalformedDecode(t *testing.T) {
 		return r.u8(runStrided).u64(run.RegionOff).u64(run.Addr).u64(run.Len).u64(run.Count).u64(run.RegionStride).u64(run.AddrStride)
 	}
 	dataHead := func(n uint32) raw { return rawHeader(TypeData).u64(1).u32(0).u64(0).str("").u32(n) }
+	creditKind := func(region, addr, n uint64, chunk uint32, dev int32, kind uint8) raw {
+		return rawHeader(TypeGrant).u64(1).u32(1).u64(region).u64(addr).u64(n).u32(chunk).u32(uint32(dev)).u8(kind)
+	}
 	credit := func(region, addr, n uint64, chunk uint32, dev int32) raw {
-		return rawHeader(TypeGrant).u64(1).u32(1).u64(region).u64(addr).u64(n).u32(chunk).u32(uint32(dev))
+		return creditKind(region, addr, n, chunk, dev, 0)
 	}
 	hs := func(v uint16, kind string, arena, chunk uint64, ep string) raw {
 		return rawHeader(typeHandshake).u16(v).str(kind).u64(arena).u64(chunk).str(ep)
@@ -363,6 +366,7 @@ func TestMalformedDecode(t *testing.T) {
 		{"credit addr overflow", credit(0, math.MaxUint64, 2, 0, 0), decodeMessage, "overflows"},
 		{"credit region overflow", credit(math.MaxUint64, 0, 2, 0, 0), decodeMessage, "overflows"},
 		{"credit negative device", credit(0, 0, 2, 0, -1), decodeMessage, "negative device"},
+		{"credit unknown memory kind", creditKind(0, 0, 2, 0, 0, 9), decodeMessage, "unknown memory kind 9"},
 		{"data no runs", dataHead(0), decodeMessage, "no runs"},
 		{"run len 0", single(dataHead(1), 0, 0x1000, 0), decodeMessage, "runs[0]: len 0"},
 		{"run count 0", strided(single(dataHead(2), 0, 0, 1), transfer.Run{Len: 8, Count: 0, RegionStride: 8}), decodeMessage, "runs[1]: count 0"},
@@ -417,6 +421,7 @@ func TestMarshalRejectsWhatDecodeRejects(t *testing.T) {
 		{"grant empty", &Grant{}, ErrMalformed},
 		{"grant len 0", &Grant{Credits: []Credit{{Addr: 1}}}, ErrMalformed},
 		{"grant negative device", &Grant{Credits: []Credit{{Len: 1, Device: -2}}}, ErrMalformed},
+		{"grant unknown memory kind", &Grant{Credits: []Credit{{Len: 1, Kind: 2}}}, ErrMalformed},
 		{"data empty", &Data{}, ErrMalformed},
 		{"data count 0", &Data{Runs: []transfer.Run{{Len: 1}}}, ErrMalformed},
 		{"data overflow", &Data{Runs: []transfer.Run{{Addr: math.MaxUint64, Len: 2, Count: 1}}}, ErrMalformed},

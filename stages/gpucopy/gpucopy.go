@@ -24,6 +24,7 @@ import (
 
 	"github.com/bouncekv/bounce/cuda"
 	"github.com/bouncekv/bounce/cuda/kernels"
+	"github.com/bouncekv/bounce/internal/ctxpool"
 	"github.com/bouncekv/bounce/mem"
 	"github.com/bouncekv/bounce/transfer"
 )
@@ -89,11 +90,12 @@ type Engine struct {
 	zero    bool
 	onClose func() error
 
-	mu     sync.Mutex
-	closed bool
-	free   []*copyCtx
-	all    []*copyCtx
-	live   map[*op]struct{}
+	// mu guards the pool (free contexts, closed flag) and live, so a
+	// launch is either seen by Close or refused.
+	mu   sync.Mutex
+	pool *ctxpool.Pool[*copyCtx]
+	all  []*copyCtx
+	live map[*op]struct{}
 }
 
 type copyCtx struct {
@@ -103,8 +105,9 @@ type copyCtx struct {
 	host   cuda.HostMem   // encoded piece table (pinned, device-mapped)
 	dev    cuda.DevicePtr // staged copy of the table (0 when zero-copy)
 	cap    int            // pieces the table holds
-	runs   []transfer.Run // the submitted runs, validated
-	pieces []transfer.Run
+	pieces []transfer.Run // the table before Encode, on a big-endian host only
+	n      int            // pieces in the table
+	bytes  uint64         // payload bytes they move
 	pins   []uint64
 	last   transfer.Desc // the registered range the previous run lay in
 }
@@ -137,8 +140,8 @@ func New(dir Direction, s Settings) (*Engine, error) {
 			return nil, fmt.Errorf("%s: %w", name, err)
 		}
 		e.all = append(e.all, c)
-		e.free = append(e.free, c)
 	}
+	e.pool = ctxpool.New(name, &e.mu, slices.Clone(e.all))
 	return e, nil
 }
 
@@ -156,15 +159,16 @@ func (e *Engine) newCtx() (*copyCtx, error) {
 		e.freeCtx(c)
 		return nil, err
 	}
-	if err := e.grow(c, initialPieces); err != nil {
+	if err := e.grow(c, initialPieces, 0); err != nil {
 		e.freeCtx(c)
 		return nil, err
 	}
 	return c, nil
 }
 
-// grow gives c a table of at least n pieces. c is idle.
-func (e *Engine) grow(c *copyCtx, n int) error {
+// grow gives c a table of at least n pieces, keeping its first keep
+// pieces. c is idle.
+func (e *Engine) grow(c *copyCtx, n, keep int) error {
 	if n <= c.cap {
 		return nil
 	}
@@ -180,6 +184,7 @@ func (e *Engine) grow(c *copyCtx, n int) error {
 			return err
 		}
 	}
+	copy(host.Bytes(), c.host.Bytes()[:keep*kernels.PieceSize])
 	e.freeTable(c)
 	c.host, c.dev, c.cap = host, dev, n
 	return nil
@@ -217,11 +222,7 @@ func (e *Engine) MemoryKinds() []transfer.MemKind {
 }
 
 // Idle returns the number of copy contexts free right now.
-func (e *Engine) Idle() int {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	return len(e.free)
-}
+func (e *Engine) Idle() int { return e.pool.Idle() }
 
 // Submit checks region and runs and launches the copy. It never blocks on
 // the copy: ErrBusy when every context is in use, ErrClosed after Close,
@@ -229,24 +230,14 @@ func (e *Engine) Idle() int {
 // device cannot reach) when a run falls outside the region or the
 // registered memory, in which case nothing moves.
 func (e *Engine) Submit(region transfer.Desc, runs []transfer.Run) (transfer.Op, error) {
-	e.mu.Lock()
-	if e.closed {
-		e.mu.Unlock()
-		return nil, fmt.Errorf("%s: submit: %w", e.name, transfer.ErrClosed)
+	c, err := e.pool.Get()
+	if err != nil {
+		return nil, err
 	}
-	n := len(e.free)
-	if n == 0 {
-		e.mu.Unlock()
-		return nil, fmt.Errorf("%s: submit: all copy contexts in use: %w", e.name, transfer.ErrBusy)
-	}
-	c := e.free[n-1]
-	e.free = e.free[:n-1]
-	e.mu.Unlock()
 
-	c.runs = append(c.runs[:0], runs...)
 	c.pins = c.pins[:0]
 	c.last = transfer.Desc{}
-	if err := e.validate(c, region); err != nil {
+	if err := e.build(c, region, runs); err != nil {
 		e.put(c)
 		return nil, fmt.Errorf("%s: %w", e.name, err)
 	}
@@ -255,7 +246,16 @@ func (e *Engine) Submit(region transfer.Desc, runs []transfer.Run) (transfer.Op,
 		return nil, fmt.Errorf("%s: %w", e.name, err)
 	}
 	o := &op{e: e, c: c}
-	if err := e.launch(c, region); err != nil {
+	// Launched under mu, so Close either sees the operation live (and
+	// waits for it before unloading the module) or refuses it here.
+	e.mu.Lock()
+	if e.pool.ClosedLocked() {
+		err = fmt.Errorf("submit: %w", transfer.ErrClosed)
+	} else if err = e.launch(c, region); err == nil {
+		e.live[o] = struct{}{}
+	}
+	e.mu.Unlock()
+	if err != nil {
 		// Nothing was queued after a failed table copy or launch, or the
 		// stream is broken; wait for what was queued before saying so.
 		_ = c.stream.Synchronize()
@@ -263,23 +263,15 @@ func (e *Engine) Submit(region transfer.Desc, runs []transfer.Run) (transfer.Op,
 		e.put(c)
 		return nil, fmt.Errorf("%s: %w", e.name, err)
 	}
-	e.mu.Lock()
-	e.live[o] = struct{}{}
-	e.mu.Unlock()
 	return o, nil
 }
 
+// launch queues c's prepared table (staged to the device unless read
+// zero-copy), the kernel and the event on c's stream.
 func (e *Engine) launch(c *copyCtx, region transfer.Desc) error {
-	c.pieces = kernels.Pieces(c.pieces[:0], c.runs, kernels.PieceBytes)
-	np := len(c.pieces)
-	if err := e.grow(c, np); err != nil {
-		return fmt.Errorf("piece table of %d pieces: %w", np, err)
-	}
+	np := c.n
 	bytes := uint64(np) * kernels.PieceSize
 	if np > 0 {
-		if err := kernels.Encode(c.host.Bytes()[:bytes], c.pieces); err != nil {
-			return err
-		}
 		table := c.host.Dev
 		if !e.zero {
 			if err := c.stream.CopyHtoD(c.dev, c.host.Host, bytes); err != nil {
@@ -287,16 +279,20 @@ func (e *Engine) launch(c *copyCtx, region transfer.Desc) error {
 			}
 			table = c.dev
 		}
-		if err := e.mod.Launch(e.dir == Gather, c.stream, c.args, cuda.DevicePtr(region.Addr), table, uint64(np)); err != nil {
+		if err := e.mod.Launch(e.dir == Gather, c.stream, c.args, cuda.DevicePtr(region.Addr), table, uint64(np), c.bytes); err != nil {
 			return fmt.Errorf("launch: %w", err)
 		}
 	}
 	return c.event.Record(c.stream)
 }
 
-// validate checks the region and every run of c and records the
-// registered ranges they touch in c.pins. It touches no payload byte.
-func (e *Engine) validate(c *copyCtx, region transfer.Desc) error {
+// build checks the region and every run and writes c's piece table, in
+// one pass: each run is read once, checked, and its pieces appended
+// straight into the pinned table (kernels.View), so what was checked is
+// what the kernel copies even if the caller changes runs meanwhile, and
+// no run is copied or encoded twice. It records the registered ranges
+// touched in c.pins. It touches no payload byte and queues nothing.
+func (e *Engine) build(c *copyCtx, region transfer.Desc, runs []transfer.Run) error {
 	if region.Len == 0 {
 		return fmt.Errorf("region %v: empty: %w", region, transfer.ErrOutOfBounds)
 	}
@@ -307,7 +303,11 @@ func (e *Engine) validate(c *copyCtx, region transfer.Desc) error {
 	if err := e.touch(c, rd); err != nil {
 		return fmt.Errorf("region %v: %w", region, err)
 	}
-	for i, r := range c.runs {
+	tab := kernels.View(c.host.Bytes())
+	c.pieces = c.pieces[:0]
+	c.bytes = 0
+	for i := range runs {
+		r := runs[i]
 		if r.Len == 0 || r.Count == 0 {
 			continue
 		}
@@ -324,8 +324,31 @@ func (e *Engine) validate(c *copyCtx, region transfer.Desc) error {
 		if err := e.checkAddrs(c, r); err != nil {
 			return fmt.Errorf("run %d: %w", i, err)
 		}
+		c.bytes += r.Len * r.Count
+		if tab == nil { // big-endian host: encoded below
+			c.pieces = kernels.AppendPieces(c.pieces, r, kernels.PieceBytes)
+			continue
+		}
+		// end <= region.Len bounds Len*Count, so k is at most a region's
+		// bytes.
+		if k := kernels.PieceCount(r, kernels.PieceBytes); uint64(len(tab))+k > uint64(cap(tab)) {
+			n := len(tab)
+			if err := e.grow(c, n+int(k), n); err != nil {
+				return fmt.Errorf("piece table of %d pieces: %w", n+int(k), err)
+			}
+			tab = kernels.View(c.host.Bytes())[:n]
+		}
+		tab = kernels.AppendPieces(tab, r, kernels.PieceBytes)
 	}
-	return nil
+	if tab != nil {
+		c.n = len(tab)
+		return nil
+	}
+	c.n = len(c.pieces)
+	if err := e.grow(c, c.n, 0); err != nil {
+		return fmt.Errorf("piece table of %d pieces: %w", c.n, err)
+	}
+	return kernels.Encode(c.host.Bytes(), c.pieces)
 }
 
 // checkAddrs proves every copy of r lies in one registered range the
@@ -395,30 +418,27 @@ func (e *Engine) reachable(d transfer.Desc) error {
 }
 
 func (e *Engine) put(c *copyCtx) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if e.closed {
-		e.freeCtx(c)
-		return
+	if !e.pool.Put(c) {
+		e.freeCtx(c) // closed: Close freed the contexts idle then, not this one
 	}
-	e.free = append(e.free, c)
 }
 
 // Close waits (bounded) for launched copies, finishes their operations
 // (they keep their status and may still be released) and frees every idle
 // context. It is idempotent.
 func (e *Engine) Close() error {
-	e.mu.Lock()
-	if e.closed {
-		e.mu.Unlock()
+	var live []*op
+	closing := false
+	free := e.pool.CloseWith(func() {
+		closing = true
+		live = make([]*op, 0, len(e.live))
+		for o := range e.live {
+			live = append(live, o)
+		}
+	})
+	if !closing {
 		return nil
 	}
-	e.closed = true
-	live := make([]*op, 0, len(e.live))
-	for o := range e.live {
-		live = append(live, o)
-	}
-	e.mu.Unlock()
 	var errs []error
 	deadline := time.Now().Add(closeWait)
 	for _, o := range live {
@@ -434,10 +454,6 @@ func (e *Engine) Close() error {
 			time.Sleep(100 * time.Microsecond)
 		}
 	}
-	e.mu.Lock()
-	free := e.free
-	e.free = nil
-	e.mu.Unlock()
 	for _, c := range free {
 		e.freeCtx(c)
 	}

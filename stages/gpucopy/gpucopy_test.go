@@ -82,6 +82,10 @@ func TestGatherScatterByteExact(t *testing.T) {
 			{Runs: 500, MaxLen: 20000, Shuffled: true},
 			{Runs: 300, MaxLen: 3000, Strided: true, Shuffled: true},
 			{Runs: 64, MaxLen: 1 << 20, Aligned: true},
+			// Index 7: an aligned pool base (i%7 == 0), so the wide kernels'
+			// one-round path runs; more pieces than a context's first table
+			// holds, so the table grows in the middle of the pass.
+			{Runs: 6000, MaxLen: 4096, Aligned: true, Shuffled: true},
 		}
 		for i, o := range cases {
 			for _, pinnedRegion := range []bool{false, true} {

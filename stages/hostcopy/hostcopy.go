@@ -20,6 +20,7 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/bouncekv/bounce/internal/ctxpool"
 	"github.com/bouncekv/bounce/mem"
 	"github.com/bouncekv/bounce/transfer"
 )
@@ -109,10 +110,11 @@ type Engine struct {
 
 	workers int
 
-	mu     sync.Mutex
-	cond   *sync.Cond
-	closed bool
-	free   []*copyCtx
+	// mu guards the pool (its free contexts and closed flag) and the
+	// queue; workers wait on cond over it.
+	mu   sync.Mutex
+	cond *sync.Cond
+	pool *ctxpool.Pool[*copyCtx]
 	// queue is a ring of submitted, not yet started shares; it never holds
 	// more than workers shares per context.
 	queue  []share
@@ -175,13 +177,14 @@ func New(dir Direction, cfg Settings) (*Engine, error) {
 		reg:     cfg.Registry,
 		notify:  cfg.Notify,
 		workers: workers,
-		free:    make([]*copyCtx, contexts),
 		queue:   make([]share, contexts*workers),
 	}
 	e.cond = sync.NewCond(&e.mu)
-	for i := range e.free {
-		e.free[i] = &copyCtx{}
+	free := make([]*copyCtx, contexts)
+	for i := range free {
+		free[i] = &copyCtx{}
 	}
+	e.pool = ctxpool.New(name, &e.mu, free)
 	e.wg.Add(workers)
 	for range workers {
 		go e.work()
@@ -200,19 +203,10 @@ func New(dir Direction, cfg Settings) (*Engine, error) {
 // operation is terminal (the Registry refuses to remove them); the memory
 // must stay mapped as long.
 func (e *Engine) Submit(region transfer.Desc, runs []transfer.Run) (transfer.Op, error) {
-	e.mu.Lock()
-	if e.closed {
-		e.mu.Unlock()
-		return nil, fmt.Errorf("%s: submit: %w", e.name, transfer.ErrClosed)
+	ctx, err := e.pool.Get()
+	if err != nil {
+		return nil, err
 	}
-	n := len(e.free)
-	if n == 0 {
-		e.mu.Unlock()
-		return nil, fmt.Errorf("%s: submit: all copy contexts in use: %w", e.name, transfer.ErrBusy)
-	}
-	ctx := e.free[n-1]
-	e.free = e.free[:n-1]
-	e.mu.Unlock()
 
 	// Validate the private copy, so a caller mutating runs concurrently
 	// cannot slip an unchecked run past validation.
@@ -233,7 +227,7 @@ func (e *Engine) Submit(region transfer.Desc, runs []transfer.Run) (transfer.Op,
 	o.left.Store(int32(len(ctx.bounds)))
 
 	e.mu.Lock()
-	if e.closed {
+	if e.pool.ClosedLocked() {
 		e.mu.Unlock()
 		e.reg.Unpin(ctx.pins)
 		e.putCtx(ctx)
@@ -255,11 +249,7 @@ func (e *Engine) Submit(region transfer.Desc, runs []transfer.Run) (transfer.Op,
 }
 
 // Idle returns the number of copy contexts free right now.
-func (e *Engine) Idle() int {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	return len(e.free)
-}
+func (e *Engine) Idle() int { return e.pool.Idle() }
 
 // Close stops the engine: queued operations fail with ErrClosed, running
 // copies finish, and Close returns once every worker has exited. An
@@ -268,16 +258,16 @@ func (e *Engine) Idle() int {
 // and may still be released. Close is idempotent.
 func (e *Engine) Close() error {
 	e.closeOnce.Do(func() {
-		e.mu.Lock()
-		e.closed = true
-		queued := make([]*op, 0, e.queued)
-		for ; e.queued > 0; e.queued-- {
-			queued = append(queued, e.queue[e.head].o)
-			e.queue[e.head] = share{}
-			e.head = (e.head + 1) % len(e.queue)
-		}
-		e.cond.Broadcast()
-		e.mu.Unlock()
+		var queued []*op
+		e.pool.CloseWith(func() {
+			queued = make([]*op, 0, e.queued)
+			for ; e.queued > 0; e.queued-- {
+				queued = append(queued, e.queue[e.head].o)
+				e.queue[e.head] = share{}
+				e.head = (e.head + 1) % len(e.queue)
+			}
+			e.cond.Broadcast()
+		})
 		for _, o := range queued {
 			o.shareDone(fmt.Errorf("%s: queued copy: %w", e.name, transfer.ErrClosed))
 		}
@@ -293,16 +283,14 @@ func (e *Engine) putCtx(ctx *copyCtx) {
 	if cap(ctx.split) > retainRuns {
 		ctx.split = nil
 	}
-	e.mu.Lock()
-	e.free = append(e.free, ctx)
-	e.mu.Unlock()
+	e.pool.Put(ctx) // after Close the context is dropped: it holds only Go memory
 }
 
 func (e *Engine) work() {
 	defer e.wg.Done()
 	for {
 		e.mu.Lock()
-		for e.queued == 0 && !e.closed {
+		for e.queued == 0 && !e.pool.ClosedLocked() {
 			e.cond.Wait()
 		}
 		if e.queued == 0 {
