@@ -10,10 +10,11 @@ import (
 
 // Version is the codec version written in every header. Decoders reject any
 // other version with ErrBadVersion. Version 2 added the agent's public key
-// to the descriptor (authenticated peers) and the memory kind of the
-// receiver's arena to every GRANT credit; version-1 peers are refused with
-// an error saying so.
-const Version uint16 = 2
+// to the descriptor (authenticated peers); version 3 added the memory kind
+// of the receiver's arena to every GRANT credit and the receiver's scatter
+// time to every ACK. Peers of another version are refused with an error
+// saying so.
+const Version uint16 = 3
 
 // Limits enforced by encoders and decoders. A count or length above its limit
 // is ErrTooLarge, checked before anything is allocated.
