@@ -9,10 +9,10 @@ import (
 	"io"
 	"os"
 	"os/signal"
-	"path/filepath"
 	"syscall"
 	"time"
 
+	"github.com/google/renameio/v2"
 	"github.com/spf13/cobra"
 
 	"github.com/bouncekv/bounce/config"
@@ -187,7 +187,7 @@ With --stdin-control it reads JSON commands from stdin instead (used by
 			defer in.close()
 			w := cmd.OutOrStdout()
 			if out != "" {
-				if err := writeFileAtomic(out, append(line, '\n')); err != nil {
+				if err := renameio.WriteFile(out, append(line, '\n'), 0o644); err != nil {
 					return runtime(err)
 				}
 			} else {
@@ -357,26 +357,4 @@ func printEvents(w io.Writer, events <-chan pipeline.Received) {
 		}
 		fmt.Fprintf(w, "received: peer=%s request=%d tag=%q bytes=%d route=%s\n", ev.Peer, ev.Request, ev.Tag, ev.Bytes, ev.Route)
 	}
-}
-
-// writeFileAtomic writes b to path through a temporary file in the same
-// directory and a rename, so a reader never sees a partial descriptor.
-func writeFileAtomic(path string, b []byte) error {
-	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(f.Name()) // a no-op once renamed
-	if _, err := f.Write(b); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Chmod(0o644); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Close(); err != nil {
-		return err
-	}
-	return os.Rename(f.Name(), path)
 }

@@ -15,8 +15,9 @@ import (
 	"io"
 	"io/fs"
 	"os"
-	"path/filepath"
 	"time"
+
+	"github.com/google/renameio/v2"
 
 	"github.com/bouncekv/bounce/discovery"
 )
@@ -121,31 +122,9 @@ type publication struct{ path string }
 
 // Update rewrites the file atomically.
 func (p publication) Update(_ context.Context, value []byte) error {
-	return writeFileAtomic(p.path, value)
+	return renameio.WriteFile(p.path, value, 0o644)
 }
 
 // Close leaves the file (a descriptor line outlives its writer, as
 // serve --descriptor-out always did).
 func (publication) Close(context.Context) error { return nil }
-
-// writeFileAtomic writes b to path through a temporary file in the same
-// directory and a rename.
-func writeFileAtomic(path string, b []byte) error {
-	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(f.Name()) // a no-op once renamed
-	if _, err := f.Write(b); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Chmod(0o644); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Close(); err != nil {
-		return err
-	}
-	return os.Rename(f.Name(), path)
-}
