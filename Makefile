@@ -7,7 +7,7 @@ FUZZTIME  ?= 20s
 # Jaeger (tools/jaeger: a module of its own, with Jaeger as a Go tool).
 JAEGER    ?= bin/jaeger
 
-.PHONY: run test bench lint fuzz sim soak setup build clean jaeger jaeger-bin ptx nixl-check etcd
+.PHONY: run test bench lint fuzz sim soak setup build clean jaeger jaeger-bin ptx nixl-check etcd route-check
 
 setup:
 	./scripts/setup.sh
@@ -69,6 +69,18 @@ nixl-check: setup
 	$(NIXL_ENV) ./bin/bounce-nixl conformance control --builtin nixlnotif --carrier nixl
 	$(NIXL_ENV) ./bin/bounce-nixl bench --engine.kind nixl --control-plane.kind zmq $(NIXL_BENCH)
 	$(NIXL_ENV) ./bin/bounce-nixl bench --engine.kind nixl --control-plane.kind nixlnotif $(NIXL_BENCH)
+
+## route-check: route auto against bounce and direct, side by side in one run,
+## on every TP=8 preset and each engine of ROUTE_ENGINES; the summary gives
+## auto/best per cell and how many cells land within 5% of the faster route
+ROUTE_ENGINES ?= tcp ucx
+ROUTE_PRESETS ?= llama70b-tp8-b16,llama70b-tp8-b32,llama70b-tp8-b64,gptoss120b-tp8-b16,gptoss120b-tp8-b32,gptoss120b-tp8-b64
+ROUTE_FLAGS   ?= --repeat 3
+route-check: build
+	@for e in $(ROUTE_ENGINES); do \
+	  echo "== engine $$e"; \
+	  ./bin/bounce bench --engine.kind $$e --workload $(ROUTE_PRESETS) --concurrency 1 --routes bounce,direct,auto $(ROUTE_FLAGS) || exit 1; \
+	done
 
 lint:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || (gofmt -l $$(git ls-files '*.go'); exit 1)

@@ -29,7 +29,17 @@ const (
 	RouteBounce = "bounce"
 	RouteDirect = "direct"
 	RouteBulk   = "bulk"
+	// RouteAuto lets the agent choose (bounce.route auto).
+	RouteAuto = "auto"
+	// RouteBest is the denominator of the auto/best ratio: per iteration,
+	// the faster of the bounce and direct cells.
+	RouteBest = "best"
 )
+
+// AutoTolerance is how far below the faster of bounce and direct route
+// auto may land in a cell and still count as having chosen well
+// (AutoVerdict).
+const AutoTolerance = 0.05
 
 // Verification outcomes of a row of the summary table (Row.Verified), and
 // of a cell as its Verification method names them.
@@ -354,7 +364,9 @@ func (r Ratio) Name() string { return r.Numerator + "/" + r.Denominator }
 
 // ComputeRatios pairs, within every group and iteration, the bounce cell
 // with every other route's cell and returns bounce's throughput over the
-// other's. Groups and routes keep the order in which cells first appear;
+// other's; where the group ran auto, bounce and direct it adds auto/best,
+// auto's throughput over the faster of bounce and direct in the same
+// iteration. Groups and routes keep the order in which cells first appear;
 // failed cells are left out of the ratios.
 func ComputeRatios(cells []Cell) []Ratio {
 	type key struct {
@@ -403,8 +415,35 @@ func ComputeRatios(cells []Cell) []Ratio {
 			r.Median = Median(r.PerIteration)
 			out = append(out, r)
 		}
+		if slices.Contains(routes[g], RouteAuto) && slices.Contains(routes[g], RouteDirect) {
+			r := Ratio{Group: g, Numerator: RouteAuto, Denominator: RouteBest}
+			for _, it := range iters {
+				a, bn, d := byKey[key{g, RouteAuto, it}], byKey[key{g, RouteBounce, it}], byKey[key{g, RouteDirect, it}]
+				if a.OK() && bn.OK() && d.OK() {
+					r.PerIteration = append(r.PerIteration, a.Throughput/max(bn.Throughput, d.Throughput))
+				}
+			}
+			if len(r.PerIteration) > 0 {
+				r.Median = Median(r.PerIteration)
+				out = append(out, r)
+			}
+		}
 	}
 	return out
+}
+
+// AutoVerdict counts the cells with an auto/best ratio and those whose
+// median is within AutoTolerance of the faster route.
+func AutoVerdict(ratios []Ratio) (within, cells int) {
+	for _, r := range ratios {
+		if r.Numerator == RouteAuto && r.Denominator == RouteBest {
+			cells++
+			if r.Median >= 1-AutoTolerance {
+				within++
+			}
+		}
+	}
+	return within, cells
 }
 
 // Row is one line of the summary table: a group on one route over all

@@ -375,3 +375,34 @@ func TestVerifiedIsABoolean(t *testing.T) {
 		}
 	}
 }
+
+// TestAutoBest checks that auto/best divides auto's throughput by the
+// faster of bounce and direct of the same iteration, and that AutoVerdict
+// counts the cells whose median lands within AutoTolerance.
+func TestAutoBest(t *testing.T) {
+	cells := []Cell{
+		cell(small, RouteBounce, 0, 10), cell(small, RouteDirect, 0, 8), cell(small, RouteAuto, 0, 9.7),
+		cell(small, RouteBounce, 1, 6), cell(small, RouteDirect, 1, 8), cell(small, RouteAuto, 1, 8),
+		cell(big, RouteBounce, 0, 4), cell(big, RouteDirect, 0, 5), cell(big, RouteAuto, 0, 4),
+	}
+	rs := ComputeRatios(cells)
+	var got []Ratio
+	for _, r := range rs {
+		if r.Name() == "auto/best" {
+			got = append(got, r)
+		}
+	}
+	if len(got) != 2 || got[0].Group != small || !approx(got[0].PerIteration, []float64{0.97, 1}) || got[1].Group != big || !approx(got[1].PerIteration, []float64{0.8}) {
+		t.Fatalf("auto/best ratios = %+v", got)
+	}
+	if within, n := AutoVerdict(rs); within != 1 || n != 2 {
+		t.Fatalf("AutoVerdict = %d of %d, want 1 of 2", within, n)
+	}
+	var sb strings.Builder
+	if err := writeRatios(&sb, rs); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(sb.String(), "route auto within 5% of the faster of bounce and direct (median auto/best >= 0.95): 1 of 2 cells") {
+		t.Fatalf("summary lacks the verdict:\n%s", sb.String())
+	}
+}

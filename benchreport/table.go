@@ -108,6 +108,10 @@ func writeRatios(w io.Writer, ratios []Ratio) error {
 	if err := tw.Flush(); err != nil {
 		return fmt.Errorf("benchreport: write ratios: %w", err)
 	}
+	if within, cells := AutoVerdict(ratios); cells > 0 {
+		fmt.Fprintf(w, "route auto within %.0f%% of the faster of bounce and direct (median auto/best >= %.2f): %d of %d cells\n",
+			100*AutoTolerance, 1-AutoTolerance, within, cells)
+	}
 	return nil
 }
 

@@ -54,12 +54,14 @@ type RoutePrediction struct {
 
 // RouteModel is a snapshot of route auto's cost model: the engine and host
 // costs it predicts with and the corrections it learned (observed over
-// predicted time, per path, with the number of observations).
+// predicted: the bounce path's, and the engine's posting cost and bulk time
+// as the direct path observed them), with the observations of each path.
 type RouteModel struct {
 	Engine                       costmodel.Engine
 	Host                         costmodel.Host
 	BounceCorrection             float64
-	DirectCorrection             float64
+	PostCorrection               float64
+	WireCorrection               float64
 	BounceObserved, DirectObserv uint64
 }
 
@@ -111,8 +113,8 @@ func (r *router) snapshot() RouteModel {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	e, h := r.m.Costs()
-	b, d, nb, nd := r.m.Corrections()
-	return RouteModel{Engine: e, Host: h, BounceCorrection: b, DirectCorrection: d, BounceObserved: nb, DirectObserv: nd}
+	b, p, w, nb, nd := r.m.Corrections()
+	return RouteModel{Engine: e, Host: h, BounceCorrection: b, PostCorrection: p, WireCorrection: w, BounceObserved: nb, DirectObserv: nd}
 }
 
 // serialStages says whether this machine has too few cores for the gather,

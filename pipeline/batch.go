@@ -39,7 +39,11 @@ func (r Route) String() string {
 }
 
 // Request is one transfer: write Src[i] (local memory) to Dst[i] (the peer's
-// memory) for every i.
+// memory) for every i. The agent reads Src and Dst (the slices, not only
+// the memory they describe) until the batch is terminal: the direct path
+// posts them later on the reactor, and the bounce path emits each chunk's
+// runs from them as the chunk starts. The caller must not change them
+// before.
 type Request struct {
 	Peer  string
 	Src   []transfer.Desc

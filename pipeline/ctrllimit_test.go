@@ -72,6 +72,7 @@ func TestDenseFragmentedPlanFitsNotifyLimit(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			p.FillAll()
 			maxData := 0
 			for _, c := range p.Chunks {
 				n, err := wire.EncodedLen(&wire.Data{Request: 1, Chunk: uint32(c.Index), Region: 1, Runs: c.Scatter, TraceParent: string(make([]byte, traceAllowance))})

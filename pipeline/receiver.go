@@ -486,6 +486,13 @@ func (r *reactor) drainScatterResults() bool {
 			_ = r.send(t.key.Peer, &wire.Ack{Request: t.key.Request, Chunk: t.chunk, Region: t.off, ScatterNS: uint64(max(time.Since(t.queued), 0))})
 			r.chunkLanded(t.key, t.runs)
 		}
+		if t.err == nil || errors.Is(t.err, errScatterCancelled) {
+			// The scatter finished (or never started): nothing reads its
+			// runs any more. A failed one keeps its array, in case its
+			// copy still runs.
+			r.recycleRuns(t.runs)
+			t.runs = nil
+		}
 	}
 	if len(res) > 0 {
 		r.schedule()

@@ -189,8 +189,13 @@ func (a *Agent) wantTooLarge(p *plan.Plan) string {
 	return fmt.Sprintf("WANT for %d chunks exceeds the %s control channel's %d-byte messages", len(p.Chunks), a.set.Control.Kind(), a.ctrlMax)
 }
 
+// plan lays req out in chunks (plan.Layout): validated, chunk sizes known,
+// runs not yet emitted. The reactor fills each chunk just before its gather
+// (sendReq.advance), so a WANT leaves after one cheap pass over the
+// descriptors and the runs of later chunks are emitted while earlier ones
+// move.
 func (a *Agent) plan(req Request) (*plan.Plan, error) {
-	p, err := plan.Build(req.Src, req.Dst, plan.Options{MaxChunk: a.cfg.MaxChunk, MinChunk: a.cfg.MinChunk, NoMerge: a.cfg.DisableMerging, Scatter: a.scatterLimit()})
+	p, err := plan.Layout(req.Src, req.Dst, plan.Options{MaxChunk: a.cfg.MaxChunk, MinChunk: a.cfg.MinChunk, NoMerge: a.cfg.DisableMerging, Scatter: a.scatterLimit()})
 	if err != nil {
 		return nil, fmt.Errorf("pipeline: plan transfer to %q: %w", req.Peer, err)
 	}

@@ -117,6 +117,7 @@ func (r *reactor) advance(q *sendReq) {
 			return
 		}
 		bytes := q.plan.Chunks[k].Bytes
+		q.plan.Fill(k) // emit the chunk's runs now that it starts (Agent.plan)
 		eager := c.credit == nil
 		off, ok := r.sched.AcquireLocal(bytes, eager)
 		if !ok {

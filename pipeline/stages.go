@@ -4,7 +4,8 @@ import "time"
 
 // Stages is where a bounce request's time went on the sender, summed over
 // its chunks (chunks overlap, so the stages add up to more than the
-// request's latency): Plan is building the plan at Submit; GrantWait runs
+// request's latency): Plan is laying the plan out at Submit (plan.Layout;
+// each chunk's runs are emitted as it starts, counted in no stage); GrantWait runs
 // from the WANT to the first GRANT; Gather, Write and Data are the gather
 // ops, the bulk writes (until landed) and sending the DATA messages;
 // Scatter is the receiver's time from each DATA's arrival to its scatter's

@@ -411,17 +411,15 @@ func (o *obs) submitted(ctx context.Context, b *Batch, peer string, descs int, r
 	b.obs.ctx, b.obs.span, b.obs.sc = ctx, span, span.SpanContext()
 }
 
-// planned records the plan's shape (chunks, scatter runs) on the batch
+// planned records the plan's shape (its chunks) on the batch
 // span.
 func (o *obs) planned(b *Batch, p *plan.Plan) {
 	if b.obs.span == nil {
 		return
 	}
-	runs := 0
-	for i := range p.Chunks {
-		runs += len(p.Chunks[i].Scatter)
-	}
-	b.obs.span.SetAttributes(attrChunks.Int(len(p.Chunks)), attrRuns.Int(runs))
+	// Runs are emitted chunk by chunk as chunks start (Agent.plan); each
+	// chunk's span carries its own count.
+	b.obs.span.SetAttributes(attrChunks.Int(len(p.Chunks)))
 }
 
 // resolved counts a batch's resolution and ends its span with the

@@ -217,7 +217,7 @@ func (o *benchOptions) plan() (benchPlan, error) {
 	for _, r := range o.routes {
 		r = strings.TrimSpace(r)
 		switch r {
-		case benchreport.RouteBounce, benchreport.RouteDirect, benchreport.RouteBulk, "auto":
+		case benchreport.RouteBounce, benchreport.RouteDirect, benchreport.RouteBulk, benchreport.RouteAuto:
 		default:
 			return p, usage(fmt.Errorf("--routes %q: accepted: bounce, direct, bulk, auto", r))
 		}

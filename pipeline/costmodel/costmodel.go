@@ -8,9 +8,12 @@
 // pipeline's (Host: copy bandwidth, per-run copy cost, per-chunk control
 // cost, the WANT/GRANT round trip), calibrated by a short copy probe when
 // the agent starts. A Model then refreshes itself from what transfers
-// actually took: for each path it keeps a correction, the moving average of
-// observed over predicted time, so systematic error (CPU contention, a
-// slower network than declared) is learned rather than assumed away.
+// actually took: it keeps a correction for the bounce path and two for the
+// engine as the direct path sees it (posting cost and bandwidth, each
+// learned from the direct requests bound by it), each the median of the
+// last three observed factors, so systematic error (CPU contention, a
+// slower network than declared, a transport that emulates RMA) is learned
+// within a few requests rather than assumed away.
 //
 // Because only the chosen path is observed, Decide sometimes picks the
 // other one on purpose while the two predictions are close (see

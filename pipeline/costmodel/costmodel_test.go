@@ -109,9 +109,9 @@ func TestObserveLearns(t *testing.T) {
 	for range 40 {
 		m.Observe(Bounce, s, 30*raw.Bounce)
 	}
-	b, d, nb, nd := m.Corrections()
-	if b < 19.9 || b > 20 || d != 1 || nb != 40 || nd != 0 {
-		t.Fatalf("corrections = %v, %v (%d, %d); want bounce near its clamp of 20, direct 1", b, d, nb, nd)
+	b, post, wire, nb, nd := m.Corrections()
+	if b != 20 || post != 1 || wire != 1 || nb != 40 || nd != 0 {
+		t.Fatalf("corrections = %v, %v, %v (%d, %d); want bounce at its clamp of 20, the engine's 1", b, post, wire, nb, nd)
 	}
 	if got := m.Decide(s); got.Route != Direct {
 		t.Fatalf("after learning: %+v, want direct", got)
@@ -196,17 +196,74 @@ func TestValidate(t *testing.T) {
 // at most 2x, and ordinary ones bring it back.
 func TestOneColdObservationMovesLittle(t *testing.T) {
 	m := mustModel(t, rdma, host, Options{})
-	s := kv(36864, 2048, 8<<20)
+	s := kv(36864, 2048, 8<<20) // posting-bound on rdma
 	raw := m.Raw(s)
 	m.Observe(Direct, s, 17*raw.Direct)
-	if _, d, _, _ := m.Corrections(); d != 2 {
-		t.Fatalf("direct correction after one 17x observation = %v, want 2", d)
+	if _, p, _, _, _ := m.Corrections(); p != 2 {
+		t.Fatalf("posting correction after one 17x observation = %v, want 2", p)
+	}
+	m.Observe(Direct, s, raw.Direct)
+	if _, p, _, _, _ := m.Corrections(); math.Abs(p-1) > 0.01 {
+		t.Fatalf("posting correction after a 17x and a 1x observation = %v, want the one nearer 2: ~1", p)
 	}
 	for range 30 {
 		m.Observe(Direct, s, raw.Direct)
 	}
-	if _, d, _, _ := m.Corrections(); d > 1.01 {
-		t.Fatalf("direct correction after 30 on-time observations = %v, want ~1", d)
+	if _, p, _, _, _ := m.Corrections(); math.Abs(p-1) > 0.01 {
+		t.Fatalf("posting correction after 30 on-time observations = %v, want ~1", p)
+	}
+	m.Observe(Direct, s, 17*raw.Direct) // one stall among steady ones moves nothing
+	if _, p, _, _, _ := m.Corrections(); math.Abs(p-1) > 0.01 {
+		t.Fatalf("posting correction after one stall = %v, want ~1", p)
+	}
+}
+
+// TestLearnsAConsistentErrorFast: a path 15x slower than declared, observed
+// so twice in a row, is learned (to within the observations' spread), and
+// the decision follows at once — the case of an engine whose transport
+// emulates RMA, posting at ~20x the declared cost.
+func TestLearnsAConsistentErrorFast(t *testing.T) {
+	m := mustModel(t, rdma, host, Options{ExploreEvery: 1 << 30})
+	s := kv(81920, 4096, 8<<20)
+	raw := m.Raw(s)
+	if m.Decide(s).Route != Bounce {
+		t.Fatal("not bounce before observations")
+	}
+	m.Observe(Bounce, s, 15*raw.Bounce)
+	m.Observe(Bounce, s, 16*raw.Bounce)
+	if b, _, _, _, _ := m.Corrections(); b < 15 || b > 16 {
+		t.Fatalf("bounce correction after 15x and 16x = %v", b)
+	}
+	m.Observe(Direct, s, raw.Direct/2)
+	if d := m.Decide(s); d.Route != Direct {
+		t.Fatalf("after learning bounce is 15x slow and direct 2x fast: %+v, want direct", d)
+	}
+}
+
+// TestBulkAndFragmentedLearnedApart: the direct path's bandwidth-bound
+// requests (one large descriptor) and posting-bound ones (many small) teach
+// different engine corrections, so alternating the two converges instead
+// of dragging one factor back and forth; the learned bandwidth also enters
+// the bounce prediction.
+func TestBulkAndFragmentedLearnedApart(t *testing.T) {
+	m := mustModel(t, rdma, host, Options{})
+	frag := kv(81920, 4096, 8<<20)
+	bulk := Shape{Descs: 1, Bytes: frag.Bytes, Runs: 1, Chunks: 1}
+	rawFrag, rawBulk := m.Raw(frag), m.Raw(bulk)
+	for range 4 {
+		m.Observe(Direct, frag, 5*rawFrag.Direct)
+		m.Observe(Direct, bulk, 3*rawBulk.Direct)
+	}
+	_, post, wire, _, nd := m.Corrections()
+	if math.Abs(post-5) > 0.05 || math.Abs(wire-3) > 0.05 || nd != 8 {
+		t.Fatalf("post %v, wire %v (%d observations); want ~5 and ~3", post, wire, nd)
+	}
+	p := m.Predict(frag)
+	if rel := p.Direct.Seconds() / (5 * rawFrag.Direct.Seconds()); rel < 0.95 || rel > 1.05 {
+		t.Fatalf("fragmented direct predicted %v, observed %v", p.Direct, 5*rawFrag.Direct)
+	}
+	if p.Bounce <= rawFrag.Bounce {
+		t.Fatalf("a 3x slower engine bandwidth left the bounce prediction at %v (raw %v)", p.Bounce, rawFrag.Bounce)
 	}
 }
 

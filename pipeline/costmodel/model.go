@@ -25,9 +25,6 @@ func (r Route) String() string {
 
 // Defaults of a Model's zero fields.
 const (
-	// DefaultAlpha weighs a new observation in the moving average of
-	// observed over predicted time.
-	DefaultAlpha = 0.2
 	// DefaultExploreEvery: one close call in this many takes the path
 	// predicted slower, so its correction is refreshed too.
 	DefaultExploreEvery = 16
@@ -39,34 +36,82 @@ const (
 	unobservedCall = 4.0
 )
 
-// correction bounds: an observation more than this far from its
-// prediction is clamped, and one observation moves a correction by at most
-// a factor of maxStep, so one cold or stalled request (a first transfer's
-// connection setup and page faults) cannot flip every later decision.
+// correction bounds: an observed factor (observed over predicted time) is
+// clamped to [minCorrection, maxCorrection], and a correction resting on one
+// observation moves at most a factor of maxStep from 1, so one cold or
+// stalled request (a first transfer's connection setup and page faults)
+// cannot flip every later decision; from three observations on it is the
+// median of the last three, so one outlier never moves it and a real change
+// is learned in two.
 const (
 	minCorrection, maxCorrection = 0.05, 20.0
 	maxStep                      = 2.0
+	window                       = 3
 )
+
+// The model's corrections: the bounce path's, and two of the engine's
+// costs as the direct path observes them — its posting cost (learned from
+// direct requests whose prediction is posting-bound, many small
+// descriptors) and its bandwidth (from those that are bandwidth-bound, few
+// large ones). Both engine corrections feed the bounce prediction too (its
+// bulk writes run at the engine's bandwidth). Keeping them apart means a
+// bulk transfer and a fragmented one, which the engine serves at very
+// different costs per byte, do not pull one factor back and forth.
+const (
+	corrBounce = iota
+	corrPost
+	corrWire
+	nCorr
+)
+
+// correction is one learned factor: the last observed factors and their
+// summary.
+type correction struct {
+	f   float64 // the factor predictions are scaled by (1: none)
+	n   uint64  // observations
+	win [window]float64
+}
+
+// observe records an observed factor x and updates f.
+func (c *correction) observe(x float64) {
+	x = math.Min(math.Max(x, minCorrection), maxCorrection)
+	c.win[c.n%window] = x
+	c.n++
+	switch c.n {
+	case 1:
+		c.f = math.Min(math.Max(x, 1/maxStep), maxStep)
+	case 2:
+		// Two that agree (within maxStep of each other) are trusted;
+		// otherwise the one nearer the current factor wins.
+		a, b := c.win[0], c.win[1]
+		if r := a / b; r <= maxStep && r >= 1/maxStep {
+			c.f = math.Sqrt(a * b)
+		} else if math.Abs(math.Log(a/c.f)) < math.Abs(math.Log(b/c.f)) {
+			c.f = a
+		} else {
+			c.f = b
+		}
+	default:
+		w := c.win
+		// median of three
+		c.f = math.Max(math.Min(w[0], w[1]), math.Min(math.Max(w[0], w[1]), w[2]))
+	}
+}
 
 // Model predicts both paths for one engine and host and learns from
 // observed transfers. The zero value is not usable: call New.
 type Model struct {
 	engine Engine
 	host   Host
-	// corr holds, per path, the moving average of observed / predicted.
-	corr [2]float64
-	// obs counts observations per path.
-	obs [2]uint64
-	// Alpha, ExploreEvery and CloseCall tune learning (zero = defaults).
-	alpha        float64
+	corr   [nCorr]correction
+	// ExploreEvery and CloseCall tune exploration (zero = defaults).
 	exploreEvery uint64
 	closeCall    float64
 	closeCalls   uint64
 }
 
-// Options tune a Model's learning; zero fields take the defaults.
+// Options tune a Model's exploration; zero fields take the defaults.
 type Options struct {
-	Alpha        float64
 	ExploreEvery int
 	CloseCall    float64
 }
@@ -79,9 +124,9 @@ func New(e Engine, h Host, o Options) (*Model, error) {
 	if err := h.Validate(); err != nil {
 		return nil, err
 	}
-	m := &Model{engine: e, host: h, corr: [2]float64{1, 1}, alpha: o.Alpha, exploreEvery: uint64(max(o.ExploreEvery, 0)), closeCall: o.CloseCall}
-	if m.alpha <= 0 || m.alpha > 1 {
-		m.alpha = DefaultAlpha
+	m := &Model{engine: e, host: h, exploreEvery: uint64(max(o.ExploreEvery, 0)), closeCall: o.CloseCall}
+	for i := range m.corr {
+		m.corr[i].f = 1
 	}
 	if m.exploreEvery == 0 {
 		m.exploreEvery = DefaultExploreEvery
@@ -95,10 +140,21 @@ func New(e Engine, h Host, o Options) (*Model, error) {
 // Costs returns the model's engine and host costs.
 func (m *Model) Costs() (Engine, Host) { return m.engine, m.host }
 
-// Corrections returns the learned observed/predicted factor of each path
-// (1 before any observation) and how many observations made it.
-func (m *Model) Corrections() (bounce, direct float64, nb, nd uint64) {
-	return m.corr[Bounce], m.corr[Direct], m.obs[Bounce], m.obs[Direct]
+// Corrections returns the learned factors (1 before any observation): the
+// bounce path's, over its prediction from the corrected engine costs, and
+// the engine's posting cost and bulk time (the inverse of its bandwidth)
+// as observed on the direct path; nb and nd count the observations of
+// each path.
+func (m *Model) Corrections() (bounce, post, wire float64, nb, nd uint64) {
+	return m.corr[corrBounce].f, m.corr[corrPost].f, m.corr[corrWire].f, m.corr[corrBounce].n, m.corr[corrPost].n + m.corr[corrWire].n
+}
+
+// learned returns the engine costs with the learned corrections applied.
+func (m *Model) learned() Engine {
+	e := m.engine
+	e.PostPerDesc = scale(e.PostPerDesc, m.corr[corrPost].f)
+	e.Bandwidth /= m.corr[corrWire].f
+	return e
 }
 
 // Raw predicts s from the costs alone, without corrections.
@@ -108,8 +164,8 @@ func (m *Model) Raw(s Shape) Prediction {
 
 // Predict predicts s with the learned corrections applied.
 func (m *Model) Predict(s Shape) Prediction {
-	r := m.Raw(s)
-	return Prediction{Bounce: scale(r.Bounce, m.corr[Bounce]), Direct: scale(r.Direct, m.corr[Direct])}
+	e := m.learned()
+	return Prediction{Bounce: scale(BounceTime(e, m.host, s), m.corr[corrBounce].f), Direct: DirectTime(e, s)}
 }
 
 func scale(d time.Duration, f float64) time.Duration { return dur(d.Seconds() * f) }
@@ -140,7 +196,7 @@ func (m *Model) Decide(s Shape) Decision {
 	}
 	other := d.Route ^ 1
 	switch {
-	case m.obs[other] == 0 && m.obs[d.Route] > 0 && ratio <= unobservedCall:
+	case m.observed(other) == 0 && m.observed(d.Route) > 0 && ratio <= unobservedCall:
 		d.Route, d.Explore = other, true // never measured: try it once
 	case ratio <= m.closeCall:
 		m.closeCalls++
@@ -165,27 +221,41 @@ func round(d time.Duration) time.Duration {
 	return d
 }
 
-// Observe records that a request of shape s took elapsed on route r: the
-// path's correction moves toward elapsed / raw prediction.
+// observed counts the observations of route r.
+func (m *Model) observed(r Route) uint64 {
+	if r == Bounce {
+		return m.corr[corrBounce].n
+	}
+	return m.corr[corrPost].n + m.corr[corrWire].n
+}
+
+// Observe records that a request of shape s took elapsed on route r. A
+// bounce request moves the bounce correction toward elapsed over its
+// prediction (from the corrected engine costs); a direct one moves the
+// engine's posting or bandwidth correction, whichever term its prediction
+// was bound by, toward what the term must have cost.
 func (m *Model) Observe(r Route, s Shape, elapsed time.Duration) {
 	if r > Bounce || elapsed <= 0 {
 		return
 	}
-	raw := m.Raw(s)
-	pred := raw.Direct
+	e := m.learned()
 	if r == Bounce {
-		pred = raw.Bounce
-	}
-	if pred <= 0 {
+		if pred := BounceTime(e, m.host, s); pred > 0 {
+			m.corr[corrBounce].observe(elapsed.Seconds() / pred.Seconds())
+		}
 		return
 	}
-	f := math.Min(math.Max(elapsed.Seconds()/pred.Seconds(), minCorrection), maxCorrection)
-	c := m.corr[r]
-	f = math.Min(math.Max(f, c/maxStep), c*maxStep)
-	if m.obs[r] == 0 {
-		m.corr[r] = f
-	} else {
-		m.corr[r] += m.alpha * (f - c)
+	// The declared terms: observed factors are relative to them.
+	post := float64(s.Descs) * m.engine.PostPerDesc.Seconds()
+	wire := seconds(float64(s.Bytes), m.engine.Bandwidth)
+	rest := math.Max(elapsed.Seconds()-m.engine.PerWrite.Seconds(), elapsed.Seconds()/2)
+	if post*m.corr[corrPost].f >= wire*m.corr[corrWire].f {
+		if post > 0 {
+			m.corr[corrPost].observe(rest / post)
+		}
+		return
 	}
-	m.obs[r]++
+	if wire > 0 {
+		m.corr[corrWire].observe(rest / wire)
+	}
 }

@@ -3,6 +3,7 @@ package plan
 import (
 	"bytes"
 	"math/rand/v2"
+	"slices"
 	"testing"
 
 	"pgregory.net/rapid"
@@ -185,6 +186,67 @@ func TestPlanRoundTrip(t *testing.T) {
 			if got := Coalesce(p.Gather); len(got) != len(m.Gather) {
 				t.Fatalf("chunk %d: Coalesce of unmerged gather gives %d runs, Build merged to %d", i, len(got), len(m.Gather))
 			}
+		}
+	})
+}
+
+// TestLayoutFillMatchesBuild checks that Layout decides exactly Build's
+// chunks with no runs emitted, and that filling its chunks in any order
+// gives Build's plan run for run (TestPlanRoundTrip checks Build itself
+// against the specification).
+func TestLayoutFillMatchesBuild(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		maxChunk := rapid.Uint64Range(1, 512).Draw(t, "maxChunk")
+		minChunk := rapid.OneOf(rapid.Just(uint64(0)), rapid.Uint64Range(1, maxChunk+1)).Draw(t, "minChunk")
+		var lim ScatterLimit
+		if rapid.Bool().Draw(t, "limitRuns") {
+			lim = ScatterLimit{Bytes: rapid.IntRange(49, 400).Draw(t, "limitBytes"), Single: 25, Strided: 49}
+		}
+		lens := rapid.SliceOfN(rapid.OneOf(rapid.Just(uint64(0)), rapid.Uint64Range(1, 40), rapid.Uint64Range(1, 3*maxChunk)), 0, 60).Draw(t, "lens")
+		srcAddrs, _ := drawLayout(t, "src", srcBase, lens)
+		dstAddrs, _ := drawLayout(t, "dst", dstBase, lens)
+		src := make([]transfer.Desc, len(lens))
+		dst := make([]transfer.Desc, len(lens))
+		for i, n := range lens {
+			src[i] = transfer.Desc{Addr: srcAddrs[i], Len: n, Device: int32(rapid.IntRange(0, 1).Draw(t, "srcDev")) * int32(i%7/6)}
+			dst[i] = transfer.Desc{Addr: dstAddrs[i], Len: n, Kind: transfer.CUDA}
+		}
+		opt := Options{MaxChunk: maxChunk, MinChunk: minChunk, Align: rapid.SampledFrom([]uint64{0, 1, 8, 64}).Draw(t, "align"), NoMerge: rapid.Bool().Draw(t, "noMerge"), Scatter: lim}
+		want, err := Build(src, dst, opt)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := Layout(src, dst, opt)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(got.Chunks) != len(want.Chunks) || got.Descs != want.Descs || got.Payload != want.Payload {
+			t.Fatalf("Layout: %d chunks, %d descs, %d bytes; Build: %d, %d, %d", len(got.Chunks), got.Descs, got.Payload, len(want.Chunks), want.Descs, want.Payload)
+		}
+		order := make([]int, len(got.Chunks))
+		for i := range order {
+			order[i] = i
+		}
+		order = rapid.Permutation(order).Draw(t, "fillOrder")
+		for _, k := range order {
+			if got.Filled(k) || got.Chunks[k].Scatter != nil {
+				t.Fatalf("chunk %d has runs before Fill", k)
+			}
+			got.Fill(k)
+			got.Fill(k) // idempotent
+			if !got.Filled(k) {
+				t.Fatalf("chunk %d not filled after Fill", k)
+			}
+		}
+		for k := range want.Chunks {
+			w, g := want.Chunks[k], got.Chunks[k]
+			if w.Bytes != g.Bytes || w.Payload != g.Payload || w.Descs != g.Descs || w.SrcDevice != g.SrcDevice ||
+				!slices.Equal(w.Gather, g.Gather) || !slices.Equal(w.Scatter, g.Scatter) {
+				t.Fatalf("chunk %d: Layout+Fill %+v, Build %+v", k, g, w)
+			}
+		}
+		if got.src != nil || got.dst != nil {
+			t.Fatal("a filled plan still holds the caller's descriptors")
 		}
 	})
 }
