@@ -407,7 +407,7 @@ func TestExitCodesAndConfig(t *testing.T) {
 	if _, errOut, code := bounce(t, "config", "--config", file); code != exitUsage || !strings.Contains(errOut, "engine.colour") {
 		t.Fatalf("unknown key: exit %d, stderr %q", code, errOut)
 	}
-	if out, _, code := bounce(t, "version"); code != 0 || !strings.Contains(out, "wire protocol 2") {
+	if out, _, code := bounce(t, "version"); code != 0 || !strings.Contains(out, fmt.Sprintf("wire protocol %d", wireVersion())) {
 		t.Fatalf("version: exit %d: %s", code, out)
 	}
 }
