@@ -340,5 +340,23 @@ func TestLostSenderFencedReleasesAtOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	jn.verify(t)
+	// A dead sender restarted under its name and loaded by the receiver
+	// is trusted again at once: loading lifts the engine's fence, and its
+	// WANTs must no longer be dropped for the rest of the quarantine.
+	again := w.node("victim-0", cfg)
+	loadInto(t, again, r)
+	loadInto(t, r, again)
+	ja := simple(t, again, r, 11)
+	ba, err := again.Submit(Request{Peer: "r", Src: ja.src, Dst: ja.dst})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := wait(t, ba); err != nil {
+		t.Fatalf("the restarted sender the receiver loaded again: %v", err)
+	}
+	if ba.Route() != RouteBounce {
+		t.Fatalf("the restarted sender's request took %v (%s)", ba.Route(), ba.RouteReason())
+	}
+	ja.verify(t)
 	conserve(t, r)
 }

@@ -40,7 +40,8 @@ func (r *reactor) onWant(peer string, w *wire.Want) {
 		return
 	}
 	if until, ok := r.fencedUntil[peer]; ok {
-		if now.Before(until) {
+		// Loading the peer again lifted the engine's fence: it is trusted.
+		if _, loaded := r.descEndpoint(peer); now.Before(until) && !loaded {
 			r.log.Debug("WANT dropped: its sender was lost and is fenced", "peer", peer, "until", until)
 			return
 		}

@@ -304,3 +304,27 @@ func TestFenceHoldRestartsOnForget(t *testing.T) {
 		t.Fatal("a is refused after b loaded it again")
 	}
 }
+
+// TestStripedOpKeepsNotQuiescent: a write striped over several connections
+// fails part by part; when one part fails quiescent first (a connection the
+// peer closed, a part never sent) and another later without proof, the op
+// must say ErrNotQuiescent — its first error alone would let the caller
+// reuse memory the unproven part may still write.
+func TestStripedOpKeepsNotQuiescent(t *testing.T) {
+	v := newEnv(t)
+	a := v.engine("a")
+	for _, order := range [][]error{
+		{transfer.ErrPeerLost, fmt.Errorf("lost: %w (%w)", transfer.ErrPeerLost, transfer.ErrNotQuiescent)},
+		{fmt.Errorf("lost: %w (%w)", transfer.ErrPeerLost, transfer.ErrNotQuiescent), transfer.ErrPeerLost},
+		{nil, transfer.ErrPeerLost, fmt.Errorf("lost: %w (%w)", transfer.ErrPeerLost, transfer.ErrNotQuiescent)},
+	} {
+		o := newWriteOp(a, "b", len(order), nil)
+		for _, err := range order {
+			o.partDone(err)
+		}
+		st, err := o.Poll()
+		if st != transfer.Failed || !errors.Is(err, transfer.ErrNotQuiescent) || !errors.Is(err, transfer.ErrPeerLost) {
+			t.Fatalf("parts %v: op %v, %v; want failed wrapping ErrPeerLost and ErrNotQuiescent", order, st, err)
+		}
+	}
+}

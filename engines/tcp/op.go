@@ -1,6 +1,7 @@
 package tcp
 
 import (
+	"errors"
 	"fmt"
 	"sync"
 
@@ -31,10 +32,12 @@ func newWriteOp(e *Engine, peer string, parts int, pins []uint64) *writeOp {
 	return o
 }
 
-// partDone resolves one part; err nil means acknowledged.
+// partDone resolves one part; err nil means acknowledged. The op keeps the
+// first error, unless a later part failed without proof of quiescence: the
+// op as a whole then says ErrNotQuiescent, whichever part ended first.
 func (o *writeOp) partDone(err error) {
 	o.mu.Lock()
-	if err != nil && o.err == nil {
+	if err != nil && (o.err == nil || errors.Is(err, transfer.ErrNotQuiescent) && !errors.Is(o.err, transfer.ErrNotQuiescent)) {
 		o.err = err
 	}
 	o.pending--
@@ -64,7 +67,8 @@ func (o *writeOp) finish() {
 // Done returns a channel closed once the op is terminal.
 func (o *writeOp) Done() <-chan struct{} { return o.done }
 
-// Poll reports the status; Failed comes with the first error of any part.
+// Poll reports the status; Failed comes with the first error of any part
+// (one without proof of quiescence first, see partDone).
 func (o *writeOp) Poll() (transfer.Status, error) {
 	o.mu.Lock()
 	defer o.mu.Unlock()

@@ -26,7 +26,7 @@
 //	GRANT  request u64 | n u32 | n × credit (region u64, addr u64, len u64, chunk u32, device i32,
 //	       kind u8: 0 host, 1 cuda)
 //	DATA   request u64 | chunk u32 | region u64 | traceparent str | n u32 | n × run
-//	ACK    request u64 | chunk u32 | region u64
+//	ACK    request u64 | chunk u32 | region u64 | scatter_ns u64
 //	NACK   request u64 | chunk u32 | code u16 | reason str
 //	DONE   request u64 | bytes u64 | endpoint str | reason str | tag
 //
