@@ -71,5 +71,6 @@
 // acknowledged (if it stops acknowledging), then wait at most FenceTimeout
 // for the peer's close. A peer process that dies is
 // seen at once through the closed socket; a host that vanishes is also
-// caught by TCP keepalive (idle IdleTimeout). Close unblocks everything.
+// caught by TCP keepalive (idle IdleTimeout). Close unblocks everything; it
+// gives up every peer at once and waits one FenceTimeout for them all.
 package tcp

@@ -520,8 +520,14 @@ func (e *Engine) Close() error {
 		for _, ic := range ins {
 			ic.close()
 		}
+		// Every peer's sessions are stopped first, then waited for
+		// together: Close waits one FenceTimeout, not one per peer.
+		var wait []chan struct{}
 		for _, p := range peers {
-			p.shutdown(fmt.Errorf("tcp: engine %q: %w", e.cfg.Name, transfer.ErrClosed))
+			wait = append(wait, p.stop(fmt.Errorf("tcp: engine %q: %w", e.cfg.Name, transfer.ErrClosed))...)
+		}
+		for _, w := range wait {
+			<-w
 		}
 		e.wg.Wait()
 	})

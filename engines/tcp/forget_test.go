@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"net"
 	"sync"
 	"testing"
 	"time"
@@ -327,4 +328,71 @@ func TestStripedOpKeepsNotQuiescent(t *testing.T) {
 			t.Fatalf("parts %v: op %v, %v; want failed wrapping ErrPeerLost and ErrNotQuiescent", order, st, err)
 		}
 	}
+}
+
+// TestCloseFencesPeersTogether: peers that accept our connections but never
+// read or close (a hung receiver) each cost a full FenceTimeout to give up.
+// Close stops every peer first and waits for them together, so it returns
+// after about one FenceTimeout, not one per peer, and their writes fail
+// non-quiescent (nothing proved the receivers stopped).
+func TestCloseFencesPeersTogether(t *testing.T) {
+	const peers, fence = 5, 2 * time.Second
+	v := newEnv(t)
+	a := v.engine("a", func(c *Config) { c.FenceTimeout = fence })
+	src := v.buf(8<<20, 1, a)
+	var ops []transfer.Op
+	for i := range peers {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var held []net.Conn // accepted, never read, closed at the end
+		var mu sync.Mutex
+		go func() {
+			for {
+				c, err := ln.Accept()
+				if err != nil {
+					return
+				}
+				mu.Lock()
+				held = append(held, c)
+				mu.Unlock()
+			}
+		}()
+		t.Cleanup(func() {
+			ln.Close()
+			mu.Lock()
+			for _, c := range held {
+				c.Close()
+			}
+			mu.Unlock()
+		})
+		name := fmt.Sprintf("hung-%d", i)
+		md := encodeMetadata(metadata{name: name, addr: ln.Addr().String(), ranges: []transfer.Desc{{Addr: 1 << 40, Len: 8 << 20}}})
+		if _, err := a.LoadPeer(md); err != nil {
+			t.Fatal(err)
+		}
+		op, err := a.PostWrite(name, []transfer.WriteOp{{Src: src.Desc(), Dst: transfer.Desc{Addr: 1 << 40, Len: 8 << 20}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ops = append(ops, op)
+	}
+	time.Sleep(200 * time.Millisecond) // the writes fill the hung peers' buffers
+	start := time.Now()
+	if err := a.Close(); err != nil {
+		t.Fatal(err)
+	}
+	took := time.Since(start)
+	for i, op := range ops {
+		st, err := wait(t, op)
+		if st != transfer.Failed || !errors.Is(err, transfer.ErrNotQuiescent) {
+			t.Fatalf("write %d to a hung peer after Close: %v, %v; want failed wrapping ErrNotQuiescent", i, st, err)
+		}
+	}
+	// One peer at a time would take at least peers × fence (10 s).
+	if took >= (peers-1)*fence {
+		t.Fatalf("Close took %v with %d hung peers: it waited for their fences one by one (FenceTimeout %v)", took, peers, fence)
+	}
+	t.Logf("Close with %d hung peers took %v (FenceTimeout %v)", peers, took, fence)
 }

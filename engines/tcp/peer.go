@@ -91,6 +91,15 @@ func (p *peer) enqueue(parts []*part) {
 // shutdown marks the peer gone and stops its sessions with cause, waiting
 // until each has failed its parts.
 func (p *peer) shutdown(cause error) {
+	for _, w := range p.stop(cause) {
+		<-w
+	}
+}
+
+// stop marks the peer gone and stops its sessions with cause; it returns
+// the channels closed once each has failed its parts (its fence included),
+// so several peers can be stopped first and waited for together.
+func (p *peer) stop(cause error) []chan struct{} {
 	p.gone.Store(true)
 	var wait []chan struct{}
 	for _, s := range p.slots {
@@ -101,9 +110,7 @@ func (p *peer) shutdown(cause error) {
 		}
 		s.mu.Unlock()
 	}
-	for _, w := range wait {
-		<-w
-	}
+	return wait
 }
 
 // part is one WRITE frame: a slice of a post for one connection.
