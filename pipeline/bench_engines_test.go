@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/bouncekv/bounce/engines/loopback"
-	"github.com/bouncekv/bounce/engines/tcp"
 	"github.com/bouncekv/bounce/engines/ucx"
 	"github.com/bouncekv/bounce/mem"
 	"github.com/bouncekv/bounce/transfer"
@@ -19,13 +18,7 @@ import (
 // bounce/direct and bounce/bulk measured side by side.
 func BenchmarkEngineMatrix(b *testing.B) {
 	engines := map[string]func(testing.TB, string, loopback.Options) transfer.Engine{
-		"tcp": func(t testing.TB, name string, _ loopback.Options) transfer.Engine {
-			e, err := tcp.New(tcp.Config{Name: name})
-			if err != nil {
-				t.Fatal(err)
-			}
-			return e
-		},
+		"tcp": newTCPEngine,
 		"ucx": func(t testing.TB, name string, _ loopback.Options) transfer.Engine {
 			e, err := ucx.New(ucx.Config{Name: name})
 			if err != nil {

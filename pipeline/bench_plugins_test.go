@@ -5,7 +5,6 @@ import (
 	"time"
 
 	"github.com/bouncekv/bounce/engines/loopback"
-	"github.com/bouncekv/bounce/engines/tcp"
 	"github.com/bouncekv/bounce/mem"
 	"github.com/bouncekv/bounce/plugins"
 	"github.com/bouncekv/bounce/transfer"
@@ -28,13 +27,6 @@ import (
 func BenchmarkPlugins(b *testing.B) {
 	bin := buildTestPlugin(b)
 	spec := plugins.Spec{Path: bin}
-	tcpEngine := func(t testing.TB, name string, _ loopback.Options) transfer.Engine {
-		e, err := tcp.New(tcp.Config{Name: name})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return e
-	}
 	pluginEngine := func(t testing.TB, name string, opt loopback.Options) transfer.Engine {
 		e, err := plugins.OpenEngine(plugins.Spec{Path: bin, Notify: opt.OnComplete}, plugins.Restart{}, name, nil)
 		if err != nil {
@@ -62,8 +54,8 @@ func BenchmarkPlugins(b *testing.B) {
 		name            string
 		inproc, plugins side
 	}{
-		{"engine", side{tcpEngine, nil}, side{pluginEngine, nil}},
-		{"gather+scatter", side{tcpEngine, nil}, side{tcpEngine, pluginStages}},
+		{"engine", side{newTCPEngine, nil}, side{pluginEngine, nil}},
+		{"gather+scatter", side{newTCPEngine, nil}, side{newTCPEngine, pluginStages}},
 	} {
 		b.Run(c.name+"/81920x4KiB", func(b *testing.B) {
 			const n, size = 81920, 4096

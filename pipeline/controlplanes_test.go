@@ -6,7 +6,6 @@ import (
 	"github.com/bouncekv/bounce/controlplane/nixlnotif"
 	"github.com/bouncekv/bounce/controlplane/zmq"
 	"github.com/bouncekv/bounce/engines/loopback"
-	"github.com/bouncekv/bounce/engines/tcp"
 	"github.com/bouncekv/bounce/engines/ucx"
 	"github.com/bouncekv/bounce/transfer"
 )
@@ -45,17 +44,7 @@ func TestEndToEndNixlNotif(t *testing.T) {
 // zmq control plane).
 
 func TestEndToEndTCP(t *testing.T) {
-	e2e(t, func(t testing.TB) *world {
-		w := zmqWorld(t, 0)
-		w.engine = func(t testing.TB, name string, _ loopback.Options) transfer.Engine {
-			e, err := tcp.New(tcp.Config{Name: name})
-			if err != nil {
-				t.Fatal(err)
-			}
-			return e
-		}
-		return w
-	})
+	e2e(t, tcpZMQWorld)
 }
 
 func TestEndToEndUCX(t *testing.T) {

@@ -30,12 +30,8 @@ func TestDenseFragmentedPlanFitsNotifyLimit(t *testing.T) {
 			}
 			return e
 		}},
-		{"tcp", tcp.MaxNotification, func(t testing.TB, _ *world, name string, _ loopback.Options) transfer.Engine {
-			e, err := tcp.New(tcp.Config{Name: name})
-			if err != nil {
-				t.Fatal(err)
-			}
-			return e
+		{"tcp", tcp.MaxNotification, func(t testing.TB, _ *world, name string, opt loopback.Options) transfer.Engine {
+			return newTCPEngine(t, name, opt)
 		}},
 		{"ucx", ucx.DefaultMaxNotifySize, func(t testing.TB, _ *world, name string, _ loopback.Options) transfer.Engine {
 			e, err := ucx.New(ucx.Config{Name: name})

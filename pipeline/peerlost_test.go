@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/bouncekv/bounce/engines/loopback"
 	"github.com/bouncekv/bounce/engines/tcp"
 	"github.com/bouncekv/bounce/stages/write"
 	"github.com/bouncekv/bounce/transfer"
@@ -33,14 +32,7 @@ func (s *stallWriter) Write(peer string, src, dst transfer.Desc) (transfer.Op, e
 // receiver reclaims the flow in well under a second, not after its expiry
 // (4 × the request timeout, 20 s here); the next sender is unaffected.
 func TestPeerLostReclaimsFlows(t *testing.T) {
-	w := zmqWorld(t, 0)
-	w.engine = func(t testing.TB, name string, _ loopback.Options) transfer.Engine {
-		e, err := tcp.New(tcp.Config{Name: name})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return e
-	}
+	w := tcpZMQWorld(t)
 	cfg := testConfig()
 	var sw *stallWriter
 	s := w.node("s", cfg, func(set *Settings) {
@@ -65,27 +57,11 @@ func TestPeerLostReclaimsFlows(t *testing.T) {
 	if _, err := s.Submit(Request{Peer: "r", Src: j2.src, Dst: j2.dst}); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(5 * time.Second)
-	for r.ArenaStats().HeldBytes == 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("the receiver never granted the stalled request")
-		}
-		time.Sleep(time.Millisecond)
-	}
+	awaitGranted(t, r)
 	killed := time.Now()
 	s.ctrl.Close()
 	s.eng.Close()
-	for {
-		st := r.ArenaStats()
-		if st.HeldBytes == 0 && st.Flows == 0 {
-			break
-		}
-		if time.Since(killed) > 5*time.Second {
-			t.Fatalf("5 s after the sender died the receiver still holds its flow: %+v (lost peers %d)", st, r.Stats().LostPeers)
-		}
-		time.Sleep(time.Millisecond)
-	}
-	t.Logf("flow reclaimed %v after the sender died", time.Since(killed))
+	awaitReclaimed(t, r, killed, 5*time.Second, "the sender died")
 	// r loaded s, so it reports both its incoming and its outgoing
 	// connections lost.
 	if n := r.Stats().LostPeers; n < 1 || n > 2 {
@@ -109,14 +85,7 @@ func TestPeerLostReclaimsFlows(t *testing.T) {
 // opened when the request started (transfer.Connector; LoadPeer dials
 // nothing) is what tells the receiver, which reclaims the flow at once.
 func TestPeerLostBeforeFirstWrite(t *testing.T) {
-	w := zmqWorld(t, 0)
-	w.engine = func(t testing.TB, name string, _ loopback.Options) transfer.Engine {
-		e, err := tcp.New(tcp.Config{Name: name})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return e
-	}
+	w := tcpZMQWorld(t)
 	cfg := testConfig()
 	var sw *stallWriter
 	s := w.node("s", cfg, func(set *Settings) {
@@ -130,13 +99,8 @@ func TestPeerLostBeforeFirstWrite(t *testing.T) {
 	if _, err := s.Submit(Request{Peer: "r", Src: j.src, Dst: j.dst}); err != nil {
 		t.Fatal(err)
 	}
+	awaitGranted(t, r)
 	deadline := time.Now().Add(20 * time.Second)
-	for r.ArenaStats().HeldBytes == 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("the receiver never granted the stalled request")
-		}
-		time.Sleep(time.Millisecond)
-	}
 	// The sender dies once its connection is up (the receiver's engine
 	// named it): killed earlier, inside that round trip, only expiry
 	// would reclaim the flow.
@@ -149,17 +113,7 @@ func TestPeerLostBeforeFirstWrite(t *testing.T) {
 	killed := time.Now()
 	s.ctrl.Close()
 	s.eng.Close()
-	for {
-		st := r.ArenaStats()
-		if st.HeldBytes == 0 && st.Flows == 0 {
-			break
-		}
-		if time.Since(killed) > 10*time.Second {
-			t.Fatalf("10 s after the sender died the receiver still holds its flow: %+v (lost peers %d; flow expiry %v)", st, r.Stats().LostPeers, 4*cfg.RequestTimeout)
-		}
-		time.Sleep(time.Millisecond)
-	}
-	t.Logf("flow reclaimed %v after the sender died", time.Since(killed))
+	awaitReclaimed(t, r, killed, 10*time.Second, "the sender died")
 	conserve(t, r)
 	// The sender's gathers read j's buffers, which the test frees first.
 	s.close(t)
@@ -185,26 +139,10 @@ func TestControlPeerLostReclaimsFlows(t *testing.T) {
 	if _, err := s.Submit(Request{Peer: "r", Src: j.src, Dst: j.dst}); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(20 * time.Second)
-	for r.ArenaStats().HeldBytes == 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("the receiver never granted the stalled request")
-		}
-		time.Sleep(time.Millisecond)
-	}
+	awaitGranted(t, r)
 	killed := time.Now()
 	s.ctrl.Close()
-	for {
-		st := r.ArenaStats()
-		if st.HeldBytes == 0 && st.Flows == 0 {
-			break
-		}
-		if time.Since(killed) > 10*time.Second {
-			t.Fatalf("10 s after the sender's control channel died the receiver still holds its flow: %+v (lost peers %d; flow expiry %v)", st, r.Stats().LostPeers, 4*cfg.RequestTimeout)
-		}
-		time.Sleep(time.Millisecond)
-	}
-	t.Logf("flow reclaimed %v after the sender's control channel died", time.Since(killed))
+	awaitReclaimed(t, r, killed, 10*time.Second, "the sender's control channel died")
 	if n := r.Stats().LostPeers; n != 1 {
 		t.Fatalf("LostPeers = %d, want 1", n)
 	}
@@ -219,14 +157,7 @@ func TestControlPeerLostReclaimsFlows(t *testing.T) {
 // request started, broke) and the request fails with ErrPeerLost at once, not at
 // its 5 s timeout.
 func TestPeerLostFailsWaitingRequests(t *testing.T) {
-	w := zmqWorld(t, 0)
-	w.engine = func(t testing.TB, name string, _ loopback.Options) transfer.Engine {
-		e, err := tcp.New(tcp.Config{Name: name})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return e
-	}
+	w := tcpZMQWorld(t)
 	cfg := testConfig()
 	s, r := w.node("s", cfg), w.node("r", cfg)
 	connect(t, s, r)
@@ -254,6 +185,37 @@ func TestPeerLostFailsWaitingRequests(t *testing.T) {
 	t.Logf("resolved %v after the receiver died: %v", time.Since(killed), b.Err())
 }
 
+// awaitGranted waits until r holds arena bytes for a stalled request.
+func awaitGranted(t *testing.T, r *node) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for r.ArenaStats().HeldBytes == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the receiver never granted the stalled request")
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// awaitReclaimed waits until r holds no flow and no arena bytes, at most
+// within after since (what happened then: "the sender died"), and logs how
+// long it took.
+func awaitReclaimed(t *testing.T, r *node, since time.Time, within time.Duration, what string) {
+	t.Helper()
+	for {
+		st := r.ArenaStats()
+		if st.HeldBytes == 0 && st.Flows == 0 {
+			break
+		}
+		if time.Since(since) > within {
+			t.Fatalf("%v after %s the receiver still holds its flow: %+v (lost peers %d; flow expiry %v)",
+				within, what, st, r.Stats().LostPeers, 4*r.cfg.RequestTimeout)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	t.Logf("flow reclaimed %v after %s", time.Since(since), what)
+}
+
 // loadInto loads b's descriptor into a only (a sends to b; b learns a from
 // its WANTs and its engine connections).
 func loadInto(t testing.TB, a, b *node) {
@@ -275,14 +237,7 @@ func loadInto(t testing.TB, a, b *node) {
 // not after the quarantine (1 min here); the next senders get the whole
 // arena.
 func TestLostSenderFencedReleasesAtOnce(t *testing.T) {
-	w := zmqWorld(t, 0)
-	w.engine = func(t testing.TB, name string, _ loopback.Options) transfer.Engine {
-		e, err := tcp.New(tcp.Config{Name: name})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return e
-	}
+	w := tcpZMQWorld(t)
 	cfg := testConfig()
 	cfg.Quarantine = time.Minute
 	r := w.node("r", cfg)

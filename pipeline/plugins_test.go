@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/bouncekv/bounce/engines/loopback"
-	"github.com/bouncekv/bounce/engines/tcp"
 	"github.com/bouncekv/bounce/mem"
 	"github.com/bouncekv/bounce/plugins"
 	gatherhost "github.com/bouncekv/bounce/stages/gather/host"
@@ -127,7 +126,7 @@ func TestPluginCrash(t *testing.T) {
 			case "engine":
 				// Both sides need engines that reach each other: tcp
 				// in-process for b.
-				w.engine = func(t testing.TB, name string, _ loopback.Options) transfer.Engine {
+				w.engine = func(t testing.TB, name string, opt loopback.Options) transfer.Engine {
 					if name == "a" {
 						e, err := plugins.OpenEngine(spec, policy, name, slow)
 						if err != nil {
@@ -136,11 +135,7 @@ func TestPluginCrash(t *testing.T) {
 						victim = e.(plugins.Supervised)
 						return e
 					}
-					e, err := tcp.New(tcp.Config{Name: name})
-					if err != nil {
-						t.Fatal(err)
-					}
-					return e
+					return newTCPEngine(t, name, opt)
 				}
 			case "gather":
 				w.stages = func(t testing.TB, name string, reg *mem.Registry, _ transfer.Engine, notify func()) (transfer.Gatherer, transfer.Scatterer, transfer.Writer) {

@@ -49,16 +49,19 @@ func withReceived(ch chan<- Received) nodeOpt {
 	return func(s *Settings) { s.Received = ch }
 }
 
+// newTCPEngine is a world.engine that gives a node a real tcp engine.
+func newTCPEngine(t testing.TB, name string, _ loopback.Options) transfer.Engine {
+	e, err := tcp.New(tcp.Config{Name: name})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e
+}
+
 // tcpZMQWorld is a world of tcp engines and zmq control channels.
 func tcpZMQWorld(t testing.TB) *world {
 	w := zmqWorld(t, 0)
-	w.engine = func(t testing.TB, name string, _ loopback.Options) transfer.Engine {
-		e, err := tcp.New(tcp.Config{Name: name})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return e
-	}
+	w.engine = newTCPEngine
 	return w
 }
 
