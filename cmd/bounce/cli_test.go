@@ -349,26 +349,7 @@ func TestPeerKilledMidTransfer(t *testing.T) {
 				}
 				batches = append(batches, b)
 			}
-			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-			defer cancel()
-			for i, b := range batches {
-				err := b.Wait(ctx)
-				if ctx.Err() != nil {
-					t.Fatalf("request %d to a killed peer did not resolve within 30s", i)
-				}
-				if err == nil {
-					t.Fatalf("request %d to a killed peer succeeded", i)
-				}
-				// Every gather finished before the failure was published and
-				// the engine's writes are terminal: the caller's buffers are
-				// provably untouched and may be released.
-				if retired, quiescent := b.Retirement(); !retired || !quiescent {
-					t.Fatalf("request %d: retirement = (%v, %v), want (true, true); err %v", i, retired, quiescent, err)
-				}
-				if err := b.Release(); err != nil {
-					t.Fatal(err)
-				}
-			}
+			requireFailedQuiescent(t, batches, "a killed peer")
 			t.Logf("all 4 requests failed after %v: %v", time.Since(start).Round(time.Millisecond), batches[0].Err())
 			recv.Wait()
 			if err := n.Agent.CheckConservation(); err != nil {
@@ -660,5 +641,31 @@ func TestComponentsAndUnavailableKinds(t *testing.T) {
 	_, errOut, code = bounce(t, "config", "--bounce.arena-sise", "1GiB")
 	if code != exitUsage || !strings.Contains(errOut, `did you mean "--bounce.arena-size"?`) {
 		t.Fatalf("misspelt flag: exit %d\n%s", code, errOut)
+	}
+}
+
+// requireFailedQuiescent waits (30 s at most) for every batch sent to the
+// peer what names, and requires each to fail retired and quiescent — every
+// gather finished before the failure was published and the engine's writes
+// are terminal, so the caller's buffers are provably untouched — and to be
+// released.
+func requireFailedQuiescent(t *testing.T, batches []*pipeline.Batch, what string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for i, b := range batches {
+		err := b.Wait(ctx)
+		if ctx.Err() != nil {
+			t.Fatalf("request %d to %s did not resolve within 30s", i, what)
+		}
+		if err == nil {
+			t.Fatalf("request %d to %s succeeded", i, what)
+		}
+		if retired, quiescent := b.Retirement(); !retired || !quiescent {
+			t.Fatalf("request %d: retirement = (%v, %v), want (true, true); err %v", i, retired, quiescent, err)
+		}
+		if err := b.Release(); err != nil {
+			t.Fatal(err)
+		}
 	}
 }

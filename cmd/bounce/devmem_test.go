@@ -182,23 +182,7 @@ func TestDeviceKVReceiverKilled(t *testing.T) {
 	for k := range 4 {
 		batches = append(batches, submit(h.Name, h.buffer(), k))
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	for i, b := range batches {
-		err := b.Wait(ctx)
-		if ctx.Err() != nil {
-			t.Fatalf("request %d to a killed receiver did not resolve within 30s", i)
-		}
-		if err == nil {
-			t.Fatalf("request %d to a killed receiver succeeded", i)
-		}
-		if retired, quiescent := b.Retirement(); !retired || !quiescent {
-			t.Fatalf("request %d: retirement = (%v, %v), want (true, true); err %v", i, retired, quiescent, err)
-		}
-		if err := b.Release(); err != nil {
-			t.Fatal(err)
-		}
-	}
+	requireFailedQuiescent(t, batches, "a killed receiver")
 	if err := n.Agent.CheckConservation(); err != nil {
 		t.Fatal(err)
 	}
@@ -208,6 +192,8 @@ func TestDeviceKVReceiverKilled(t *testing.T) {
 		t.Fatal(err)
 	}
 	b := submit(h2.Name, h2.buffer(), 0)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
 	if err := b.Wait(ctx); err != nil {
 		t.Fatalf("request to the next receiver: %v", err)
 	}
