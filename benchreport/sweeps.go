@@ -198,35 +198,26 @@ func byDescSize(c Cell) sweepKey {
 // throughputVsConcurrency plots throughput against concurrency for one
 // shape, one line per route, with the spread over iterations.
 func throughputVsConcurrency(k sweepKey, ss []series, cfg Config) (*plot.Plot, error) {
-	p := plot.New()
-	p.Title.Text = fmt.Sprintf("Throughput vs concurrency: %s\n%s; bars: lowest..highest iteration", shapeName(k), subtitle(cfg))
-	p.X.Label.Text = "concurrent requests"
-	p.Y.Label.Text = "throughput (GB/s)"
-	p.X.Scale = plot.LogScale{}
-	p.X.Tick.Marker = concTicks(allX(ss))
-	p.Legend.Top, p.Legend.Left = true, true
-	p.Add(plotter.NewGrid())
-	for _, s := range ss {
-		if err := addSeries(p, s, routeLabel(s.route), false, 1e-9); err != nil {
-			return nil, err
-		}
-	}
-	xs := allX(ss)
-	p.X.Min, p.X.Max = xs[0]/1.4, xs[len(xs)-1]*1.4
-	p.Y.Min, p.Y.Max = 0, p.Y.Max*1.25
-	p.Y.Tick.Marker = niceTicks{}
-	return p, nil
+	title := fmt.Sprintf("Throughput vs concurrency: %s\n%s; bars: lowest..highest iteration", shapeName(k), subtitle(cfg))
+	return seriesThroughput(title, "concurrent requests", concTicks(allX(ss)), 1.4, ss)
 }
 
 // throughputVsDescSize plots throughput against descriptor size for one
 // preset (a --desc-size sweep), with the spread over iterations.
 func throughputVsDescSize(k sweepKey, ss []series, cfg Config) (*plot.Plot, error) {
+	title := fmt.Sprintf("Throughput vs descriptor size: %s (same bytes per request)\n%s; bars: lowest..highest iteration", shapeName(k), subtitle(cfg))
+	return seriesThroughput(title, "descriptor size", sizeTicks{}, 1.5, ss)
+}
+
+// seriesThroughput plots throughput (GB/s) per route against a logarithmic x
+// axis with the given ticks, leaving margin (a factor) on either side.
+func seriesThroughput(title, xLabel string, ticks plot.Ticker, margin float64, ss []series) (*plot.Plot, error) {
 	p := plot.New()
-	p.Title.Text = fmt.Sprintf("Throughput vs descriptor size: %s (same bytes per request)\n%s; bars: lowest..highest iteration", shapeName(k), subtitle(cfg))
-	p.X.Label.Text = "descriptor size"
+	p.Title.Text = title
+	p.X.Label.Text = xLabel
 	p.Y.Label.Text = "throughput (GB/s)"
 	p.X.Scale = plot.LogScale{}
-	p.X.Tick.Marker = sizeTicks{}
+	p.X.Tick.Marker = ticks
 	p.Legend.Top, p.Legend.Left = true, true
 	p.Add(plotter.NewGrid())
 	for _, s := range ss {
@@ -235,7 +226,7 @@ func throughputVsDescSize(k sweepKey, ss []series, cfg Config) (*plot.Plot, erro
 		}
 	}
 	xs := allX(ss)
-	p.X.Min, p.X.Max = xs[0]/1.5, xs[len(xs)-1]*1.5
+	p.X.Min, p.X.Max = xs[0]/margin, xs[len(xs)-1]*margin
 	p.Y.Min, p.Y.Max = 0, p.Y.Max*1.25
 	p.Y.Tick.Marker = niceTicks{}
 	return p, nil
