@@ -87,12 +87,7 @@ func TestPeerLostReclaimsFlows(t *testing.T) {
 func TestPeerLostBeforeFirstWrite(t *testing.T) {
 	w := tcpZMQWorld(t)
 	cfg := testConfig()
-	var sw *stallWriter
-	s := w.node("s", cfg, func(set *Settings) {
-		sw = &stallWriter{w: write.New(set.Engine)}
-		sw.stall.Store(true)
-		set.Writer = sw
-	})
+	s := stalledSender(w, "s", cfg)
 	r := w.node("r", cfg)
 	connect(t, s, r)
 	j := simple(t, s, r, 1)
@@ -127,12 +122,7 @@ func TestPeerLostBeforeFirstWrite(t *testing.T) {
 func TestControlPeerLostReclaimsFlows(t *testing.T) {
 	w := zmqWorld(t, 0)
 	cfg := testConfig()
-	var sw *stallWriter
-	s := w.node("s", cfg, func(set *Settings) {
-		sw = &stallWriter{w: write.New(set.Engine)}
-		sw.stall.Store(true)
-		set.Writer = sw
-	})
+	s := stalledSender(w, "s", cfg)
 	r := w.node("r", cfg)
 	connect(t, s, r)
 	j := simple(t, s, r, 1)
@@ -183,6 +173,16 @@ func TestPeerLostFailsWaitingRequests(t *testing.T) {
 		t.Fatal("not quiescent")
 	}
 	t.Logf("resolved %v after the receiver died: %v", time.Since(killed), b.Err())
+}
+
+// stalledSender is a node whose writes never start (its Writer stalls):
+// its requests hold their grants on the receiver.
+func stalledSender(w *world, name string, cfg Config) *node {
+	return w.node(name, cfg, func(set *Settings) {
+		sw := &stallWriter{w: write.New(set.Engine)}
+		sw.stall.Store(true)
+		set.Writer = sw
+	})
 }
 
 // awaitGranted waits until r holds arena bytes for a stalled request.
@@ -242,12 +242,7 @@ func TestLostSenderFencedReleasesAtOnce(t *testing.T) {
 	cfg.Quarantine = time.Minute
 	r := w.node("r", cfg)
 	for round := range 3 {
-		var sw *stallWriter
-		s := w.node(fmt.Sprintf("victim-%d", round), cfg, func(set *Settings) {
-			sw = &stallWriter{w: write.New(set.Engine)}
-			sw.stall.Store(true)
-			set.Writer = sw
-		})
+		s := stalledSender(w, fmt.Sprintf("victim-%d", round), cfg)
 		loadInto(t, s, r)
 		j := simple(t, s, r, uint64(1+round))
 		if _, err := s.Submit(Request{Peer: "r", Src: j.src, Dst: j.dst}); err != nil {
