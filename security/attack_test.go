@@ -379,6 +379,12 @@ func TestAttackAdmittedPeerSpraysArena(t *testing.T) {
 	if got := recv.engine().Stats().ForbiddenWrites; got < uint64(forbidden.Load()) {
 		t.Fatalf("engine counted %d forbidden writes, mallory saw %d", got, forbidden.Load())
 	}
+	// The last forged DATAs may still be on their way through the control
+	// channel when the spraying stops.
+	deadline := time.Now().Add(10 * time.Second)
+	for recv.stats().LateData == 0 && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
 	if st := recv.stats(); st.LateData == 0 {
 		t.Fatalf("forged DATA not counted: %+v", st)
 	}
