@@ -261,6 +261,10 @@ type Agent struct {
 
 	peersMu sync.RWMutex
 	peers   map[string]*peerInfo
+	// peerOps holds the names a LoadPeer or a lost sender's fence is
+	// working on (under peersMu), each with a channel closed when it ends:
+	// the two own the peer's engine state, so they never overlap.
+	peerOps map[string]chan struct{}
 
 	nextID atomic.Uint64
 
@@ -359,6 +363,7 @@ func build(s Settings, cfg Config) (*Agent, error) {
 		set:     s,
 		log:     s.Logger.With("agent", s.Name),
 		peers:   make(map[string]*peerInfo),
+		peerOps: make(map[string]chan struct{}),
 		kickCh:  make(chan struct{}, 1),
 		stopped: make(chan struct{}),
 	}
@@ -629,6 +634,7 @@ func (a *Agent) LoadPeer(blob []byte) (string, error) {
 		a.stats.badPeerDesc.Add(1)
 		return "", fmt.Errorf("pipeline: load peer: %w: %w", transfer.ErrBadMetadata, err)
 	}
+	defer a.claimLoad(d.Name)()
 	if err := a.set.Peers.Introduce(d.Name, d.PublicKey); err != nil {
 		a.stats.unadmitted.Add(1)
 		return "", fmt.Errorf("pipeline: load peer %q: %w", d.Name, err)
@@ -672,6 +678,49 @@ func (a *Agent) LoadPeer(blob []byte) (string, error) {
 	a.peers[name] = pi
 	a.peersMu.Unlock()
 	return name, nil
+}
+
+// claimLoad waits until no fence of peer is under way and reserves peer
+// for a LoadPeer; the returned func ends the reservation. A fence the
+// reactor queued before the load then finds the peer loaded and skips it
+// (claimFence), instead of dropping the engine state just loaded.
+func (a *Agent) claimLoad(peer string) func() {
+	for {
+		a.peersMu.Lock()
+		busy, ok := a.peerOps[peer]
+		if !ok {
+			done := make(chan struct{})
+			a.peerOps[peer] = done
+			a.peersMu.Unlock()
+			return func() { a.endPeerOp(peer, done) }
+		}
+		a.peersMu.Unlock()
+		<-busy
+	}
+}
+
+// claimFence reserves a lost sender for a fence of its engine state,
+// unless the peer is loaded or being loaded now (LoadPeer owns that state
+// then): ok is false and nothing is reserved. end ends the reservation.
+func (a *Agent) claimFence(peer string) (end func(), ok bool) {
+	a.peersMu.Lock()
+	defer a.peersMu.Unlock()
+	if _, loaded := a.peers[peer]; loaded {
+		return nil, false
+	}
+	if _, busy := a.peerOps[peer]; busy {
+		return nil, false
+	}
+	done := make(chan struct{})
+	a.peerOps[peer] = done
+	return func() { a.endPeerOp(peer, done) }, true
+}
+
+func (a *Agent) endPeerOp(peer string, done chan struct{}) {
+	a.peersMu.Lock()
+	delete(a.peerOps, peer)
+	a.peersMu.Unlock()
+	close(done)
 }
 
 // checkHandshake says why peer's handshake h rules the bounce path out, in

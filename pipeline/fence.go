@@ -23,11 +23,17 @@ type fenceJob struct {
 // ForgetPeer returned, no write of the peer lands any more (the engine
 // refuses its connections for the quarantine: transfer.Fencer), so done
 // may release the regions.
+//
+// The reactor checked that the peer was only learned when it queued the
+// job; claim checks again when the job runs, and holds off a LoadPeer of
+// the peer until the fence is over: a peer loaded in between is not
+// fenced (that would drop the engine state LoadPeer just set up).
 type peerFencer struct {
-	eng  transfer.Engine
-	jobs <-chan fenceJob
-	quit <-chan struct{}
-	done func(j fenceJob, fenced bool) // runs on this goroutine; posts to the reactor
+	eng   transfer.Engine
+	jobs  <-chan fenceJob
+	quit  <-chan struct{}
+	claim func(peer string) (end func(), ok bool)
+	done  func(j fenceJob, fenced bool) // runs on this goroutine; posts to the reactor
 }
 
 // run serves jobs until quit is closed.
@@ -35,12 +41,24 @@ func (f *peerFencer) run() {
 	for {
 		select {
 		case j := <-f.jobs:
-			err := f.eng.ForgetPeer(j.peer)
-			// An unknown peer has nothing left to cut, and is refused all
-			// the same from now on.
-			f.done(j, err == nil || errors.Is(err, transfer.ErrUnknownPeer))
+			f.fence(j)
 		case <-f.quit:
 			return
 		}
 	}
+}
+
+// fence runs one job; done is told before a LoadPeer held off by the
+// claim may start, so the reactor sees the fence before the load.
+func (f *peerFencer) fence(j fenceJob) {
+	end, ok := f.claim(j.peer)
+	if !ok {
+		f.done(j, false)
+		return
+	}
+	defer end()
+	err := f.eng.ForgetPeer(j.peer)
+	// An unknown peer has nothing left to cut, and is refused all the same
+	// from now on.
+	f.done(j, err == nil || errors.Is(err, transfer.ErrUnknownPeer))
 }

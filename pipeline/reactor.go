@@ -141,7 +141,7 @@ func (r *reactor) startHelpers(wg *sync.WaitGroup) {
 	}
 	if fences(r.a.set.Engine) {
 		jobs := make(chan fenceJob, fenceQueue)
-		f := &peerFencer{eng: r.a.set.Engine, jobs: jobs, quit: r.quit, done: func(j fenceJob, fenced bool) {
+		f := &peerFencer{eng: r.a.set.Engine, jobs: jobs, quit: r.quit, claim: r.a.claimFence, done: func(j fenceJob, fenced bool) {
 			r.a.post(func(r *reactor) { r.lostPeerFenced(j, fenced) })
 		}}
 		r.fenceJobs = jobs
