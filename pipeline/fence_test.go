@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/bouncekv/bounce/engines/tcp"
+	"github.com/bouncekv/bounce/pipeline/wire"
+	"github.com/bouncekv/bounce/transfer"
 )
 
 // gatedForget is the receiver's tcp engine with its ForgetPeer recorded,
@@ -128,5 +130,118 @@ func TestFenceDoesNotUndoLoadPeer(t *testing.T) {
 	if n := g.Stats().Fenced; n != 2 {
 		t.Errorf("the receiver's engine fences %d names, want victim-a and victim-c", n)
 	}
+	conserve(t, r)
+}
+
+// heldScatter holds every scatter until release is closed (then runs it):
+// a receiver whose copy stage is slow, so a flow's regions are all being
+// scattered.
+type heldScatter struct {
+	transfer.Scatterer
+	release chan struct{}
+}
+
+func (h *heldScatter) Scatter(region transfer.Desc, runs []transfer.Run) (transfer.Op, error) {
+	return &heldOp{release: h.release, start: func() (transfer.Op, error) { return h.Scatterer.Scatter(region, runs) }}, nil
+}
+
+type heldOp struct {
+	release <-chan struct{}
+	start   func() (transfer.Op, error)
+	op      transfer.Op
+	err     error
+}
+
+func (o *heldOp) Poll() (transfer.Status, error) {
+	if o.op == nil && o.err == nil {
+		select {
+		case <-o.release:
+			o.op, o.err = o.start()
+		default:
+			return transfer.Pending, nil
+		}
+	}
+	if o.err != nil {
+		return transfer.Failed, o.err
+	}
+	return o.op.Poll()
+}
+
+func (o *heldOp) Release() error {
+	if o.op != nil {
+		return o.op.Release()
+	}
+	return nil
+}
+
+// TestLateWantOfLostSenderReclaimed is the race behind the one
+// TestKillSenderMidTransfer failure (a dead sender's flow holding 8
+// regions 5 s after kill -9): a WANT the sender sent before it died is
+// processed after the receiver reclaimed its flows (it sat in the control
+// channel's queue; the engine's loss report does not wait behind it) and
+// opens a flow nobody will write. Dropping such WANTs, or reclaiming what
+// they opened, rests on the lost sender's fence; the fence ran only when
+// the lost flows held a region waiting for a write, and here the sender's
+// only region is being scattered when it dies (no region to release
+// early), so no fence ran and the late flow held its grant until flow
+// expiry (4 × the request timeout: 2 min here).
+func TestLateWantOfLostSenderReclaimed(t *testing.T) {
+	w := tcpZMQWorld(t)
+	cfg := testConfig()
+	rcfg := cfg
+	rcfg.RequestTimeout = 30 * time.Second
+	rcfg.Quarantine = time.Minute
+	hs := &heldScatter{release: make(chan struct{})}
+	released := sync.OnceFunc(func() { close(hs.release) })
+	t.Cleanup(released)
+	r := w.node("r", rcfg, func(s *Settings) {
+		hs.Scatterer = s.Scatterer
+		s.Scatterer = hs
+	})
+	await := func(what string, cond func() bool) {
+		t.Helper()
+		deadline := time.Now().Add(20 * time.Second)
+		for !cond() {
+			if time.Now().After(deadline) {
+				t.Fatalf("20 s without %s: %+v, %+v", what, r.ArenaStats(), r.Stats())
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	v := w.node("victim", cfg)
+	loadInto(t, v, r)
+	j := simple(t, v, r, 1)
+	if _, err := v.Submit(Request{Peer: "r", Src: j.src, Dst: j.dst}); err != nil {
+		t.Fatal(err)
+	}
+	await("the victim's whole request written and being scattered", func() bool {
+		st := r.ArenaStats()
+		return st.Flows == 1 && st.Pending == 0 && st.Regions > 0 && st.Scattering == st.Regions
+	})
+	endpoint := v.ctrl.LocalEndpoint()
+	killed := time.Now()
+	v.ctrl.Close()
+	v.eng.Close()
+	await("the victim's flow reclaimed", func() bool {
+		st := r.ArenaStats()
+		return st.Flows == 0 && st.Orphans > 0
+	})
+	// The victim's second request's WANT, still queued when it died.
+	r.post(func(rr *reactor) {
+		rr.onWant("victim", &wire.Want{Request: 99, ChunkBytes: []uint64{cfg.MaxChunk}, Endpoint: endpoint})
+	})
+	released()
+	for {
+		st := r.ArenaStats()
+		if st.Flows == 0 && st.HeldBytes == 0 && st.Scattering == 0 {
+			break
+		}
+		if time.Since(killed) > 10*time.Second {
+			t.Fatalf("10 s after the sender died the receiver holds a flow its late WANT opened: %+v (flow expiry %v)", st, 4*rcfg.RequestTimeout)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	t.Logf("the dead sender's late flow gone %v after its death", time.Since(killed))
+	v.close(t)
 	conserve(t, r)
 }

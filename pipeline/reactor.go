@@ -471,6 +471,7 @@ func (r *reactor) peerGone(peer, why string) {
 			r.fail(q, fmt.Errorf("pipeline: request %d: %s to %q: %w", q.id, why, peer, transfer.ErrPeerLost))
 		}
 	}
+	live := r.sched != nil && r.liveFlows(peer)
 	r.a.obs.peerFlowsEnded(r, peer, "lost")
 	r.failFlows(func(k credit.FlowKey) bool { return k.Peer == peer },
 		fmt.Errorf("flow reclaimed: %s to its sender: %w", why, transfer.ErrPeerLost))
@@ -478,8 +479,12 @@ func (r *reactor) peerGone(peer, why string) {
 		r.a.guard.revokeMatching(func(k credit.FlowKey) bool { return k.Peer == peer })
 	}
 	if r.sched != nil {
-		if offs := r.sched.QuarantinePeer(peer); len(offs) > 0 || r.hasFlows(peer) {
+		if offs := r.sched.QuarantinePeer(peer); len(offs) > 0 || live {
 			r.log.Warn("flows reclaimed: their sender is lost", "peer", peer, "why", why, "regions", len(offs))
+			// Fenced even when no region waits for a write (all being
+			// scattered, or none granted yet): the fence also drops the
+			// WANTs the sender sent before it died that are still queued
+			// here, which would open flows nobody writes.
 			r.fenceLost(peer, offs, r.quarantine(offs))
 		}
 		r.cancelScatters(func(k credit.FlowKey) bool { return k.Peer == peer })
@@ -494,12 +499,13 @@ func (r *reactor) peerGone(peer, why string) {
 // regions just serve out the quarantine.
 const fenceQueue = 256
 
-// fenceLost asks the peerFencer to fence a lost sender whose flows held
-// offs, so that they are released before the quarantine ends. Only a
+// fenceLost asks the peerFencer to fence a lost sender that had live
+// flows (holding offs), so that offs are released before the quarantine
+// ends and the sender's late WANTs are dropped (lostPeerFenced). Only a
 // sender this agent learned from its WANTs qualifies: the fence drops a
 // loaded peer's engine state, which LoadPeer owns.
 func (r *reactor) fenceLost(peer string, offs []uint64, until time.Time) {
-	if r.fenceJobs == nil || len(offs) == 0 {
+	if r.fenceJobs == nil {
 		return
 	}
 	if _, loaded := r.descEndpoint(peer); loaded {
@@ -544,6 +550,16 @@ func (r *reactor) lostPeerFenced(j fenceJob, fenced bool) {
 	r.a.stats.fencedReleases.Add(uint64(len(j.offs)))
 	r.schedule()
 	r.publishTables()
+}
+
+// liveFlows reports whether peer has a flow the scheduler still serves.
+func (r *reactor) liveFlows(peer string) bool {
+	for k := range r.flowSeen {
+		if k.Peer == peer && r.sched.Active(k) {
+			return true
+		}
+	}
+	return false
 }
 
 // hasFlows reports whether the receiver tracks a flow of peer.
