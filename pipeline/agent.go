@@ -931,6 +931,11 @@ func (a *Agent) Shutdown(ctx context.Context) error {
 			a.post(func(r *reactor) { r.forceStop() })
 			<-a.stopped
 		}
+		// The pump may be parked in the channel's Recv: a channel that
+		// can be woken returns at once instead of at its receive timeout.
+		if w, ok := a.set.Control.(recvWaker); ok {
+			w.WakeRecv()
+		}
 		a.wg.Wait()
 		a.obs.close()
 		if a.guard != nil {
@@ -949,6 +954,12 @@ func (a *Agent) Shutdown(ctx context.Context) error {
 		}
 	})
 	return err
+}
+
+// recvWaker is a control channel whose Recv in progress (or else its
+// next one) can be made to return at once (ErrTimeout).
+type recvWaker interface {
+	WakeRecv()
 }
 
 // post queues a command for the reactor. It never blocks.

@@ -88,8 +88,9 @@ type Channel struct {
 	// and wakeRecv.
 	recvTurn chan struct{}
 	router   *zmq4.Socket
-	wakeRecv *zmq4.Socket // PAIR polled with router; readable once Close ran
-	wakeSend *zmq4.Socket // PAIR used by Close only
+	wakeRecv *zmq4.Socket // PAIR polled with router; readable after WakeRecv or Close
+	wakeSend *zmq4.Socket // PAIR written by WakeRecv and Close, under wakeMu
+	wakeMu   sync.Mutex
 	poller   *zmq4.Poller
 	done     chan struct{} // closed by Close
 
@@ -625,10 +626,42 @@ func (c *Channel) recvTurnHeld(timeout time.Duration, deadline time.Time) (trans
 		// zmq_poll counts whole milliseconds; round up so a short wait
 		// sleeps instead of spinning.
 		wait = (wait + time.Millisecond - 1).Truncate(time.Millisecond)
-		if _, err := c.poller.Poll(wait); err != nil && zmq4.AsErrno(err) != zmq4.Errno(syscall.EINTR) {
+		polled, err := c.poller.Poll(wait)
+		if err != nil && zmq4.AsErrno(err) != zmq4.Errno(syscall.EINTR) {
 			return transfer.Message{}, c.recvError(err)
 		}
+		for _, p := range polled {
+			if p.Socket != c.wakeRecv || c.isDone() {
+				continue
+			}
+			// Every wake pending ends this one Recv.
+			woken := false
+			for {
+				if _, err := c.wakeRecv.RecvBytes(zmq4.DONTWAIT); err != nil {
+					break
+				}
+				woken = true
+			}
+			if woken {
+				return transfer.Message{}, fmt.Errorf("zmq: recv: woken: %w", transfer.ErrTimeout)
+			}
+		}
 	}
+}
+
+// WakeRecv makes a Recv in progress, or else the next one that waits,
+// return ErrTimeout at once (wakes pending together end one Recv) instead of waiting out its timeout: a receive loop
+// that is told to stop then stops without that wait (an agent's shutdown).
+// Messages are not lost: they stay queued for the next Recv. After Close
+// it does nothing.
+func (c *Channel) WakeRecv() {
+	c.wakeMu.Lock()
+	defer c.wakeMu.Unlock()
+	if c.isDone() {
+		return
+	}
+	// A full pipe means a wake is already pending.
+	_, _ = c.wakeSend.SendBytes([]byte{1}, zmq4.DONTWAIT)
 }
 
 // recvFrames reads one ROUTER message without waiting and the User-Id of
@@ -710,6 +743,7 @@ func (c *Channel) Close() error {
 		}
 		c.mu.Unlock()
 		c.mon.stop()
+		c.wakeMu.Lock()
 		close(c.done)
 		// Wake a Recv parked in zmq_poll, then take the receive turn for
 		// good: no Recv touches the sockets after this.
@@ -722,6 +756,7 @@ func (c *Channel) Close() error {
 				errs = append(errs, fmt.Errorf("close socket: %w", err))
 			}
 		}
+		c.wakeMu.Unlock()
 		if c.zap != nil {
 			c.zap.stop()
 		}

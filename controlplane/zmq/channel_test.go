@@ -495,3 +495,51 @@ func TestRecvHugeTimeoutStillWaits(t *testing.T) {
 		t.Fatalf("Recv(max duration) = %v, want the message", err)
 	}
 }
+
+// TestWakeRecv: WakeRecv ends a parked Recv at once with ErrTimeout (an
+// agent's receive loop told to stop then stops instead of waiting out its
+// receive timeout), a wake before a Recv ends that Recv, and no message
+// is lost to a wake.
+func TestWakeRecv(t *testing.T) {
+	a := newTestChannel(t, "a")
+	b := newTestChannel(t, "b")
+	connect(t, a, b)
+	res := make(chan error, 1)
+	go func() {
+		_, err := b.Recv(10 * hangGuard)
+		res <- err
+	}()
+	for len(b.recvTurn) == 0 {
+		time.Sleep(time.Millisecond)
+	}
+	b.WakeRecv()
+	select {
+	case err := <-res:
+		if !errors.Is(err, transfer.ErrTimeout) {
+			t.Fatalf("woken Recv = %v, want ErrTimeout", err)
+		}
+	case <-time.After(hangGuard):
+		t.Fatalf("a parked Recv (timeout %v) was not woken within %v", 10*hangGuard, hangGuard)
+	}
+	// A wake with no Recv in progress ends the next one; two wakes end
+	// one.
+	b.WakeRecv()
+	b.WakeRecv()
+	done := make(chan error, 1)
+	go func() {
+		_, err := b.Recv(10 * hangGuard)
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if !errors.Is(err, transfer.ErrTimeout) {
+			t.Fatalf("Recv after a wake = %v, want ErrTimeout", err)
+		}
+	case <-time.After(hangGuard):
+		t.Fatal("a wake before the Recv did not end it")
+	}
+	mustSend(t, a, "b", "after the wakes")
+	expectMsg(t, b, "a", "after the wakes")
+	b.Close()
+	b.WakeRecv() // after Close: nothing, no panic
+}
