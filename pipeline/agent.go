@@ -931,10 +931,14 @@ func (a *Agent) Shutdown(ctx context.Context) error {
 			a.post(func(r *reactor) { r.forceStop() })
 			<-a.stopped
 		}
-		// The pump may be parked in the channel's Recv: a channel that
-		// can be woken returns at once instead of at its receive timeout.
+		// The pumps may be parked in the channel's Recv and the engine's
+		// RecvNotification: woken, they return at once instead of at their
+		// receive timeout.
 		if w, ok := a.set.Control.(recvWaker); ok {
 			w.WakeRecv()
+		}
+		if w, ok := a.set.Engine.(notificationWaker); ok {
+			w.WakeRecvNotification()
 		}
 		a.wg.Wait()
 		a.obs.close()
@@ -960,6 +964,12 @@ func (a *Agent) Shutdown(ctx context.Context) error {
 // next one) can be made to return at once (ErrTimeout).
 type recvWaker interface {
 	WakeRecv()
+}
+
+// notificationWaker is an engine whose RecvNotification in progress (or
+// else its next one) can be made to return at once (ErrTimeout).
+type notificationWaker interface {
+	WakeRecvNotification()
 }
 
 // post queues a command for the reactor. It never blocks.

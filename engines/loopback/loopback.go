@@ -99,6 +99,7 @@ type Engine struct {
 	forgotten map[string]struct{}
 
 	inbox     chan transfer.Message
+	wake      inbox.Wake    // ends a RecvNotification's wait (WakeRecvNotification)
 	done      chan struct{} // closed by Close
 	wg        sync.WaitGroup
 	closeOnce sync.Once
@@ -154,6 +155,7 @@ func (f *Fabric) NewEngine(name string, opts ...Options) (*Engine, error) {
 		in:        make(map[*writeOp]struct{}),
 		forgotten: make(map[string]struct{}),
 		inbox:     make(chan transfer.Message, o.InboxSize),
+		wake:      inbox.NewWake(),
 		done:      make(chan struct{}),
 	}
 	f.engines[name] = e
@@ -447,12 +449,17 @@ func (e *Engine) Notify(peerName string, payload []byte) error {
 	}
 }
 
+// WakeRecvNotification makes a RecvNotification in progress, or else the
+// next one that waits, return ErrTimeout at once: the agent's notification
+// pump, told to stop, then stops without waiting out its timeout.
+func (e *Engine) WakeRecvNotification() { e.wake.Wake() }
+
 // RecvNotification returns the next notification, with the sender's name
 // in Message.Peer. It waits at most timeout (not at all when timeout <= 0)
 // and returns ErrTimeout when nothing arrived, ErrClosed once the engine is
 // closed.
 func (e *Engine) RecvNotification(timeout time.Duration) (transfer.Message, error) {
-	m, err := inbox.Receive(e.inbox, e.done, timeout)
+	m, err := inbox.ReceiveWake(e.inbox, e.done, e.wake, timeout)
 	if err != nil {
 		return m, fmt.Errorf("loopback %s: recv notification: %w", e.name, err)
 	}

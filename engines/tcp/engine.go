@@ -3,6 +3,7 @@ package tcp
 import (
 	"errors"
 	"fmt"
+	"github.com/bouncekv/bounce/internal/inbox"
 	"log/slog"
 	"net"
 	"slices"
@@ -45,6 +46,7 @@ type Engine struct {
 	closeOnce sync.Once
 	closeErr  error
 	recvq     chan transfer.Message
+	wake      inbox.Wake // ends a RecvNotification's wait (WakeRecvNotification)
 	nextID    atomic.Uint64
 
 	pending atomic.Int64 // incoming connections not yet admitted
@@ -165,6 +167,7 @@ func New(cfg Config) (*Engine, error) {
 		now:       time.Now,
 		done:      make(chan struct{}),
 		recvq:     make(chan transfer.Message, cfg.RecvQueue),
+		wake:      inbox.NewWake(),
 	}
 	e.wg.Add(1)
 	go e.acceptLoop()

@@ -41,12 +41,17 @@ func (e *Engine) Notify(peerName string, payload []byte) error {
 	return nil
 }
 
+// WakeRecvNotification makes a RecvNotification in progress, or else the
+// next one that waits, return ErrTimeout at once: the agent's notification
+// pump, told to stop, then stops without waiting out its timeout.
+func (e *Engine) WakeRecvNotification() { e.wake.Wake() }
+
 // RecvNotification returns the next notification, in order per sending
 // peer, with Peer set to the sender's name. It waits at most timeout (a
 // timeout <= 0 only polls) and returns ErrTimeout when nothing arrived and
 // ErrClosed once the engine is closed.
 func (e *Engine) RecvNotification(timeout time.Duration) (transfer.Message, error) {
-	m, err := inbox.Receive(e.recvq, e.done, timeout)
+	m, err := inbox.ReceiveWake(e.recvq, e.done, e.wake, timeout)
 	if err != nil {
 		return m, fmt.Errorf("tcp: receive notification: %w", err)
 	}
