@@ -164,3 +164,40 @@ func TestPeerLostNotOnRemoveOrClose(t *testing.T) {
 		t.Fatalf("reports %v after a closed, want only [d]", p)
 	}
 }
+
+// TestPeerLostWhenProcessSilent: a control peer in another process is
+// stopped (SIGSTOP): its connection stays open and TCP sees nothing, so
+// only the ZMTP heartbeat (PING every 1 s, dropped after 3 s without a
+// reply) drops it, and the socket monitor then reports the peer lost.
+// Without the DEALER's heartbeat no report would ever come.
+func TestPeerLostWhenProcessSilent(t *testing.T) {
+	c := childproc.Start(t, childEnv, "1")
+	line, err := c.Next(0)
+	if err != nil {
+		t.Fatalf("read child endpoint: %v", err)
+	}
+	parent := newTestChannel(t, "parent")
+	var lost lostLog
+	parent.SetPeerLost(lost.add)
+	if err := parent.AddPeer("child", strings.TrimSpace(line)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := fmt.Fprintln(c.Stdin, parent.LocalEndpoint()); err != nil {
+		t.Fatal(err)
+	}
+	mustSend(t, parent, "child", "ping")
+	expectMsg(t, parent, "child", "echo:ping")
+	stopped := time.Now()
+	if err := c.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	peers, at := waitLost(t, &lost, "child stopped")
+	took := at[0].Sub(stopped)
+	t.Logf("silent peer reported lost %v after SIGSTOP (heartbeat interval %v, timeout %v)", took.Round(time.Millisecond), heartbeatIvl, heartbeatTimeout)
+	if len(peers) != 1 || peers[0] != "child" {
+		t.Fatalf("reports %v, want [child]", peers)
+	}
+	if n := parent.Stats().LostPeers; n != 1 {
+		t.Fatalf("Stats.LostPeers = %d, want 1", n)
+	}
+}
