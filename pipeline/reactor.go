@@ -28,7 +28,8 @@ type reactor struct {
 	reqs      map[uint64]*sendReq
 	gathering []chunkRef
 	writing   []chunkRef
-	parked    map[uint64]*sendReq // requests with chunks waiting for arena or copy contexts
+	parked    parkQueue  // requests with chunks waiting for arena or copy contexts, oldest first
+	parkBuf   []*sendReq // pumpParked's snapshot of parked, reused
 	// retryParked is set when arena bytes or a copy context were freed (and
 	// by the periodic check), so parked requests are retried then.
 	retryParked bool
@@ -93,7 +94,6 @@ func newReactor(a *Agent, sched *credit.Scheduler) *reactor {
 		clock:     a.set.Clock,
 		sched:     sched,
 		reqs:      make(map[uint64]*sendReq),
-		parked:    make(map[uint64]*sendReq),
 		direct:    make(map[uint64]*directReq),
 		flowSeen:  make(map[credit.FlowKey]time.Time),
 		rflows:    make(map[credit.FlowKey]*recvFlow),

@@ -58,6 +58,10 @@ type sendReq struct {
 	wantAt       time.Time // when the WANT went out
 	granted      bool      // the first GRANT arrived
 	stages       Stages
+
+	// parked, parkPrev and parkNext place the request in reactor.parked.
+	parked             bool
+	parkPrev, parkNext *sendReq
 }
 
 type chunkRef struct {
@@ -105,34 +109,48 @@ func (r *reactor) submitBounce(b *Batch, pi *peerInfo, p *plan.Plan, tag []byte)
 // advance starts every chunk it may: eagerly (before a credit) when enabled,
 // or once its credit arrived, up to W live chunks. A chunk that cannot get a
 // staging region or a copy context parks the request for a later retry.
+//
+// Parked requests are served oldest first: while something freed since
+// they were last tried waits for them (retryParked), a request that is not
+// parked queues behind them instead of taking it.
 func (r *reactor) advance(q *sendReq) {
 	if q.err != nil {
 		return
 	}
-	delete(r.parked, q.id)
+	if !r.parked.has(q) && r.retryParked && r.parked.len() > 0 {
+		r.parked.push(q)
+		return
+	}
+	if r.startChunks(q) {
+		r.parked.push(q) // a request parked already keeps its place
+	} else {
+		r.parked.remove(q)
+	}
+}
+
+// startChunks is advance's loop; it reports whether q must park.
+func (r *reactor) startChunks(q *sendReq) (park bool) {
 	for q.next < len(q.ch) && q.live < r.cfg.MaxInflight {
 		k := q.next
 		c := &q.ch[k]
 		if c.credit == nil && !r.cfg.EagerGather {
-			return
+			return false
 		}
 		bytes := q.plan.Chunks[k].Bytes
 		q.plan.Fill(k) // emit the chunk's runs now that it starts (Agent.plan)
 		eager := c.credit == nil
 		off, ok := r.sched.AcquireLocal(bytes, eager)
 		if !ok {
-			r.parked[q.id] = q
-			return
+			return true
 		}
 		op, err := r.a.set.Gatherer.Gather(r.regionDesc(off, bytes), q.plan.Chunks[k].Gather)
 		if err != nil {
 			r.releaseLocal(off)
 			if errors.Is(err, transfer.ErrBusy) {
-				r.parked[q.id] = q
-				return
+				return true
 			}
 			r.fail(q, fmt.Errorf("pipeline: gather chunk %d: %w", k, err))
-			return
+			return false
 		}
 		c.st, c.staged, c.off, c.eager, c.op = cGathering, true, off, eager, op
 		c.started = time.Now()
@@ -143,24 +161,35 @@ func (r *reactor) advance(q *sendReq) {
 		q.next++
 		r.gathering = append(r.gathering, chunkRef{q, k})
 	}
+	return false
 }
 
-// pumpParked retries parked requests, but only after something was freed
-// (arena bytes, a copy context) or the periodic safety-net retry; a parked
-// request never keeps the reactor spinning.
+// pumpParked retries parked requests, oldest first, but only after
+// something was freed (arena bytes, a copy context) or the periodic
+// safety-net retry; a parked request never keeps the reactor spinning.
+// Every parked request is tried, not only up to the first that stays
+// parked: a request with its credit may fit where an eager one is over the
+// eager budget, and holding it back would leave the receiver's granted
+// region idle.
 func (r *reactor) pumpParked() bool {
-	if len(r.parked) == 0 || !r.retryParked {
+	if r.parked.len() == 0 || !r.retryParked {
 		return false
 	}
 	r.retryParked = false
 	progressed := false
-	for _, q := range r.parked {
+	snap := r.parked.appendTo(r.parkBuf[:0])
+	for _, q := range snap {
+		if !r.parked.has(q) {
+			continue // failed or finished meanwhile
+		}
 		before := q.next
 		r.advance(q)
 		if q.next != before {
 			progressed = true
 		}
 	}
+	clear(snap)
+	r.parkBuf = snap[:0]
 	return progressed
 }
 
@@ -392,7 +421,7 @@ func (r *reactor) onAck(peer string, m *wire.Ack) {
 	q.lastProgress = r.clock.Now()
 	if q.acked == len(q.ch) {
 		delete(r.reqs, q.id)
-		delete(r.parked, q.id)
+		r.parked.remove(q)
 		q.published = true
 		q.b.setStages(q.stages)
 		r.publish(q.b, nil, true)
@@ -431,7 +460,7 @@ func (r *reactor) fail(q *sendReq, err error) {
 	q.err, q.failedAt = q.pi.lostErr(err), r.clock.Now()
 	r.a.obs.reqFailed(q, q.err)
 	r.log.DebugContext(q.b.obs.logContext(), "request failing", "request", q.id, "peer", q.peer, "err", q.err)
-	delete(r.parked, q.id)
+	r.parked.remove(q)
 	for k := range q.ch {
 		if c := &q.ch[k]; c.st == cGathered {
 			r.dropStaging(c)

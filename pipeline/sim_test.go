@@ -223,6 +223,12 @@ func newSimWorld(seed int64, totals *simTotals, mutate func(*simFaults)) *simWor
 }
 
 func (w *simWorld) addAgent(name string, receiver bool) *simAgent {
+	return w.addAgentWith(name, receiver, nil)
+}
+
+// addAgentWith is addAgent with the seed's configuration adjusted by tune
+// (nil: none) before the agent is built.
+func (w *simWorld) addAgentWith(name string, receiver bool, tune func(*Config)) *simAgent {
 	s := &simAgent{name: name, w: w, reg: &mem.Registry{}, receiver: receiver, peers: map[string]bool{}}
 	s.buf = make([]byte, simBuf)
 	s.base = uint64(uintptr(unsafe.Pointer(&s.buf[0])))
@@ -236,6 +242,9 @@ func (w *simWorld) addAgent(name string, receiver bool) *simAgent {
 		Enabled: true, ArenaSize: simArena, Granularity: simGran, MaxChunk: simMaxChunk,
 		MaxInflight: 1 + w.rng.IntN(4), ScatterWorkers: 2, MinDescriptors: 1, MaxAvgDescriptor: simMaxChunk,
 		RequestTimeout: simTimeout, QuiesceTimeout: simTimeout, EagerGather: w.rng.IntN(2) == 0,
+	}
+	if tune != nil {
+		tune(&cfg)
 	}
 	a, err := build(set, cfg)
 	if err != nil {

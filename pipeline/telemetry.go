@@ -371,7 +371,7 @@ func (a *Agent) snapshot(ctx context.Context) (snapshot, bool) {
 	default:
 	}
 	a.post(func(r *reactor) {
-		s := snapshot{parked: len(r.parked), bounce: len(r.reqs), direct: len(r.direct)}
+		s := snapshot{parked: r.parked.len(), bounce: len(r.reqs), direct: len(r.direct)}
 		if r.sched != nil {
 			s.arena, s.held = r.sched.Stats(), r.sched.HeldByPeer()
 		}

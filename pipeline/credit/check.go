@@ -232,7 +232,7 @@ func (s *Scheduler) checkPeers() error {
 		}
 		if pl := s.peers[k.Peer]; pl == nil {
 			return fmt.Errorf("credit: check: flow %v has no peer entry", k)
-		} else if _, ok := pl.flows[f]; !ok {
+		} else if !inPeerList(pl, f) {
 			return fmt.Errorf("credit: check: flow %v is missing from its peer's set", k)
 		}
 	}
@@ -242,9 +242,21 @@ func (s *Scheduler) checkPeers() error {
 		switch {
 		case w == nil:
 			return fmt.Errorf("credit: check: peer %q has an entry but no live flow", p)
-		case w.flows != len(pl.flows) || w.held != pl.held || w.pending != pl.pending:
+		case w.flows != pl.flows || w.held != pl.held || w.pending != pl.pending:
 			return fmt.Errorf("credit: check: peer %q: %d flows, %d held, %d pending; entry says %d, %d, %d",
-				p, w.flows, w.held, w.pending, len(pl.flows), pl.held, pl.pending)
+				p, w.flows, w.held, w.pending, pl.flows, pl.held, pl.pending)
+		}
+		if pl.capped != s.capped(pl) {
+			return fmt.Errorf("credit: check: peer %q: capped %v as of the last rebalance, %v now", p, pl.capped, s.capped(pl))
+		}
+		n := 0
+		for f := pl.first; f != nil; f = f.pNext {
+			if n++; n > pl.flows || s.flows[f.key] != f || f.key.Peer != p || (f.pNext == nil) != (f == pl.last) {
+				return fmt.Errorf("credit: check: peer %q: its flow list is broken at %v", p, f.key)
+			}
+		}
+		if n != pl.flows {
+			return fmt.Errorf("credit: check: peer %q: %d flows listed, entry says %d", p, n, pl.flows)
 		}
 		if pl.pending > 0 {
 			waiting++
@@ -254,4 +266,15 @@ func (s *Scheduler) checkPeers() error {
 		return fmt.Errorf("credit: check: %d peers waiting, counter says %d", waiting, s.waiting)
 	}
 	return nil
+}
+
+// inPeerList reports whether f is linked into pl's flow list (a walk back
+// from f reaches pl.first).
+func inPeerList(pl *peerLoad, f *flow) bool {
+	for g := f; g != nil; g = g.pPrev {
+		if g == pl.first {
+			return true
+		}
+	}
+	return false
 }

@@ -156,8 +156,40 @@ type Scheduler struct {
 type peerLoad struct {
 	held    uint64
 	pending int
-	flows   map[*flow]struct{}
-	capped  bool // capped as of the last rebalance
+	// first..last lists the peer's live flows, least recently granted
+	// first (a flow never granted counts from its Want): the order the
+	// ring serves them in, restored when a cap takes them off it.
+	first, last *flow
+	flows       int
+	capped      bool // capped as of the last rebalance
+}
+
+// push appends f to the peer's flows (the most recently served).
+func (pl *peerLoad) push(f *flow) {
+	f.pPrev, f.pNext = pl.last, nil
+	if pl.last != nil {
+		pl.last.pNext = f
+	} else {
+		pl.first = f
+	}
+	pl.last = f
+	pl.flows++
+}
+
+// remove takes f out of the peer's flows.
+func (pl *peerLoad) remove(f *flow) {
+	if f.pPrev != nil {
+		f.pPrev.pNext = f.pNext
+	} else {
+		pl.first = f.pNext
+	}
+	if f.pNext != nil {
+		f.pNext.pPrev = f.pPrev
+	} else {
+		pl.last = f.pPrev
+	}
+	f.pPrev, f.pNext = nil, nil
+	pl.flows--
 }
 
 // flow is one (peer, request) stream.
@@ -167,9 +199,10 @@ type flow struct {
 	head    int      // chunks granted so far = index of the next chunk
 	held    []uint64 // region offsets, scattering ones included
 
-	prev, next *flow // ring links, valid while inRing
-	inRing     bool
-	headOrder  int // buddy order of the head chunk, valid while inRing
+	prev, next   *flow // ring links, valid while inRing
+	pPrev, pNext *flow // links in the peer's flows (peerLoad.first)
+	inRing       bool
+	headOrder    int // buddy order of the head chunk, valid while inRing
 
 	stamped  bool
 	stamp    uint64
@@ -256,10 +289,10 @@ func (s *Scheduler) Want(k FlowKey, chunkBytes []uint64) error {
 	s.flows[k] = f
 	pl := s.peers[k.Peer]
 	if pl == nil {
-		pl = &peerLoad{flows: make(map[*flow]struct{})}
+		pl = &peerLoad{}
 		s.peers[k.Peer] = pl
 	}
-	pl.flows[f] = struct{}{}
+	pl.push(f)
 	s.pending += len(chunkBytes)
 	s.addPending(pl, len(chunkBytes))
 	s.update(f)
@@ -305,11 +338,13 @@ func (s *Scheduler) rebalance() {
 	if !s.peerShare {
 		return
 	}
+	// A peer's flows go back on the ring least recently granted first,
+	// so a cap that comes and goes keeps the round-robin order.
 	var flows []*flow
 	for _, pl := range s.peers {
 		if c := s.capped(pl); c != pl.capped {
 			pl.capped = c
-			for f := range pl.flows {
+			for f := pl.first; f != nil; f = f.pNext {
 				flows = append(flows, f)
 			}
 		}
@@ -694,6 +729,8 @@ func (s *Scheduler) grant(f *flow, off uint64) Grant {
 	f.held = append(f.held, off)
 	s.heldBytes += size
 	pl.held += size
+	pl.remove(f)
+	pl.push(f) // now the peer's most recently granted flow
 	s.clearStamp(f)
 	s.cursor = f.next
 	s.update(f)
@@ -747,9 +784,13 @@ func (s *Scheduler) oldestStarving() *flow {
 	return best
 }
 
-// ready reports whether f belongs on the ring.
+// ready reports whether f belongs on the ring. The peer's cap is read as
+// of the last rebalance, which every mutating method ends with: a flow
+// whose region was freed then waits for rebalance to put all of its
+// peer's flows back in their order, rather than jumping ahead of them.
 func (s *Scheduler) ready(f *flow) bool {
-	return f.head < len(f.pending) && len(f.held) < s.w && !s.capped(s.peers[f.key.Peer])
+	pl := s.peers[f.key.Peer]
+	return f.head < len(f.pending) && len(f.held) < s.w && (pl == nil || !pl.capped)
 }
 
 // update restores the ring and table invariants after f changed: ready
@@ -772,8 +813,8 @@ func (s *Scheduler) update(f *flow) {
 		s.clearStamp(f)
 		delete(s.flows, f.key)
 		if pl := s.peers[f.key.Peer]; pl != nil {
-			delete(pl.flows, f)
-			if len(pl.flows) == 0 {
+			pl.remove(f)
+			if pl.flows == 0 {
 				delete(s.peers, f.key.Peer)
 			}
 		}
