@@ -45,6 +45,14 @@
 // current round. A head chunk that does not fit is skipped (backpressure,
 // never an error).
 //
+// A peer at its cap (PeerShare, PeerMax) has all of its flows off the ring
+// until rebalance lifts the cap. Each peer lists its flows least recently
+// granted first, and rebalance puts them back in that order, so a cap
+// that comes and goes on every grant (one sender with many flows against
+// PeerMax) keeps the round robin instead of reshuffling it; ready reads
+// the cap as of the last rebalance, so the flow whose freed region lifted
+// it does not jump ahead of its peer's others.
+//
 // # Drain mode
 //
 // Skipping lets small chunks starve a large one. A ready flow whose head did
