@@ -32,7 +32,7 @@ func Builtin() Factories {
 		CUDA: lib,
 		Engines: map[string]EngineFactory{
 			"loopback": &LoopbackFactory{Fabric: loopback.NewFabric()},
-			"tcp":      TCPFactory{},
+			"tcp":      TCPFactory{Lib: lib},
 			"ucx":      UCXFactory{},
 			"cudacopy": &CUDACopyFactory{Fabric: cudacopy.NewFabric(lib)},
 		},
@@ -163,22 +163,28 @@ func (f *LoopbackFactory) CreateEngine(s Settings, cfg config.EngineConfig) (tra
 	return f.Fabric.NewEngine(s.Name, loopback.Options{OnComplete: s.Notify})
 }
 
-// TCPFactory creates pure-Go TCP engines.
-type TCPFactory struct{}
+// TCPFactory creates pure-Go TCP engines. Lib, when set, is the CUDA
+// driver the engine stages device memory with (option device_staging).
+type TCPFactory struct{ Lib *cuda.Lib }
 
 // Type returns "tcp".
 func (TCPFactory) Type() string { return "tcp" }
 
 // CreateEngine creates a TCP engine listening on engine.listen. Options:
 // advertise (host:port put in the metadata), stripe_bytes, dial_timeout,
-// idle_timeout, fence_timeout.
-func (TCPFactory) CreateEngine(s Settings, cfg config.EngineConfig) (transfer.Engine, error) {
+// idle_timeout, fence_timeout, and device_staging: auto (the default: on
+// when the cuda stages are configured and the driver opens), on or off.
+// With it on the engine carries CUDA memory on the direct path, every
+// descriptor staged through page-locked host buffers on each side (the
+// per-descriptor baseline; route auto still takes bounce for device KV).
+func (f TCPFactory) CreateEngine(s Settings, cfg config.EngineConfig) (transfer.Engine, error) {
 	c := tcp.Config{Name: s.Name, Listen: cfg.Listen, Connections: cfg.Connections, Logger: s.Logger, OnComplete: s.Notify,
 		Peers: s.Peers, Encrypt: cfg.Encryption == "on", FrameTimeout: cfg.FrameTimeout, MaxPendingConns: cfg.MaxPendingConns,
 		FenceHold: s.FenceHold}
 	if c.Encrypt && !s.Peers.Enabled() {
 		return nil, fmt.Errorf("engine.encryption on needs security.mode authenticate (the keys come from the handshake)")
 	}
+	staging := "auto"
 	err := options("engine.options", cfg.Options, map[string]func(string) error{
 		"advertise":    func(v string) error { c.Advertise = v; return nil },
 		"stripe_bytes": func(v string) error { n, err := config.ParseSize(v); c.StripeBytes = int(n); return err },
@@ -188,9 +194,27 @@ func (TCPFactory) CreateEngine(s Settings, cfg config.EngineConfig) (transfer.En
 			c.FenceTimeout, err = time.ParseDuration(v)
 			return
 		},
+		"device_staging": func(v string) error {
+			if v != "auto" && v != "on" && v != "off" {
+				return fmt.Errorf("%q: want auto, on or off", v)
+			}
+			staging = v
+			return nil
+		},
 	})
 	if err != nil {
 		return nil, err
+	}
+	if staging == "on" || staging == "auto" && s.CUDAStages {
+		dm, err := newCUDAStaging(f.Lib, s.CUDADevice)
+		switch {
+		case err == nil:
+			c.Device = dm
+		case staging == "on":
+			return nil, fmt.Errorf("engine.options device_staging=on: %w", err)
+		default:
+			s.Logger.Debug("tcp engine without device staging", "reason", err)
+		}
 	}
 	return tcp.New(c)
 }

@@ -52,6 +52,9 @@ type Settings struct {
 	Propagator     propagation.TextMapPropagator
 	// CUDADevice is the CUDA ordinal of the cuda stages (stages.device).
 	CUDADevice int
+	// CUDAStages is whether the cuda stages are configured
+	// (stages.gather or stages.scatter cuda): the KV may be device memory.
+	CUDAStages bool
 	// Plugin is the plugin block of the stage being created when its kind
 	// is plugin (stages.gather.plugin, ...); zero otherwise. Engines and
 	// control planes find theirs in their own section.
@@ -256,6 +259,7 @@ func BuildWith(cfg config.Config, f Factories, o Options) (*Node, error) {
 		MeterProvider:  n.Telemetry.MeterProvider,
 		Propagator:     n.Telemetry.Propagator,
 		CUDADevice:     cfg.Stages.Device,
+		CUDAStages:     cfg.Stages.Gather.Kind == "cuda" || cfg.Stages.Scatter.Kind == "cuda",
 		FenceHold:      PipelineConfig(cfg.Bounce, cfg.Security).EffectiveQuarantine(),
 	}
 	fail := func(err error) (*Node, error) {

@@ -510,13 +510,16 @@ func (a *Agent) RegisterMemory(d transfer.Desc) error {
 // admitted peer, as RegisterMemory). Any registered memory can be a
 // transfer's source.
 //
-// Memory the engine cannot touch but the stages can (device KV with a host
+// Memory the engine carries only by staging each descriptor through host
+// buffers (transfer.StagedKinder: tcp with device staging) is registered
+// with both, so the direct route can carry it too. Memory the engine cannot
+// touch but the stages can (device KV with a host
 // engine, CUDA stages and a pinned-host arena) is registered with the
 // stages alone: transfers from and into it take the bounce route, the only
 // one that can carry it. Memory neither can touch is refused wrapping
 // ErrUnsupported.
 func (a *Agent) RegisterMemoryFor(d transfer.Desc, peers ...string) error {
-	if !transfer.Handles(a.set.Engine, d.Kind) {
+	if !transfer.Handles(a.set.Engine, d.Kind) && !transfer.Stages(a.set.Engine, d.Kind) {
 		return a.registerStageOnly(d)
 	}
 	if err := a.set.Registry.Add(d); err != nil {

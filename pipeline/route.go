@@ -43,7 +43,12 @@ func (a *Agent) route(req Request, pi *peerInfo, want Route) (Route, string, str
 	// one way across: gather into the arena the engine does carry. The
 	// descriptor gates and the cost model compare two routes; here there is
 	// one.
-	if k, ok := engineCannot(a.set.Engine, req); ok {
+	if k, ok := engineCannot(a.set.Engine, req, false); ok {
+		if transfer.Stages(a.set.Engine, k) {
+			// The direct path would copy every descriptor through host
+			// buffers on each side: the baseline bounce exists to beat.
+			return RouteBounce, whyEngineKind, fmt.Sprintf("the engine carries %s memory only by staging each descriptor through host buffers; the bounce route stages it through the arena", k)
+		}
 		return RouteBounce, whyEngineKind, fmt.Sprintf("the engine cannot carry %s memory; the bounce route stages it through the arena", k)
 	}
 	if want == RouteBounce {
@@ -71,7 +76,7 @@ func (a *Agent) checkKinds(route Route, req Request) error {
 	if route == RouteBounce {
 		return transfer.CheckKinds(a.set.Gatherer, "the gather stage", req.Src)
 	}
-	if k, ok := engineCannot(a.set.Engine, req); ok {
+	if k, ok := engineCannot(a.set.Engine, req, true); ok {
 		hint := "the bounce route can carry it only with stages that handle it (stages.gather and stages.scatter cuda) and bounce on at both ends"
 		if a.bounceOn && transfer.Handles(a.set.Gatherer, k) {
 			hint = "take the bounce route (it stages the memory through the arena)"
@@ -82,12 +87,18 @@ func (a *Agent) checkKinds(route Route, req Request) error {
 }
 
 // engineCannot returns the first memory kind among req's sources and
-// destinations the engine cannot touch.
-func engineCannot(eng transfer.Engine, req Request) (transfer.MemKind, bool) {
+// destinations the engine cannot touch: natively, or (staged) also by
+// staging each descriptor through host buffers (transfer.StagedKinder).
+func engineCannot(eng transfer.Engine, req Request, staged bool) (transfer.MemKind, bool) {
 	var ok [256]bool // by MemKind, resolved once: this runs per descriptor
 	ok[transfer.Host] = transfer.Handles(eng, transfer.Host)
 	if mk, has := eng.(transfer.MemoryKinder); has {
 		for _, k := range mk.MemoryKinds() {
+			ok[k] = true
+		}
+	}
+	if sk, has := eng.(transfer.StagedKinder); has && staged {
+		for _, k := range sk.StagedMemoryKinds() {
 			ok[k] = true
 		}
 	}

@@ -281,6 +281,32 @@ func Handles(x any, k MemKind) bool {
 	return false
 }
 
+// StagedKinder is the optional capability of an Engine that carries some
+// memory kinds on the direct path only by staging every descriptor through
+// host buffers of its own (a device-to-host copy per descriptor before the
+// bytes go out, a host-to-device copy per descriptor after they arrive, as
+// UCX's cuda-copy + tcp protocols do): StagedMemoryKinds lists them. Such
+// memory is no arena for the bounce route (the engine does not Handle it),
+// and route auto takes bounce for it; the direct route carries it.
+type StagedKinder interface {
+	StagedMemoryKinds() []MemKind
+}
+
+// Stages reports whether engine x carries memory of kind k only by
+// staging it per descriptor (StagedKinder), not natively (Handles).
+func Stages(x any, k MemKind) bool {
+	sk, ok := x.(StagedKinder)
+	if !ok || Handles(x, k) {
+		return false
+	}
+	for _, have := range sk.StagedMemoryKinds() {
+		if have == k {
+			return true
+		}
+	}
+	return false
+}
+
 // CheckKinds returns an error wrapping ErrUnsupported naming the first
 // descriptor of ds whose memory kind x cannot touch; what names x in the
 // message.

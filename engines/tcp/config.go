@@ -117,6 +117,20 @@ type Config struct {
 	// ended, counted in Stats.FenceEvictions and logged: only a forget
 	// rate above MaxForgotten per FenceHold does that.
 	MaxForgotten int
+	// Device, when set, makes the engine carry that kind of device memory
+	// on the direct path by staging every descriptor through page-locked
+	// host buffers (StagedMemoryKinds): one copy per descriptor into a
+	// staging buffer before its bytes go out, one out of a staging buffer
+	// after they arrived. Nil: host memory only.
+	Device DeviceMemory
+	// StageBuffers is the number of staging buffers in each direction
+	// (default 2 × Connections): at most that many frames with device
+	// memory are staged at once, out and in.
+	StageBuffers int
+	// StageBytes is the size of one staging buffer (default
+	// DefaultStageBytes), and so the most payload of a frame with device
+	// sources.
+	StageBytes int
 }
 
 // withDefaults returns c with zero fields replaced by defaults.
@@ -134,6 +148,8 @@ func (c Config) withDefaults() Config {
 	c.FenceTimeout = cmp.Or(c.FenceTimeout, DefaultFenceTimeout)
 	c.FenceHold = cmp.Or(c.FenceHold, DefaultFenceHold)
 	c.MaxForgotten = cmp.Or(c.MaxForgotten, DefaultMaxForgotten)
+	c.StageBuffers = cmp.Or(c.StageBuffers, 2*c.Connections)
+	c.StageBytes = cmp.Or(c.StageBytes, DefaultStageBytes)
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -174,6 +190,15 @@ func (c Config) Validate() error {
 	}
 	if c.StripeBytes < 0 || c.StripeBytes > MaxFramePayload {
 		return fmt.Errorf("tcp: config: StripeBytes %d not in 0..%d", c.StripeBytes, MaxFramePayload)
+	}
+	if c.StageBuffers < 0 || c.StageBuffers > MaxStageBuffers {
+		return fmt.Errorf("tcp: config: StageBuffers %d not in 0..%d", c.StageBuffers, MaxStageBuffers)
+	}
+	if c.StageBytes < 0 || c.StageBytes > MaxFramePayload {
+		return fmt.Errorf("tcp: config: StageBytes %d not in 0..%d", c.StageBytes, MaxFramePayload)
+	}
+	if c.Device != nil && c.Device.Kind() == transfer.Host {
+		return fmt.Errorf("tcp: config: Device stages host memory: it must be a device memory kind: %w", transfer.ErrUnsupported)
 	}
 	if c.Advertise != "" {
 		if err := validAddr(c.Advertise); err != nil {

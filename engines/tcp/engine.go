@@ -52,6 +52,7 @@ type Engine struct {
 	pending atomic.Int64 // incoming connections not yet admitted
 	guard   atomic.Pointer[transfer.WriteGuard]
 	stats   counters
+	stage   *stager // nil unless Config.Device: the device staging rings
 }
 
 // counters are the engine's security counters.
@@ -125,11 +126,23 @@ var (
 	_ transfer.Connector = (*Engine)(nil)
 
 	_ transfer.WriteGuarded = (*Engine)(nil)
+	_ transfer.StagedKinder = (*Engine)(nil)
 )
 
 // New validates cfg, listens on cfg.Listen at once and starts accepting
-// peer connections. Close releases everything.
+// peer connections. Close releases everything. New owns cfg.Device from
+// the call on: Close closes it, and so does New when it fails.
 func New(cfg Config) (*Engine, error) {
+	e, err := newEngine(cfg)
+	if err != nil && cfg.Device != nil {
+		if cerr := cfg.Device.Close(); cerr != nil {
+			err = errors.Join(err, fmt.Errorf("tcp: close device memory: %w", cerr))
+		}
+	}
+	return e, err
+}
+
+func newEngine(cfg Config) (*Engine, error) {
 	cfg = cfg.withDefaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -156,7 +169,15 @@ func New(cfg Config) (*Engine, error) {
 		}
 		addr = ta.String()
 	}
+	var st *stager
+	if cfg.Device != nil {
+		if st, err = newStager(cfg.Device, cfg.StageBuffers, cfg.StageBytes, cfg.FrameTimeout); err != nil {
+			ln.Close()
+			return nil, fmt.Errorf("tcp: engine %q: %w", cfg.Name, err)
+		}
+	}
 	e := &Engine{
+		stage:     st,
 		cfg:       cfg,
 		log:       cfg.Logger.With("engine", cfg.Name),
 		ln:        ln,
@@ -185,6 +206,21 @@ func (e *Engine) Name() string { return e.cfg.Name }
 // bandwidth is a few GB/s. The agent refines them from observed transfers.
 func (e *Engine) RouteCosts() (postPerDesc, perWrite time.Duration, bandwidth float64) {
 	return time.Microsecond, 50 * time.Microsecond, 2e9
+}
+
+// StagedMemoryKinds lists the device memory kind Config.Device carries
+// (transfer.StagedKinder): the direct path moves it with a copy per
+// descriptor through the staging buffers on each side. None without it.
+func (e *Engine) StagedMemoryKinds() []transfer.MemKind {
+	if e.stage == nil {
+		return nil
+	}
+	return []transfer.MemKind{e.stage.dev.Kind()}
+}
+
+// carries reports whether the engine moves memory of kind k.
+func (e *Engine) carries(k transfer.MemKind) bool {
+	return k == transfer.Host || e.stage != nil && k == e.stage.dev.Kind()
 }
 
 // MaxNotifySize returns the largest payload Notify accepts (MaxNotification).
@@ -223,8 +259,8 @@ func (e *Engine) RegisterMemory(d transfer.Desc) error {
 	if e.isClosed() {
 		return fmt.Errorf("tcp: register %v: %w", d, transfer.ErrClosed)
 	}
-	if d.Kind != transfer.Host {
-		return fmt.Errorf("tcp: register %v: only host memory: %w", d, transfer.ErrUnsupported)
+	if !e.carries(d.Kind) {
+		return fmt.Errorf("tcp: register %v: only host memory (and device memory with Config.Device): %w", d, transfer.ErrUnsupported)
 	}
 	e.memMu.Lock()
 	defer e.memMu.Unlock()
@@ -415,6 +451,7 @@ func (e *Engine) PostWrite(peerName string, ops []transfer.WriteOp) (transfer.Op
 		return nil, fmt.Errorf("tcp: post write to %q: %w", peerName, err)
 	}
 	var total uint64
+	staged := false // a source in device memory: parts are staged
 	for i, op := range ops {
 		if op.Src.Len != op.Dst.Len {
 			return nil, fmt.Errorf("tcp: post write to %q: op %d: source length %d != destination length %d: %w", peerName, i, op.Src.Len, op.Dst.Len, transfer.ErrOutOfBounds)
@@ -422,10 +459,11 @@ func (e *Engine) PostWrite(peerName string, ops []transfer.WriteOp) (transfer.Op
 		if op.Src.Len == 0 {
 			continue
 		}
-		if op.Src.Kind != transfer.Host || op.Dst.Kind != transfer.Host {
-			return nil, fmt.Errorf("tcp: post write to %q: op %d: %v -> %v: only host memory: %w", peerName, i, op.Src, op.Dst, transfer.ErrUnsupported)
+		if !e.carries(op.Src.Kind) || !e.carries(op.Dst.Kind) {
+			return nil, fmt.Errorf("tcp: post write to %q: op %d: %v -> %v: only host memory (and device memory with Config.Device): %w", peerName, i, op.Src, op.Dst, transfer.ErrUnsupported)
 		}
 		total += op.Src.Len
+		staged = staged || op.Src.Kind != transfer.Host
 	}
 	if err := p.checkDsts(ops); err != nil {
 		return nil, fmt.Errorf("tcp: post write to %q: %w", peerName, err)
@@ -434,7 +472,7 @@ func (e *Engine) PostWrite(peerName string, ops []transfer.WriteOp) (transfer.Op
 	if err != nil {
 		return nil, fmt.Errorf("tcp: post write to %q: %w", peerName, err)
 	}
-	parts := e.split(ops, total, p)
+	parts := e.split(ops, total, p, staged)
 	o := newWriteOp(e, peerName, len(parts), pins)
 	for _, pt := range parts {
 		pt.op = o
@@ -454,7 +492,7 @@ func (e *Engine) pinSources(ops []transfer.WriteOp) ([]uint64, error) {
 		if op.Src.Len == 0 || last.Contains(op.Src.Addr, op.Src.Len) && last.Len > 0 {
 			continue
 		}
-		d, err := e.reg.Find(op.Src.Addr, op.Src.Len)
+		d, err := e.reg.FindKind(op.Src.Kind, op.Src.Device, op.Src.Addr, op.Src.Len)
 		if err != nil {
 			return nil, fmt.Errorf("op %d source: %w", i, err)
 		}
@@ -469,18 +507,26 @@ func (e *Engine) pinSources(ops []transfer.WriteOp) ([]uint64, error) {
 	return pins, nil
 }
 
-// split cuts ops into parts of at most the stripe budget and MaxSegments.
-func (e *Engine) split(ops []transfer.WriteOp, total uint64, p *peer) []*part {
+// split cuts ops into parts of at most the stripe budget and MaxSegments
+// (and StageBytes when staged: a part with device sources is staged in one
+// buffer).
+func (e *Engine) split(ops []transfer.WriteOp, total uint64, p *peer, staged bool) []*part {
 	n := uint64(len(p.slots))
 	budget := (total + n - 1) / max(n, 1)
 	budget = max(budget, uint64(e.cfg.StripeBytes))
 	budget = min(budget, MaxFramePayload)
+	if staged {
+		budget = min(budget, uint64(e.cfg.StageBytes))
+	}
 	// Size segment tables for an even spread of ops over the parts.
 	hint := int(min(uint64(len(ops))/max(total/budget, 1)+2, MaxSegments))
 	var parts []*part
 	var cur *part
 	for _, op := range ops {
-		src := mem.Unsafe(op.Src.Addr, op.Src.Len)
+		var src []byte
+		if op.Src.Kind == transfer.Host {
+			src = mem.Unsafe(op.Src.Addr, op.Src.Len)
+		}
 		off := uint64(0)
 		for off < op.Src.Len {
 			if cur == nil || cur.bytes == budget || cur.nseg == MaxSegments {
@@ -491,7 +537,11 @@ func (e *Engine) split(ops []transfer.WriteOp, total uint64, p *peer) []*part {
 				parts = append(parts, cur)
 			}
 			k := min(op.Src.Len-off, budget-cur.bytes)
-			cur.add(op.Dst.Addr+off, src[off:off+k])
+			if src == nil {
+				cur.addDev(op.Dst.Addr+off, op.Src.Addr+off, k)
+			} else {
+				cur.add(op.Dst.Addr+off, src[off:off+k])
+			}
 			off += k
 		}
 	}
@@ -533,6 +583,13 @@ func (e *Engine) Close() error {
 			<-w
 		}
 		e.wg.Wait()
+		if e.stage != nil {
+			// Every session writer and connection reader has ended:
+			// no staging buffer is held any more.
+			if err := e.stage.close(); err != nil && e.closeErr == nil {
+				e.closeErr = err
+			}
+		}
 	})
 	return e.closeErr
 }

@@ -120,6 +120,7 @@ type part struct {
 	bufs  [][]byte // [0] is header + segment table, then source slices
 	bytes uint64
 	nseg  int
+	dev   []devSeg // device sources, staged into bufs just before the write
 
 	// guarded by the sending slot's mu
 	written  bool
@@ -136,6 +137,16 @@ func (pt *part) add(dst uint64, src []byte) {
 	pt.bufs[0] = appendSegment(pt.bufs[0], dst, uint64(len(src)))
 	pt.bufs = append(pt.bufs, src)
 	pt.bytes += uint64(len(src))
+	pt.nseg++
+}
+
+// addDev adds a segment whose source is device memory at src: its bufs
+// entry is filled from a staging buffer when the part is written.
+func (pt *part) addDev(dst, src, n uint64) {
+	pt.bufs[0] = appendSegment(pt.bufs[0], dst, n)
+	pt.bufs = append(pt.bufs, nil)
+	pt.dev = append(pt.dev, devSeg{idx: len(pt.bufs) - 1, src: src, n: n})
+	pt.bytes += n
 	pt.nseg++
 }
 
@@ -448,8 +459,33 @@ func (ss *session) drain(conn net.Conn, notifs chan []byte) error {
 		ss.writing = true
 		s.mu.Unlock()
 
+		var staging []byte
+		if len(pt.dev) > 0 {
+			st := s.p.e.stage
+			var err error
+			if staging, err = st.get(st.out, ss.ctx.Done()); err == nil {
+				err = st.stageOut(pt, staging)
+			}
+			if err != nil {
+				// Nothing of this part went out: it fails alone (its
+				// device sources were only read, by copies that ended).
+				if staging != nil {
+					st.put(st.out, staging)
+				}
+				s.mu.Lock()
+				ss.writing = false
+				delete(ss.inflight, pt.id)
+				pt.bufs = nil
+				s.mu.Unlock()
+				pt.op.partDone(fmt.Errorf("tcp: stage part %d: %w", pt.id, err))
+				continue
+			}
+		}
 		conn.SetWriteDeadline(time.Now().Add(s.p.e.cfg.WriteTimeout))
 		err := writeBufs(conn, pt.bufs)
+		if staging != nil {
+			s.p.e.stage.put(s.p.e.stage.out, staging) // the write returned: nothing reads it
+		}
 
 		s.mu.Lock()
 		ss.writing = false

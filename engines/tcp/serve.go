@@ -451,7 +451,7 @@ func (e *Engine) land(r *inReader, conn net.Conn, peer string, id uint64, segs [
 		}
 		return e.reply(conn, encodeNack(id, nackForbidden, err.Error()))
 	}
-	bufs, pins, verr := e.resolveDsts(segs, (*scratch)[:0])
+	bufs, pins, staged, verr := e.resolveDsts(segs, (*scratch)[:0])
 	*scratch = bufs
 	if verr != nil {
 		log.Warn("tcp rejected incoming write", "part", id, "err", verr)
@@ -459,6 +459,24 @@ func (e *Engine) land(r *inReader, conn net.Conn, peer string, id uint64, segs [
 			return err
 		}
 		return e.reply(conn, encodeNack(id, nackCode(verr), verr.Error()))
+	}
+	if staged {
+		in := make([]inSeg, len(segs))
+		for i, sg := range segs {
+			in[i] = inSeg{dev: bufs[i] == nil, addr: sg.addr, n: sg.n, host: bufs[i]}
+		}
+		copyErr, err := e.stage.landStaged(r, in, e.done)
+		e.reg.Unpin(pins)
+		if err != nil {
+			return fmt.Errorf("read payload of part %d: %w", id, err)
+		}
+		if copyErr != nil {
+			log.Warn("tcp could not land incoming write in device memory", "part", id, "err", copyErr)
+			return e.reply(conn, encodeNack(id, nackCode(copyErr), copyErr.Error()))
+		}
+		var ack [headerSize]byte
+		putHeader(ack[:], frameHeader{typ: frameAck, id: id})
+		return e.reply(conn, ack[:])
 	}
 	err := r.fullv(bufs)
 	e.reg.Unpin(pins)
@@ -495,29 +513,38 @@ func (e *Engine) authorize(peer string, segs []segment) error {
 }
 
 // resolveDsts maps segments to registered memory, appended to bufs (the
-// connection's reused slice), and pins it.
-func (e *Engine) resolveDsts(segs []segment, bufs [][]byte) ([][]byte, []uint64, error) {
+// connection's reused slice), and pins it. A segment in registered device
+// memory (Config.Device) gets a nil entry and staged is true: it lands
+// through a staging buffer.
+func (e *Engine) resolveDsts(segs []segment, bufs [][]byte) (_ [][]byte, pins []uint64, staged bool, _ error) {
 	e.memMu.RLock()
 	defer e.memMu.RUnlock()
-	var pins []uint64
 	var last transfer.Desc
 	for i, s := range segs {
 		if last.Len == 0 || !last.Contains(s.addr, s.n) {
-			d, err := e.reg.Find(s.addr, s.n)
+			d, err := e.reg.FindAny(s.addr, s.n)
+			if err == nil && !e.carries(d.Kind) {
+				err = fmt.Errorf("[%#x+%d] lies in %v, which this engine cannot write: %w", s.addr, s.n, d, transfer.ErrUnsupported)
+			}
 			if err != nil {
-				return bufs, nil, fmt.Errorf("tcp: incoming segment %d: %w", i, err)
+				return bufs, nil, false, fmt.Errorf("tcp: incoming segment %d: %w", i, err)
 			}
 			last = d
 			if !slices.Contains(pins, d.Addr) {
 				pins = append(pins, d.Addr)
 			}
 		}
+		if last.Kind != transfer.Host {
+			bufs = append(bufs, nil)
+			staged = true
+			continue
+		}
 		bufs = append(bufs, mem.Unsafe(s.addr, s.n))
 	}
 	if err := e.reg.Pin(pins); err != nil {
-		return bufs, nil, fmt.Errorf("tcp: incoming write: %w", err)
+		return bufs, nil, false, fmt.Errorf("tcp: incoming write: %w", err)
 	}
-	return bufs, pins, nil
+	return bufs, pins, staged, nil
 }
 
 func (e *Engine) reply(conn net.Conn, frame []byte) error {

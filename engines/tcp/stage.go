@@ -1,0 +1,231 @@
+package tcp
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/bouncekv/bounce/transfer"
+)
+
+// Defaults of the device staging ring (Config.Device).
+const (
+	// DefaultStageBytes is the size of one staging buffer, and so the
+	// most payload of a WRITE frame with device sources.
+	DefaultStageBytes = 1 << 20
+	// MaxStageBuffers bounds Config.StageBuffers.
+	MaxStageBuffers = 256
+)
+
+// DeviceMemory is what the engine needs to carry one kind of device memory
+// (CUDA memory) on the direct path, the way UCX's cuda-copy + tcp
+// protocols do: synchronous copies between that memory and host bytes,
+// and page-locked host buffers to stage them in. Every descriptor is
+// copied on its own, once on each side (a device-to-host copy into a
+// staging buffer before the bytes go out, a host-to-device copy out of one
+// after they arrived): this is the per-descriptor baseline a user without
+// bounce has, not a gather.
+type DeviceMemory interface {
+	// Kind is the memory kind the engine then carries (never Host).
+	Kind() transfer.MemKind
+	// CopyToHost copies len(dst) bytes at device address src into dst
+	// and returns once they are there.
+	CopyToHost(dst []byte, src uint64) error
+	// CopyToDevice copies src to device address dst and returns once the
+	// bytes are there.
+	CopyToDevice(dst uint64, src []byte) error
+	// AllocStaging returns n bytes of page-locked host memory.
+	AllocStaging(n int) ([]byte, error)
+	// FreeStaging frees a buffer AllocStaging returned.
+	FreeStaging(b []byte) error
+	// Close releases what the DeviceMemory holds (a CUDA context). The
+	// engine calls it once, after freeing every staging buffer, at Close
+	// (or when New fails).
+	Close() error
+}
+
+// errStageClosed is a staging buffer asked for after the engine began to
+// close.
+var errStageClosed = errors.New("tcp: device staging: engine closing")
+
+// stager owns the page-locked staging buffers of an engine that carries
+// device memory: two fixed rings (out for the session writers' device
+// sources, in for the connection readers' device destinations, so a
+// writer never waits on a buffer a reader needs to drain the socket it is
+// blocked on), allocated by New and freed by Close only after every
+// goroutine that could hold one has ended. A buffer is held by exactly one
+// goroutine at a time, from get to put; nothing else touches it.
+type stager struct {
+	dev     DeviceMemory
+	size    int
+	out, in chan []byte
+	all     [][]byte
+	wait    time.Duration // the longest get waits for a buffer
+}
+
+func newStager(dev DeviceMemory, buffers, size int, wait time.Duration) (*stager, error) {
+	s := &stager{dev: dev, size: size, out: make(chan []byte, buffers), in: make(chan []byte, buffers), wait: wait}
+	for i := 0; i < 2*buffers; i++ {
+		b, err := dev.AllocStaging(size)
+		if err == nil && len(b) != size {
+			err = fmt.Errorf("got %d bytes", len(b))
+			_ = dev.FreeStaging(b)
+		}
+		if err != nil {
+			_ = s.free()
+			return nil, fmt.Errorf("tcp: allocate staging buffer %d of %d bytes: %w", i, size, err)
+		}
+		s.all = append(s.all, b)
+		if i < buffers {
+			s.out <- b
+		} else {
+			s.in <- b
+		}
+	}
+	return s, nil
+}
+
+// get takes a buffer from ring, waiting at most s.wait, and not past done.
+func (s *stager) get(ring chan []byte, done <-chan struct{}) ([]byte, error) {
+	select {
+	case b := <-ring:
+		return b, nil
+	default:
+	}
+	t := time.NewTimer(s.wait)
+	defer t.Stop()
+	select {
+	case b := <-ring:
+		return b, nil
+	case <-done:
+		return nil, errStageClosed
+	case <-t.C:
+		return nil, fmt.Errorf("tcp: no device staging buffer free within %v: %w", s.wait, transfer.ErrTimeout)
+	}
+}
+
+func (s *stager) put(ring chan []byte, b []byte) { ring <- b }
+
+// free frees every buffer. The caller proved that no goroutine holds one
+// (Close after every session and reader ended, or New on failure).
+func (s *stager) free() error {
+	var errs []error
+	for _, b := range s.all {
+		if err := s.dev.FreeStaging(b); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	s.all = nil
+	if len(errs) > 0 {
+		return fmt.Errorf("tcp: free staging buffers: %w", errors.Join(errs...))
+	}
+	return nil
+}
+
+// close frees every buffer, then closes the DeviceMemory (Engine.Close,
+// after every goroutine that could hold a buffer ended).
+func (s *stager) close() error {
+	err := s.free()
+	if cerr := s.dev.Close(); cerr != nil {
+		err = errors.Join(err, fmt.Errorf("tcp: close device memory: %w", cerr))
+	}
+	return err
+}
+
+// devSeg is a device source of a part: bufs[idx] is filled from device
+// address src (n bytes) just before the frame is written.
+type devSeg struct {
+	idx int
+	src uint64
+	n   uint64
+}
+
+// stageOut copies each device source of pt into buf, one copy per
+// segment, and points pt's payload at the copies.
+func (s *stager) stageOut(pt *part, buf []byte) error {
+	off := uint64(0)
+	for _, d := range pt.dev {
+		b := buf[off : off+d.n]
+		if err := s.dev.CopyToHost(b, d.src); err != nil {
+			return fmt.Errorf("tcp: copy device source [%#x+%d] to staging: %w: %w", d.src, d.n, err, transfer.ErrDeviceFault)
+		}
+		pt.bufs[d.idx] = b
+		off += d.n
+	}
+	return nil
+}
+
+// inSeg is one piece of an incoming frame: host memory read in place
+// (dev false) or device memory at addr read into staging and copied.
+type inSeg struct {
+	dev  bool
+	addr uint64
+	n    uint64
+	host []byte
+}
+
+// landStaged reads a frame whose destinations include device memory: host
+// destinations are read in place, device ones through the in ring's
+// buffer, filled with as many segments (or pieces of one) as fit, then
+// copied out one segment piece at a time before the buffer is refilled.
+// A failed device copy does not stop the read (the frame is consumed so
+// the connection stays usable); its error is returned as copyErr for the
+// NACK. readErr is a broken connection.
+func (s *stager) landStaged(r *inReader, segs []inSeg, done <-chan struct{}) (copyErr, readErr error) {
+	var total uint64
+	for _, sg := range segs {
+		total += sg.n
+	}
+	buf, err := s.get(s.in, done)
+	if err != nil {
+		return err, r.discard(total)
+	}
+	defer s.put(s.in, buf)
+	type piece struct {
+		addr uint64
+		b    []byte
+	}
+	var bufs [][]byte
+	var pieces []piece
+	used := 0
+	flush := func() error {
+		if err := r.fullv(bufs); err != nil {
+			return err
+		}
+		for _, p := range pieces {
+			if copyErr != nil {
+				break
+			}
+			if err := s.dev.CopyToDevice(p.addr, p.b); err != nil {
+				copyErr = fmt.Errorf("tcp: copy staging to device [%#x+%d]: %w: %w", p.addr, len(p.b), err, transfer.ErrDeviceFault)
+			}
+		}
+		bufs, pieces, used = bufs[:0], pieces[:0], 0
+		return nil
+	}
+	for _, sg := range segs {
+		if !sg.dev {
+			bufs = append(bufs, sg.host)
+			continue
+		}
+		for off := uint64(0); off < sg.n; {
+			if used == len(buf) {
+				if err := flush(); err != nil {
+					return copyErr, err
+				}
+			}
+			k := min(sg.n-off, uint64(len(buf)-used))
+			b := buf[used : used+int(k)]
+			bufs = append(bufs, b)
+			pieces = append(pieces, piece{addr: sg.addr + off, b: b})
+			used += int(k)
+			off += k
+		}
+	}
+	if len(bufs) > 0 {
+		if err := flush(); err != nil {
+			return copyErr, err
+		}
+	}
+	return copyErr, nil
+}
