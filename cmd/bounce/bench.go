@@ -90,7 +90,11 @@ route runs first.
 Routes: bounce (gather, one bulk write per region, scatter), direct (one
 engine post per descriptor), bulk (the same bytes as ONE contiguous
 descriptor per request on the direct path: what the engine does with the
-bytes at its best), auto (the agent decides). Within each iteration the
+bytes at its best; with --memory device it writes them from a host buffer
+into a host buffer, the host-memory bulk baseline beside the device
+cells), auto (the agent decides). With --memory device over tcp, direct
+stages every descriptor through page-locked host buffers on each side (a
+copy per descriptor: the baseline without bounce). Within each iteration the
 routes run back to back, in an order rotated every iteration, so the
 bounce/direct and bounce/bulk ratios are measured side by side; the table
 reports the median ratio over iterations.
@@ -403,6 +407,13 @@ func (o *benchOptions) run(cmd *cobra.Command, cfg config.Config, plan benchPlan
 	} else {
 		cfg, childArgs = localPair(cmd, cfg)
 		childArgs = append(childArgs, "--buffer-size="+config.Size(plan.largest).String(), o.memory.arg())
+		if o.memory.kind == memoryDevice && slices.Contains(plan.routes, benchreport.RouteBulk) {
+			// bulk on device KV: one bulk write of the same bytes from
+			// a host buffer into a host buffer (what the bytes cost on
+			// the engine from host memory), beside the device cells.
+			childArgs = append(childArgs, "--host-bulk-buffer")
+			plan.notes = append(plan.notes, "--memory device: the bulk route writes the same bytes as one descriptor from a host buffer into a host buffer (the host-memory bulk baseline); bounce and direct move device memory")
+		}
 	}
 	if o.memory.kind == memoryDevice {
 		plan.notes = append(plan.notes, "--memory device: sources and destinations are GPU memory (stages.device); the receiver verifies by copying each request back")
@@ -528,19 +539,20 @@ func (o *benchOptions) sweep(cmd *cobra.Command, s *session, plan benchPlan) ([]
 // cell measures one cell: clear, run, verify.
 func (o *benchOptions) cell(ctx context.Context, s *session, g benchreport.Group, spec workload.Spec, route string, it, order int) (benchreport.Cell, error) {
 	rs, rt := routeSpec(route, spec)
+	d, tgt, which := s.route(route)
 	if o.verify {
-		if _, err := s.recv.call(command{Op: "clear"}, 2*time.Minute); err != nil {
+		if _, err := s.recv.call(command{Op: "clear", Buffer: which}, 2*time.Minute); err != nil {
 			return benchreport.Cell{}, runtime(err)
 		}
 	}
 	requests := g.Concurrency * max(1, g.Generations)
 	rctx, cancel := context.WithTimeout(ctx, o.cellTimeout)
-	res, err := s.d.Run(rctx, s.tgt, driver.Options{Spec: rs, Requests: requests, InFlight: g.Concurrency, Route: rt})
+	res, err := d.Run(rctx, tgt, driver.Options{Spec: rs, Requests: requests, InFlight: g.Concurrency, Route: rt})
 	// --duration: keep moving the cell's workload until it has run that
 	// long; the rounds' bytes, times and latencies add up.
 	for o.duration > 0 && err == nil && res.Failed == 0 && res.Elapsed < o.duration {
 		var more driver.Result
-		more, err = s.d.Run(rctx, s.tgt, driver.Options{Spec: rs, Requests: requests, InFlight: g.Concurrency, Route: rt})
+		more, err = d.Run(rctx, tgt, driver.Options{Spec: rs, Requests: requests, InFlight: g.Concurrency, Route: rt})
 		if err == nil {
 			res = mergeResults(res, more)
 		}
@@ -568,7 +580,9 @@ func (o *benchOptions) cell(ctx context.Context, s *session, g benchreport.Group
 	case !o.verify:
 		c.NotVerified = cmp.Or(o.notVerified, "verification off (--verify=false)")
 	default:
-		rep, err := s.recv.call(verifyCommand(rs, requests), 5*time.Minute)
+		vc := verifyCommand(rs, requests)
+		vc.Buffer = which
+		rep, err := s.recv.call(vc, 5*time.Minute)
 		c.Verified, c.VerifiedRequests = err == nil, rep.Verified
 		if err != nil {
 			c.Error = err.Error()

@@ -34,6 +34,11 @@ type hello struct {
 	BufferKind   string `json:"buffer_kind,omitempty"`
 	BufferDevice int32  `json:"buffer_device,omitempty"`
 	Bounce       bool   `json:"bounce"`
+	// BulkAddr and BulkLen are a host buffer served beside a device one
+	// (--host-bulk-buffer): the bench's bulk route on device KV writes
+	// the same bytes into it from host memory.
+	BulkAddr uint64 `json:"bulk_addr,omitempty"`
+	BulkLen  uint64 `json:"bulk_len,omitempty"`
 	// Metrics is the Prometheus endpoint's host:port, when one is served
 	// (telemetry.metrics.listen).
 	Metrics string `json:"metrics,omitempty"`
@@ -50,6 +55,9 @@ type command struct {
 	Descriptor string `json:"descriptor,omitempty"`
 	// Peers are the agent names op known asks about.
 	Peers []string `json:"peers,omitempty"`
+	// Buffer "bulk" makes verify and clear act on the host bulk buffer
+	// (--host-bulk-buffer); empty: the destination buffer.
+	Buffer string `json:"buffer,omitempty"`
 }
 
 type reply struct {
@@ -70,6 +78,7 @@ func newServeCmdWith(fs func() node.Factories) *cobra.Command {
 	var bufSize string
 	var out string
 	var stdinControl bool
+	var hostBulk bool
 	var expect workloadFlags
 	var expectOn bool
 	var expectWait time.Duration
@@ -169,14 +178,29 @@ With --stdin-control it reads JSON commands from stdin instead (used by
 			if err := n.Agent.RegisterMemory(buf.Desc()); err != nil {
 				return runtime(err)
 			}
+			var bulk driver.Buffer
+			if hostBulk {
+				if bulk, err = driver.AllocHost(uint64(size)); err != nil {
+					return runtime(fmt.Errorf("--host-bulk-buffer: %w", err))
+				}
+				defer bulk.Free()
+				defer n.Close(context.Background()) // before the buffer is freed
+				if err := n.Agent.RegisterMemory(bulk.Desc()); err != nil {
+					return runtime(fmt.Errorf("--host-bulk-buffer: %w", err))
+				}
+			}
 			blob, err := n.Agent.Descriptor()
 			if err != nil {
 				return runtime(err)
 			}
 			on, _ := n.Agent.BounceEnabled()
 			bd := buf.Desc()
-			line, _ := json.Marshal(hello{Name: n.Agent.Name(), Descriptor: base64.StdEncoding.EncodeToString(blob), BufferAddr: bd.Addr, BufferLen: bd.Len, Bounce: on,
-				Metrics: n.Telemetry.MetricsAddr(), BufferKind: kindName(bd), BufferDevice: bd.Device})
+			hl := hello{Name: n.Agent.Name(), Descriptor: base64.StdEncoding.EncodeToString(blob), BufferAddr: bd.Addr, BufferLen: bd.Len, Bounce: on,
+				Metrics: n.Telemetry.MetricsAddr(), BufferKind: kindName(bd), BufferDevice: bd.Device}
+			if bulk != nil {
+				hl.BulkAddr, hl.BulkLen = bulk.Desc().Addr, bulk.Desc().Len
+			}
+			line, _ := json.Marshal(hl)
 			// With discovery.kind etcd the line is also published under
 			// the agent's name, and the senders named by --follow are
 			// admitted as they appear.
@@ -194,7 +218,7 @@ With --stdin-control it reads JSON commands from stdin instead (used by
 				fmt.Fprintf(w, "%s\n", line)
 			}
 			if stdinControl {
-				return controlLoop(cmd.InOrStdin(), w, n, buf)
+				return controlLoop(cmd.InOrStdin(), w, n, buf, bulk)
 			}
 			if expectOn {
 				return awaitExpected(cmd, buf, expect, expectWait)
@@ -211,6 +235,8 @@ With --stdin-control it reads JSON commands from stdin instead (used by
 	cmd.Flags().StringVar(&out, "descriptor-out", "", "write the descriptor line to this file instead of stdout")
 	cmd.Flags().StringSliceVar(&follow, "follow", nil, "with discovery.kind etcd: admit these senders (agent names, comma-separated or repeated) as they publish themselves")
 	cmd.Flags().BoolVar(&stdinControl, "stdin-control", false, "read JSON commands from stdin (for bounce run/bench)")
+	cmd.Flags().BoolVar(&hostBulk, "host-bulk-buffer", false, "also register a host buffer of --buffer-size for the bench's bulk route (with --memory device: one bulk write from host memory)")
+	_ = cmd.Flags().MarkHidden("host-bulk-buffer")
 	cmd.Flags().BoolVar(&expectOn, "expect", false, "verify the workload described by the workload flags as it lands, then exit")
 	cmd.Flags().DurationVar(&expectWait, "expect-wait", 5*time.Minute, "with --expect: give up (exit 1) after this long")
 	expect.add(cmd, 1)
@@ -220,7 +246,9 @@ With --stdin-control it reads JSON commands from stdin instead (used by
 }
 
 // controlLoop serves the stdin protocol until quit or EOF.
-func controlLoop(in io.Reader, out io.Writer, n *node.Node, buf driver.Buffer) error {
+// bulk, when not nil, is the host bulk buffer commands with Buffer "bulk"
+// act on.
+func controlLoop(in io.Reader, out io.Writer, n *node.Node, buf, bulk driver.Buffer) error {
 	sc := bufio.NewScanner(in)
 	sc.Buffer(make([]byte, 1<<20), 16<<20)
 	enc := json.NewEncoder(out)
@@ -230,11 +258,24 @@ func controlLoop(in io.Reader, out io.Writer, n *node.Node, buf driver.Buffer) e
 			enc.Encode(reply{Error: "bad command: " + err.Error()})
 			continue
 		}
+		b := buf
+		switch c.Buffer {
+		case "":
+		case "bulk":
+			if bulk == nil {
+				enc.Encode(reply{Error: "buffer \"bulk\": no host bulk buffer is served (--host-bulk-buffer)"})
+				continue
+			}
+			b = bulk
+		default:
+			enc.Encode(reply{Error: fmt.Sprintf("unknown buffer %q; accepted: bulk, or none", c.Buffer)})
+			continue
+		}
 		switch c.Op {
 		case "verify":
-			enc.Encode(verify(buf, c))
+			enc.Encode(verify(b, c))
 		case "clear":
-			enc.Encode(errReply(buf.Clear()))
+			enc.Encode(errReply(b.Clear()))
 		case "load":
 			blob, err := base64.StdEncoding.DecodeString(c.Descriptor)
 			if err == nil {

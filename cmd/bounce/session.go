@@ -12,6 +12,7 @@ import (
 	"github.com/bouncekv/bounce/config"
 	"github.com/bouncekv/bounce/driver"
 	"github.com/bouncekv/bounce/node"
+	"github.com/bouncekv/bounce/transfer"
 	"github.com/bouncekv/bounce/workload"
 )
 
@@ -22,6 +23,20 @@ type session struct {
 	n    *node.Node
 	d    *driver.Driver
 	tgt  driver.Target
+	// bulk and bulkTgt are the host buffers of the bulk route on device
+	// KV (the receiver served --host-bulk-buffer): one bulk write of the
+	// same bytes from host memory into host memory. Nil otherwise.
+	bulk    *driver.Driver
+	bulkTgt driver.Target
+}
+
+// route returns the driver and target route r moves with, and the
+// receiver buffer its clear and verify commands name.
+func (s *session) route(r string) (*driver.Driver, driver.Target, string) {
+	if r == benchreport.RouteBulk && s.bulk != nil {
+		return s.bulk, s.bulkTgt, "bulk"
+	}
+	return s.d, s.tgt, ""
 }
 
 // startSession starts the receiver child and the sender node and introduces
@@ -65,6 +80,16 @@ func startSession(cmd *cobra.Command, cfg config.Config, childArgs []string, cap
 	if s.d, err = driver.NewOn(s.n.Agent, src); err != nil {
 		return fail(runtime, fmt.Errorf("source buffer of %s: %w", benchreport.FormatSize(capacity), err))
 	}
+	if h := recv.hello; h.BulkLen > 0 {
+		hsrc, err := driver.AllocHost(capacity)
+		if err == nil {
+			s.bulk, err = driver.NewOn(s.n.Agent, hsrc)
+		}
+		if err != nil {
+			return fail(runtime, fmt.Errorf("host bulk source buffer of %s: %w", benchreport.FormatSize(capacity), err))
+		}
+		s.bulkTgt = driver.Target{Peer: h.Name, Buffer: transfer.Desc{Addr: h.BulkAddr, Len: h.BulkLen, Kind: transfer.Host}}
+	}
 	return s, nil
 }
 
@@ -103,6 +128,9 @@ func (s *session) close() error {
 	if s.d != nil {
 		errs = append(errs, s.d.Close())
 	}
+	if s.bulk != nil {
+		errs = append(errs, s.bulk.Close())
+	}
 	if s.n != nil {
 		errs = append(errs, s.n.Close(context.Background()))
 	}
@@ -134,7 +162,8 @@ type warmMove struct {
 func (s *session) warmUp(ctx context.Context, moves ...warmMove) error {
 	for _, m := range moves {
 		wctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
-		res, err := s.d.Run(wctx, s.tgt, m.opts)
+		d, tgt, _ := s.route(m.route)
+		res, err := d.Run(wctx, tgt, m.opts)
 		cancel()
 		if err == nil && res.Failed > 0 {
 			err = res.FirstErr
