@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/bouncekv/bounce/engines/loopback"
 	"github.com/bouncekv/bounce/mem"
 	gatherhost "github.com/bouncekv/bounce/stages/gather/host"
 	scatterhost "github.com/bouncekv/bounce/stages/scatter/host"
@@ -146,5 +147,96 @@ func TestDeviceKVOverHostEngine(t *testing.T) {
 	err = o.RegisterMemory(transfer.Desc{Addr: 1 << 40, Len: 4096, Kind: transfer.CUDA})
 	if !errors.Is(err, transfer.ErrUnsupported) || !strings.Contains(err.Error(), "bounce path") {
 		t.Fatalf("device KV with the bounce path off: err = %v, want ErrUnsupported naming the bounce path", err)
+	}
+}
+
+// stagingEngine is an engine that carries CUDA memory only by staging it
+// per descriptor (transfer.StagedKinder, as tcp with Config.Device): the
+// loopback engine under it is handed the "device" memory, which is host
+// memory, relabelled as host.
+type stagingEngine struct{ transfer.Engine }
+
+func (stagingEngine) StagedMemoryKinds() []transfer.MemKind { return []transfer.MemKind{transfer.CUDA} }
+
+func hostKind(d transfer.Desc) transfer.Desc { d.Kind = transfer.Host; return d }
+
+func (e stagingEngine) RegisterMemory(d transfer.Desc) error {
+	return e.Engine.RegisterMemory(hostKind(d))
+}
+
+func (e stagingEngine) DeregisterMemory(d transfer.Desc) error {
+	return e.Engine.DeregisterMemory(hostKind(d))
+}
+
+func (e stagingEngine) PostWrite(peer string, ops []transfer.WriteOp) (transfer.Op, error) {
+	out := make([]transfer.WriteOp, len(ops))
+	for i, op := range ops {
+		out[i] = transfer.WriteOp{Src: hostKind(op.Src), Dst: hostKind(op.Dst)}
+	}
+	return e.Engine.PostWrite(peer, out)
+}
+
+// TestDeviceKVStagedDirect: with an engine that carries device memory only
+// by staging each descriptor (the per-descriptor baseline), device KV
+// registers with the engine as well as the stages; route auto still takes
+// bounce for it (above and below the descriptor gates, cost model on),
+// saying why; the direct route asked for is carried, byte for byte.
+func TestDeviceKVStagedDirect(t *testing.T) {
+	w := newWorld(t)
+	c := &cudaLabelled{shadow: map[string]*mem.Registry{}}
+	w.stages = c.stages
+	plain := w.engine
+	w.engine = func(t testing.TB, name string, opt loopback.Options) transfer.Engine {
+		return stagingEngine{plain(t, name, opt)}
+	}
+	cfg := testConfig()
+	cfg.CostModel = true
+	a, b := w.node("a", cfg), w.node("b", cfg)
+	srcB, srcD := c.device(t, a, 1<<20)
+	dstB, dstD := c.device(t, b, 1<<20)
+	connect(t, a, b) // after registering: b's metadata names its device KV
+	for _, n := range []int{3, 256} {
+		j := prepare(srcB, dstB, kvLayout{count: n, size: 4096, fragmented: true}, uint64(n))
+		clear(dstB)
+		bt, err := a.Submit(Request{Peer: "b", Src: relabel(j.src), Dst: relabel(j.dst)})
+		if err != nil {
+			t.Fatalf("%d descriptors: %v", n, err)
+		}
+		if err := wait(t, bt); err != nil {
+			t.Fatalf("%d descriptors: %v", n, err)
+		}
+		if bt.Route() != RouteBounce || !strings.Contains(bt.RouteReason(), "only by staging each descriptor") {
+			t.Fatalf("%d descriptors: route %v (%s), want bounce because the engine only stages cuda memory", n, bt.Route(), bt.RouteReason())
+		}
+		j.verify(t)
+		if err := bt.Release(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	j := prepare(srcB, dstB, kvLayout{count: 64, size: 4096, fragmented: true}, 77)
+	clear(dstB)
+	bt, err := a.Submit(Request{Peer: "b", Src: relabel(j.src), Dst: relabel(j.dst), Route: RouteDirect})
+	if err != nil {
+		t.Fatalf("direct route on device KV over a staging engine: %v", err)
+	}
+	if err := wait(t, bt); err != nil {
+		t.Fatal(err)
+	}
+	if bt.Route() != RouteDirect {
+		t.Fatalf("route %v, want direct", bt.Route())
+	}
+	j.verify(t)
+	if err := bt.Release(); err != nil {
+		t.Fatal(err)
+	}
+	if s := a.Stats(); s.Fallbacks != 0 || s.DirectSubmits != 1 {
+		t.Fatalf("stats: %d fallbacks, %d direct submits, want 0 and 1", s.Fallbacks, s.DirectSubmits)
+	}
+	settled(t, a, b)
+	if err := a.DeregisterMemory(srcD); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.DeregisterMemory(dstD); err != nil {
+		t.Fatal(err)
 	}
 }
