@@ -25,7 +25,50 @@ func noGPU() Factories {
 	f.CUDA = lib
 	f.Gatherers["cuda"] = CUDAGatherFactory{Lib: lib}
 	f.Scatterers["cuda"] = CUDAScatterFactory{Lib: lib}
+	f.Engines["tcp"] = TCPFactory{Lib: lib}
 	return f
+}
+
+// TestTCPDeviceStaging: engine.options device_staging. Without a driver,
+// auto builds a tcp engine that stages nothing (the cuda stages fall back
+// to host), on fails naming the option and why, and a bad value names the
+// key and what is accepted. On a GPU, auto with the cuda stages stages
+// CUDA memory and off does not.
+func TestTCPDeviceStaging(t *testing.T) {
+	cfg := cudaStagesConfig("a")
+	cfg.Engine.Kind, cfg.ControlPlane.Kind = "tcp", "zmq"
+	cfg.ControlPlane.BindAddress = "127.0.0.1"
+	n, err := Build(cfg, noGPU(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if transfer.Stages(n.Engine, transfer.CUDA) {
+		t.Fatal("tcp stages cuda memory without a driver")
+	}
+	n.Close(context.Background())
+	cfg.Engine.Options = map[string]string{"device_staging": "on"}
+	if _, err := Build(cfg, noGPU(), nil); err == nil || !strings.Contains(err.Error(), "device_staging=on") || !errors.Is(err, cuda.ErrUnavailable) {
+		t.Fatalf("device_staging=on without a driver: err = %v", err)
+	}
+	cfg.Engine.Options = map[string]string{"device_staging": "maybe"}
+	if _, err := Build(cfg, noGPU(), nil); err == nil || !strings.Contains(err.Error(), "engine.options.device_staging") || !strings.Contains(err.Error(), "auto, on or off") {
+		t.Fatalf("device_staging=maybe: err = %v", err)
+	}
+	if _, err := cuda.Open(""); err != nil {
+		t.Skipf("skipping the GPU half: %v", err)
+	}
+	for opt, want := range map[string]bool{"auto": true, "off": false} {
+		cfg.Engine.Options = map[string]string{"device_staging": opt}
+		n, err := Build(cfg, Builtin(), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := transfer.Stages(n.Engine, transfer.CUDA)
+		n.Close(context.Background())
+		if got != want {
+			t.Fatalf("device_staging=%s with cuda stages on a GPU: stages cuda %v, want %v", opt, got, want)
+		}
+	}
 }
 
 // TestWithPluginsKeepsTheCUDADriver: the CLI's table (Builtin plus the

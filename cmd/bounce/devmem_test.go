@@ -315,3 +315,110 @@ func (w *logWriter) Write(p []byte) (int, error) {
 		w.buf = w.buf[i+1:]
 	}
 }
+
+// TestDeviceKVDirectStaged: device KV over tcp between two processes on
+// the direct route (the per-descriptor baseline: every descriptor copied to
+// a page-locked staging buffer on the sender, written, copied out on the
+// receiver), byte-exact on the receiver's GPU; route auto still takes
+// bounce for it and says why. Then the receiver is frozen and killed -9
+// mid-transfer: every direct request resolves within the timeout, retired
+// quiescent (the staging copies of the sender's device memory ended), and
+// the sender serves a new receiver.
+func TestDeviceKVDirectStaged(t *testing.T) {
+	c := gpuOrSkip(t)
+	_, stdin, out, h, blob := startDeviceReceiver(t, "direct-recv")
+	n, err := node.Build(deviceNodeConfig("direct-send"), node.Builtin(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Close(context.Background())
+	if !transfer.Stages(n.Engine, transfer.CUDA) {
+		t.Fatal("the tcp engine with cuda stages does not stage cuda memory (engine.options device_staging auto)")
+	}
+	if _, err := n.Agent.LoadPeer(blob); err != nil {
+		t.Fatal(err)
+	}
+	spec := workload.Spec{DescSize: 4096, Count: 16384, Fragmented: true, Seed: 5}
+	src, err := driver.AllocDevice(c, 4*spec.Bytes())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Free()
+	if err := n.Agent.RegisterMemory(src.Desc()); err != nil {
+		t.Fatal(err)
+	}
+	defer n.Agent.DeregisterMemory(src.Desc())
+	submit := func(peer string, dst transfer.Desc, k int, route pipeline.Route) *pipeline.Batch {
+		s := spec
+		s.Seed += uint64(k)
+		host := make([]byte, spec.Bytes())
+		if err := s.Fill(host); err != nil {
+			t.Fatal(err)
+		}
+		if err := src.WriteAt(host, uint64(k)*spec.Bytes()); err != nil {
+			t.Fatal(err)
+		}
+		sb := src.Desc()
+		sb.Addr += uint64(k) * spec.Bytes()
+		dst.Addr += uint64(k) * spec.Bytes()
+		sd, dd := s.Descs(sb, dst)
+		b, err := n.Agent.Submit(pipeline.Request{Peer: peer, Src: sd, Dst: dd, Route: route})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	verify := func(stdin io.Writer, out *bufio.Reader, k int) {
+		t.Helper()
+		line, _ := json.Marshal(command{Op: "verify", DescSize: spec.DescSize, Count: spec.Count, Fragmented: true, Seed: spec.Seed + uint64(k), Requests: 1})
+		fmt.Fprintf(stdin, "%s\n", line)
+		rl, err := out.ReadBytes('\n')
+		var rep reply
+		if err != nil || json.Unmarshal(rl, &rep) != nil || !rep.OK || rep.Verified != 1 {
+			t.Fatalf("verify request %d on the receiver: %s, %v", k, rl, err)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	b := submit(h.Name, h.buffer(), 0, pipeline.RouteDirect)
+	if err := b.Wait(ctx); err != nil {
+		t.Fatalf("direct request: %v", err)
+	}
+	if b.Route() != pipeline.RouteDirect {
+		t.Fatalf("route %v, want direct", b.Route())
+	}
+	b.Release()
+	verify(stdin, out, 0) // the receiver's whole buffer is checked from offset 0
+	b = submit(h.Name, h.buffer(), 0, pipeline.RouteAuto)
+	if err := b.Wait(ctx); err != nil {
+		t.Fatalf("auto request: %v", err)
+	}
+	if b.Route() != pipeline.RouteBounce || !strings.Contains(b.RouteReason(), "only by staging") {
+		t.Fatalf("auto took %v (%s), want bounce because tcp only stages cuda memory", b.Route(), b.RouteReason())
+	}
+	b.Release()
+
+	victim, _, _, hv, blobv := startDeviceReceiver(t, "direct-victim")
+	if _, err := n.Agent.LoadPeer(blobv); err != nil {
+		t.Fatal(err)
+	}
+	if err := victim.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	time.AfterFunc(300*time.Millisecond, func() { victim.Process.Kill() })
+	var batches []*pipeline.Batch
+	for k := range 4 {
+		batches = append(batches, submit(hv.Name, hv.buffer(), k, pipeline.RouteDirect))
+	}
+	requireFailedQuiescent(t, batches, "a killed receiver on the direct route")
+	_, stdin2, out2, h2, blob2 := startDeviceReceiver(t, "direct-next")
+	if _, err := n.Agent.LoadPeer(blob2); err != nil {
+		t.Fatal(err)
+	}
+	b = submit(h2.Name, h2.buffer(), 0, pipeline.RouteDirect)
+	if err := b.Wait(ctx); err != nil {
+		t.Fatalf("direct request to the next receiver: %v", err)
+	}
+	b.Release()
+	verify(stdin2, out2, 0)
+}
