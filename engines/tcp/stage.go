@@ -28,12 +28,15 @@ const (
 type DeviceMemory interface {
 	// Kind is the memory kind the engine then carries (never Host).
 	Kind() transfer.MemKind
-	// CopyToHost copies len(dst) bytes at device address src into dst
-	// and returns once they are there.
-	CopyToHost(dst []byte, src uint64) error
-	// CopyToDevice copies src to device address dst and returns once the
-	// bytes are there.
-	CopyToDevice(dst uint64, src []byte) error
+	// CopyToHost copies the device memory at each src[i] into dst[i]
+	// (len(dst[i]) bytes): one copy per descriptor, issued back to back
+	// without waiting in between (cuMemcpyDtoHAsync on a stream), and
+	// returns once every copy ended, failed or not, so no copy is still
+	// running when it returns.
+	CopyToHost(dst [][]byte, src []uint64) error
+	// CopyToDevice copies each src[i] to the device memory at dst[i], one
+	// copy per descriptor, and returns once every copy ended.
+	CopyToDevice(dst []uint64, src [][]byte) error
 	// AllocStaging returns n bytes of page-locked host memory.
 	AllocStaging(n int) ([]byte, error)
 	// FreeStaging frees a buffer AllocStaging returned.
@@ -143,14 +146,18 @@ type devSeg struct {
 // stageOut copies each device source of pt into buf, one copy per
 // segment, and points pt's payload at the copies.
 func (s *stager) stageOut(pt *part, buf []byte) error {
+	dsts := make([][]byte, len(pt.dev))
+	srcs := make([]uint64, len(pt.dev))
 	off := uint64(0)
-	for _, d := range pt.dev {
-		b := buf[off : off+d.n]
-		if err := s.dev.CopyToHost(b, d.src); err != nil {
-			return fmt.Errorf("tcp: copy device source [%#x+%d] to staging: %w: %w", d.src, d.n, err, transfer.ErrDeviceFault)
-		}
-		pt.bufs[d.idx] = b
+	for i, d := range pt.dev {
+		dsts[i], srcs[i] = buf[off:off+d.n], d.src
 		off += d.n
+	}
+	if err := s.dev.CopyToHost(dsts, srcs); err != nil {
+		return fmt.Errorf("tcp: copy %d device sources to staging: %w: %w", len(srcs), err, transfer.ErrDeviceFault)
+	}
+	for i, d := range pt.dev {
+		pt.bufs[d.idx] = dsts[i]
 	}
 	return nil
 }
@@ -167,7 +174,7 @@ type inSeg struct {
 // landStaged reads a frame whose destinations include device memory: host
 // destinations are read in place, device ones through the in ring's
 // buffer, filled with as many segments (or pieces of one) as fit, then
-// copied out one segment piece at a time before the buffer is refilled.
+// copied out, one copy per segment piece, before the buffer is refilled.
 // A failed device copy does not stop the read (the frame is consumed so
 // the connection stays usable); its error is returned as copyErr for the
 // NACK. readErr is a broken connection.
@@ -181,26 +188,19 @@ func (s *stager) landStaged(r *inReader, segs []inSeg, done <-chan struct{}) (co
 		return err, r.discard(total)
 	}
 	defer s.put(s.in, buf)
-	type piece struct {
-		addr uint64
-		b    []byte
-	}
-	var bufs [][]byte
-	var pieces []piece
+	var bufs, pieces [][]byte // what is read; the staged pieces of it
+	var addrs []uint64        // each piece's device address
 	used := 0
 	flush := func() error {
 		if err := r.fullv(bufs); err != nil {
 			return err
 		}
-		for _, p := range pieces {
-			if copyErr != nil {
-				break
-			}
-			if err := s.dev.CopyToDevice(p.addr, p.b); err != nil {
-				copyErr = fmt.Errorf("tcp: copy staging to device [%#x+%d]: %w: %w", p.addr, len(p.b), err, transfer.ErrDeviceFault)
+		if copyErr == nil && len(pieces) > 0 {
+			if err := s.dev.CopyToDevice(addrs, pieces); err != nil {
+				copyErr = fmt.Errorf("tcp: copy %d staged pieces to device memory: %w: %w", len(pieces), err, transfer.ErrDeviceFault)
 			}
 		}
-		bufs, pieces, used = bufs[:0], pieces[:0], 0
+		bufs, pieces, addrs, used = bufs[:0], pieces[:0], addrs[:0], 0
 		return nil
 	}
 	for _, sg := range segs {
@@ -216,8 +216,7 @@ func (s *stager) landStaged(r *inReader, segs []inSeg, done <-chan struct{}) (co
 			}
 			k := min(sg.n-off, uint64(len(buf)-used))
 			b := buf[used : used+int(k)]
-			bufs = append(bufs, b)
-			pieces = append(pieces, piece{addr: sg.addr + off, b: b})
+			bufs, pieces, addrs = append(bufs, b), append(pieces, b), append(addrs, sg.addr+off)
 			used += int(k)
 			off += k
 		}

@@ -39,7 +39,10 @@ func newFakeDevice() *fakeDevice { return &fakeDevice{live: map[uintptr]bool{}} 
 
 func (*fakeDevice) Kind() transfer.MemKind { return transfer.CUDA }
 
-func (f *fakeDevice) copy(dst, src []byte, n *atomic.Int64, fail *atomic.Int64) error {
+// copies runs one copy per pair, counted, the failing one (if any) skipped
+// and reported after the rest ran (as a stream's copies all end before
+// the call returns).
+func (f *fakeDevice) copies(dst, src [][]byte, n *atomic.Int64, fail *atomic.Int64) error {
 	f.mu.Lock()
 	f.active++
 	f.mu.Unlock()
@@ -48,14 +51,18 @@ func (f *fakeDevice) copy(dst, src []byte, n *atomic.Int64, fail *atomic.Int64) 
 		f.active--
 		f.mu.Unlock()
 	}()
-	if k := n.Add(1); k == fail.Load() {
-		return errors.New("injected copy fault")
+	var err error
+	for i := range dst {
+		if k := n.Add(1); k == fail.Load() {
+			err = errors.New("injected copy fault")
+			continue
+		}
+		copy(dst[i], src[i])
 	}
-	copy(dst, src)
-	return nil
+	return err
 }
 
-func (f *fakeDevice) CopyToHost(dst []byte, src uint64) error {
+func (f *fakeDevice) CopyToHost(dst [][]byte, src []uint64) error {
 	if f.block != nil {
 		select {
 		case f.began <- struct{}{}:
@@ -63,11 +70,19 @@ func (f *fakeDevice) CopyToHost(dst []byte, src uint64) error {
 		}
 		<-f.block
 	}
-	return f.copy(dst, mem.Unsafe(src, uint64(len(dst))), &f.toHost, &f.failToHost)
+	s := make([][]byte, len(src))
+	for i := range src {
+		s[i] = mem.Unsafe(src[i], uint64(len(dst[i])))
+	}
+	return f.copies(dst, s, &f.toHost, &f.failToHost)
 }
 
-func (f *fakeDevice) CopyToDevice(dst uint64, src []byte) error {
-	return f.copy(mem.Unsafe(dst, uint64(len(src))), src, &f.toDevice, &f.failToDevice)
+func (f *fakeDevice) CopyToDevice(dst []uint64, src [][]byte) error {
+	d := make([][]byte, len(dst))
+	for i := range dst {
+		d[i] = mem.Unsafe(dst[i], uint64(len(src[i])))
+	}
+	return f.copies(d, src, &f.toDevice, &f.failToDevice)
 }
 
 func (f *fakeDevice) AllocStaging(n int) ([]byte, error) {
@@ -198,10 +213,10 @@ func TestStagedMixedAndLarge(t *testing.T) {
 	hdst, ddst := v.buf(1<<20, 0, r), v.devBuf(1<<20, 0, r)
 	connect(t, s, r)
 	ops := []transfer.WriteOp{
-		{Src: sub(hsrc, 0, 100_000), Dst: devSub(ddst, 3, 100_000)},         // host -> device
-		{Src: devSub(dsrc, 7, 300_001), Dst: sub(hdst, 11, 300_001)},        // device -> host, > one staging buffer
+		{Src: sub(hsrc, 0, 100_000), Dst: devSub(ddst, 3, 100_000)},          // host -> device
+		{Src: devSub(dsrc, 7, 300_001), Dst: sub(hdst, 11, 300_001)},         // device -> host, > one staging buffer
 		{Src: devSub(dsrc, 400_000, 5000), Dst: devSub(ddst, 200_000, 5000)}, // device -> device
-		{Src: sub(hsrc, 500_000, 1), Dst: sub(hdst, 900_000, 1)},            // host -> host
+		{Src: sub(hsrc, 500_000, 1), Dst: sub(hdst, 900_000, 1)},             // host -> host
 	}
 	op, err := s.PostWrite("r", ops)
 	mustDone(t, op, err)
