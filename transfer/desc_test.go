@@ -79,3 +79,22 @@ func TestHandlesAndCheckKinds(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+type stagesCUDA struct{}
+
+func (stagesCUDA) StagedMemoryKinds() []MemKind { return []MemKind{CUDA} }
+
+type stagesAndHandlesCUDA struct{ cudaOnly }
+
+func (stagesAndHandlesCUDA) StagedMemoryKinds() []MemKind { return []MemKind{CUDA} }
+
+// Stages is true only for a kind an implementation stages and does not
+// handle natively; staging a kind does not make Handles true.
+func TestStages(t *testing.T) {
+	if !Stages(stagesCUDA{}, CUDA) || Handles(stagesCUDA{}, CUDA) || Stages(stagesCUDA{}, Host) {
+		t.Fatal("a staged kind: Stages true, Handles false; host is not staged")
+	}
+	if Stages(struct{}{}, CUDA) || Stages(stagesAndHandlesCUDA{}, CUDA) {
+		t.Fatal("Stages true without StagedKinder, or for a kind handled natively")
+	}
+}

@@ -422,3 +422,62 @@ func TestDeviceKVDirectStaged(t *testing.T) {
 	b.Release()
 	verify(stdin2, out2, 0)
 }
+
+// TestServeHostBulkBuffer: `serve --host-bulk-buffer` (what bench passes
+// for the bulk route on device KV) serves a host buffer of --buffer-size
+// beside the destination buffer, named in its hello line; clear and verify
+// act on it when a command names buffer "bulk", and an unknown buffer is
+// refused naming what is accepted. Without the flag "bulk" is refused.
+func TestServeHostBulkBuffer(t *testing.T) {
+	for _, bulk := range []bool{true, false} {
+		args := []string{"serve", "--stdin-control", "--agent.name", "bulky", "--buffer-size", "4MiB",
+			"--control-plane.bind-address", "127.0.0.1", "--security.mode", "off"}
+		if bulk {
+			args = append(args, "--host-bulk-buffer")
+		}
+		recv := exec.Command(cliBinary(t), args...)
+		recv.Stderr = &logWriter{t: t, prefix: "bulky: "}
+		stdout, _ := recv.StdoutPipe()
+		stdin, _ := recv.StdinPipe()
+		if err := recv.Start(); err != nil {
+			t.Fatal(err)
+		}
+		r := bufio.NewReader(stdout)
+		line, err := r.ReadBytes('\n')
+		var h hello
+		if err != nil || json.Unmarshal(line, &h) != nil {
+			t.Fatalf("hello: %q, %v", line, err)
+		}
+		if bulk && (h.BulkLen != 4<<20 || h.BulkAddr == 0 || h.BulkAddr == h.BufferAddr) || !bulk && h.BulkLen != 0 {
+			t.Fatalf("--host-bulk-buffer %v: hello bulk buffer [%#x+%d], destination [%#x+%d]", bulk, h.BulkAddr, h.BulkLen, h.BufferAddr, h.BufferLen)
+		}
+		call := func(c command) reply {
+			t.Helper()
+			b, _ := json.Marshal(c)
+			fmt.Fprintf(stdin, "%s\n", b)
+			rl, err := r.ReadBytes('\n')
+			var rep reply
+			if err != nil || json.Unmarshal(rl, &rep) != nil {
+				t.Fatalf("%s: %q, %v", b, rl, err)
+			}
+			return rep
+		}
+		if rep := call(command{Op: "clear", Buffer: "bulk"}); rep.OK != bulk || !bulk && !strings.Contains(rep.Error, "no host bulk buffer") {
+			t.Fatalf("clear bulk with --host-bulk-buffer %v: %+v", bulk, rep)
+		}
+		// The bulk buffer is zero after clear: a workload does not verify.
+		if rep := call(command{Op: "verify", Buffer: "bulk", DescSize: 4096, Count: 16, Seed: 1, Requests: 1}); bulk && (rep.OK || rep.Error == "") {
+			t.Fatalf("verify of a cleared bulk buffer passed: %+v", rep)
+		}
+		if rep := call(command{Op: "clear", Buffer: "hbm"}); rep.OK || !strings.Contains(rep.Error, `unknown buffer "hbm"; accepted: bulk`) {
+			t.Fatalf("clear hbm: %+v", rep)
+		}
+		if rep := call(command{Op: "quit"}); !rep.OK {
+			t.Fatalf("quit: %+v", rep)
+		}
+		stdin.Close()
+		if err := recv.Wait(); err != nil {
+			t.Fatalf("serve exited: %v", err)
+		}
+	}
+}
