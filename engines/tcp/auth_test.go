@@ -243,9 +243,13 @@ func TestSlowAndIdleConnectionsBounded(t *testing.T) {
 	v := newEnv(t)
 	b := v.engine("b", k.authed(t, "b", "a"), func(c *Config) {
 		c.MaxPendingConns = 8
-		c.FrameTimeout = 300 * time.Millisecond
+		c.FrameTimeout = time.Second
 	})
-	a := v.engine("a", k.authed(t, "a", "b"))
+	// One connection: the settling write below proves every connection a
+	// will use is up, so none of a's own dials races the flood (a lazily
+	// dialed second connection could be refused over the pending cap or
+	// cut as slow on a loaded machine, failing the legitimate write).
+	a := v.engine("a", k.authed(t, "a", "b"), func(c *Config) { c.Connections = 1 })
 	dst := v.buf(1<<20, 0, b)
 	src := v.buf(1<<20, 4, a)
 	connect(t, a, b)
