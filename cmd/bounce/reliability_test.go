@@ -364,13 +364,14 @@ func soakEnv[T any](t *testing.T, name string, def T, parse func(string) (T, err
 
 // soakGauges is what TestSoak checks for growth.
 type soakGauges struct {
-	st  pipeline.Stats
-	rss uint64
+	st   pipeline.Stats
+	rss  uint64
+	heap uint64 // Go heap in use after a collection (HeapAlloc)
 }
 
 func (g soakGauges) String() string {
-	return fmt.Sprintf("fds %d, goroutines %d, RSS %d MiB, control peers %d, flows %d, requests %d",
-		g.st.OpenFDs, g.st.Goroutines, g.rss>>20, g.st.ControlPeers, g.st.Flows, g.st.Requests)
+	return fmt.Sprintf("fds %d, goroutines %d, RSS %d MiB, Go heap %.1f MiB, control peers %d, flows %d, requests %d",
+		g.st.OpenFDs, g.st.Goroutines, g.rss>>20, float64(g.heap)/(1<<20), g.st.ControlPeers, g.st.Flows, g.st.Requests)
 }
 
 // settle waits (up to 10 s) for the receiver to notice the last sender
@@ -383,7 +384,9 @@ func settle(r *liveReceiver, base pipeline.Stats) soakGauges {
 		ok := st.ControlPeers == 0 && st.Flows == 0 && st.Requests == 0 &&
 			st.OpenFDs <= base.OpenFDs+16 && st.Goroutines <= base.Goroutines+16
 		if ok || time.Now().After(deadline) {
-			return soakGauges{st, rss()}
+			var ms goruntime.MemStats
+			goruntime.ReadMemStats(&ms)
+			return soakGauges{st, rss(), ms.HeapAlloc}
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
@@ -477,10 +480,8 @@ func TestSoak(t *testing.T) {
 			break
 		}
 		r.send(t, fmt.Sprintf("s%d", done), work...)
-		if (done+1)%1000 == 0 {
-			st := r.n.Agent.Stats()
-			t.Logf("soak: %d sender processes in %v: fds %d, goroutines %d, control peers %d, flows %d",
-				done+1, time.Since(start).Round(time.Second), st.OpenFDs, st.Goroutines, st.ControlPeers, st.Flows)
+		if (done+1)%500 == 0 {
+			t.Logf("soak: %d sender processes in %v: %v", done+1, time.Since(start).Round(time.Second), settle(r, base.st))
 		}
 	}
 	elapsed := time.Since(start)
