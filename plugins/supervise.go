@@ -365,16 +365,7 @@ func OpenEngine(spec Spec, policy Restart, name string, opts map[string]string) 
 	if d, ok := first.(interface{ capabilities() caps }); ok {
 		se.caps = d.capabilities()
 	}
-	_, notifier := first.(transfer.Notifier)
-	switch {
-	case notifier && se.caps.fencer:
-		return &supervisedNotifierFencer{&supervisedNotifier{se}, se.caps.fencing()}, nil
-	case notifier:
-		return &supervisedNotifier{se}, nil
-	case se.caps.fencer:
-		return &supervisedFencer{se, se.caps.fencing()}, nil
-	}
-	return se, nil
+	return declare(se), nil
 }
 
 // supervisedEngine is an engine plugin under a Restart policy. It records
@@ -387,6 +378,8 @@ type supervisedEngine struct {
 	mu    sync.Mutex
 	regs  map[transfer.Desc]int // registration counts
 	peers map[string][]byte     // peer -> the metadata it was loaded from
+	guard transfer.WriteGuard   // installed in every process
+	lost  func(peer string)     // installed in every process
 }
 
 func (e *supervisedEngine) replay(eng transfer.Engine) error {
@@ -404,8 +397,17 @@ func (e *supervisedEngine) replay(eng transfer.Engine) error {
 			return fmt.Errorf("replay load peer %q: %w", p, err)
 		}
 	}
+	if g, ok := eng.(transfer.WriteGuarded); ok && e.guard != nil {
+		g.SetWriteGuard(e.guard)
+	}
+	if r, ok := eng.(transfer.PeerLossReporter); ok && e.lost != nil {
+		r.SetPeerLost(e.lost)
+	}
 	return nil
 }
+
+// capabilities returns what the first process's engine declared.
+func (e *supervisedEngine) capabilities() caps { return e.caps }
 
 // Name returns the engine's name (the same after a restart).
 func (e *supervisedEngine) Name() string { return e.name }
@@ -526,50 +528,57 @@ func (e *supervisedEngine) RouteCosts() (postPerDesc, perWrite time.Duration, ba
 	return e.caps.postPerDesc, e.caps.perWrite, e.caps.bandwidth
 }
 
-type supervisedNotifier struct{ *supervisedEngine }
-
-// MaxNotifySize returns the notification limit the plugin's engine
-// declared; 0 means it declared none.
-func (n *supervisedNotifier) MaxNotifySize() int { return n.caps.maxNotify }
-
-// supervisedFencer is a supervised engine whose plugin's engine is a
-// transfer.Fencer. A restarted process fences as the first one did.
-type supervisedFencer struct {
-	*supervisedEngine
-	fencing
-}
-
-// supervisedNotifierFencer has notifications and is a transfer.Fencer.
-type supervisedNotifierFencer struct {
-	*supervisedNotifier
-	fencing
-}
-
-// Notify sends through the current process.
-func (n *supervisedNotifier) Notify(peer string, payload []byte) error {
-	cur, err := n.sv.get()
+// notify sends through the current process.
+func (e *supervisedEngine) notify(peer string, payload []byte) error {
+	cur, err := e.sv.get()
 	if err != nil {
 		return err
 	}
 	nt, ok := cur.(transfer.Notifier)
 	if !ok {
-		return fmt.Errorf("plugin %s: restarted engine has no notifications: %w", n.sv.spec.Name, transfer.ErrUnsupported)
+		return fmt.Errorf("plugin %s: restarted engine has no notifications: %w", e.sv.spec.Name, transfer.ErrUnsupported)
 	}
 	return nt.Notify(peer, payload)
 }
 
-// RecvNotification waits on the current process; while it is down it
+// recvNotification waits on the current process; while it is down it
 // fails fast.
-func (n *supervisedNotifier) RecvNotification(timeout time.Duration) (transfer.Message, error) {
-	cur, err := n.sv.get()
+func (e *supervisedEngine) recvNotification(timeout time.Duration) (transfer.Message, error) {
+	cur, err := e.sv.get()
 	if err != nil {
 		return transfer.Message{}, err
 	}
 	nt, ok := cur.(transfer.Notifier)
 	if !ok {
-		return transfer.Message{}, fmt.Errorf("plugin %s: restarted engine has no notifications: %w", n.sv.spec.Name, transfer.ErrUnsupported)
+		return transfer.Message{}, fmt.Errorf("plugin %s: restarted engine has no notifications: %w", e.sv.spec.Name, transfer.ErrUnsupported)
 	}
 	return nt.RecvNotification(timeout)
+}
+
+// setWriteGuard installs g in the current process and in every restarted
+// one (before it serves).
+func (e *supervisedEngine) setWriteGuard(g transfer.WriteGuard) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.guard = g
+	if cur, err := e.sv.get(); err == nil {
+		if wg, ok := cur.(transfer.WriteGuarded); ok {
+			wg.SetWriteGuard(g)
+		}
+	}
+}
+
+// setPeerLost installs fn in the current process and in every restarted
+// one.
+func (e *supervisedEngine) setPeerLost(fn func(peer string)) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.lost = fn
+	if cur, err := e.sv.get(); err == nil {
+		if r, ok := cur.(transfer.PeerLossReporter); ok {
+			r.SetPeerLost(fn)
+		}
+	}
 }
 
 // OpenControl starts the control channel plugin spec describes, under
@@ -682,9 +691,5 @@ func (c *supervisedControl) Close() error { return c.sv.Close() }
 var (
 	_ transfer.ContextPoster = (*supervisedEngine)(nil)
 	_ transfer.ContextWriter = (*supervisedWriter)(nil)
-	_ transfer.Notifier      = (*supervisedNotifier)(nil)
-	_ transfer.Fencer        = (*supervisedFencer)(nil)
-	_ transfer.Fencer        = (*supervisedNotifierFencer)(nil)
 	_ costDeclarer           = (*supervisedEngine)(nil)
-	_ notifyLimiter          = (*supervisedNotifier)(nil)
 )
