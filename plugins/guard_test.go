@@ -4,6 +4,9 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"os/exec"
+	"path/filepath"
+	"runtime"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -208,4 +211,107 @@ func TestPluginEngineReportsPeerLoss(t *testing.T) {
 			}
 		})
 	}
+}
+
+// BenchmarkPluginWriteGuard: writes (64 KiB, 1 MiB) into a plugin's tcp
+// engine, one at a time, with the host's write guard installed (one
+// callback round trip per incoming frame) and without, alternating in one
+// run; it reports µs per write for both and their ratio.
+func BenchmarkPluginWriteGuard(b *testing.B) {
+	bin := filepath.Join(b.TempDir(), "tcpengine")
+	if out, err := exec.Command("go", "build", "-o", bin, "./examples/tcpengine").CombinedOutput(); err != nil {
+		b.Fatalf("build plugin: %v\n%s", err, out)
+	}
+	for _, size := range []uint64{64 << 10, 1 << 20} {
+		b.Run(fmt.Sprintf("%dKiB", size>>10), func(b *testing.B) { benchWriteGuard(b, bin, size) })
+	}
+}
+
+func benchWriteGuard(b *testing.B, bin string, size uint64) {
+	open := func(name string, guard bool) (transfer.Engine, transfer.Engine, *mem.Buffer, *mem.Buffer, string) {
+		v, err := plugins.OpenEngine(plugins.Spec{Path: bin}, plugins.Restart{}, name, map[string]string{"listen": "127.0.0.1:0"})
+		if err != nil {
+			b.Fatal(err)
+		}
+		dst, err := mem.Alloc(size)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := v.RegisterMemory(dst.Desc()); err != nil {
+			b.Fatal(err)
+		}
+		if guard {
+			all := dst.Desc()
+			v.(transfer.WriteGuarded).SetWriteGuard(func(_ string, d transfer.Desc) (transfer.Desc, error) {
+				if all.Contains(d.Addr, d.Len) {
+					return all, nil
+				}
+				return transfer.Desc{}, transfer.ErrForbidden
+			})
+		}
+		w, err := tcp.New(tcp.Config{Name: name + "-writer", Listen: "127.0.0.1:0"})
+		if err != nil {
+			b.Fatal(err)
+		}
+		src, err := mem.Alloc(size)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := w.RegisterMemory(src.Desc()); err != nil {
+			b.Fatal(err)
+		}
+		md, err := v.Metadata()
+		if err != nil {
+			b.Fatal(err)
+		}
+		peer, err := w.LoadPeer(md)
+		if err != nil {
+			b.Fatal(err)
+		}
+		return v, w, src, dst, peer
+	}
+	type side struct {
+		v, w     transfer.Engine
+		src, dst *mem.Buffer
+		peer     string
+		took     time.Duration
+	}
+	var sides [2]*side
+	for i := range sides {
+		v, w, src, dst, peer := open(fmt.Sprintf("v%d", i), i == 1)
+		sides[i] = &side{v: v, w: w, src: src, dst: dst, peer: peer}
+		defer func(s *side) { s.w.Close(); s.v.Close(); s.src.Free(); s.dst.Free() }(sides[i])
+	}
+	one := func(s *side) {
+		op, err := s.w.PostWrite(s.peer, []transfer.WriteOp{{Src: s.src.Desc(), Dst: s.dst.Desc()}})
+		if err != nil {
+			b.Fatal(err)
+		}
+		for {
+			st, err := op.Poll()
+			if st.Terminal() {
+				if err != nil {
+					b.Fatal(err)
+				}
+				break
+			}
+			runtime.Gosched()
+		}
+		op.Release()
+	}
+	for _, s := range sides {
+		one(s) // connect
+	}
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		for _, s := range sides {
+			start := time.Now()
+			one(s)
+			s.took += time.Since(start)
+		}
+	}
+	plain, guarded := sides[0].took, sides[1].took
+	b.ReportMetric(float64(plain.Microseconds())/float64(b.N), "plain-µs/write")
+	b.ReportMetric(float64(guarded.Microseconds())/float64(b.N), "guarded-µs/write")
+	b.ReportMetric(float64(plain)/float64(guarded), "plain/guarded")
 }
