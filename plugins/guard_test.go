@@ -9,6 +9,7 @@ import (
 	"runtime"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -314,4 +315,78 @@ func benchWriteGuard(b *testing.B, bin string, size uint64) {
 	b.ReportMetric(float64(plain.Microseconds())/float64(b.N), "plain-µs/write")
 	b.ReportMetric(float64(guarded.Microseconds())/float64(b.N), "guarded-µs/write")
 	b.ReportMetric(float64(plain)/float64(guarded), "plain/guarded")
+}
+
+// TestRestartedPluginEngineKeepsTheGuard: the plugin process dies
+// (SIGKILL) and is restarted; the new process asks the host's guard too
+// (installed again before it serves), so a write outside the grant is
+// refused and lands nothing there.
+func TestRestartedPluginEngineKeepsTheGuard(t *testing.T) {
+	bin := buildExample(t)
+	e, err := plugins.OpenEngine(plugins.Spec{Path: bin}, plugins.Restart{MaxRestarts: 1, Backoff: 20 * time.Millisecond}, "victim", map[string]string{"listen": "127.0.0.1:0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	dst, err := mem.Alloc(16 << 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dst.Free()
+	if err := e.RegisterMemory(dst.Desc()); err != nil {
+		t.Fatal(err)
+	}
+	granted := transfer.Desc{Addr: dst.Desc().Addr, Len: 4096, Kind: transfer.Host}
+	e.(transfer.WriteGuarded).SetWriteGuard(func(peer string, d transfer.Desc) (transfer.Desc, error) {
+		if granted.Contains(d.Addr, d.Len) {
+			return granted, nil
+		}
+		return transfer.Desc{}, fmt.Errorf("test guard: [%#x+%d] not granted: %w", d.Addr, d.Len, transfer.ErrForbidden)
+	})
+	sv := e.(plugins.Supervised)
+	if err := syscall.Kill(sv.Current().Pid(), syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(30 * time.Second); sv.Restarts() < 1 || sv.Current() == nil; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the plugin was not restarted within 30s")
+		}
+	}
+	w, err := tcp.New(tcp.Config{Name: "writer", Listen: "127.0.0.1:0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	src, err := mem.Alloc(4096)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Free()
+	for i := range src.Bytes() {
+		src.Bytes()[i] = 0x5A
+	}
+	if err := w.RegisterMemory(src.Desc()); err != nil {
+		t.Fatal(err)
+	}
+	md, err := e.Metadata() // the restarted process listens on a new port
+	if err != nil {
+		t.Fatal(err)
+	}
+	peer, err := w.LoadPeer(md)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := writeAndWait(t, w, peer, src.Desc(), granted); err != nil {
+		t.Fatalf("write into the grant after the restart: %v", err)
+	}
+	outside := transfer.Desc{Addr: dst.Desc().Addr + 8192, Len: 4096, Kind: transfer.Host}
+	if err := writeAndWait(t, w, peer, src.Desc(), outside); !errors.Is(err, transfer.ErrForbidden) || !strings.Contains(err.Error(), "test guard") {
+		t.Errorf("write outside the grant after the restart: err = %v, want ErrForbidden with the guard's reason", err)
+	}
+	if !bytes.Equal(dst.Bytes()[:4096], src.Bytes()) {
+		t.Error("the admitted write did not land")
+	}
+	if i := bytes.IndexFunc(dst.Bytes()[4096:], func(r rune) bool { return r != 0 }); i >= 0 {
+		t.Errorf("byte %d outside the grant was written", 4096+i)
+	}
 }

@@ -51,6 +51,9 @@ type supervisor[T any] struct {
 	// inside it (a restarted engine re-registers memory, say).
 	open  func() (T, *Client, error)
 	close func(T) error
+	// ready, if set, runs once a restarted instance is published (what
+	// changed while it started is applied to it then).
+	ready func(T)
 
 	mu       sync.Mutex
 	cur      T
@@ -67,7 +70,7 @@ type supervisor[T any] struct {
 
 // supervise opens the first instance (its failure is returned, nothing is
 // retried) and starts watching it.
-func supervise[T any](spec Spec, kind string, policy Restart, open func() (T, *Client, error), closeT func(T) error) (*supervisor[T], error) {
+func supervise[T any](spec Spec, kind string, policy Restart, open func() (T, *Client, error), closeT func(T) error, ready func(T)) (*supervisor[T], error) {
 	cur, c, err := open()
 	if err != nil {
 		return nil, err
@@ -77,7 +80,7 @@ func supervise[T any](spec Spec, kind string, policy Restart, open func() (T, *C
 		log = slog.New(slog.DiscardHandler)
 	}
 	s := &supervisor[T]{spec: spec, kind: kind, policy: policy.withDefaults(), log: log, open: open, close: closeT,
-		cur: cur, hasCur: true, client: c, up: true, stop: make(chan struct{}), done: make(chan struct{})}
+		ready: ready, cur: cur, hasCur: true, client: c, up: true, stop: make(chan struct{}), done: make(chan struct{})}
 	go s.run()
 	return s, nil
 }
@@ -181,6 +184,9 @@ func (s *supervisor[T]) run() {
 			s.cur, s.hasCur, s.client, s.up, s.down = cur, true, c, true, nil
 			s.log.Info("plugin restarted", "plugin", s.spec.Name, "kind", s.kind, "restart", s.restarts, "pid", c.Pid())
 			s.mu.Unlock()
+			if s.ready != nil {
+				s.ready(cur)
+			}
 			backoff = s.policy.Backoff
 			break
 		}
@@ -245,7 +251,7 @@ func OpenGatherer(spec Spec, policy Restart, name string, opts map[string]string
 		}
 		g, err := c.Gatherer(name, opts, reg)
 		return g, c, err
-	}, func(g transfer.Gatherer) error { return g.Close() })
+	}, func(g transfer.Gatherer) error { return g.Close() }, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -273,7 +279,7 @@ func OpenScatterer(spec Spec, policy Restart, name string, opts map[string]strin
 		}
 		s, err := c.Scatterer(name, opts, reg)
 		return s, c, err
-	}, func(s transfer.Scatterer) error { return s.Close() })
+	}, func(s transfer.Scatterer) error { return s.Close() }, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -306,7 +312,7 @@ func OpenWriter(spec Spec, policy Restart, name string, opts map[string]string, 
 		}
 		w, err := c.Writer(name, opts, engine)
 		return w, c, err
-	}, func(w *RemoteWriter) error { return w.Close() })
+	}, func(w *RemoteWriter) error { return w.Close() }, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -355,7 +361,7 @@ func OpenEngine(spec Spec, policy Restart, name string, opts map[string]string) 
 			return nil, nil, err
 		}
 		return e, c, nil
-	}, func(e transfer.Engine) error { return e.Close() })
+	}, func(e transfer.Engine) error { return e.Close() }, se.reinstall)
 	if err != nil {
 		return nil, err
 	}
@@ -397,13 +403,28 @@ func (e *supervisedEngine) replay(eng transfer.Engine) error {
 			return fmt.Errorf("replay load peer %q: %w", p, err)
 		}
 	}
+	e.installLocked(eng)
+	return nil
+}
+
+// reinstall applies the guard and the peer-loss callback to a restarted
+// engine once it is published: one set while it was starting (after its
+// replay) reaches it too.
+func (e *supervisedEngine) reinstall(eng transfer.Engine) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.installLocked(eng)
+}
+
+// installLocked installs the guard and the callback set so far in eng.
+// The caller holds e.mu.
+func (e *supervisedEngine) installLocked(eng transfer.Engine) {
 	if g, ok := eng.(transfer.WriteGuarded); ok && e.guard != nil {
 		g.SetWriteGuard(e.guard)
 	}
 	if r, ok := eng.(transfer.PeerLossReporter); ok && e.lost != nil {
 		r.SetPeerLost(e.lost)
 	}
-	return nil
 }
 
 // capabilities returns what the first process's engine declared.
@@ -604,7 +625,7 @@ func OpenControl(spec Spec, policy Restart, name string, opts map[string]string)
 			}
 		}
 		return ch, c, nil
-	}, func(ch transfer.ControlChannel) error { return ch.Close() })
+	}, func(ch transfer.ControlChannel) error { return ch.Close() }, nil)
 	if err != nil {
 		return nil, err
 	}
