@@ -80,6 +80,7 @@ func TestRejectsBrokenEngines(t *testing.T) {
 		{broken.CorruptAboveFragment, "engine/byte-exact", []string{"write of 2101249 bytes"}, []string{"engine/failure-reported"}},
 		{broken.SyncPost, "engine/post-async", []string{"PostWrite did not return within CallTimeout", "while A's writes were stalled"}, []string{"engine/byte-exact"}},
 		{broken.LateRefusedWrite, "engine/failure-reported", []string{"write from unregistered source memory was refused", "destination buffer byte"}, []string{"engine/byte-exact"}},
+		{broken.IgnoreGuard, "engine/write-guard", []string{"without asking its guard"}, []string{"engine/byte-exact"}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.fault.String(), func(t *testing.T) {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -198,6 +199,7 @@ func engineRules() []rule[*enginePeer] {
 		rule[*enginePeer]{"engine/not-quiescent", "a write stalled on purpose (EnginePair.StallWrites) and given up — by the engine or by A.ForgetPeer — is terminal within OpTimeout and either fails wrapping transfer.ErrNotQuiescent or lands nothing once the stall ends (skipped without StallWrites)", connected(ruleNotQuiescent)},
 		rule[*enginePeer]{"engine/post-async", "PostWrite returns within CallTimeout without waiting for the bytes: a stalled write (EnginePair.StallWrites) is posted and pending; without StallWrites, some large write must be pending at its first Poll, and one that never is is reported as a failure", connected(rulePostAsync)},
 		rule[*enginePeer]{"engine/peer-loss", "when B dies (EnginePair.KillB) every in-flight write is terminal within OpTimeout, Failed ones wrap transfer.ErrPeerLost, and no later write reports Done (skipped without KillB)", connected(rulePeerLoss)},
+		rule[*enginePeer]{"engine/write-guard", "B asks the transfer.WriteGuard installed with SetWriteGuard before A's write lands: a write into the range the guard admits for A lands byte-exact, one the guard forbids fails wrapping transfer.ErrForbidden and changes no byte (skipped without transfer.WriteGuarded)", connected(ruleWriteGuard)},
 		rule[*enginePeer]{"engine/notify-order", "1,000 notifications to one peer arrive in order, none lost or duplicated, and Notify never blocks (skipped without transfer.Notifier)", connected(ruleNotifyOrder)},
 		rule[*enginePeer]{"engine/notify-order-sizes", "notifications of mixed payload sizes up to the engine's maximum (EnginePair.MaxNotification, or found by trying) arrive in order and byte-exact (skipped without transfer.Notifier)", connected(ruleNotifyOrderSizes)},
 		rule[*enginePeer]{"engine/notify-sender", "a received notification names its sender as the receiver loaded it (skipped without transfer.Notifier)", connected(ruleNotifySender)},
@@ -609,6 +611,46 @@ func rulePeerLoss(c *rc, e *enginePeer) error {
 		}
 	}
 	return nil
+}
+
+func ruleWriteGuard(c *rc, e *enginePeer) error {
+	g, ok := e.B.(transfer.WriteGuarded)
+	if !ok {
+		return c.skipf("B does not implement transfer.WriteGuarded")
+	}
+	admitted, err := e.rig.job(c, 4097, 1)
+	if err != nil {
+		return fmt.Errorf("setup: %w", err)
+	}
+	refused, err := e.rig.job(c, 4097, 1)
+	if err != nil {
+		return fmt.Errorf("setup: %w", err)
+	}
+	var asked atomic.Int64
+	allow := admitted.dst
+	c.step("B.SetWriteGuard(admit %v for %q only)", allow, e.peerA)
+	g.SetWriteGuard(func(peer string, d transfer.Desc) (transfer.Desc, error) {
+		asked.Add(1)
+		if peer == e.peerA && allow.Contains(d.Addr, d.Len) {
+			return allow, nil
+		}
+		return transfer.Desc{}, fmt.Errorf("conformance guard: %q may not write [%#x+%d]: %w", peer, d.Addr, d.Len, transfer.ErrForbidden)
+	})
+	defer g.SetWriteGuard(nil)
+	admitted.what = "write the guard admits"
+	op, err := c.complete(admitted)
+	if err != nil {
+		return err
+	}
+	_ = op.Release()
+	if m := admitted.mismatch(); m != "" {
+		return fmt.Errorf("%s: %s", admitted.what, m)
+	}
+	if asked.Load() == 0 {
+		return fmt.Errorf("B landed A's write without asking its guard")
+	}
+	refused.what = "write the guard forbids"
+	return expectRefused(c, refused, transfer.ErrForbidden)
 }
 
 // notifiers returns A and B as transfer.Notifiers, or a skip.

@@ -21,7 +21,14 @@ import (
 //   - stages: the host gather and scatter stages in-process (waking the
 //     reactor on completion, as node builds them) vs the same stages in
 //     plugin processes, polled over gRPC (the TCP engine in-process in
-//     both).
+//     both);
+//
+//   - engine-guard: the TCP engine in a plugin process both times, the
+//     receiver's asking a write guard installed on the host (one callback
+//     round trip per incoming frame, docs/PLUGINS.md) on the "plugin"
+//     side, none on the "in-process" side: the ratio is the cost of the
+//     guard crossing the process boundary (the guard admits every write;
+//     its own cost in process is a map lookup).
 //
 //     go test -run '^$' -bench BenchmarkPlugins -benchtime 5x ./pipeline/
 func BenchmarkPlugins(b *testing.B) {
@@ -32,6 +39,15 @@ func BenchmarkPlugins(b *testing.B) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		return e
+	}
+	guardedPluginEngine := func(t testing.TB, name string, opt loopback.Options) transfer.Engine {
+		e := pluginEngine(t, name, opt)
+		g, ok := e.(transfer.WriteGuarded)
+		if !ok {
+			t.Fatalf("plugin engine %T is not a transfer.WriteGuarded", e)
+		}
+		g.SetWriteGuard(func(_ string, d transfer.Desc) (transfer.Desc, error) { return d, nil })
 		return e
 	}
 	pluginStages := func(t testing.TB, name string, reg *mem.Registry, _ transfer.Engine, notify func()) (transfer.Gatherer, transfer.Scatterer, transfer.Writer) {
@@ -56,6 +72,7 @@ func BenchmarkPlugins(b *testing.B) {
 	}{
 		{"engine", side{newTCPEngine, nil}, side{pluginEngine, nil}},
 		{"gather+scatter", side{newTCPEngine, nil}, side{newTCPEngine, pluginStages}},
+		{"engine-guard", side{pluginEngine, nil}, side{guardedPluginEngine, nil}},
 	} {
 		b.Run(c.name+"/81920x4KiB", func(b *testing.B) {
 			const n, size = 81920, 4096

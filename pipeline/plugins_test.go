@@ -14,6 +14,7 @@ import (
 	"github.com/bouncekv/bounce/plugins"
 	gatherhost "github.com/bouncekv/bounce/stages/gather/host"
 	scatterhost "github.com/bouncekv/bounce/stages/scatter/host"
+	"github.com/bouncekv/bounce/stages/write"
 	"github.com/bouncekv/bounce/transfer"
 )
 
@@ -239,4 +240,74 @@ func TestPluginCrash(t *testing.T) {
 			settled(t, a, b)
 		})
 	}
+}
+
+// TestPluginEnginePeerLostReclaimsFlows: the receiver's engine is the tcp
+// engine in a real plugin process, and its control channel reports no
+// losses. A sender holding a granted region dies (engine and channel
+// closed at once): the plugin's engine reports the peer lost across the
+// process boundary, the receiver's agent counts it (LostPeers) and
+// reclaims the flow long before its expiry; the next sender is served.
+func TestPluginEnginePeerLostReclaimsFlows(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and starts plugin processes")
+	}
+	bin := buildTestPlugin(t)
+	w := newWorld(t)
+	w.engine = func(t testing.TB, name string, opt loopback.Options) transfer.Engine {
+		if name != "r" {
+			return newTCPEngine(t, name, opt)
+		}
+		e, err := plugins.OpenEngine(plugins.Spec{Path: bin}, plugins.Restart{}, name, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return e
+	}
+	cfg := testConfig()
+	cfg.RequestTimeout = 15 * time.Second // flows expire after a minute
+	var sw *stallWriter
+	s := w.node("s", cfg, func(set *Settings) {
+		sw = &stallWriter{w: write.New(set.Engine)}
+		set.Writer = sw
+	})
+	r, next := w.node("r", cfg), w.node("next", cfg)
+	if _, ok := r.eng.(transfer.PeerLossReporter); !ok {
+		t.Errorf("the plugin engine %T is not a transfer.PeerLossReporter", r.eng)
+	}
+	connect(t, s, r, next)
+	// A first transfer opens s's connections to r.
+	j := simple(t, s, r, 1)
+	b, err := s.Submit(Request{Peer: "r", Src: j.src, Dst: j.dst})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := wait(t, b); err != nil {
+		t.Fatal(err)
+	}
+	j.verify(t)
+	// The second one is granted and never written.
+	sw.stall.Store(true)
+	j2 := simple(t, s, r, 2)
+	if _, err := s.Submit(Request{Peer: "r", Src: j2.src, Dst: j2.dst}); err != nil {
+		t.Fatal(err)
+	}
+	awaitGranted(t, r)
+	killed := time.Now()
+	s.ctrl.Close()
+	s.eng.Close()
+	awaitReclaimed(t, r, killed, 30*time.Second, "the sender died")
+	if n := r.Stats().LostPeers; n < 1 {
+		t.Fatalf("LostPeers = %d, want at least 1", n)
+	}
+	jn := simple(t, next, r, 3)
+	b, err = next.Submit(Request{Peer: "r", Src: jn.src, Dst: jn.dst})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := wait(t, b); err != nil {
+		t.Fatal(err)
+	}
+	jn.verify(t)
+	conserve(t, r)
 }

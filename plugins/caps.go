@@ -22,6 +22,7 @@ type (
 // whole life.
 type caps struct {
 	notifier, fencer, fences bool
+	guarded, peerLoss        bool
 	maxNotify                int
 	postPerDesc, perWrite    time.Duration
 	bandwidth                float64
@@ -51,24 +52,196 @@ func describe(e transfer.Engine) *pb.OpenReply {
 		post, write, bw := d.RouteCosts()
 		pc.RouteCosts, pc.PostPerDescNs, pc.PerWriteNs, pc.Bandwidth = true, int64(post), int64(write), bw
 	}
+	_, pc.WriteGuarded = e.(transfer.WriteGuarded)
+	_, pc.PeerLoss = e.(transfer.PeerLossReporter)
 	return &pb.OpenReply{Name: []byte(e.Name()), Notifier: notifier, Caps: pc}
 }
 
 // capsFrom reads the capabilities of an Open reply.
 func capsFrom(rep *pb.OpenReply) caps {
 	pc := rep.GetCaps()
-	c := caps{notifier: rep.GetNotifier(), fencer: pc.GetFencer(), fences: pc.GetFences(), maxNotify: int(max(pc.GetMaxNotifySize(), 0))}
+	c := caps{notifier: rep.GetNotifier(), fencer: pc.GetFencer(), fences: pc.GetFences(), maxNotify: int(max(pc.GetMaxNotifySize(), 0)),
+		guarded: pc.GetWriteGuarded(), peerLoss: pc.GetPeerLoss()}
 	if pc.GetRouteCosts() {
 		c.postPerDesc, c.perWrite, c.bandwidth = time.Duration(pc.GetPostPerDescNs()), time.Duration(pc.GetPerWriteNs()), pc.GetBandwidth()
 	}
 	return c
 }
 
+// hostEngine is what every host-side engine of a plugin (remoteEngine,
+// supervisedEngine) has: the engine, its declared capabilities, and the
+// optional capabilities' methods under unexported names. declare exposes
+// the exported ones for exactly the capabilities the plugin declared.
+type hostEngine interface {
+	transfer.Engine
+	transfer.ContextPoster
+	costDeclarer
+	Supervised
+	capabilities() caps
+	notify(peer string, payload []byte) error
+	recvNotification(timeout time.Duration) (transfer.Message, error)
+	setWriteGuard(g transfer.WriteGuard)
+	setPeerLost(fn func(peer string))
+}
+
+// notifies is transfer.Notifier (with its MaxNotifySize) of a hostEngine.
+type notifies struct{ e hostEngine }
+
+// Notify sends a notification through the plugin's engine.
+func (n notifies) Notify(peer string, payload []byte) error { return n.e.notify(peer, payload) }
+
+// RecvNotification waits at most timeout for one from the plugin's engine.
+func (n notifies) RecvNotification(timeout time.Duration) (transfer.Message, error) {
+	return n.e.recvNotification(timeout)
+}
+
+// MaxNotifySize returns the notification limit the plugin's engine
+// declared; 0 means it declared none.
+func (n notifies) MaxNotifySize() int { return n.e.capabilities().maxNotify }
+
+// guards is transfer.WriteGuarded of a hostEngine.
+type guards struct{ e hostEngine }
+
+// SetWriteGuard installs g in the plugin's engine, which asks it over the
+// callback stream before a byte a peer sends lands; an unanswered check
+// refuses the write.
+func (g guards) SetWriteGuard(w transfer.WriteGuard) { g.e.setWriteGuard(w) }
+
+// reportsLoss is transfer.PeerLossReporter of a hostEngine.
+type reportsLoss struct{ e hostEngine }
+
+// SetPeerLost registers fn, called (on the host) with each peer the
+// plugin's engine reports lost.
+func (r reportsLoss) SetPeerLost(fn func(peer string)) { r.e.setPeerLost(fn) }
+
+// The host-side engine types, one per set of optional capabilities:
+// N notifier, F fencer, G write guarded, L peer-loss reporter.
+type (
+	engN struct {
+		hostEngine
+		notifies
+	}
+	engF struct {
+		hostEngine
+		fencing
+	}
+	engG struct {
+		hostEngine
+		guards
+	}
+	engL struct {
+		hostEngine
+		reportsLoss
+	}
+	engNF struct {
+		hostEngine
+		notifies
+		fencing
+	}
+	engNG struct {
+		hostEngine
+		notifies
+		guards
+	}
+	engNL struct {
+		hostEngine
+		notifies
+		reportsLoss
+	}
+	engFG struct {
+		hostEngine
+		fencing
+		guards
+	}
+	engFL struct {
+		hostEngine
+		fencing
+		reportsLoss
+	}
+	engGL struct {
+		hostEngine
+		guards
+		reportsLoss
+	}
+	engNFG struct {
+		hostEngine
+		notifies
+		fencing
+		guards
+	}
+	engNFL struct {
+		hostEngine
+		notifies
+		fencing
+		reportsLoss
+	}
+	engNGL struct {
+		hostEngine
+		notifies
+		guards
+		reportsLoss
+	}
+	engFGL struct {
+		hostEngine
+		fencing
+		guards
+		reportsLoss
+	}
+	engNFGL struct {
+		hostEngine
+		notifies
+		fencing
+		guards
+		reportsLoss
+	}
+)
+
+// declare returns e as the engine type that implements exactly the
+// optional capabilities its plugin's engine declared.
+func declare(e hostEngine) transfer.Engine {
+	c := e.capabilities()
+	n, f, g, l := notifies{e}, c.fencing(), guards{e}, reportsLoss{e}
+	switch [4]bool{c.notifier, c.fencer, c.guarded, c.peerLoss} {
+	case [4]bool{true, false, false, false}:
+		return engN{e, n}
+	case [4]bool{false, true, false, false}:
+		return engF{e, f}
+	case [4]bool{false, false, true, false}:
+		return engG{e, g}
+	case [4]bool{false, false, false, true}:
+		return engL{e, l}
+	case [4]bool{true, true, false, false}:
+		return engNF{e, n, f}
+	case [4]bool{true, false, true, false}:
+		return engNG{e, n, g}
+	case [4]bool{true, false, false, true}:
+		return engNL{e, n, l}
+	case [4]bool{false, true, true, false}:
+		return engFG{e, f, g}
+	case [4]bool{false, true, false, true}:
+		return engFL{e, f, l}
+	case [4]bool{false, false, true, true}:
+		return engGL{e, g, l}
+	case [4]bool{true, true, true, false}:
+		return engNFG{e, n, f, g}
+	case [4]bool{true, true, false, true}:
+		return engNFL{e, n, f, l}
+	case [4]bool{true, false, true, true}:
+		return engNGL{e, n, g, l}
+	case [4]bool{false, true, true, true}:
+		return engFGL{e, f, g, l}
+	case [4]bool{true, true, true, true}:
+		return engNFGL{e, n, f, g, l}
+	}
+	return e
+}
+
 var (
-	_ transfer.Fencer        = (*remoteFencer)(nil)
-	_ transfer.Fencer        = (*remoteNotifierFencer)(nil)
-	_ transfer.Notifier      = (*remoteNotifierFencer)(nil)
-	_ notifyLimiter          = (*remoteNotifier)(nil)
-	_ costDeclarer           = (*remoteEngine)(nil)
-	_ transfer.ContextPoster = (*remoteEngine)(nil)
+	_ hostEngine                = (*remoteEngine)(nil)
+	_ hostEngine                = (*supervisedEngine)(nil)
+	_ transfer.Notifier         = engNFGL{}
+	_ notifyLimiter             = engNFGL{}
+	_ transfer.Fencer           = engNFGL{}
+	_ transfer.WriteGuarded     = engNFGL{}
+	_ transfer.PeerLossReporter = engNFGL{}
 )

@@ -14,6 +14,7 @@ import (
 // declaredCaps is what an engine declares beyond transfer.Engine.
 type declaredCaps struct {
 	notifier, fencer, fences bool
+	guarded, peerLoss        bool
 	maxNotify                int
 	post, write              time.Duration
 	bandwidth                float64
@@ -22,6 +23,8 @@ type declaredCaps struct {
 func declared(e transfer.Engine) declaredCaps {
 	var d declaredCaps
 	_, d.notifier = e.(transfer.Notifier)
+	_, d.guarded = e.(transfer.WriteGuarded)
+	_, d.peerLoss = e.(transfer.PeerLossReporter)
 	if f, ok := e.(transfer.Fencer); ok {
 		d.fencer, d.fences = true, f.FencesForgottenPeers()
 	}
@@ -39,7 +42,8 @@ func declared(e transfer.Engine) declaredCaps {
 // TestPluginEngineDeclaresWhatItsEngineDeclares: the tcp engine served by a
 // plugin process declares, on the host, the optional capabilities the
 // in-process tcp engine declares — transfer.Notifier, transfer.Fencer
-// (FencesForgottenPeers true), MaxNotifySize and RouteCosts (route auto's
+// (FencesForgottenPeers true), transfer.WriteGuarded,
+// transfer.PeerLossReporter, MaxNotifySize and RouteCosts (route auto's
 // cost model) — with the same values, through the factory the agent uses
 // (a supervised plugin) and through a bare Client.
 func TestPluginEngineDeclaresWhatItsEngineDeclares(t *testing.T) {
@@ -49,7 +53,7 @@ func TestPluginEngineDeclaresWhatItsEngineDeclares(t *testing.T) {
 	}
 	want := declared(inproc)
 	inproc.Close()
-	if !want.notifier || !want.fencer || !want.fences || want.maxNotify <= 0 || !(want.bandwidth > 0) {
+	if !want.notifier || !want.fencer || !want.guarded || !want.peerLoss || !want.fences || want.maxNotify <= 0 || !(want.bandwidth > 0) {
 		t.Fatalf("the in-process tcp engine declares %+v; the test expects every capability", want)
 	}
 	bin := buildExample(t)

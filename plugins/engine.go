@@ -99,7 +99,7 @@ func (c *Client) Engine(name string, opts map[string]string) (transfer.Engine, e
 }
 
 func newRemoteEngine(c *Client, rpc pb.EngineClient, rep *pb.OpenReply) *remoteEngine {
-	return &remoteEngine{c: c, rpc: rpc, name: string(rep.GetName()), caps: capsFrom(rep)}
+	return &remoteEngine{c: c, rpc: rpc, name: string(rep.GetName()), caps: capsFrom(rep), cb: &hostCallbacks{c: c, rpc: rpc}}
 }
 
 // remoteEngine is a transfer.Engine in a plugin process.
@@ -109,21 +109,12 @@ type remoteEngine struct {
 	name string
 	caps caps
 	hs   handles
+	cb   *hostCallbacks
 }
 
 // declared returns e as the engine type that implements exactly the
 // optional capabilities the plugin's engine declared.
-func (e *remoteEngine) declared() transfer.Engine {
-	switch {
-	case e.caps.notifier && e.caps.fencer:
-		return &remoteNotifierFencer{&remoteNotifier{e}, e.caps.fencing()}
-	case e.caps.notifier:
-		return &remoteNotifier{e}
-	case e.caps.fencer:
-		return &remoteFencer{e, e.caps.fencing()}
-	}
-	return e
-}
+func (e *remoteEngine) declared() transfer.Engine { return declare(e) }
 
 // capabilities returns what the plugin's engine declared.
 func (e *remoteEngine) capabilities() caps { return e.caps }
@@ -217,40 +208,44 @@ func (e *remoteEngine) PostWriteContext(ctx context.Context, peer string, ops []
 }
 
 // Close closes the plugin engine and ends the plugin process.
-func (e *remoteEngine) Close() error { return closeRemote(e.c, "engine", e.rpc.Close) }
-
-// remoteNotifier is a remoteEngine whose plugin engine has notifications.
-type remoteNotifier struct{ *remoteEngine }
-
-// MaxNotifySize returns the notification limit the plugin's engine
-// declared; 0 means it declared none.
-func (n *remoteNotifier) MaxNotifySize() int { return n.caps.maxNotify }
-
-// remoteFencer is a remoteEngine whose plugin engine is a transfer.Fencer.
-type remoteFencer struct {
-	*remoteEngine
-	fencing
+func (e *remoteEngine) Close() error {
+	err := closeRemote(e.c, "engine", e.rpc.Close)
+	e.cb.stop()
+	return err
 }
 
-// remoteNotifierFencer has notifications and is a transfer.Fencer.
-type remoteNotifierFencer struct {
-	*remoteNotifier
-	fencing
-}
-
-// Notify sends a notification through the plugin engine.
-func (n *remoteNotifier) Notify(peer string, payload []byte) error {
-	return n.call(fmt.Sprintf("notify %q", peer), func(cx context.Context) (interface{ GetError() *pb.Error }, error) {
-		return n.rpc.Notify(cx, &pb.MessageRequest{Peer: []byte(peer), Payload: payload})
+// notify sends a notification through the plugin engine.
+func (e *remoteEngine) notify(peer string, payload []byte) error {
+	return e.call(fmt.Sprintf("notify %q", peer), func(cx context.Context) (interface{ GetError() *pb.Error }, error) {
+		return e.rpc.Notify(cx, &pb.MessageRequest{Peer: []byte(peer), Payload: payload})
 	})
 }
 
-// RecvNotification waits at most timeout in the plugin.
-func (n *remoteNotifier) RecvNotification(timeout time.Duration) (transfer.Message, error) {
-	return recvMessage(n.c, "receive notification", timeout, func(cx context.Context, req *pb.RecvRequest) (*pb.MessageReply, error) {
-		return n.rpc.RecvNotification(cx, req)
+// recvNotification waits at most timeout in the plugin.
+func (e *remoteEngine) recvNotification(timeout time.Duration) (transfer.Message, error) {
+	return recvMessage(e.c, "receive notification", timeout, func(cx context.Context, req *pb.RecvRequest) (*pb.MessageReply, error) {
+		return e.rpc.RecvNotification(cx, req)
 	})
 }
+
+// setWriteGuard installs g in the plugin's engine over the callback
+// stream (see callbacks.go).
+func (e *remoteEngine) setWriteGuard(g transfer.WriteGuard) { e.cb.setGuard(g) }
+
+// setPeerLost installs fn as the plugin engine's peer-loss callback.
+func (e *remoteEngine) setPeerLost(fn func(peer string)) { e.cb.setLost(fn) }
+
+// Current returns the Client of the engine's process, nil once it is
+// gone: an engine opened on a bare Client is never restarted.
+func (e *remoteEngine) Current() *Client {
+	if e.c.gone() || e.c.closed() {
+		return nil
+	}
+	return e.c
+}
+
+// Restarts returns 0: an engine opened on a bare Client is not restarted.
+func (e *remoteEngine) Restarts() int { return 0 }
 
 // recvMessage is a bounded blocking receive over gRPC.
 func recvMessage(c *Client, what string, timeout time.Duration, f func(context.Context, *pb.RecvRequest) (*pb.MessageReply, error)) (transfer.Message, error) {
@@ -314,8 +309,10 @@ func (s *engineServer) owned(what string) error {
 func (s *engineServer) Open(_ context.Context, r *pb.OpenRequest) (*pb.OpenReply, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.lent { // describe the lent engine
-		return describe(s.eng), nil
+	if s.lent { // describe the lent engine; its callbacks stay the host's
+		rep := describe(s.eng)
+		rep.Caps.WriteGuarded, rep.Caps.PeerLoss = false, false
+		return rep, nil
 	}
 	if s.eng != nil || s.closed {
 		return &pb.OpenReply{Error: toProtoError(errors.New("plugin: this process already opened its engine"))}, nil

@@ -35,6 +35,7 @@ var sentinels = [...]sentinel{
 	{pb.Code_CODE_NOT_QUIESCENT, transfer.ErrNotQuiescent},
 	{pb.Code_CODE_DEVICE_FAULT, transfer.ErrDeviceFault},
 	{pb.Code_CODE_UNSUPPORTED, transfer.ErrUnsupported},
+	{pb.Code_CODE_FORBIDDEN, transfer.ErrForbidden},
 }
 
 // toProtoError encodes err with every transfer sentinel it wraps.

@@ -236,7 +236,8 @@ type Client struct {
 	mu      sync.Mutex
 	opened  bool
 	closedC chan struct{}
-	notify  func() // wakes the host when an op completes; may be nil
+	notify  func()       // wakes the host when an op completes; may be nil
+	log     *slog.Logger // the host's log (Spec.Logger); never nil
 	// diedFirst is the exit status of a process that had died on its own
 	// before Close: errors keep naming it rather than "closed".
 	diedFirst string
@@ -402,7 +403,7 @@ func LoadSpec(s Spec, kind string) (*Client, error) {
 	if err != nil {
 		return fail(fmt.Sprintf("it does not serve kind %q", kind), err)
 	}
-	c := &Client{kind: kind, name: s.Name, raw: raw, notify: s.Notify, exited: pc.Exited, kill: func() { pc.Kill(); logs.flush() }, closedC: make(chan struct{})}
+	c := &Client{kind: kind, name: s.Name, raw: raw, notify: s.Notify, log: orDiscard(s.Logger), exited: pc.Exited, kill: func() { pc.Kill(); logs.flush() }, closedC: make(chan struct{})}
 	c.status = func() string { return exitStatus(pc, cmd) }
 	if rc := pc.ReattachConfig(); rc != nil {
 		c.pid = rc.Pid
@@ -446,7 +447,7 @@ func explainStart(err error, pc *plugin.Client, cmd *exec.Cmd) error {
 // newClient wraps an already connected kind client (tests: an in-process
 // gRPC hop); stop ends the connection.
 func newClient(kind, name string, raw any, stop func()) *Client {
-	return &Client{kind: kind, name: name, raw: raw, exited: func() bool { return false }, status: func() string { return "" }, kill: stop, closedC: make(chan struct{})}
+	return &Client{kind: kind, name: name, raw: raw, log: orDiscard(nil), exited: func() bool { return false }, status: func() string { return "" }, kill: stop, closedC: make(chan struct{})}
 }
 
 func validKind(k string) bool {
@@ -538,6 +539,14 @@ func (c *Client) rpcErr(what string, err error) error {
 
 func ctx(d time.Duration) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.Background(), d)
+}
+
+// orDiscard returns l, or a logger that discards when l is nil.
+func orDiscard(l *slog.Logger) *slog.Logger {
+	if l == nil {
+		return slog.New(slog.DiscardHandler)
+	}
+	return l
 }
 
 // lineLogger turns a plugin's stderr into log records, one per line,

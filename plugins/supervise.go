@@ -51,6 +51,9 @@ type supervisor[T any] struct {
 	// inside it (a restarted engine re-registers memory, say).
 	open  func() (T, *Client, error)
 	close func(T) error
+	// ready, if set, runs once a restarted instance is published (what
+	// changed while it started is applied to it then).
+	ready func(T)
 
 	mu       sync.Mutex
 	cur      T
@@ -67,7 +70,7 @@ type supervisor[T any] struct {
 
 // supervise opens the first instance (its failure is returned, nothing is
 // retried) and starts watching it.
-func supervise[T any](spec Spec, kind string, policy Restart, open func() (T, *Client, error), closeT func(T) error) (*supervisor[T], error) {
+func supervise[T any](spec Spec, kind string, policy Restart, open func() (T, *Client, error), closeT func(T) error, ready func(T)) (*supervisor[T], error) {
 	cur, c, err := open()
 	if err != nil {
 		return nil, err
@@ -77,7 +80,7 @@ func supervise[T any](spec Spec, kind string, policy Restart, open func() (T, *C
 		log = slog.New(slog.DiscardHandler)
 	}
 	s := &supervisor[T]{spec: spec, kind: kind, policy: policy.withDefaults(), log: log, open: open, close: closeT,
-		cur: cur, hasCur: true, client: c, up: true, stop: make(chan struct{}), done: make(chan struct{})}
+		ready: ready, cur: cur, hasCur: true, client: c, up: true, stop: make(chan struct{}), done: make(chan struct{})}
 	go s.run()
 	return s, nil
 }
@@ -181,6 +184,9 @@ func (s *supervisor[T]) run() {
 			s.cur, s.hasCur, s.client, s.up, s.down = cur, true, c, true, nil
 			s.log.Info("plugin restarted", "plugin", s.spec.Name, "kind", s.kind, "restart", s.restarts, "pid", c.Pid())
 			s.mu.Unlock()
+			if s.ready != nil {
+				s.ready(cur)
+			}
 			backoff = s.policy.Backoff
 			break
 		}
@@ -245,7 +251,7 @@ func OpenGatherer(spec Spec, policy Restart, name string, opts map[string]string
 		}
 		g, err := c.Gatherer(name, opts, reg)
 		return g, c, err
-	}, func(g transfer.Gatherer) error { return g.Close() })
+	}, func(g transfer.Gatherer) error { return g.Close() }, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -273,7 +279,7 @@ func OpenScatterer(spec Spec, policy Restart, name string, opts map[string]strin
 		}
 		s, err := c.Scatterer(name, opts, reg)
 		return s, c, err
-	}, func(s transfer.Scatterer) error { return s.Close() })
+	}, func(s transfer.Scatterer) error { return s.Close() }, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -306,7 +312,7 @@ func OpenWriter(spec Spec, policy Restart, name string, opts map[string]string, 
 		}
 		w, err := c.Writer(name, opts, engine)
 		return w, c, err
-	}, func(w *RemoteWriter) error { return w.Close() })
+	}, func(w *RemoteWriter) error { return w.Close() }, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -355,7 +361,7 @@ func OpenEngine(spec Spec, policy Restart, name string, opts map[string]string) 
 			return nil, nil, err
 		}
 		return e, c, nil
-	}, func(e transfer.Engine) error { return e.Close() })
+	}, func(e transfer.Engine) error { return e.Close() }, se.reinstall)
 	if err != nil {
 		return nil, err
 	}
@@ -365,16 +371,7 @@ func OpenEngine(spec Spec, policy Restart, name string, opts map[string]string) 
 	if d, ok := first.(interface{ capabilities() caps }); ok {
 		se.caps = d.capabilities()
 	}
-	_, notifier := first.(transfer.Notifier)
-	switch {
-	case notifier && se.caps.fencer:
-		return &supervisedNotifierFencer{&supervisedNotifier{se}, se.caps.fencing()}, nil
-	case notifier:
-		return &supervisedNotifier{se}, nil
-	case se.caps.fencer:
-		return &supervisedFencer{se, se.caps.fencing()}, nil
-	}
-	return se, nil
+	return declare(se), nil
 }
 
 // supervisedEngine is an engine plugin under a Restart policy. It records
@@ -387,6 +384,8 @@ type supervisedEngine struct {
 	mu    sync.Mutex
 	regs  map[transfer.Desc]int // registration counts
 	peers map[string][]byte     // peer -> the metadata it was loaded from
+	guard transfer.WriteGuard   // installed in every process
+	lost  func(peer string)     // installed in every process
 }
 
 func (e *supervisedEngine) replay(eng transfer.Engine) error {
@@ -404,8 +403,32 @@ func (e *supervisedEngine) replay(eng transfer.Engine) error {
 			return fmt.Errorf("replay load peer %q: %w", p, err)
 		}
 	}
+	e.installLocked(eng)
 	return nil
 }
+
+// reinstall applies the guard and the peer-loss callback to a restarted
+// engine once it is published: one set while it was starting (after its
+// replay) reaches it too.
+func (e *supervisedEngine) reinstall(eng transfer.Engine) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.installLocked(eng)
+}
+
+// installLocked installs the guard and the callback set so far in eng.
+// The caller holds e.mu.
+func (e *supervisedEngine) installLocked(eng transfer.Engine) {
+	if g, ok := eng.(transfer.WriteGuarded); ok && e.guard != nil {
+		g.SetWriteGuard(e.guard)
+	}
+	if r, ok := eng.(transfer.PeerLossReporter); ok && e.lost != nil {
+		r.SetPeerLost(e.lost)
+	}
+}
+
+// capabilities returns what the first process's engine declared.
+func (e *supervisedEngine) capabilities() caps { return e.caps }
 
 // Name returns the engine's name (the same after a restart).
 func (e *supervisedEngine) Name() string { return e.name }
@@ -526,50 +549,57 @@ func (e *supervisedEngine) RouteCosts() (postPerDesc, perWrite time.Duration, ba
 	return e.caps.postPerDesc, e.caps.perWrite, e.caps.bandwidth
 }
 
-type supervisedNotifier struct{ *supervisedEngine }
-
-// MaxNotifySize returns the notification limit the plugin's engine
-// declared; 0 means it declared none.
-func (n *supervisedNotifier) MaxNotifySize() int { return n.caps.maxNotify }
-
-// supervisedFencer is a supervised engine whose plugin's engine is a
-// transfer.Fencer. A restarted process fences as the first one did.
-type supervisedFencer struct {
-	*supervisedEngine
-	fencing
-}
-
-// supervisedNotifierFencer has notifications and is a transfer.Fencer.
-type supervisedNotifierFencer struct {
-	*supervisedNotifier
-	fencing
-}
-
-// Notify sends through the current process.
-func (n *supervisedNotifier) Notify(peer string, payload []byte) error {
-	cur, err := n.sv.get()
+// notify sends through the current process.
+func (e *supervisedEngine) notify(peer string, payload []byte) error {
+	cur, err := e.sv.get()
 	if err != nil {
 		return err
 	}
 	nt, ok := cur.(transfer.Notifier)
 	if !ok {
-		return fmt.Errorf("plugin %s: restarted engine has no notifications: %w", n.sv.spec.Name, transfer.ErrUnsupported)
+		return fmt.Errorf("plugin %s: restarted engine has no notifications: %w", e.sv.spec.Name, transfer.ErrUnsupported)
 	}
 	return nt.Notify(peer, payload)
 }
 
-// RecvNotification waits on the current process; while it is down it
+// recvNotification waits on the current process; while it is down it
 // fails fast.
-func (n *supervisedNotifier) RecvNotification(timeout time.Duration) (transfer.Message, error) {
-	cur, err := n.sv.get()
+func (e *supervisedEngine) recvNotification(timeout time.Duration) (transfer.Message, error) {
+	cur, err := e.sv.get()
 	if err != nil {
 		return transfer.Message{}, err
 	}
 	nt, ok := cur.(transfer.Notifier)
 	if !ok {
-		return transfer.Message{}, fmt.Errorf("plugin %s: restarted engine has no notifications: %w", n.sv.spec.Name, transfer.ErrUnsupported)
+		return transfer.Message{}, fmt.Errorf("plugin %s: restarted engine has no notifications: %w", e.sv.spec.Name, transfer.ErrUnsupported)
 	}
 	return nt.RecvNotification(timeout)
+}
+
+// setWriteGuard installs g in the current process and in every restarted
+// one (before it serves).
+func (e *supervisedEngine) setWriteGuard(g transfer.WriteGuard) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.guard = g
+	if cur, err := e.sv.get(); err == nil {
+		if wg, ok := cur.(transfer.WriteGuarded); ok {
+			wg.SetWriteGuard(g)
+		}
+	}
+}
+
+// setPeerLost installs fn in the current process and in every restarted
+// one.
+func (e *supervisedEngine) setPeerLost(fn func(peer string)) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.lost = fn
+	if cur, err := e.sv.get(); err == nil {
+		if r, ok := cur.(transfer.PeerLossReporter); ok {
+			r.SetPeerLost(fn)
+		}
+	}
 }
 
 // OpenControl starts the control channel plugin spec describes, under
@@ -595,7 +625,7 @@ func OpenControl(spec Spec, policy Restart, name string, opts map[string]string)
 			}
 		}
 		return ch, c, nil
-	}, func(ch transfer.ControlChannel) error { return ch.Close() })
+	}, func(ch transfer.ControlChannel) error { return ch.Close() }, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -682,9 +712,5 @@ func (c *supervisedControl) Close() error { return c.sv.Close() }
 var (
 	_ transfer.ContextPoster = (*supervisedEngine)(nil)
 	_ transfer.ContextWriter = (*supervisedWriter)(nil)
-	_ transfer.Notifier      = (*supervisedNotifier)(nil)
-	_ transfer.Fencer        = (*supervisedFencer)(nil)
-	_ transfer.Fencer        = (*supervisedNotifierFencer)(nil)
 	_ costDeclarer           = (*supervisedEngine)(nil)
-	_ notifyLimiter          = (*supervisedNotifier)(nil)
 )

@@ -74,6 +74,9 @@ const (
 	// it should, then copies it a little later (engine/failure-reported,
 	// which must blame that case and no other).
 	LateRefusedWrite
+	// IgnoreGuard gives B a SetWriteGuard that keeps the guard and never
+	// asks it (engine/write-guard).
+	IgnoreGuard
 )
 
 // String names the fault.
@@ -109,6 +112,8 @@ func (f Fault) String() string {
 		return "sync-post"
 	case LateRefusedWrite:
 		return "late-refused-write"
+	case IgnoreGuard:
+		return "ignore-guard"
 	default:
 		return fmt.Sprintf("fault(%d)", int(f))
 	}
@@ -130,7 +135,7 @@ const (
 )
 
 // Engines returns an EngineFactory of loopback pairs whose A engine (or,
-// for IgnoreTargetForget, B) has fault f, and stop, which ends any
+// for IgnoreTargetForget and IgnoreGuard, B) has fault f, and stop, which ends any
 // goroutine the fault leaked; call it when done with the factory. Every
 // pair offers EnginePair.StallWrites.
 func Engines(f Fault) (newPair conformance.EngineFactory, stop func()) {
@@ -151,9 +156,13 @@ func Engines(f Fault) (newPair conformance.EngineFactory, stop func()) {
 		}
 		ea := &engine{Engine: a, note: a, fault: f}
 		var eb transfer.Engine = b
-		if f == IgnoreTargetForget {
+		switch f {
+		case IgnoreTargetForget:
 			ea.fault = 0
 			eb = &engine{Engine: b, note: b, fault: f}
+		case IgnoreGuard:
+			ea.fault = 0
+			eb = &unguarded{b}
 		}
 		if f == LeakGoroutine {
 			go func() { <-quit }()
@@ -172,6 +181,12 @@ func Engines(f Fault) (newPair conformance.EngineFactory, stop func()) {
 	}
 	return newPair, stop
 }
+
+// unguarded claims transfer.WriteGuarded and lands every write unasked.
+type unguarded struct{ transfer.Engine }
+
+// SetWriteGuard drops g: the IgnoreGuard fault.
+func (unguarded) SetWriteGuard(transfer.WriteGuard) {}
 
 // engine wraps a correct engine and breaks it as its fault says.
 type engine struct {

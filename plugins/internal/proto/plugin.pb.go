@@ -45,6 +45,7 @@ const (
 	Code_CODE_NOT_QUIESCENT  Code = 12
 	Code_CODE_DEVICE_FAULT   Code = 13
 	Code_CODE_UNSUPPORTED    Code = 14
+	Code_CODE_FORBIDDEN      Code = 15
 )
 
 // Enum value maps for Code.
@@ -65,6 +66,7 @@ var (
 		12: "CODE_NOT_QUIESCENT",
 		13: "CODE_DEVICE_FAULT",
 		14: "CODE_UNSUPPORTED",
+		15: "CODE_FORBIDDEN",
 	}
 	Code_value = map[string]int32{
 		"CODE_UNSPECIFIED":    0,
@@ -82,6 +84,7 @@ var (
 		"CODE_NOT_QUIESCENT":  12,
 		"CODE_DEVICE_FAULT":   13,
 		"CODE_UNSUPPORTED":    14,
+		"CODE_FORBIDDEN":      15,
 	}
 )
 
@@ -693,6 +696,12 @@ type Capabilities struct {
 	PostPerDescNs int64   `protobuf:"varint,5,opt,name=post_per_desc_ns,json=postPerDescNs,proto3" json:"post_per_desc_ns,omitempty"`
 	PerWriteNs    int64   `protobuf:"varint,6,opt,name=per_write_ns,json=perWriteNs,proto3" json:"per_write_ns,omitempty"`
 	Bandwidth     float64 `protobuf:"fixed64,7,opt,name=bandwidth,proto3" json:"bandwidth,omitempty"`
+	// write_guarded says the engine implements transfer.WriteGuarded: it asks
+	// the host's guard (over Callbacks) before a byte a peer sends lands.
+	WriteGuarded bool `protobuf:"varint,8,opt,name=write_guarded,json=writeGuarded,proto3" json:"write_guarded,omitempty"`
+	// peer_loss says the engine implements transfer.PeerLossReporter: it
+	// reports lost peers to the host over Callbacks.
+	PeerLoss      bool `protobuf:"varint,9,opt,name=peer_loss,json=peerLoss,proto3" json:"peer_loss,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -776,6 +785,170 @@ func (x *Capabilities) GetBandwidth() float64 {
 	return 0
 }
 
+func (x *Capabilities) GetWriteGuarded() bool {
+	if x != nil {
+		return x.WriteGuarded
+	}
+	return false
+}
+
+func (x *Capabilities) GetPeerLoss() bool {
+	if x != nil {
+		return x.PeerLoss
+	}
+	return false
+}
+
+// HostCallback is what the host sends on the Callbacks stream: an install
+// (id 0: which callbacks the host set; the plugin answers with an ack) or
+// the answer to the guard check id.
+type HostCallback struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            uint64                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	Guard         bool                   `protobuf:"varint,2,opt,name=guard,proto3" json:"guard,omitempty"`
+	PeerLost      bool                   `protobuf:"varint,3,opt,name=peer_lost,json=peerLost,proto3" json:"peer_lost,omitempty"`
+	Allowed       *Desc                  `protobuf:"bytes,4,opt,name=allowed,proto3" json:"allowed,omitempty"`
+	Error         *Error                 `protobuf:"bytes,5,opt,name=error,proto3" json:"error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HostCallback) Reset() {
+	*x = HostCallback{}
+	mi := &file_plugin_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HostCallback) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HostCallback) ProtoMessage() {}
+
+func (x *HostCallback) ProtoReflect() protoreflect.Message {
+	mi := &file_plugin_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HostCallback.ProtoReflect.Descriptor instead.
+func (*HostCallback) Descriptor() ([]byte, []int) {
+	return file_plugin_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *HostCallback) GetId() uint64 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+func (x *HostCallback) GetGuard() bool {
+	if x != nil {
+		return x.Guard
+	}
+	return false
+}
+
+func (x *HostCallback) GetPeerLost() bool {
+	if x != nil {
+		return x.PeerLost
+	}
+	return false
+}
+
+func (x *HostCallback) GetAllowed() *Desc {
+	if x != nil {
+		return x.Allowed
+	}
+	return nil
+}
+
+func (x *HostCallback) GetError() *Error {
+	if x != nil {
+		return x.Error
+	}
+	return nil
+}
+
+// PluginCallback is what the plugin sends on the Callbacks stream: a guard
+// check (id > 0: may peer write dst?), the ack of an install (ack), or a
+// lost peer (id 0, peer set).
+type PluginCallback struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            uint64                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	Peer          []byte                 `protobuf:"bytes,2,opt,name=peer,proto3" json:"peer,omitempty"`
+	Dst           *Desc                  `protobuf:"bytes,3,opt,name=dst,proto3" json:"dst,omitempty"`
+	Ack           bool                   `protobuf:"varint,4,opt,name=ack,proto3" json:"ack,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PluginCallback) Reset() {
+	*x = PluginCallback{}
+	mi := &file_plugin_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PluginCallback) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PluginCallback) ProtoMessage() {}
+
+func (x *PluginCallback) ProtoReflect() protoreflect.Message {
+	mi := &file_plugin_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PluginCallback.ProtoReflect.Descriptor instead.
+func (*PluginCallback) Descriptor() ([]byte, []int) {
+	return file_plugin_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *PluginCallback) GetId() uint64 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+func (x *PluginCallback) GetPeer() []byte {
+	if x != nil {
+		return x.Peer
+	}
+	return nil
+}
+
+func (x *PluginCallback) GetDst() *Desc {
+	if x != nil {
+		return x.Dst
+	}
+	return nil
+}
+
+func (x *PluginCallback) GetAck() bool {
+	if x != nil {
+		return x.Ack
+	}
+	return false
+}
+
 type RegisterRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Desc          *Desc                  `protobuf:"bytes,1,opt,name=desc,proto3" json:"desc,omitempty"`
@@ -786,7 +959,7 @@ type RegisterRequest struct {
 
 func (x *RegisterRequest) Reset() {
 	*x = RegisterRequest{}
-	mi := &file_plugin_proto_msgTypes[10]
+	mi := &file_plugin_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -798,7 +971,7 @@ func (x *RegisterRequest) String() string {
 func (*RegisterRequest) ProtoMessage() {}
 
 func (x *RegisterRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_plugin_proto_msgTypes[10]
+	mi := &file_plugin_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -811,7 +984,7 @@ func (x *RegisterRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterRequest.ProtoReflect.Descriptor instead.
 func (*RegisterRequest) Descriptor() ([]byte, []int) {
-	return file_plugin_proto_rawDescGZIP(), []int{10}
+	return file_plugin_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *RegisterRequest) GetDesc() *Desc {
@@ -837,7 +1010,7 @@ type DescRequest struct {
 
 func (x *DescRequest) Reset() {
 	*x = DescRequest{}
-	mi := &file_plugin_proto_msgTypes[11]
+	mi := &file_plugin_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -849,7 +1022,7 @@ func (x *DescRequest) String() string {
 func (*DescRequest) ProtoMessage() {}
 
 func (x *DescRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_plugin_proto_msgTypes[11]
+	mi := &file_plugin_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -862,7 +1035,7 @@ func (x *DescRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DescRequest.ProtoReflect.Descriptor instead.
 func (*DescRequest) Descriptor() ([]byte, []int) {
-	return file_plugin_proto_rawDescGZIP(), []int{11}
+	return file_plugin_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *DescRequest) GetDesc() *Desc {
@@ -881,7 +1054,7 @@ type BytesRequest struct {
 
 func (x *BytesRequest) Reset() {
 	*x = BytesRequest{}
-	mi := &file_plugin_proto_msgTypes[12]
+	mi := &file_plugin_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -893,7 +1066,7 @@ func (x *BytesRequest) String() string {
 func (*BytesRequest) ProtoMessage() {}
 
 func (x *BytesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_plugin_proto_msgTypes[12]
+	mi := &file_plugin_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -906,7 +1079,7 @@ func (x *BytesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BytesRequest.ProtoReflect.Descriptor instead.
 func (*BytesRequest) Descriptor() ([]byte, []int) {
-	return file_plugin_proto_rawDescGZIP(), []int{12}
+	return file_plugin_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *BytesRequest) GetData() []byte {
@@ -926,7 +1099,7 @@ type BytesReply struct {
 
 func (x *BytesReply) Reset() {
 	*x = BytesReply{}
-	mi := &file_plugin_proto_msgTypes[13]
+	mi := &file_plugin_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -938,7 +1111,7 @@ func (x *BytesReply) String() string {
 func (*BytesReply) ProtoMessage() {}
 
 func (x *BytesReply) ProtoReflect() protoreflect.Message {
-	mi := &file_plugin_proto_msgTypes[13]
+	mi := &file_plugin_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -951,7 +1124,7 @@ func (x *BytesReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BytesReply.ProtoReflect.Descriptor instead.
 func (*BytesReply) Descriptor() ([]byte, []int) {
-	return file_plugin_proto_rawDescGZIP(), []int{13}
+	return file_plugin_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *BytesReply) GetError() *Error {
@@ -981,7 +1154,7 @@ type PeerRequest struct {
 
 func (x *PeerRequest) Reset() {
 	*x = PeerRequest{}
-	mi := &file_plugin_proto_msgTypes[14]
+	mi := &file_plugin_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -993,7 +1166,7 @@ func (x *PeerRequest) String() string {
 func (*PeerRequest) ProtoMessage() {}
 
 func (x *PeerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_plugin_proto_msgTypes[14]
+	mi := &file_plugin_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1006,7 +1179,7 @@ func (x *PeerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PeerRequest.ProtoReflect.Descriptor instead.
 func (*PeerRequest) Descriptor() ([]byte, []int) {
-	return file_plugin_proto_rawDescGZIP(), []int{14}
+	return file_plugin_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *PeerRequest) GetPeer() []byte {
@@ -1033,7 +1206,7 @@ type PeerReply struct {
 
 func (x *PeerReply) Reset() {
 	*x = PeerReply{}
-	mi := &file_plugin_proto_msgTypes[15]
+	mi := &file_plugin_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1045,7 +1218,7 @@ func (x *PeerReply) String() string {
 func (*PeerReply) ProtoMessage() {}
 
 func (x *PeerReply) ProtoReflect() protoreflect.Message {
-	mi := &file_plugin_proto_msgTypes[15]
+	mi := &file_plugin_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1058,7 +1231,7 @@ func (x *PeerReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PeerReply.ProtoReflect.Descriptor instead.
 func (*PeerReply) Descriptor() ([]byte, []int) {
-	return file_plugin_proto_rawDescGZIP(), []int{15}
+	return file_plugin_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *PeerReply) GetError() *Error {
@@ -1085,7 +1258,7 @@ type PostWriteRequest struct {
 
 func (x *PostWriteRequest) Reset() {
 	*x = PostWriteRequest{}
-	mi := &file_plugin_proto_msgTypes[16]
+	mi := &file_plugin_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1097,7 +1270,7 @@ func (x *PostWriteRequest) String() string {
 func (*PostWriteRequest) ProtoMessage() {}
 
 func (x *PostWriteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_plugin_proto_msgTypes[16]
+	mi := &file_plugin_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1110,7 +1283,7 @@ func (x *PostWriteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PostWriteRequest.ProtoReflect.Descriptor instead.
 func (*PostWriteRequest) Descriptor() ([]byte, []int) {
-	return file_plugin_proto_rawDescGZIP(), []int{16}
+	return file_plugin_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *PostWriteRequest) GetPeer() []byte {
@@ -1136,7 +1309,7 @@ type HandleRequest struct {
 
 func (x *HandleRequest) Reset() {
 	*x = HandleRequest{}
-	mi := &file_plugin_proto_msgTypes[17]
+	mi := &file_plugin_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1148,7 +1321,7 @@ func (x *HandleRequest) String() string {
 func (*HandleRequest) ProtoMessage() {}
 
 func (x *HandleRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_plugin_proto_msgTypes[17]
+	mi := &file_plugin_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1161,7 +1334,7 @@ func (x *HandleRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HandleRequest.ProtoReflect.Descriptor instead.
 func (*HandleRequest) Descriptor() ([]byte, []int) {
-	return file_plugin_proto_rawDescGZIP(), []int{17}
+	return file_plugin_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *HandleRequest) GetHandle() uint64 {
@@ -1181,7 +1354,7 @@ type HandleReply struct {
 
 func (x *HandleReply) Reset() {
 	*x = HandleReply{}
-	mi := &file_plugin_proto_msgTypes[18]
+	mi := &file_plugin_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1193,7 +1366,7 @@ func (x *HandleReply) String() string {
 func (*HandleReply) ProtoMessage() {}
 
 func (x *HandleReply) ProtoReflect() protoreflect.Message {
-	mi := &file_plugin_proto_msgTypes[18]
+	mi := &file_plugin_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1206,7 +1379,7 @@ func (x *HandleReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HandleReply.ProtoReflect.Descriptor instead.
 func (*HandleReply) Descriptor() ([]byte, []int) {
-	return file_plugin_proto_rawDescGZIP(), []int{18}
+	return file_plugin_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *HandleReply) GetError() *Error {
@@ -1234,7 +1407,7 @@ type PollReply struct {
 
 func (x *PollReply) Reset() {
 	*x = PollReply{}
-	mi := &file_plugin_proto_msgTypes[19]
+	mi := &file_plugin_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1246,7 +1419,7 @@ func (x *PollReply) String() string {
 func (*PollReply) ProtoMessage() {}
 
 func (x *PollReply) ProtoReflect() protoreflect.Message {
-	mi := &file_plugin_proto_msgTypes[19]
+	mi := &file_plugin_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1259,7 +1432,7 @@ func (x *PollReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PollReply.ProtoReflect.Descriptor instead.
 func (*PollReply) Descriptor() ([]byte, []int) {
-	return file_plugin_proto_rawDescGZIP(), []int{19}
+	return file_plugin_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *PollReply) GetError() *Error {
@@ -1289,7 +1462,7 @@ type WaitRequest struct {
 
 func (x *WaitRequest) Reset() {
 	*x = WaitRequest{}
-	mi := &file_plugin_proto_msgTypes[20]
+	mi := &file_plugin_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1301,7 +1474,7 @@ func (x *WaitRequest) String() string {
 func (*WaitRequest) ProtoMessage() {}
 
 func (x *WaitRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_plugin_proto_msgTypes[20]
+	mi := &file_plugin_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1314,7 +1487,7 @@ func (x *WaitRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaitRequest.ProtoReflect.Descriptor instead.
 func (*WaitRequest) Descriptor() ([]byte, []int) {
-	return file_plugin_proto_rawDescGZIP(), []int{20}
+	return file_plugin_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *WaitRequest) GetHandle() uint64 {
@@ -1341,7 +1514,7 @@ type MessageRequest struct {
 
 func (x *MessageRequest) Reset() {
 	*x = MessageRequest{}
-	mi := &file_plugin_proto_msgTypes[21]
+	mi := &file_plugin_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1353,7 +1526,7 @@ func (x *MessageRequest) String() string {
 func (*MessageRequest) ProtoMessage() {}
 
 func (x *MessageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_plugin_proto_msgTypes[21]
+	mi := &file_plugin_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1366,7 +1539,7 @@ func (x *MessageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MessageRequest.ProtoReflect.Descriptor instead.
 func (*MessageRequest) Descriptor() ([]byte, []int) {
-	return file_plugin_proto_rawDescGZIP(), []int{21}
+	return file_plugin_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *MessageRequest) GetPeer() []byte {
@@ -1392,7 +1565,7 @@ type RecvRequest struct {
 
 func (x *RecvRequest) Reset() {
 	*x = RecvRequest{}
-	mi := &file_plugin_proto_msgTypes[22]
+	mi := &file_plugin_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1404,7 +1577,7 @@ func (x *RecvRequest) String() string {
 func (*RecvRequest) ProtoMessage() {}
 
 func (x *RecvRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_plugin_proto_msgTypes[22]
+	mi := &file_plugin_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1417,7 +1590,7 @@ func (x *RecvRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RecvRequest.ProtoReflect.Descriptor instead.
 func (*RecvRequest) Descriptor() ([]byte, []int) {
-	return file_plugin_proto_rawDescGZIP(), []int{22}
+	return file_plugin_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *RecvRequest) GetTimeoutNs() int64 {
@@ -1438,7 +1611,7 @@ type MessageReply struct {
 
 func (x *MessageReply) Reset() {
 	*x = MessageReply{}
-	mi := &file_plugin_proto_msgTypes[23]
+	mi := &file_plugin_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1450,7 +1623,7 @@ func (x *MessageReply) String() string {
 func (*MessageReply) ProtoMessage() {}
 
 func (x *MessageReply) ProtoReflect() protoreflect.Message {
-	mi := &file_plugin_proto_msgTypes[23]
+	mi := &file_plugin_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1463,7 +1636,7 @@ func (x *MessageReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MessageReply.ProtoReflect.Descriptor instead.
 func (*MessageReply) Descriptor() ([]byte, []int) {
-	return file_plugin_proto_rawDescGZIP(), []int{23}
+	return file_plugin_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *MessageReply) GetError() *Error {
@@ -1497,7 +1670,7 @@ type StageRequest struct {
 
 func (x *StageRequest) Reset() {
 	*x = StageRequest{}
-	mi := &file_plugin_proto_msgTypes[24]
+	mi := &file_plugin_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1509,7 +1682,7 @@ func (x *StageRequest) String() string {
 func (*StageRequest) ProtoMessage() {}
 
 func (x *StageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_plugin_proto_msgTypes[24]
+	mi := &file_plugin_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1522,7 +1695,7 @@ func (x *StageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StageRequest.ProtoReflect.Descriptor instead.
 func (*StageRequest) Descriptor() ([]byte, []int) {
-	return file_plugin_proto_rawDescGZIP(), []int{24}
+	return file_plugin_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *StageRequest) GetRegion() *Desc {
@@ -1552,7 +1725,7 @@ type WriteRequest struct {
 
 func (x *WriteRequest) Reset() {
 	*x = WriteRequest{}
-	mi := &file_plugin_proto_msgTypes[25]
+	mi := &file_plugin_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1564,7 +1737,7 @@ func (x *WriteRequest) String() string {
 func (*WriteRequest) ProtoMessage() {}
 
 func (x *WriteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_plugin_proto_msgTypes[25]
+	mi := &file_plugin_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1577,7 +1750,7 @@ func (x *WriteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteRequest.ProtoReflect.Descriptor instead.
 func (*WriteRequest) Descriptor() ([]byte, []int) {
-	return file_plugin_proto_rawDescGZIP(), []int{25}
+	return file_plugin_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *WriteRequest) GetPeer() []byte {
@@ -1647,7 +1820,7 @@ const file_plugin_proto_rawDesc = "" +
 	"\x04name\x18\x02 \x01(\fR\x04name\x12\x1a\n" +
 	"\bnotifier\x18\x03 \x01(\bR\bnotifier\x12\x1a\n" +
 	"\bendpoint\x18\x04 \x01(\fR\bendpoint\x122\n" +
-	"\x04caps\x18\x05 \x01(\v2\x1e.bounce.plugin.v1.CapabilitiesR\x04caps\"\xf0\x01\n" +
+	"\x04caps\x18\x05 \x01(\v2\x1e.bounce.plugin.v1.CapabilitiesR\x04caps\"\xb2\x02\n" +
 	"\fCapabilities\x12\x16\n" +
 	"\x06fencer\x18\x01 \x01(\bR\x06fencer\x12\x16\n" +
 	"\x06fences\x18\x02 \x01(\bR\x06fences\x12&\n" +
@@ -1657,7 +1830,20 @@ const file_plugin_proto_rawDesc = "" +
 	"\x10post_per_desc_ns\x18\x05 \x01(\x03R\rpostPerDescNs\x12 \n" +
 	"\fper_write_ns\x18\x06 \x01(\x03R\n" +
 	"perWriteNs\x12\x1c\n" +
-	"\tbandwidth\x18\a \x01(\x01R\tbandwidth\"l\n" +
+	"\tbandwidth\x18\a \x01(\x01R\tbandwidth\x12#\n" +
+	"\rwrite_guarded\x18\b \x01(\bR\fwriteGuarded\x12\x1b\n" +
+	"\tpeer_loss\x18\t \x01(\bR\bpeerLoss\"\xb2\x01\n" +
+	"\fHostCallback\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x14\n" +
+	"\x05guard\x18\x02 \x01(\bR\x05guard\x12\x1b\n" +
+	"\tpeer_lost\x18\x03 \x01(\bR\bpeerLost\x120\n" +
+	"\aallowed\x18\x04 \x01(\v2\x16.bounce.plugin.v1.DescR\aallowed\x12-\n" +
+	"\x05error\x18\x05 \x01(\v2\x17.bounce.plugin.v1.ErrorR\x05error\"p\n" +
+	"\x0ePluginCallback\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x12\n" +
+	"\x04peer\x18\x02 \x01(\fR\x04peer\x12(\n" +
+	"\x03dst\x18\x03 \x01(\v2\x16.bounce.plugin.v1.DescR\x03dst\x12\x10\n" +
+	"\x03ack\x18\x04 \x01(\bR\x03ack\"l\n" +
 	"\x0fRegisterRequest\x12*\n" +
 	"\x04desc\x18\x01 \x01(\v2\x16.bounce.plugin.v1.DescR\x04desc\x12-\n" +
 	"\x05share\x18\x02 \x01(\v2\x17.bounce.plugin.v1.ShareR\x05share\"9\n" +
@@ -1706,7 +1892,7 @@ const file_plugin_proto_rawDesc = "" +
 	"\fWriteRequest\x12\x12\n" +
 	"\x04peer\x18\x01 \x01(\fR\x04peer\x12(\n" +
 	"\x03src\x18\x02 \x01(\v2\x16.bounce.plugin.v1.DescR\x03src\x12(\n" +
-	"\x03dst\x18\x03 \x01(\v2\x16.bounce.plugin.v1.DescR\x03dst*\xc3\x02\n" +
+	"\x03dst\x18\x03 \x01(\v2\x16.bounce.plugin.v1.DescR\x03dst*\xd7\x02\n" +
 	"\x04Code\x12\x14\n" +
 	"\x10CODE_UNSPECIFIED\x10\x00\x12\r\n" +
 	"\tCODE_BUSY\x10\x01\x12\x13\n" +
@@ -1723,7 +1909,8 @@ const file_plugin_proto_rawDesc = "" +
 	"\x11CODE_BAD_METADATA\x10\v\x12\x16\n" +
 	"\x12CODE_NOT_QUIESCENT\x10\f\x12\x15\n" +
 	"\x11CODE_DEVICE_FAULT\x10\r\x12\x14\n" +
-	"\x10CODE_UNSUPPORTED\x10\x0e2\xaa\a\n" +
+	"\x10CODE_UNSUPPORTED\x10\x0e\x12\x12\n" +
+	"\x0eCODE_FORBIDDEN\x10\x0f2\xfd\a\n" +
 	"\x06Engine\x12B\n" +
 	"\x04Open\x12\x1d.bounce.plugin.v1.OpenRequest\x1a\x1b.bounce.plugin.v1.OpenReply\x12L\n" +
 	"\x0eRegisterMemory\x12!.bounce.plugin.v1.RegisterRequest\x1a\x17.bounce.plugin.v1.Reply\x12J\n" +
@@ -1738,7 +1925,8 @@ const file_plugin_proto_rawDesc = "" +
 	"\aRelease\x12\x1f.bounce.plugin.v1.HandleRequest\x1a\x17.bounce.plugin.v1.Reply\x12C\n" +
 	"\x06Notify\x12 .bounce.plugin.v1.MessageRequest\x1a\x17.bounce.plugin.v1.Reply\x12Q\n" +
 	"\x10RecvNotification\x12\x1d.bounce.plugin.v1.RecvRequest\x1a\x1e.bounce.plugin.v1.MessageReply\x129\n" +
-	"\x05Close\x12\x17.bounce.plugin.v1.Empty\x1a\x17.bounce.plugin.v1.Reply2\x9b\x03\n" +
+	"\x05Close\x12\x17.bounce.plugin.v1.Empty\x1a\x17.bounce.plugin.v1.Reply\x12Q\n" +
+	"\tCallbacks\x12\x1e.bounce.plugin.v1.HostCallback\x1a .bounce.plugin.v1.PluginCallback(\x010\x012\x9b\x03\n" +
 	"\aControl\x12B\n" +
 	"\x04Open\x12\x1d.bounce.plugin.v1.OpenRequest\x1a\x1b.bounce.plugin.v1.OpenReply\x12A\n" +
 	"\aAddPeer\x12\x1d.bounce.plugin.v1.PeerRequest\x1a\x17.bounce.plugin.v1.Reply\x12D\n" +
@@ -1786,7 +1974,7 @@ func file_plugin_proto_rawDescGZIP() []byte {
 }
 
 var file_plugin_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_plugin_proto_msgTypes = make([]protoimpl.MessageInfo, 27)
+var file_plugin_proto_msgTypes = make([]protoimpl.MessageInfo, 29)
 var file_plugin_proto_goTypes = []any{
 	(Code)(0),                // 0: bounce.plugin.v1.Code
 	(*Error)(nil),            // 1: bounce.plugin.v1.Error
@@ -1799,132 +1987,139 @@ var file_plugin_proto_goTypes = []any{
 	(*OpenRequest)(nil),      // 8: bounce.plugin.v1.OpenRequest
 	(*OpenReply)(nil),        // 9: bounce.plugin.v1.OpenReply
 	(*Capabilities)(nil),     // 10: bounce.plugin.v1.Capabilities
-	(*RegisterRequest)(nil),  // 11: bounce.plugin.v1.RegisterRequest
-	(*DescRequest)(nil),      // 12: bounce.plugin.v1.DescRequest
-	(*BytesRequest)(nil),     // 13: bounce.plugin.v1.BytesRequest
-	(*BytesReply)(nil),       // 14: bounce.plugin.v1.BytesReply
-	(*PeerRequest)(nil),      // 15: bounce.plugin.v1.PeerRequest
-	(*PeerReply)(nil),        // 16: bounce.plugin.v1.PeerReply
-	(*PostWriteRequest)(nil), // 17: bounce.plugin.v1.PostWriteRequest
-	(*HandleRequest)(nil),    // 18: bounce.plugin.v1.HandleRequest
-	(*HandleReply)(nil),      // 19: bounce.plugin.v1.HandleReply
-	(*PollReply)(nil),        // 20: bounce.plugin.v1.PollReply
-	(*WaitRequest)(nil),      // 21: bounce.plugin.v1.WaitRequest
-	(*MessageRequest)(nil),   // 22: bounce.plugin.v1.MessageRequest
-	(*RecvRequest)(nil),      // 23: bounce.plugin.v1.RecvRequest
-	(*MessageReply)(nil),     // 24: bounce.plugin.v1.MessageReply
-	(*StageRequest)(nil),     // 25: bounce.plugin.v1.StageRequest
-	(*WriteRequest)(nil),     // 26: bounce.plugin.v1.WriteRequest
-	nil,                      // 27: bounce.plugin.v1.OpenRequest.OptionsEntry
+	(*HostCallback)(nil),     // 11: bounce.plugin.v1.HostCallback
+	(*PluginCallback)(nil),   // 12: bounce.plugin.v1.PluginCallback
+	(*RegisterRequest)(nil),  // 13: bounce.plugin.v1.RegisterRequest
+	(*DescRequest)(nil),      // 14: bounce.plugin.v1.DescRequest
+	(*BytesRequest)(nil),     // 15: bounce.plugin.v1.BytesRequest
+	(*BytesReply)(nil),       // 16: bounce.plugin.v1.BytesReply
+	(*PeerRequest)(nil),      // 17: bounce.plugin.v1.PeerRequest
+	(*PeerReply)(nil),        // 18: bounce.plugin.v1.PeerReply
+	(*PostWriteRequest)(nil), // 19: bounce.plugin.v1.PostWriteRequest
+	(*HandleRequest)(nil),    // 20: bounce.plugin.v1.HandleRequest
+	(*HandleReply)(nil),      // 21: bounce.plugin.v1.HandleReply
+	(*PollReply)(nil),        // 22: bounce.plugin.v1.PollReply
+	(*WaitRequest)(nil),      // 23: bounce.plugin.v1.WaitRequest
+	(*MessageRequest)(nil),   // 24: bounce.plugin.v1.MessageRequest
+	(*RecvRequest)(nil),      // 25: bounce.plugin.v1.RecvRequest
+	(*MessageReply)(nil),     // 26: bounce.plugin.v1.MessageReply
+	(*StageRequest)(nil),     // 27: bounce.plugin.v1.StageRequest
+	(*WriteRequest)(nil),     // 28: bounce.plugin.v1.WriteRequest
+	nil,                      // 29: bounce.plugin.v1.OpenRequest.OptionsEntry
 }
 var file_plugin_proto_depIdxs = []int32{
 	0,  // 0: bounce.plugin.v1.Error.codes:type_name -> bounce.plugin.v1.Code
 	2,  // 1: bounce.plugin.v1.WriteOp.src:type_name -> bounce.plugin.v1.Desc
 	2,  // 2: bounce.plugin.v1.WriteOp.dst:type_name -> bounce.plugin.v1.Desc
 	1,  // 3: bounce.plugin.v1.Reply.error:type_name -> bounce.plugin.v1.Error
-	27, // 4: bounce.plugin.v1.OpenRequest.options:type_name -> bounce.plugin.v1.OpenRequest.OptionsEntry
+	29, // 4: bounce.plugin.v1.OpenRequest.options:type_name -> bounce.plugin.v1.OpenRequest.OptionsEntry
 	1,  // 5: bounce.plugin.v1.OpenReply.error:type_name -> bounce.plugin.v1.Error
 	10, // 6: bounce.plugin.v1.OpenReply.caps:type_name -> bounce.plugin.v1.Capabilities
-	2,  // 7: bounce.plugin.v1.RegisterRequest.desc:type_name -> bounce.plugin.v1.Desc
-	3,  // 8: bounce.plugin.v1.RegisterRequest.share:type_name -> bounce.plugin.v1.Share
-	2,  // 9: bounce.plugin.v1.DescRequest.desc:type_name -> bounce.plugin.v1.Desc
-	1,  // 10: bounce.plugin.v1.BytesReply.error:type_name -> bounce.plugin.v1.Error
-	1,  // 11: bounce.plugin.v1.PeerReply.error:type_name -> bounce.plugin.v1.Error
-	5,  // 12: bounce.plugin.v1.PostWriteRequest.ops:type_name -> bounce.plugin.v1.WriteOp
-	1,  // 13: bounce.plugin.v1.HandleReply.error:type_name -> bounce.plugin.v1.Error
-	1,  // 14: bounce.plugin.v1.PollReply.error:type_name -> bounce.plugin.v1.Error
-	1,  // 15: bounce.plugin.v1.MessageReply.error:type_name -> bounce.plugin.v1.Error
-	2,  // 16: bounce.plugin.v1.StageRequest.region:type_name -> bounce.plugin.v1.Desc
-	4,  // 17: bounce.plugin.v1.StageRequest.runs:type_name -> bounce.plugin.v1.Run
-	2,  // 18: bounce.plugin.v1.WriteRequest.src:type_name -> bounce.plugin.v1.Desc
-	2,  // 19: bounce.plugin.v1.WriteRequest.dst:type_name -> bounce.plugin.v1.Desc
-	8,  // 20: bounce.plugin.v1.Engine.Open:input_type -> bounce.plugin.v1.OpenRequest
-	11, // 21: bounce.plugin.v1.Engine.RegisterMemory:input_type -> bounce.plugin.v1.RegisterRequest
-	12, // 22: bounce.plugin.v1.Engine.DeregisterMemory:input_type -> bounce.plugin.v1.DescRequest
-	6,  // 23: bounce.plugin.v1.Engine.Metadata:input_type -> bounce.plugin.v1.Empty
-	13, // 24: bounce.plugin.v1.Engine.LoadPeer:input_type -> bounce.plugin.v1.BytesRequest
-	15, // 25: bounce.plugin.v1.Engine.ForgetPeer:input_type -> bounce.plugin.v1.PeerRequest
-	17, // 26: bounce.plugin.v1.Engine.PostWrite:input_type -> bounce.plugin.v1.PostWriteRequest
-	18, // 27: bounce.plugin.v1.Engine.Poll:input_type -> bounce.plugin.v1.HandleRequest
-	21, // 28: bounce.plugin.v1.Engine.Wait:input_type -> bounce.plugin.v1.WaitRequest
-	18, // 29: bounce.plugin.v1.Engine.Release:input_type -> bounce.plugin.v1.HandleRequest
-	22, // 30: bounce.plugin.v1.Engine.Notify:input_type -> bounce.plugin.v1.MessageRequest
-	23, // 31: bounce.plugin.v1.Engine.RecvNotification:input_type -> bounce.plugin.v1.RecvRequest
-	6,  // 32: bounce.plugin.v1.Engine.Close:input_type -> bounce.plugin.v1.Empty
-	8,  // 33: bounce.plugin.v1.Control.Open:input_type -> bounce.plugin.v1.OpenRequest
-	15, // 34: bounce.plugin.v1.Control.AddPeer:input_type -> bounce.plugin.v1.PeerRequest
-	15, // 35: bounce.plugin.v1.Control.RemovePeer:input_type -> bounce.plugin.v1.PeerRequest
-	22, // 36: bounce.plugin.v1.Control.Send:input_type -> bounce.plugin.v1.MessageRequest
-	23, // 37: bounce.plugin.v1.Control.Recv:input_type -> bounce.plugin.v1.RecvRequest
-	6,  // 38: bounce.plugin.v1.Control.Close:input_type -> bounce.plugin.v1.Empty
-	8,  // 39: bounce.plugin.v1.Gather.Open:input_type -> bounce.plugin.v1.OpenRequest
-	11, // 40: bounce.plugin.v1.Gather.Share:input_type -> bounce.plugin.v1.RegisterRequest
-	12, // 41: bounce.plugin.v1.Gather.Unshare:input_type -> bounce.plugin.v1.DescRequest
-	25, // 42: bounce.plugin.v1.Gather.Copy:input_type -> bounce.plugin.v1.StageRequest
-	18, // 43: bounce.plugin.v1.Gather.Poll:input_type -> bounce.plugin.v1.HandleRequest
-	21, // 44: bounce.plugin.v1.Gather.Wait:input_type -> bounce.plugin.v1.WaitRequest
-	18, // 45: bounce.plugin.v1.Gather.Release:input_type -> bounce.plugin.v1.HandleRequest
-	6,  // 46: bounce.plugin.v1.Gather.Close:input_type -> bounce.plugin.v1.Empty
-	8,  // 47: bounce.plugin.v1.Scatter.Open:input_type -> bounce.plugin.v1.OpenRequest
-	11, // 48: bounce.plugin.v1.Scatter.Share:input_type -> bounce.plugin.v1.RegisterRequest
-	12, // 49: bounce.plugin.v1.Scatter.Unshare:input_type -> bounce.plugin.v1.DescRequest
-	25, // 50: bounce.plugin.v1.Scatter.Copy:input_type -> bounce.plugin.v1.StageRequest
-	18, // 51: bounce.plugin.v1.Scatter.Poll:input_type -> bounce.plugin.v1.HandleRequest
-	21, // 52: bounce.plugin.v1.Scatter.Wait:input_type -> bounce.plugin.v1.WaitRequest
-	18, // 53: bounce.plugin.v1.Scatter.Release:input_type -> bounce.plugin.v1.HandleRequest
-	6,  // 54: bounce.plugin.v1.Scatter.Close:input_type -> bounce.plugin.v1.Empty
-	8,  // 55: bounce.plugin.v1.Writer.Open:input_type -> bounce.plugin.v1.OpenRequest
-	26, // 56: bounce.plugin.v1.Writer.Write:input_type -> bounce.plugin.v1.WriteRequest
-	18, // 57: bounce.plugin.v1.Writer.Poll:input_type -> bounce.plugin.v1.HandleRequest
-	21, // 58: bounce.plugin.v1.Writer.Wait:input_type -> bounce.plugin.v1.WaitRequest
-	18, // 59: bounce.plugin.v1.Writer.Release:input_type -> bounce.plugin.v1.HandleRequest
-	6,  // 60: bounce.plugin.v1.Writer.Close:input_type -> bounce.plugin.v1.Empty
-	9,  // 61: bounce.plugin.v1.Engine.Open:output_type -> bounce.plugin.v1.OpenReply
-	7,  // 62: bounce.plugin.v1.Engine.RegisterMemory:output_type -> bounce.plugin.v1.Reply
-	7,  // 63: bounce.plugin.v1.Engine.DeregisterMemory:output_type -> bounce.plugin.v1.Reply
-	14, // 64: bounce.plugin.v1.Engine.Metadata:output_type -> bounce.plugin.v1.BytesReply
-	16, // 65: bounce.plugin.v1.Engine.LoadPeer:output_type -> bounce.plugin.v1.PeerReply
-	7,  // 66: bounce.plugin.v1.Engine.ForgetPeer:output_type -> bounce.plugin.v1.Reply
-	19, // 67: bounce.plugin.v1.Engine.PostWrite:output_type -> bounce.plugin.v1.HandleReply
-	20, // 68: bounce.plugin.v1.Engine.Poll:output_type -> bounce.plugin.v1.PollReply
-	20, // 69: bounce.plugin.v1.Engine.Wait:output_type -> bounce.plugin.v1.PollReply
-	7,  // 70: bounce.plugin.v1.Engine.Release:output_type -> bounce.plugin.v1.Reply
-	7,  // 71: bounce.plugin.v1.Engine.Notify:output_type -> bounce.plugin.v1.Reply
-	24, // 72: bounce.plugin.v1.Engine.RecvNotification:output_type -> bounce.plugin.v1.MessageReply
-	7,  // 73: bounce.plugin.v1.Engine.Close:output_type -> bounce.plugin.v1.Reply
-	9,  // 74: bounce.plugin.v1.Control.Open:output_type -> bounce.plugin.v1.OpenReply
-	7,  // 75: bounce.plugin.v1.Control.AddPeer:output_type -> bounce.plugin.v1.Reply
-	7,  // 76: bounce.plugin.v1.Control.RemovePeer:output_type -> bounce.plugin.v1.Reply
-	7,  // 77: bounce.plugin.v1.Control.Send:output_type -> bounce.plugin.v1.Reply
-	24, // 78: bounce.plugin.v1.Control.Recv:output_type -> bounce.plugin.v1.MessageReply
-	7,  // 79: bounce.plugin.v1.Control.Close:output_type -> bounce.plugin.v1.Reply
-	9,  // 80: bounce.plugin.v1.Gather.Open:output_type -> bounce.plugin.v1.OpenReply
-	7,  // 81: bounce.plugin.v1.Gather.Share:output_type -> bounce.plugin.v1.Reply
-	7,  // 82: bounce.plugin.v1.Gather.Unshare:output_type -> bounce.plugin.v1.Reply
-	19, // 83: bounce.plugin.v1.Gather.Copy:output_type -> bounce.plugin.v1.HandleReply
-	20, // 84: bounce.plugin.v1.Gather.Poll:output_type -> bounce.plugin.v1.PollReply
-	20, // 85: bounce.plugin.v1.Gather.Wait:output_type -> bounce.plugin.v1.PollReply
-	7,  // 86: bounce.plugin.v1.Gather.Release:output_type -> bounce.plugin.v1.Reply
-	7,  // 87: bounce.plugin.v1.Gather.Close:output_type -> bounce.plugin.v1.Reply
-	9,  // 88: bounce.plugin.v1.Scatter.Open:output_type -> bounce.plugin.v1.OpenReply
-	7,  // 89: bounce.plugin.v1.Scatter.Share:output_type -> bounce.plugin.v1.Reply
-	7,  // 90: bounce.plugin.v1.Scatter.Unshare:output_type -> bounce.plugin.v1.Reply
-	19, // 91: bounce.plugin.v1.Scatter.Copy:output_type -> bounce.plugin.v1.HandleReply
-	20, // 92: bounce.plugin.v1.Scatter.Poll:output_type -> bounce.plugin.v1.PollReply
-	20, // 93: bounce.plugin.v1.Scatter.Wait:output_type -> bounce.plugin.v1.PollReply
-	7,  // 94: bounce.plugin.v1.Scatter.Release:output_type -> bounce.plugin.v1.Reply
-	7,  // 95: bounce.plugin.v1.Scatter.Close:output_type -> bounce.plugin.v1.Reply
-	9,  // 96: bounce.plugin.v1.Writer.Open:output_type -> bounce.plugin.v1.OpenReply
-	19, // 97: bounce.plugin.v1.Writer.Write:output_type -> bounce.plugin.v1.HandleReply
-	20, // 98: bounce.plugin.v1.Writer.Poll:output_type -> bounce.plugin.v1.PollReply
-	20, // 99: bounce.plugin.v1.Writer.Wait:output_type -> bounce.plugin.v1.PollReply
-	7,  // 100: bounce.plugin.v1.Writer.Release:output_type -> bounce.plugin.v1.Reply
-	7,  // 101: bounce.plugin.v1.Writer.Close:output_type -> bounce.plugin.v1.Reply
-	61, // [61:102] is the sub-list for method output_type
-	20, // [20:61] is the sub-list for method input_type
-	20, // [20:20] is the sub-list for extension type_name
-	20, // [20:20] is the sub-list for extension extendee
-	0,  // [0:20] is the sub-list for field type_name
+	2,  // 7: bounce.plugin.v1.HostCallback.allowed:type_name -> bounce.plugin.v1.Desc
+	1,  // 8: bounce.plugin.v1.HostCallback.error:type_name -> bounce.plugin.v1.Error
+	2,  // 9: bounce.plugin.v1.PluginCallback.dst:type_name -> bounce.plugin.v1.Desc
+	2,  // 10: bounce.plugin.v1.RegisterRequest.desc:type_name -> bounce.plugin.v1.Desc
+	3,  // 11: bounce.plugin.v1.RegisterRequest.share:type_name -> bounce.plugin.v1.Share
+	2,  // 12: bounce.plugin.v1.DescRequest.desc:type_name -> bounce.plugin.v1.Desc
+	1,  // 13: bounce.plugin.v1.BytesReply.error:type_name -> bounce.plugin.v1.Error
+	1,  // 14: bounce.plugin.v1.PeerReply.error:type_name -> bounce.plugin.v1.Error
+	5,  // 15: bounce.plugin.v1.PostWriteRequest.ops:type_name -> bounce.plugin.v1.WriteOp
+	1,  // 16: bounce.plugin.v1.HandleReply.error:type_name -> bounce.plugin.v1.Error
+	1,  // 17: bounce.plugin.v1.PollReply.error:type_name -> bounce.plugin.v1.Error
+	1,  // 18: bounce.plugin.v1.MessageReply.error:type_name -> bounce.plugin.v1.Error
+	2,  // 19: bounce.plugin.v1.StageRequest.region:type_name -> bounce.plugin.v1.Desc
+	4,  // 20: bounce.plugin.v1.StageRequest.runs:type_name -> bounce.plugin.v1.Run
+	2,  // 21: bounce.plugin.v1.WriteRequest.src:type_name -> bounce.plugin.v1.Desc
+	2,  // 22: bounce.plugin.v1.WriteRequest.dst:type_name -> bounce.plugin.v1.Desc
+	8,  // 23: bounce.plugin.v1.Engine.Open:input_type -> bounce.plugin.v1.OpenRequest
+	13, // 24: bounce.plugin.v1.Engine.RegisterMemory:input_type -> bounce.plugin.v1.RegisterRequest
+	14, // 25: bounce.plugin.v1.Engine.DeregisterMemory:input_type -> bounce.plugin.v1.DescRequest
+	6,  // 26: bounce.plugin.v1.Engine.Metadata:input_type -> bounce.plugin.v1.Empty
+	15, // 27: bounce.plugin.v1.Engine.LoadPeer:input_type -> bounce.plugin.v1.BytesRequest
+	17, // 28: bounce.plugin.v1.Engine.ForgetPeer:input_type -> bounce.plugin.v1.PeerRequest
+	19, // 29: bounce.plugin.v1.Engine.PostWrite:input_type -> bounce.plugin.v1.PostWriteRequest
+	20, // 30: bounce.plugin.v1.Engine.Poll:input_type -> bounce.plugin.v1.HandleRequest
+	23, // 31: bounce.plugin.v1.Engine.Wait:input_type -> bounce.plugin.v1.WaitRequest
+	20, // 32: bounce.plugin.v1.Engine.Release:input_type -> bounce.plugin.v1.HandleRequest
+	24, // 33: bounce.plugin.v1.Engine.Notify:input_type -> bounce.plugin.v1.MessageRequest
+	25, // 34: bounce.plugin.v1.Engine.RecvNotification:input_type -> bounce.plugin.v1.RecvRequest
+	6,  // 35: bounce.plugin.v1.Engine.Close:input_type -> bounce.plugin.v1.Empty
+	11, // 36: bounce.plugin.v1.Engine.Callbacks:input_type -> bounce.plugin.v1.HostCallback
+	8,  // 37: bounce.plugin.v1.Control.Open:input_type -> bounce.plugin.v1.OpenRequest
+	17, // 38: bounce.plugin.v1.Control.AddPeer:input_type -> bounce.plugin.v1.PeerRequest
+	17, // 39: bounce.plugin.v1.Control.RemovePeer:input_type -> bounce.plugin.v1.PeerRequest
+	24, // 40: bounce.plugin.v1.Control.Send:input_type -> bounce.plugin.v1.MessageRequest
+	25, // 41: bounce.plugin.v1.Control.Recv:input_type -> bounce.plugin.v1.RecvRequest
+	6,  // 42: bounce.plugin.v1.Control.Close:input_type -> bounce.plugin.v1.Empty
+	8,  // 43: bounce.plugin.v1.Gather.Open:input_type -> bounce.plugin.v1.OpenRequest
+	13, // 44: bounce.plugin.v1.Gather.Share:input_type -> bounce.plugin.v1.RegisterRequest
+	14, // 45: bounce.plugin.v1.Gather.Unshare:input_type -> bounce.plugin.v1.DescRequest
+	27, // 46: bounce.plugin.v1.Gather.Copy:input_type -> bounce.plugin.v1.StageRequest
+	20, // 47: bounce.plugin.v1.Gather.Poll:input_type -> bounce.plugin.v1.HandleRequest
+	23, // 48: bounce.plugin.v1.Gather.Wait:input_type -> bounce.plugin.v1.WaitRequest
+	20, // 49: bounce.plugin.v1.Gather.Release:input_type -> bounce.plugin.v1.HandleRequest
+	6,  // 50: bounce.plugin.v1.Gather.Close:input_type -> bounce.plugin.v1.Empty
+	8,  // 51: bounce.plugin.v1.Scatter.Open:input_type -> bounce.plugin.v1.OpenRequest
+	13, // 52: bounce.plugin.v1.Scatter.Share:input_type -> bounce.plugin.v1.RegisterRequest
+	14, // 53: bounce.plugin.v1.Scatter.Unshare:input_type -> bounce.plugin.v1.DescRequest
+	27, // 54: bounce.plugin.v1.Scatter.Copy:input_type -> bounce.plugin.v1.StageRequest
+	20, // 55: bounce.plugin.v1.Scatter.Poll:input_type -> bounce.plugin.v1.HandleRequest
+	23, // 56: bounce.plugin.v1.Scatter.Wait:input_type -> bounce.plugin.v1.WaitRequest
+	20, // 57: bounce.plugin.v1.Scatter.Release:input_type -> bounce.plugin.v1.HandleRequest
+	6,  // 58: bounce.plugin.v1.Scatter.Close:input_type -> bounce.plugin.v1.Empty
+	8,  // 59: bounce.plugin.v1.Writer.Open:input_type -> bounce.plugin.v1.OpenRequest
+	28, // 60: bounce.plugin.v1.Writer.Write:input_type -> bounce.plugin.v1.WriteRequest
+	20, // 61: bounce.plugin.v1.Writer.Poll:input_type -> bounce.plugin.v1.HandleRequest
+	23, // 62: bounce.plugin.v1.Writer.Wait:input_type -> bounce.plugin.v1.WaitRequest
+	20, // 63: bounce.plugin.v1.Writer.Release:input_type -> bounce.plugin.v1.HandleRequest
+	6,  // 64: bounce.plugin.v1.Writer.Close:input_type -> bounce.plugin.v1.Empty
+	9,  // 65: bounce.plugin.v1.Engine.Open:output_type -> bounce.plugin.v1.OpenReply
+	7,  // 66: bounce.plugin.v1.Engine.RegisterMemory:output_type -> bounce.plugin.v1.Reply
+	7,  // 67: bounce.plugin.v1.Engine.DeregisterMemory:output_type -> bounce.plugin.v1.Reply
+	16, // 68: bounce.plugin.v1.Engine.Metadata:output_type -> bounce.plugin.v1.BytesReply
+	18, // 69: bounce.plugin.v1.Engine.LoadPeer:output_type -> bounce.plugin.v1.PeerReply
+	7,  // 70: bounce.plugin.v1.Engine.ForgetPeer:output_type -> bounce.plugin.v1.Reply
+	21, // 71: bounce.plugin.v1.Engine.PostWrite:output_type -> bounce.plugin.v1.HandleReply
+	22, // 72: bounce.plugin.v1.Engine.Poll:output_type -> bounce.plugin.v1.PollReply
+	22, // 73: bounce.plugin.v1.Engine.Wait:output_type -> bounce.plugin.v1.PollReply
+	7,  // 74: bounce.plugin.v1.Engine.Release:output_type -> bounce.plugin.v1.Reply
+	7,  // 75: bounce.plugin.v1.Engine.Notify:output_type -> bounce.plugin.v1.Reply
+	26, // 76: bounce.plugin.v1.Engine.RecvNotification:output_type -> bounce.plugin.v1.MessageReply
+	7,  // 77: bounce.plugin.v1.Engine.Close:output_type -> bounce.plugin.v1.Reply
+	12, // 78: bounce.plugin.v1.Engine.Callbacks:output_type -> bounce.plugin.v1.PluginCallback
+	9,  // 79: bounce.plugin.v1.Control.Open:output_type -> bounce.plugin.v1.OpenReply
+	7,  // 80: bounce.plugin.v1.Control.AddPeer:output_type -> bounce.plugin.v1.Reply
+	7,  // 81: bounce.plugin.v1.Control.RemovePeer:output_type -> bounce.plugin.v1.Reply
+	7,  // 82: bounce.plugin.v1.Control.Send:output_type -> bounce.plugin.v1.Reply
+	26, // 83: bounce.plugin.v1.Control.Recv:output_type -> bounce.plugin.v1.MessageReply
+	7,  // 84: bounce.plugin.v1.Control.Close:output_type -> bounce.plugin.v1.Reply
+	9,  // 85: bounce.plugin.v1.Gather.Open:output_type -> bounce.plugin.v1.OpenReply
+	7,  // 86: bounce.plugin.v1.Gather.Share:output_type -> bounce.plugin.v1.Reply
+	7,  // 87: bounce.plugin.v1.Gather.Unshare:output_type -> bounce.plugin.v1.Reply
+	21, // 88: bounce.plugin.v1.Gather.Copy:output_type -> bounce.plugin.v1.HandleReply
+	22, // 89: bounce.plugin.v1.Gather.Poll:output_type -> bounce.plugin.v1.PollReply
+	22, // 90: bounce.plugin.v1.Gather.Wait:output_type -> bounce.plugin.v1.PollReply
+	7,  // 91: bounce.plugin.v1.Gather.Release:output_type -> bounce.plugin.v1.Reply
+	7,  // 92: bounce.plugin.v1.Gather.Close:output_type -> bounce.plugin.v1.Reply
+	9,  // 93: bounce.plugin.v1.Scatter.Open:output_type -> bounce.plugin.v1.OpenReply
+	7,  // 94: bounce.plugin.v1.Scatter.Share:output_type -> bounce.plugin.v1.Reply
+	7,  // 95: bounce.plugin.v1.Scatter.Unshare:output_type -> bounce.plugin.v1.Reply
+	21, // 96: bounce.plugin.v1.Scatter.Copy:output_type -> bounce.plugin.v1.HandleReply
+	22, // 97: bounce.plugin.v1.Scatter.Poll:output_type -> bounce.plugin.v1.PollReply
+	22, // 98: bounce.plugin.v1.Scatter.Wait:output_type -> bounce.plugin.v1.PollReply
+	7,  // 99: bounce.plugin.v1.Scatter.Release:output_type -> bounce.plugin.v1.Reply
+	7,  // 100: bounce.plugin.v1.Scatter.Close:output_type -> bounce.plugin.v1.Reply
+	9,  // 101: bounce.plugin.v1.Writer.Open:output_type -> bounce.plugin.v1.OpenReply
+	21, // 102: bounce.plugin.v1.Writer.Write:output_type -> bounce.plugin.v1.HandleReply
+	22, // 103: bounce.plugin.v1.Writer.Poll:output_type -> bounce.plugin.v1.PollReply
+	22, // 104: bounce.plugin.v1.Writer.Wait:output_type -> bounce.plugin.v1.PollReply
+	7,  // 105: bounce.plugin.v1.Writer.Release:output_type -> bounce.plugin.v1.Reply
+	7,  // 106: bounce.plugin.v1.Writer.Close:output_type -> bounce.plugin.v1.Reply
+	65, // [65:107] is the sub-list for method output_type
+	23, // [23:65] is the sub-list for method input_type
+	23, // [23:23] is the sub-list for extension type_name
+	23, // [23:23] is the sub-list for extension extendee
+	0,  // [0:23] is the sub-list for field type_name
 }
 
 func init() { file_plugin_proto_init() }
@@ -1938,7 +2133,7 @@ func file_plugin_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_plugin_proto_rawDesc), len(file_plugin_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   27,
+			NumMessages:   29,
 			NumExtensions: 0,
 			NumServices:   5,
 		},

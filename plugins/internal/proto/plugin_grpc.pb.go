@@ -37,6 +37,7 @@ const (
 	Engine_Notify_FullMethodName           = "/bounce.plugin.v1.Engine/Notify"
 	Engine_RecvNotification_FullMethodName = "/bounce.plugin.v1.Engine/RecvNotification"
 	Engine_Close_FullMethodName            = "/bounce.plugin.v1.Engine/Close"
+	Engine_Callbacks_FullMethodName        = "/bounce.plugin.v1.Engine/Callbacks"
 )
 
 // EngineClient is the client API for Engine service.
@@ -59,6 +60,10 @@ type EngineClient interface {
 	Notify(ctx context.Context, in *MessageRequest, opts ...grpc.CallOption) (*Reply, error)
 	RecvNotification(ctx context.Context, in *RecvRequest, opts ...grpc.CallOption) (*MessageReply, error)
 	Close(ctx context.Context, in *Empty, opts ...grpc.CallOption) (*Reply, error)
+	// Callbacks is the stream the host opens once it installs a write guard
+	// or a peer-loss callback: the plugin's engine asks the guard and
+	// reports lost peers on it. A plugin without it answers Unimplemented.
+	Callbacks(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[HostCallback, PluginCallback], error)
 }
 
 type engineClient struct {
@@ -199,6 +204,19 @@ func (c *engineClient) Close(ctx context.Context, in *Empty, opts ...grpc.CallOp
 	return out, nil
 }
 
+func (c *engineClient) Callbacks(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[HostCallback, PluginCallback], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &Engine_ServiceDesc.Streams[0], Engine_Callbacks_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[HostCallback, PluginCallback]{ClientStream: stream}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Engine_CallbacksClient = grpc.BidiStreamingClient[HostCallback, PluginCallback]
+
 // EngineServer is the server API for Engine service.
 // All implementations should embed UnimplementedEngineServer
 // for forward compatibility.
@@ -219,6 +237,10 @@ type EngineServer interface {
 	Notify(context.Context, *MessageRequest) (*Reply, error)
 	RecvNotification(context.Context, *RecvRequest) (*MessageReply, error)
 	Close(context.Context, *Empty) (*Reply, error)
+	// Callbacks is the stream the host opens once it installs a write guard
+	// or a peer-loss callback: the plugin's engine asks the guard and
+	// reports lost peers on it. A plugin without it answers Unimplemented.
+	Callbacks(grpc.BidiStreamingServer[HostCallback, PluginCallback]) error
 }
 
 // UnimplementedEngineServer should be embedded to have
@@ -266,6 +288,9 @@ func (UnimplementedEngineServer) RecvNotification(context.Context, *RecvRequest)
 }
 func (UnimplementedEngineServer) Close(context.Context, *Empty) (*Reply, error) {
 	return nil, status.Error(codes.Unimplemented, "method Close not implemented")
+}
+func (UnimplementedEngineServer) Callbacks(grpc.BidiStreamingServer[HostCallback, PluginCallback]) error {
+	return status.Error(codes.Unimplemented, "method Callbacks not implemented")
 }
 func (UnimplementedEngineServer) testEmbeddedByValue() {}
 
@@ -521,6 +546,13 @@ func _Engine_Close_Handler(srv interface{}, ctx context.Context, dec func(interf
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Engine_Callbacks_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(EngineServer).Callbacks(&grpc.GenericServerStream[HostCallback, PluginCallback]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Engine_CallbacksServer = grpc.BidiStreamingServer[HostCallback, PluginCallback]
+
 // Engine_ServiceDesc is the grpc.ServiceDesc for Engine service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -581,7 +613,14 @@ var Engine_ServiceDesc = grpc.ServiceDesc{
 			Handler:    _Engine_Close_Handler,
 		},
 	},
-	Streams:  []grpc.StreamDesc{},
+	Streams: []grpc.StreamDesc{
+		{
+			StreamName:    "Callbacks",
+			Handler:       _Engine_Callbacks_Handler,
+			ServerStreams: true,
+			ClientStreams: true,
+		},
+	},
 	Metadata: "plugin.proto",
 }
 

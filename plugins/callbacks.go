@@ -1,0 +1,306 @@
+package plugins
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	pb "github.com/bouncekv/bounce/plugins/internal/proto"
+	"github.com/bouncekv/bounce/transfer"
+)
+
+// Callbacks from a plugin's engine to the host. A transfer.WriteGuard and
+// a transfer.PeerLossReporter callback are functions of the host; the
+// plugin's engine calls them from its own goroutines. The host carries
+// them over one bidirectional stream it opens (Engine.Callbacks) when it
+// first installs either: the plugin sends a guard check (an id, the peer,
+// the destination) and waits for the host's answer; it sends a lost peer
+// and does not wait. One check costs one message each way on an open
+// HTTP/2 stream, and the tcp engine asks once per incoming frame (the
+// range the guard allows covers the frame's segments). A check that gets
+// no answer (the stream ended, the host is gone, CallTimeout passed) is
+// refused: the write fails with ErrForbidden, it never lands.
+
+// hostCallbacks is the host end of an engine's Callbacks stream. Its
+// goroutine (run) answers guard checks with the installed guard and hands
+// lost peers to the installed callback.
+type hostCallbacks struct {
+	c   *Client
+	rpc pb.EngineClient
+
+	guard atomic.Pointer[transfer.WriteGuard]
+	lost  atomic.Pointer[func(peer string)]
+
+	mu     sync.Mutex // serializes installs; guards the fields below
+	stream pb.Engine_CallbacksClient
+	cancel context.CancelFunc
+	acks   chan struct{}
+	done   chan struct{}
+	sendMu sync.Mutex // one sender at a time on stream
+}
+
+// setGuard installs g (nil removes it) in the plugin's engine.
+func (h *hostCallbacks) setGuard(g transfer.WriteGuard) {
+	if g == nil {
+		h.guard.Store(nil)
+	} else {
+		h.guard.Store(&g)
+	}
+	h.install()
+}
+
+// setLost installs fn (nil removes it) as the engine's peer-loss callback.
+func (h *hostCallbacks) setLost(fn func(peer string)) {
+	if fn == nil {
+		h.lost.Store(nil)
+	} else {
+		h.lost.Store(&fn)
+	}
+	h.install()
+}
+
+// install opens the stream unless it is open and tells the plugin which
+// callbacks are set, waiting (CallTimeout) for its ack, so that a guard
+// is in force in the plugin once SetWriteGuard returns. A failure is
+// logged: SetWriteGuard has no error to return.
+func (h *hostCallbacks) install() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if err := h.installLocked(); err != nil {
+		h.c.log.Error("plugin engine callbacks not installed", "plugin", h.c.name, "err", err)
+	}
+}
+
+func (h *hostCallbacks) installLocked() error {
+	if h.c.closed() {
+		return fmt.Errorf("plugin %s: install callbacks: %w", h.c.name, transfer.ErrClosed)
+	}
+	if h.stream == nil {
+		cx, cancel := context.WithCancel(context.Background())
+		st, err := h.rpc.Callbacks(cx)
+		if err != nil {
+			cancel()
+			return h.c.rpcErr("open callbacks", err)
+		}
+		h.stream, h.cancel = st, cancel
+		h.acks, h.done = make(chan struct{}, 1), make(chan struct{})
+		go h.run(st, h.acks, h.done)
+	}
+	h.sendMu.Lock()
+	err := h.stream.Send(&pb.HostCallback{Guard: h.guard.Load() != nil, PeerLost: h.lost.Load() != nil})
+	h.sendMu.Unlock()
+	if err != nil {
+		return h.c.rpcErr("install callbacks", err)
+	}
+	t := time.NewTimer(CallTimeout)
+	defer t.Stop()
+	select {
+	case <-h.acks:
+		return nil
+	case <-h.done:
+		return fmt.Errorf("plugin %s: install callbacks: the stream ended: %w", h.c.name, transfer.ErrPeerLost)
+	case <-t.C:
+		return fmt.Errorf("plugin %s: install callbacks: no ack within %v: %w", h.c.name, CallTimeout, transfer.ErrTimeout)
+	}
+}
+
+// run reads the stream until it ends.
+func (h *hostCallbacks) run(st pb.Engine_CallbacksClient, acks, done chan struct{}) {
+	defer close(done)
+	for {
+		m, err := st.Recv()
+		if err != nil {
+			return
+		}
+		switch {
+		case m.GetAck():
+			select {
+			case acks <- struct{}{}:
+			default:
+			}
+		case m.GetId() != 0:
+			rep := h.check(m)
+			h.sendMu.Lock()
+			err := st.Send(rep)
+			h.sendMu.Unlock()
+			if err != nil {
+				return
+			}
+		case len(m.GetPeer()) > 0:
+			if fn := h.lost.Load(); fn != nil {
+				(*fn)(string(m.GetPeer()))
+			}
+		}
+	}
+}
+
+// check answers one guard check with the installed guard; none installed
+// (removed while the check was on its way) refuses.
+func (h *hostCallbacks) check(m *pb.PluginCallback) *pb.HostCallback {
+	g := h.guard.Load()
+	if g == nil {
+		return &pb.HostCallback{Id: m.GetId(), Error: toProtoError(fmt.Errorf("the host has no write guard installed: %w", transfer.ErrForbidden))}
+	}
+	a, err := (*g)(string(m.GetPeer()), fromProtoDesc(m.GetDst()))
+	return &pb.HostCallback{Id: m.GetId(), Allowed: toProtoDesc(a), Error: toProtoError(err)}
+}
+
+// stop ends the stream and waits for run to return.
+func (h *hostCallbacks) stop() {
+	h.mu.Lock()
+	cancel, done := h.cancel, h.done
+	h.mu.Unlock()
+	if cancel == nil {
+		return
+	}
+	cancel()
+	<-done
+}
+
+// pluginCallbacks is the plugin end of the Callbacks stream: the engine's
+// guard sends its checks on it and waits for the host's answers; lost
+// peers are sent without waiting. The stream's handler (Callbacks) reads
+// the answers.
+type pluginCallbacks struct {
+	stream pb.Engine_CallbacksServer
+	sendMu sync.Mutex // one sender at a time on stream
+
+	mu      sync.Mutex
+	next    uint64
+	pending map[uint64]chan *pb.HostCallback
+	dead    error // why checks are refused; set once the stream ended
+}
+
+func newPluginCallbacks(st pb.Engine_CallbacksServer) *pluginCallbacks {
+	return &pluginCallbacks{stream: st, pending: map[uint64]chan *pb.HostCallback{}}
+}
+
+func (p *pluginCallbacks) send(m *pb.PluginCallback) error {
+	p.sendMu.Lock()
+	defer p.sendMu.Unlock()
+	return p.stream.Send(m)
+}
+
+// check is the transfer.WriteGuard installed in the plugin's engine: it
+// asks the host's guard. No answer refuses the write.
+func (p *pluginCallbacks) check(peer string, dst transfer.Desc) (transfer.Desc, error) {
+	refuse := func(why error) (transfer.Desc, error) {
+		return transfer.Desc{}, fmt.Errorf("plugin: write guard: asking the host about [%#x+%d] from %q: %v: %w", dst.Addr, dst.Len, peer, why, transfer.ErrForbidden)
+	}
+	ch := make(chan *pb.HostCallback, 1)
+	p.mu.Lock()
+	if p.dead != nil {
+		p.mu.Unlock()
+		return refuse(p.dead)
+	}
+	p.next++
+	id := p.next
+	p.pending[id] = ch
+	p.mu.Unlock()
+	if err := p.send(&pb.PluginCallback{Id: id, Peer: []byte(peer), Dst: toProtoDesc(dst)}); err != nil {
+		p.forget(id)
+		return refuse(err)
+	}
+	t := time.NewTimer(CallTimeout)
+	defer t.Stop()
+	select {
+	case m := <-ch:
+		if m == nil {
+			p.mu.Lock()
+			err := p.dead
+			p.mu.Unlock()
+			return refuse(err)
+		}
+		if err := fromProtoError(m.GetError()); err != nil {
+			if !errors.Is(err, transfer.ErrForbidden) {
+				err = fmt.Errorf("%w: %w", transfer.ErrForbidden, err)
+			}
+			return transfer.Desc{}, err
+		}
+		return fromProtoDesc(m.GetAllowed()), nil
+	case <-t.C:
+		p.forget(id)
+		return refuse(fmt.Errorf("no answer within %v", CallTimeout))
+	}
+}
+
+func (p *pluginCallbacks) forget(id uint64) {
+	p.mu.Lock()
+	delete(p.pending, id)
+	p.mu.Unlock()
+}
+
+// answer hands the host's answer to the check waiting for it.
+func (p *pluginCallbacks) answer(m *pb.HostCallback) {
+	p.mu.Lock()
+	ch := p.pending[m.GetId()]
+	delete(p.pending, m.GetId())
+	p.mu.Unlock()
+	if ch != nil {
+		ch <- m
+	}
+}
+
+// lostPeer is the transfer.PeerLossReporter callback installed in the
+// plugin's engine. It must not block, so it sends on its own goroutine.
+func (p *pluginCallbacks) lostPeer(peer string) {
+	go func() { _ = p.send(&pb.PluginCallback{Peer: []byte(peer)}) }()
+}
+
+// fail refuses every waiting and later check: the stream ended.
+func (p *pluginCallbacks) fail(why error) {
+	p.mu.Lock()
+	p.dead = why
+	pending := p.pending
+	p.pending = map[uint64]chan *pb.HostCallback{}
+	p.mu.Unlock()
+	for _, ch := range pending {
+		ch <- nil
+	}
+}
+
+// Callbacks serves the host's callback stream: installs tell the engine
+// which callbacks to call (and are acked), answers go to the checks
+// waiting for them. The guard stays installed after the stream ends and
+// refuses every write from then on.
+func (s *engineServer) Callbacks(st pb.Engine_CallbacksServer) error {
+	if err := s.owned("Callbacks"); err != nil {
+		return err
+	}
+	e, err := s.engine()
+	if err != nil {
+		return err
+	}
+	cb := newPluginCallbacks(st)
+	defer cb.fail(errors.New("the host's callback stream ended"))
+	for {
+		m, err := st.Recv()
+		if err != nil {
+			return nil
+		}
+		if m.GetId() != 0 {
+			cb.answer(m)
+			continue
+		}
+		if g, ok := e.(transfer.WriteGuarded); ok {
+			if m.GetGuard() {
+				g.SetWriteGuard(cb.check)
+			} else {
+				g.SetWriteGuard(nil)
+			}
+		}
+		if r, ok := e.(transfer.PeerLossReporter); ok {
+			if m.GetPeerLost() {
+				r.SetPeerLost(cb.lostPeer)
+			} else {
+				r.SetPeerLost(nil)
+			}
+		}
+		if err := cb.send(&pb.PluginCallback{Ack: true}); err != nil {
+			return nil
+		}
+	}
+}

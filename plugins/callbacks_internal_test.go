@@ -1,0 +1,110 @@
+package plugins
+
+import (
+	"errors"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/bouncekv/bounce/engines/tcp"
+	"github.com/bouncekv/bounce/mem"
+	"github.com/bouncekv/bounce/transfer"
+)
+
+// TestGuardWithoutHostRefuses: once the host's end of the callback stream
+// is gone (here: stopped by the host while the plugin process keeps
+// running, as when the host's connection breaks), the plugin's engine
+// refuses every write — the guard's check got no answer — and no byte
+// lands, although the host's guard would have admitted it.
+func TestGuardWithoutHostRefuses(t *testing.T) {
+	bin := filepath.Join(t.TempDir(), "tcpengine")
+	if out, err := exec.Command("go", "build", "-o", bin, "./examples/tcpengine").CombinedOutput(); err != nil {
+		t.Fatalf("build plugin: %v\n%s", err, out)
+	}
+	c, err := Load(bin, KindEngine, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	eng, err := c.Engine("victim", map[string]string{"listen": "127.0.0.1:0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer eng.Close()
+	wg, ok := eng.(transfer.WriteGuarded)
+	if !ok {
+		t.Fatalf("%T is not a transfer.WriteGuarded", eng)
+	}
+	wg.SetWriteGuard(func(_ string, d transfer.Desc) (transfer.Desc, error) { return d, nil })
+	dst, err := mem.Alloc(8192)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dst.Free()
+	if err := eng.RegisterMemory(dst.Desc()); err != nil {
+		t.Fatal(err)
+	}
+	w, err := tcp.New(tcp.Config{Name: "writer", Listen: "127.0.0.1:0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	src, err := mem.Alloc(4096)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Free()
+	copy(src.Bytes(), strings.Repeat("x", 4096))
+	if err := w.RegisterMemory(src.Desc()); err != nil {
+		t.Fatal(err)
+	}
+	md, err := eng.Metadata()
+	if err != nil {
+		t.Fatal(err)
+	}
+	peer, err := w.LoadPeer(md)
+	if err != nil {
+		t.Fatal(err)
+	}
+	write := func(off uint64) error {
+		op, err := w.PostWrite(peer, []transfer.WriteOp{{Src: src.Desc(), Dst: transfer.Desc{Addr: dst.Desc().Addr + off, Len: 4096, Kind: transfer.Host}}})
+		if err != nil {
+			return err
+		}
+		defer op.Release()
+		for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+			if st, err := op.Poll(); st.Terminal() {
+				return err
+			}
+		}
+		t.Fatal("write did not resolve within 30s")
+		return nil
+	}
+	if err := write(0); err != nil {
+		t.Fatalf("write the guard admits: %v", err)
+	}
+	remoteOf(t, eng).cb.stop() // the host's end of the stream goes away
+	err = write(4096)
+	if !errors.Is(err, transfer.ErrForbidden) || !strings.Contains(err.Error(), "callback stream ended") {
+		t.Errorf("write after the host's end went away: err = %v, want ErrForbidden (callback stream ended)", err)
+	}
+	for i, b := range dst.Bytes()[4096:] {
+		if b != 0 {
+			t.Fatalf("byte %d landed although no guard answered", 4096+i)
+		}
+	}
+}
+
+// remoteOf digs the remoteEngine out of the tcp engine's host-side type
+// (it declares every optional capability).
+func remoteOf(t *testing.T, e transfer.Engine) *remoteEngine {
+	t.Helper()
+	if d, ok := e.(engNFGL); ok {
+		if r, ok := d.hostEngine.(*remoteEngine); ok {
+			return r
+		}
+	}
+	t.Fatalf("%T wraps no remoteEngine", e)
+	return nil
+}
