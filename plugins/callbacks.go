@@ -64,14 +64,24 @@ func (h *hostCallbacks) setLost(fn func(peer string)) {
 
 // install opens the stream unless it is open and tells the plugin which
 // callbacks are set, waiting (CallTimeout) for its ack, so that a guard
-// is in force in the plugin once SetWriteGuard returns. A failure is
-// logged: SetWriteGuard has no error to return.
+// is in force in the plugin once SetWriteGuard returns. SetWriteGuard has
+// no error to return, so a failure fails closed: when a guard was asked
+// for, the plugin process is killed (its engine could otherwise land
+// writes no guard checked; a supervised engine restarts and installs the
+// guard again), and the failure is logged.
 func (h *hostCallbacks) install() {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if err := h.installLocked(); err != nil {
-		h.c.log.Error("plugin engine callbacks not installed", "plugin", h.c.name, "err", err)
+	err := h.installLocked()
+	if err == nil {
+		return
 	}
+	if h.guard.Load() != nil && !h.c.gone() {
+		h.c.log.Error("plugin engine's write guard not installed: killing the plugin so that no unguarded write lands", "plugin", h.c.name, "err", err)
+		h.c.kill()
+		return
+	}
+	h.c.log.Error("plugin engine callbacks not installed", "plugin", h.c.name, "err", err)
 }
 
 func (h *hostCallbacks) installLocked() error {

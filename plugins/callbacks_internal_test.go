@@ -1,6 +1,7 @@
 package plugins
 
 import (
+	"context"
 	"errors"
 	"os/exec"
 	"path/filepath"
@@ -10,7 +11,11 @@ import (
 
 	"github.com/bouncekv/bounce/engines/tcp"
 	"github.com/bouncekv/bounce/mem"
+	pb "github.com/bouncekv/bounce/plugins/internal/proto"
 	"github.com/bouncekv/bounce/transfer"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 // TestGuardWithoutHostRefuses: once the host's end of the callback stream
@@ -107,4 +112,39 @@ func remoteOf(t *testing.T, e transfer.Engine) *remoteEngine {
 	}
 	t.Fatalf("%T wraps no remoteEngine", e)
 	return nil
+}
+
+// refusingCallbacks is a pb.EngineClient whose Callbacks stream cannot
+// be opened (fault injection; every other call is unused here).
+type refusingCallbacks struct{ pb.EngineClient }
+
+func (refusingCallbacks) Callbacks(context.Context, ...grpc.CallOption) (grpc.BidiStreamingClient[pb.HostCallback, pb.PluginCallback], error) {
+	return nil, status.Error(codes.Unavailable, "injected: no stream")
+}
+
+// TestGuardInstallFailureKillsPlugin: a guard that cannot be installed in
+// the plugin fails closed — the plugin process is killed, so its engine
+// lands no write the guard never saw; a peer-loss callback alone that
+// cannot be installed only logs.
+func TestGuardInstallFailureKillsPlugin(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		set      func(h *hostCallbacks)
+		wantKill int
+	}{
+		{"guard", func(h *hostCallbacks) {
+			h.setGuard(func(_ string, d transfer.Desc) (transfer.Desc, error) { return d, nil })
+		}, 1},
+		{"peer-lost only", func(h *hostCallbacks) { h.setLost(func(string) {}) }, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			kills := 0
+			c := newClient(KindEngine, "fake", nil, func() { kills++ })
+			h := &hostCallbacks{c: c, rpc: refusingCallbacks{}}
+			tc.set(h)
+			if kills != tc.wantKill {
+				t.Fatalf("plugin killed %d times, want %d", kills, tc.wantKill)
+			}
+		})
+	}
 }
