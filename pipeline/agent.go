@@ -368,15 +368,20 @@ func build(s Settings, cfg Config) (*Agent, error) {
 		stopped: make(chan struct{}),
 	}
 	a.obs = newObs(a, s)
+	// The guard is in force before the arena is registered with the
+	// engine: an engine that listens already (a plugin's, which holds no
+	// keys) must never see the arena writable unguarded.
+	if wg, ok := s.Engine.(transfer.WriteGuarded); ok && s.Peers.Enabled() {
+		a.guard = newWriteGuard()
+		wg.SetWriteGuard(a.guard.check)
+	}
 	var sched *credit.Scheduler
 	if err := a.initBounce(&sched); err != nil {
 		a.bounceOn, a.noBounce = false, err.Error()
 		a.log.Warn("bounce disabled, serving every transfer on the direct path", "reason", err)
 	}
-	if wg, ok := s.Engine.(transfer.WriteGuarded); ok && s.Peers.Enabled() {
-		a.guard = newWriteGuard()
+	if a.guard != nil {
 		a.guard.setArena(a.arenaD)
-		wg.SetWriteGuard(a.guard.check)
 	}
 	if a.bounceOn && cfg.CostModel {
 		a.router = a.newRouter()

@@ -99,6 +99,10 @@ func (h *hostCallbacks) installLocked() error {
 		h.acks, h.done = make(chan struct{}, 1), make(chan struct{})
 		go h.run(st, h.acks, h.done)
 	}
+	select { // an ack of an earlier install that timed out is not this one's
+	case <-h.acks:
+	default:
+	}
 	h.sendMu.Lock()
 	err := h.stream.Send(&pb.HostCallback{Guard: h.guard.Load() != nil, PeerLost: h.lost.Load() != nil})
 	h.sendMu.Unlock()
@@ -176,7 +180,8 @@ func (h *hostCallbacks) stop() {
 // the answers.
 type pluginCallbacks struct {
 	stream pb.Engine_CallbacksServer
-	sendMu sync.Mutex // one sender at a time on stream
+	sendMu sync.Mutex // one sender at a time on stream; guards ended
+	ended  bool       // the handler is returning: the stream takes no more sends
 
 	mu      sync.Mutex
 	next    uint64
@@ -191,6 +196,9 @@ func newPluginCallbacks(st pb.Engine_CallbacksServer) *pluginCallbacks {
 func (p *pluginCallbacks) send(m *pb.PluginCallback) error {
 	p.sendMu.Lock()
 	defer p.sendMu.Unlock()
+	if p.ended {
+		return errors.New("the host's callback stream ended")
+	}
 	return p.stream.Send(m)
 }
 
@@ -260,8 +268,13 @@ func (p *pluginCallbacks) lostPeer(peer string) {
 	go func() { _ = p.send(&pb.PluginCallback{Peer: []byte(peer)}) }()
 }
 
-// fail refuses every waiting and later check: the stream ended.
+// fail refuses every waiting and later check: the stream ended. It runs
+// before the stream's handler returns, and no send starts after it (gRPC
+// forbids sending on a stream whose handler has returned).
 func (p *pluginCallbacks) fail(why error) {
+	p.sendMu.Lock()
+	p.ended = true
+	p.sendMu.Unlock()
 	p.mu.Lock()
 	p.dead = why
 	pending := p.pending

@@ -391,6 +391,9 @@ type supervisedEngine struct {
 func (e *supervisedEngine) replay(eng transfer.Engine) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	// The guard first: the restarted engine listens already, and memory
+	// registered before its guard would be writable unchecked.
+	e.installLocked(eng)
 	for d, n := range e.regs {
 		for i := 0; i < n; i++ {
 			if err := eng.RegisterMemory(d); err != nil {
@@ -403,7 +406,6 @@ func (e *supervisedEngine) replay(eng transfer.Engine) error {
 			return fmt.Errorf("replay load peer %q: %w", p, err)
 		}
 	}
-	e.installLocked(eng)
 	return nil
 }
 

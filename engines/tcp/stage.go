@@ -47,9 +47,10 @@ type DeviceMemory interface {
 	Close() error
 }
 
-// errStageClosed is a staging buffer asked for after the engine began to
-// close.
-var errStageClosed = errors.New("tcp: device staging: engine closing")
+// errStageClosed is a staging buffer asked for after the session to the
+// peer stopped (ForgetPeer, the peer lost, the engine closing); nothing of
+// the part went out.
+var errStageClosed = fmt.Errorf("tcp: device staging: the session to the peer stopped before the part was staged: %w", transfer.ErrPeerLost)
 
 // stager owns the page-locked staging buffers of an engine that carries
 // device memory: two fixed rings (out for the session writers' device
@@ -90,12 +91,17 @@ func newStager(dev DeviceMemory, buffers, size int, wait time.Duration) (*stager
 
 // get takes a buffer from ring, waiting at most s.wait, and not past done.
 func (s *stager) get(ring chan []byte, done <-chan struct{}) ([]byte, error) {
+	return s.getWithin(ring, done, s.wait)
+}
+
+// getWithin is get waiting at most wait.
+func (s *stager) getWithin(ring chan []byte, done <-chan struct{}, wait time.Duration) ([]byte, error) {
 	select {
 	case b := <-ring:
 		return b, nil
 	default:
 	}
-	t := time.NewTimer(s.wait)
+	t := time.NewTimer(wait)
 	defer t.Stop()
 	select {
 	case b := <-ring:
@@ -103,7 +109,7 @@ func (s *stager) get(ring chan []byte, done <-chan struct{}) ([]byte, error) {
 	case <-done:
 		return nil, errStageClosed
 	case <-t.C:
-		return nil, fmt.Errorf("tcp: no device staging buffer free within %v: %w", s.wait, transfer.ErrTimeout)
+		return nil, fmt.Errorf("tcp: no device staging buffer free within %v: %w", wait, transfer.ErrTimeout)
 	}
 }
 
@@ -183,7 +189,14 @@ func (s *stager) landStaged(r *inReader, segs []inSeg, done <-chan struct{}) (co
 	for _, sg := range segs {
 		total += sg.n
 	}
-	buf, err := s.get(s.in, done)
+	// The frame's clock runs while we wait: wait at most half of what is
+	// left of it, so that a refused part can still be read to its end and
+	// only it fails, not the connection.
+	wait := s.wait
+	if !r.frameEnd.IsZero() {
+		wait = min(wait, time.Until(r.frameEnd)/2)
+	}
+	buf, err := s.getWithin(s.in, done, max(wait, 0))
 	if err != nil {
 		return err, r.discard(total)
 	}

@@ -4,9 +4,11 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 	"unsafe"
 
 	"github.com/bouncekv/bounce/mem"
@@ -33,6 +35,9 @@ type fakeDevice struct {
 
 	block chan struct{} // non-nil: CopyToHost waits on it (closed to release)
 	began chan struct{} // signalled when a blocked copy began
+
+	blockIn chan struct{} // under mu; non-nil: CopyToDevice waits on it (closed to release)
+	beganIn chan struct{} // under mu; signalled when a blocked CopyToDevice began
 }
 
 func newFakeDevice() *fakeDevice { return &fakeDevice{live: map[uintptr]bool{}} }
@@ -78,6 +83,16 @@ func (f *fakeDevice) CopyToHost(dst [][]byte, src []uint64) error {
 }
 
 func (f *fakeDevice) CopyToDevice(dst []uint64, src [][]byte) error {
+	f.mu.Lock()
+	block, began := f.blockIn, f.beganIn
+	f.mu.Unlock()
+	if block != nil {
+		select {
+		case began <- struct{}{}:
+		default:
+		}
+		<-block
+	}
 	d := make([][]byte, len(dst))
 	for i := range dst {
 		d[i] = mem.Unsafe(dst[i], uint64(len(src[i])))
@@ -331,5 +346,59 @@ func TestStagedConfig(t *testing.T) {
 		if err := c.Validate(); err == nil {
 			t.Fatalf("Validate(%+v) passed", c)
 		}
+	}
+}
+
+// A part that finds no incoming staging buffer free waits at most half of
+// what is left of its frame's time, then is refused alone (a NACK naming
+// the timeout): the frame is still read to its end in time, so its
+// connection stays up and the next writes land. (Waiting the whole frame
+// timeout left no time to read the frame and tore the connection down,
+// failing every part on it.)
+func TestStagedInBufferWaitKeepsConnection(t *testing.T) {
+	v := newEnv(t)
+	fs, fr := newFakeDevice(), newFakeDevice()
+	s := v.engine("s", func(c *Config) { c.Device, c.StageBuffers, c.StageBytes, c.Connections = fs, 4, 64<<10, 2 })
+	r := v.engine("r", func(c *Config) {
+		c.Device, c.StageBuffers, c.StageBytes, c.FrameTimeout = fr, 1, 64<<10, 2*time.Second
+	})
+	src := v.devBuf(64<<10, 9, s)
+	dst := v.devBuf(64<<10, 0, r)
+	connect(t, s, r)
+	// Both connections up before the contention.
+	for i := range 2 {
+		op, err := s.PostWrite("r", []transfer.WriteOp{{Src: devSub(src, i*4096, 4096), Dst: devSub(dst, i*4096, 4096)}})
+		mustDone(t, op, err)
+	}
+	block, began := make(chan struct{}), make(chan struct{}, 1)
+	fr.mu.Lock()
+	fr.blockIn, fr.beganIn = block, began
+	fr.mu.Unlock()
+	release := sync.OnceFunc(func() { close(block) })
+	t.Cleanup(release) // before the engines' Close, which waits for the copy
+	held, err := s.PostWrite("r", []transfer.WriteOp{{Src: devSub(src, 8192, 4096), Dst: devSub(dst, 8192, 4096)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-began // one connection's reader holds the only incoming buffer
+	starved, err := s.PostWrite("r", []transfer.WriteOp{{Src: devSub(src, 12288, 4096), Dst: devSub(dst, 12288, 4096)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ferr := mustFail(t, starved, errRemote)
+	if !strings.Contains(ferr.Error(), "no device staging buffer free") {
+		t.Fatalf("starved part failed with %q, want the staging buffer timeout", ferr)
+	}
+	release()
+	mustDone(t, held, nil)
+	for i := 4; i < 8; i++ {
+		op, err := s.PostWrite("r", []transfer.WriteOp{{Src: devSub(src, i*4096, 4096), Dst: devSub(dst, i*4096, 4096)}})
+		mustDone(t, op, err)
+	}
+	if !bytes.Equal(dst.Bytes()[16384:32768], src.Bytes()[16384:32768]) || !bytes.Equal(dst.Bytes()[:12288], src.Bytes()[:12288]) {
+		t.Fatal("writes around the refused part did not land")
+	}
+	if !bytes.Equal(dst.Bytes()[12288:16384], make([]byte, 4096)) {
+		t.Fatal("the refused part landed")
 	}
 }
