@@ -75,7 +75,8 @@ nixl-check: setup
 ## engine of ROUTE_ENGINES; the summary judges per cell whether auto took the
 ## faster path beyond the noise band (a bootstrap interval of the median
 ## per-iteration bounce/direct ratio) and tallies the cells. ROUTE_BIN runs
-## another build (bin/bounce-nixl for ROUTE_ENGINES=nixl, from nixl-check).
+## another build (bin/bounce-nixl for ROUTE_ENGINES=nixl, built by nixl-check;
+## NIXL_PREFIX as there).
 ROUTE_ENGINES ?= tcp ucx
 ROUTE_PRESETS ?= llama70b-tp8-b16,llama70b-tp8-b32,llama70b-tp8-b64,gptoss120b-tp8-b16,gptoss120b-tp8-b32,gptoss120b-tp8-b64
 ROUTE_FLAGS   ?= --repeat 9
@@ -83,7 +84,7 @@ ROUTE_BIN     ?= ./bin/bounce
 route-check: build
 	@for e in $(ROUTE_ENGINES); do \
 	  echo "== engine $$e"; \
-	  $(ROUTE_BIN) bench --engine.kind $$e --workload $(ROUTE_PRESETS) --concurrency 1 --routes bounce,direct,auto $(ROUTE_FLAGS) || exit 1; \
+	  $(NIXL_ENV) $(ROUTE_BIN) bench --engine.kind $$e --workload $(ROUTE_PRESETS) --concurrency 1 --routes bounce,direct,auto $(ROUTE_FLAGS) || exit 1; \
 	done
 
 lint:
