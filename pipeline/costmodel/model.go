@@ -232,8 +232,13 @@ func (m *Model) observed(r Route) uint64 {
 // Observe records that a request of shape s took elapsed on route r. A
 // bounce request moves the bounce correction toward elapsed over its
 // prediction (from the corrected engine costs); a direct one moves the
-// engine's posting or bandwidth correction, whichever term its prediction
-// was bound by, toward what the term must have cost.
+// engine's posting or bandwidth correction toward what the term must have
+// cost: the posting cost when its prediction was bound by posting or when
+// it has more descriptors than the bounce path has chunks (a fragmented
+// request measures what its descriptors cost, not the engine's bulk
+// bandwidth, which the bounce path's writes run at), the bandwidth only
+// from a bulk-shaped request bound by it (or from any, over an engine that
+// declares free posts).
 func (m *Model) Observe(r Route, s Shape, elapsed time.Duration) {
 	if r > Bounce || elapsed <= 0 {
 		return
@@ -249,10 +254,9 @@ func (m *Model) Observe(r Route, s Shape, elapsed time.Duration) {
 	post := float64(s.Descs) * m.engine.PostPerDesc.Seconds()
 	wire := seconds(float64(s.Bytes), m.engine.Bandwidth)
 	rest := math.Max(elapsed.Seconds()-m.engine.PerWrite.Seconds(), elapsed.Seconds()/2)
-	if post*m.corr[corrPost].f >= wire*m.corr[corrWire].f {
-		if post > 0 {
-			m.corr[corrPost].observe(rest / post)
-		}
+	fragmented := s.Descs > max(s.Chunks, 1)
+	if post > 0 && (fragmented || post*m.corr[corrPost].f >= wire*m.corr[corrWire].f) {
+		m.corr[corrPost].observe(rest / post)
 		return
 	}
 	if wire > 0 {
