@@ -21,7 +21,8 @@ const (
 	AutoFaster = "faster"
 	// AutoWithinNoise: the two paths are not told apart by the
 	// measurements (their interval includes equal speed), or auto's path
-	// is slower by less than AutoTolerance.
+	// is slower but not shown slower by more than AutoTolerance (the
+	// upper end of its interval is at least 1 - AutoTolerance).
 	AutoWithinNoise = "within noise"
 	// AutoSlower: auto took the path that is slower, by more than
 	// AutoTolerance, beyond the noise band.
@@ -82,7 +83,7 @@ func (j AutoJudgement) String() string {
 		if j.Faster == "" {
 			return s + "the paths are within noise"
 		}
-		return s + fmt.Sprintf("%s faster beyond noise but by less than %.0f%%", j.Faster, 100*AutoTolerance)
+		return s + fmt.Sprintf("%s faster beyond noise, but auto's route is not shown slower by more than %.0f%%", j.Faster, 100*AutoTolerance)
 	case AutoSlower:
 		return s + fmt.Sprintf("WRONG: %s is faster beyond noise", j.Faster)
 	}

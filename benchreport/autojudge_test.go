@@ -55,6 +55,9 @@ func TestJudgeAuto(t *testing.T) {
 		{"faster", small, bounceWins, mostlyBounce, RouteBounce, RouteBounce, AutoFaster},
 		{"slower", big, bounceWins, repeatRoute(RouteDirect, 9), RouteBounce, RouteDirect, AutoSlower},
 		{"noise", bigC8, noisy, repeatRoute(RouteDirect, 9), "", RouteDirect, AutoWithinNoise},
+		// bounce faster in every iteration, but by 1-6%: direct is not
+		// shown more than 5% slower.
+		{"slightly", big, []float64{1.02, 1.05, 1.03, 1.04, 1.06, 1.01, 1.03}, repeatRoute(RouteDirect, 7), RouteBounce, RouteDirect, AutoWithinNoise},
 		{"too few", small, bounceWins[:3], repeatRoute(RouteDirect, 3), RouteBounce, RouteDirect, AutoTooFew},
 	}
 	for _, tc := range cases {
