@@ -70,16 +70,21 @@ nixl-check: setup
 	$(NIXL_ENV) ./bin/bounce-nixl bench --engine.kind nixl --control-plane.kind zmq $(NIXL_BENCH)
 	$(NIXL_ENV) ./bin/bounce-nixl bench --engine.kind nixl --control-plane.kind nixlnotif $(NIXL_BENCH)
 
-## route-check: route auto against bounce and direct, side by side in one run,
-## on every TP=8 preset and each engine of ROUTE_ENGINES; the summary gives
-## auto/best per cell and how many cells land within 5% of the faster route
+## route-check: route auto against bounce and direct, side by side in one run
+## (the three rotated within each iteration), on every TP=8 preset and each
+## engine of ROUTE_ENGINES; the summary judges per cell whether auto took the
+## faster path beyond the noise band (a bootstrap interval of the median
+## per-iteration bounce/direct ratio) and tallies the cells. ROUTE_BIN runs
+## another build (bin/bounce-nixl for ROUTE_ENGINES=nixl, built by nixl-check;
+## NIXL_PREFIX as there).
 ROUTE_ENGINES ?= tcp ucx
 ROUTE_PRESETS ?= llama70b-tp8-b16,llama70b-tp8-b32,llama70b-tp8-b64,gptoss120b-tp8-b16,gptoss120b-tp8-b32,gptoss120b-tp8-b64
-ROUTE_FLAGS   ?= --repeat 3
+ROUTE_FLAGS   ?= --repeat 9
+ROUTE_BIN     ?= ./bin/bounce
 route-check: build
 	@for e in $(ROUTE_ENGINES); do \
 	  echo "== engine $$e"; \
-	  ./bin/bounce bench --engine.kind $$e --workload $(ROUTE_PRESETS) --concurrency 1 --routes bounce,direct,auto $(ROUTE_FLAGS) || exit 1; \
+	  $(NIXL_ENV) $(ROUTE_BIN) bench --engine.kind $$e --workload $(ROUTE_PRESETS) --concurrency 1 --routes bounce,direct,auto $(ROUTE_FLAGS) || exit 1; \
 	done
 
 lint:

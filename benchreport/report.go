@@ -99,6 +99,9 @@ type Report struct {
 	Cells []Cell `json:"cells"`
 	// Ratios are throughput ratios measured side by side (ComputeRatios).
 	Ratios []Ratio `json:"ratios"`
+	// AutoJudgements judge route auto against noise in every cell that
+	// ran auto, bounce and direct (JudgeAuto).
+	AutoJudgements []AutoJudgement `json:"auto_judgements,omitempty"`
 	// Memory is the peak memory of both agents, where it could be read.
 	Memory *Memory `json:"memory,omitempty"`
 	// Notes are what the sweep skipped, clamped or noticed.

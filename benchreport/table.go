@@ -53,6 +53,9 @@ func WriteTable(w io.Writer, r *Report) error {
 	if err := writeRatios(w, r.Ratios); err != nil {
 		return err
 	}
+	if err := writeJudgements(w, r.AutoJudgements); err != nil {
+		return err
+	}
 	if err := writeStages(w, r.Cells); err != nil {
 		return err
 	}
@@ -112,6 +115,26 @@ func writeRatios(w io.Writer, ratios []Ratio) error {
 		fmt.Fprintf(w, "route auto within %.0f%% of the faster of bounce and direct (median auto/best >= %.2f): %d of %d cells\n",
 			100*AutoTolerance, 1-AutoTolerance, within, cells)
 	}
+	return nil
+}
+
+// writeJudgements writes route auto's verdict per cell (JudgeAuto) and
+// the tally.
+func writeJudgements(w io.Writer, js []AutoJudgement) error {
+	if len(js) == 0 {
+		return nil
+	}
+	fmt.Fprintf(w, "\nroute auto against noise (bounce/direct: median of the per-iteration ratios [%.0f%% bootstrap interval]):\n", 100*bootstrapConfidence)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	for _, j := range js {
+		fmt.Fprintf(tw, "%s\t%s\n", j.Group, j)
+	}
+	if err := tw.Flush(); err != nil {
+		return fmt.Errorf("benchreport: write auto verdicts: %w", err)
+	}
+	ok, judged := AutoJudgementTally(js)
+	fmt.Fprintf(w, "route auto took the faster path or one within noise (or within %.0f%%): %d of %d cells judged (%d with fewer than %d iterations not judged)\n",
+		100*AutoTolerance, ok, judged, len(js)-judged, MinJudgedIterations)
 	return nil
 }
 

@@ -241,7 +241,7 @@ type BounceConfig struct {
 	// the stages do, else host.
 	ArenaMemory string
 	// CostModel lets route auto pick bounce or direct per request from
-	// the engine-aware cost model (bounce.cost_model, default false); false
+	// the engine-aware cost model (bounce.cost_model, default true); false
 	// leaves the decision to the descriptor gates alone.
 	CostModel bool
 	// DisableMerging sends one run per descriptor; debugging only

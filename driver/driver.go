@@ -64,7 +64,9 @@ type Result struct {
 	Stages pipeline.Stages
 	// Fallbacks counts requests that went direct although the run did not
 	// ask for direct (the agent's route decision: handshake, gates, bounce
-	// off); FallbackReason is the first one's reason.
+	// off); FallbackReason is the first one's reason. Route auto's cost
+	// model taking direct as the path predicted faster is a choice, not a
+	// fallback, and is not counted (Route and Reason say it).
 	Fallbacks      int
 	FallbackReason string
 	// NotQuiescent counts failed requests whose memory may still be touched
@@ -228,7 +230,7 @@ func (d *Driver) Run(ctx context.Context, t Target, o Options) (Result, error) {
 			submitErr = fmt.Errorf("driver: submit request %d: %w", i, err)
 			break
 		}
-		if bt.Route() == pipeline.RouteDirect && o.Route != pipeline.RouteDirect {
+		if bt.Route() == pipeline.RouteDirect && o.Route != pipeline.RouteDirect && !bt.Prediction().Made {
 			if res.Fallbacks == 0 {
 				res.FallbackReason = bt.RouteReason()
 			}

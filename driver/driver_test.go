@@ -243,3 +243,22 @@ func TestPercentileNearestRank(t *testing.T) {
 		t.Errorf("p50 of nothing = %v, want 0", got)
 	}
 }
+
+// TestCostModelDirectIsNoFallback: route auto's cost model sends a
+// request direct when it predicts direct faster (in one process the
+// loopback engine's direct path is a memcpy, so it always does); that is
+// the agent's choice, reported in Route and Reason, not a fallback.
+func TestCostModelDirectIsNoFallback(t *testing.T) {
+	spec := workload.Spec{DescSize: 4096, Count: 512, Fragmented: true, Seed: 5}
+	_, _, dst, d := driverPair(t, spec.Bytes())
+	res, err := d.Run(context.Background(), Target{Peer: "b", Buffer: dst.Desc()}, Options{Spec: spec, Requests: 1, Route: pipeline.RouteAuto})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Route != "direct" || !strings.HasPrefix(res.Reason, "auto: predicted bounce ") || res.Failed != 0 {
+		t.Fatalf("route %q (%s), %d failed; want direct by the cost model", res.Route, res.Reason, res.Failed)
+	}
+	if res.Fallbacks != 0 || res.FallbackReason != "" {
+		t.Fatalf("the cost model's choice counted as %d fallback(s): %q", res.Fallbacks, res.FallbackReason)
+	}
+}

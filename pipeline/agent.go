@@ -104,7 +104,7 @@ type Config struct {
 }
 
 // DefaultConfig returns the defaults: the reference design's, except an
-// 8 MiB chunk (docs/BENCHMARKS.md says why).
+// 8 MiB chunk and route auto's cost model on (docs/BENCHMARKS.md says why).
 func DefaultConfig() Config {
 	return Config{
 		Enabled:          true,
@@ -123,7 +123,7 @@ func DefaultConfig() Config {
 		WantBurst:        DefaultWantBurst,
 		MaxControlPeers:  DefaultMaxControlPeers,
 		MaxArenaShare:    DefaultMaxArenaShare,
-		CostModel:        false,
+		CostModel:        true,
 	}
 }
 

@@ -1,6 +1,7 @@
 package pipeline
 
 import (
+	"log/slog"
 	"strings"
 	"testing"
 	"time"
@@ -53,7 +54,9 @@ func TestRouteAutoFollowsTheEngineCosts(t *testing.T) {
 			w := autoWorld(t, c.post, c.bw)
 			cfg := testConfig()
 			cfg.CostModel = true
-			a, b := w.node("a", cfg), w.node("b", cfg)
+			logs := &syncBuffer{}
+			a := w.node("a", cfg, func(s *Settings) { s.Logger = slog.New(slog.NewTextHandler(logs, nil)) })
+			b := w.node("b", cfg)
 			const n, size = 2048, 2048
 			src, dst := a.buffer(t, n*size), b.buffer(t, n*size)
 			connect(t, a, b)
@@ -88,6 +91,11 @@ func TestRouteAutoFollowsTheEngineCosts(t *testing.T) {
 			st := a.Stats()
 			if st.AutoBounce+st.AutoDirect != 1 {
 				t.Fatalf("auto decisions counted: %+v", st)
+			}
+			// The model's choice of direct is no fallback: not counted
+			// as one, not warned.
+			if st.Fallbacks != 0 || strings.Contains(logs.String(), "take the direct path") {
+				t.Fatalf("the cost model's choice counted as %d fallback(s); logs:\n%s", st.Fallbacks, logs.String())
 			}
 
 			// A forced route is not predicted but still observed.

@@ -84,7 +84,25 @@ func TestDenseFragmentedPlanFitsNotifyLimit(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			t.Logf("%d chunks (unlimited plan: %d), largest DATA %d of %d bytes", len(p.Chunks), len(free.Chunks), maxData, ec.limit)
+			// The unlimited plan's DATA is gpt-oss's (~100 KB for 4,096
+			// runs of 2 KiB): more than the 16 and 64 KiB limits, so
+			// those cases do test a plan made smaller.
+			free.FillAll()
+			freeData := 0
+			for _, c := range free.Chunks {
+				n, err := wire.EncodedLen(&wire.Data{Request: 1, Chunk: uint32(c.Index), Region: 1, Runs: c.Scatter, TraceParent: string(make([]byte, traceAllowance))})
+				if err != nil {
+					t.Fatal(err)
+				}
+				freeData = max(freeData, n)
+			}
+			if freeData < 96<<10 {
+				t.Fatalf("the unlimited plan's largest DATA is %d bytes, want gpt-oss's ~100 KB", freeData)
+			}
+			if ec.limit < freeData && len(p.Chunks) <= len(free.Chunks) {
+				t.Fatalf("%d chunks under a %d-byte limit, no more than the unlimited plan's %d", len(p.Chunks), ec.limit, len(free.Chunks))
+			}
+			t.Logf("%d chunks (unlimited plan: %d, largest DATA %d), largest DATA %d of %d bytes", len(p.Chunks), len(free.Chunks), freeData, maxData, ec.limit)
 
 			bt, err := a.Submit(Request{Peer: "b", Src: j.src, Dst: j.dst})
 			if err != nil {

@@ -1,8 +1,12 @@
 package pipeline
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -309,4 +313,100 @@ func TestLostSenderFencedReleasesAtOnce(t *testing.T) {
 	}
 	ja.verify(t)
 	conserve(t, r)
+}
+
+// syncBuffer is a log sink the reactor writes while the test reads.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// awaitLogLine waits (bounded) for a line of logs containing every one
+// of want and returns it.
+func awaitLogLine(t *testing.T, logs *syncBuffer, want ...string) string {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		for _, line := range strings.Split(logs.String(), "\n") {
+			all := true
+			for _, w := range want {
+				all = all && strings.Contains(line, w)
+			}
+			if all {
+				return line
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no log line with %q within 20s:\n%s", want, logs.String())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// TestLostSenderLogLevel: a sender lost while its flow only waits for a
+// grant (another sender holds the whole arena) held nothing on the
+// receiver: the reclaim is logged at Debug with regions=0, not warned. The
+// sender lost while holding the arena is still warned, naming its regions.
+func TestLostSenderLogLevel(t *testing.T) {
+	msg := "flows reclaimed: their sender is lost"
+	logs := &syncBuffer{}
+	w := zmqWorld(t, 0)
+	cfg := testConfig()
+	rcfg := cfg
+	rcfg.MaxArenaShare = 1   // one sender may hold the whole arena,
+	rcfg.ArenaSize = 4 << 20 // which is MaxInflight (4) chunks: one flow's most
+	holder := stalledSender(w, "holder", cfg)
+	waiter := w.node("waiter", cfg)
+	r := w.node("r", rcfg, func(set *Settings) {
+		set.Logger = slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	})
+	connect(t, holder, waiter, r)
+	// holder is granted the whole arena and never writes.
+	src, dst := holder.buffer(t, cfg.ArenaSize), r.buffer(t, cfg.ArenaSize)
+	j := prepare(src, dst, kvLayout{count: int(cfg.ArenaSize / 4096), size: 4096, fragmented: true}, 1)
+	if _, err := holder.Submit(Request{Peer: "r", Src: j.src, Dst: j.dst}); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for r.ArenaStats().HeldBytes < rcfg.ArenaSize {
+		if time.Now().After(deadline) {
+			t.Fatalf("holder never held the whole arena: %+v", r.ArenaStats())
+		}
+		time.Sleep(time.Millisecond)
+	}
+	// waiter's flow is open on r, waiting for credits.
+	jw := simple(t, waiter, r, 2)
+	if _, err := waiter.Submit(Request{Peer: "r", Src: jw.src, Dst: jw.dst}); err != nil {
+		t.Fatal(err)
+	}
+	for r.ArenaStats().Flows < 2 {
+		if time.Now().After(deadline) {
+			t.Fatalf("waiter's flow never opened on the receiver: %+v", r.ArenaStats())
+		}
+		time.Sleep(time.Millisecond)
+	}
+	waiter.ctrl.Close()
+	line := awaitLogLine(t, logs, msg, "peer=waiter")
+	if !strings.Contains(line, "level=DEBUG") || !strings.Contains(line, "regions=0") {
+		t.Fatalf("reclaim of a sender holding nothing logged as %q, want level=DEBUG with regions=0", line)
+	}
+	holder.ctrl.Close()
+	line = awaitLogLine(t, logs, msg, "peer=holder")
+	if !strings.Contains(line, "level=WARN") || strings.Contains(line, "regions=0") {
+		t.Fatalf("reclaim of a sender holding the arena logged as %q, want level=WARN with its regions", line)
+	}
+	holder.close(t)
+	waiter.close(t)
 }

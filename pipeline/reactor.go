@@ -1,6 +1,7 @@
 package pipeline
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -480,7 +481,13 @@ func (r *reactor) peerGone(peer, why string) {
 	}
 	if r.sched != nil {
 		if offs := r.sched.QuarantinePeer(peer); len(offs) > 0 || live {
-			r.log.Warn("flows reclaimed: their sender is lost", "peer", peer, "why", why, "regions", len(offs))
+			// Warned only when regions were held: flows still waiting for
+			// a grant hold nothing, which is nothing to warn about.
+			level := slog.LevelDebug
+			if len(offs) > 0 {
+				level = slog.LevelWarn
+			}
+			r.log.Log(context.Background(), level, "flows reclaimed: their sender is lost", "peer", peer, "why", why, "regions", len(offs))
 			// Fenced even when no region waits for a write (all being
 			// scattered, or none granted yet): the fence also drops the
 			// WANTs the sender sent before it died that are still queued

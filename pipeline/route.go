@@ -114,10 +114,11 @@ func engineCannot(eng transfer.Engine, req Request, staged bool) (transfer.MemKi
 
 // fellBack counts a request that could have bounced but goes direct and
 // warns about it once per peer and reason (why; a peer loaded again is
-// warned about again). A direct route asked for, or nothing to move, is no
-// fallback.
+// warned about again). A direct route asked for, nothing to move, or route
+// auto's cost model predicting direct faster (Stats.AutoDirect counts it)
+// is no fallback.
 func (a *Agent) fellBack(pi *peerInfo, why, reason string) {
-	if why == whyEmpty || why == whyDirectRequested {
+	if why == whyEmpty || why == whyDirectRequested || why == whyCostModel {
 		return
 	}
 	a.stats.fallbacks.Add(1)

@@ -495,6 +495,7 @@ func (o *benchOptions) run(cmd *cobra.Command, cfg config.Config, plan benchPlan
 		rep.Notes = append(rep.Notes, fmt.Sprintf("load average (1/5/15 min) at the start %s, at the end %s", rep.Machine.LoadAvg, end))
 	}
 	rep.Ratios = benchreport.ComputeRatios(rep.Cells)
+	rep.AutoJudgements = benchreport.JudgeAuto(rep.Cells)
 	return o.finish(out, errw, rep, sweepErr)
 }
 

@@ -94,6 +94,7 @@ func deviceNodeConfig(name string) config.Config {
 	cfg.Bounce.ArenaSize = 16 * config.MiB
 	cfg.Bounce.RequestTimeout = 5 * time.Second
 	cfg.Stages.Gather.Kind, cfg.Stages.Scatter.Kind = "cuda", "cuda"
+	cfg.Bounce.CostModel = false // route by the gates: these tests want bounce
 	return cfg
 }
 
@@ -242,7 +243,8 @@ func TestDeviceKVSenderKilled(t *testing.T) {
 	send := func(requests int, name string) *exec.Cmd {
 		cmd := exec.Command(cliBinary(t), "send", "--peer", peer, "--memory", "device", "--agent.name", name, "--warm-up=false",
 			"--desc-size", "4KiB", "--count", "16384", "--requests", strconv.Itoa(requests), "--seed", "1",
-			"--engine.kind", "tcp", "--control-plane.bind-address", "127.0.0.1", "--bounce.arena-size", "16MiB", "--security.mode", "off")
+			"--engine.kind", "tcp", "--control-plane.bind-address", "127.0.0.1", "--bounce.arena-size", "16MiB", "--security.mode", "off",
+			"--bounce.cost-model=false") // the bounce path, by the gates
 		cmd.Stdout = &logWriter{t: t, prefix: name + ": "}
 		cmd.Stderr = cmd.Stdout
 		if err := cmd.Start(); err != nil {

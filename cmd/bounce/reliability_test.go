@@ -99,7 +99,7 @@ func (r *liveReceiver) key(name string) string { return filepath.Join(r.keys, na
 func (r *liveReceiver) send(t *testing.T, name string, args ...string) {
 	t.Helper()
 	out, errOut, code := bounce(t, append([]string{"send", "--peer", r.desc, "--agent.name", name, "--security.key-file", r.key(name), "--control-plane.bind-address", "127.0.0.1",
-		"--bounce.arena-size", "32MiB"}, args...)...)
+		"--bounce.arena-size", "32MiB", "--bounce.cost-model=false"}, args...)...) // the bounce path, by the gates
 	if code != 0 {
 		t.Fatalf("send %s: exit %d\n%s\n%s", name, code, out, errOut)
 	}
@@ -124,7 +124,9 @@ func TestKillSenderMidTransfer(t *testing.T) {
 		names = append(names, fmt.Sprintf("victim-%d", round), fmt.Sprintf("next-%d", round))
 	}
 	r := newReceiver(t, 512<<20, names...)
-	work := []string{"--workload", "llama70b-tp8-b16", "--count", "16384", "--requests", "8"}
+	// Route by the gates: a victim must hold grants (the bounce path);
+	// route auto's cost model may send this box's tcp transfers direct.
+	work := []string{"--workload", "llama70b-tp8-b16", "--count", "16384", "--requests", "8", "--bounce.cost-model=false"}
 	var reclaim []time.Duration
 	for round := 0; round < *killRounds; round++ {
 		name := fmt.Sprintf("victim-%d", round)
@@ -418,8 +420,8 @@ func TestSoak(t *testing.T) {
 		names = append(names, fmt.Sprintf("s%d", i))
 	}
 	r := newReceiver(t, 256<<20, names...)
-	work := []string{"--workload", "gptoss120b-tp8-b16", "--count", "2048", "--requests", "4"}
-	r.send(t, "warm", work...) // first-use allocations are not growth
+	work := []string{"--workload", "gptoss120b-tp8-b16", "--count", "2048", "--requests", "4", "--bounce.cost-model=false"} // the bounce path's tables, by the gates
+	r.send(t, "warm", work...)                                                                                              // first-use allocations are not growth
 	base := settle(r, r.n.Agent.Stats())
 	t.Logf("soak: start: %v", base)
 	check := func(phase string, g soakGauges) {

@@ -4,11 +4,13 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"slices"
 	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
 
+	"github.com/bouncekv/bounce/benchreport"
 	"github.com/bouncekv/bounce/config"
 	"github.com/bouncekv/bounce/driver"
 	"github.com/bouncekv/bounce/pipeline"
@@ -117,7 +119,6 @@ func mainJob(cmd *cobra.Command, cfg config.Config, childArgs []string, spec wor
 		fmt.Fprintln(out, "warm-up: one unrecorded request per route moved first")
 	}
 	var rows []namedResult
-	var autoRes *driver.Result
 	var bad []string
 	for it := range jo.repeat {
 		for _, rt := range routes {
@@ -134,7 +135,6 @@ func mainJob(cmd *cobra.Command, cfg config.Config, childArgs []string, spec wor
 			switch {
 			case rt == pipeline.RouteAuto:
 				row.label = fmt.Sprintf("auto (took %s)", res.Route)
-				autoRes = &res
 			case res.Route != rt.String():
 				row.label = fmt.Sprintf("%s (asked %s)", res.Route, rt)
 			}
@@ -157,16 +157,8 @@ func mainJob(cmd *cobra.Command, cfg config.Config, childArgs []string, spec wor
 			return runtime(err)
 		}
 	}
-	if n := len(rows); n >= 2 {
-		bnc, dir := rows[n-2].res, rows[n-1].res
-		if bnc.Failed == 0 && dir.Failed == 0 && dir.Throughput() > 0 {
-			fmt.Fprintf(out, "bounce vs direct: %.2fx the throughput (%s vs %s), the same bytes verified on the receiver\n",
-				bnc.Throughput()/dir.Throughput(), rate(bnc.Throughput()), rate(dir.Throughput()))
-			if autoRes != nil && autoRes.Failed == 0 {
-				best := max(bnc.Throughput(), dir.Throughput())
-				fmt.Fprintf(out, "route auto took %s (%s): %.2fx the faster of bounce and direct\n", autoRes.Route, autoRes.Reason, autoRes.Throughput()/best)
-			}
-		}
+	for _, line := range routeSummary(rows) {
+		fmt.Fprintln(out, line)
 	}
 	if len(bad) > 0 {
 		return failed(fmt.Errorf("%d route(s) failed:\n  %s", len(bad), strings.Join(bad, "\n  ")))
@@ -197,4 +189,62 @@ func localPair(cmd *cobra.Command, cfg config.Config) (config.Config, []string) 
 		childArgs = append(childArgs, "--control-plane.bind-address=127.0.0.1")
 	}
 	return cfg, childArgs
+}
+
+// routeSummary compares the routes of run's rows: bounce against direct
+// (the median throughput of each over the iterations where it moved every
+// request), and which route auto took, why (the agent's reason: the cost
+// model's prediction of both paths, or the gate that decided) and how it
+// compares with the faster of the two. Routes without a successful row are
+// left out of the comparison and said so.
+func routeSummary(rows []namedResult) []string {
+	tput := map[string][]float64{}
+	var took []string
+	tookN := map[string]int{}
+	var reasons []string
+	autoRows := 0
+	for _, r := range rows {
+		if r.res.Failed > 0 || r.res.Requests == 0 || r.verified == "FAILED" {
+			continue
+		}
+		tput[r.asked] = append(tput[r.asked], r.res.Throughput())
+		if r.asked == pipeline.RouteAuto.String() {
+			autoRows++
+			if tookN[r.res.Route] == 0 {
+				took = append(took, r.res.Route)
+			}
+			tookN[r.res.Route]++
+			if why := strings.TrimPrefix(r.res.Reason, "auto: "); !slices.Contains(reasons, why) {
+				reasons = append(reasons, why)
+			}
+		}
+	}
+	over := ""
+	if n := len(tput[pipeline.RouteBounce.String()]); n > 1 {
+		over = fmt.Sprintf(" (medians over %d iterations)", n)
+	}
+	bnc, dir := benchreport.Median(tput[pipeline.RouteBounce.String()]), benchreport.Median(tput[pipeline.RouteDirect.String()])
+	var out []string
+	if bnc > 0 && dir > 0 {
+		faster := "bounce"
+		if dir > bnc {
+			faster = "direct"
+		}
+		out = append(out, fmt.Sprintf("bounce vs direct: %.2fx the throughput (%s vs %s)%s, the same bytes verified on the receiver; %s was faster here",
+			bnc/dir, rate(bnc), rate(dir), over, faster))
+	}
+	if autoRows == 0 {
+		return out
+	}
+	var parts []string
+	for _, t := range took {
+		parts = append(parts, fmt.Sprintf("%s in %d of %d", t, tookN[t], autoRows))
+	}
+	line := fmt.Sprintf("route auto took %s, because %s", strings.Join(parts, ", "), strings.Join(reasons, "; "))
+	if best := max(bnc, dir); bnc > 0 && dir > 0 {
+		line += fmt.Sprintf(": %.2fx the faster of bounce and direct", benchreport.Median(tput[pipeline.RouteAuto.String()])/best)
+	} else {
+		line += ": not compared (bounce or direct did not complete)"
+	}
+	return append(out, line)
 }

@@ -254,7 +254,7 @@ func TestTraceInJaeger(t *testing.T) {
 func TestPrometheusEndpoint(t *testing.T) {
 	dir := t.TempDir()
 	desc := filepath.Join(dir, "recv.json")
-	work := []string{"--workload", "llama70b-tp8-b16", "--count", "4096", "--requests", "1"}
+	work := []string{"--workload", "llama70b-tp8-b16", "--count", "4096", "--requests", "1", "--bounce.cost-model=false"} // the bounce path, by the gates
 	keyFile, allow := senderKey(t, dir, "send")
 	serve := exec.Command(cliBinary(t), "serve", "--agent.name", "recv", "--buffer-size", "64MiB", "--descriptor-out", desc, "--security.allowed-peers", allow,
 		"--control-plane.bind-address", "127.0.0.1", "--telemetry.metrics.listen", "127.0.0.1:0", "--telemetry.service-name", "scrape")

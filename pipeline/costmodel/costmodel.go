@@ -9,8 +9,9 @@
 // cost, the WANT/GRANT round trip), calibrated by a short copy probe when
 // the agent starts. A Model then refreshes itself from what transfers
 // actually took: it keeps a correction for the bounce path and two for the
-// engine as the direct path sees it (posting cost and bandwidth, each
-// learned from the direct requests bound by it), each the median of the
+// engine as the direct path sees it (posting cost, learned from
+// fragmented direct requests and those bound by posting, and bandwidth,
+// from bulk-shaped ones bound by it), each the median of the
 // last three observed factors, so systematic error (CPU contention, a
 // slower network than declared, a transport that emulates RMA) is learned
 // within a few requests rather than assumed away.

@@ -107,11 +107,11 @@ func TestObserveLearns(t *testing.T) {
 		t.Fatal("not bounce before observations")
 	}
 	for range 40 {
-		m.Observe(Bounce, s, 30*raw.Bounce)
+		m.Observe(Bounce, s, 150*raw.Bounce)
 	}
 	b, post, wire, nb, nd := m.Corrections()
-	if b != 20 || post != 1 || wire != 1 || nb != 40 || nd != 0 {
-		t.Fatalf("corrections = %v, %v, %v (%d, %d); want bounce at its clamp of 20, the engine's 1", b, post, wire, nb, nd)
+	if b != maxCorrection || post != 1 || wire != 1 || nb != 40 || nd != 0 {
+		t.Fatalf("corrections = %v, %v, %v (%d, %d); want bounce at its clamp of %v, the engine's 1", b, post, wire, nb, nd, maxCorrection)
 	}
 	if got := m.Decide(s); got.Route != Direct {
 		t.Fatalf("after learning: %+v, want direct", got)
@@ -294,5 +294,44 @@ func TestUnobservedPathTriedOnce(t *testing.T) {
 	far.Observe(Bounce, big, far.Raw(big).Bounce)
 	if d := far.Decide(big); d.Explore || d.Route != Bounce {
 		t.Fatalf("a 20x call explored: %+v", d)
+	}
+}
+
+// TestFragmentedDirectTeachesNoBandwidth: over an engine that declares
+// cheap posts (1 µs, 3 GB/s: the ucx engine's declaration), a fragmented
+// direct request is predicted bandwidth-bound, but when it takes 40x that
+// (UCX 1.13 emulating RMA on a loaded box: ~55 µs a descriptor) the time is its
+// descriptors', not the engine's bulk bandwidth. It teaches the posting
+// cost only, so the bounce prediction, whose bulk writes run at the
+// bandwidth, stays where it was (measured on vcpu2 before the fix: bounce
+// predicted 10.8 s against 1.5 s measured, and route auto took direct,
+// 1.3x slower).
+func TestFragmentedDirectTeachesNoBandwidth(t *testing.T) {
+	ucxLike := Engine{PostPerDesc: time.Microsecond, PerWrite: 30 * time.Microsecond, Bandwidth: 3e9}
+	m := mustModel(t, ucxLike, host, Options{ExploreEvery: 1 << 30})
+	s := kv(81920, 4096, 8<<20)
+	raw := m.Raw(s)
+	post, wire := 81920*time.Microsecond, time.Duration(float64(s.Bytes)/3e9*1e9)
+	if post >= wire {
+		t.Fatalf("declared post %v >= wire %v: the case needs a bandwidth-bound prediction", post, wire)
+	}
+	m.Observe(Direct, s, 40*raw.Direct)
+	m.Observe(Direct, s, 40*raw.Direct)
+	_, cp, cw, _, nd := m.Corrections()
+	if cw != 1 || nd != 2 {
+		t.Fatalf("bandwidth correction %v after 2 fragmented direct requests, want 1 (untouched)", cw)
+	}
+	p := m.Predict(s)
+	if p.Bounce != raw.Bounce {
+		t.Fatalf("bounce predicted %v after direct observations, want the raw %v", p.Bounce, raw.Bounce)
+	}
+	if rel := p.Direct.Seconds() / (40 * raw.Direct.Seconds()); rel < 0.95 || rel > 1.05 {
+		t.Fatalf("direct predicted %v (post correction %v), observed %v", p.Direct, cp, 40*raw.Direct)
+	}
+	// A bulk request (one descriptor) still teaches the bandwidth.
+	bulk := Shape{Descs: 1, Bytes: s.Bytes, Runs: 1, Chunks: s.Chunks}
+	m.Observe(Direct, bulk, 3*m.Raw(bulk).Direct)
+	if _, _, cw, _, _ := m.Corrections(); cw <= 1 {
+		t.Fatalf("bandwidth correction %v after a 3x slow bulk request", cw)
 	}
 }
