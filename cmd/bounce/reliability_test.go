@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	goruntime "runtime"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -429,6 +430,9 @@ func TestSoak(t *testing.T) {
 		if g.st.OpenFDs > base.st.OpenFDs+16 || g.st.Goroutines > base.st.Goroutines+16 {
 			t.Fatalf("%s: growth: fds %d → %d, goroutines %d → %d (allowed +16)", phase, base.st.OpenFDs, g.st.OpenFDs, base.st.Goroutines, g.st.Goroutines)
 		}
+		if g.heap > base.heap+16<<20 {
+			t.Fatalf("%s: Go heap grew %.1f → %.1f MiB (allowed +16 MiB)", phase, float64(base.heap)/(1<<20), float64(g.heap)/(1<<20))
+		}
 		if g.st.ControlPeers != 0 || g.st.Flows != 0 || g.st.Requests != 0 {
 			t.Fatalf("%s: tables not empty after the senders left: %v", phase, g)
 		}
@@ -490,6 +494,16 @@ func TestSoak(t *testing.T) {
 	g = settle(r, base.st)
 	t.Logf("soak: %d sender processes in sequence in %v (%v each); start: %v; after: %v; lost-peer reports %d, quarantined %d B",
 		done, elapsed.Round(time.Millisecond), (elapsed / time.Duration(max(done, 1))).Round(time.Millisecond), base, g, g.st.LostPeers, g.st.QuarantinedBytes)
+	if p := os.Getenv("SOAK_HEAP_PROFILE"); p != "" { // the receiver's live heap, for a growth hunt
+		f, err := os.Create(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := pprof.WriteHeapProfile(f); err != nil {
+			t.Fatal(err)
+		}
+		f.Close()
+	}
 	check(fmt.Sprintf("after %d sender processes", done), g)
 }
 

@@ -354,6 +354,7 @@ func (e *Engine) addPeer(m metadata) (*peer, error) {
 	old := e.peers[m.name]
 	if old != nil && old.addr == m.addr {
 		old.setRanges(m.ranges)
+		old.learned = false
 		return nil, nil
 	}
 	e.peers[m.name] = newPeer(e, m)

@@ -26,6 +26,9 @@ type peer struct {
 	notifs chan []byte // outgoing notifications, sent on slot 0
 	rr     atomic.Uint64
 	gone   atomic.Bool
+	// learned: created from a HELLO, never loaded with LoadPeer (under
+	// Engine.mu). A learned peer is dropped when its last connection ends.
+	learned bool
 
 	mu     sync.RWMutex
 	ranges []transfer.Desc // sorted, non-overlapping

@@ -1,6 +1,7 @@
 package tcp
 
 import (
+	"bytes"
 	"sync"
 	"testing"
 	"time"
@@ -121,5 +122,48 @@ func TestConnectBeforeAnyWrite(t *testing.T) {
 	eventually(t, "B reports A lost", func() bool { return len(lost.get()) > 0 })
 	if got := lost.get(); got[0] != "a" {
 		t.Fatalf("reports %v, want [a]", got)
+	}
+}
+
+// peerCount returns how many peers e keeps.
+func peerCount(e *Engine) int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return len(e.peers)
+}
+
+// TestLearnedPeerDroppedWhenGone: a peer B only learned from its HELLO
+// (never loaded) leaves B's peer table once its last connection ended, so
+// a receiver keeps no entry per sender process that ever wrote to it (the
+// soak's heap grew ~7.7 KiB per sender before); one B loaded is kept, and
+// a learned peer that comes back is served again.
+func TestLearnedPeerDroppedWhenGone(t *testing.T) {
+	v := newEnv(t)
+	b := v.engine("b")
+	var lost lostRecorder
+	b.SetPeerLost(lost.add)
+	dst := v.buf(1<<20, 0, b)
+	loaded := v.engine("loaded")
+	connect(t, b, loaded) // b loads this one: it stays
+	for round := range 3 {
+		a := v.engine("a")
+		src := v.buf(64<<10, uint64(round+1), a)
+		connect(t, a, b)
+		clear(dst.Bytes())
+		op, err := a.PostWrite("b", []transfer.WriteOp{{Src: src.Desc(), Dst: sub(dst, 0, 64<<10)}})
+		mustDone(t, op, err)
+		if !bytes.Equal(dst.Bytes()[:64<<10], src.Bytes()) {
+			t.Fatalf("round %d: write differs", round)
+		}
+		if n := peerCount(b); n != 2 {
+			t.Fatalf("round %d: b keeps %d peers while a is connected, want 2 (a learned, loaded)", round, n)
+		}
+		if err := a.Close(); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, "b reports a lost", func() bool { return len(lost.get()) == round+1 })
+		if n := peerCount(b); n != 1 {
+			t.Fatalf("round %d: b keeps %d peers after a left, want 1 (the loaded one)", round, n)
+		}
 	}
 }

@@ -132,6 +132,12 @@ func (e *Engine) connEnded(ic *inConn) {
 			break
 		}
 	}
+	if p := e.peers[*name]; last && p != nil && p.learned && !p.connected() {
+		// Nobody loaded it and nothing goes to it: its entry would
+		// otherwise outlive it (one per sender process that ever
+		// connected). A HELLO learns it again.
+		delete(e.peers, *name)
+	}
 	e.mu.Unlock()
 	if last {
 		e.peerLost(*name)
@@ -433,7 +439,9 @@ func (e *Engine) admit(ic *inConn, m metadata) error {
 		e.pending.Add(-1)
 	}
 	if e.peers[m.name] == nil {
-		e.peers[m.name] = newPeer(e, m)
+		p := newPeer(e, m)
+		p.learned = true
+		e.peers[m.name] = p
 	}
 	return nil
 }
