@@ -404,7 +404,8 @@ func settle(r *liveReceiver, base pipeline.Stats) soakGauges {
 // short-lived sender processes in sequence (40 in CI; make soak runs
 // 10,000), or as many as fit in SOAK_FOR. After each phase the receiver's
 // fds and goroutines must be within +16 of where they were after a warm-up
-// sender, its control-peer, flow and request tables empty.
+// sender, its Go heap within +16 MiB, its control-peer, flow and request
+// tables empty.
 func TestSoak(t *testing.T) {
 	if testing.Short() {
 		t.Skip("real processes")

@@ -10,7 +10,10 @@
 // broke. The first frame on a connection is HELLO carrying the dialer's
 // metadata, so the accepting engine learns the dialer's name (the Peer of
 // received notifications) and can write or notify back even if it never
-// loaded it. A learned peer never overrides one loaded with LoadPeer.
+// loaded it. A learned peer never overrides one loaded with LoadPeer, and
+// it is dropped when its last connection ends with nothing in flight to it
+// (a HELLO learns it again), so a receiver keeps no entry per sender that
+// ever connected.
 //
 // PostWrite checks every source against the local registry and every
 // destination against the peer's advertised ranges before anything is sent,
