@@ -49,6 +49,39 @@ func pluginEngines(t *testing.T, bin string) map[string]func(t *testing.T, name 
 }
 
 // writeAndWait posts one write and waits (bounded) for it to resolve.
+// writerTo is an in-process tcp engine named "writer" with a registered
+// source of n bytes of fill, loaded with victim's metadata; it returns the
+// engine, the victim's peer name and the source. Both are released when
+// the test ends.
+func writerTo(t *testing.T, victim transfer.Engine, n uint64, fill byte) (*tcp.Engine, string, *mem.Buffer) {
+	t.Helper()
+	w, err := tcp.New(tcp.Config{Name: "writer", Listen: "127.0.0.1:0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { w.Close() })
+	src, err := mem.Alloc(n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { src.Free() })
+	for i := range src.Bytes() {
+		src.Bytes()[i] = fill
+	}
+	if err := w.RegisterMemory(src.Desc()); err != nil {
+		t.Fatal(err)
+	}
+	md, err := victim.Metadata()
+	if err != nil {
+		t.Fatal(err)
+	}
+	peer, err := w.LoadPeer(md)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return w, peer, src
+}
+
 func writeAndWait(t *testing.T, e transfer.Engine, peer string, src, dst transfer.Desc) error {
 	t.Helper()
 	op, err := e.PostWrite(peer, []transfer.WriteOp{{Src: src, Dst: dst}})
@@ -102,30 +135,7 @@ func TestPluginEngineAsksTheHostsWriteGuard(t *testing.T) {
 				t.Errorf("plugin engine %T is not a transfer.WriteGuarded: the host cannot guard what lands in its memory", victim)
 			}
 
-			w, err := tcp.New(tcp.Config{Name: "writer", Listen: "127.0.0.1:0"})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer w.Close()
-			src, err := mem.Alloc(64 << 10)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer src.Free()
-			for i := range src.Bytes() {
-				src.Bytes()[i] = 0xAB
-			}
-			if err := w.RegisterMemory(src.Desc()); err != nil {
-				t.Fatal(err)
-			}
-			md, err := victim.Metadata()
-			if err != nil {
-				t.Fatal(err)
-			}
-			peer, err := w.LoadPeer(md)
-			if err != nil {
-				t.Fatal(err)
-			}
+			w, peer, src := writerTo(t, victim, 64<<10, 0xAB)
 			chunk := func(off uint64) transfer.Desc {
 				return transfer.Desc{Addr: dst.Desc().Addr + off, Len: 4096, Kind: transfer.Host}
 			}
@@ -178,26 +188,7 @@ func TestPluginEngineReportsPeerLoss(t *testing.T) {
 			if err := victim.RegisterMemory(dst.Desc()); err != nil {
 				t.Fatal(err)
 			}
-			w, err := tcp.New(tcp.Config{Name: "writer", Listen: "127.0.0.1:0"})
-			if err != nil {
-				t.Fatal(err)
-			}
-			src, err := mem.Alloc(4096)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer src.Free()
-			if err := w.RegisterMemory(src.Desc()); err != nil {
-				t.Fatal(err)
-			}
-			md, err := victim.Metadata()
-			if err != nil {
-				t.Fatal(err)
-			}
-			peer, err := w.LoadPeer(md)
-			if err != nil {
-				t.Fatal(err)
-			}
+			w, peer, src := writerTo(t, victim, 4096, 0)
 			if err := writeAndWait(t, w, peer, src.Desc(), dst.Desc()); err != nil {
 				t.Fatal(err)
 			}
@@ -352,30 +343,7 @@ func TestRestartedPluginEngineKeepsTheGuard(t *testing.T) {
 			t.Fatal("the plugin was not restarted within 30s")
 		}
 	}
-	w, err := tcp.New(tcp.Config{Name: "writer", Listen: "127.0.0.1:0"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer w.Close()
-	src, err := mem.Alloc(4096)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer src.Free()
-	for i := range src.Bytes() {
-		src.Bytes()[i] = 0x5A
-	}
-	if err := w.RegisterMemory(src.Desc()); err != nil {
-		t.Fatal(err)
-	}
-	md, err := e.Metadata() // the restarted process listens on a new port
-	if err != nil {
-		t.Fatal(err)
-	}
-	peer, err := w.LoadPeer(md)
-	if err != nil {
-		t.Fatal(err)
-	}
+	w, peer, src := writerTo(t, e, 4096, 0x5A) // the restarted process listens on a new port
 	if err := writeAndWait(t, w, peer, src.Desc(), granted); err != nil {
 		t.Fatalf("write into the grant after the restart: %v", err)
 	}
