@@ -45,43 +45,14 @@ func TestPeerLostReclaimsFlows(t *testing.T) {
 	})
 	r, next := w.node("r", cfg), w.node("next", cfg)
 	connect(t, s, r, next)
-	// A first transfer opens s's connections to r.
-	j := simple(t, s, r, 1)
-	b, err := s.Submit(Request{Peer: "r", Src: j.src, Dst: j.dst})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := wait(t, b); err != nil {
-		t.Fatal(err)
-	}
-	j.verify(t)
-	// The second one is granted and never written.
-	sw.stall.Store(true)
-	j2 := simple(t, s, r, 2)
-	if _, err := s.Submit(Request{Peer: "r", Src: j2.src, Dst: j2.dst}); err != nil {
-		t.Fatal(err)
-	}
-	awaitGranted(t, r)
-	killed := time.Now()
-	s.ctrl.Close()
-	s.eng.Close()
+	killed := dieHoldingGrant(t, s, sw, r)
 	awaitReclaimed(t, r, killed, 5*time.Second, "the sender died")
 	// r loaded s, so it reports both its incoming and its outgoing
 	// connections lost.
 	if n := r.Stats().LostPeers; n < 1 || n > 2 {
 		t.Fatalf("LostPeers = %d, want 1 or 2", n)
 	}
-	// The next sender is served.
-	jn := simple(t, next, r, 3)
-	b, err = next.Submit(Request{Peer: "r", Src: jn.src, Dst: jn.dst})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := wait(t, b); err != nil {
-		t.Fatal(err)
-	}
-	jn.verify(t)
-	conserve(t, r)
+	served(t, next, r, 3)
 }
 
 // TestPeerLostBeforeFirstWrite: a sender dies holding a grant it never
@@ -177,6 +148,50 @@ func TestPeerLostFailsWaitingRequests(t *testing.T) {
 		t.Fatal("not quiescent")
 	}
 	t.Logf("resolved %v after the receiver died: %v", time.Since(killed), b.Err())
+}
+
+// dieHoldingGrant moves one request from s to r (which opens s's
+// connections), then stalls s's writer (sw), submits a second request,
+// waits until r granted it, and kills s (its control channel and engine
+// closed at once, as kill -9 leaves them). It returns when s died.
+func dieHoldingGrant(t *testing.T, s *node, sw *stallWriter, r *node) time.Time {
+	t.Helper()
+	j := simple(t, s, r, 1)
+	b, err := s.Submit(Request{Peer: r.Name(), Src: j.src, Dst: j.dst})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := wait(t, b); err != nil {
+		t.Fatal(err)
+	}
+	j.verify(t)
+	// The second one is granted and never written.
+	sw.stall.Store(true)
+	j2 := simple(t, s, r, 2)
+	if _, err := s.Submit(Request{Peer: r.Name(), Src: j2.src, Dst: j2.dst}); err != nil {
+		t.Fatal(err)
+	}
+	awaitGranted(t, r)
+	killed := time.Now()
+	s.ctrl.Close()
+	s.eng.Close()
+	return killed
+}
+
+// served checks that next moves one request (seed) to r byte-exact and
+// that r's arena is conserved: a survivor keeps serving.
+func served(t *testing.T, next, r *node, seed uint64) {
+	t.Helper()
+	jn := simple(t, next, r, seed)
+	b, err := next.Submit(Request{Peer: r.Name(), Src: jn.src, Dst: jn.dst})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := wait(t, b); err != nil {
+		t.Fatal(err)
+	}
+	jn.verify(t)
+	conserve(t, r)
 }
 
 // stalledSender is a node whose writes never start (its Writer stalls):

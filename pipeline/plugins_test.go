@@ -276,38 +276,10 @@ func TestPluginEnginePeerLostReclaimsFlows(t *testing.T) {
 		t.Errorf("the plugin engine %T is not a transfer.PeerLossReporter", r.eng)
 	}
 	connect(t, s, r, next)
-	// A first transfer opens s's connections to r.
-	j := simple(t, s, r, 1)
-	b, err := s.Submit(Request{Peer: "r", Src: j.src, Dst: j.dst})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := wait(t, b); err != nil {
-		t.Fatal(err)
-	}
-	j.verify(t)
-	// The second one is granted and never written.
-	sw.stall.Store(true)
-	j2 := simple(t, s, r, 2)
-	if _, err := s.Submit(Request{Peer: "r", Src: j2.src, Dst: j2.dst}); err != nil {
-		t.Fatal(err)
-	}
-	awaitGranted(t, r)
-	killed := time.Now()
-	s.ctrl.Close()
-	s.eng.Close()
+	killed := dieHoldingGrant(t, s, sw, r)
 	awaitReclaimed(t, r, killed, 30*time.Second, "the sender died")
 	if n := r.Stats().LostPeers; n < 1 {
 		t.Fatalf("LostPeers = %d, want at least 1", n)
 	}
-	jn := simple(t, next, r, 3)
-	b, err = next.Submit(Request{Peer: "r", Src: jn.src, Dst: jn.dst})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := wait(t, b); err != nil {
-		t.Fatal(err)
-	}
-	jn.verify(t)
-	conserve(t, r)
+	served(t, next, r, 3)
 }
