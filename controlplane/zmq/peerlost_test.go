@@ -45,18 +45,18 @@ func waitLost(t *testing.T, l *lostLog, what string) ([]string, []time.Time) {
 	}
 }
 
-// TestPeerLostWhenProcessKilled: a control peer in another process is
-// killed with SIGKILL. Its DEALER's connection drops at once and the
-// socket monitor reports the peer lost, well before the heartbeat timeout
-// (3 s) would have dropped a silent connection.
-func TestPeerLostWhenProcessKilled(t *testing.T) {
+// echoChild starts the echo child process (runChild), connects a
+// "parent" channel with it both ways, recording peer-loss reports, and
+// exchanges one ping.
+func echoChild(t *testing.T) (*childproc.Child, *Channel, *lostLog) {
+	t.Helper()
 	c := childproc.Start(t, childEnv, "1")
 	line, err := c.Next(0)
 	if err != nil {
 		t.Fatalf("read child endpoint: %v", err)
 	}
 	parent := newTestChannel(t, "parent")
-	var lost lostLog
+	lost := &lostLog{}
 	parent.SetPeerLost(lost.add)
 	if err := parent.AddPeer("child", strings.TrimSpace(line)); err != nil {
 		t.Fatal(err)
@@ -66,6 +66,15 @@ func TestPeerLostWhenProcessKilled(t *testing.T) {
 	}
 	mustSend(t, parent, "child", "ping")
 	expectMsg(t, parent, "child", "echo:ping")
+	return c, parent, lost
+}
+
+// TestPeerLostWhenProcessKilled: a control peer in another process is
+// killed with SIGKILL. Its DEALER's connection drops at once and the
+// socket monitor reports the peer lost, well before the heartbeat timeout
+// (3 s) would have dropped a silent connection.
+func TestPeerLostWhenProcessKilled(t *testing.T) {
+	c, parent, lost := echoChild(t)
 	if p, _ := lost.get(); len(p) != 0 {
 		t.Fatalf("reports %v while the child is alive", p)
 	}
@@ -74,7 +83,7 @@ func TestPeerLostWhenProcessKilled(t *testing.T) {
 		t.Fatal(err)
 	}
 	_ = c.Wait()
-	peers, at := waitLost(t, &lost, "child killed")
+	peers, at := waitLost(t, lost, "child killed")
 	took := at[0].Sub(killed)
 	t.Logf("peer lost reported %v after SIGKILL (heartbeat timeout %v)", took.Round(time.Microsecond), heartbeatTimeout)
 	if peers[0] != "child" {
@@ -171,27 +180,12 @@ func TestPeerLostNotOnRemoveOrClose(t *testing.T) {
 // reply) drops it, and the socket monitor then reports the peer lost.
 // Without the DEALER's heartbeat no report would ever come.
 func TestPeerLostWhenProcessSilent(t *testing.T) {
-	c := childproc.Start(t, childEnv, "1")
-	line, err := c.Next(0)
-	if err != nil {
-		t.Fatalf("read child endpoint: %v", err)
-	}
-	parent := newTestChannel(t, "parent")
-	var lost lostLog
-	parent.SetPeerLost(lost.add)
-	if err := parent.AddPeer("child", strings.TrimSpace(line)); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := fmt.Fprintln(c.Stdin, parent.LocalEndpoint()); err != nil {
-		t.Fatal(err)
-	}
-	mustSend(t, parent, "child", "ping")
-	expectMsg(t, parent, "child", "echo:ping")
+	c, parent, lost := echoChild(t)
 	stopped := time.Now()
 	if err := c.Stop(); err != nil {
 		t.Fatal(err)
 	}
-	peers, at := waitLost(t, &lost, "child stopped")
+	peers, at := waitLost(t, lost, "child stopped")
 	took := at[0].Sub(stopped)
 	t.Logf("silent peer reported lost %v after SIGSTOP (heartbeat interval %v, timeout %v)", took.Round(time.Millisecond), heartbeatIvl, heartbeatTimeout)
 	if len(peers) != 1 || peers[0] != "child" {
