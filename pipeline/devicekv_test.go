@@ -96,24 +96,7 @@ func TestDeviceKVOverHostEngine(t *testing.T) {
 	connect(t, a, b)
 	srcB, srcD := c.device(t, a, 1<<20)
 	dstB, dstD := c.device(t, b, 1<<20)
-	for _, n := range []int{3, 256} { // below and above MinDescriptors (64)
-		j := prepare(srcB, dstB, kvLayout{count: n, size: 4096, fragmented: true}, uint64(n))
-		clear(dstB)
-		bt, err := a.Submit(Request{Peer: "b", Src: relabel(j.src), Dst: relabel(j.dst)})
-		if err != nil {
-			t.Fatalf("%d descriptors: %v", n, err)
-		}
-		if err := wait(t, bt); err != nil {
-			t.Fatalf("%d descriptors: %v", n, err)
-		}
-		if bt.Route() != RouteBounce || !strings.Contains(bt.RouteReason(), "engine cannot carry cuda memory") {
-			t.Fatalf("%d descriptors: route %v (%s), want bounce because the engine cannot carry cuda memory", n, bt.Route(), bt.RouteReason())
-		}
-		j.verify(t)
-		if err := bt.Release(); err != nil {
-			t.Fatal(err)
-		}
-	}
+	autoBounces(t, a, srcB, dstB, "engine cannot carry cuda memory", "the engine cannot carry cuda memory")
 	if s := a.Stats(); s.Fallbacks != 0 || s.DirectSubmits != 0 {
 		t.Fatalf("stats: %d fallbacks, %d direct submits, want 0 and 0", s.Fallbacks, s.DirectSubmits)
 	}
@@ -195,24 +178,7 @@ func TestDeviceKVStagedDirect(t *testing.T) {
 	srcB, srcD := c.device(t, a, 1<<20)
 	dstB, dstD := c.device(t, b, 1<<20)
 	connect(t, a, b) // after registering: b's metadata names its device KV
-	for _, n := range []int{3, 256} {
-		j := prepare(srcB, dstB, kvLayout{count: n, size: 4096, fragmented: true}, uint64(n))
-		clear(dstB)
-		bt, err := a.Submit(Request{Peer: "b", Src: relabel(j.src), Dst: relabel(j.dst)})
-		if err != nil {
-			t.Fatalf("%d descriptors: %v", n, err)
-		}
-		if err := wait(t, bt); err != nil {
-			t.Fatalf("%d descriptors: %v", n, err)
-		}
-		if bt.Route() != RouteBounce || !strings.Contains(bt.RouteReason(), "only by staging each descriptor") {
-			t.Fatalf("%d descriptors: route %v (%s), want bounce because the engine only stages cuda memory", n, bt.Route(), bt.RouteReason())
-		}
-		j.verify(t)
-		if err := bt.Release(); err != nil {
-			t.Fatal(err)
-		}
-	}
+	autoBounces(t, a, srcB, dstB, "only by staging each descriptor", "the engine only stages cuda memory")
 	j := prepare(srcB, dstB, kvLayout{count: 64, size: 4096, fragmented: true}, 77)
 	clear(dstB)
 	bt, err := a.Submit(Request{Peer: "b", Src: relabel(j.src), Dst: relabel(j.dst), Route: RouteDirect})
@@ -238,5 +204,31 @@ func TestDeviceKVStagedDirect(t *testing.T) {
 	}
 	if err := b.DeregisterMemory(dstD); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// autoBounces submits fragmented device KV of 3 and of 256 descriptors
+// (below and above MinDescriptors) from a's srcB to b's dstB on route
+// auto: each lands byte-exact on the bounce route with a reason that
+// contains reason (why says it in the failure).
+func autoBounces(t *testing.T, a *node, srcB, dstB []byte, reason, why string) {
+	t.Helper()
+	for _, n := range []int{3, 256} {
+		j := prepare(srcB, dstB, kvLayout{count: n, size: 4096, fragmented: true}, uint64(n))
+		clear(dstB)
+		bt, err := a.Submit(Request{Peer: "b", Src: relabel(j.src), Dst: relabel(j.dst)})
+		if err != nil {
+			t.Fatalf("%d descriptors: %v", n, err)
+		}
+		if err := wait(t, bt); err != nil {
+			t.Fatalf("%d descriptors: %v", n, err)
+		}
+		if bt.Route() != RouteBounce || !strings.Contains(bt.RouteReason(), reason) {
+			t.Fatalf("%d descriptors: route %v (%s), want bounce because %s", n, bt.Route(), bt.RouteReason(), why)
+		}
+		j.verify(t)
+		if err := bt.Release(); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
