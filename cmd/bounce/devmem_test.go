@@ -134,42 +134,13 @@ func startDeviceReceiver(t *testing.T, name string) (*exec.Cmd, io.WriteCloser, 
 func TestDeviceKVReceiverKilled(t *testing.T) {
 	c := gpuOrSkip(t)
 	recv, _, _, h, blob := startDeviceReceiver(t, "victim")
-	n, err := node.Build(deviceNodeConfig("killer"), node.Builtin(), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer n.Close(context.Background())
+	ds := newDeviceSender(t, c, "killer", 3)
+	n, spec := ds.n, ds.spec
 	if _, err := n.Agent.LoadPeer(blob); err != nil {
 		t.Fatal(err)
 	}
-	spec := workload.Spec{DescSize: 4096, Count: 16384, Fragmented: true, Seed: 3}
-	src, err := driver.AllocDevice(c, 4*spec.Bytes())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer src.Free()
-	if err := n.Agent.RegisterMemory(src.Desc()); err != nil {
-		t.Fatal(err)
-	}
-	defer n.Agent.DeregisterMemory(src.Desc())
 	submit := func(peer string, dst transfer.Desc, k int) *pipeline.Batch {
-		s := spec
-		s.Seed += uint64(k)
-		host := make([]byte, spec.Bytes())
-		if err := s.Fill(host); err != nil {
-			t.Fatal(err)
-		}
-		if err := src.WriteAt(host, uint64(k)*spec.Bytes()); err != nil {
-			t.Fatal(err)
-		}
-		sb := src.Desc()
-		sb.Addr += uint64(k) * spec.Bytes()
-		dst.Addr += uint64(k) * spec.Bytes()
-		sd, dd := s.Descs(sb, dst)
-		b, err := n.Agent.Submit(pipeline.Request{Peer: peer, Src: sd, Dst: dd})
-		if err != nil {
-			t.Fatal(err)
-		}
+		b := ds.submit(peer, dst, k, pipeline.RouteAuto)
 		if b.Route() != pipeline.RouteBounce {
 			t.Fatalf("device KV over tcp took %v (%s), want bounce", b.Route(), b.RouteReason())
 		}
@@ -199,13 +170,7 @@ func TestDeviceKVReceiverKilled(t *testing.T) {
 		t.Fatalf("request to the next receiver: %v", err)
 	}
 	b.Release()
-	line, _ := json.Marshal(command{Op: "verify", DescSize: spec.DescSize, Count: spec.Count, Fragmented: true, Seed: spec.Seed, Requests: 1})
-	fmt.Fprintf(stdin, "%s\n", line)
-	rl, err := out.ReadBytes('\n')
-	var rep reply
-	if err != nil || json.Unmarshal(rl, &rep) != nil || !rep.OK || rep.Verified != 1 {
-		t.Fatalf("verify on the next receiver: %s, %v", rl, err)
-	}
+	verifyOnReceiver(t, stdin, out, spec, 0)
 }
 
 // TestDeviceKVSenderKilled: device KV over tcp into this process's GPU
@@ -329,56 +294,18 @@ func (w *logWriter) Write(p []byte) (int, error) {
 func TestDeviceKVDirectStaged(t *testing.T) {
 	c := gpuOrSkip(t)
 	_, stdin, out, h, blob := startDeviceReceiver(t, "direct-recv")
-	n, err := node.Build(deviceNodeConfig("direct-send"), node.Builtin(), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer n.Close(context.Background())
+	ds := newDeviceSender(t, c, "direct-send", 5)
+	n := ds.n
 	if !transfer.Stages(n.Engine, transfer.CUDA) {
 		t.Fatal("the tcp engine with cuda stages does not stage cuda memory (engine.options device_staging auto)")
 	}
 	if _, err := n.Agent.LoadPeer(blob); err != nil {
 		t.Fatal(err)
 	}
-	spec := workload.Spec{DescSize: 4096, Count: 16384, Fragmented: true, Seed: 5}
-	src, err := driver.AllocDevice(c, 4*spec.Bytes())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer src.Free()
-	if err := n.Agent.RegisterMemory(src.Desc()); err != nil {
-		t.Fatal(err)
-	}
-	defer n.Agent.DeregisterMemory(src.Desc())
-	submit := func(peer string, dst transfer.Desc, k int, route pipeline.Route) *pipeline.Batch {
-		s := spec
-		s.Seed += uint64(k)
-		host := make([]byte, spec.Bytes())
-		if err := s.Fill(host); err != nil {
-			t.Fatal(err)
-		}
-		if err := src.WriteAt(host, uint64(k)*spec.Bytes()); err != nil {
-			t.Fatal(err)
-		}
-		sb := src.Desc()
-		sb.Addr += uint64(k) * spec.Bytes()
-		dst.Addr += uint64(k) * spec.Bytes()
-		sd, dd := s.Descs(sb, dst)
-		b, err := n.Agent.Submit(pipeline.Request{Peer: peer, Src: sd, Dst: dd, Route: route})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return b
-	}
+	submit := ds.submit
 	verify := func(stdin io.Writer, out *bufio.Reader, k int) {
 		t.Helper()
-		line, _ := json.Marshal(command{Op: "verify", DescSize: spec.DescSize, Count: spec.Count, Fragmented: true, Seed: spec.Seed + uint64(k), Requests: 1})
-		fmt.Fprintf(stdin, "%s\n", line)
-		rl, err := out.ReadBytes('\n')
-		var rep reply
-		if err != nil || json.Unmarshal(rl, &rep) != nil || !rep.OK || rep.Verified != 1 {
-			t.Fatalf("verify request %d on the receiver: %s, %v", k, rl, err)
-		}
+		verifyOnReceiver(t, stdin, out, ds.spec, k)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -481,5 +408,73 @@ func TestServeHostBulkBuffer(t *testing.T) {
 		if err := recv.Wait(); err != nil {
 			t.Fatalf("serve exited: %v", err)
 		}
+	}
+}
+
+// deviceSender is a node on the cuda stages and tcp with a GPU source of
+// four workload requests (spec, 16,384 fragmented 4 KiB descriptors each),
+// registered; everything is released when the test ends.
+type deviceSender struct {
+	t    *testing.T
+	n    *node.Node
+	spec workload.Spec
+	src  driver.Buffer
+}
+
+func newDeviceSender(t *testing.T, c *cuda.Context, name string, seed uint64) *deviceSender {
+	t.Helper()
+	n, err := node.Build(deviceNodeConfig(name), node.Builtin(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { n.Close(context.Background()) })
+	spec := workload.Spec{DescSize: 4096, Count: 16384, Fragmented: true, Seed: seed}
+	src, err := driver.AllocDevice(c, 4*spec.Bytes())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { src.Free() })
+	if err := n.Agent.RegisterMemory(src.Desc()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { n.Agent.DeregisterMemory(src.Desc()) })
+	return &deviceSender{t: t, n: n, spec: spec, src: src}
+}
+
+// submit fills request k's pattern (seed + k) into the k-th quarter of
+// the source and submits it to peer's dst (its k-th quarter) on route.
+func (d *deviceSender) submit(peer string, dst transfer.Desc, k int, route pipeline.Route) *pipeline.Batch {
+	t := d.t
+	t.Helper()
+	s := d.spec
+	s.Seed += uint64(k)
+	host := make([]byte, s.Bytes())
+	if err := s.Fill(host); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.src.WriteAt(host, uint64(k)*s.Bytes()); err != nil {
+		t.Fatal(err)
+	}
+	sb := d.src.Desc()
+	sb.Addr += uint64(k) * s.Bytes()
+	dst.Addr += uint64(k) * s.Bytes()
+	sd, dd := s.Descs(sb, dst)
+	b, err := d.n.Agent.Submit(pipeline.Request{Peer: peer, Src: sd, Dst: dd, Route: route})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// verifyOnReceiver asks a `serve --stdin-control` receiver to verify one
+// request of spec with pattern seed + k.
+func verifyOnReceiver(t *testing.T, stdin io.Writer, out *bufio.Reader, spec workload.Spec, k int) {
+	t.Helper()
+	line, _ := json.Marshal(command{Op: "verify", DescSize: spec.DescSize, Count: spec.Count, Fragmented: true, Seed: spec.Seed + uint64(k), Requests: 1})
+	fmt.Fprintf(stdin, "%s\n", line)
+	rl, err := out.ReadBytes('\n')
+	var rep reply
+	if err != nil || json.Unmarshal(rl, &rep) != nil || !rep.OK || rep.Verified != 1 {
+		t.Fatalf("verify request %d on the receiver: %s, %v", k, rl, err)
 	}
 }
