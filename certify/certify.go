@@ -201,12 +201,8 @@ func Run(f node.Factories, kind, name string, o Options, cfg conformance.Config)
 			return rep, unknown("gather stage", name, f.Gatherers)
 		}
 		fixtures := GathererFactory(gf, o)
-		fx, err := fixtures()
-		if err != nil {
+		if err := probe(fixtures, func(fx conformance.GathererFixture) { closeIf(fx.Gatherer) }); err != nil {
 			return rep, started(err)
-		}
-		if fx.Gatherer != nil { // nil where the memory is unavailable
-			fx.Gatherer.Close()
 		}
 		rep = conformance.CheckGatherer(fixtures, cfg)
 	case "scatter":
@@ -215,12 +211,8 @@ func Run(f node.Factories, kind, name string, o Options, cfg conformance.Config)
 			return rep, unknown("scatter stage", name, f.Scatterers)
 		}
 		fixtures := ScattererFactory(sf, o)
-		fx, err := fixtures()
-		if err != nil {
+		if err := probe(fixtures, func(fx conformance.ScattererFixture) { closeIf(fx.Scatterer) }); err != nil {
 			return rep, started(err)
-		}
-		if fx.Scatterer != nil { // nil where the memory is unavailable
-			fx.Scatterer.Close()
 		}
 		rep = conformance.CheckScatterer(fixtures, cfg)
 	case "writer":
@@ -578,4 +570,23 @@ func freshControl(cf node.ControlFactory) node.ControlFactory {
 		return node.NewInprocFactory()
 	}
 	return cf
+}
+
+// probe builds one fixture set, to tell a stage that cannot start apart
+// from one that fails a rule, and releases it with release.
+func probe[F any](fixtures func() (F, error), release func(F)) error {
+	fx, err := fixtures()
+	if err != nil {
+		return err
+	}
+	release(fx)
+	return nil
+}
+
+// closeIf closes c unless it is nil (a fixture without the stage where its
+// memory is unavailable).
+func closeIf(c interface{ Close() error }) {
+	if c != nil {
+		c.Close()
+	}
 }
