@@ -108,13 +108,18 @@ func blocksSuite(t *testing.T, mk func(testing.TB) *world) {
 		name  string
 		route Route
 	}{{"bounce", RouteBounce}, {"direct", RouteDirect}} {
-		t.Run(c.name, func(t *testing.T) { testBlocksByteExact(t, mk(t), c.route) })
+		t.Run(c.name, func(t *testing.T) { testBlocksByteExact(t, mk(t), c.route, testConfig()) })
 	}
+	t.Run("peer-without-bounce-served-direct", func(t *testing.T) {
+		off := testConfig()
+		off.Enabled = false
+		testBlocksByteExact(t, mk(t), RouteAuto, off)
+	})
 	t.Run("refused-before-anything-moves", func(t *testing.T) { testBlocksRefused(t, mk(t)) })
 	t.Run("stages-without-block-capability", func(t *testing.T) {
 		w := mk(t)
 		w.stages = plainStages
-		testBlocksByteExact(t, w, RouteBounce)
+		testBlocksByteExact(t, w, RouteBounce, testConfig())
 	})
 }
 
@@ -145,8 +150,10 @@ func TestBlocksTCPZMQ(t *testing.T) { blocksSuite(t, tcpZMQWorld) }
 // unaligned bases and gaps between blocks, over several chunks, and checks
 // every destination byte: the named pieces hold their sources, every other
 // byte is guard.
-func testBlocksByteExact(t *testing.T, w *world, route Route) {
-	a, b := w.node("a", testConfig()), w.node("b", testConfig())
+// bcfg is the receiver's configuration; route auto to a receiver with
+// bounce off must go direct.
+func testBlocksByteExact(t *testing.T, w *world, route Route, bcfg Config) {
+	a, b := w.node("a", testConfig()), w.node("b", bcfg)
 	const blocks, blen = 700, 2048
 	src := newKVPool(t, a, "kv", 3, blocks, blen, blen+96, 5)
 	dst := newKVPool(t, b, "kv-in", 3, blocks, blen, blen+40, 3)
@@ -166,7 +173,7 @@ func testBlocksByteExact(t *testing.T, w *world, route Route) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if bt.Route() != route {
+		if want := map[Route]Route{RouteAuto: RouteDirect}[route]; bt.Route() != route && bt.Route() != want {
 			t.Fatalf("route %v (%s), want %v", bt.Route(), bt.RouteReason(), route)
 		}
 		if err := wait(t, bt); err != nil {
@@ -185,6 +192,9 @@ func testBlocksByteExact(t *testing.T, w *world, route Route) {
 		if got := a.Stats().BounceBytes; got != (1+600+333)*3*blen {
 			t.Fatalf("bounce bytes %d, want %d", got, (1+600+333)*3*blen)
 		}
+	}
+	if route == RouteAuto && a.Stats().Fallbacks == 0 {
+		t.Fatal("a block request to a peer without bounce was not counted as a fallback")
 	}
 	settled(t, a, b)
 	for _, n := range []*node{a, b} {
