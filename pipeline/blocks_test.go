@@ -9,6 +9,7 @@ import (
 
 	"pgregory.net/rapid"
 
+	"github.com/bouncekv/bounce/engines/loopback"
 	"github.com/bouncekv/bounce/mem"
 	"github.com/bouncekv/bounce/pipeline/wire"
 	gatherhost "github.com/bouncekv/bounce/stages/gather/host"
@@ -414,4 +415,72 @@ func TestExpandRunsMatchesPieces(t *testing.T) {
 			}
 		}
 	})
+}
+
+// TestRegisterPool checks what RegisterPool refuses, naming why, and that a
+// pool in use can be neither deregistered nor have its memory deregistered.
+func TestRegisterPool(t *testing.T) {
+	w := newWorld(t)
+	gate := make(chan struct{})
+	mkEngine := w.engine
+	w.engine = func(t testing.TB, name string, opt loopback.Options) transfer.Engine {
+		if name == "a" {
+			opt.Gate = gate // a's direct writes wait until the gate opens
+		}
+		return mkEngine(t, name, opt)
+	}
+	a, b := w.node("a", testConfig()), w.node("b", testConfig())
+	buf := a.buffer(t, 64<<10)
+	base := mem.DescOf(buf).Addr
+	good := transfer.Pool{Regions: []uint64{base, base + 32<<10}, BlockLen: 1024, Stride: 1024, Blocks: 32, Kind: transfer.Host}
+	outside := good
+	outside.Regions = []uint64{base, base + 48<<10} // region 1 runs past the buffer
+	overlap := good
+	overlap.Regions = []uint64{base, base + 512}
+	for _, c := range []struct {
+		name, pool string
+		p          transfer.Pool
+		want       string
+	}{
+		{"empty name", "", good, "empty name"},
+		{"control character", "kv\n", good, "control character"},
+		{"invalid pool", "kv", overlap, "overlap"},
+		{"region outside registered memory", "kv", outside, "region 1"},
+	} {
+		if err := a.RegisterPool(c.pool, c.p); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Fatalf("%s: %v, want an error saying %q", c.name, err, c.want)
+		}
+	}
+	if err := a.RegisterPool("kv", good); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.RegisterPool("kv", good); err == nil {
+		t.Fatal("a second pool named kv was registered")
+	}
+	if err := a.DeregisterMemory(mem.DescOf(buf)); !errors.Is(err, transfer.ErrInUse) || !strings.Contains(err.Error(), `pool "kv"`) {
+		t.Fatalf("deregister memory under a pool: %v", err)
+	}
+	dst := newKVPool(t, b, "kv", 2, 32, 1024, 1024, 0)
+	connect(t, a, b)
+	bt, err := a.Submit(Request{Peer: "b", Route: RouteDirect, Blocks: &BlockRequest{SrcPool: "kv", SrcIDs: []uint32{1, 2}, DstPool: "kv", DstIDs: []uint32{3, 4}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.DeregisterPool("kv"); !errors.Is(err, transfer.ErrInUse) {
+		t.Fatalf("deregister a pool a request uses: %v", err)
+	}
+	close(gate)
+	if err := wait(t, bt); err != nil {
+		t.Fatal(err)
+	}
+	if err := bt.Release(); err != nil {
+		t.Fatal(err)
+	}
+	checkLanded(t, &kvPool{pool: good, buf: buf, base: base}, dst, []uint32{1, 2}, []uint32{3, 4})
+	if err := a.DeregisterPool("kv"); err != nil {
+		t.Fatalf("deregister the pool once its request is quiescent: %v", err)
+	}
+	if err := a.DeregisterMemory(mem.DescOf(buf)); err != nil {
+		t.Fatalf("deregister the memory once its pool is gone: %v", err)
+	}
 }
