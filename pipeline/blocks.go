@@ -34,7 +34,7 @@ type BlockRequest struct {
 	src, dst transfer.Blocks
 }
 
-// Pieces is the number of pieces the request moves (regions × ids), once
+// pieces is the number of pieces the request moves (regions × ids), once
 // Submit resolved it.
 func (br *BlockRequest) pieces() uint64 { return br.src.Len() }
 
