@@ -237,7 +237,7 @@ func bounce_register_memory(agent C.uint64_t, m C.bounce_desc, forPeer *C.char, 
 		peers = []string{C.GoString(forPeer)}
 	}
 	if e := h.agent().RegisterMemoryFor(d, peers...); e != nil {
-		return fail(err, e)
+		return fail(err, invalidIfNot(e))
 	}
 	return ok
 }
@@ -313,7 +313,7 @@ func bounce_submit(agent C.uint64_t, peer *C.char, src, dst *C.bounce_desc, n C.
 	}
 	b, e := h.agent().Submit(req)
 	if e != nil {
-		return fail(err, e)
+		return fail(err, invalidIfNot(e))
 	}
 	*batch = C.uint64_t(lib.addBatch(b))
 	return ok

@@ -91,7 +91,7 @@ var (
 )
 
 // buildLib builds libbounce.so (and cgo's header) once per test binary.
-func buildLib(t *testing.T) string {
+func buildLib(t testing.TB) string {
 	t.Helper()
 	if testing.Short() {
 		t.Skip("builds the shared library: not in -short")

@@ -21,6 +21,13 @@ extern const char *_GoStringPtr(_GoString_ s);
 /* Start of preamble from import "C" comments.  */
 
 
+#line 3 "blocks.go"
+
+
+#include "bounce.h"
+
+#line 1 "cgo-generated-wrapper"
+
 #line 8 "capi.go"
 
 
@@ -90,6 +97,9 @@ typedef struct { void *data; GoInt len; GoInt cap; } GoSlice;
 extern "C" {
 #endif
 
+extern bounce_code bounce_register_pool(uint64_t agent, char* name, bounce_pool* pool, char** err);
+extern bounce_code bounce_deregister_pool(uint64_t agent, char* name, char** err);
+extern bounce_code bounce_submit_blocks(uint64_t agent, char* peer, char* srcPool, uint32_t* srcIDs, char* dstPool, uint32_t* dstIDs, size_t n, uint8_t* tag, size_t tagLen, int32_t route, uint64_t* batch, char** err);
 extern int32_t bounce_abi_version(void);
 extern void bounce_free(void* p);
 extern void bounce_event_free(bounce_event* ev);

@@ -346,6 +346,8 @@ class Batch:
         return self
 
     def __exit__(self, *exc):
+        if not self._h:
+            return
         try:
             if exc[0] is None:
                 self.wait()
