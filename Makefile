@@ -7,7 +7,7 @@ FUZZTIME  ?= 20s
 # Jaeger (tools/jaeger: a module of its own, with Jaeger as a Go tool).
 JAEGER    ?= bin/jaeger
 
-.PHONY: run test bench lint fuzz sim soak setup build clean jaeger jaeger-bin ptx nixl-check etcd route-check
+.PHONY: run test bench lint fuzz sim soak setup build clean jaeger jaeger-bin ptx nixl-check etcd route-check capi python-test python-example
 
 setup:
 	./scripts/setup.sh
@@ -20,10 +20,24 @@ run: build
 	./bin/bounce run
 
 ## test: the whole suite under the race detector (builds Jaeger first, for
-## the end-to-end trace test)
+## the end-to-end trace test), then the Python package's tests over libbounce.so
 test: setup jaeger-bin
 	$(GO) vet $(PKGS)
 	JAEGER_BINARY=$(abspath $(JAEGER)) $(GO) test -race -count=1 -timeout 20m $(PKGS)
+	$(MAKE) python-test
+
+## capi: the C ABI, bin/libbounce.so and cgo's bin/libbounce.h (capi/bounce.h is the documented header)
+capi: setup
+	$(GO) build -buildmode=c-shared -o bin/libbounce.so ./capi
+
+## python-test: the Python package's tests (Debian's python3, pytest and numpy)
+PYTHON ?= /usr/bin/python3
+python-test: capi
+	cd python && $(PYTHON) -m pytest -q tests
+
+## python-example: two Python processes, prefill and decode, move one request's KV blocks by id
+python-example: capi
+	$(PYTHON) python/examples/kv_connector.py
 
 ## jaeger: a real Jaeger on 127.0.0.1 (OTLP 4317/4318, UI and API on
 ## http://127.0.0.1:16686), spans in memory; the first build takes minutes

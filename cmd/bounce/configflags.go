@@ -70,18 +70,5 @@ func configArgs(cmd *cobra.Command, skip ...string) []string {
 // logger returns the logger on stderr that the configuration's log.level
 // and log.format (validated by Load) describe.
 func logger(cmd *cobra.Command, c config.LogConfig) *slog.Logger {
-	lvl := slog.LevelWarn
-	switch c.Level {
-	case "debug":
-		lvl = slog.LevelDebug
-	case "info":
-		lvl = slog.LevelInfo
-	case "error":
-		lvl = slog.LevelError
-	}
-	opts := &slog.HandlerOptions{Level: lvl}
-	if c.Format == "json" {
-		return slog.New(slog.NewJSONHandler(cmd.ErrOrStderr(), opts))
-	}
-	return slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), opts))
+	return c.Logger(cmd.ErrOrStderr())
 }
