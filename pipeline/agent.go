@@ -283,6 +283,12 @@ type Agent struct {
 	// guard authorizes incoming writes; nil unless authentication is on and
 	// the engine asks a guard (transfer.WriteGuarded).
 	guard *writeGuard
+	// dests is the memory a DATA may scatter into (datacheck.go).
+	dests scatterDests
+	// checksOff skips the per-run DATA check (back to the grant-bounds
+	// check alone) and the revocation fence: benchmarks set it to measure
+	// what the checks cost; nothing else does.
+	checksOff atomic.Bool
 
 	// stageOnly holds the registrations the engine cannot touch (device
 	// memory over a host engine): the stages reach them, the bounce route
@@ -368,6 +374,7 @@ func build(s Settings, cfg Config) (*Agent, error) {
 		stopped: make(chan struct{}),
 	}
 	a.obs = newObs(a, s)
+	a.dests.byPeer = s.Peers.Enabled()
 	// The guard is in force before the arena is registered with the
 	// engine: an engine that listens already (a plugin's, which holds no
 	// keys) must never see the arena writable unguarded.
@@ -525,7 +532,7 @@ func (a *Agent) RegisterMemory(d transfer.Desc) error {
 // ErrUnsupported.
 func (a *Agent) RegisterMemoryFor(d transfer.Desc, peers ...string) error {
 	if !transfer.Handles(a.set.Engine, d.Kind) && !transfer.Stages(a.set.Engine, d.Kind) {
-		return a.registerStageOnly(d)
+		return a.registerStageOnly(d, peers)
 	}
 	if err := a.set.Registry.Add(d); err != nil {
 		return fmt.Errorf("pipeline: register %v: %w", d, err)
@@ -534,19 +541,20 @@ func (a *Agent) RegisterMemoryFor(d transfer.Desc, peers ...string) error {
 		_ = a.set.Registry.Remove(d)
 		return fmt.Errorf("pipeline: register %v with engine: %w", d, err)
 	}
+	var who []string
+	if len(peers) > 0 {
+		who = slices.Clone(peers)
+	}
 	if a.guard != nil {
-		var who []string
-		if len(peers) > 0 {
-			who = slices.Clone(peers)
-		}
 		a.guard.addUser(d, who)
 	}
+	a.dests.add(d, who)
 	return nil
 }
 
 // registerStageOnly registers d, which the engine cannot touch, with the
 // stages alone, or says why it cannot be carried at all.
-func (a *Agent) registerStageOnly(d transfer.Desc) error {
+func (a *Agent) registerStageOnly(d transfer.Desc, peers []string) error {
 	if !a.bounceOn {
 		return fmt.Errorf("pipeline: register %v: the engine cannot touch %s memory and the bounce path, which could stage it through the arena, is off (%s): %w",
 			d, d.Kind, a.noBounce, transfer.ErrUnsupported)
@@ -564,6 +572,11 @@ func (a *Agent) registerStageOnly(d transfer.Desc) error {
 	}
 	a.stageOnly[d] = true
 	a.stageMu.Unlock()
+	var who []string
+	if len(peers) > 0 {
+		who = slices.Clone(peers)
+	}
+	a.dests.add(d, who)
 	return nil
 }
 
@@ -582,6 +595,7 @@ func (a *Agent) DeregisterMemory(d transfer.Desc) error {
 	delete(a.stageOnly, d)
 	a.stageMu.Unlock()
 	if stageOnly {
+		a.dests.remove(d)
 		return nil
 	}
 	if err := a.set.Engine.DeregisterMemory(d); err != nil {
@@ -593,6 +607,7 @@ func (a *Agent) DeregisterMemory(d transfer.Desc) error {
 	if a.guard != nil {
 		a.guard.removeUser(d)
 	}
+	a.dests.remove(d)
 	return nil
 }
 

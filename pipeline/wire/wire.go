@@ -225,6 +225,9 @@ const (
 	// different chunk list. A flow is wanted once; the receiver leaves the
 	// live flow as it was.
 	NackConflictingWant
+	// NackForbidden: DATA runs write memory the sender may not write (the
+	// arena, memory registered for other peers, unregistered memory).
+	NackForbidden
 )
 
 // String names the code ("bad-runs", ...).
@@ -246,6 +249,8 @@ func (c NackCode) String() string {
 		return "malformed"
 	case NackConflictingWant:
 		return "conflicting-want"
+	case NackForbidden:
+		return "forbidden"
 	default:
 		return fmt.Sprintf("nack(%d)", uint16(c))
 	}
