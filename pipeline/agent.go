@@ -380,6 +380,13 @@ func build(s Settings, cfg Config) (*Agent, error) {
 	// keys) must never see the arena writable unguarded.
 	if wg, ok := s.Engine.(transfer.WriteGuarded); ok && s.Peers.Enabled() {
 		a.guard = newWriteGuard()
+		if f, ok := s.Engine.(writeFencer); ok {
+			a.guard.fence = func(d transfer.Desc) {
+				if !a.checksOff.Load() {
+					f.FenceWrites(d)
+				}
+			}
+		}
 		wg.SetWriteGuard(a.guard.check)
 	}
 	var sched *credit.Scheduler

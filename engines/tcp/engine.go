@@ -57,7 +57,7 @@ type Engine struct {
 
 // counters are the engine's security counters.
 type counters struct {
-	unauthenticated, refusedConns, slowConns, forbiddenWrites, fenceEvictions atomic.Uint64
+	unauthenticated, refusedConns, slowConns, forbiddenWrites, fenceEvictions, fencedWrites atomic.Uint64
 }
 
 // Stats are the engine's cumulative security counters and two gauges
@@ -80,6 +80,9 @@ type Stats struct {
 	// FenceEvictions counts forgotten peers whose fence was dropped before
 	// FenceHold ended because MaxForgotten names were already held.
 	FenceEvictions uint64
+	// FencedWrites counts incoming frames cut by FenceWrites: their
+	// authorization ended while their payload was still arriving.
+	FencedWrites uint64
 	// Fenced is the number of forgotten peers refused now (a gauge).
 	Fenced int
 	// IncomingConns is the number of connections peers dialed here that
@@ -95,6 +98,7 @@ func (e *Engine) Stats() Stats {
 		SlowConns:       e.stats.slowConns.Load(),
 		ForbiddenWrites: e.stats.forbiddenWrites.Load(),
 		FenceEvictions:  e.stats.fenceEvictions.Load(),
+		FencedWrites:    e.stats.fencedWrites.Load(),
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()

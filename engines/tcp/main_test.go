@@ -2,12 +2,15 @@ package tcp
 
 import (
 	"bufio"
+	"bytes"
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"math/rand/v2"
+	"net"
 	"os"
 	"strconv"
 	"testing"
@@ -41,6 +44,9 @@ func TestMain(m *testing.M) {
 //
 // It closes the engine and exits 0 at end of input.
 func runChild(role string) int {
+	if role == "trickle" {
+		return runTrickler()
+	}
 	if role != "sink" {
 		fmt.Fprintf(os.Stderr, "unknown child role %q\n", role)
 		return 2
@@ -89,6 +95,55 @@ func runChild(role string) int {
 			fmt.Println("ERR unknown command", cmd)
 		}
 	}
+	return 0
+}
+
+// runTrickler is the "trickle" child: a hostile peer named "trickler"
+// that dials BOUNCE_TCP_TEST_ADDR, sends one WRITE frame for
+// [BOUNCE_TCP_TEST_DST + BOUNCE_TCP_TEST_SIZE) and then its payload of
+// 0xEE bytes, 1 KiB every 2 ms. It prints "STARTED" after the first KiB
+// and "CUT" once the engine broke the connection.
+func runTrickler() int {
+	dst, err1 := strconv.ParseUint(os.Getenv("BOUNCE_TCP_TEST_DST"), 10, 64)
+	size, err2 := strconv.ParseUint(os.Getenv("BOUNCE_TCP_TEST_SIZE"), 10, 64)
+	if err1 != nil || err2 != nil {
+		fmt.Fprintln(os.Stderr, "bad dst or size:", err1, err2)
+		return 2
+	}
+	c, err := net.Dial("tcp", os.Getenv("BOUNCE_TCP_TEST_ADDR"))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer c.Close()
+	hello := encodeFrame(frameHello, 0, encodeMetadata(metadata{name: "trickler", addr: "127.0.0.1:9"}))
+	body := binary.LittleEndian.AppendUint32(nil, 1)
+	body = appendSegment(body, dst, size)
+	if _, err := c.Write(append(hello, encodeFrame(frameWrite, 1, body)...)); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	chunk := bytes.Repeat([]byte{0xEE}, 1024)
+	for sent := uint64(0); sent < size; sent += uint64(len(chunk)) {
+		c.SetWriteDeadline(time.Now().Add(10 * time.Second))
+		if _, err := c.Write(chunk); err != nil {
+			fmt.Println("CUT")
+			return 0
+		}
+		if sent == 0 {
+			fmt.Println("STARTED")
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	// All of it went: the engine never cut it. Wait for the reset or the
+	// ACK, and say which.
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	var h [headerSize]byte
+	if _, err := io.ReadFull(c, h[:]); err != nil {
+		fmt.Println("CUT")
+		return 0
+	}
+	fmt.Println("LANDED")
 	return 0
 }
 
