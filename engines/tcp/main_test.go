@@ -44,8 +44,11 @@ func TestMain(m *testing.M) {
 //
 // It closes the engine and exits 0 at end of input.
 func runChild(role string) int {
-	if role == "trickle" {
+	switch role {
+	case "trickle":
 		return runTrickler()
+	case "flood":
+		return runFlood()
 	}
 	if role != "sink" {
 		fmt.Fprintf(os.Stderr, "unknown child role %q\n", role)
@@ -144,6 +147,54 @@ func runTrickler() int {
 		return 0
 	}
 	fmt.Println("LANDED")
+	return 0
+}
+
+// runFlood is the "flood" child: BOUNCE_TCP_TEST_CONNS connections to
+// BOUNCE_TCP_TEST_ADDR, each a HELLO (as "flooder", or "flooder-<i>" with
+// BOUNCE_TCP_TEST_NAMES=distinct) and a WRITE frame declaring the largest
+// body, all of which but its last byte is sent: every frame stays
+// incomplete. It prints "SENT" once every connection sent what it could
+// and holds them until its stdin closes.
+func runFlood() int {
+	n, err := strconv.Atoi(os.Getenv("BOUNCE_TCP_TEST_CONNS"))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bad conns:", err)
+		return 2
+	}
+	distinct := os.Getenv("BOUNCE_TCP_TEST_NAMES") == "distinct"
+	body := make([]byte, 4+16*MaxSegments)
+	var conns []net.Conn
+	done := make(chan struct{}, n)
+	for i := 0; i < n; i++ {
+		c, err := net.Dial("tcp", os.Getenv("BOUNCE_TCP_TEST_ADDR"))
+		if err != nil {
+			done <- struct{}{}
+			continue
+		}
+		conns = append(conns, c)
+		name := "flooder"
+		if distinct {
+			name = fmt.Sprintf("flooder-%d", i)
+		}
+		go func() {
+			defer func() { done <- struct{}{} }()
+			var h [headerSize]byte
+			putHeader(h[:], frameHeader{typ: frameWrite, id: 1, bodyLen: uint32(len(body))})
+			msg := append(encodeFrame(frameHello, 0, encodeMetadata(metadata{name: name, addr: "127.0.0.1:9"})), h[:]...)
+			msg = append(msg, body[:len(body)-1]...)
+			c.SetWriteDeadline(time.Now().Add(2 * time.Second))
+			c.Write(msg) // the engine may refuse it or stop reading
+		}()
+	}
+	for range n {
+		<-done
+	}
+	fmt.Println("SENT")
+	io.Copy(io.Discard, os.Stdin)
+	for _, c := range conns {
+		c.Close()
+	}
 	return 0
 }
 

@@ -359,6 +359,14 @@ func (e *Engine) serve(ic *inConn) error {
 	if h.typ != frameHello {
 		return fmt.Errorf("first frame has type %d, want hello: %w", h.typ, errProtocol)
 	}
+	if h.bodyLen > smallBody {
+		// A HELLO as large as the cap on registered ranges allows: its
+		// memory is charged while it is read (peer "": not named yet).
+		if err := e.bodies.take("", int64(h.bodyLen), time.Now().Add(min(e.cfg.DialTimeout, e.cfg.FrameTimeout)), ic.closed, e.done); err != nil {
+			return fmt.Errorf("read hello: %w", err)
+		}
+		defer e.bodies.give("", int64(h.bodyLen))
+	}
 	body := make([]byte, h.bodyLen)
 	if _, err := io.ReadFull(conn, body); err != nil {
 		return fmt.Errorf("read hello: %w", err)
@@ -391,6 +399,15 @@ func (e *Engine) serve(ic *inConn) error {
 
 	var segs []segment
 	var bufs [][]byte // destination slices of the frame being landed, reused
+	// Bodies up to smallBody are read into small, reused; a larger one is
+	// charged to the body budget until its frame was handled.
+	var small []byte
+	var charged int64
+	defer func() {
+		if charged > 0 {
+			e.bodies.give(m.name, charged)
+		}
+	}()
 	for {
 		r.noDeadline()
 		if _, err := io.ReadFull(conn, hdr[:1]); err != nil {
@@ -404,10 +421,18 @@ func (e *Engine) serve(ic *inConn) error {
 		if err != nil {
 			return err
 		}
-		if cap(body) < int(h.bodyLen) {
+		if h.bodyLen > smallBody {
+			if err := e.bodies.take(m.name, int64(h.bodyLen), r.frameEnd, ic.closed, e.done); err != nil {
+				return err
+			}
+			charged = int64(h.bodyLen)
 			body = make([]byte, h.bodyLen)
+		} else {
+			if cap(small) < int(h.bodyLen) {
+				small = make([]byte, h.bodyLen)
+			}
+			body = small[:h.bodyLen]
 		}
-		body = body[:h.bodyLen]
 		if err := r.full(body); err != nil {
 			return err
 		}
@@ -436,6 +461,10 @@ func (e *Engine) serve(ic *inConn) error {
 		default:
 			return fmt.Errorf("unexpected frame type %d from sender: %w", h.typ, errProtocol)
 		}
+		if charged > 0 {
+			e.bodies.give(m.name, charged)
+			charged, body = 0, nil
+		}
 	}
 }
 
@@ -458,9 +487,18 @@ func (e *Engine) admit(ic *inConn, m metadata) error {
 			conns++
 		}
 	}
-	if conns >= MaxConnsPerPeer {
-		e.stats.refusedConns.Add(1)
-		return fmt.Errorf("tcp: hello from %q refused: it holds %d connections, the limit: %w", m.name, conns, transfer.ErrQueueFull)
+	all := 0
+	for other := range e.incoming {
+		if other.name.Load() != nil {
+			all++
+		}
+	}
+	if conns >= e.cfg.MaxConnsPerPeer || all >= e.cfg.MaxIncomingConns {
+		n := e.stats.refusedConns.Add(1)
+		if n&(n-1) == 0 {
+			e.log.Warn("tcp: incoming connection refused: connection cap", "peer", m.name, "peer_conns", conns, "max_conns_per_peer", e.cfg.MaxConnsPerPeer, "conns", all, "max_incoming_conns", e.cfg.MaxIncomingConns, "refused_total", n)
+		}
+		return fmt.Errorf("tcp: hello from %q refused: it holds %d connections (limit %d), all peers %d (limit %d): %w", m.name, conns, e.cfg.MaxConnsPerPeer, all, e.cfg.MaxIncomingConns, transfer.ErrQueueFull)
 	}
 	ic.name.Store(&m.name)
 	if ic.pending.CompareAndSwap(false, true) {
