@@ -359,28 +359,11 @@ func (e *Engine) serve(ic *inConn) error {
 	if h.typ != frameHello {
 		return fmt.Errorf("first frame has type %d, want hello: %w", h.typ, errProtocol)
 	}
-	if h.bodyLen > smallBody {
-		// A HELLO as large as the cap on registered ranges allows: its
-		// memory is charged while it is read (peer "": not named yet).
-		if err := e.bodies.take("", int64(h.bodyLen), time.Now().Add(min(e.cfg.DialTimeout, e.cfg.FrameTimeout)), ic.closed, e.done); err != nil {
-			return fmt.Errorf("read hello: %w", err)
-		}
-		defer e.bodies.give("", int64(h.bodyLen))
-	}
-	body := make([]byte, h.bodyLen)
-	if _, err := io.ReadFull(conn, body); err != nil {
-		return fmt.Errorf("read hello: %w", err)
-	}
-	if sc, ok := conn.(*secureConn); ok {
-		if err := sc.helloRead(); err != nil {
-			return err
-		}
-	}
-	m, err := decodeMetadata(body)
+	m, err := e.readHello(conn, ic, h.bodyLen)
 	if err != nil {
-		e.reply(conn, encodeNack(0, nackBadMetadata, err.Error()))
 		return err
 	}
+	var body []byte
 	if authName != "" && m.name != authName {
 		e.stats.unauthenticated.Add(1)
 		err := fmt.Errorf("tcp: hello names %q but the connection's key belongs to %q: %w", m.name, authName, security.ErrNotAdmitted)
@@ -466,6 +449,33 @@ func (e *Engine) serve(ic *inConn) error {
 			charged, body = 0, nil
 		}
 	}
+}
+
+// readHello reads and decodes the HELLO's body of n bytes. A body over
+// smallBody (a HELLO listing many registered ranges) is charged to the body
+// budget while it is read and decoded (peer "": not named yet).
+func (e *Engine) readHello(conn net.Conn, ic *inConn, n uint32) (metadata, error) {
+	if n > smallBody {
+		if err := e.bodies.take("", int64(n), time.Now().Add(min(e.cfg.DialTimeout, e.cfg.FrameTimeout)), ic.closed, e.done); err != nil {
+			return metadata{}, fmt.Errorf("read hello: %w", err)
+		}
+		defer e.bodies.give("", int64(n))
+	}
+	body := make([]byte, n)
+	if _, err := io.ReadFull(conn, body); err != nil {
+		return metadata{}, fmt.Errorf("read hello: %w", err)
+	}
+	if sc, ok := conn.(*secureConn); ok {
+		if err := sc.helloRead(); err != nil {
+			return metadata{}, err
+		}
+	}
+	m, err := decodeMetadata(body)
+	if err != nil {
+		e.reply(conn, encodeNack(0, nackBadMetadata, err.Error()))
+		return metadata{}, err
+	}
+	return m, nil
 }
 
 // admit names ic after the HELLO m, unless m names a forgotten peer; a peer
