@@ -13,8 +13,10 @@ import (
 // it is received and handled.
 const smallBody = 64 << 10
 
-// bodyBudget bounds the memory of large incoming frame bodies: all peers
-// together hold at most total bytes, one peer at most perPeer. The
+// bodyBudget bounds what peers hold of a receiver's resource: all peers
+// together hold at most total units, one peer at most perPeer. The engine
+// has one for the memory of large incoming frame bodies (bytes) and, with
+// Config.Device, one for its incoming staging buffers (buffers). The
 // frames' headers arrive before their bodies, so without it a peer that
 // declares many large bodies and trickles them holds their memory for a
 // frame timeout each. A body that does not fit waits for one to be
@@ -33,11 +35,11 @@ func newBodyBudget(total, perPeer int64) *bodyBudget {
 	return &bodyBudget{total: total, perPeer: perPeer, byPeer: map[string]int64{}, freed: make(chan struct{})}
 }
 
-// take charges n bytes to peer, waiting while they do not fit, until
+// take charges n units to peer, waiting while they do not fit, until
 // deadline or until stop is closed.
 func (b *bodyBudget) take(peer string, n int64, deadline time.Time, stop, done <-chan struct{}) error {
 	if n > b.perPeer || n > b.total {
-		return fmt.Errorf("tcp: frame body of %d bytes exceeds the body budget (%d per peer, %d in all): %w", n, b.perPeer, b.total, transfer.ErrQueueFull)
+		return fmt.Errorf("%d exceeds the budget (%d per peer, %d in all): %w", n, b.perPeer, b.total, transfer.ErrQueueFull)
 	}
 	var timer *time.Timer
 	defer func() {
@@ -61,7 +63,7 @@ func (b *bodyBudget) take(peer string, n int64, deadline time.Time, stop, done <
 		select {
 		case <-freed:
 		case <-timer.C:
-			return fmt.Errorf("tcp: no room for a %d-byte frame body from %q before its deadline (%d per peer, %d in all): %w", n, peer, b.perPeer, b.total, transfer.ErrTimeout)
+			return fmt.Errorf("no room for %d from %q in time (%d per peer, %d in all): %w", n, peer, b.perPeer, b.total, transfer.ErrTimeout)
 		case <-stop:
 			return transfer.ErrClosed
 		case <-done:
@@ -70,7 +72,7 @@ func (b *bodyBudget) take(peer string, n int64, deadline time.Time, stop, done <
 	}
 }
 
-// give hands back n bytes peer took.
+// give hands back n units peer took.
 func (b *bodyBudget) give(peer string, n int64) {
 	b.mu.Lock()
 	b.used -= n
@@ -82,7 +84,7 @@ func (b *bodyBudget) give(peer string, n int64) {
 	b.mu.Unlock()
 }
 
-// inUse returns the bytes held in all.
+// inUse returns the units held in all.
 func (b *bodyBudget) inUse() int64 {
 	b.mu.Lock()
 	defer b.mu.Unlock()

@@ -1,6 +1,7 @@
 package tcp
 
 import (
+	"bytes"
 	"fmt"
 	"os"
 	"runtime"
@@ -8,6 +9,7 @@ import (
 	"time"
 
 	"github.com/bouncekv/bounce/internal/childproc"
+	"github.com/bouncekv/bounce/transfer"
 )
 
 // openFDs counts this process's open file descriptors.
@@ -93,5 +95,58 @@ func TestManyNamesSlowFramesBounded(t *testing.T) {
 	}
 	if fds > 32+8 || heap > 16<<20 {
 		t.Fatalf("receiver grew by %d descriptors and %d heap bytes", fds, heap)
+	}
+}
+
+// TestStagingShareOfOnePeer (issue 26 item 3): a peer whose connections
+// each hold a device frame whose payload never comes holds at most half
+// of the receiver's incoming staging buffers; another peer's device write
+// still lands at once, and every hostile frame is cut at its deadline.
+func TestStagingShareOfOnePeer(t *testing.T) {
+	v := newEnv(t)
+	fs, fr := newFakeDevice(), newFakeDevice()
+	s := v.engine("s", func(c *Config) { c.Device, c.StageBuffers, c.StageBytes = fs, 4, 64<<10 })
+	r := v.engine("r", func(c *Config) {
+		c.Device, c.StageBuffers, c.StageBytes = fr, 4, 64<<10
+		c.FrameTimeout, c.IdleTimeout = 4*time.Second, 4*time.Second
+	})
+	src := v.devBuf(64<<10, 9, s)
+	dst := v.devBuf(64<<10, 0, r)
+	connect(t, s, r)
+	d := devSub(dst, 32<<10, 4096)
+	var hostile []*rawPeer
+	for range 4 { // the whole ring, were nothing capped
+		p := dialRaw(t, r)
+		p.send(helloFrame("mallory"), writeFrameBytes(1, []segment{{d.Addr, d.Len}}))
+		hostile = append(hostile, p)
+	}
+	// Two of them hold a buffer each; the other two wait for their share.
+	deadline := time.Now().Add(hangGuard)
+	for r.stage.inShare.inUse() < 2 {
+		if time.Now().After(deadline) {
+			t.Fatal("the hostile frames never took their buffers")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	time.Sleep(50 * time.Millisecond)
+	if n := r.stage.inShare.inUse(); n != 2 {
+		t.Fatalf("one peer holds %d of 4 incoming staging buffers, want its share 2", n)
+	}
+	op, err := s.PostWrite("r", []transfer.WriteOp{{Src: devSub(src, 0, 4096), Dst: devSub(dst, 0, 4096)}})
+	mustDone(t, op, err) // long before the hostile frames' deadline
+	if !bytes.Equal(dst.Bytes()[:4096], src.Bytes()[:4096]) {
+		t.Fatal("the other peer's device write did not land")
+	}
+	// Every hostile frame (holding a buffer or waiting for its share) is
+	// cut at its frame deadline, and the buffers come back.
+	for _, p := range hostile {
+		p.expectClosed("hostile frame")
+	}
+	deadline = time.Now().Add(hangGuard)
+	for r.stage.inShare.inUse() != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d staging buffers still held after the hostile frames were cut", r.stage.inShare.inUse())
+		}
+		time.Sleep(time.Millisecond)
 	}
 }

@@ -406,7 +406,7 @@ func (e *Engine) serve(ic *inConn) error {
 		}
 		if h.bodyLen > smallBody {
 			if err := e.bodies.take(m.name, int64(h.bodyLen), r.frameEnd, ic.closed, e.done); err != nil {
-				return err
+				return fmt.Errorf("tcp: frame body of %d bytes from %q: %w", h.bodyLen, m.name, err)
 			}
 			charged = int64(h.bodyLen)
 			body = make([]byte, h.bodyLen)
@@ -457,7 +457,7 @@ func (e *Engine) serve(ic *inConn) error {
 func (e *Engine) readHello(conn net.Conn, ic *inConn, n uint32) (metadata, error) {
 	if n > smallBody {
 		if err := e.bodies.take("", int64(n), time.Now().Add(min(e.cfg.DialTimeout, e.cfg.FrameTimeout)), ic.closed, e.done); err != nil {
-			return metadata{}, fmt.Errorf("read hello: %w", err)
+			return metadata{}, fmt.Errorf("read hello: body of %d bytes: %w", n, err)
 		}
 		defer e.bodies.give("", int64(n))
 	}
@@ -558,7 +558,7 @@ func (e *Engine) land(r *inReader, ic *inConn, conn net.Conn, peer string, id ui
 		for i, sg := range segs {
 			in[i] = inSeg{dev: bufs[i] == nil, addr: sg.addr, n: sg.n, host: bufs[i]}
 		}
-		copyErr, err := e.stage.landStaged(r, in, e.done)
+		copyErr, err := e.stage.landStaged(r, peer, in, ic.closed, e.done)
 		e.reg.Unpin(pins)
 		if err != nil {
 			return fmt.Errorf("read payload of part %d: %w", id, err)
