@@ -280,6 +280,12 @@ type Agent struct {
 	// guard authorizes incoming writes; nil unless authentication is on and
 	// the engine asks a guard (transfer.WriteGuarded).
 	guard *writeGuard
+	// dests is the memory a DATA may scatter into (datacheck.go).
+	dests scatterDests
+	// checksOff skips the per-run DATA check (back to the grant-bounds
+	// check alone) and the revocation fence: benchmarks set it to measure
+	// what the checks cost; nothing else does.
+	checksOff atomic.Bool
 
 	// stageOnly holds the registrations the engine cannot touch (device
 	// memory over a host engine): the stages reach them, the bounce route
@@ -287,12 +293,10 @@ type Agent struct {
 	stageMu   sync.Mutex
 	stageOnly map[transfer.Desc]bool
 
-	// poolMu guards the registered block pools and, for each registered
-	// memory range, the peers that may write it (nil: every admitted
-	// peer), which RegisterPool reads.
-	poolMu     sync.Mutex
-	pools      map[string]*localPool
-	memWriters map[transfer.Desc][]string
+	// poolMu guards the registered block pools (who may write each
+	// region's memory is the dests table's, read at RegisterPool).
+	poolMu sync.Mutex
+	pools  map[string]*localPool
 }
 
 type peerInfo struct {
@@ -374,11 +378,19 @@ func build(s Settings, cfg Config) (*Agent, error) {
 		stopped: make(chan struct{}),
 	}
 	a.obs = newObs(a, s)
+	a.dests.byPeer = s.Peers.Enabled()
 	// The guard is in force before the arena is registered with the
 	// engine: an engine that listens already (a plugin's, which holds no
 	// keys) must never see the arena writable unguarded.
 	if wg, ok := s.Engine.(transfer.WriteGuarded); ok && s.Peers.Enabled() {
 		a.guard = newWriteGuard()
+		if f, ok := s.Engine.(writeFencer); ok {
+			a.guard.fence = func(d transfer.Desc) {
+				if !a.checksOff.Load() {
+					f.FenceWrites(d)
+				}
+			}
+		}
 		wg.SetWriteGuard(a.guard.check)
 	}
 	var sched *credit.Scheduler
@@ -530,16 +542,8 @@ func (a *Agent) RegisterMemory(d transfer.Desc) error {
 // one that can carry it. Memory neither can touch is refused wrapping
 // ErrUnsupported.
 func (a *Agent) RegisterMemoryFor(d transfer.Desc, peers ...string) error {
-	var who []string
-	if len(peers) > 0 {
-		who = slices.Clone(peers)
-	}
 	if !transfer.Handles(a.set.Engine, d.Kind) && !transfer.Stages(a.set.Engine, d.Kind) {
-		if err := a.registerStageOnly(d); err != nil {
-			return err
-		}
-		a.setWriters(d, who)
-		return nil
+		return a.registerStageOnly(d, peers)
 	}
 	if err := a.set.Registry.Add(d); err != nil {
 		return fmt.Errorf("pipeline: register %v: %w", d, err)
@@ -548,27 +552,20 @@ func (a *Agent) RegisterMemoryFor(d transfer.Desc, peers ...string) error {
 		_ = a.set.Registry.Remove(d)
 		return fmt.Errorf("pipeline: register %v with engine: %w", d, err)
 	}
+	var who []string
+	if len(peers) > 0 {
+		who = slices.Clone(peers)
+	}
 	if a.guard != nil {
 		a.guard.addUser(d, who)
 	}
-	a.setWriters(d, who)
+	a.dests.add(d, who)
 	return nil
-}
-
-// setWriters records who may write registered memory d (nil: all), or
-// forgets d (forget).
-func (a *Agent) setWriters(d transfer.Desc, who []string) {
-	a.poolMu.Lock()
-	if a.memWriters == nil {
-		a.memWriters = map[transfer.Desc][]string{}
-	}
-	a.memWriters[d] = who
-	a.poolMu.Unlock()
 }
 
 // registerStageOnly registers d, which the engine cannot touch, with the
 // stages alone, or says why it cannot be carried at all.
-func (a *Agent) registerStageOnly(d transfer.Desc) error {
+func (a *Agent) registerStageOnly(d transfer.Desc, peers []string) error {
 	if !a.bounceOn {
 		return fmt.Errorf("pipeline: register %v: the engine cannot touch %s memory and the bounce path, which could stage it through the arena, is off (%s): %w",
 			d, d.Kind, a.noBounce, transfer.ErrUnsupported)
@@ -586,6 +583,11 @@ func (a *Agent) registerStageOnly(d transfer.Desc) error {
 	}
 	a.stageOnly[d] = true
 	a.stageMu.Unlock()
+	var who []string
+	if len(peers) > 0 {
+		who = slices.Clone(peers)
+	}
+	a.dests.add(d, who)
 	return nil
 }
 
@@ -608,7 +610,7 @@ func (a *Agent) DeregisterMemory(d transfer.Desc) error {
 	delete(a.stageOnly, d)
 	a.stageMu.Unlock()
 	if stageOnly {
-		a.forgetWriters(d)
+		a.dests.remove(d)
 		return nil
 	}
 	if err := a.set.Engine.DeregisterMemory(d); err != nil {
@@ -620,14 +622,8 @@ func (a *Agent) DeregisterMemory(d transfer.Desc) error {
 	if a.guard != nil {
 		a.guard.removeUser(d)
 	}
-	a.forgetWriters(d)
+	a.dests.remove(d)
 	return nil
-}
-
-func (a *Agent) forgetWriters(d transfer.Desc) {
-	a.poolMu.Lock()
-	delete(a.memWriters, d)
-	a.poolMu.Unlock()
 }
 
 // Handshake returns the capability blob this agent advertises, or nil when

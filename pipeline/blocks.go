@@ -92,7 +92,7 @@ func (a *Agent) RegisterPool(name string, p transfer.Pool) error {
 		if err != nil {
 			return fmt.Errorf("pipeline: register pool %q: region %d %v does not lie in memory registered with this agent (RegisterMemory first): %w", name, r, span, err)
 		}
-		lp.writers[r] = a.memWriters[d]
+		lp.writers[r] = a.dests.writers(d)
 	}
 	if a.pools == nil {
 		a.pools = map[string]*localPool{}

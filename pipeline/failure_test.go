@@ -301,13 +301,15 @@ func TestScatterRunsOutOfBounds(t *testing.T) {
 	if got := b.Stats().BadRuns; got != uint64(len(cases)) {
 		t.Fatalf("bad runs = %d, want %d", got, len(cases))
 	}
-	// Runs inside the grant but aimed at unregistered memory fail in the
-	// scatter stage: no ACK, nothing written, region freed.
+	// Runs inside the grant but aimed at unregistered memory are refused
+	// too, before the scatter stage: a NACK, nothing written, region freed.
 	cr := im.grant(t, b, 99, 64<<10)
 	im.send(t, "b", &wire.Data{Request: 99, Region: cr.Region, Runs: []transfer.Run{{Addr: d.Addr + 2<<20, Len: 4096, Count: 1}}})
-	eventually(t, func() bool { return b.Stats().ScatterFailures == 1 })
-	if m := im.recv(t, 100*time.Millisecond); m != nil {
-		t.Fatalf("unexpected reply %#v to a failed scatter", m)
+	if n, ok := im.recv(t, 5*time.Second).(*wire.Nack); !ok || n.Request != 99 || n.Code != wire.NackForbidden {
+		t.Fatalf("runs into unregistered memory got %#v, want a NACK %v", n, wire.NackForbidden)
+	}
+	if st := b.Stats(); st.ScatterFailures != 0 || st.BadRuns != uint64(len(cases))+1 {
+		t.Fatalf("scatter failures %d, bad runs %d", st.ScatterFailures, st.BadRuns)
 	}
 	settled(t, b)
 }

@@ -16,12 +16,27 @@ import (
 // cancel, a reclaim or a drop); a write outside the arena only into user
 // memory registered for all admitted peers or for that peer. The reactor
 // maintains the grant side; engines read it from their own goroutines.
+//
+// Ending a grant is a fence: revoke and revokeMatching return only once no
+// write the guard allowed into the region is still landing (fence, the
+// engine's writeFencer), so a region is never granted again while a
+// trickling frame of its former holder could still write it.
 type writeGuard struct {
 	mu     sync.RWMutex
 	arena  transfer.Desc
 	grants map[uint64]grantEntry // by region offset
 	user   []userRange
 	closed bool
+	// fence cuts the engine's writes still landing in a range whose
+	// authorization ended and waits for them; nil when the engine offers
+	// none. Set before the guard is installed.
+	fence func(transfer.Desc)
+}
+
+// writeFencer is an engine that can cut the incoming writes still landing
+// in memory whose authorization ended (the tcp engine).
+type writeFencer interface {
+	FenceWrites(transfer.Desc)
 }
 
 type grantEntry struct {
@@ -51,22 +66,41 @@ func (g *writeGuard) grant(flow credit.FlowKey, off, n uint64) {
 	g.mu.Unlock()
 }
 
-// revoke ends the writability of the region at off.
+// revoke ends the writability of the region at off; it returns once no
+// write into it is landing.
 func (g *writeGuard) revoke(off uint64) {
 	g.mu.Lock()
+	e, ok := g.grants[off]
 	delete(g.grants, off)
+	r := g.region(off, e.len)
 	g.mu.Unlock()
+	if ok && g.fence != nil {
+		g.fence(r)
+	}
 }
 
-// revokeMatching ends every grant whose flow match selects.
+// revokeMatching ends every grant whose flow match selects; it returns
+// once no write into them is landing.
 func (g *writeGuard) revokeMatching(match func(credit.FlowKey) bool) {
+	var ended []transfer.Desc
 	g.mu.Lock()
 	for off, e := range g.grants {
 		if match(e.flow) {
 			delete(g.grants, off)
+			if g.fence != nil {
+				ended = append(ended, g.region(off, e.len))
+			}
 		}
 	}
 	g.mu.Unlock()
+	for _, r := range ended {
+		g.fence(r)
+	}
+}
+
+// region is the arena range at off (n bytes). The caller holds mu.
+func (g *writeGuard) region(off, n uint64) transfer.Desc {
+	return transfer.Desc{Addr: g.arena.Addr + off, Len: n, Device: g.arena.Device, Kind: g.arena.Kind}
 }
 
 // addUser records registered user memory writable by peers (nil: all).
@@ -97,7 +131,7 @@ func (g *writeGuard) check(peer string, dst transfer.Desc) (transfer.Desc, error
 	}
 	if g.arena.Len > 0 && dst.Addr < g.arena.End() && g.arena.Addr < dst.End() {
 		for off, e := range g.grants {
-			r := transfer.Desc{Addr: g.arena.Addr + off, Len: e.len, Device: g.arena.Device, Kind: g.arena.Kind}
+			r := g.region(off, e.len)
 			if r.Contains(dst.Addr, dst.Len) {
 				if e.flow.Peer != peer {
 					return transfer.Desc{}, fmt.Errorf("arena region %#x is granted to %q, not %q: %w", off, e.flow.Peer, peer, transfer.ErrForbidden)

@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/bouncekv/bounce/pipeline/credit"
-	"github.com/bouncekv/bounce/pipeline/plan"
 	"github.com/bouncekv/bounce/pipeline/wire"
 	"github.com/bouncekv/bounce/security"
 	"github.com/bouncekv/bounce/transfer"
@@ -409,7 +408,9 @@ func (r *reactor) schedule() {
 
 // onData validates a DATA against the flow's grant and queues the scatter.
 // A DATA for a region the flow no longer holds (it raced a cancel) is
-// dropped; runs outside the granted region are rejected before any copy.
+// dropped; runs reading outside the granted region, copying more than it
+// holds or writing memory the peer may not write (checkData) are refused
+// with a NACK before any copy.
 func (r *reactor) onData(peer string, d *wire.Data) {
 	key := credit.FlowKey{Peer: peer, Request: d.Request}
 	grant, ok := r.sched.Region(d.Region)
@@ -423,16 +424,16 @@ func (r *reactor) onData(peer string, d *wire.Data) {
 		r.onBlockData(peer, key, grant, d, f)
 		return
 	}
-	if _, err := plan.CheckRuns(d.Runs, grant.Len); err != nil {
+	if err := r.checkData(peer, d.Runs, grant.Len); err != nil {
 		r.a.stats.badRuns.Add(1)
 		r.a.obs.reject(r, peer, rejectBadRuns)
-		r.log.WarnContext(spanContext(r.a.obs.extract(d.TraceParent)), "DATA rejected: scatter runs outside the grant", "peer", peer, "request", d.Request, "err", err)
+		r.log.WarnContext(spanContext(r.a.obs.extract(d.TraceParent)), "DATA rejected: bad scatter runs", "peer", peer, "request", d.Request, "err", err)
 		r.revoke(d.Region)
 		if err := r.sched.Drop(key, d.Region); err != nil {
 			r.log.Error("drop rejected region", "err", err)
 		}
-		r.flowFailed(key, fmt.Errorf("chunk %d: %w: scatter runs outside the grant: %w", d.Chunk, ErrRefused, err))
-		r.nack(peer, d.Request, d.Chunk, wire.NackBadRuns, err.Error())
+		r.flowFailed(key, fmt.Errorf("chunk %d: %w: bad scatter runs: %w", d.Chunk, ErrRefused, err))
+		r.nack(peer, d.Request, d.Chunk, nackCodeOf(err), "DATA refused: "+err.Error())
 		r.schedule()
 		return
 	}

@@ -38,8 +38,17 @@ const (
 	DefaultMaxForgotten = 1 << 16
 )
 
-// MaxConnsPerPeer caps the incoming connections one peer may hold open.
-const MaxConnsPerPeer = 2 * MaxConnections
+// Defaults of the receiver's resource caps (Config.MaxConnsPerPeer,
+// MaxIncomingConns, MaxBodyBytes, MaxBodyBytesPerPeer). They hold in every
+// security mode.
+const (
+	// DefaultMaxConnsPerPeer is the most connections a valid dialer opens
+	// (MaxConnections).
+	DefaultMaxConnsPerPeer     = MaxConnections
+	DefaultMaxIncomingConns    = 512
+	DefaultMaxBodyBytes        = 64 << 20
+	DefaultMaxBodyBytesPerPeer = 8 << 20
+)
 
 // MaxConnections bounds Config.Connections.
 const MaxConnections = 64
@@ -131,6 +140,19 @@ type Config struct {
 	// DefaultStageBytes), and so the most payload of a frame with device
 	// sources.
 	StageBytes int
+	// MaxConnsPerPeer caps the incoming connections one peer may hold
+	// open after its HELLO (default DefaultMaxConnsPerPeer), and
+	// MaxIncomingConns those of all peers together (default
+	// DefaultMaxIncomingConns): a HELLO past either is refused. They hold
+	// in every security mode; with security.mode off names are not
+	// proven, so the total is what bounds a peer claiming many names.
+	MaxConnsPerPeer, MaxIncomingConns int
+	// MaxBodyBytes caps the memory of incoming frame bodies over 64 KiB
+	// being received (default DefaultMaxBodyBytes), MaxBodyBytesPerPeer one
+	// peer's part of it (default DefaultMaxBodyBytesPerPeer; connections
+	// still in their HELLO share one part). A body that does not fit
+	// waits, within its frame's deadline, for another to be handled.
+	MaxBodyBytes, MaxBodyBytesPerPeer int
 }
 
 // withDefaults returns c with zero fields replaced by defaults.
@@ -150,6 +172,10 @@ func (c Config) withDefaults() Config {
 	c.MaxForgotten = cmp.Or(c.MaxForgotten, DefaultMaxForgotten)
 	c.StageBuffers = cmp.Or(c.StageBuffers, 2*c.Connections)
 	c.StageBytes = cmp.Or(c.StageBytes, DefaultStageBytes)
+	c.MaxConnsPerPeer = cmp.Or(c.MaxConnsPerPeer, DefaultMaxConnsPerPeer)
+	c.MaxIncomingConns = cmp.Or(c.MaxIncomingConns, DefaultMaxIncomingConns)
+	c.MaxBodyBytes = cmp.Or(c.MaxBodyBytes, DefaultMaxBodyBytes)
+	c.MaxBodyBytesPerPeer = cmp.Or(c.MaxBodyBytesPerPeer, DefaultMaxBodyBytesPerPeer)
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -175,6 +201,14 @@ func (c Config) Validate() error {
 	}
 	if c.MaxForgotten < 0 {
 		return fmt.Errorf("tcp: config: MaxForgotten %d is negative", c.MaxForgotten)
+	}
+	for _, v := range []struct {
+		name string
+		v    int
+	}{{"MaxConnsPerPeer", c.MaxConnsPerPeer}, {"MaxIncomingConns", c.MaxIncomingConns}, {"MaxBodyBytes", c.MaxBodyBytes}, {"MaxBodyBytesPerPeer", c.MaxBodyBytesPerPeer}} {
+		if v.v < 0 {
+			return fmt.Errorf("tcp: config: %s %d is negative", v.name, v.v)
+		}
 	}
 	if c.MaxPendingConns < 0 {
 		return fmt.Errorf("tcp: config: MaxPendingConns %d is negative", c.MaxPendingConns)

@@ -53,11 +53,12 @@ type Engine struct {
 	guard   atomic.Pointer[transfer.WriteGuard]
 	stats   counters
 	stage   *stager // nil unless Config.Device: the device staging rings
+	bodies  *bodyBudget
 }
 
 // counters are the engine's security counters.
 type counters struct {
-	unauthenticated, refusedConns, slowConns, forbiddenWrites, fenceEvictions atomic.Uint64
+	unauthenticated, refusedConns, slowConns, forbiddenWrites, fenceEvictions, fencedWrites atomic.Uint64
 }
 
 // Stats are the engine's cumulative security counters and two gauges
@@ -69,7 +70,8 @@ type Stats struct {
 	Unauthenticated uint64
 	// RefusedConns counts connections closed to enforce a cap: the oldest
 	// connection still in setup when a new one exceeds MaxPendingConns, or
-	// one over MaxConnsPerPeer for its peer.
+	// one over MaxConnsPerPeer for its peer or over MaxIncomingConns in
+	// all.
 	RefusedConns uint64
 	// SlowConns counts incoming connections cut by a read deadline (a
 	// handshake, HELLO or frame that did not arrive in time).
@@ -80,11 +82,17 @@ type Stats struct {
 	// FenceEvictions counts forgotten peers whose fence was dropped before
 	// FenceHold ended because MaxForgotten names were already held.
 	FenceEvictions uint64
+	// FencedWrites counts incoming frames cut by FenceWrites: their
+	// authorization ended while their payload was still arriving.
+	FencedWrites uint64
 	// Fenced is the number of forgotten peers refused now (a gauge).
 	Fenced int
 	// IncomingConns is the number of connections peers dialed here that
 	// their HELLO named (a gauge; connections still in setup excluded).
 	IncomingConns int
+	// BodyBytes is the memory held by large incoming frame bodies being
+	// received (a gauge, at most Config.MaxBodyBytes).
+	BodyBytes int64
 }
 
 // Stats returns a snapshot of the engine's counters and gauges.
@@ -95,6 +103,8 @@ func (e *Engine) Stats() Stats {
 		SlowConns:       e.stats.slowConns.Load(),
 		ForbiddenWrites: e.stats.forbiddenWrites.Load(),
 		FenceEvictions:  e.stats.fenceEvictions.Load(),
+		FencedWrites:    e.stats.fencedWrites.Load(),
+		BodyBytes:       e.bodies.inUse(),
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -189,6 +199,7 @@ func newEngine(cfg Config) (*Engine, error) {
 		done:      make(chan struct{}),
 		recvq:     make(chan transfer.Message, cfg.RecvQueue),
 		wake:      inbox.NewWake(),
+		bodies:    newBodyBudget(int64(cfg.MaxBodyBytes), int64(cfg.MaxBodyBytesPerPeer)),
 	}
 	e.wg.Add(1)
 	go e.acceptLoop()

@@ -2,12 +2,15 @@ package tcp
 
 import (
 	"bufio"
+	"bytes"
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"math/rand/v2"
+	"net"
 	"os"
 	"strconv"
 	"testing"
@@ -41,6 +44,12 @@ func TestMain(m *testing.M) {
 //
 // It closes the engine and exits 0 at end of input.
 func runChild(role string) int {
+	switch role {
+	case "trickle":
+		return runTrickler()
+	case "flood":
+		return runFlood()
+	}
 	if role != "sink" {
 		fmt.Fprintf(os.Stderr, "unknown child role %q\n", role)
 		return 2
@@ -88,6 +97,103 @@ func runChild(role string) int {
 		default:
 			fmt.Println("ERR unknown command", cmd)
 		}
+	}
+	return 0
+}
+
+// runTrickler is the "trickle" child: a hostile peer named "trickler"
+// that dials BOUNCE_TCP_TEST_ADDR, sends one WRITE frame for
+// [BOUNCE_TCP_TEST_DST + BOUNCE_TCP_TEST_SIZE) and then its payload of
+// 0xEE bytes, 1 KiB every 2 ms. It prints "STARTED" after the first KiB
+// and "CUT" once the engine broke the connection.
+func runTrickler() int {
+	dst, err1 := strconv.ParseUint(os.Getenv("BOUNCE_TCP_TEST_DST"), 10, 64)
+	size, err2 := strconv.ParseUint(os.Getenv("BOUNCE_TCP_TEST_SIZE"), 10, 64)
+	if err1 != nil || err2 != nil {
+		fmt.Fprintln(os.Stderr, "bad dst or size:", err1, err2)
+		return 2
+	}
+	c, err := net.Dial("tcp", os.Getenv("BOUNCE_TCP_TEST_ADDR"))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer c.Close()
+	hello := encodeFrame(frameHello, 0, encodeMetadata(metadata{name: "trickler", addr: "127.0.0.1:9"}))
+	body := binary.LittleEndian.AppendUint32(nil, 1)
+	body = appendSegment(body, dst, size)
+	if _, err := c.Write(append(hello, encodeFrame(frameWrite, 1, body)...)); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	chunk := bytes.Repeat([]byte{0xEE}, 1024)
+	for sent := uint64(0); sent < size; sent += uint64(len(chunk)) {
+		c.SetWriteDeadline(time.Now().Add(10 * time.Second))
+		if _, err := c.Write(chunk); err != nil {
+			fmt.Println("CUT")
+			return 0
+		}
+		if sent == 0 {
+			fmt.Println("STARTED")
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	// All of it went: the engine never cut it. Wait for the reset or the
+	// ACK, and say which.
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	var h [headerSize]byte
+	if _, err := io.ReadFull(c, h[:]); err != nil {
+		fmt.Println("CUT")
+		return 0
+	}
+	fmt.Println("LANDED")
+	return 0
+}
+
+// runFlood is the "flood" child: BOUNCE_TCP_TEST_CONNS connections to
+// BOUNCE_TCP_TEST_ADDR, each a HELLO (as "flooder", or "flooder-<i>" with
+// BOUNCE_TCP_TEST_NAMES=distinct) and a WRITE frame declaring the largest
+// body, all of which but its last byte is sent: every frame stays
+// incomplete. It prints "SENT" once every connection sent what it could
+// and holds them until its stdin closes.
+func runFlood() int {
+	n, err := strconv.Atoi(os.Getenv("BOUNCE_TCP_TEST_CONNS"))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bad conns:", err)
+		return 2
+	}
+	distinct := os.Getenv("BOUNCE_TCP_TEST_NAMES") == "distinct"
+	body := make([]byte, 4+16*MaxSegments)
+	var conns []net.Conn
+	done := make(chan struct{}, n)
+	for i := 0; i < n; i++ {
+		c, err := net.Dial("tcp", os.Getenv("BOUNCE_TCP_TEST_ADDR"))
+		if err != nil {
+			done <- struct{}{}
+			continue
+		}
+		conns = append(conns, c)
+		name := "flooder"
+		if distinct {
+			name = fmt.Sprintf("flooder-%d", i)
+		}
+		go func() {
+			defer func() { done <- struct{}{} }()
+			var h [headerSize]byte
+			putHeader(h[:], frameHeader{typ: frameWrite, id: 1, bodyLen: uint32(len(body))})
+			msg := append(encodeFrame(frameHello, 0, encodeMetadata(metadata{name: name, addr: "127.0.0.1:9"})), h[:]...)
+			msg = append(msg, body[:len(body)-1]...)
+			c.SetWriteDeadline(time.Now().Add(2 * time.Second))
+			c.Write(msg) // the engine may refuse it or stop reading
+		}()
+	}
+	for range n {
+		<-done
+	}
+	fmt.Println("SENT")
+	io.Copy(io.Discard, os.Stdin)
+	for _, c := range conns {
+		c.Close()
 	}
 	return 0
 }

@@ -31,6 +31,34 @@ type inConn struct {
 	closed   chan struct{}
 	once     sync.Once
 	served   chan struct{} // closed once serve returned: no more bytes land
+
+	// landing holds what the write guard allowed the frame being landed
+	// (empty between frames): FenceWrites cuts the connection when it
+	// overlaps memory whose authorization ended. Authorizing and recording
+	// happen under landMu, so a fence either sees the frame or the frame
+	// sees the revoked guard.
+	landMu  sync.Mutex
+	landing []transfer.Desc
+}
+
+// landed clears the frame's authorization record: its payload is in.
+func (ic *inConn) landed() {
+	ic.landMu.Lock()
+	ic.landing = ic.landing[:0]
+	ic.landMu.Unlock()
+}
+
+// landingIn reports whether the frame being landed was authorized for
+// memory overlapping d.
+func (ic *inConn) landingIn(d transfer.Desc) bool {
+	ic.landMu.Lock()
+	defer ic.landMu.Unlock()
+	for _, a := range ic.landing {
+		if a.Addr < d.End() && d.Addr < a.End() {
+			return true
+		}
+	}
+	return false
 }
 
 func (ic *inConn) close() {
@@ -331,20 +359,11 @@ func (e *Engine) serve(ic *inConn) error {
 	if h.typ != frameHello {
 		return fmt.Errorf("first frame has type %d, want hello: %w", h.typ, errProtocol)
 	}
-	body := make([]byte, h.bodyLen)
-	if _, err := io.ReadFull(conn, body); err != nil {
-		return fmt.Errorf("read hello: %w", err)
-	}
-	if sc, ok := conn.(*secureConn); ok {
-		if err := sc.helloRead(); err != nil {
-			return err
-		}
-	}
-	m, err := decodeMetadata(body)
+	m, err := e.readHello(conn, ic, h.bodyLen)
 	if err != nil {
-		e.reply(conn, encodeNack(0, nackBadMetadata, err.Error()))
 		return err
 	}
+	var body []byte
 	if authName != "" && m.name != authName {
 		e.stats.unauthenticated.Add(1)
 		err := fmt.Errorf("tcp: hello names %q but the connection's key belongs to %q: %w", m.name, authName, security.ErrNotAdmitted)
@@ -363,6 +382,15 @@ func (e *Engine) serve(ic *inConn) error {
 
 	var segs []segment
 	var bufs [][]byte // destination slices of the frame being landed, reused
+	// Bodies up to smallBody are read into small, reused; a larger one is
+	// charged to the body budget until its frame was handled.
+	var small []byte
+	var charged int64
+	defer func() {
+		if charged > 0 {
+			e.bodies.give(m.name, charged)
+		}
+	}()
 	for {
 		r.noDeadline()
 		if _, err := io.ReadFull(conn, hdr[:1]); err != nil {
@@ -376,10 +404,18 @@ func (e *Engine) serve(ic *inConn) error {
 		if err != nil {
 			return err
 		}
-		if cap(body) < int(h.bodyLen) {
+		if h.bodyLen > smallBody {
+			if err := e.bodies.take(m.name, int64(h.bodyLen), r.frameEnd, ic.closed, e.done); err != nil {
+				return fmt.Errorf("tcp: frame body of %d bytes from %q: %w", h.bodyLen, m.name, err)
+			}
+			charged = int64(h.bodyLen)
 			body = make([]byte, h.bodyLen)
+		} else {
+			if cap(small) < int(h.bodyLen) {
+				small = make([]byte, h.bodyLen)
+			}
+			body = small[:h.bodyLen]
 		}
-		body = body[:h.bodyLen]
 		if err := r.full(body); err != nil {
 			return err
 		}
@@ -393,7 +429,7 @@ func (e *Engine) serve(ic *inConn) error {
 			if err != nil {
 				return err
 			}
-			if err := e.land(r, conn, m.name, h.id, segs, total, &bufs, log); err != nil {
+			if err := e.land(r, ic, conn, m.name, h.id, segs, total, &bufs, log); err != nil {
 				return err
 			}
 		case frameNotif:
@@ -408,7 +444,38 @@ func (e *Engine) serve(ic *inConn) error {
 		default:
 			return fmt.Errorf("unexpected frame type %d from sender: %w", h.typ, errProtocol)
 		}
+		if charged > 0 {
+			e.bodies.give(m.name, charged)
+			charged, body = 0, nil
+		}
 	}
+}
+
+// readHello reads and decodes the HELLO's body of n bytes. A body over
+// smallBody (a HELLO listing many registered ranges) is charged to the body
+// budget while it is read and decoded (peer "": not named yet).
+func (e *Engine) readHello(conn net.Conn, ic *inConn, n uint32) (metadata, error) {
+	if n > smallBody {
+		if err := e.bodies.take("", int64(n), time.Now().Add(min(e.cfg.DialTimeout, e.cfg.FrameTimeout)), ic.closed, e.done); err != nil {
+			return metadata{}, fmt.Errorf("read hello: body of %d bytes: %w", n, err)
+		}
+		defer e.bodies.give("", int64(n))
+	}
+	body := make([]byte, n)
+	if _, err := io.ReadFull(conn, body); err != nil {
+		return metadata{}, fmt.Errorf("read hello: %w", err)
+	}
+	if sc, ok := conn.(*secureConn); ok {
+		if err := sc.helloRead(); err != nil {
+			return metadata{}, err
+		}
+	}
+	m, err := decodeMetadata(body)
+	if err != nil {
+		e.reply(conn, encodeNack(0, nackBadMetadata, err.Error()))
+		return metadata{}, err
+	}
+	return m, nil
 }
 
 // admit names ic after the HELLO m, unless m names a forgotten peer; a peer
@@ -430,9 +497,18 @@ func (e *Engine) admit(ic *inConn, m metadata) error {
 			conns++
 		}
 	}
-	if conns >= MaxConnsPerPeer {
-		e.stats.refusedConns.Add(1)
-		return fmt.Errorf("tcp: hello from %q refused: it holds %d connections, the limit: %w", m.name, conns, transfer.ErrQueueFull)
+	all := 0
+	for other := range e.incoming {
+		if other.name.Load() != nil {
+			all++
+		}
+	}
+	if conns >= e.cfg.MaxConnsPerPeer || all >= e.cfg.MaxIncomingConns {
+		n := e.stats.refusedConns.Add(1)
+		if n&(n-1) == 0 {
+			e.log.Warn("tcp: incoming connection refused: connection cap", "peer", m.name, "peer_conns", conns, "max_conns_per_peer", e.cfg.MaxConnsPerPeer, "conns", all, "max_incoming_conns", e.cfg.MaxIncomingConns, "refused_total", n)
+		}
+		return fmt.Errorf("tcp: hello from %q refused: it holds %d connections (limit %d), all peers %d (limit %d): %w", m.name, conns, e.cfg.MaxConnsPerPeer, all, e.cfg.MaxIncomingConns, transfer.ErrQueueFull)
 	}
 	ic.name.Store(&m.name)
 	if ic.pending.CompareAndSwap(false, true) {
@@ -448,20 +524,29 @@ func (e *Engine) admit(ic *inConn, m metadata) error {
 
 // land validates every segment against this engine's registry, then reads
 // the payload straight into the destination memory and acknowledges it.
-func (e *Engine) land(r *inReader, conn net.Conn, peer string, id uint64, segs []segment, total uint64, scratch *[][]byte, log interface{ Warn(string, ...any) }) error {
-	if err := e.authorize(peer, segs); err != nil {
+func (e *Engine) land(r *inReader, ic *inConn, conn net.Conn, peer string, id uint64, segs []segment, total uint64, scratch *[][]byte, log interface{ Warn(string, ...any) }) error {
+	ic.landMu.Lock()
+	allowed, aerr := e.authorize(peer, segs, ic.landing[:0])
+	ic.landing = allowed
+	ic.landMu.Unlock()
+	// Cleared once the payload is in, before the ACK goes: a sender that
+	// saw the ACK and moved on (DATA) is never cut by the fence its DATA
+	// raises. On an error return the connection ends (served).
+	if aerr != nil {
+		ic.landed()
 		n := e.stats.forbiddenWrites.Add(1)
 		if n&(n-1) == 0 {
-			log.Warn("tcp refused incoming write: not authorized", "part", id, "err", err, "forbidden_total", n)
+			log.Warn("tcp refused incoming write: not authorized", "part", id, "err", aerr, "forbidden_total", n)
 		}
 		if err := r.discard(total); err != nil {
 			return err
 		}
-		return e.reply(conn, encodeNack(id, nackForbidden, err.Error()))
+		return e.reply(conn, encodeNack(id, nackForbidden, aerr.Error()))
 	}
 	bufs, pins, staged, verr := e.resolveDsts(segs, (*scratch)[:0])
 	*scratch = bufs
 	if verr != nil {
+		ic.landed()
 		log.Warn("tcp rejected incoming write", "part", id, "err", verr)
 		if err := r.discard(total); err != nil {
 			return err
@@ -473,11 +558,12 @@ func (e *Engine) land(r *inReader, conn net.Conn, peer string, id uint64, segs [
 		for i, sg := range segs {
 			in[i] = inSeg{dev: bufs[i] == nil, addr: sg.addr, n: sg.n, host: bufs[i]}
 		}
-		copyErr, err := e.stage.landStaged(r, in, e.done)
+		copyErr, err := e.stage.landStaged(r, peer, in, ic.closed, e.done)
 		e.reg.Unpin(pins)
 		if err != nil {
 			return fmt.Errorf("read payload of part %d: %w", id, err)
 		}
+		ic.landed()
 		if copyErr != nil {
 			log.Warn("tcp could not land incoming write in device memory", "part", id, "err", copyErr)
 			return e.reply(conn, encodeNack(id, nackCode(copyErr), copyErr.Error()))
@@ -491,21 +577,23 @@ func (e *Engine) land(r *inReader, conn net.Conn, peer string, id uint64, segs [
 	if err != nil {
 		return fmt.Errorf("read payload of part %d: %w", id, err)
 	}
+	ic.landed()
 	var ack [headerSize]byte
 	putHeader(ack[:], frameHeader{typ: frameAck, id: id})
 	return e.reply(conn, ack[:])
 }
 
 // authorize asks the write guard (if one is installed) about every
-// segment, once per range the guard allows.
-func (e *Engine) authorize(peer string, segs []segment) error {
+// segment, once per range the guard allows, and appends the ranges it
+// allowed to allowed.
+func (e *Engine) authorize(peer string, segs []segment, allowed []transfer.Desc) ([]transfer.Desc, error) {
 	g := e.guard.Load()
 	if g == nil {
-		return nil
+		return allowed, nil
 	}
-	var allowed transfer.Desc
+	var last transfer.Desc
 	for i, s := range segs {
-		if allowed.Len > 0 && allowed.Contains(s.addr, s.n) {
+		if last.Len > 0 && last.Contains(s.addr, s.n) {
 			continue
 		}
 		a, err := (*g)(peer, transfer.Desc{Addr: s.addr, Len: s.n, Kind: transfer.Host})
@@ -513,11 +601,50 @@ func (e *Engine) authorize(peer string, segs []segment) error {
 			err = fmt.Errorf("guard allowed %v, not the segment", a)
 		}
 		if err != nil {
-			return fmt.Errorf("tcp: incoming segment %d [%#x+%d] from %q: %w", i, s.addr, s.n, peer, forbidden(err))
+			return allowed, fmt.Errorf("tcp: incoming segment %d [%#x+%d] from %q: %w", i, s.addr, s.n, peer, forbidden(err))
 		}
-		allowed = a
+		last = a
+		allowed = append(allowed, a)
 	}
-	return nil
+	return allowed, nil
+}
+
+// FenceWrites returns once no frame authorized for memory overlapping d is
+// landing any more: the agent calls it when d's authorization ended (a
+// grant returned by DATA, cancelled, expired or reclaimed) and before d is
+// granted again. A frame still landing there (its payload trickling in) is
+// cut: its connection is reset without reporting the peer lost, and
+// FenceWrites waits for the connection's reader to return, so not one byte
+// of it lands after. A frame whose payload is complete is never cut (its
+// record is cleared before its ACK goes), so a sender that sends DATA after
+// the ACK, as the pipeline does, loses nothing.
+func (e *Engine) FenceWrites(d transfer.Desc) {
+	var cut []*inConn // allocated only when a frame is cut
+	e.mu.Lock()
+	for ic := range e.incoming {
+		if ic.landingIn(d) {
+			cut = append(cut, ic)
+		}
+	}
+	e.mu.Unlock()
+	for _, ic := range cut {
+		ic.cut.Store(true)
+		ic.abort()
+		n := e.stats.fencedWrites.Add(1)
+		if n&(n-1) == 0 {
+			name := "?"
+			if p := ic.name.Load(); p != nil {
+				name = *p
+			}
+			e.log.Warn("tcp: incoming write cut: its authorization ended while its payload was still arriving", "peer", name, "range", d, "fenced_writes_total", n)
+		}
+	}
+	for _, ic := range cut {
+		select {
+		case <-ic.served:
+		case <-e.done:
+		}
+	}
 }
 
 // resolveDsts maps segments to registered memory, appended to bufs (the

@@ -65,10 +65,12 @@ type stager struct {
 	out, in chan []byte
 	all     [][]byte
 	wait    time.Duration // the longest get waits for a buffer
+	inShare *bodyBudget   // the in buffers each peer holds
 }
 
 func newStager(dev DeviceMemory, buffers, size int, wait time.Duration) (*stager, error) {
-	s := &stager{dev: dev, size: size, out: make(chan []byte, buffers), in: make(chan []byte, buffers), wait: wait}
+	s := &stager{dev: dev, size: size, out: make(chan []byte, buffers), in: make(chan []byte, buffers), wait: wait,
+		inShare: newBodyBudget(int64(buffers), int64(max(1, buffers/2)))}
 	for i := 0; i < 2*buffers; i++ {
 		b, err := dev.AllocStaging(size)
 		if err == nil && len(b) != size {
@@ -184,7 +186,11 @@ type inSeg struct {
 // A failed device copy does not stop the read (the frame is consumed so
 // the connection stays usable); its error is returned as copyErr for the
 // NACK. readErr is a broken connection.
-func (s *stager) landStaged(r *inReader, segs []inSeg, done <-chan struct{}) (copyErr, readErr error) {
+//
+// One peer holds at most its share of the in ring (inShare: half of it, at
+// least one buffer); past it its frame waits like one that finds the ring
+// empty, so a peer trickling many device frames cannot starve the others.
+func (s *stager) landStaged(r *inReader, peer string, segs []inSeg, stop, done <-chan struct{}) (copyErr, readErr error) {
 	var total uint64
 	for _, sg := range segs {
 		total += sg.n
@@ -196,7 +202,13 @@ func (s *stager) landStaged(r *inReader, segs []inSeg, done <-chan struct{}) (co
 	if !r.frameEnd.IsZero() {
 		wait = min(wait, time.Until(r.frameEnd)/2)
 	}
-	buf, err := s.getWithin(s.in, done, max(wait, 0))
+	wait = max(wait, 0)
+	start := time.Now()
+	if err := s.inShare.take(peer, 1, start.Add(wait), stop, done); err != nil {
+		return fmt.Errorf("tcp: no device staging buffer free within %v for %q, which holds its share (%d of %d): %w", wait, peer, s.inShare.perPeer, cap(s.in), err), r.discard(total)
+	}
+	defer s.inShare.give(peer, 1)
+	buf, err := s.getWithin(s.in, done, max(wait-time.Since(start), 0))
 	if err != nil {
 		return err, r.discard(total)
 	}

@@ -241,6 +241,9 @@ const (
 	// not write, an id out of range or a destination id twice; or a DATA's
 	// piece range falls outside its request or its region.
 	NackBadBlocks
+	// NackForbidden: DATA runs write memory the sender may not write (the
+	// arena, memory registered for other peers, unregistered memory).
+	NackForbidden
 )
 
 // String names the code ("bad-runs", ...).
@@ -264,6 +267,8 @@ func (c NackCode) String() string {
 		return "conflicting-want"
 	case NackBadBlocks:
 		return "bad-blocks"
+	case NackForbidden:
+		return "forbidden"
 	default:
 		return fmt.Sprintf("nack(%d)", uint16(c))
 	}

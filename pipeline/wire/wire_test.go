@@ -515,7 +515,7 @@ func TestTypeAndCodeStrings(t *testing.T) {
 			t.Fatalf("%d.String() = %q, want %q", typ, typ.String(), s)
 		}
 	}
-	codes := []NackCode{NackBadRuns, NackUnknownFlow, NackBadEndpoint, NackShutdown, NackScatterFailed, NackChunkTooLarge, NackMalformed, NackConflictingWant}
+	codes := []NackCode{NackBadRuns, NackUnknownFlow, NackBadEndpoint, NackShutdown, NackScatterFailed, NackChunkTooLarge, NackMalformed, NackConflictingWant, NackForbidden}
 	seen := map[string]bool{}
 	for i, c := range codes {
 		if c != NackCode(i+1) || seen[c.String()] || strings.HasPrefix(c.String(), "nack(") {
