@@ -336,3 +336,325 @@ extern "C" __global__ void __launch_bounds__(256, BOUNCE_WIDE_MIN_BLOCKS) bounce
 extern "C" __global__ void __launch_bounds__(256, BOUNCE_WIDE_MIN_BLOCKS) bounce_scatter_wide(uint8_t* region, const Piece* pieces, uint64_t n) {
     run_wide<false>(region, pieces, n);
 }
+
+// ---------------------------------------------------------------------------
+// Block form (transfer.BlockCopy). No piece table: piece k of a chunk is
+// block ids[w(k)] of region r(k), at bases[r(k)] + id*stride, and lies at
+// region + k*len on the region side (pieces packed back to back). The
+// host passes the window of ids the chunk touches (w(k) = k mod nids, the
+// window starting at the chunk's first id, off0 = first mod nids) and the
+// bases of the pool regions the chunk touches (r(k) = (off0 + k) / nids).
+//
+// Completion: when done is not null the last block to finish (counted in
+// *counter, device memory, left at 0 again) stores seq to *done, pinned
+// host memory the host polls, after a system fence, so a host that sees
+// seq sees every byte the kernel wrote.
+
+#ifndef BOUNCE_BLK_MIN_BLOCKS
+#define BOUNCE_BLK_MIN_BLOCKS 2
+#endif
+
+struct BlockJob {
+    uint8_t* region;
+    const uint64_t* bases;
+    const uint32_t* ids;
+    uint64_t nids;
+    uint64_t off0;
+    uint64_t count;
+    uint64_t len;
+    uint64_t stride;
+};
+
+// block_addr returns the pool address of piece k.
+__device__ __forceinline__ uint8_t* block_addr(const BlockJob& j, uint64_t k) {
+    const uint64_t q = j.off0 + k;
+    uint64_t r;
+    if ((q >> 32) == 0 && (j.nids >> 32) == 0) {
+        r = (uint32_t)q / (uint32_t)j.nids;
+    } else {
+        r = q / j.nids;
+    }
+    const uint64_t x = q - r * j.nids;                         // index in the whole id table
+    const uint64_t w = x >= j.off0 ? x - j.off0 : x + j.nids - j.off0; // index in the window
+    return reinterpret_cast<uint8_t*>(j.bases[r] + (uint64_t)j.ids[w] * j.stride);
+}
+
+// finish signals completion (see above). Every thread fences its own
+// writes system-wide before the block counts itself done.
+__device__ __forceinline__ void finish(uint32_t* done, uint32_t* counter, uint32_t seq) {
+    if (done == nullptr) return;
+    __threadfence_system();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        const unsigned nb = gridDim.x * gridDim.y * gridDim.z;
+        if (atomicAdd(counter, 1u) == nb - 1) {
+            *counter = 0;
+            __threadfence_system();
+            *reinterpret_cast<volatile uint32_t*>(done) = seq;
+        }
+    }
+}
+
+// General block kernel: any length and alignment. Work item i is 4 KiB
+// (or less, the last) of piece i / subs; one warp per item, grid-stride.
+template <bool GATHER>
+__device__ __forceinline__ void run_blocks(const BlockJob& j) {
+    const unsigned lane = threadIdx.x & 31;
+    const uint64_t warp = ((uint64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    const uint64_t warps = ((uint64_t)gridDim.x * blockDim.x) >> 5;
+    const uint64_t subs = (j.len + 4095) >> 12;
+    const uint64_t items = j.count * subs;
+    for (uint64_t i = warp; i < items; i += warps) {
+        const uint64_t k = subs == 1 ? i : i / subs;
+        const uint64_t s = (i - k * subs) << 12;
+        const uint64_t n = min((uint64_t)4096, j.len - s);
+        uint8_t* p = block_addr(j, k) + s;
+        uint8_t* r = j.region + k * j.len + s;
+        const uint8_t* src = GATHER ? p : r;
+        uint8_t* dst = GATHER ? r : p;
+        if ((((uintptr_t)src | (uintptr_t)dst | n) & 15) == 0) {
+            uint4 v[8];
+            load8(v, reinterpret_cast<const uint4*>(src), (unsigned)(n >> 4), lane);
+            store8(reinterpret_cast<uint4*>(dst), v, (unsigned)(n >> 4), lane);
+        } else {
+            copy_bytes(dst, src, n, lane);
+        }
+    }
+}
+
+// Vector block kernel: every piece 16-byte aligned on both sides and len
+// a power of two from 128 to 4096 or a multiple of 4096 (the host checks).
+// Warp t copies slab t: region bytes [4096t, 4096t + 4096), eight uint4
+// per lane. A slab holds 4096/len whole pieces (lane p < 4096/len computes
+// piece p's address, shared by shuffles) or 4 KiB of one piece.
+template <bool GATHER>
+__device__ __forceinline__ void slab_ptrs(const BlockJob& j, uint64_t t, unsigned sh, unsigned lane, uint64_t total, const uint8_t* (&src)[8], uint8_t* (&dst)[8], unsigned& nv) {
+    const uint64_t base = t << 12;
+    const uint64_t left = total - base;
+    nv = left >= 4096 ? 256u : (unsigned)(left >> 4);
+    uint8_t* reg = j.region + base;
+    if (sh >= 12) {
+        const uint64_t spp = j.len >> 12;
+        const uint64_t k = spp == 1 ? t : t / spp;
+        uint8_t* p = block_addr(j, k) + ((t - k * spp) << 12);
+#pragma unroll
+        for (int u = 0; u < 8; ++u) {
+            const unsigned e = lane + 32u * u;
+            src[u] = GATHER ? p + 16u * e : reg + 16u * e;
+            dst[u] = GATHER ? reg + 16u * e : p + 16u * e;
+        }
+        return;
+    }
+    const unsigned per = 4096u >> sh; // pieces in a slab, at most 32
+    const uint64_t k0 = t * per;
+    uint64_t mine = 0;
+    if (lane < per && k0 + lane < j.count) mine = (uint64_t)block_addr(j, k0 + lane);
+    const unsigned mask = (1u << (sh - 4)) - 1; // uint4 per piece, less one
+#pragma unroll
+    for (int u = 0; u < 8; ++u) {
+        const unsigned e = lane + 32u * u;
+        const unsigned pi = e >> (sh - 4);
+        uint8_t* p = reinterpret_cast<uint8_t*>(__shfl_sync(0xffffffffu, (unsigned long long)mine, pi)) + 16u * (e & mask);
+        src[u] = GATHER ? p : reg + 16u * e;
+        dst[u] = GATHER ? reg + 16u * e : p;
+    }
+}
+
+// PAIR: a warp copies two slabs at a time (t and t + warps; sixteen
+// loads in flight per lane before the stores), for a grid of one warp per
+// two slabs.
+template <bool GATHER, bool PAIR>
+__device__ __forceinline__ void run_blocks_vec(const BlockJob& j, unsigned sh) {
+    const unsigned lane = threadIdx.x & 31;
+    const uint64_t warp = ((uint64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    const uint64_t warps = ((uint64_t)gridDim.x * blockDim.x) >> 5;
+    const uint64_t total = j.count * j.len;
+    const uint64_t slabs = (total + 4095) >> 12;
+    if (PAIR) {
+    for (uint64_t t = warp; t < slabs; t += 2 * warps) {
+        const uint8_t* sa[8];
+        uint8_t* da[8];
+        const uint8_t* sb[8];
+        uint8_t* db[8];
+        unsigned na, nb = 0;
+        slab_ptrs<GATHER>(j, t, sh, lane, total, sa, da, na);
+        const bool two = t + warps < slabs;
+        if (two) slab_ptrs<GATHER>(j, t + warps, sh, lane, total, sb, db, nb);
+        uint4 va[8], vb[8];
+#pragma unroll
+        for (int u = 0; u < 8; ++u)
+            if (lane + 32u * u < na) va[u] = *reinterpret_cast<const uint4*>(sa[u]);
+#pragma unroll
+        for (int u = 0; u < 8; ++u)
+            if (lane + 32u * u < nb) vb[u] = *reinterpret_cast<const uint4*>(sb[u]);
+#pragma unroll
+        for (int u = 0; u < 8; ++u)
+            if (lane + 32u * u < na) *reinterpret_cast<uint4*>(da[u]) = va[u];
+#pragma unroll
+        for (int u = 0; u < 8; ++u)
+            if (lane + 32u * u < nb) *reinterpret_cast<uint4*>(db[u]) = vb[u];
+    }
+    return;
+    }
+    for (uint64_t t = warp; t < slabs; t += warps) {
+        const uint8_t* s[8];
+        uint8_t* d[8];
+        unsigned nv;
+        slab_ptrs<GATHER>(j, t, sh, lane, total, s, d, nv);
+        uint4 v[8];
+#pragma unroll
+        for (int u = 0; u < 8; ++u)
+            if (lane + 32u * u < nv) v[u] = *reinterpret_cast<const uint4*>(s[u]);
+#pragma unroll
+        for (int u = 0; u < 8; ++u)
+            if (lane + 32u * u < nv) *reinterpret_cast<uint4*>(d[u]) = v[u];
+    }
+}
+
+#define BLOCK_PARAMS uint8_t *region, const uint64_t *bases, const uint32_t *ids, uint64_t nids, uint64_t off0, uint64_t count, uint64_t len, uint64_t stride, uint32_t *done, uint32_t *counter, uint32_t seq, uint32_t sh
+#define BLOCK_JOB BlockJob j = {region, bases, ids, nids, off0, count, len, stride}
+
+// bounce_gather_blocks copies pieces [first, first+count) of a block table
+// into the region (any length, any alignment). sh is unused.
+extern "C" __global__ void __launch_bounds__(256, BOUNCE_BLK_MIN_BLOCKS) bounce_gather_blocks(BLOCK_PARAMS) {
+    BLOCK_JOB;
+    run_blocks<true>(j);
+    finish(done, counter, seq);
+}
+
+// bounce_scatter_blocks copies the region out to the pieces.
+extern "C" __global__ void __launch_bounds__(256, BOUNCE_BLK_MIN_BLOCKS) bounce_scatter_blocks(BLOCK_PARAMS) {
+    BLOCK_JOB;
+    run_blocks<false>(j);
+    finish(done, counter, seq);
+}
+
+// bounce_gather_blocks_vec is bounce_gather_blocks for aligned pieces of
+// len = 1 << sh (7 <= sh <= 12) or a multiple of 4096 (sh = 12 then).
+extern "C" __global__ void __launch_bounds__(256, BOUNCE_BLK_MIN_BLOCKS) bounce_gather_blocks_vec(BLOCK_PARAMS) {
+    BLOCK_JOB;
+    run_blocks_vec<true, false>(j, sh);
+    finish(done, counter, seq);
+}
+
+// bounce_gather_blocks_vec2 is bounce_gather_blocks_vec, two slabs a warp.
+extern "C" __global__ void __launch_bounds__(256, BOUNCE_BLK_MIN_BLOCKS) bounce_gather_blocks_vec2(BLOCK_PARAMS) {
+    BLOCK_JOB;
+    run_blocks_vec<true, true>(j, sh);
+    finish(done, counter, seq);
+}
+
+// bounce_scatter_blocks_vec2 is bounce_scatter_blocks_vec, two slabs a warp.
+extern "C" __global__ void __launch_bounds__(256, BOUNCE_BLK_MIN_BLOCKS) bounce_scatter_blocks_vec2(BLOCK_PARAMS) {
+    BLOCK_JOB;
+    run_blocks_vec<false, true>(j, sh);
+    finish(done, counter, seq);
+}
+
+// bounce_scatter_blocks_vec is bounce_scatter_blocks for aligned pieces.
+extern "C" __global__ void __launch_bounds__(256, BOUNCE_BLK_MIN_BLOCKS) bounce_scatter_blocks_vec(BLOCK_PARAMS) {
+    BLOCK_JOB;
+    run_blocks_vec<false, false>(j, sh);
+    finish(done, counter, seq);
+}
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+// Hopper bulk copies (built into the compute_90 module only): each warp
+// moves a 4 KiB slab global -> shared -> global with cp.async.bulk, the
+// loads completing on a per-warp mbarrier; lanes issue one bulk copy per
+// piece on the pool side, lane 0 one for the whole slab on the region
+// side. Same conditions as the vector kernels.
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+    return (uint32_t)__cvta_generic_to_shared(p);
+}
+
+template <bool GATHER>
+__device__ __forceinline__ void run_blocks_bulk(const BlockJob& j, unsigned sh) {
+    __shared__ alignas(128) uint8_t buf[8][4096];
+    __shared__ alignas(8) uint64_t bar[8];
+    const unsigned lane = threadIdx.x & 31;
+    const unsigned wib = threadIdx.x >> 5;
+    const uint64_t warp = ((uint64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    const uint64_t warps = ((uint64_t)gridDim.x * blockDim.x) >> 5;
+    const uint64_t total = j.count * j.len;
+    const uint64_t slabs = (total + 4095) >> 12;
+    const uint32_t b = smem_addr(&bar[wib]);
+    const uint32_t sbuf = smem_addr(&buf[wib][0]);
+    if (lane == 0) {
+        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(b));
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncwarp();
+    uint32_t phase = 0;
+    const bool whole = sh >= 12;
+    const unsigned per = whole ? 1u : 4096u >> sh;
+    for (uint64_t t = warp; t < slabs; t += warps) {
+        const uint64_t base = t << 12;
+        const uint64_t left = total - base;
+        const uint32_t nbytes = left >= 4096 ? 4096u : (uint32_t)left;
+        uint8_t* reg = j.region + base;
+        // Pool-side piece of this lane (lanes below per): address and size.
+        uint8_t* p = nullptr;
+        uint32_t plen = 0;
+        if (whole) {
+            if (lane == 0) {
+                const uint64_t spp = j.len >> 12;
+                const uint64_t k = spp == 1 ? t : t / spp;
+                p = block_addr(j, k) + ((t - k * spp) << 12);
+                plen = nbytes;
+            }
+        } else if (lane < per && (uint64_t)lane * j.len < nbytes) {
+            p = block_addr(j, t * per + lane);
+            plen = (uint32_t)j.len;
+        }
+        if (lane == 0) {
+            asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(b), "r"(nbytes) : "memory");
+        }
+        __syncwarp();
+        if (GATHER) {
+            if (plen) {
+                asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                             ::"r"(sbuf + lane * (whole ? 0u : (uint32_t)j.len)), "l"(p), "r"(plen), "r"(b) : "memory");
+            }
+        } else if (lane == 0) {
+            asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                         ::"r"(sbuf), "l"(reg), "r"(nbytes), "r"(b) : "memory");
+        }
+        // Wait for the slab to land in shared memory.
+        uint32_t ok = 0;
+        while (!ok) {
+            asm volatile("{ .reg .pred q; mbarrier.try_wait.parity.shared::cta.b64 q, [%1], %2; selp.u32 %0, 1, 0, q; }"
+                         : "=r"(ok) : "r"(b), "r"(phase) : "memory");
+        }
+        phase ^= 1;
+        if (GATHER) {
+            if (lane == 0) {
+                asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(reg), "r"(sbuf), "r"(nbytes) : "memory");
+                asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+                asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+            }
+        } else if (plen) {
+            asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;"
+                         ::"l"(p), "r"(sbuf + lane * (whole ? 0u : (uint32_t)j.len)), "r"(plen) : "memory");
+            asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+            asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+        }
+        __syncwarp();
+    }
+    asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+}
+
+// bounce_gather_blocks_bulk is bounce_gather_blocks_vec by bulk copies.
+extern "C" __global__ void __launch_bounds__(256, 1) bounce_gather_blocks_bulk(BLOCK_PARAMS) {
+    BLOCK_JOB;
+    run_blocks_bulk<true>(j, sh);
+    finish(done, counter, seq);
+}
+
+// bounce_scatter_blocks_bulk is bounce_scatter_blocks_vec by bulk copies.
+extern "C" __global__ void __launch_bounds__(256, 1) bounce_scatter_blocks_bulk(BLOCK_PARAMS) {
+    BLOCK_JOB;
+    run_blocks_bulk<false>(j, sh);
+    finish(done, counter, seq);
+}
+#endif
