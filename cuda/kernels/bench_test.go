@@ -228,7 +228,7 @@ func BenchmarkBlockKernel(b *testing.B) {
 			launch func(gather bool) error
 		}
 		var vs []variant
-		for _, fam := range []kernels.BlockFamily{kernels.BlockGeneral, kernels.BlockVector, kernels.BlockVector2, kernels.BlockBulk} {
+		for _, fam := range []kernels.BlockFamily{kernels.BlockGeneral, kernels.BlockVector, kernels.BlockBulk, kernels.BlockBulk2} {
 			if !m.HasBlocks(fam) {
 				continue
 			}

@@ -19,12 +19,14 @@ const (
 	// to 4 KiB, or a multiple of 4 KiB; one warp per 4 KiB slab of the
 	// region, eight uint4 loads in flight per lane.
 	BlockVector
-	// BlockVector2: BlockVector with two slabs a warp.
-	BlockVector2
 	// BlockBulk: BlockVector's conditions, each slab moved global ->
 	// shared -> global by Hopper bulk copies (cp.async.bulk); compute_90
 	// module only.
 	BlockBulk
+	// BlockBulk2: BlockBulk persistent and double-buffered: one wave of
+	// blocks of four warps, each warp taking slabs grid-stride with the
+	// next slab's loads in flight while it stores the current one.
+	BlockBulk2
 	blockFamilies
 )
 
@@ -35,10 +37,10 @@ func (f BlockFamily) String() string {
 		return "general"
 	case BlockVector:
 		return "vector"
-	case BlockVector2:
-		return "vector2"
 	case BlockBulk:
 		return "bulk"
+	case BlockBulk2:
+		return "bulk2"
 	}
 	return fmt.Sprintf("family(%d)", uint8(f))
 }
@@ -46,9 +48,12 @@ func (f BlockFamily) String() string {
 var blockKernels = [blockFamilies][2]string{
 	BlockGeneral: {GatherBlocksKernel, ScatterBlocksKernel},
 	BlockVector:  {GatherBlocksVecKernel, ScatterBlocksVecKernel},
-	BlockVector2: {GatherBlocksVec2Kernel, ScatterBlocksVec2Kernel},
 	BlockBulk:    {GatherBlocksBulkKernel, ScatterBlocksBulkKernel},
+	BlockBulk2:   {GatherBlocksBulk2Kernel, ScatterBlocksBulk2Kernel},
 }
+
+// bulk2Threads is BlockBulk2's block size.
+const bulk2Threads = 128
 
 // blockParams is the block kernels' parameter count (copy.cu's
 // BLOCK_PARAMS).
@@ -58,8 +63,9 @@ const blockParams = 12
 // 4 KiB of the region.
 const SlabBytes = 4096
 
-// loadBlocks resolves the block kernels the module holds.
-func (m *Module) loadBlocks(ptx []byte) error {
+// loadBlocks resolves the block kernels the module holds and BlockBulk2's
+// wave (sms multiprocessors).
+func (m *Module) loadBlocks(ptx []byte, sms int) error {
 	for f, names := range blockKernels {
 		if !bytes.Contains(ptx, []byte(".entry "+names[0]+"(")) {
 			continue
@@ -71,6 +77,13 @@ func (m *Module) loadBlocks(ptx []byte) error {
 			}
 			m.blocks[f][d] = fn
 		}
+	}
+	if m.blocks[BlockBulk2][0] != nil {
+		per, err := m.blocks[BlockBulk2][0].ActiveBlocks(bulk2Threads)
+		if err != nil {
+			return err
+		}
+		m.bulk2Wave = sms * max(per, 1)
 	}
 	return nil
 }
@@ -138,7 +151,7 @@ func (m *Module) BlockFamilyFor(vec bool) BlockFamily {
 
 // preferredBlockFamilies is the order BlockFamilyFor tries for aligned
 // pieces.
-var preferredBlockFamilies = [...]BlockFamily{BlockVector, BlockVector2, BlockBulk}
+var preferredBlockFamilies = [...]BlockFamily{BlockBulk2, BlockBulk, BlockVector}
 
 // LaunchBlocks queues job on s with family f (which the module must hold
 // and whose conditions job must meet: the caller checks VectorShift and
@@ -164,11 +177,13 @@ func (m *Module) LaunchBlocks(gather bool, f BlockFamily, s *cuda.Stream, args *
 			return fmt.Errorf("kernels: %d-byte pieces do not fit the %s block kernels", job.Len, f)
 		}
 		warps = (job.Count*job.Len + SlabBytes - 1) / SlabBytes
-		if f == BlockVector2 {
-			warps = (warps + 1) / 2
-		}
 	}
 	grid := Grid(warps, maxBlockGrid)
+	threads := uint32(BlockThreads)
+	if f == BlockBulk2 {
+		threads = bulk2Threads
+		grid = uint32(max(1, min((warps+3)/4, uint64(m.bulk2Wave))))
+	}
 	args.SetU64(0, uint64(job.Region))
 	args.SetU64(1, uint64(job.Bases))
 	args.SetU64(2, uint64(job.IDs))
@@ -181,7 +196,7 @@ func (m *Module) LaunchBlocks(gather bool, f BlockFamily, s *cuda.Stream, args *
 	args.SetU64(9, uint64(job.Counter))
 	args.SetU32(10, job.Seq)
 	args.SetU32(11, sh)
-	return m.blocks[f][d].Launch(s, cuda.Dim3{X: grid, Y: 1, Z: 1}, cuda.Dim3{X: BlockThreads, Y: 1, Z: 1}, 0, args)
+	return m.blocks[f][d].Launch(s, cuda.Dim3{X: grid, Y: 1, Z: 1}, cuda.Dim3{X: threads, Y: 1, Z: 1}, 0, args)
 }
 
 // maxBlockGrid caps a block launch's grid; more work is taken

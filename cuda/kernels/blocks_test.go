@@ -124,7 +124,7 @@ func TestBlockKernelsByteExact(t *testing.T) {
 	}
 	var seq uint32
 	for i, bc := range cases {
-		for _, fam := range []kernels.BlockFamily{kernels.BlockGeneral, kernels.BlockVector, kernels.BlockVector2, kernels.BlockBulk} {
+		for _, fam := range []kernels.BlockFamily{kernels.BlockGeneral, kernels.BlockVector, kernels.BlockBulk, kernels.BlockBulk2} {
 			if !m.HasBlocks(fam) {
 				continue
 			}

@@ -38,16 +38,16 @@ const (
 	GatherWideKernel  = "bounce_gather_wide"
 	ScatterWideKernel = "bounce_scatter_wide"
 	// Block-form kernels (optional: a module without them has no block
-	// form): general, vector, vector two slabs a warp, and bulk (the
+	// form): general, vector, bulk and persistent bulk (the
 	// compute_90 module only).
-	GatherBlocksKernel      = "bounce_gather_blocks"
-	ScatterBlocksKernel     = "bounce_scatter_blocks"
-	GatherBlocksVecKernel   = "bounce_gather_blocks_vec"
-	ScatterBlocksVecKernel  = "bounce_scatter_blocks_vec"
-	GatherBlocksVec2Kernel  = "bounce_gather_blocks_vec2"
-	ScatterBlocksVec2Kernel = "bounce_scatter_blocks_vec2"
-	GatherBlocksBulkKernel  = "bounce_gather_blocks_bulk"
-	ScatterBlocksBulkKernel = "bounce_scatter_blocks_bulk"
+	GatherBlocksKernel       = "bounce_gather_blocks"
+	ScatterBlocksKernel      = "bounce_scatter_blocks"
+	GatherBlocksVecKernel    = "bounce_gather_blocks_vec"
+	ScatterBlocksVecKernel   = "bounce_scatter_blocks_vec"
+	GatherBlocksBulkKernel   = "bounce_gather_blocks_bulk"
+	ScatterBlocksBulkKernel  = "bounce_scatter_blocks_bulk"
+	GatherBlocksBulk2Kernel  = "bounce_gather_blocks_bulk2"
+	ScatterBlocksBulk2Kernel = "bounce_scatter_blocks_bulk2"
 )
 
 // WideMinBytes is the average piece size from which Launch takes the wide
@@ -200,7 +200,8 @@ type Module struct {
 	waveWide                int
 	// blocks[f][0] gathers, blocks[f][1] scatters, for each BlockFamily
 	// f the module holds (nil where it has none).
-	blocks [blockFamilies][2]*cuda.Function
+	blocks    [blockFamilies][2]*cuda.Function
+	bulk2Wave int // BlockBulk2 blocks resident at once
 }
 
 // Load JIT-compiles ptx in c; nil takes the embedded module for the
@@ -251,7 +252,7 @@ func Load(c *cuda.Context, ptx []byte) (*Module, error) {
 		}
 		m.waveWide = sms * max(per, 1)
 	}
-	if err := m.loadBlocks(ptx); err != nil {
+	if err := m.loadBlocks(ptx, sms); err != nil {
 		_ = mod.Unload()
 		return nil, err
 	}
