@@ -69,11 +69,20 @@ type Settings struct {
 	// Contexts bounds the operations submitted and not yet released
 	// (default DefaultContexts); beyond it Submit returns ErrBusy.
 	Contexts int
+	// BuildWorkers bounds the goroutines one descriptor-form Submit
+	// spreads its checks and piece table over: 0 picks one per
+	// runsPerWorker runs up to min(GOMAXPROCS, maxBuildWorkers); 1 builds
+	// on the calling goroutine alone.
+	BuildWorkers int
 	// ZeroCopyTable makes the kernel read its piece table straight from
 	// pinned host memory; false stages the table to device memory first
 	// (one small async copy on the same stream).
 	ZeroCopyTable bool
-	// PTX overrides the embedded kernel module (nil: kernels.PTX).
+	// Completion says how a block-form operation's end is seen (default
+	// CompletionFlag); descriptor-form operations always use an event.
+	Completion Completion
+	// PTX overrides the embedded kernel module (nil: the embedded one
+	// for the device, see kernels.Load).
 	PTX []byte
 	// OnClose, when set, runs once at the end of Close (a factory that
 	// retained Context releases it there).
@@ -89,6 +98,9 @@ type Engine struct {
 	mod     *kernels.Module
 	zero    bool
 	onClose func() error
+	// completion of block-form operations
+	completion Completion
+	workers    int // Settings.BuildWorkers
 
 	// mu guards the pool (free contexts, closed flag) and live, so a
 	// launch is either seen by Close or refused.
@@ -108,8 +120,16 @@ type copyCtx struct {
 	pieces []transfer.Run // the table before Encode, on a big-endian host only
 	n      int            // pieces in the table
 	bytes  uint64         // payload bytes they move
-	pins   []uint64
-	last   transfer.Desc // the registered range the previous run lay in
+	scope
+	work []part   // the descriptor form's build workers (buildParallel)
+	blk  blockBuf // the block form's ids, bases and completion flag
+}
+
+// scope is what one pass of checks has proved: the registered ranges
+// touched (to pin) and the last one (the common case of the next run).
+type scope struct {
+	pins []uint64
+	last transfer.Desc // the registered range the previous run lay in
 }
 
 // New validates s, loads the kernels and builds the context pool.
@@ -132,7 +152,15 @@ func New(dir Direction, s Settings) (*Engine, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", name, err)
 	}
-	e := &Engine{dir: dir, name: name, cc: s.Context, reg: s.Registry, mod: mod, zero: s.ZeroCopyTable, onClose: s.OnClose, live: map[*op]struct{}{}}
+	if s.BuildWorkers < 0 {
+		_ = mod.Unload()
+		return nil, fmt.Errorf("%s: config: BuildWorkers %d is negative", name, s.BuildWorkers)
+	}
+	if s.Completion > CompletionEvent {
+		_ = mod.Unload()
+		return nil, fmt.Errorf("%s: config: unknown Completion %d", name, s.Completion)
+	}
+	e := &Engine{dir: dir, name: name, cc: s.Context, reg: s.Registry, mod: mod, zero: s.ZeroCopyTable, onClose: s.OnClose, completion: s.Completion, workers: s.BuildWorkers, live: map[*op]struct{}{}}
 	for range n {
 		c, err := e.newCtx()
 		if err != nil {
@@ -162,6 +190,12 @@ func (e *Engine) newCtx() (*copyCtx, error) {
 	if err := e.grow(c, initialPieces, 0); err != nil {
 		e.freeCtx(c)
 		return nil, err
+	}
+	if e.mod.HasBlocks(kernels.BlockGeneral) {
+		if err := e.newBlockBuf(c); err != nil {
+			e.freeCtx(c)
+			return nil, err
+		}
 	}
 	return c, nil
 }
@@ -204,6 +238,7 @@ func (e *Engine) freeTable(c *copyCtx) {
 
 func (e *Engine) freeCtx(c *copyCtx) {
 	e.freeTable(c)
+	e.freeBlockBuf(c)
 	if c.args != nil {
 		_ = c.args.Free()
 	}
@@ -300,10 +335,13 @@ func (e *Engine) build(c *copyCtx, region transfer.Desc, runs []transfer.Run) er
 	if err != nil {
 		return fmt.Errorf("region %v: %w", region, err)
 	}
-	if err := e.touch(c, rd); err != nil {
+	if err := e.touch(&c.scope, rd); err != nil {
 		return fmt.Errorf("region %v: %w", region, err)
 	}
 	tab := kernels.View(c.host.Bytes())
+	if w := e.buildWorkers(len(runs)); w > 1 && tab != nil {
+		return e.buildParallel(c, region, runs, w)
+	}
 	c.pieces = c.pieces[:0]
 	c.bytes = 0
 	for i := range runs {
@@ -311,18 +349,8 @@ func (e *Engine) build(c *copyCtx, region transfer.Desc, runs []transfer.Run) er
 		if r.Len == 0 || r.Count == 0 {
 			continue
 		}
-		if hi, _ := bits.Mul64(r.Len, r.Count); hi != 0 {
-			return fmt.Errorf("run %d: %d copies of %d bytes overflow: %w", i, r.Count, r.Len, transfer.ErrOutOfBounds)
-		}
-		_, end, ok := r.RegionSpan()
-		if !ok {
-			return fmt.Errorf("run %d: region offsets overflow: %w", i, transfer.ErrOutOfBounds)
-		}
-		if end > region.Len {
-			return fmt.Errorf("run %d: region bytes up to offset %d exceed the %d-byte region: %w", i, end, region.Len, transfer.ErrOutOfBounds)
-		}
-		if err := e.checkAddrs(c, r); err != nil {
-			return fmt.Errorf("run %d: %w", i, err)
+		if err := e.checkRun(&c.scope, region, i, r); err != nil {
+			return err
 		}
 		c.bytes += r.Len * r.Count
 		if tab == nil { // big-endian host: encoded below
@@ -351,10 +379,29 @@ func (e *Engine) build(c *copyCtx, region transfer.Desc, runs []transfer.Run) er
 	return kernels.Encode(c.host.Bytes(), c.pieces)
 }
 
+// checkRun checks run i (not empty) against the region and the registry,
+// recording the ranges it touches in sc.
+func (e *Engine) checkRun(sc *scope, region transfer.Desc, i int, r transfer.Run) error {
+	if hi, _ := bits.Mul64(r.Len, r.Count); hi != 0 {
+		return fmt.Errorf("run %d: %d copies of %d bytes overflow: %w", i, r.Count, r.Len, transfer.ErrOutOfBounds)
+	}
+	_, end, ok := r.RegionSpan()
+	if !ok {
+		return fmt.Errorf("run %d: region offsets overflow: %w", i, transfer.ErrOutOfBounds)
+	}
+	if end > region.Len {
+		return fmt.Errorf("run %d: region bytes up to offset %d exceed the %d-byte region: %w", i, end, region.Len, transfer.ErrOutOfBounds)
+	}
+	if err := e.checkAddrs(sc, r); err != nil {
+		return fmt.Errorf("run %d: %w", i, err)
+	}
+	return nil
+}
+
 // checkAddrs proves every copy of r lies in one registered range the
 // device reaches; a strided run whose span crosses ranges is checked range
 // by range, so the cost is bounded by the number of ranges, not by Count.
-func (e *Engine) checkAddrs(c *copyCtx, r transfer.Run) error {
+func (e *Engine) checkAddrs(c *scope, r transfer.Run) error {
 	start, end, ok := r.AddrSpan()
 	if !ok {
 		return fmt.Errorf("addresses overflow (addr %#x, len %d, count %d, stride %d): %w", r.Addr, r.Len, r.Count, r.AddrStride, transfer.ErrOutOfBounds)
@@ -382,7 +429,7 @@ func (e *Engine) checkAddrs(c *copyCtx, r transfer.Run) error {
 
 // touch records that the copy uses registered range d, after checking the
 // device reaches it.
-func (e *Engine) touch(c *copyCtx, d transfer.Desc) error {
+func (e *Engine) touch(c *scope, d transfer.Desc) error {
 	if slices.Contains(c.pins, d.Addr) {
 		c.last = d
 		return nil
@@ -479,20 +526,34 @@ type op struct {
 	e *Engine
 	c *copyCtx
 
+	// flag, when set, is the pinned word a block-form kernel stores seq
+	// to when done (CompletionFlag); misses counts the polls that found
+	// it unset.
+	flag   *uint32
+	seq    uint32
+	misses uint32
+
 	mu       sync.Mutex
 	state    transfer.Status
 	err      error
 	released bool
 }
 
-// Poll queries the copy's event without blocking.
+// Poll queries the copy's event (or reads its completion flag) without
+// blocking.
 func (o *op) Poll() (transfer.Status, error) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if o.state != transfer.Pending {
 		return o.state, o.err
 	}
-	done, err := o.c.event.Query()
+	var done bool
+	var err error
+	if o.flag != nil {
+		done, err = o.pollFlag()
+	} else {
+		done, err = o.c.event.Query()
+	}
 	if !done && err == nil {
 		return transfer.Pending, nil
 	}
