@@ -100,6 +100,9 @@ type Chunk struct {
 	Gather []transfer.Run
 	// Scatter copies region offsets to destination addresses (Run.Addr).
 	Scatter []transfer.Run
+	// First and Count are a block-table chunk's piece range (LayoutBlocks);
+	// such a chunk has no runs.
+	First, Count uint64
 
 	first int    // the chunk's first piece: descriptor index (Fill)
 	pos   uint64 // and its byte offset in that descriptor
@@ -118,6 +121,9 @@ type Plan struct {
 	align    uint64
 	merge    bool
 	filled   int // chunks filled
+	// blocks holds a block-table plan's tables (LayoutBlocks); nil for a
+	// descriptor plan.
+	blocks *blockTables
 }
 
 // MaxPieces bounds the pieces (descriptor parts) one plan may hold, so a
@@ -209,8 +215,9 @@ func Layout(src, dst []transfer.Desc, opt Options) (*Plan, error) {
 	return b.p, nil
 }
 
-// Filled reports whether chunk k's runs are emitted.
-func (p *Plan) Filled(k int) bool { return p.Chunks[k].Gather != nil }
+// Filled reports whether chunk k's runs are emitted (a block-table chunk
+// has none to emit: always true).
+func (p *Plan) Filled(k int) bool { return p.blocks != nil || p.Chunks[k].Gather != nil }
 
 // Fill emits chunk k's gather and scatter runs, if Layout left them out;
 // it is a no-op for a chunk already filled.
