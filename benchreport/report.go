@@ -130,6 +130,7 @@ type Config struct {
 	DescSize      uint64            `json:"desc_size_override,omitempty"`
 	Count         int               `json:"count_override,omitempty"`
 	Layouts       []string          `json:"layouts"`
+	Forms         []string          `json:"forms,omitempty"` // the request forms (--form); empty: descriptor lists
 	Concurrency   []int             `json:"concurrency"`
 	Generations   int               `json:"generations,omitempty"`
 	Routes        []string          `json:"routes"`

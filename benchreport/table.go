@@ -207,7 +207,7 @@ func writeStages(w io.Writer, cells []Cell) error {
 		s := sums[k]
 		n := s[7]
 		perPiece := "-"
-		if k.g.Count > 0 && k.route != RouteBulk {
+		if k.g.Count > 0 && k.route != RouteBulk && s[0] > 0 {
 			perPiece = fmt.Sprintf("%.1fns", float64(s[0]/n)/float64(k.g.Count))
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", k.g, k.route, dur(s[0]/n), perPiece, dur(s[1]/n), dur(s[2]/n), dur(s[3]/n), dur(s[4]/n), dur(s[5]/n), dur(s[6]/n))
