@@ -19,8 +19,8 @@ import (
 // receiver's DATA decoding and validation — for each request form, on the
 // KV presets' real shapes (fragmented ids, the block-table layout of
 // workload.Spec.Regions so both forms name the same pieces). Each step is
-// reported as ns/block-<step> and each side's sum as ns/block-sender and
-// ns/block-receiver; the goal is ≤ 10 ns per block per side on the block
+// reported as ns/block-<side>-<step> (send-plan, recv-decode, ...) and each
+// side's sum as ns/block-sender and ns/block-receiver; the goal is ≤ 10 ns per block per side on the block
 // form and ≤ 40 ns on the descriptor form. Run with
 //
 //	go test -run '^$' -bench HostCost -benchtime 20x ./driver
@@ -49,10 +49,11 @@ func costPlanOptions() plan.Options {
 	}
 }
 
-// steps accumulates the time of each step over a benchmark's iterations.
+// steps accumulates the time of each step of each side over a
+// benchmark's iterations.
 type steps struct {
-	names []string
-	side  map[string]string // step -> "sender" or "receiver"
+	names []string // "send-plan", "recv-decode", ... in order of first use
+	side  map[string]string
 	total map[string]time.Duration
 }
 
@@ -60,18 +61,20 @@ func newSteps() *steps {
 	return &steps{side: map[string]string{}, total: map[string]time.Duration{}}
 }
 
-// time runs f and adds its duration to step (of side).
+// time runs f and adds its duration to step of side ("send" or "recv").
 func (s *steps) time(step, side string, f func()) {
-	if _, ok := s.side[step]; !ok {
-		s.names = append(s.names, step)
-		s.side[step] = side
+	name := side + "-" + step
+	if _, ok := s.side[name]; !ok {
+		s.names = append(s.names, name)
+		s.side[name] = side
 	}
 	t0 := time.Now()
 	f()
-	s.total[step] += time.Since(t0)
+	s.total[name] += time.Since(t0)
 }
 
-// report reports every step and each side's sum in ns per block.
+// report reports every step as ns/block-<side>-<step> and each side's sum
+// as ns/block-sender and ns/block-receiver, per piece of the request.
 func (s *steps) report(b *testing.B, blocks int) {
 	per := float64(b.N) * float64(blocks)
 	sums := map[string]float64{}
@@ -80,9 +83,8 @@ func (s *steps) report(b *testing.B, blocks int) {
 		b.ReportMetric(v, "ns/block-"+n)
 		sums[s.side[n]] += v
 	}
-	for _, side := range []string{"sender", "receiver"} {
-		b.ReportMetric(sums[side], "ns/block-"+side)
-	}
+	b.ReportMetric(sums["send"], "ns/block-sender")
+	b.ReportMetric(sums["recv"], "ns/block-receiver")
 }
 
 // descCost measures the descriptor form: plan.Build (layout and the runs of
@@ -99,13 +101,13 @@ func descCost(b *testing.B, s workload.Spec) {
 	b.ResetTimer()
 	for range b.N {
 		var p *plan.Plan
-		st.time("plan", "sender", func() {
+		st.time("plan", "send", func() {
 			var err error
 			if p, err = plan.Build(src, dst, opt); err != nil {
 				b.Fatal(err)
 			}
 		})
-		st.time("table", "sender", func() {
+		st.time("table", "send", func() {
 			for _, c := range p.Chunks {
 				pieces = pieces[:0]
 				for _, r := range c.Gather {
@@ -114,7 +116,7 @@ func descCost(b *testing.B, s workload.Spec) {
 			}
 		})
 		msgs := make([][]byte, len(p.Chunks))
-		st.time("encode", "sender", func() {
+		st.time("encode", "send", func() {
 			for k, c := range p.Chunks {
 				var err error
 				buf, err = wire.AppendMarshal(buf[:0], &wire.Data{Request: 1, Chunk: uint32(k), Region: 4096, Runs: c.Scatter})
@@ -124,14 +126,14 @@ func descCost(b *testing.B, s workload.Spec) {
 				msgs[k] = append(msgs[k][:0], buf...)
 			}
 		})
-		st.time("decode", "receiver", func() {
+		st.time("decode", "recv", func() {
 			for _, m := range msgs {
 				if err := wire.UnmarshalData(m, &got); err != nil {
 					b.Fatal(err)
 				}
 			}
 		})
-		st.time("validate", "receiver", func() {
+		st.time("validate", "recv", func() {
 			for _, c := range p.Chunks {
 				if _, err := plan.CheckRuns(c.Scatter, c.Bytes); err != nil {
 					b.Fatal(err)
@@ -143,9 +145,90 @@ func descCost(b *testing.B, s workload.Spec) {
 	st.report(b, s.Count)
 }
 
+// blockCost measures the block-table form: on the sender the ids'
+// validation at submit (each side's Blocks.CheckIDs, destinations unique),
+// plan.LayoutBlocks, and the encoding of the WANT (which carries the
+// destination ids once) and of every chunk's DATA (a piece range); on the
+// receiver their decoding and validation (the WANT's ids once, each DATA's
+// range against the request and its region, as the receiver does). The
+// form builds no piece table on the host: a block stage computes each
+// piece's address from (base, stride, id).
+func blockCost(b *testing.B, s workload.Spec) {
+	src, dst := s.Blocks(transfer.Desc{Addr: 1 << 40, Len: s.Bytes()}, transfer.Desc{Addr: 1 << 41, Len: s.Bytes()})
+	opt := costPlanOptions()
+	st := newSteps()
+	var buf []byte
+	var got wire.Data
+	b.ResetTimer()
+	for range b.N {
+		st.time("validate", "send", func() {
+			if err := src.CheckIDs(false); err != nil {
+				b.Fatal(err)
+			}
+			if err := dst.CheckIDs(true); err != nil {
+				b.Fatal(err)
+			}
+		})
+		var p *plan.Plan
+		st.time("plan", "send", func() {
+			var err error
+			if p, err = plan.LayoutBlocks(src, dst, opt); err != nil {
+				b.Fatal(err)
+			}
+		})
+		var want []byte
+		msgs := make([][]byte, len(p.Chunks))
+		st.time("encode", "send", func() {
+			sizes := make([]uint64, len(p.Chunks))
+			for k, c := range p.Chunks {
+				sizes[k] = c.Bytes
+			}
+			var err error
+			want, err = wire.Marshal(&wire.Want{Request: 1, ChunkBytes: sizes, Endpoint: "tcp://127.0.0.1:5555",
+				Blocks: &wire.WantBlocks{Pool: "kv-dst-0", BlockLen: dst.Pool.BlockLen, Pieces: dst.Len(), IDs: dst.IDs}})
+			if err != nil {
+				b.Fatal(err)
+			}
+			for k, c := range p.Chunks {
+				if buf, err = wire.AppendMarshal(buf[:0], &wire.Data{Request: 1, Chunk: uint32(k), Region: 4096, Pieces: wire.PieceRange{First: c.First, Count: c.Count}}); err != nil {
+					b.Fatal(err)
+				}
+				msgs[k] = append(msgs[k][:0], buf...)
+			}
+		})
+		var w *wire.Want
+		st.time("decode", "recv", func() {
+			m, err := wire.Unmarshal(want)
+			if err != nil {
+				b.Fatal(err)
+			}
+			w = m.(*wire.Want)
+			for _, m := range msgs {
+				if err := wire.UnmarshalData(m, &got); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+		st.time("validate", "recv", func() {
+			table := transfer.Blocks{Pool: dst.Pool, IDs: w.Blocks.IDs}
+			if err := table.CheckIDs(true); err != nil {
+				b.Fatal(err)
+			}
+			for _, c := range p.Chunks {
+				if c.First > table.Len() || c.Count > table.Len()-c.First || c.Count > c.Bytes/table.Pool.BlockLen {
+					b.Fatalf("chunk %d refused", c.Index)
+				}
+			}
+		})
+	}
+	b.StopTimer()
+	st.report(b, s.Count)
+}
+
 func BenchmarkHostCost(b *testing.B) {
 	for _, name := range hostCostPresets {
 		s := costSpec(b, name)
+		b.Run(fmt.Sprintf("form=blocks/%s", name), func(b *testing.B) { blockCost(b, s) })
 		b.Run(fmt.Sprintf("form=descs/%s", name), func(b *testing.B) { descCost(b, s) })
 	}
 }
