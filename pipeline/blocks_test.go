@@ -5,8 +5,14 @@ import (
 	"math/rand/v2"
 	"strings"
 	"testing"
+	"time"
+
+	"pgregory.net/rapid"
 
 	"github.com/bouncekv/bounce/mem"
+	"github.com/bouncekv/bounce/pipeline/wire"
+	gatherhost "github.com/bouncekv/bounce/stages/gather/host"
+	scatterhost "github.com/bouncekv/bounce/stages/scatter/host"
 	"github.com/bouncekv/bounce/transfer"
 )
 
@@ -105,6 +111,30 @@ func blocksSuite(t *testing.T, mk func(testing.TB) *world) {
 		t.Run(c.name, func(t *testing.T) { testBlocksByteExact(t, mk(t), c.route) })
 	}
 	t.Run("refused-before-anything-moves", func(t *testing.T) { testBlocksRefused(t, mk(t)) })
+	t.Run("stages-without-block-capability", func(t *testing.T) {
+		w := mk(t)
+		w.stages = plainStages
+		testBlocksByteExact(t, w, RouteBounce)
+	})
+}
+
+// plainGather and plainScatter hide the host stages' block capability, as
+// a third-party stage that predates the block-table form: the pipeline
+// expands each chunk to runs for them.
+type plainGather struct{ transfer.Gatherer }
+type plainScatter struct{ transfer.Scatterer }
+
+func plainStages(t testing.TB, _ string, reg *mem.Registry, _ transfer.Engine, notify func()) (transfer.Gatherer, transfer.Scatterer, transfer.Writer) {
+	g, err := gatherhost.New(gatherhost.Settings{Registry: reg, Notify: notify})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sc, err := scatterhost.New(scatterhost.Settings{Registry: reg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var _ transfer.BlockGatherer = g // the wrapped stages have it
+	return plainGather{g}, plainScatter{sc}, nil
 }
 
 func TestBlocksInproc(t *testing.T) { blocksSuite(t, newWorld) }
@@ -213,4 +243,165 @@ func testBlocksRefused(t *testing.T, w *world) {
 		t.Fatalf("deregister the source pool after refusals: %v", err)
 	}
 	settled(t, a, b)
+}
+
+// TestBlocksHostileWant sends block-table WANTs a real sender never would:
+// each is refused with a NACK saying why, before any region is granted.
+func TestBlocksHostileWant(t *testing.T) {
+	w := newWorld(t)
+	b := w.node("b", testConfig())
+	newKVPool(t, b, "kv", 2, 32, 1024, 1024, 3)
+	// A pool in memory only "someone" may write.
+	buf, err := mem.Alloc(64 << 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.bufs = append(w.bufs, buf)
+	if err := b.RegisterMemoryFor(buf.Desc(), "someone"); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.RegisterPool("private", transfer.Pool{Regions: []uint64{buf.Desc().Addr}, BlockLen: 1024, Stride: 1024, Blocks: 8, Kind: transfer.Host}); err != nil {
+		t.Fatal(err)
+	}
+	im := newImpostor(t, w, b)
+	cases := []struct {
+		name string
+		wb   wire.WantBlocks
+		want string
+	}{
+		{"unknown pool", wire.WantBlocks{Pool: "nope", BlockLen: 1024, Pieces: 2, IDs: []uint32{0}}, `no pool "nope"`},
+		{"block length", wire.WantBlocks{Pool: "kv", BlockLen: 2048, Pieces: 2, IDs: []uint32{0}}, "blocks of 1024 bytes, not 2048"},
+		{"region count", wire.WantBlocks{Pool: "kv", BlockLen: 1024, Pieces: 3, IDs: []uint32{0}}, "2 regions, not 3"},
+		{"id out of range", wire.WantBlocks{Pool: "kv", BlockLen: 1024, Pieces: 4, IDs: []uint32{0, 32}}, "not below the pool's 32 blocks"},
+		{"id twice", wire.WantBlocks{Pool: "kv", BlockLen: 1024, Pieces: 6, IDs: []uint32{4, 9, 4}}, "listed twice"},
+		{"pool not writable by the peer", wire.WantBlocks{Pool: "private", BlockLen: 1024, Pieces: 1, IDs: []uint32{0}}, "may not write"},
+	}
+	for i, c := range cases {
+		wb := c.wb
+		req := uint64(100 + i)
+		im.send(t, "b", &wire.Want{Request: req, ChunkBytes: []uint64{wb.Pieces * wb.BlockLen}, Endpoint: im.ch.LocalEndpoint(), Blocks: &wb})
+		n, ok := im.recv(t, 5*time.Second).(*wire.Nack)
+		if !ok || n.Request != req || n.Code != wire.NackBadBlocks || !strings.Contains(n.Reason, c.want) {
+			t.Fatalf("%s: got %#v, want a bad-blocks NACK saying %q", c.name, n, c.want)
+		}
+	}
+	if got := b.Stats().RejectedWants; got != uint64(len(cases)) {
+		t.Fatalf("rejected WANTs %d, want %d", got, len(cases))
+	}
+	settled(t, b)
+	for _, p := range []string{"kv", "private"} {
+		if err := b.DeregisterPool(p); err != nil {
+			t.Fatalf("refused WANTs left pool %s held: %v", p, err)
+		}
+	}
+}
+
+// TestBlocksHostileData grants a valid block-table WANT and then sends
+// DATAs whose piece range a real sender never would: each is refused with
+// a NACK (bad-blocks) before any byte is scattered.
+func TestBlocksHostileData(t *testing.T) {
+	w := newWorld(t)
+	b := w.node("b", testConfig())
+	dst := newKVPool(t, b, "kv", 2, 32, 1024, 1100, 3)
+	im := newImpostor(t, w, b)
+	cases := []struct {
+		name string
+		data func(req, region uint64) *wire.Data
+		want string
+	}{
+		{"range past the request", func(req, region uint64) *wire.Data {
+			return &wire.Data{Request: req, Region: region, Pieces: wire.PieceRange{First: 5, Count: 2}}
+		}, "pass the request's 6"},
+		{"range past the region", func(req, region uint64) *wire.Data {
+			return &wire.Data{Request: req, Region: region, Pieces: wire.PieceRange{First: 0, Count: 6}}
+		}, "pass the 4096-byte region"},
+		{"runs for a block request", func(req, region uint64) *wire.Data {
+			return &wire.Data{Request: req, Region: region, Runs: []transfer.Run{{Addr: dst.pool.Regions[0], Len: 1024, Count: 1}}}
+		}, "scatter runs for a block-table request"},
+	}
+	for i, c := range cases {
+		req := uint64(200 + i)
+		im.send(t, "b", &wire.Want{Request: req, ChunkBytes: []uint64{4096, 2048}, Endpoint: im.ch.LocalEndpoint(),
+			Blocks: &wire.WantBlocks{Pool: "kv", BlockLen: 1024, Pieces: 6, IDs: []uint32{1, 30, 7}}})
+		g, ok := im.recv(t, 5*time.Second).(*wire.Grant)
+		if !ok || g.Request != req {
+			t.Fatalf("%s: expected a GRANT, got %#v", c.name, g)
+		}
+		im.send(t, "b", c.data(req, g.Credits[0].Region))
+		var n *wire.Nack
+		for n == nil {
+			m := im.recv(t, 5*time.Second)
+			if m == nil {
+				t.Fatalf("%s: no NACK", c.name)
+			}
+			n, _ = m.(*wire.Nack)
+		}
+		if n.Request != req || n.Code != wire.NackBadBlocks || !strings.Contains(n.Reason, c.want) {
+			t.Fatalf("%s: NACK %#v, want bad-blocks saying %q", c.name, n, c.want)
+		}
+		im.send(t, "b", &wire.Want{Request: req, Endpoint: im.ch.LocalEndpoint()}) // cancel
+	}
+	// A piece range for a descriptor-form flow is refused too.
+	cr := im.grant(t, b, 300, 4096)
+	im.send(t, "b", &wire.Data{Request: 300, Region: cr.Region, Pieces: wire.PieceRange{First: 0, Count: 1}})
+	if n, ok := im.recv(t, 5*time.Second).(*wire.Nack); !ok || n.Code != wire.NackBadBlocks || !strings.Contains(n.Reason, "not a block-table one") {
+		t.Fatalf("piece range for a descriptor flow: %#v", n)
+	}
+	for i, c := range dst.buf {
+		if c != guardByte {
+			t.Fatalf("destination byte %d changed (%#x) though every DATA was refused", i, c)
+		}
+	}
+	settled(t, b)
+	if err := b.DeregisterPool("kv"); err != nil {
+		t.Fatalf("ended flows left the pool held: %v", err)
+	}
+}
+
+// TestExpandRunsMatchesPieces checks the one expansion of a block-table
+// chunk (for stages without the capability): its runs copy exactly the
+// chunk's pieces, piece First+k at region offset RegionOff+k*BlockLen, and
+// consecutive ids of contiguous blocks merge.
+func TestExpandRunsMatchesPieces(t *testing.T) {
+	rapid.Check(t, func(rt *rapid.T) {
+		blen := rapid.Uint64Range(1, 64).Draw(rt, "blockLen")
+		stride := blen + rapid.Uint64Range(0, 8).Draw(rt, "gap")
+		blocks := rapid.Uint64Range(1, 40).Draw(rt, "blocks")
+		p := transfer.Pool{BlockLen: blen, Stride: stride, Blocks: blocks, Kind: transfer.Host}
+		for r := range rapid.IntRange(1, 3).Draw(rt, "regions") {
+			p.Regions = append(p.Regions, uint64(r+1)<<20)
+		}
+		ids := rapid.SliceOfN(rapid.Uint32Range(0, uint32(blocks-1)), 1, 30).Draw(rt, "ids")
+		b := transfer.Blocks{Pool: p, IDs: ids}
+		first := rapid.Uint64Range(0, b.Len()-1).Draw(rt, "first")
+		c := transfer.BlockCopy{Blocks: b, First: first, Count: rapid.Uint64Range(1, b.Len()-first).Draw(rt, "count"), RegionOff: rapid.Uint64Range(0, 9).Draw(rt, "off")}
+		// Model: region offset -> source address, byte by byte.
+		want := map[uint64]uint64{}
+		for k := uint64(0); k < c.Count; k++ {
+			d := b.Piece(c.First + k)
+			for i := uint64(0); i < blen; i++ {
+				want[c.RegionOff+k*blen+i] = d.Addr + i
+			}
+		}
+		got := map[uint64]uint64{}
+		for _, r := range expandRuns(c) {
+			for j := uint64(0); j < r.Count; j++ {
+				for i := uint64(0); i < r.Len; i++ {
+					off := r.RegionOff + j*r.RegionStride + i
+					if _, dup := got[off]; dup {
+						rt.Fatalf("region offset %d copied twice", off)
+					}
+					got[off] = r.Addr + j*r.AddrStride + i
+				}
+			}
+		}
+		if len(got) != len(want) {
+			rt.Fatalf("runs copy %d bytes, want %d", len(got), len(want))
+		}
+		for off, a := range want {
+			if got[off] != a {
+				rt.Fatalf("region offset %d from %#x, want %#x", off, got[off], a)
+			}
+		}
+	})
 }

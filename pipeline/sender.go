@@ -137,7 +137,7 @@ func (r *reactor) startChunks(q *sendReq) (park bool) {
 			return false
 		}
 		bytes := q.plan.Chunks[k].Bytes
-		q.plan.Fill(k) // emit the chunk's runs now that it starts (Agent.plan)
+		q.plan.FillFrom(k, &r.runPool) // emit the chunk's runs now that it starts (Agent.plan)
 		eager := c.credit == nil
 		off, ok := r.sched.AcquireLocal(bytes, eager)
 		if !ok {
@@ -310,6 +310,7 @@ func (r *reactor) gatherDone(q *sendReq, k int, st transfer.Status, err error) {
 		return
 	}
 	c.st = cGathered
+	q.plan.RecycleGather(k, &r.runPool) // the gather op is over: nothing reads its runs
 	if c.credit != nil {
 		r.postWrite(q, k)
 	}
@@ -398,6 +399,7 @@ func (r *reactor) writeDone(q *sendReq, k int, st transfer.Status, err error) {
 	c.phase = time.Now()
 	q.stages.Data += c.phase.Sub(sending)
 	r.a.obs.dataSent(q, k, data, err)
+	q.plan.RecycleScatter(k, &r.runPool) // encoded: nothing reads the runs any more
 	if err != nil {
 		r.fail(q, fmt.Errorf("pipeline: send DATA for chunk %d: %w", k, err))
 		r.settle(q)
