@@ -38,7 +38,15 @@ func TestBlockForm(t *testing.T) {
 				}
 			}
 			rules := blockRules(tc.kind)
-			rep, err := Run(f, tc.kind, tc.name, tc.o, conformance.Config{Seed: 1, Only: rules})
+			cfg := conformance.Config{Seed: 1, Only: rules}
+			for id, why := range tc.known {
+				cfg.Skip = append(cfg.Skip, id)
+				if cfg.SkipReasons == nil {
+					cfg.SkipReasons = map[string]string{}
+				}
+				cfg.SkipReasons[id] = why
+			}
+			rep, err := Run(f, tc.kind, tc.name, tc.o, cfg)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -48,6 +56,10 @@ func TestBlockForm(t *testing.T) {
 					continue
 				}
 				ran++
+				if _, known := tc.known[r.Rule]; known && r.Outcome == conformance.Skip {
+					t.Logf("%s: known defect, skipped: %s", r.Rule, r.Message)
+					continue
+				}
 				if r.Outcome != conformance.Pass {
 					t.Errorf("%s: %s %s", r.Rule, r.Outcome, r.Message)
 				}
@@ -60,10 +72,22 @@ func TestBlockForm(t *testing.T) {
 }
 
 // blockFormSubjects are the built-ins TestBlockForm certifies.
+// loopbackGeometry is loopback's known defect in the block form (its
+// waiver).
+var loopbackGeometry = waivers["engine/loopback"]["engine/blocks-geometry"]
+
+// known lists a subject's rules with a known defect (skipped with the
+// reason; remove the entry once fixed).
 var blockFormSubjects = []struct {
 	kind, name string
 	o          Options
+	known      map[string]string
 }{
-	{"gather", "cuda", Options{Memory: "cuda"}},
-	{"scatter", "cuda", Options{Memory: "cuda"}},
+	{"gather", "host", Options{}, nil},
+	{"scatter", "host", Options{}, nil},
+	{"engine", "loopback", Options{}, map[string]string{
+		"engine/blocks-geometry": loopbackGeometry,
+	}},
+	{"gather", "cuda", Options{Memory: "cuda"}, nil},
+	{"scatter", "cuda", Options{Memory: "cuda"}, nil},
 }

@@ -1,6 +1,7 @@
 package conformance
 
 import (
+	"errors"
 	"fmt"
 	"strings"
 	"unsafe"
@@ -214,6 +215,20 @@ func table(c *rc, blockLen, count uint64, variant int, maxRegions int) (*blockPo
 	nIDs := (count+uint64(regions)-1)/uint64(regions) + c.rng.Uint64N(3)
 	blocks := nIDs + c.rng.Uint64N(nIDs/2+2)
 	p, err := layout(c, shape, blockLen, blocks, regions, 2)
+	if err != nil {
+		return nil, transfer.Blocks{}, err
+	}
+	return p, transfer.Blocks{Pool: p.pool, IDs: drawIDs(c, nIDs, blocks, contiguous)}, nil
+}
+
+// tableLike draws a destination table of src's region and id counts (the
+// shape a pipeline.BlockRequest has: id i to id i in every region) over a
+// pool of its own: its own layout, stride, block count and ids.
+func tableLike(c *rc, src transfer.Blocks, variant int) (*blockPool, transfer.Blocks, error) {
+	shape, contiguous := variantShape(variant)
+	nIDs := uint64(len(src.IDs))
+	blocks := nIDs + c.rng.Uint64N(nIDs/2+2)
+	p, err := layout(c, shape, src.Pool.BlockLen, blocks, len(src.Pool.Regions), 2)
 	if err != nil {
 		return nil, transfer.Blocks{}, err
 	}
@@ -630,6 +645,17 @@ func blockEngineRules() []rule[*enginePeer] {
 	const capability = "transfer.BlockPoster"
 	mk := func(c *rc, e *enginePeer) (rig, error) { return e.blocks(c) }
 	rules := blockRules("engine", "block write", capability, mk)
+	rules = append(rules, rule[*enginePeer]{
+		"engine/blocks-geometry",
+		"a block write between tables of different region and id counts (piece q of the source to piece q of the destination, as transfer.BlockWrite defines it) lands byte-exact, or is refused by the call wrapping transfer.ErrUnsupported with nothing written (skipped without " + capability + ")",
+		func(c *rc, e *enginePeer) error {
+			g, err := e.blocks(c)
+			if err != nil {
+				return fmt.Errorf("setup: %w", err)
+			}
+			return ruleGeometry(c, g)
+		},
+	})
 	return append(rules, rule[*enginePeer]{
 		"engine/blocks-repeated-ids",
 		"a block write whose source ids repeat lands byte-exact; one whose destination ids repeat (the caller's error: the pipeline refuses them) is refused or ends terminal, writes no byte outside the pieces it names, and each byte of a piece named twice holds that byte of one of the pieces written there (skipped without " + capability + ")",
@@ -683,15 +709,16 @@ func (g *blockEngine) register(c *rc, src, dst *blockPool) error {
 }
 
 // job prepares a block write of about n bytes between a source and a
-// destination table drawn apart (each its own region count and layout):
-// pieces [First, First+Count) with First random.
+// destination table of the same region and id counts (each its own pool
+// layout and ids): pieces [First, First+Count) with First random.
+// engine/blocks-geometry covers tables of different shapes.
 func (g *blockEngine) job(c *rc, n uint64, variant int) (*job, error) {
 	bl, count := blockLenFor(c, n)
 	sp, sb, err := table(c, bl, count, variant, 4)
 	if err != nil {
 		return nil, err
 	}
-	dp, db, err := table(c, bl, count, variant, 4)
+	dp, db, err := tableLike(c, sb, variant)
 	if err != nil {
 		return nil, err
 	}
@@ -710,6 +737,12 @@ func (g *blockEngine) write(c *rc, sp *blockPool, src transfer.Blocks, dp *block
 	if err := g.register(c, sp, dp); err != nil {
 		return nil, err
 	}
+	return g.prepare(sp, src, dp, dst, first, count, note), nil
+}
+
+// prepare is write without the registration: the pools are registered
+// already.
+func (g *blockEngine) prepare(sp *blockPool, src transfer.Blocks, dp *blockPool, dst transfer.Blocks, first, count uint64, note string) *blockJob {
 	w := transfer.BlockWrite{Src: src, Dst: dst, First: first, Count: count}
 	peer := g.e.peerB
 	bj := &blockJob{job: &job{
@@ -722,7 +755,7 @@ func (g *blockEngine) write(c *rc, sp *blockPool, src transfer.Blocks, dp *block
 	}
 	sp.watch(bj.job, "source", nil)
 	dp.watch(bj.job, "destination", bj.want)
-	return bj, nil
+	return bj
 }
 
 // badJobs prepares block writes that must be refused with nothing
@@ -871,4 +904,58 @@ func (g *blockEngine) repeated(c *rc) (*job, *job, []overlap, error) {
 		}
 	}
 	return jobs[0].job, jobs[1].job, ovs, nil
+}
+
+// ruleGeometry writes between tables of different shapes: 3 regions of 10
+// ids into 2 regions of 15 and back, in chunks that cross region
+// boundaries on one side and not the other.
+func ruleGeometry(c *rc, g *blockEngine) error {
+	for _, shapes := range [][2]int{{3, 2}, {2, 3}} {
+		const bl, pieces = 129, 30
+		var tabs [2]transfer.Blocks
+		var pools [2]*blockPool
+		for side, regions := range shapes {
+			nIDs := uint64(pieces / regions)
+			p, err := layout(c, shapeApart, bl, nIDs+3, regions, 2)
+			if err != nil {
+				return fmt.Errorf("setup: %w", err)
+			}
+			pools[side], tabs[side] = p, transfer.Blocks{Pool: p.pool, IDs: drawIDs(c, nIDs, nIDs+3, false)}
+		}
+		if err := g.register(c, pools[0], pools[1]); err != nil {
+			return fmt.Errorf("setup: %w", err)
+		}
+		// Each chunk's model starts from what memory holds after the
+		// chunk before it.
+		for _, chunk := range [][2]uint64{{0, pieces}, {7, 11}, {14, 2}} {
+			j := g.prepare(pools[0], tabs[0], pools[1], tabs[1], chunk[0], chunk[1], "").job
+			op, perr, err := c.post(j)
+			if err != nil {
+				return err
+			}
+			if perr != nil {
+				if m := j.changed(); m != "" {
+					c.tainted("%s wrote memory", j.what)
+					return fmt.Errorf("%s was refused (%v) but %s: a refusal writes nothing", j.what, perr, m)
+				}
+				if !errors.Is(perr, transfer.ErrUnsupported) {
+					return fmt.Errorf("%s: refused with %q; tables of different shapes are a valid transfer.BlockWrite: land it, or refuse it wrapping transfer.ErrUnsupported", j.what, perr)
+				}
+				c.note("%s refused as unsupported: %v", j.what, perr)
+				return nil
+			}
+			o, err := c.wait(op, j.what)
+			if err != nil {
+				return err
+			}
+			_ = op.Release()
+			if o.st != transfer.Done {
+				return fmt.Errorf("%s: Poll reported %v; want done (or a refusal by the call wrapping transfer.ErrUnsupported)", j.what, o)
+			}
+			if m := j.mismatch(); m != "" {
+				return fmt.Errorf("%s: %s", j.what, m)
+			}
+		}
+	}
+	return nil
 }

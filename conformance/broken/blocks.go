@@ -40,6 +40,10 @@ const (
 	// BlockBlendRepeats writes the XOR of every piece destined to a
 	// destination named more than once (<kind>/blocks-repeated-ids).
 	BlockBlendRepeats
+	// BlockSameShape (engines) places destination piece q by the source
+	// table's shape — region q / len(Src.IDs), id q % len(Src.IDs) — as if
+	// both tables had the same region and id counts (engine/blocks-geometry).
+	BlockSameShape
 )
 
 // String names the fault.
@@ -57,6 +61,8 @@ func (f BlockFault) String() string {
 		return "block-check-as-you-go"
 	case BlockBlendRepeats:
 		return "block-blend-repeats"
+	case BlockSameShape:
+		return "block-same-shape"
 	default:
 		return fmt.Sprintf("block-fault(%d)", int(f))
 	}
@@ -292,6 +298,10 @@ func (e *blockEngine) PostBlocks(peer string, w transfer.BlockWrite) (transfer.O
 	}
 	for k := range w.Count {
 		src, dst := w.Src.Piece(w.First+k), x.piece(w.Dst, first+k)
+		if e.fault == BlockSameShape {
+			q, n := first+k, uint64(len(w.Src.IDs))
+			dst.Addr = w.Dst.Pool.Regions[q/n] + uint64(w.Dst.IDs[q%n])*w.Dst.Pool.Stride
+		}
 		if blends != nil {
 			if b := blends[dst.Addr]; b != nil {
 				b.srcs = append(b.srcs, src)
