@@ -87,10 +87,12 @@ func (s *steps) report(b *testing.B, blocks int) {
 	b.ReportMetric(sums["recv"], "ns/block-receiver")
 }
 
-// descCost measures the descriptor form: plan.Build (layout and the runs of
-// every chunk), the GPU piece table of every gather run
-// (kernels.AppendPieces), DATA encoding of every chunk's scatter runs; on
-// the receiver DATA decoding and plan.CheckRuns.
+// descCost measures the descriptor form the way the agent runs it:
+// plan.Layout at submit (validation and chunk sizes), each chunk's runs
+// filled from the reactor's run pool (plan.FillFrom, recycled once used),
+// the GPU piece table of every gather run (kernels.AppendPieces), DATA
+// encoding of every chunk's scatter runs; on the receiver DATA decoding
+// and plan.CheckRuns.
 func descCost(b *testing.B, s workload.Spec) {
 	src, dst := s.Descs(transfer.Desc{Addr: 1 << 40, Len: s.Bytes()}, transfer.Desc{Addr: 1 << 41, Len: s.Bytes()})
 	opt := costPlanOptions()
@@ -98,13 +100,19 @@ func descCost(b *testing.B, s workload.Spec) {
 	var pieces []transfer.Run
 	var buf []byte
 	var got wire.Data
+	var pool plan.RunPool
 	b.ResetTimer()
 	for range b.N {
 		var p *plan.Plan
 		st.time("plan", "send", func() {
 			var err error
-			if p, err = plan.Build(src, dst, opt); err != nil {
+			if p, err = plan.Layout(src, dst, opt); err != nil {
 				b.Fatal(err)
+			}
+		})
+		st.time("fill", "send", func() {
+			for k := range p.Chunks {
+				p.FillFrom(k, &pool)
 			}
 		})
 		st.time("table", "send", func() {
@@ -140,6 +148,10 @@ func descCost(b *testing.B, s workload.Spec) {
 				}
 			}
 		})
+		for k := range p.Chunks {
+			p.RecycleGather(k, &pool)
+			p.RecycleScatter(k, &pool)
+		}
 	}
 	b.StopTimer()
 	st.report(b, s.Count)
