@@ -4,6 +4,8 @@ import (
 	"strings"
 	"testing"
 
+	"pgregory.net/rapid"
+
 	"github.com/bouncekv/bounce/mem"
 	"github.com/bouncekv/bounce/transfer"
 )
@@ -171,4 +173,47 @@ func TestBlocksAreTheDescs(t *testing.T) {
 	if err := (Spec{DescSize: 1, Count: 10, Regions: 3}).Validate(); err == nil {
 		t.Error("3 regions of 10 pieces validated")
 	}
+}
+
+// Property: for any block-table spec, the tables name exactly the pieces
+// Descs lists (so both forms move the same bytes), the pools are valid,
+// and each side's ids are a permutation of 0..n-1.
+func TestBlocksAreTheDescsProperty(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		regions := rapid.IntRange(1, 200).Draw(t, "regions")
+		n := rapid.IntRange(1, 64).Draw(t, "ids")
+		s := Spec{
+			DescSize:   rapid.Uint64Range(1, 1<<16).Draw(t, "desc"),
+			Count:      regions * n,
+			Regions:    regions,
+			Fragmented: rapid.Bool().Draw(t, "fragmented"),
+			Seed:       rapid.Uint64().Draw(t, "seed"),
+		}
+		if err := s.Validate(); err != nil {
+			t.Fatal(err)
+		}
+		base := transfer.Desc{Addr: 1 << 40, Len: s.Bytes()}
+		other := transfer.Desc{Addr: 1 << 42, Len: s.Bytes()}
+		sd, dd := s.Descs(base, other)
+		sb, db := s.Blocks(base, other)
+		for _, p := range []transfer.Pool{sb.Pool, db.Pool} {
+			if err := p.Validate(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for q := range sd {
+			if sb.Piece(uint64(q)) != sd[q] || db.Piece(uint64(q)) != dd[q] {
+				t.Fatalf("piece %d: %v -> %v, descriptors %v -> %v", q, sb.Piece(uint64(q)), db.Piece(uint64(q)), sd[q], dd[q])
+			}
+		}
+		for _, ids := range [][]uint32{sb.IDs, db.IDs} {
+			seen := make([]bool, n)
+			for _, id := range ids {
+				if int(id) >= n || seen[id] {
+					t.Fatalf("ids %v are not a permutation of 0..%d", ids, n-1)
+				}
+				seen[id] = true
+			}
+		}
+	})
 }
