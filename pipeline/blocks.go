@@ -34,7 +34,7 @@ type BlockRequest struct {
 	src, dst transfer.Blocks
 }
 
-// Pieces is the number of pieces the request moves (regions × ids), once
+// pieces is the number of pieces the request moves (regions × ids), once
 // Submit resolved it.
 func (br *BlockRequest) pieces() uint64 { return br.src.Len() }
 
@@ -63,8 +63,8 @@ func (lp *localPool) writable(peer string) bool {
 // RegisterPool registers a block pool under name, so requests can name its
 // blocks by id (BlockRequest) and peers learn its geometry from this
 // agent's descriptor (peers must reload the descriptor to see it). The
-// name is 1 to wire.MaxPoolName printable ASCII bytes without spaces and
-// not registered yet; the pool must be valid (transfer.Pool.Validate) and
+// name follows the agent-name rule (transfer.CheckName) and is not
+// registered yet; the pool must be valid (transfer.Pool.Validate) and
 // every region's span must lie in one range already registered with this
 // agent (RegisterMemory, or RegisterMemoryFor for memory only some peers
 // may write: a peer may write the pool only when it may write every

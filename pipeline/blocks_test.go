@@ -9,6 +9,7 @@ import (
 
 	"pgregory.net/rapid"
 
+	"github.com/bouncekv/bounce/engines/loopback"
 	"github.com/bouncekv/bounce/mem"
 	"github.com/bouncekv/bounce/pipeline/wire"
 	gatherhost "github.com/bouncekv/bounce/stages/gather/host"
@@ -108,13 +109,18 @@ func blocksSuite(t *testing.T, mk func(testing.TB) *world) {
 		name  string
 		route Route
 	}{{"bounce", RouteBounce}, {"direct", RouteDirect}} {
-		t.Run(c.name, func(t *testing.T) { testBlocksByteExact(t, mk(t), c.route) })
+		t.Run(c.name, func(t *testing.T) { testBlocksByteExact(t, mk(t), c.route, testConfig()) })
 	}
+	t.Run("peer-without-bounce-served-direct", func(t *testing.T) {
+		off := testConfig()
+		off.Enabled = false
+		testBlocksByteExact(t, mk(t), RouteAuto, off)
+	})
 	t.Run("refused-before-anything-moves", func(t *testing.T) { testBlocksRefused(t, mk(t)) })
 	t.Run("stages-without-block-capability", func(t *testing.T) {
 		w := mk(t)
 		w.stages = plainStages
-		testBlocksByteExact(t, w, RouteBounce)
+		testBlocksByteExact(t, w, RouteBounce, testConfig())
 	})
 }
 
@@ -145,8 +151,10 @@ func TestBlocksTCPZMQ(t *testing.T) { blocksSuite(t, tcpZMQWorld) }
 // unaligned bases and gaps between blocks, over several chunks, and checks
 // every destination byte: the named pieces hold their sources, every other
 // byte is guard.
-func testBlocksByteExact(t *testing.T, w *world, route Route) {
-	a, b := w.node("a", testConfig()), w.node("b", testConfig())
+// bcfg is the receiver's configuration; route auto to a receiver with
+// bounce off must go direct.
+func testBlocksByteExact(t *testing.T, w *world, route Route, bcfg Config) {
+	a, b := w.node("a", testConfig()), w.node("b", bcfg)
 	const blocks, blen = 700, 2048
 	src := newKVPool(t, a, "kv", 3, blocks, blen, blen+96, 5)
 	dst := newKVPool(t, b, "kv-in", 3, blocks, blen, blen+40, 3)
@@ -166,7 +174,7 @@ func testBlocksByteExact(t *testing.T, w *world, route Route) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if bt.Route() != route {
+		if want := map[Route]Route{RouteAuto: RouteDirect}[route]; bt.Route() != route && bt.Route() != want {
 			t.Fatalf("route %v (%s), want %v", bt.Route(), bt.RouteReason(), route)
 		}
 		if err := wait(t, bt); err != nil {
@@ -185,6 +193,9 @@ func testBlocksByteExact(t *testing.T, w *world, route Route) {
 		if got := a.Stats().BounceBytes; got != (1+600+333)*3*blen {
 			t.Fatalf("bounce bytes %d, want %d", got, (1+600+333)*3*blen)
 		}
+	}
+	if route == RouteAuto && a.Stats().Fallbacks == 0 {
+		t.Fatal("a block request to a peer without bounce was not counted as a fallback")
 	}
 	settled(t, a, b)
 	for _, n := range []*node{a, b} {
@@ -404,4 +415,72 @@ func TestExpandRunsMatchesPieces(t *testing.T) {
 			}
 		}
 	})
+}
+
+// TestRegisterPool checks what RegisterPool refuses, naming why, and that a
+// pool in use can be neither deregistered nor have its memory deregistered.
+func TestRegisterPool(t *testing.T) {
+	w := newWorld(t)
+	gate := make(chan struct{})
+	mkEngine := w.engine
+	w.engine = func(t testing.TB, name string, opt loopback.Options) transfer.Engine {
+		if name == "a" {
+			opt.Gate = gate // a's direct writes wait until the gate opens
+		}
+		return mkEngine(t, name, opt)
+	}
+	a, b := w.node("a", testConfig()), w.node("b", testConfig())
+	buf := a.buffer(t, 64<<10)
+	base := mem.DescOf(buf).Addr
+	good := transfer.Pool{Regions: []uint64{base, base + 32<<10}, BlockLen: 1024, Stride: 1024, Blocks: 32, Kind: transfer.Host}
+	outside := good
+	outside.Regions = []uint64{base, base + 48<<10} // region 1 runs past the buffer
+	overlap := good
+	overlap.Regions = []uint64{base, base + 512}
+	for _, c := range []struct {
+		name, pool string
+		p          transfer.Pool
+		want       string
+	}{
+		{"empty name", "", good, "empty name"},
+		{"control character", "kv\n", good, "control character"},
+		{"invalid pool", "kv", overlap, "overlap"},
+		{"region outside registered memory", "kv", outside, "region 1"},
+	} {
+		if err := a.RegisterPool(c.pool, c.p); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Fatalf("%s: %v, want an error saying %q", c.name, err, c.want)
+		}
+	}
+	if err := a.RegisterPool("kv", good); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.RegisterPool("kv", good); err == nil {
+		t.Fatal("a second pool named kv was registered")
+	}
+	if err := a.DeregisterMemory(mem.DescOf(buf)); !errors.Is(err, transfer.ErrInUse) || !strings.Contains(err.Error(), `pool "kv"`) {
+		t.Fatalf("deregister memory under a pool: %v", err)
+	}
+	dst := newKVPool(t, b, "kv", 2, 32, 1024, 1024, 0)
+	connect(t, a, b)
+	bt, err := a.Submit(Request{Peer: "b", Route: RouteDirect, Blocks: &BlockRequest{SrcPool: "kv", SrcIDs: []uint32{1, 2}, DstPool: "kv", DstIDs: []uint32{3, 4}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.DeregisterPool("kv"); !errors.Is(err, transfer.ErrInUse) {
+		t.Fatalf("deregister a pool a request uses: %v", err)
+	}
+	close(gate)
+	if err := wait(t, bt); err != nil {
+		t.Fatal(err)
+	}
+	if err := bt.Release(); err != nil {
+		t.Fatal(err)
+	}
+	checkLanded(t, &kvPool{pool: good, buf: buf, base: base}, dst, []uint32{1, 2}, []uint32{3, 4})
+	if err := a.DeregisterPool("kv"); err != nil {
+		t.Fatalf("deregister the pool once its request is quiescent: %v", err)
+	}
+	if err := a.DeregisterMemory(mem.DescOf(buf)); err != nil {
+		t.Fatalf("deregister the memory once its pool is gone: %v", err)
+	}
 }

@@ -279,8 +279,8 @@ type BlockPoster interface {
 // past the pool's block count or, when unique is set, an id listed twice
 // (a destination list must name each block once: two pieces landing in one
 // place would leave its bytes to whichever copy ran last). It costs O(ids):
-// a bitmap over the pool's blocks when that is small next to the list,
-// else a sorted copy.
+// a bitmap over the pool's blocks when that is small next to the list (and
+// at most 16 MiB), else a sorted copy.
 func (b Blocks) CheckIDs(unique bool) error {
 	for j, id := range b.IDs {
 		if uint64(id) >= b.Pool.Blocks {
@@ -290,7 +290,8 @@ func (b Blocks) CheckIDs(unique bool) error {
 	if !unique || len(b.IDs) < 2 {
 		return nil
 	}
-	if words := (b.Pool.Blocks + 63) / 64; words <= 4*uint64(len(b.IDs))+1024 {
+	// The bitmap is at most 16 MiB, whatever a hostile list's length.
+	if words := (b.Pool.Blocks + 63) / 64; words <= 4*uint64(len(b.IDs))+1024 && words <= 1<<21 {
 		seen := make([]uint64, words)
 		for j, id := range b.IDs {
 			w, m := id/64, uint64(1)<<(id%64)

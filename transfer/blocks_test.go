@@ -143,3 +143,36 @@ func TestBlockCopyCheckRegion(t *testing.T) {
 		t.Fatalf("Bytes = %d", got)
 	}
 }
+
+// TestCheckIDs checks CheckIDs against a map model on both of its paths
+// (bitmap and sorted copy).
+func TestCheckIDs(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		blocks := rapid.SampledFrom([]uint64{1, 7, 64, 65, 5000, 1 << 32}).Draw(t, "blocks")
+		hi := uint32(min(blocks+2, 1<<32-1))
+		ids := rapid.SliceOfN(rapid.Uint32Range(0, hi), 0, 50).Draw(t, "ids")
+		unique := rapid.Bool().Draw(t, "unique")
+		b := Blocks{Pool: Pool{Regions: []uint64{0}, BlockLen: 1, Stride: 1, Blocks: blocks}, IDs: ids}
+		var wantErr error
+		seen := map[uint32]bool{}
+		for _, id := range ids {
+			if uint64(id) >= blocks {
+				wantErr = ErrOutOfBounds
+				break
+			}
+		}
+		if wantErr == nil && unique {
+			for _, id := range ids {
+				if seen[id] {
+					wantErr = ErrDuplicateID
+					break
+				}
+				seen[id] = true
+			}
+		}
+		err := b.CheckIDs(unique)
+		if (err == nil) != (wantErr == nil) || wantErr != nil && !errors.Is(err, wantErr) {
+			t.Fatalf("CheckIDs(%v) of %v in %d blocks = %v, want %v", unique, ids, blocks, err, wantErr)
+		}
+	})
+}

@@ -170,3 +170,48 @@ func BenchmarkFillPooled(b *testing.B) {
 	b.ReportMetric(float64(tp.Nanoseconds())/float64(b.N)/benchDescs, "ns/desc-pooled")
 	b.ReportMetric(float64(tf)/float64(tp), "ratio")
 }
+
+// BenchmarkBlocksVsDescs plans the same 81,920 fragmented 4 KiB pieces in
+// 8 MiB chunks side by side: as descriptors (Layout, then every chunk
+// filled from a RunPool, as the agent does) and as a block table of one
+// region (LayoutBlocks: piece ranges, nothing per piece). It reports ns per
+// block of each and descs/blocks.
+func BenchmarkBlocksVsDescs(b *testing.B) {
+	src, dst := benchPairs("fragmented")
+	opt := Options{MaxChunk: 8 << 20}
+	pool := transfer.Pool{Regions: []uint64{srcBase}, BlockLen: benchBlock, Stride: benchBlock, Blocks: 2 * benchDescs, Kind: transfer.CUDA}
+	dpool := pool
+	dpool.Regions = []uint64{dstBase}
+	sids, dids := make([]uint32, benchDescs), make([]uint32, benchDescs)
+	for i := range sids {
+		sids[i] = uint32((src[i].Addr - srcBase) / benchBlock)
+		dids[i] = uint32((dst[i].Addr - dstBase) / benchBlock)
+	}
+	var rp RunPool
+	var td, tb time.Duration
+	for i := 0; b.Loop(); i++ {
+		for _, blocks := range [2][2]bool{{false, true}, {true, false}}[i%2] {
+			start := time.Now()
+			if blocks {
+				if _, err := LayoutBlocks(transfer.Blocks{Pool: pool, IDs: sids}, transfer.Blocks{Pool: dpool, IDs: dids}, opt); err != nil {
+					b.Fatal(err)
+				}
+				tb += time.Since(start)
+				continue
+			}
+			p, err := Layout(src, dst, opt)
+			if err != nil {
+				b.Fatal(err)
+			}
+			for k := range p.Chunks {
+				p.FillFrom(k, &rp)
+				p.RecycleGather(k, &rp)
+				p.RecycleScatter(k, &rp)
+			}
+			td += time.Since(start)
+		}
+	}
+	b.ReportMetric(float64(td.Nanoseconds())/float64(b.N)/benchDescs, "ns/block-descs")
+	b.ReportMetric(float64(tb.Nanoseconds())/float64(b.N)/benchDescs, "ns/block-blocks")
+	b.ReportMetric(float64(td)/float64(tb), "ratio")
+}

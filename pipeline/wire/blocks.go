@@ -14,24 +14,16 @@ const (
 	MaxBlockIDs = 1 << 24
 	// MaxPools is the most pools one agent descriptor may carry.
 	MaxPools = 256
-	// MaxPoolName is the longest pool name in bytes.
-	MaxPoolName = 64
+	// MaxPoolName is the longest pool name in bytes (an agent name's).
+	MaxPoolName = transfer.MaxNameLen
 )
 
-// CheckPoolName reports why name cannot name a pool: empty, longer than
-// MaxPoolName, or holding a byte outside printable ASCII (space excluded),
-// so a name is safe to log and to compare byte by byte.
+// CheckPoolName reports why name cannot name a pool: the agent-name rule
+// (transfer.CheckName: 1 to MaxPoolName bytes of UTF-8 without control
+// characters, so a name prints safely in logs and errors).
 func CheckPoolName(name string) error {
-	if name == "" {
-		return fmt.Errorf("pool name is empty")
-	}
-	if len(name) > MaxPoolName {
-		return fmt.Errorf("pool name is %d bytes; at most %d", len(name), MaxPoolName)
-	}
-	for i := 0; i < len(name); i++ {
-		if c := name[i]; c <= ' ' || c > '~' {
-			return fmt.Errorf("pool name %q has byte %#x at %d; printable ASCII without spaces only", name, c, i)
-		}
+	if err := transfer.CheckName(name); err != nil {
+		return fmt.Errorf("pool %w", err)
 	}
 	return nil
 }

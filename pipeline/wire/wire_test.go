@@ -371,7 +371,7 @@ func TestMalformedDecode(t *testing.T) {
 		{"data piece overflow", dataHead(0).u64(math.MaxUint64).u64(1), decodeMessage, "overflow"},
 		{"want cancel with blocks", rawHeader(TypeWant).u64(1).u32(0).str("").str("").str("").u8(1), decodeMessage, "a cancel carries no blocks"},
 		{"want blocks no ids", rawHeader(TypeWant).u64(1).u32(1).u64(1).str("").str("").str("").u8(1).str("kv").u64(8).u64(1).u32(0), decodeMessage, "no block ids"},
-		{"want blocks bad pool name", rawHeader(TypeWant).u64(1).u32(1).u64(1).str("").str("").str("").u8(1).str("k v").u64(8).u64(1).u32(1).u32(0), decodeMessage, "pool name"},
+		{"want blocks bad pool name", rawHeader(TypeWant).u64(1).u32(1).u64(1).str("").str("").str("").u8(1).str("k\x01v").u64(8).u64(1).u32(1).u32(0), decodeMessage, "pool name"},
 		{"agent pool stride short", rawHeader(typeAgentDesc).str("n").u32(0).zeros(32).u8(0).u32(1).str("kv").u8(0).u32(0).u64(8).u64(4).u64(1).u32(1).u64(0x1000), decodeAgentDesc, "stride"},
 		{"agent pool name twice", rawHeader(typeAgentDesc).str("n").u32(0).zeros(32).u8(0).u32(2).str("kv").u8(0).u32(0).u64(8).u64(8).u64(1).u32(1).u64(0x1000).str("kv").u8(0).u32(0).u64(8).u64(8).u64(1).u32(1).u64(0x2000), decodeAgentDesc, "twice"},
 		{"run len 0", single(dataHead(1), 0, 0x1000, 0), decodeMessage, "runs[0]: len 0"},
