@@ -200,8 +200,10 @@ type Module struct {
 	waveWide                int
 	// blocks[f][0] gathers, blocks[f][1] scatters, for each BlockFamily
 	// f the module holds (nil where it has none).
-	blocks    [blockFamilies][2]*cuda.Function
-	bulk2Wave int // BlockBulk2 blocks resident at once
+	// The compact kernels; nil when the module has none.
+	gatherCompact, scatterCompact *cuda.Function
+	blocks                        [blockFamilies][2]*cuda.Function
+	bulk2Wave                     int // BlockBulk2 blocks resident at once
 }
 
 // Load JIT-compiles ptx in c; nil takes the embedded module for the
@@ -251,6 +253,10 @@ func Load(c *cuda.Context, ptx []byte) (*Module, error) {
 			return nil, err
 		}
 		m.waveWide = sms * max(per, 1)
+	}
+	if err := m.loadCompact(ptx); err != nil {
+		_ = mod.Unload()
+		return nil, err
 	}
 	if err := m.loadBlocks(ptx, sms); err != nil {
 		_ = mod.Unload()
