@@ -1,6 +1,9 @@
 // Gather and scatter kernels of the bounce CUDA stages. `make ptx` compiles
-// this file to copy.ptx (committed; builds embed it, no CUDA toolkit
-// needed). The host side (kernels.go) cuts a chunk's runs into pieces of at
+// this file to copy.ptx (compute_80) and copy_sm90.ptx (compute_90, which
+// adds the Hopper bulk-copy block kernels); both are committed and
+// embedded, so builds need no CUDA toolkit. Below the descriptor-form
+// kernels come the compact-table kernels and the block-form kernels
+// (transfer.BlockCopy: no table, addresses from base, stride and id). The host side (kernels.go) cuts a chunk's runs into pieces of at
 // most a few KiB; one warp copies one piece at a time (grid-stride over the
 // piece table, one wave of resident blocks), so one launch serves a whole
 // chunk whatever its shape. Pieces must not overlap each other's

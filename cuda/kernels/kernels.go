@@ -1,8 +1,9 @@
 // Package kernels holds the bounce gather and scatter kernels as PTX
-// (copy.ptx, compiled from copy.cu by `make ptx` and committed, so builds
-// need no CUDA toolkit) and the host side that feeds them: the piece table
-// a chunk's runs are cut into (pure Go, tested without a GPU) and the
-// launch.
+// (copy.ptx for compute_80 and copy_sm90.ptx for compute_90, compiled from
+// copy.cu by `make ptx` and committed, so builds need no CUDA toolkit) and
+// the host side that feeds them: the piece tables a chunk's runs are cut
+// into (full and compact; pure Go, tested without a GPU), the block-form
+// jobs that need no table (blocks.go), and the launches.
 package kernels
 
 import (

@@ -7,11 +7,18 @@
 // byte moves: each registered range touched must be CUDA memory of the
 // stage's device or host memory pinned and mapped for it (cuMemHostAlloc,
 // cuMemHostRegister). It cuts the runs into pieces (package kernels),
-// encodes them into the context's pinned table, stages the table to the
-// device when the table is not read zero-copy, launches the kernel and
-// records the event. Poll queries the event and never blocks; Release
-// returns the context. The registered ranges stay pinned until the
-// operation is terminal.
+// writes them into the context's pinned table (compact entries for runs
+// of 4 KiB and more; a large request over several build workers), stages
+// the table to the device when the table is not read zero-copy, launches
+// the kernel and records the event. Poll queries the event and never
+// blocks; Release returns the context. The registered ranges stay pinned
+// until the operation is terminal.
+//
+// SubmitBlocks is the block-table form (transfer.BlockCopy): no piece
+// table, the kernel computing each address from (region base, stride,
+// id); the ids are checked once each, the registry once per pool region
+// touched, and completion is a flag the kernel stores to host-mapped
+// memory (Settings.Completion).
 package gpucopy
 
 import (
@@ -70,8 +77,8 @@ type Settings struct {
 	// (default DefaultContexts); beyond it Submit returns ErrBusy.
 	Contexts int
 	// BuildWorkers bounds the goroutines one descriptor-form Submit
-	// spreads its checks and piece table over: 0 picks one per
-	// runsPerWorker runs up to min(GOMAXPROCS, maxBuildWorkers); 1 builds
+	// spreads its checks and (full) piece table over: 0 picks one per
+	// 1,024 runs from 4,096 runs on, at most min(GOMAXPROCS, 8); 1 builds
 	// on the calling goroutine alone.
 	BuildWorkers int
 	// ZeroCopyTable makes the kernel read its piece table straight from
