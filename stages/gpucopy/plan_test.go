@@ -88,3 +88,27 @@ func TestPlanBlocksAgreesWithTheContract(t *testing.T) {
 		}
 	})
 }
+
+// BenchmarkPlanBlocks is the block form's host checks alone (no driver
+// call): one 8 MiB chunk of 2,048 random ids of a 163,840-block pool, the
+// window copied into ordinary memory. It reports ns a block; the device
+// figure (BenchmarkChunkHost) adds the pinned stores and the driver calls.
+//
+//	go test -run '^$' -bench PlanBlocks ./stages/gpucopy/
+func BenchmarkPlanBlocks(b *testing.B) {
+	pool := transfer.Pool{Regions: []uint64{1 << 32}, BlockLen: 4096, Stride: 4096, Blocks: 163840, Kind: transfer.CUDA}
+	ids := make([]uint32, 81920)
+	for i := range ids {
+		ids[i] = uint32((i * 7919) % 163840)
+	}
+	bc := transfer.BlockCopy{Blocks: transfer.Blocks{Pool: pool, IDs: ids}, First: 4096, Count: 2048}
+	win := make([]uint32, 2048)
+	alloc := func(nr, m uint64) ([]uint32, error) { return win[:m], nil }
+	b.ResetTimer()
+	for range b.N {
+		if _, err := planBlocks(8<<20, bc, alloc); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(bc.Count), "ns/block")
+}
