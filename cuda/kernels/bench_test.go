@@ -248,6 +248,18 @@ func BenchmarkBlockKernel(b *testing.B) {
 		vs = append(vs, variant{"descs/table-staged", func(gather bool) error {
 			return m.Launch(gather, s, args, cuda.DevicePtr(region.Addr), cuda.DevicePtr(table.Addr), uint64(len(pieces)), total)
 		}})
+		if m.HasCompact() {
+			var cps []kernels.CompactPiece
+			for _, r := range runs {
+				cps = kernels.AppendCompact(cps, r, kernels.CompactMax)
+			}
+			ctab := compactBytes(cps)
+			ctable := cudatest.Device(b, c, uint64(len(ctab)))
+			must(b, c.CopyHtoD(cuda.DevicePtr(ctable.Addr), ctab))
+			vs = append(vs, variant{"descs-compact/table-staged", func(gather bool) error {
+				return m.LaunchCompact(gather, s, args, cuda.DevicePtr(region.Addr), cuda.DevicePtr(ctable.Addr), uint64(len(cps)))
+			}})
+		}
 		for _, dir := range []string{"gather", "scatter"} {
 			gather := dir == "gather"
 			for _, v := range vs {

@@ -1,6 +1,9 @@
 // Gather and scatter kernels of the bounce CUDA stages. `make ptx` compiles
-// this file to copy.ptx (committed; builds embed it, no CUDA toolkit
-// needed). The host side (kernels.go) cuts a chunk's runs into pieces of at
+// this file to copy.ptx (compute_80) and copy_sm90.ptx (compute_90, which
+// adds the Hopper bulk-copy block kernels); both are committed and
+// embedded, so builds need no CUDA toolkit. Below the descriptor-form
+// kernels come the compact-table kernels and the block-form kernels
+// (transfer.BlockCopy: no table, addresses from base, stride and id). The host side (kernels.go) cuts a chunk's runs into pieces of at
 // most a few KiB; one warp copies one piece at a time (grid-stride over the
 // piece table, one wave of resident blocks), so one launch serves a whole
 // chunk whatever its shape. Pieces must not overlap each other's
@@ -764,3 +767,47 @@ extern "C" __global__ void __launch_bounds__(256, 1) bounce_scatter_blocks_bulk(
     finish(done, counter, seq);
 }
 #endif
+
+// ---------------------------------------------------------------------------
+// Compact descriptor tables: 16 bytes a piece (address; region offset << 16
+// | length), for pieces that are one copy of at most 65535 bytes in a
+// region below 2^48 bytes: the common table of KV descriptors, a third of
+// the bytes the host writes for a Piece. One warp per piece, one
+// broadcast load of its entry; an aligned piece of at most 4 KiB moves in
+// one round of eight uint4 per lane.
+struct Compact {
+    uint64_t addr;
+    uint64_t off_len;
+};
+
+template <bool GATHER>
+__device__ __forceinline__ void run_compact(uint8_t* region, const Compact* __restrict__ t, uint64_t n) {
+    const unsigned lane = threadIdx.x & 31;
+    const uint64_t warp = ((uint64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    const uint64_t warps = ((uint64_t)gridDim.x * blockDim.x) >> 5;
+    for (uint64_t i = warp; i < n; i += warps) {
+        const Compact c = t[i];
+        uint8_t* a = reinterpret_cast<uint8_t*>(c.addr);
+        uint8_t* r = region + (c.off_len >> 16);
+        const unsigned len = (unsigned)(c.off_len & 0xffff);
+        const uint8_t* src = GATHER ? a : r;
+        uint8_t* dst = GATHER ? r : a;
+        if (len <= 4096 && (((uintptr_t)src | (uintptr_t)dst | len) & 15) == 0) {
+            uint4 v[8];
+            load8(v, reinterpret_cast<const uint4*>(src), len >> 4, lane);
+            store8(reinterpret_cast<uint4*>(dst), v, len >> 4, lane);
+        } else {
+            copy_bytes(dst, src, len, lane);
+        }
+    }
+}
+
+// bounce_gather_compact copies every compact piece into the region.
+extern "C" __global__ void __launch_bounds__(256, BOUNCE_WIDE_MIN_BLOCKS) bounce_gather_compact(uint8_t* region, const Compact* table, uint64_t n) {
+    run_compact<true>(region, table, n);
+}
+
+// bounce_scatter_compact copies the region out to every compact piece.
+extern "C" __global__ void __launch_bounds__(256, BOUNCE_WIDE_MIN_BLOCKS) bounce_scatter_compact(uint8_t* region, const Compact* table, uint64_t n) {
+    run_compact<false>(region, table, n);
+}

@@ -1,8 +1,9 @@
 // Package kernels holds the bounce gather and scatter kernels as PTX
-// (copy.ptx, compiled from copy.cu by `make ptx` and committed, so builds
-// need no CUDA toolkit) and the host side that feeds them: the piece table
-// a chunk's runs are cut into (pure Go, tested without a GPU) and the
-// launch.
+// (copy.ptx for compute_80 and copy_sm90.ptx for compute_90, compiled from
+// copy.cu by `make ptx` and committed, so builds need no CUDA toolkit) and
+// the host side that feeds them: the piece tables a chunk's runs are cut
+// into (full and compact; pure Go, tested without a GPU), the block-form
+// jobs that need no table (blocks.go), and the launches.
 package kernels
 
 import (
@@ -200,8 +201,10 @@ type Module struct {
 	waveWide                int
 	// blocks[f][0] gathers, blocks[f][1] scatters, for each BlockFamily
 	// f the module holds (nil where it has none).
-	blocks    [blockFamilies][2]*cuda.Function
-	bulk2Wave int // BlockBulk2 blocks resident at once
+	// The compact kernels; nil when the module has none.
+	gatherCompact, scatterCompact *cuda.Function
+	blocks                        [blockFamilies][2]*cuda.Function
+	bulk2Wave                     int // BlockBulk2 blocks resident at once
 }
 
 // Load JIT-compiles ptx in c; nil takes the embedded module for the
@@ -251,6 +254,10 @@ func Load(c *cuda.Context, ptx []byte) (*Module, error) {
 			return nil, err
 		}
 		m.waveWide = sms * max(per, 1)
+	}
+	if err := m.loadCompact(ptx); err != nil {
+		_ = mod.Unload()
+		return nil, err
 	}
 	if err := m.loadBlocks(ptx, sms); err != nil {
 		_ = mod.Unload()

@@ -15,8 +15,9 @@ import (
 // side: the block form (ids checked and staged, no piece table) with
 // completion by the host-mapped flag and by event polling, the ids
 // staged or read zero-copy, against the descriptor form (the chunk's runs
-// checked and cut into the pinned piece table, on one goroutine and on
-// the automatic number of build workers) on the same pieces. A
+// checked and cut into the piece table: compact, the default for
+// unstrided runs of 4 KiB and more, and full (descs-full), on one goroutine and on the
+// automatic number of build workers) on the same pieces. A
 // request of 81,920 × 4 KiB (and 36,864 × 2 KiB) random blocks of a
 // device pool is gathered chunk by chunk (8 MiB chunks, the pipeline's
 // default) into a device region. It reports the Submit time per chunk and
@@ -42,6 +43,8 @@ func BenchmarkChunkHost(b *testing.B) {
 			{"blocks", gpucopy.CompletionFlag, true, 0}, {"blocks", gpucopy.CompletionEvent, true, 0},
 			{"descs", gpucopy.CompletionEvent, false, 1}, {"descs", gpucopy.CompletionEvent, true, 1},
 			{"descs", gpucopy.CompletionEvent, false, 0}, {"descs", gpucopy.CompletionEvent, true, 0},
+			{"descs-full", gpucopy.CompletionEvent, false, 1}, {"descs-full", gpucopy.CompletionEvent, false, 0},
+			{"descs-full", gpucopy.CompletionEvent, true, 0},
 		}
 		for _, v := range vs {
 			table := "staged"
@@ -49,11 +52,15 @@ func BenchmarkChunkHost(b *testing.B) {
 				table = "zero-copy"
 			}
 			name := fmt.Sprintf("%dx%dB/%s/%s/table-%s", w.count, w.size, v.form, v.comp, table)
-			if v.form == "descs" {
+			if v.form != "blocks" {
 				name += fmt.Sprintf("/workers-%d", v.workers)
 			}
+			set := gpucopy.Settings{Contexts: 2, ZeroCopyTable: v.zero, Completion: v.comp, BuildWorkers: v.workers}
+			if v.form == "descs-full" {
+				set = gpucopy.WithFullTables(set)
+			}
 			b.Run(name, func(b *testing.B) {
-				f, _ := newFixtureWith(b, gpucopy.Settings{Contexts: 2, ZeroCopyTable: v.zero, Completion: v.comp, BuildWorkers: v.workers})
+				f, _ := newFixtureWith(b, set)
 				benchChunks(b, f, w.size, w.count, chunk, v.form == "blocks")
 			})
 		}

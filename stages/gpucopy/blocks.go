@@ -176,29 +176,99 @@ func (e *Engine) SubmitBlocks(region transfer.Desc, bc transfer.BlockCopy) (tran
 	return o, nil
 }
 
-// buildBlocks checks region and bc (see SubmitBlocks) and writes the
-// chunk's region bases and id window into c's pinned buffer.
-func (e *Engine) buildBlocks(c *copyCtx, region transfer.Desc, bc transfer.BlockCopy) (blockJob, error) {
+// blockPlan is what planBlocks proves of a chunk: its id window (m ids
+// from index off0 of the n ids, wrapping), the pool regions [lo, hi) it
+// touches, and the bytes [spanLo, spanHi) its pieces span from each of
+// their bases (least id to greatest).
+type blockPlan struct {
+	n, off0, m     uint64
+	lo, hi         int
+	spanLo, spanHi uint64
+}
+
+// planBlocks checks bc against a region of regionLen bytes without
+// touching memory registration: the pool's shape, the piece range within
+// the table, the region bytes within the region, every id of the chunk's
+// window below the pool's block count (one pass, fused with copying the
+// window into the slice alloc returns for nr region bases and m ids), and
+// no piece address overflowing. A chunk of no pieces checks the first
+// three only.
+func planBlocks(regionLen uint64, bc transfer.BlockCopy, alloc func(nr, m uint64) ([]uint32, error)) (blockPlan, error) {
 	p := bc.Blocks.Pool
 	ids := bc.Blocks.IDs
 	switch {
 	case len(p.Regions) == 0:
-		return blockJob{}, fmt.Errorf("pool has no regions: %w", transfer.ErrOutOfBounds)
+		return blockPlan{}, fmt.Errorf("pool has no regions: %w", transfer.ErrOutOfBounds)
 	case p.BlockLen == 0 || p.Stride < p.BlockLen:
-		return blockJob{}, fmt.Errorf("pool blocks of %d bytes at stride %d: %w", p.BlockLen, p.Stride, transfer.ErrOutOfBounds)
+		return blockPlan{}, fmt.Errorf("pool blocks of %d bytes at stride %d: %w", p.BlockLen, p.Stride, transfer.ErrOutOfBounds)
 	case p.Blocks == 0 || p.Blocks > transfer.MaxBlocks:
-		return blockJob{}, fmt.Errorf("pool of %d blocks: %w", p.Blocks, transfer.ErrOutOfBounds)
+		return blockPlan{}, fmt.Errorf("pool of %d blocks: %w", p.Blocks, transfer.ErrOutOfBounds)
 	case len(ids) == 0:
-		return blockJob{}, fmt.Errorf("block table has no ids: %w", transfer.ErrOutOfBounds)
+		return blockPlan{}, fmt.Errorf("block table has no ids: %w", transfer.ErrOutOfBounds)
 	}
 	n := uint64(len(ids))
 	total := bc.Blocks.Len()
 	if bc.First > total || bc.Count > total-bc.First {
-		return blockJob{}, fmt.Errorf("pieces [%d, +%d) pass the table's %d (%d regions x %d ids): %w", bc.First, bc.Count, total, len(p.Regions), n, transfer.ErrOutOfBounds)
+		return blockPlan{}, fmt.Errorf("pieces [%d, +%d) pass the table's %d (%d regions x %d ids): %w", bc.First, bc.Count, total, len(p.Regions), n, transfer.ErrOutOfBounds)
 	}
 	hi, nb := bits.Mul64(bc.Count, p.BlockLen)
-	if hi != 0 || bc.RegionOff > region.Len || nb > region.Len-bc.RegionOff {
-		return blockJob{}, fmt.Errorf("%d pieces of %d bytes from region offset %d pass the region's %d bytes: %w", bc.Count, p.BlockLen, bc.RegionOff, region.Len, transfer.ErrOutOfBounds)
+	if hi != 0 || bc.RegionOff > regionLen || nb > regionLen-bc.RegionOff {
+		return blockPlan{}, fmt.Errorf("%d pieces of %d bytes from region offset %d pass the region's %d bytes: %w", bc.Count, p.BlockLen, bc.RegionOff, regionLen, transfer.ErrOutOfBounds)
+	}
+	pl := blockPlan{n: n}
+	if bc.Count == 0 {
+		return pl, nil
+	}
+	pl.off0 = bc.First % n
+	pl.m = min(bc.Count, n)
+	pl.lo, pl.hi = bc.Blocks.RegionsTouched(bc.First, bc.Count)
+	win, err := alloc(uint64(pl.hi-pl.lo), pl.m)
+	if err != nil {
+		return blockPlan{}, err
+	}
+	win = win[:pl.m]
+	// The id window: ids[off0:] then, when the chunk wraps, ids[:rest].
+	seg := ids[pl.off0:min(n, pl.off0+pl.m)]
+	mn, mx := copyIDs(win[:len(seg)], seg)
+	if rest := pl.m - uint64(len(seg)); rest > 0 {
+		a, b := copyIDs(win[len(seg):], ids[:rest])
+		mn, mx = min(mn, a), max(mx, b)
+	}
+	if uint64(mx) >= p.Blocks {
+		for k, id := range win {
+			if uint64(id) >= p.Blocks {
+				return blockPlan{}, fmt.Errorf("block id %d (index %d) is not below the pool's %d blocks: %w", id, (pl.off0+uint64(k))%n, p.Blocks, transfer.ErrOutOfBounds)
+			}
+		}
+	}
+	sh, sl := bits.Mul64(uint64(mn), p.Stride)
+	eh, el := bits.Mul64(uint64(mx), p.Stride)
+	if sh != 0 || eh != 0 || el > math.MaxUint64-p.BlockLen {
+		return blockPlan{}, fmt.Errorf("block %d at stride %d overflows: %w", mx, p.Stride, transfer.ErrOutOfBounds)
+	}
+	pl.spanLo, pl.spanHi = sl, el+p.BlockLen
+	for r := pl.lo; r < pl.hi; r++ {
+		if p.Regions[r] > math.MaxUint64-pl.spanHi {
+			return blockPlan{}, fmt.Errorf("pool region %d at %#x: pieces overflow the address space: %w", r, p.Regions[r], transfer.ErrOutOfBounds)
+		}
+	}
+	return pl, nil
+}
+
+// buildBlocks checks region and bc (see SubmitBlocks) and writes the
+// chunk's region bases and id window into c's pinned buffer.
+func (e *Engine) buildBlocks(c *copyCtx, region transfer.Desc, bc transfer.BlockCopy) (blockJob, error) {
+	var buf []byte
+	pl, err := planBlocks(region.Len, bc, func(nr, m uint64) ([]uint32, error) {
+		need := 8*nr + 4*m
+		if err := e.growBlocks(c, need); err != nil {
+			return nil, fmt.Errorf("ids buffer of %d bytes: %w", need, err)
+		}
+		buf = c.blk.host.Bytes()
+		return unsafe.Slice((*uint32)(unsafe.Pointer(&buf[8*nr])), m), nil
+	})
+	if err != nil {
+		return blockJob{}, err
 	}
 	if region.Len == 0 {
 		return blockJob{}, fmt.Errorf("region %v: empty: %w", region, transfer.ErrOutOfBounds)
@@ -213,46 +283,14 @@ func (e *Engine) buildBlocks(c *copyCtx, region transfer.Desc, bc transfer.Block
 	if bc.Count == 0 {
 		return blockJob{}, nil
 	}
-	off0 := bc.First % n
-	m := min(bc.Count, n)
-	lo, hiR := bc.Blocks.RegionsTouched(bc.First, bc.Count)
-	nr := uint64(hiR - lo)
-	need := 8*nr + 4*m
-	if err := e.growBlocks(c, need); err != nil {
-		return blockJob{}, fmt.Errorf("ids buffer of %d bytes: %w", need, err)
-	}
-	buf := c.blk.host.Bytes()
-	// The id window: ids[off0:] then, when the chunk wraps, ids[:rest].
-	win := unsafe.Slice((*uint32)(unsafe.Pointer(&buf[8*nr])), m)
-	seg := ids[off0:min(n, off0+m)]
-	mn, mx := copyIDs(win[:len(seg)], seg)
-	if rest := m - uint64(len(seg)); rest > 0 {
-		a, b := copyIDs(win[len(seg):], ids[:rest])
-		mn, mx = min(mn, a), max(mx, b)
-	}
-	if uint64(mx) >= p.Blocks {
-		for k, id := range win {
-			if uint64(id) >= p.Blocks {
-				return blockJob{}, fmt.Errorf("block id %d (index %d) is not below the pool's %d blocks: %w", id, (off0+uint64(k))%n, p.Blocks, transfer.ErrOutOfBounds)
-			}
-		}
-	}
 	// The pieces' span in each region touched, checked once a region.
-	sh, sl := bits.Mul64(uint64(mn), p.Stride)
-	eh, el := bits.Mul64(uint64(mx), p.Stride)
-	if sh != 0 || eh != 0 || el > math.MaxUint64-p.BlockLen {
-		return blockJob{}, fmt.Errorf("block %d at stride %d overflows: %w", mx, p.Stride, transfer.ErrOutOfBounds)
-	}
-	el += p.BlockLen
+	p := bc.Blocks.Pool
 	or := p.Stride | (region.Addr + bc.RegionOff)
-	for r := lo; r < hiR; r++ {
+	for r := pl.lo; r < pl.hi; r++ {
 		base := p.Regions[r]
-		if base > math.MaxUint64-el {
-			return blockJob{}, fmt.Errorf("pool region %d at %#x: pieces overflow the address space: %w", r, base, transfer.ErrOutOfBounds)
-		}
-		binary.LittleEndian.PutUint64(buf[8*uint64(r-lo):], base)
+		binary.LittleEndian.PutUint64(buf[8*uint64(r-pl.lo):], base)
 		or |= base
-		if err := e.checkSpan(c, p, base+sl, el-sl); err != nil {
+		if err := e.checkSpan(c, p, base+pl.spanLo, pl.spanHi-pl.spanLo); err != nil {
 			return blockJob{}, fmt.Errorf("pool region %d: %w", r, err)
 		}
 	}
@@ -263,10 +301,10 @@ func (e *Engine) buildBlocks(c *copyCtx, region transfer.Desc, bc transfer.Block
 	return blockJob{
 		job: kernels.BlockJob{
 			Region: cuda.DevicePtr(region.Addr + bc.RegionOff),
-			NIDs:   n, Off0: off0, Count: bc.Count, Len: p.BlockLen, Stride: p.Stride,
+			NIDs:   pl.n, Off0: pl.off0, Count: bc.Count, Len: p.BlockLen, Stride: p.Stride,
 		},
 		family: fam,
-		bytes:  need,
+		bytes:  8*uint64(pl.hi-pl.lo) + 4*pl.m,
 	}, nil
 }
 

@@ -7,11 +7,18 @@
 // byte moves: each registered range touched must be CUDA memory of the
 // stage's device or host memory pinned and mapped for it (cuMemHostAlloc,
 // cuMemHostRegister). It cuts the runs into pieces (package kernels),
-// encodes them into the context's pinned table, stages the table to the
-// device when the table is not read zero-copy, launches the kernel and
-// records the event. Poll queries the event and never blocks; Release
-// returns the context. The registered ranges stay pinned until the
-// operation is terminal.
+// writes them into the context's pinned table (compact entries for runs
+// of 4 KiB and more; a large request over several build workers), stages
+// the table to the device when the table is not read zero-copy, launches
+// the kernel and records the event. Poll queries the event and never
+// blocks; Release returns the context. The registered ranges stay pinned
+// until the operation is terminal.
+//
+// SubmitBlocks is the block-table form (transfer.BlockCopy): no piece
+// table, the kernel computing each address from (region base, stride,
+// id); the ids are checked once each, the registry once per pool region
+// touched, and completion is a flag the kernel stores to host-mapped
+// memory (Settings.Completion).
 package gpucopy
 
 import (
@@ -70,8 +77,8 @@ type Settings struct {
 	// (default DefaultContexts); beyond it Submit returns ErrBusy.
 	Contexts int
 	// BuildWorkers bounds the goroutines one descriptor-form Submit
-	// spreads its checks and piece table over: 0 picks one per
-	// runsPerWorker runs up to min(GOMAXPROCS, maxBuildWorkers); 1 builds
+	// spreads its checks and (full) piece table over: 0 picks one per
+	// 1,024 runs from 4,096 runs on, at most min(GOMAXPROCS, 8); 1 builds
 	// on the calling goroutine alone.
 	BuildWorkers int
 	// ZeroCopyTable makes the kernel read its piece table straight from
@@ -84,6 +91,8 @@ type Settings struct {
 	// PTX overrides the embedded kernel module (nil: the embedded one
 	// for the device, see kernels.Load).
 	PTX []byte
+	// fullTables never builds compact piece tables (tests measure both).
+	fullTables bool
 	// OnClose, when set, runs once at the end of Close (a factory that
 	// retained Context releases it there).
 	OnClose func() error
@@ -101,6 +110,8 @@ type Engine struct {
 	// completion of block-form operations
 	completion Completion
 	workers    int // Settings.BuildWorkers
+	// fullTables is Settings.fullTables
+	fullTables bool
 
 	// mu guards the pool (free contexts, closed flag) and live, so a
 	// launch is either seen by Close or refused.
@@ -111,15 +122,16 @@ type Engine struct {
 }
 
 type copyCtx struct {
-	stream *cuda.Stream
-	event  *cuda.Event
-	args   *cuda.Args
-	host   cuda.HostMem   // encoded piece table (pinned, device-mapped)
-	dev    cuda.DevicePtr // staged copy of the table (0 when zero-copy)
-	cap    int            // pieces the table holds
-	pieces []transfer.Run // the table before Encode, on a big-endian host only
-	n      int            // pieces in the table
-	bytes  uint64         // payload bytes they move
+	stream  *cuda.Stream
+	event   *cuda.Event
+	args    *cuda.Args
+	host    cuda.HostMem   // encoded piece table (pinned, device-mapped)
+	dev     cuda.DevicePtr // staged copy of the table (0 when zero-copy)
+	cap     int            // pieces the table holds
+	pieces  []transfer.Run // the table before Encode, on a big-endian host only
+	n       int            // pieces in the table
+	compact bool           // the table is kernels.CompactPiece entries
+	bytes   uint64         // payload bytes they move
 	scope
 	work []part   // the descriptor form's build workers (buildParallel)
 	blk  blockBuf // the block form's ids, bases and completion flag
@@ -160,7 +172,7 @@ func New(dir Direction, s Settings) (*Engine, error) {
 		_ = mod.Unload()
 		return nil, fmt.Errorf("%s: config: unknown Completion %d", name, s.Completion)
 	}
-	e := &Engine{dir: dir, name: name, cc: s.Context, reg: s.Registry, mod: mod, zero: s.ZeroCopyTable, onClose: s.OnClose, completion: s.Completion, workers: s.BuildWorkers, live: map[*op]struct{}{}}
+	e := &Engine{dir: dir, name: name, cc: s.Context, reg: s.Registry, mod: mod, zero: s.ZeroCopyTable, onClose: s.OnClose, completion: s.Completion, workers: s.BuildWorkers, fullTables: s.fullTables, live: map[*op]struct{}{}}
 	for range n {
 		c, err := e.newCtx()
 		if err != nil {
@@ -305,7 +317,11 @@ func (e *Engine) Submit(region transfer.Desc, runs []transfer.Run) (transfer.Op,
 // zero-copy), the kernel and the event on c's stream.
 func (e *Engine) launch(c *copyCtx, region transfer.Desc) error {
 	np := c.n
-	bytes := uint64(np) * kernels.PieceSize
+	entry := uint64(kernels.PieceSize)
+	if c.compact {
+		entry = kernels.CompactSize
+	}
+	bytes := uint64(np) * entry
 	if np > 0 {
 		table := c.host.Dev
 		if !e.zero {
@@ -314,7 +330,13 @@ func (e *Engine) launch(c *copyCtx, region transfer.Desc) error {
 			}
 			table = c.dev
 		}
-		if err := e.mod.Launch(e.dir == Gather, c.stream, c.args, cuda.DevicePtr(region.Addr), table, uint64(np), c.bytes); err != nil {
+		var err error
+		if c.compact {
+			err = e.mod.LaunchCompact(e.dir == Gather, c.stream, c.args, cuda.DevicePtr(region.Addr), table, uint64(np))
+		} else {
+			err = e.mod.Launch(e.dir == Gather, c.stream, c.args, cuda.DevicePtr(region.Addr), table, uint64(np), c.bytes)
+		}
+		if err != nil {
 			return fmt.Errorf("launch: %w", err)
 		}
 	}
@@ -339,6 +361,15 @@ func (e *Engine) build(c *copyCtx, region transfer.Desc, runs []transfer.Run) er
 		return fmt.Errorf("region %v: %w", region, err)
 	}
 	tab := kernels.View(c.host.Bytes())
+	c.compact = false
+	if tab != nil && e.compactFor(region, runs) {
+		if ok, err := e.buildCompact(c, region, runs); err != nil || ok {
+			return err
+		}
+		// A run a compact table cannot hold (strided): start over with
+		// full pieces. The region's range is the first pin.
+		c.pins, c.last = c.pins[:1], rd
+	}
 	if w := e.buildWorkers(len(runs)); w > 1 && tab != nil {
 		return e.buildParallel(c, region, runs, w)
 	}
@@ -377,6 +408,60 @@ func (e *Engine) build(c *copyCtx, region transfer.Desc, runs []transfer.Run) er
 		return fmt.Errorf("piece table of %d pieces: %w", c.n, err)
 	}
 	return kernels.Encode(c.host.Bytes(), c.pieces)
+}
+
+// compactMinBytes is the first run's size from which build takes a
+// compact table: at 4 KiB pieces the compact kernels match or beat the
+// full ones, below they lose (512 B: 0.35 of one copy against 0.75,
+// docs/BENCHMARKS.md issue 24), so smaller pieces keep the full table.
+const compactMinBytes = 4 << 10
+
+// compactFor reports whether build tries a compact table: the module has
+// the kernels, the region's offsets fit, and the request's first
+// non-empty run (KV requests are of one size) is at least
+// compactMinBytes.
+func (e *Engine) compactFor(region transfer.Desc, runs []transfer.Run) bool {
+	if e.fullTables || !e.mod.HasCompact() || region.Len > kernels.MaxCompactRegion {
+		return false
+	}
+	for _, r := range runs {
+		if r.Len != 0 && r.Count != 0 {
+			return r.Len >= compactMinBytes
+		}
+	}
+	return false
+}
+
+// buildCompact is build's loop for a compact table (16 bytes a piece, a
+// third of what the host writes for a full one): it reports false, having
+// launched nothing, at the first run a compact table cannot hold.
+func (e *Engine) buildCompact(c *copyCtx, region transfer.Desc, runs []transfer.Run) (bool, error) {
+	tab := kernels.ViewCompact(c.host.Bytes())
+	c.bytes = 0
+	for i := range runs {
+		r := runs[i]
+		if r.Len == 0 || r.Count == 0 {
+			continue
+		}
+		if !kernels.Compactable(r) {
+			return false, nil
+		}
+		if err := e.checkRun(&c.scope, region, i, r); err != nil {
+			return false, err
+		}
+		c.bytes += r.Len * r.Count
+		if k := kernels.PieceCount(r, kernels.CompactMax); uint64(len(tab))+k > uint64(cap(tab)) {
+			n := len(tab)
+			full := func(m int) int { return (m*kernels.CompactSize + kernels.PieceSize - 1) / kernels.PieceSize }
+			if err := e.grow(c, full(n+int(k)), full(n)); err != nil {
+				return false, fmt.Errorf("piece table of %d pieces: %w", n+int(k), err)
+			}
+			tab = kernels.ViewCompact(c.host.Bytes())[:n]
+		}
+		tab = kernels.AppendCompact(tab, r, kernels.CompactMax)
+	}
+	c.n, c.compact = len(tab), true
+	return true, nil
 }
 
 // checkRun checks run i (not empty) against the region and the registry,

@@ -75,10 +75,16 @@ func newFixtureWith(t testing.TB, set gpucopy.Settings) (*fixture, *cudaCtx) {
 
 // TestGatherScatterByteExact runs random plans (fragmented and contiguous,
 // unaligned, sizes from 1 byte, strided) through both stages on device
-// memory and on a pinned host region, checking every byte of both sides.
+// memory and on a pinned host region, checking every byte of both sides,
+// with compact piece tables where the runs allow (the default for runs of
+// 4 KiB and more) and with full ones only.
 func TestGatherScatterByteExact(t *testing.T) {
-	for _, zero := range []bool{true, false} {
-		f, cc := newFixture(t, 4, zero)
+	for k, zero := range []bool{true, false, true, false} {
+		set := gpucopy.Settings{Contexts: 4, ZeroCopyTable: zero}
+		if k >= 2 {
+			set = gpucopy.WithFullTables(set)
+		}
+		f, cc := newFixtureWith(t, set)
 		c := cc.c
 		cases := []cudatest.PlanOptions{
 			{Runs: 1, MaxLen: 1},

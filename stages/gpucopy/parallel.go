@@ -14,6 +14,11 @@ import (
 const (
 	// runsPerWorker is the fewest runs worth a build worker of their own.
 	runsPerWorker = 1024
+	// parallelMinRuns is the fewest runs built on several workers: on the
+	// H200 machine 2,048 runs on two workers took longer than on one
+	// (53 against 47 ns a run), 4,096 on four less (30 against 45;
+	// docs/BENCHMARKS.md issue 24).
+	parallelMinRuns = 4096
 	// maxBuildWorkers caps the workers of one Submit.
 	maxBuildWorkers = 8
 )
@@ -22,6 +27,9 @@ const (
 func (e *Engine) buildWorkers(n int) int {
 	if e.workers > 0 {
 		return min(e.workers, max(1, n))
+	}
+	if n < parallelMinRuns {
+		return 1
 	}
 	return max(1, min(n/runsPerWorker, runtime.GOMAXPROCS(0), maxBuildWorkers))
 }

@@ -1,6 +1,9 @@
 // Package cuda is the CUDA transfer.Scatterer: it copies one contiguous region out to scattered CUDA (or pinned host) memory
 // with one kernel launch per operation, completion by a CUDA event that
-// Poll queries without blocking (see package gpucopy).
+// Poll queries without blocking (see package gpucopy). It is also a
+// transfer.BlockScatterer: a block-table chunk is one kernel that computes
+// each piece's address from (region base, stride, id), no piece table,
+// completion by a flag the kernel stores to host-mapped memory.
 package cuda
 
 import (
