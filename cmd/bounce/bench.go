@@ -202,9 +202,9 @@ every receiver verify every byte (--json writes it all).`,
 // listPresets prints the sizing table.
 func listPresets(w io.Writer) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "preset\tmodel\tTP\tblock\tdescriptor\tcount\tbytes")
+	fmt.Fprintln(tw, "preset\tmodel\tTP\tblock\tdescriptor\tcount\tbytes\tblock table (--form blocks)")
 	for _, p := range workload.Presets() {
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%s\t%d\t%s\n", p.Name, p.Model, p.TP, p.Block, benchreport.FormatSize(p.DescSize), p.Count, benchreport.FormatSize(p.Bytes()))
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%s\t%d\t%s\t%d regions x %d ids\n", p.Name, p.Model, p.TP, p.Block, benchreport.FormatSize(p.DescSize), p.Count, benchreport.FormatSize(p.Bytes()), p.Regions(), p.IDs())
 	}
 	return tw.Flush()
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"strings"
 	"testing"
 	"time"
@@ -103,6 +104,19 @@ func TestRunForms(t *testing.T) {
 	for _, want := range []string{"bounce [blocks]", "bounce [descs]", "every byte verified"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+}
+
+// bench --list names each preset's block table.
+func TestBenchListBlockTables(t *testing.T) {
+	var out, errb bytes.Buffer
+	if code := execute([]string{"bench", "--list"}, strings.NewReader(""), &out, &errb); code != exitOK {
+		t.Fatalf("exit %d: %s", code, errb.String())
+	}
+	for _, want := range []string{"160 regions x 512 ids", "72 regions x 128 ids"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("--list lacks %q:\n%s", want, out.String())
 		}
 	}
 }
