@@ -143,6 +143,7 @@ every receiver verify every byte (--json writes it all).`,
   bounce bench --engine.kind ucx --bounce.arena-size 32MiB --workload llama70b-tp8-b16 --routes bounce
   bounce bench --peer recv.json --engine.listen 10.0.0.1:0 --control-plane.interface eth0 --routes bounce,direct,bulk
   bounce bench --desc-size 512B..64KiB --concurrency 1,8 --routes bounce,direct --plots sweep
+  bounce bench --workload llama70b-tp8-b16,gptoss120b-tp8-b16 --form blocks,descs --routes bounce,direct,bulk
   bounce bench --senders 4 --receivers 2
   bounce bench --senders 8 --receivers 2 --pattern seeded --count 1024 --desc-size 4KiB --duration 10s
   bounce bench --list`,

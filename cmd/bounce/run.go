@@ -48,7 +48,8 @@ The default workload is one rank of Llama-3.1-70B at TP=8 with block size 16:
 		Example: `  bounce run
   bounce run --workload gptoss120b-tp8-b16 --requests 8
   bounce run --engine.kind ucx --control-plane.kind zmq --compare=false
-  bounce run --repeat 3 --json run.json`,
+  bounce run --repeat 3 --json run.json
+  bounce run --form blocks,descs --compare=false`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			l, err := loadConfig(cmd)
