@@ -117,6 +117,7 @@ fuzz:
 NVCC ?= nvcc
 ptx:
 	$(NVCC) -ptx -arch=compute_80 -O3 -o cuda/kernels/copy.ptx cuda/kernels/copy.cu
+	$(NVCC) -ptx -arch=compute_90 -O3 -o cuda/kernels/copy_sm90.ptx cuda/kernels/copy.cu
 
 ## sim: the deterministic fault simulation for SEEDS seeds (from SEED_FIRST)
 SEEDS      ?= 100000

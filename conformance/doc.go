@@ -27,6 +27,15 @@
 //
 //	[engine/byte-exact] write of 4097 bytes (src+1 → dst+3): destination byte 17 = 0x3a, want 0x91 (1 byte differs)
 //
+// The block-table form (transfer.BlockGatherer, transfer.BlockScatterer,
+// transfer.BlockPoster) is probed on each fixture and certified by the data
+// rules run on block copies and block writes ("gather/blocks-byte-exact",
+// "engine/blocks-failure-reported", …) over pools the rule lays out —
+// unaligned region bases, gaps between blocks checked as guards, regions
+// apart or interleaved, random or contiguous ids, chunks from a random
+// First — plus "<kind>/blocks-repeated-ids" and "engine/blocks-geometry";
+// see blocks.go for what each checks.
+//
 // Optional capabilities (transfer.Notifier, transfer.Fencer,
 // transfer.WriteGuarded, multi-op posts, a way to kill a peer or to stall
 // the writer's data path on purpose,

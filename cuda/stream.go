@@ -38,6 +38,19 @@ func (s *Stream) Synchronize() error {
 	return s.c.call("cuStreamSynchronize", s.c.d.fn.streamSynchronize, s.h)
 }
 
+// Query reports whether the stream's work is done, without blocking; a
+// sticky device error is returned as an error.
+func (s *Stream) Query() (bool, error) {
+	switch r := s.c.callResult(s.c.d.fn.streamQuery, s.h); r {
+	case Success:
+		return true, nil
+	case NotReady:
+		return false, nil
+	default:
+		return false, s.c.d.check("cuStreamQuery", r)
+	}
+}
+
 // CopyDtoD queues a copy of n bytes between device addresses.
 func (s *Stream) CopyDtoD(dst, src DevicePtr, n uint64) error {
 	return s.c.call("cuMemcpyDtoDAsync", s.c.d.fn.memcpyDtoDAsync, uintptr(dst), uintptr(src), uintptr(n), s.h)

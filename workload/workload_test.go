@@ -4,7 +4,10 @@ import (
 	"strings"
 	"testing"
 
+	"pgregory.net/rapid"
+
 	"github.com/bouncekv/bounce/mem"
+	"github.com/bouncekv/bounce/transfer"
 )
 
 func TestPresetsMatchTheSizingTable(t *testing.T) {
@@ -102,4 +105,115 @@ func TestVerifyAllocatesNothingAndCatchesTails(t *testing.T) {
 	if err := s.Verify(src); err == nil || !strings.Contains(err.Error(), "byte 1048580") {
 		t.Fatalf("tail corruption: %v", err)
 	}
+}
+
+func TestPresetsBlockTables(t *testing.T) {
+	want := map[string][3]int{ // name -> regions, ids, pieces
+		"llama70b-tp8-b16":   {160, 512, 81920},
+		"llama70b-tp8-b32":   {160, 256, 40960},
+		"llama70b-tp8-b64":   {160, 128, 20480},
+		"gptoss120b-tp8-b16": {72, 512, 36864},
+		"gptoss120b-tp8-b32": {72, 256, 18432},
+		"gptoss120b-tp8-b64": {72, 128, 9216},
+	}
+	for name, w := range want {
+		p, err := Lookup(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p.Regions() != w[0] || p.IDs() != w[1] || p.Regions()*p.IDs() != w[2] {
+			t.Errorf("%s: %d regions x %d ids, want %d x %d = %d", name, p.Regions(), p.IDs(), w[0], w[1], w[2])
+		}
+		s := Spec{DescSize: p.DescSize, Count: p.Count, Regions: p.Regions(), Fragmented: true, Seed: 3}
+		if err := s.Validate(); err != nil {
+			t.Fatal(err)
+		}
+		src, _ := s.Blocks(transfer.Desc{Addr: 1 << 40, Len: s.Bytes()}, transfer.Desc{Addr: 1 << 41, Len: s.Bytes()})
+		if err := src.Pool.Validate(); err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		if src.Len() != uint64(p.Count) || src.Pool.BlockLen != p.DescSize {
+			t.Errorf("%s: table of %d pieces of %d", name, src.Len(), src.Pool.BlockLen)
+		}
+	}
+}
+
+// The block tables name exactly the pieces Descs lists, and a copy made
+// piece by piece from the tables verifies.
+func TestBlocksAreTheDescs(t *testing.T) {
+	for _, frag := range []bool{false, true} {
+		s := Spec{DescSize: 100, Count: 6 * 37, Regions: 6, Fragmented: frag, Seed: 11}
+		src, dst := make([]byte, s.Bytes()), make([]byte, s.Bytes())
+		if err := s.Fill(src); err != nil {
+			t.Fatal(err)
+		}
+		sd, dd := s.Descs(mem.DescOf(src), mem.DescOf(dst))
+		sb, db := s.Blocks(mem.DescOf(src), mem.DescOf(dst))
+		if sb.Len() != uint64(len(sd)) {
+			t.Fatalf("%d pieces, %d descriptors", sb.Len(), len(sd))
+		}
+		for q := range sd {
+			if sb.Piece(uint64(q)) != sd[q] || db.Piece(uint64(q)) != dd[q] {
+				t.Fatalf("fragmented %v: piece %d = %v -> %v, descriptor %v -> %v", frag, q, sb.Piece(uint64(q)), db.Piece(uint64(q)), sd[q], dd[q])
+			}
+			copy(mem.Unsafe(dd[q].Addr, dd[q].Len), mem.Unsafe(sd[q].Addr, sd[q].Len))
+		}
+		if err := s.Verify(dst); err != nil {
+			t.Fatal(err)
+		}
+		ids, _ := s.IDs()
+		contiguous := true
+		for i, id := range ids {
+			contiguous = contiguous && id == uint32(i)
+		}
+		if contiguous == frag {
+			t.Errorf("fragmented %v: ids %v", frag, ids)
+		}
+	}
+	if err := (Spec{DescSize: 1, Count: 10, Regions: 3}).Validate(); err == nil {
+		t.Error("3 regions of 10 pieces validated")
+	}
+}
+
+// Property: for any block-table spec, the tables name exactly the pieces
+// Descs lists (so both forms move the same bytes), the pools are valid,
+// and each side's ids are a permutation of 0..n-1.
+func TestBlocksAreTheDescsProperty(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		regions := rapid.IntRange(1, 200).Draw(t, "regions")
+		n := rapid.IntRange(1, 64).Draw(t, "ids")
+		s := Spec{
+			DescSize:   rapid.Uint64Range(1, 1<<16).Draw(t, "desc"),
+			Count:      regions * n,
+			Regions:    regions,
+			Fragmented: rapid.Bool().Draw(t, "fragmented"),
+			Seed:       rapid.Uint64().Draw(t, "seed"),
+		}
+		if err := s.Validate(); err != nil {
+			t.Fatal(err)
+		}
+		base := transfer.Desc{Addr: 1 << 40, Len: s.Bytes()}
+		other := transfer.Desc{Addr: 1 << 42, Len: s.Bytes()}
+		sd, dd := s.Descs(base, other)
+		sb, db := s.Blocks(base, other)
+		for _, p := range []transfer.Pool{sb.Pool, db.Pool} {
+			if err := p.Validate(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for q := range sd {
+			if sb.Piece(uint64(q)) != sd[q] || db.Piece(uint64(q)) != dd[q] {
+				t.Fatalf("piece %d: %v -> %v, descriptors %v -> %v", q, sb.Piece(uint64(q)), db.Piece(uint64(q)), sd[q], dd[q])
+			}
+		}
+		for _, ids := range [][]uint32{sb.IDs, db.IDs} {
+			seen := make([]bool, n)
+			for _, id := range ids {
+				if int(id) >= n || seen[id] {
+					t.Fatalf("ids %v are not a permutation of 0..%d", ids, n-1)
+				}
+				seen[id] = true
+			}
+		}
+	})
 }

@@ -1,6 +1,9 @@
 // Gather and scatter kernels of the bounce CUDA stages. `make ptx` compiles
-// this file to copy.ptx (committed; builds embed it, no CUDA toolkit
-// needed). The host side (kernels.go) cuts a chunk's runs into pieces of at
+// this file to copy.ptx (compute_80) and copy_sm90.ptx (compute_90, which
+// adds the Hopper bulk-copy block kernels); both are committed and
+// embedded, so builds need no CUDA toolkit. Below the descriptor-form
+// kernels come the compact-table kernels and the block-form kernels
+// (transfer.BlockCopy: no table, addresses from base, stride and id). The host side (kernels.go) cuts a chunk's runs into pieces of at
 // most a few KiB; one warp copies one piece at a time (grid-stride over the
 // piece table, one wave of resident blocks), so one launch serves a whole
 // chunk whatever its shape. Pieces must not overlap each other's
@@ -335,4 +338,476 @@ extern "C" __global__ void __launch_bounds__(256, BOUNCE_WIDE_MIN_BLOCKS) bounce
 // bounce_scatter_wide is bounce_scatter for tables of large pieces.
 extern "C" __global__ void __launch_bounds__(256, BOUNCE_WIDE_MIN_BLOCKS) bounce_scatter_wide(uint8_t* region, const Piece* pieces, uint64_t n) {
     run_wide<false>(region, pieces, n);
+}
+
+// ---------------------------------------------------------------------------
+// Block form (transfer.BlockCopy). No piece table: piece k of a chunk is
+// block ids[w(k)] of region r(k), at bases[r(k)] + id*stride, and lies at
+// region + k*len on the region side (pieces packed back to back). The
+// host passes the window of ids the chunk touches (w(k) = k mod nids, the
+// window starting at the chunk's first id, off0 = first mod nids) and the
+// bases of the pool regions the chunk touches (r(k) = (off0 + k) / nids).
+//
+// Completion: when done is not null the last block to finish (counted in
+// *counter, device memory, left at 0 again) stores seq to *done, pinned
+// host memory the host polls, after a system fence, so a host that sees
+// seq sees every byte the kernel wrote.
+
+// BOUNCE_BLK_MIN_BLOCKS, BOUNCE_VEC_MIN_BLOCKS: the fewest resident blocks
+// of 256 threads per multiprocessor the general and the vector block
+// kernels' register budgets must allow. Four (64 registers) spills and
+// loses up to 40% of the rate on the H200 (docs/bench/device/issue24).
+#ifndef BOUNCE_BLK_MIN_BLOCKS
+#define BOUNCE_BLK_MIN_BLOCKS 2
+#endif
+#ifndef BOUNCE_VEC_MIN_BLOCKS
+#define BOUNCE_VEC_MIN_BLOCKS 2
+#endif
+
+struct BlockJob {
+    uint8_t* region;
+    const uint64_t* bases;
+    const uint32_t* ids;
+    uint64_t nids;
+    uint64_t off0;
+    uint64_t count;
+    uint64_t len;
+    uint64_t stride;
+};
+
+// block_addr returns the pool address of piece k.
+__device__ __forceinline__ uint8_t* block_addr(const BlockJob& j, uint64_t k) {
+    const uint64_t q = j.off0 + k;
+    uint64_t r;
+    if ((q >> 32) == 0 && (j.nids >> 32) == 0) {
+        r = (uint32_t)q / (uint32_t)j.nids;
+    } else {
+        r = q / j.nids;
+    }
+    const uint64_t x = q - r * j.nids;                         // index in the whole id table
+    const uint64_t w = x >= j.off0 ? x - j.off0 : x + j.nids - j.off0; // index in the window
+    return reinterpret_cast<uint8_t*>(j.bases[r] + (uint64_t)j.ids[w] * j.stride);
+}
+
+// finish signals completion (see above). Every thread fences its own
+// writes system-wide before the block counts itself done.
+__device__ __forceinline__ void finish(uint32_t* done, uint32_t* counter, uint32_t seq) {
+    if (done == nullptr) return;
+    __threadfence_system();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        const unsigned nb = gridDim.x * gridDim.y * gridDim.z;
+        if (atomicAdd(counter, 1u) == nb - 1) {
+            *counter = 0;
+            __threadfence_system();
+            *reinterpret_cast<volatile uint32_t*>(done) = seq;
+        }
+    }
+}
+
+// General block kernel: any length and alignment. Work item i is 4 KiB
+// (or less, the last) of piece i / subs; one warp per item, grid-stride.
+template <bool GATHER>
+__device__ __forceinline__ void run_blocks(const BlockJob& j) {
+    const unsigned lane = threadIdx.x & 31;
+    const uint64_t warp = ((uint64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    const uint64_t warps = ((uint64_t)gridDim.x * blockDim.x) >> 5;
+    const uint64_t subs = (j.len + 4095) >> 12;
+    const uint64_t items = j.count * subs;
+    for (uint64_t i = warp; i < items; i += warps) {
+        const uint64_t k = subs == 1 ? i : i / subs;
+        const uint64_t s = (i - k * subs) << 12;
+        const uint64_t n = min((uint64_t)4096, j.len - s);
+        uint8_t* p = block_addr(j, k) + s;
+        uint8_t* r = j.region + k * j.len + s;
+        const uint8_t* src = GATHER ? p : r;
+        uint8_t* dst = GATHER ? r : p;
+        if ((((uintptr_t)src | (uintptr_t)dst | n) & 15) == 0) {
+            uint4 v[8];
+            load8(v, reinterpret_cast<const uint4*>(src), (unsigned)(n >> 4), lane);
+            store8(reinterpret_cast<uint4*>(dst), v, (unsigned)(n >> 4), lane);
+        } else {
+            copy_bytes(dst, src, n, lane);
+        }
+    }
+}
+
+// Vector block kernel: every piece 16-byte aligned on both sides and len
+// a power of two from 128 to 4096 or a multiple of 4096 (the host checks).
+// Warp t copies slab t: region bytes [4096t, 4096t + 4096), eight uint4
+// per lane, all loads in flight before the stores. A slab holds 4096/len
+// whole pieces (lane p < 4096/len computes piece p's address, shared by
+// shuffles) or 4 KiB of one piece. Addresses are computed at each access,
+// not held.
+template <bool GATHER>
+__device__ __forceinline__ void slab_copy(const BlockJob& j, uint64_t t, unsigned sh, unsigned lane, uint64_t total) {
+    uint4* reg = reinterpret_cast<uint4*>(j.region + (t << 12));
+    uint4 v[8];
+    if (sh >= 12) {
+        // len is a multiple of 4096: the slab is whole and in one piece.
+        const uint64_t spp = j.len >> 12;
+        const uint64_t k = spp == 1 ? t : t / spp;
+        uint4* p = reinterpret_cast<uint4*>(block_addr(j, k) + ((t - k * spp) << 12));
+        const uint4* src = GATHER ? p : reg;
+        uint4* dst = GATHER ? reg : p;
+#pragma unroll
+        for (int u = 0; u < 8; ++u) v[u] = src[lane + 32u * u];
+#pragma unroll
+        for (int u = 0; u < 8; ++u) dst[lane + 32u * u] = v[u];
+        return;
+    }
+    const uint64_t left = total - (t << 12);
+    const unsigned nv = left >= 4096 ? 256u : (unsigned)(left >> 4);
+    const unsigned per = 4096u >> sh; // pieces in a slab, at most 32
+    const uint64_t k0 = t * per;
+    uint64_t mine = 0;
+    if (lane < per && k0 + lane < j.count) mine = (uint64_t)block_addr(j, k0 + lane);
+    const unsigned q = sh - 4; // log2 of the uint4 in a piece
+    const unsigned mask = (1u << q) - 1;
+#pragma unroll
+    for (int u = 0; u < 8; ++u) {
+        const unsigned e = lane + 32u * u;
+        uint4* p = reinterpret_cast<uint4*>(__shfl_sync(0xffffffffu, (unsigned long long)mine, e >> q)) + (e & mask);
+        if (e < nv) v[u] = GATHER ? *p : reg[e];
+    }
+#pragma unroll
+    for (int u = 0; u < 8; ++u) {
+        const unsigned e = lane + 32u * u;
+        uint4* p = reinterpret_cast<uint4*>(__shfl_sync(0xffffffffu, (unsigned long long)mine, e >> q)) + (e & mask);
+        if (e < nv) {
+            if (GATHER) {
+                reg[e] = v[u];
+            } else {
+                *p = v[u];
+            }
+        }
+    }
+}
+
+template <bool GATHER>
+__device__ __forceinline__ void run_blocks_vec(const BlockJob& j, unsigned sh) {
+    const unsigned lane = threadIdx.x & 31;
+    const uint64_t warp = ((uint64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    const uint64_t warps = ((uint64_t)gridDim.x * blockDim.x) >> 5;
+    const uint64_t total = j.count * j.len;
+    const uint64_t slabs = (total + 4095) >> 12;
+    for (uint64_t t = warp; t < slabs; t += warps) slab_copy<GATHER>(j, t, sh, lane, total);
+}
+
+#define BLOCK_PARAMS uint8_t *region, const uint64_t *bases, const uint32_t *ids, uint64_t nids, uint64_t off0, uint64_t count, uint64_t len, uint64_t stride, uint32_t *done, uint32_t *counter, uint32_t seq, uint32_t sh
+#define BLOCK_JOB BlockJob j = {region, bases, ids, nids, off0, count, len, stride}
+
+// bounce_gather_blocks copies pieces [first, first+count) of a block table
+// into the region (any length, any alignment). sh is unused.
+extern "C" __global__ void __launch_bounds__(256, BOUNCE_BLK_MIN_BLOCKS) bounce_gather_blocks(BLOCK_PARAMS) {
+    BLOCK_JOB;
+    run_blocks<true>(j);
+    finish(done, counter, seq);
+}
+
+// bounce_scatter_blocks copies the region out to the pieces.
+extern "C" __global__ void __launch_bounds__(256, BOUNCE_BLK_MIN_BLOCKS) bounce_scatter_blocks(BLOCK_PARAMS) {
+    BLOCK_JOB;
+    run_blocks<false>(j);
+    finish(done, counter, seq);
+}
+
+// bounce_gather_blocks_vec is bounce_gather_blocks for aligned pieces of
+// len = 1 << sh (7 <= sh <= 12) or a multiple of 4096 (sh = 12 then).
+extern "C" __global__ void __launch_bounds__(256, BOUNCE_VEC_MIN_BLOCKS) bounce_gather_blocks_vec(BLOCK_PARAMS) {
+    BLOCK_JOB;
+    run_blocks_vec<true>(j, sh);
+    finish(done, counter, seq);
+}
+
+// bounce_scatter_blocks_vec is bounce_scatter_blocks for aligned pieces.
+extern "C" __global__ void __launch_bounds__(256, BOUNCE_VEC_MIN_BLOCKS) bounce_scatter_blocks_vec(BLOCK_PARAMS) {
+    BLOCK_JOB;
+    run_blocks_vec<false>(j, sh);
+    finish(done, counter, seq);
+}
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+// Hopper bulk copies (built into the compute_90 module only): each warp
+// moves a 4 KiB slab global -> shared -> global with cp.async.bulk, the
+// loads completing on a per-warp mbarrier; lanes issue one bulk copy per
+// piece on the pool side, lane 0 one for the whole slab on the region
+// side. Same conditions as the vector kernels.
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+    return (uint32_t)__cvta_generic_to_shared(p);
+}
+
+template <bool GATHER>
+__device__ __forceinline__ void run_blocks_bulk(const BlockJob& j, unsigned sh) {
+    __shared__ alignas(128) uint8_t buf[8][4096];
+    __shared__ alignas(8) uint64_t bar[8];
+    const unsigned lane = threadIdx.x & 31;
+    const unsigned wib = threadIdx.x >> 5;
+    const uint64_t warp = ((uint64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    const uint64_t warps = ((uint64_t)gridDim.x * blockDim.x) >> 5;
+    const uint64_t total = j.count * j.len;
+    const uint64_t slabs = (total + 4095) >> 12;
+    const uint32_t b = smem_addr(&bar[wib]);
+    const uint32_t sbuf = smem_addr(&buf[wib][0]);
+    if (lane == 0) {
+        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(b));
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncwarp();
+    uint32_t phase = 0;
+    const bool whole = sh >= 12;
+    const unsigned per = whole ? 1u : 4096u >> sh;
+    for (uint64_t t = warp; t < slabs; t += warps) {
+        const uint64_t base = t << 12;
+        const uint64_t left = total - base;
+        const uint32_t nbytes = left >= 4096 ? 4096u : (uint32_t)left;
+        uint8_t* reg = j.region + base;
+        // Pool-side piece of this lane (lanes below per): address and size.
+        uint8_t* p = nullptr;
+        uint32_t plen = 0;
+        if (whole) {
+            if (lane == 0) {
+                const uint64_t spp = j.len >> 12;
+                const uint64_t k = spp == 1 ? t : t / spp;
+                p = block_addr(j, k) + ((t - k * spp) << 12);
+                plen = nbytes;
+            }
+        } else if (lane < per && (uint64_t)lane * j.len < nbytes) {
+            p = block_addr(j, t * per + lane);
+            plen = (uint32_t)j.len;
+        }
+        if (lane == 0) {
+            asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(b), "r"(nbytes) : "memory");
+        }
+        __syncwarp();
+        if (GATHER) {
+            if (plen) {
+                asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                             ::"r"(sbuf + lane * (whole ? 0u : (uint32_t)j.len)), "l"(p), "r"(plen), "r"(b) : "memory");
+            }
+        } else if (lane == 0) {
+            asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                         ::"r"(sbuf), "l"(reg), "r"(nbytes), "r"(b) : "memory");
+        }
+        // Wait for the slab to land in shared memory.
+        uint32_t ok = 0;
+        while (!ok) {
+            asm volatile("{ .reg .pred q; mbarrier.try_wait.parity.shared::cta.b64 q, [%1], %2; selp.u32 %0, 1, 0, q; }"
+                         : "=r"(ok) : "r"(b), "r"(phase) : "memory");
+        }
+        phase ^= 1;
+        if (GATHER) {
+            if (lane == 0) {
+                asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(reg), "r"(sbuf), "r"(nbytes) : "memory");
+                asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+                asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+            }
+        } else if (plen) {
+            asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;"
+                         ::"l"(p), "r"(sbuf + lane * (whole ? 0u : (uint32_t)j.len)), "r"(plen) : "memory");
+            asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+            asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+        }
+        __syncwarp();
+    }
+    asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+}
+
+// Persistent, double-buffered bulk kernels: a grid of one wave, blocks of
+// 128 threads (four warps, 8 KiB of shared memory each); a warp takes
+// slabs t, t + W, ... and issues slab t + W's loads into its second
+// buffer before it waits for slab t's, so two slabs are in flight per
+// warp and no block waits for a second wave.
+struct SlabIO {
+    uint8_t* p;     // this lane's pool-side piece (or 4 KiB of one), when plen > 0
+    uint32_t plen;
+    uint8_t* reg;   // the slab in the region
+    uint32_t nbytes;
+};
+
+template <bool GATHER>
+__device__ __forceinline__ SlabIO bulk_load(const BlockJob& j, uint64_t t, unsigned sh, unsigned lane, uint64_t total, uint32_t sbuf, uint32_t b) {
+    SlabIO io;
+    const uint64_t base = t << 12;
+    const uint64_t left = total - base;
+    io.nbytes = left >= 4096 ? 4096u : (uint32_t)left;
+    io.reg = j.region + base;
+    io.p = nullptr;
+    io.plen = 0;
+    const bool whole = sh >= 12;
+    if (whole) {
+        if (lane == 0) {
+            const uint64_t spp = j.len >> 12;
+            const uint64_t k = spp == 1 ? t : t / spp;
+            io.p = block_addr(j, k) + ((t - k * spp) << 12);
+            io.plen = io.nbytes;
+        }
+    } else if (lane < (4096u >> sh) && (uint64_t)lane * j.len < io.nbytes) {
+        io.p = block_addr(j, t * (4096u >> sh) + lane);
+        io.plen = (uint32_t)j.len;
+    }
+    if (lane == 0) {
+        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(b), "r"(io.nbytes) : "memory");
+    }
+    __syncwarp();
+    const uint32_t mine = sbuf + (whole ? 0u : lane * (uint32_t)j.len);
+    if (GATHER) {
+        if (io.plen) {
+            asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                         ::"r"(mine), "l"(io.p), "r"(io.plen), "r"(b) : "memory");
+        }
+    } else if (lane == 0) {
+        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                     ::"r"(sbuf), "l"(io.reg), "r"(io.nbytes), "r"(b) : "memory");
+    }
+    return io;
+}
+
+template <bool GATHER>
+__device__ __forceinline__ void bulk_store(const SlabIO& io, unsigned sh, unsigned lane, uint32_t len, uint32_t sbuf) {
+    if (GATHER) {
+        if (lane == 0) {
+            asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(io.reg), "r"(sbuf), "r"(io.nbytes) : "memory");
+            asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+        }
+    } else if (io.plen) {
+        const uint32_t mine = sbuf + (sh >= 12 ? 0u : lane * len);
+        asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(io.p), "r"(mine), "r"(io.plen) : "memory");
+        asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+    }
+}
+
+__device__ __forceinline__ void bulk_wait(uint32_t b, uint32_t phase) {
+    uint32_t ok = 0;
+    while (!ok) {
+        asm volatile("{ .reg .pred q; mbarrier.try_wait.parity.shared::cta.b64 q, [%1], %2; selp.u32 %0, 1, 0, q; }"
+                     : "=r"(ok) : "r"(b), "r"(phase) : "memory");
+    }
+}
+
+template <bool GATHER>
+__device__ __forceinline__ void run_blocks_bulk2(const BlockJob& j, unsigned sh) {
+    __shared__ alignas(128) uint8_t buf[4][2][4096];
+    __shared__ alignas(8) uint64_t bar[4][2];
+    const unsigned lane = threadIdx.x & 31;
+    const unsigned wib = threadIdx.x >> 5;
+    const uint64_t warp = ((uint64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    const uint64_t warps = ((uint64_t)gridDim.x * blockDim.x) >> 5;
+    const uint64_t total = j.count * j.len;
+    const uint64_t slabs = (total + 4095) >> 12;
+    uint32_t bs[2], sb[2];
+    for (int i = 0; i < 2; ++i) {
+        bs[i] = smem_addr(&bar[wib][i]);
+        sb[i] = smem_addr(&buf[wib][i][0]);
+    }
+    if (lane == 0) {
+        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bs[0]));
+        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bs[1]));
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncwarp();
+    uint32_t phase[2] = {0, 0};
+    SlabIO io[2];
+    unsigned cur = 0;
+    uint64_t t = warp;
+    if (t < slabs) io[0] = bulk_load<GATHER>(j, t, sh, lane, total, sb[0], bs[0]);
+    for (; t < slabs; t += warps) {
+        const unsigned nx = cur ^ 1;
+        if (t + warps < slabs) {
+            // Buffer nx's last store (the previous slab) must have read it.
+            asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+            __syncwarp();
+            if (nx) {
+                io[1] = bulk_load<GATHER>(j, t + warps, sh, lane, total, sb[1], bs[1]);
+            } else {
+                io[0] = bulk_load<GATHER>(j, t + warps, sh, lane, total, sb[0], bs[0]);
+            }
+        }
+        if (cur) {
+            bulk_wait(bs[1], phase[1]);
+            phase[1] ^= 1;
+            bulk_store<GATHER>(io[1], sh, lane, (uint32_t)j.len, sb[1]);
+        } else {
+            bulk_wait(bs[0], phase[0]);
+            phase[0] ^= 1;
+            bulk_store<GATHER>(io[0], sh, lane, (uint32_t)j.len, sb[0]);
+        }
+        cur = nx;
+    }
+    asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+}
+
+// bounce_gather_blocks_bulk2 is bounce_gather_blocks_bulk, persistent and
+// double-buffered (blocks of 128 threads, one wave).
+extern "C" __global__ void __launch_bounds__(128, 1) bounce_gather_blocks_bulk2(BLOCK_PARAMS) {
+    BLOCK_JOB;
+    run_blocks_bulk2<true>(j, sh);
+    finish(done, counter, seq);
+}
+
+// bounce_scatter_blocks_bulk2 is bounce_scatter_blocks_bulk, persistent
+// and double-buffered.
+extern "C" __global__ void __launch_bounds__(128, 1) bounce_scatter_blocks_bulk2(BLOCK_PARAMS) {
+    BLOCK_JOB;
+    run_blocks_bulk2<false>(j, sh);
+    finish(done, counter, seq);
+}
+
+// bounce_gather_blocks_bulk is bounce_gather_blocks_vec by bulk copies.
+extern "C" __global__ void __launch_bounds__(256, 1) bounce_gather_blocks_bulk(BLOCK_PARAMS) {
+    BLOCK_JOB;
+    run_blocks_bulk<true>(j, sh);
+    finish(done, counter, seq);
+}
+
+// bounce_scatter_blocks_bulk is bounce_scatter_blocks_vec by bulk copies.
+extern "C" __global__ void __launch_bounds__(256, 1) bounce_scatter_blocks_bulk(BLOCK_PARAMS) {
+    BLOCK_JOB;
+    run_blocks_bulk<false>(j, sh);
+    finish(done, counter, seq);
+}
+#endif
+
+// ---------------------------------------------------------------------------
+// Compact descriptor tables: 16 bytes a piece (address; region offset << 16
+// | length), for pieces that are one copy of at most 65535 bytes in a
+// region below 2^48 bytes: the common table of KV descriptors, a third of
+// the bytes the host writes for a Piece. One warp per piece, one
+// broadcast load of its entry; an aligned piece of at most 4 KiB moves in
+// one round of eight uint4 per lane.
+struct Compact {
+    uint64_t addr;
+    uint64_t off_len;
+};
+
+template <bool GATHER>
+__device__ __forceinline__ void run_compact(uint8_t* region, const Compact* __restrict__ t, uint64_t n) {
+    const unsigned lane = threadIdx.x & 31;
+    const uint64_t warp = ((uint64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    const uint64_t warps = ((uint64_t)gridDim.x * blockDim.x) >> 5;
+    for (uint64_t i = warp; i < n; i += warps) {
+        const Compact c = t[i];
+        uint8_t* a = reinterpret_cast<uint8_t*>(c.addr);
+        uint8_t* r = region + (c.off_len >> 16);
+        const unsigned len = (unsigned)(c.off_len & 0xffff);
+        const uint8_t* src = GATHER ? a : r;
+        uint8_t* dst = GATHER ? r : a;
+        if (len <= 4096 && (((uintptr_t)src | (uintptr_t)dst | len) & 15) == 0) {
+            uint4 v[8];
+            load8(v, reinterpret_cast<const uint4*>(src), len >> 4, lane);
+            store8(reinterpret_cast<uint4*>(dst), v, len >> 4, lane);
+        } else {
+            copy_bytes(dst, src, len, lane);
+        }
+    }
+}
+
+// bounce_gather_compact copies every compact piece into the region.
+extern "C" __global__ void __launch_bounds__(256, BOUNCE_WIDE_MIN_BLOCKS) bounce_gather_compact(uint8_t* region, const Compact* table, uint64_t n) {
+    run_compact<true>(region, table, n);
+}
+
+// bounce_scatter_compact copies the region out to every compact piece.
+extern "C" __global__ void __launch_bounds__(256, BOUNCE_WIDE_MIN_BLOCKS) bounce_scatter_compact(uint8_t* region, const Compact* table, uint64_t n) {
+    run_compact<false>(region, table, n);
 }

@@ -1,8 +1,9 @@
 // Package kernels holds the bounce gather and scatter kernels as PTX
-// (copy.ptx, compiled from copy.cu by `make ptx` and committed, so builds
-// need no CUDA toolkit) and the host side that feeds them: the piece table
-// a chunk's runs are cut into (pure Go, tested without a GPU) and the
-// launch.
+// (copy.ptx for compute_80 and copy_sm90.ptx for compute_90, compiled from
+// copy.cu by `make ptx` and committed, so builds need no CUDA toolkit) and
+// the host side that feeds them: the piece tables a chunk's runs are cut
+// into (full and compact; pure Go, tested without a GPU), the block-form
+// jobs that need no table (blocks.go), and the launches.
 package kernels
 
 import (
@@ -18,10 +19,17 @@ import (
 	"github.com/bouncekv/bounce/transfer"
 )
 
-// PTX is the compiled kernel module.
+// PTX is the compiled kernel module (compute_80).
 //
 //go:embed copy.ptx
 var PTX []byte
+
+// PTX90 is the same source compiled for compute_90: it adds the Hopper
+// bulk-copy block kernels. Load takes it on devices of compute capability
+// 9.0 and later when it is not empty.
+//
+//go:embed copy_sm90.ptx
+var PTX90 []byte
 
 // Kernel names in the module. The wide kernels are optional (a module
 // without them launches the general ones for every table).
@@ -30,6 +38,17 @@ const (
 	ScatterKernel     = "bounce_scatter"
 	GatherWideKernel  = "bounce_gather_wide"
 	ScatterWideKernel = "bounce_scatter_wide"
+	// Block-form kernels (optional: a module without them has no block
+	// form): general, vector, bulk and persistent bulk (the
+	// compute_90 module only).
+	GatherBlocksKernel       = "bounce_gather_blocks"
+	ScatterBlocksKernel      = "bounce_scatter_blocks"
+	GatherBlocksVecKernel    = "bounce_gather_blocks_vec"
+	ScatterBlocksVecKernel   = "bounce_scatter_blocks_vec"
+	GatherBlocksBulkKernel   = "bounce_gather_blocks_bulk"
+	ScatterBlocksBulkKernel  = "bounce_scatter_blocks_bulk"
+	GatherBlocksBulk2Kernel  = "bounce_gather_blocks_bulk2"
+	ScatterBlocksBulk2Kernel = "bounce_scatter_blocks_bulk2"
 )
 
 // WideMinBytes is the average piece size from which Launch takes the wide
@@ -180,12 +199,27 @@ type Module struct {
 	// The wide kernels and their wave; nil when the module has none.
 	gatherWide, scatterWide *cuda.Function
 	waveWide                int
+	// blocks[f][0] gathers, blocks[f][1] scatters, for each BlockFamily
+	// f the module holds (nil where it has none).
+	// The compact kernels; nil when the module has none.
+	gatherCompact, scatterCompact *cuda.Function
+	blocks                        [blockFamilies][2]*cuda.Function
+	bulk2Wave                     int // BlockBulk2 blocks resident at once
 }
 
-// Load JIT-compiles ptx (PTX when nil) in c.
+// Load JIT-compiles ptx in c; nil takes the embedded module for the
+// device (PTX90 from compute capability 9.0 where it is not empty, else
+// PTX).
 func Load(c *cuda.Context, ptx []byte) (*Module, error) {
 	if ptx == nil {
 		ptx = PTX
+		major, err := c.Attribute(cuda.AttrComputeCapabilityMajor)
+		if err != nil {
+			return nil, err
+		}
+		if major >= 9 && len(PTX90) > 0 {
+			ptx = PTX90
+		}
 	}
 	sms, err := c.Attribute(cuda.AttrMultiprocessorCount)
 	if err != nil {
@@ -221,14 +255,23 @@ func Load(c *cuda.Context, ptx []byte) (*Module, error) {
 		}
 		m.waveWide = sms * max(per, 1)
 	}
+	if err := m.loadCompact(ptx); err != nil {
+		_ = mod.Unload()
+		return nil, err
+	}
+	if err := m.loadBlocks(ptx, sms); err != nil {
+		_ = mod.Unload()
+		return nil, err
+	}
 	return m, nil
 }
 
 // HasWide reports whether the module holds the wide kernels.
 func (m *Module) HasWide() bool { return m.gatherWide != nil }
 
-// NewArgs allocates the parameter block of one launch slot.
-func NewArgs(c *cuda.Context) (*cuda.Args, error) { return c.NewArgs(3) }
+// NewArgs allocates the parameter block of one launch slot (room for the
+// block kernels' parameters, the most any kernel takes).
+func NewArgs(c *cuda.Context) (*cuda.Args, error) { return c.NewArgs(blockParams) }
 
 // Launch queues one gather (or scatter, when !gather) of n pieces at table
 // (a device address: device memory, or the device mapping of pinned host

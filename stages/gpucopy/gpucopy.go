@@ -7,11 +7,18 @@
 // byte moves: each registered range touched must be CUDA memory of the
 // stage's device or host memory pinned and mapped for it (cuMemHostAlloc,
 // cuMemHostRegister). It cuts the runs into pieces (package kernels),
-// encodes them into the context's pinned table, stages the table to the
-// device when the table is not read zero-copy, launches the kernel and
-// records the event. Poll queries the event and never blocks; Release
-// returns the context. The registered ranges stay pinned until the
-// operation is terminal.
+// writes them into the context's pinned table (compact entries for runs
+// of 4 KiB and more; a large request over several build workers), stages
+// the table to the device when the table is not read zero-copy, launches
+// the kernel and records the event. Poll queries the event and never
+// blocks; Release returns the context. The registered ranges stay pinned
+// until the operation is terminal.
+//
+// SubmitBlocks is the block-table form (transfer.BlockCopy): no piece
+// table, the kernel computing each address from (region base, stride,
+// id); the ids are checked once each, the registry once per pool region
+// touched, and completion is a flag the kernel stores to host-mapped
+// memory (Settings.Completion).
 package gpucopy
 
 import (
@@ -69,12 +76,23 @@ type Settings struct {
 	// Contexts bounds the operations submitted and not yet released
 	// (default DefaultContexts); beyond it Submit returns ErrBusy.
 	Contexts int
+	// BuildWorkers bounds the goroutines one descriptor-form Submit
+	// spreads its checks and (full) piece table over: 0 picks one per
+	// 1,024 runs from 4,096 runs on, at most min(GOMAXPROCS, 8); 1 builds
+	// on the calling goroutine alone.
+	BuildWorkers int
 	// ZeroCopyTable makes the kernel read its piece table straight from
 	// pinned host memory; false stages the table to device memory first
 	// (one small async copy on the same stream).
 	ZeroCopyTable bool
-	// PTX overrides the embedded kernel module (nil: kernels.PTX).
+	// Completion says how a block-form operation's end is seen (default
+	// CompletionFlag); descriptor-form operations always use an event.
+	Completion Completion
+	// PTX overrides the embedded kernel module (nil: the embedded one
+	// for the device, see kernels.Load).
 	PTX []byte
+	// fullTables never builds compact piece tables (tests measure both).
+	fullTables bool
 	// OnClose, when set, runs once at the end of Close (a factory that
 	// retained Context releases it there).
 	OnClose func() error
@@ -89,6 +107,11 @@ type Engine struct {
 	mod     *kernels.Module
 	zero    bool
 	onClose func() error
+	// completion of block-form operations
+	completion Completion
+	workers    int // Settings.BuildWorkers
+	// fullTables is Settings.fullTables
+	fullTables bool
 
 	// mu guards the pool (free contexts, closed flag) and live, so a
 	// launch is either seen by Close or refused.
@@ -99,17 +122,26 @@ type Engine struct {
 }
 
 type copyCtx struct {
-	stream *cuda.Stream
-	event  *cuda.Event
-	args   *cuda.Args
-	host   cuda.HostMem   // encoded piece table (pinned, device-mapped)
-	dev    cuda.DevicePtr // staged copy of the table (0 when zero-copy)
-	cap    int            // pieces the table holds
-	pieces []transfer.Run // the table before Encode, on a big-endian host only
-	n      int            // pieces in the table
-	bytes  uint64         // payload bytes they move
-	pins   []uint64
-	last   transfer.Desc // the registered range the previous run lay in
+	stream  *cuda.Stream
+	event   *cuda.Event
+	args    *cuda.Args
+	host    cuda.HostMem   // encoded piece table (pinned, device-mapped)
+	dev     cuda.DevicePtr // staged copy of the table (0 when zero-copy)
+	cap     int            // pieces the table holds
+	pieces  []transfer.Run // the table before Encode, on a big-endian host only
+	n       int            // pieces in the table
+	compact bool           // the table is kernels.CompactPiece entries
+	bytes   uint64         // payload bytes they move
+	scope
+	work []part   // the descriptor form's build workers (buildParallel)
+	blk  blockBuf // the block form's ids, bases and completion flag
+}
+
+// scope is what one pass of checks has proved: the registered ranges
+// touched (to pin) and the last one (the common case of the next run).
+type scope struct {
+	pins []uint64
+	last transfer.Desc // the registered range the previous run lay in
 }
 
 // New validates s, loads the kernels and builds the context pool.
@@ -132,7 +164,15 @@ func New(dir Direction, s Settings) (*Engine, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", name, err)
 	}
-	e := &Engine{dir: dir, name: name, cc: s.Context, reg: s.Registry, mod: mod, zero: s.ZeroCopyTable, onClose: s.OnClose, live: map[*op]struct{}{}}
+	if s.BuildWorkers < 0 {
+		_ = mod.Unload()
+		return nil, fmt.Errorf("%s: config: BuildWorkers %d is negative", name, s.BuildWorkers)
+	}
+	if s.Completion > CompletionEvent {
+		_ = mod.Unload()
+		return nil, fmt.Errorf("%s: config: unknown Completion %d", name, s.Completion)
+	}
+	e := &Engine{dir: dir, name: name, cc: s.Context, reg: s.Registry, mod: mod, zero: s.ZeroCopyTable, onClose: s.OnClose, completion: s.Completion, workers: s.BuildWorkers, fullTables: s.fullTables, live: map[*op]struct{}{}}
 	for range n {
 		c, err := e.newCtx()
 		if err != nil {
@@ -162,6 +202,12 @@ func (e *Engine) newCtx() (*copyCtx, error) {
 	if err := e.grow(c, initialPieces, 0); err != nil {
 		e.freeCtx(c)
 		return nil, err
+	}
+	if e.mod.HasBlocks(kernels.BlockGeneral) {
+		if err := e.newBlockBuf(c); err != nil {
+			e.freeCtx(c)
+			return nil, err
+		}
 	}
 	return c, nil
 }
@@ -204,6 +250,7 @@ func (e *Engine) freeTable(c *copyCtx) {
 
 func (e *Engine) freeCtx(c *copyCtx) {
 	e.freeTable(c)
+	e.freeBlockBuf(c)
 	if c.args != nil {
 		_ = c.args.Free()
 	}
@@ -270,7 +317,11 @@ func (e *Engine) Submit(region transfer.Desc, runs []transfer.Run) (transfer.Op,
 // zero-copy), the kernel and the event on c's stream.
 func (e *Engine) launch(c *copyCtx, region transfer.Desc) error {
 	np := c.n
-	bytes := uint64(np) * kernels.PieceSize
+	entry := uint64(kernels.PieceSize)
+	if c.compact {
+		entry = kernels.CompactSize
+	}
+	bytes := uint64(np) * entry
 	if np > 0 {
 		table := c.host.Dev
 		if !e.zero {
@@ -279,7 +330,13 @@ func (e *Engine) launch(c *copyCtx, region transfer.Desc) error {
 			}
 			table = c.dev
 		}
-		if err := e.mod.Launch(e.dir == Gather, c.stream, c.args, cuda.DevicePtr(region.Addr), table, uint64(np), c.bytes); err != nil {
+		var err error
+		if c.compact {
+			err = e.mod.LaunchCompact(e.dir == Gather, c.stream, c.args, cuda.DevicePtr(region.Addr), table, uint64(np))
+		} else {
+			err = e.mod.Launch(e.dir == Gather, c.stream, c.args, cuda.DevicePtr(region.Addr), table, uint64(np), c.bytes)
+		}
+		if err != nil {
 			return fmt.Errorf("launch: %w", err)
 		}
 	}
@@ -300,10 +357,22 @@ func (e *Engine) build(c *copyCtx, region transfer.Desc, runs []transfer.Run) er
 	if err != nil {
 		return fmt.Errorf("region %v: %w", region, err)
 	}
-	if err := e.touch(c, rd); err != nil {
+	if err := e.touch(&c.scope, rd); err != nil {
 		return fmt.Errorf("region %v: %w", region, err)
 	}
 	tab := kernels.View(c.host.Bytes())
+	c.compact = false
+	if tab != nil && e.compactFor(region, runs) {
+		if ok, err := e.buildCompact(c, region, runs); err != nil || ok {
+			return err
+		}
+		// A run a compact table cannot hold (strided): start over with
+		// full pieces. The region's range is the first pin.
+		c.pins, c.last = c.pins[:1], rd
+	}
+	if w := e.buildWorkers(len(runs)); w > 1 && tab != nil {
+		return e.buildParallel(c, region, runs, w)
+	}
 	c.pieces = c.pieces[:0]
 	c.bytes = 0
 	for i := range runs {
@@ -311,18 +380,8 @@ func (e *Engine) build(c *copyCtx, region transfer.Desc, runs []transfer.Run) er
 		if r.Len == 0 || r.Count == 0 {
 			continue
 		}
-		if hi, _ := bits.Mul64(r.Len, r.Count); hi != 0 {
-			return fmt.Errorf("run %d: %d copies of %d bytes overflow: %w", i, r.Count, r.Len, transfer.ErrOutOfBounds)
-		}
-		_, end, ok := r.RegionSpan()
-		if !ok {
-			return fmt.Errorf("run %d: region offsets overflow: %w", i, transfer.ErrOutOfBounds)
-		}
-		if end > region.Len {
-			return fmt.Errorf("run %d: region bytes up to offset %d exceed the %d-byte region: %w", i, end, region.Len, transfer.ErrOutOfBounds)
-		}
-		if err := e.checkAddrs(c, r); err != nil {
-			return fmt.Errorf("run %d: %w", i, err)
+		if err := e.checkRun(&c.scope, region, i, r); err != nil {
+			return err
 		}
 		c.bytes += r.Len * r.Count
 		if tab == nil { // big-endian host: encoded below
@@ -351,10 +410,83 @@ func (e *Engine) build(c *copyCtx, region transfer.Desc, runs []transfer.Run) er
 	return kernels.Encode(c.host.Bytes(), c.pieces)
 }
 
+// compactMinBytes is the first run's size from which build takes a
+// compact table: at 4 KiB pieces the compact kernels match or beat the
+// full ones, below they lose (512 B: 0.35 of one copy against 0.75,
+// docs/BENCHMARKS.md issue 24), so smaller pieces keep the full table.
+const compactMinBytes = 4 << 10
+
+// compactFor reports whether build tries a compact table: the module has
+// the kernels, the region's offsets fit, and the request's first
+// non-empty run (KV requests are of one size) is at least
+// compactMinBytes.
+func (e *Engine) compactFor(region transfer.Desc, runs []transfer.Run) bool {
+	if e.fullTables || !e.mod.HasCompact() || region.Len > kernels.MaxCompactRegion {
+		return false
+	}
+	for _, r := range runs {
+		if r.Len != 0 && r.Count != 0 {
+			return r.Len >= compactMinBytes
+		}
+	}
+	return false
+}
+
+// buildCompact is build's loop for a compact table (16 bytes a piece, a
+// third of what the host writes for a full one): it reports false, having
+// launched nothing, at the first run a compact table cannot hold.
+func (e *Engine) buildCompact(c *copyCtx, region transfer.Desc, runs []transfer.Run) (bool, error) {
+	tab := kernels.ViewCompact(c.host.Bytes())
+	c.bytes = 0
+	for i := range runs {
+		r := runs[i]
+		if r.Len == 0 || r.Count == 0 {
+			continue
+		}
+		if !kernels.Compactable(r) {
+			return false, nil
+		}
+		if err := e.checkRun(&c.scope, region, i, r); err != nil {
+			return false, err
+		}
+		c.bytes += r.Len * r.Count
+		if k := kernels.PieceCount(r, kernels.CompactMax); uint64(len(tab))+k > uint64(cap(tab)) {
+			n := len(tab)
+			full := func(m int) int { return (m*kernels.CompactSize + kernels.PieceSize - 1) / kernels.PieceSize }
+			if err := e.grow(c, full(n+int(k)), full(n)); err != nil {
+				return false, fmt.Errorf("piece table of %d pieces: %w", n+int(k), err)
+			}
+			tab = kernels.ViewCompact(c.host.Bytes())[:n]
+		}
+		tab = kernels.AppendCompact(tab, r, kernels.CompactMax)
+	}
+	c.n, c.compact = len(tab), true
+	return true, nil
+}
+
+// checkRun checks run i (not empty) against the region and the registry,
+// recording the ranges it touches in sc.
+func (e *Engine) checkRun(sc *scope, region transfer.Desc, i int, r transfer.Run) error {
+	if hi, _ := bits.Mul64(r.Len, r.Count); hi != 0 {
+		return fmt.Errorf("run %d: %d copies of %d bytes overflow: %w", i, r.Count, r.Len, transfer.ErrOutOfBounds)
+	}
+	_, end, ok := r.RegionSpan()
+	if !ok {
+		return fmt.Errorf("run %d: region offsets overflow: %w", i, transfer.ErrOutOfBounds)
+	}
+	if end > region.Len {
+		return fmt.Errorf("run %d: region bytes up to offset %d exceed the %d-byte region: %w", i, end, region.Len, transfer.ErrOutOfBounds)
+	}
+	if err := e.checkAddrs(sc, r); err != nil {
+		return fmt.Errorf("run %d: %w", i, err)
+	}
+	return nil
+}
+
 // checkAddrs proves every copy of r lies in one registered range the
 // device reaches; a strided run whose span crosses ranges is checked range
 // by range, so the cost is bounded by the number of ranges, not by Count.
-func (e *Engine) checkAddrs(c *copyCtx, r transfer.Run) error {
+func (e *Engine) checkAddrs(c *scope, r transfer.Run) error {
 	start, end, ok := r.AddrSpan()
 	if !ok {
 		return fmt.Errorf("addresses overflow (addr %#x, len %d, count %d, stride %d): %w", r.Addr, r.Len, r.Count, r.AddrStride, transfer.ErrOutOfBounds)
@@ -382,7 +514,7 @@ func (e *Engine) checkAddrs(c *copyCtx, r transfer.Run) error {
 
 // touch records that the copy uses registered range d, after checking the
 // device reaches it.
-func (e *Engine) touch(c *copyCtx, d transfer.Desc) error {
+func (e *Engine) touch(c *scope, d transfer.Desc) error {
 	if slices.Contains(c.pins, d.Addr) {
 		c.last = d
 		return nil
@@ -479,20 +611,34 @@ type op struct {
 	e *Engine
 	c *copyCtx
 
+	// flag, when set, is the pinned word a block-form kernel stores seq
+	// to when done (CompletionFlag); misses counts the polls that found
+	// it unset.
+	flag   *uint32
+	seq    uint32
+	misses uint32
+
 	mu       sync.Mutex
 	state    transfer.Status
 	err      error
 	released bool
 }
 
-// Poll queries the copy's event without blocking.
+// Poll queries the copy's event (or reads its completion flag) without
+// blocking.
 func (o *op) Poll() (transfer.Status, error) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if o.state != transfer.Pending {
 		return o.state, o.err
 	}
-	done, err := o.c.event.Query()
+	var done bool
+	var err error
+	if o.flag != nil {
+		done, err = o.pollFlag()
+	} else {
+		done, err = o.c.event.Query()
+	}
 	if !done && err == nil {
 		return transfer.Pending, nil
 	}

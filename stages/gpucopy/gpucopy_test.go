@@ -42,9 +42,15 @@ type fixture struct {
 }
 
 func newFixture(t *testing.T, contexts int, zero bool) (*fixture, *cudaCtx) {
+	return newFixtureWith(t, gpucopy.Settings{Contexts: contexts, ZeroCopyTable: zero})
+}
+
+// newFixtureWith is newFixture with settings (Context, Registry and PTX
+// filled in).
+func newFixtureWith(t testing.TB, set gpucopy.Settings) (*fixture, *cudaCtx) {
 	c := cudatest.Context(t)
 	reg := &mem.Registry{}
-	set := gpucopy.Settings{Context: c, Registry: reg, Contexts: contexts, ZeroCopyTable: zero, PTX: cudatest.PTX(t)}
+	set.Context, set.Registry, set.PTX = c, reg, cudatest.PTX(t)
 	g, err := gpucopy.New(gpucopy.Gather, set)
 	if err != nil {
 		t.Fatal(err)
@@ -69,10 +75,16 @@ func newFixture(t *testing.T, contexts int, zero bool) (*fixture, *cudaCtx) {
 
 // TestGatherScatterByteExact runs random plans (fragmented and contiguous,
 // unaligned, sizes from 1 byte, strided) through both stages on device
-// memory and on a pinned host region, checking every byte of both sides.
+// memory and on a pinned host region, checking every byte of both sides,
+// with compact piece tables where the runs allow (the default for runs of
+// 4 KiB and more) and with full ones only.
 func TestGatherScatterByteExact(t *testing.T) {
-	for _, zero := range []bool{true, false} {
-		f, cc := newFixture(t, 4, zero)
+	for k, zero := range []bool{true, false, true, false} {
+		set := gpucopy.Settings{Contexts: 4, ZeroCopyTable: zero}
+		if k >= 2 {
+			set = gpucopy.WithFullTables(set)
+		}
+		f, cc := newFixtureWith(t, set)
 		c := cc.c
 		cases := []cudatest.PlanOptions{
 			{Runs: 1, MaxLen: 1},
@@ -239,5 +251,58 @@ func TestSubmitAfterClose(t *testing.T) {
 	}
 	if _, err := f.g.Submit(region, nil); !errors.Is(err, transfer.ErrClosed) {
 		t.Fatalf("submit after close = %v", err)
+	}
+}
+
+// TestParallelBuildReportsTheFirstBadRun: a request large enough for
+// several build workers with bad runs in two workers' shares is refused
+// with the first bad run's error, as on one goroutine, nothing moves
+// and nothing stays pinned.
+func TestParallelBuildReportsTheFirstBadRun(t *testing.T) {
+	for _, workers := range []int{1, 4} {
+		f, cc := newFixtureWith(t, gpucopy.Settings{Contexts: 2, BuildWorkers: workers})
+		c := cc.c
+		const n = 5000
+		region := cudatest.Device(t, c, n*64)
+		pool := cudatest.Device(t, c, n*64)
+		for _, d := range []transfer.Desc{region, pool} {
+			if err := f.reg.Add(d); err != nil {
+				t.Fatal(err)
+			}
+		}
+		runs := make([]transfer.Run, n)
+		for i := range runs {
+			runs[i] = transfer.Run{RegionOff: uint64(i) * 64, Addr: pool.Addr + uint64(n-1-i)*64, Len: 64, Count: 1}
+		}
+		runs[3210].Addr = 64              // memory never registered
+		runs[4500].RegionOff = region.Len // past the region
+		regionB := cudatest.Fill(t, c, region, 1)
+		_, err := f.g.Submit(region, runs)
+		if !errors.Is(err, transfer.ErrNotRegistered) || !strings.Contains(err.Error(), "run 3210") {
+			t.Fatalf("workers %d: %v, want run 3210 not registered", workers, err)
+		}
+		if err := c.Synchronize(); err != nil {
+			t.Fatal(err)
+		}
+		if d := cudatest.Diff(cudatest.Read(t, c, region), regionB); d != "" {
+			t.Errorf("workers %d: region changed: %s", workers, d)
+		}
+		if n := f.reg.Pinned(); n != 0 {
+			t.Errorf("workers %d: %d ranges pinned", workers, n)
+		}
+		// The good request after the bad one is byte-exact.
+		runs[3210].Addr, runs[4500].RegionOff = pool.Addr+uint64(n-1-3210)*64, 4500*64
+		poolB := cudatest.Fill(t, c, pool, 2)
+		op, err := f.g.Submit(region, runs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		finish(t, op)
+		for _, r := range runs {
+			copy(regionB[r.RegionOff:r.RegionOff+64], poolB[r.Addr-pool.Addr:][:64])
+		}
+		if d := cudatest.Diff(cudatest.Read(t, c, region), regionB); d != "" {
+			t.Errorf("workers %d: gather: %s", workers, d)
+		}
 	}
 }

@@ -1,6 +1,9 @@
 // Package cuda is the CUDA transfer.Scatterer: it copies one contiguous region out to scattered CUDA (or pinned host) memory
 // with one kernel launch per operation, completion by a CUDA event that
-// Poll queries without blocking (see package gpucopy).
+// Poll queries without blocking (see package gpucopy). It is also a
+// transfer.BlockScatterer: a block-table chunk is one kernel that computes
+// each piece's address from (region base, stride, id), no piece table,
+// completion by a flag the kernel stores to host-mapped memory.
 package cuda
 
 import (
@@ -16,7 +19,10 @@ type Scatterer struct {
 	e *gpucopy.Engine
 }
 
-var _ transfer.Scatterer = (*Scatterer)(nil)
+var (
+	_ transfer.Scatterer      = (*Scatterer)(nil)
+	_ transfer.BlockScatterer = (*Scatterer)(nil)
+)
 
 // New validates s, loads the kernels and builds the context pool; Close
 // frees it.
@@ -35,6 +41,15 @@ func New(s Settings) (*Scatterer, error) {
 // moves. The returned Op must be released once terminal.
 func (x *Scatterer) Scatter(region transfer.Desc, runs []transfer.Run) (transfer.Op, error) {
 	return x.e.Submit(region, runs)
+}
+
+// ScatterBlocks is Scatter for a block-table chunk: one kernel computing each
+// piece's address from (region base, stride, id), no piece table; the ids
+// are checked once each and the registry once per pool region touched
+// before any byte moves (see gpucopy.Engine.SubmitBlocks). A module
+// without block kernels is transfer.ErrUnsupported.
+func (x *Scatterer) ScatterBlocks(region transfer.Desc, c transfer.BlockCopy) (transfer.Op, error) {
+	return x.e.SubmitBlocks(region, c)
 }
 
 // MemoryKinds reports host (pinned) and CUDA memory.
