@@ -72,10 +72,6 @@ func TestBlockForm(t *testing.T) {
 }
 
 // blockFormSubjects are the built-ins TestBlockForm certifies.
-// loopbackGeometry is loopback's known defect in the block form (its
-// waiver).
-var loopbackGeometry = waivers["engine/loopback"]["engine/blocks-geometry"]
-
 // known lists a subject's rules with a known defect (skipped with the
 // reason; remove the entry once fixed).
 var blockFormSubjects = []struct {
@@ -85,9 +81,7 @@ var blockFormSubjects = []struct {
 }{
 	{"gather", "host", Options{}, nil},
 	{"scatter", "host", Options{}, nil},
-	{"engine", "loopback", Options{}, map[string]string{
-		"engine/blocks-geometry": loopbackGeometry,
-	}},
+	{"engine", "loopback", Options{}, nil},
 	{"gather", "cuda", Options{Memory: "cuda"}, nil},
 	{"scatter", "cuda", Options{Memory: "cuda"}, nil},
 }

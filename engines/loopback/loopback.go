@@ -386,6 +386,10 @@ func (e *Engine) PostBlocks(peerName string, w transfer.BlockWrite) (transfer.Op
 		return nil, fmt.Errorf("%s: %w", ctx("no pieces"), transfer.ErrOutOfBounds)
 	case w.Src.Pool.BlockLen != w.Dst.Pool.BlockLen:
 		return nil, fmt.Errorf("%s: %w", ctx("blocks of %d and %d bytes", w.Src.Pool.BlockLen, w.Dst.Pool.BlockLen), transfer.ErrOutOfBounds)
+	case len(w.Src.Pool.Regions) != len(w.Dst.Pool.Regions) || len(w.Src.IDs) != len(w.Dst.IDs):
+		// Piece q lies in region q/len(IDs) of each table: only tables of
+		// one shape copy region to region (what the pipeline sends).
+		return nil, fmt.Errorf("%s: %w", ctx("from %d regions x %d ids to %d regions x %d ids: tables of different shapes", len(w.Src.Pool.Regions), len(w.Src.IDs), len(w.Dst.Pool.Regions), len(w.Dst.IDs)), transfer.ErrUnsupported)
 	}
 	for _, side := range []struct {
 		what string
