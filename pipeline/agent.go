@@ -398,7 +398,19 @@ func build(s Settings, cfg Config) (*Agent, error) {
 			a.post(func(r *reactor) { r.peerGone(peer, "the control channel lost its connection") })
 		})
 	}
+	// A peer reported lost is up again once its connection is (a process
+	// restarted at its endpoint): requests to it no longer fail as lost.
+	if pu, ok := s.Control.(peerUpReporter); ok && a.bounceOn {
+		pu.SetPeerUp(func(peer string) { a.post(func(r *reactor) { delete(r.down, peer) }) })
+	}
 	return a, nil
+}
+
+// peerUpReporter is a control channel that says when a peer's connection
+// is up (zmq: its handshake completed), the first time and after a loss it
+// reported (transfer.PeerLossReporter).
+type peerUpReporter interface {
+	SetPeerUp(fn func(peer string))
 }
 
 func (a *Agent) initBounce(out **credit.Scheduler) error {

@@ -27,6 +27,7 @@ type reactor struct {
 
 	// sender role
 	reqs      map[uint64]*sendReq
+	down      map[string]peerDown // peers reported lost and not heard from since
 	gathering []chunkRef
 	writing   []chunkRef
 	parked    parkQueue  // requests with chunks waiting for arena or copy contexts, oldest first
@@ -95,6 +96,7 @@ func newReactor(a *Agent, sched *credit.Scheduler) *reactor {
 		clock:     a.set.Clock,
 		sched:     sched,
 		reqs:      make(map[uint64]*sendReq),
+		down:      make(map[string]peerDown),
 		direct:    make(map[uint64]*directReq),
 		flowSeen:  make(map[credit.FlowKey]time.Time),
 		rflows:    make(map[credit.FlowKey]*recvFlow),
@@ -353,6 +355,7 @@ func (r *reactor) onMessage(m transfer.Message) {
 			return
 		}
 	}
+	delete(r.down, m.Peer) // heard from: not lost
 	switch msg := msg.(type) {
 	case *wire.Done:
 		r.onDone(m.Peer, msg)
@@ -431,6 +434,7 @@ func (r *reactor) send(peer string, m wire.Message) error {
 // free at once; otherwise they are quarantined.
 func (r *reactor) forgetPeer(peer string, fenced bool) {
 	r.a.obs.peerFlowsEnded(r, peer, "reclaimed")
+	delete(r.down, peer)
 	delete(r.ctrlPeers, peer)
 	r.failFlows(func(k credit.FlowKey) bool { return k.Peer == peer }, fmt.Errorf("peer forgotten: %w", transfer.ErrPeerLost))
 	delete(r.wantRate, peer)
@@ -467,6 +471,10 @@ func (r *reactor) forgetPeer(peer string, fenced bool) {
 // or an ACK included, instead of leaving them to their timeout.
 func (r *reactor) peerGone(peer, why string) {
 	r.a.stats.lostPeers.Add(1)
+	// Requests submitted from now on are failed too unless the peer is
+	// heard from again (checkTimeouts): no second report would come for
+	// them.
+	r.down[peer] = peerDown{at: r.clock.Now(), why: why}
 	for _, q := range r.reqs {
 		if q.peer == peer && q.err == nil {
 			r.fail(q, fmt.Errorf("pipeline: request %d: %s to %q: %w", q.id, why, peer, transfer.ErrPeerLost))

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"net"
@@ -542,4 +543,78 @@ func bounceRate(stdout string) (float64, error) {
 		sum += r
 	}
 	return sum / float64(len(rates)), nil
+}
+
+// TestKillReceiverSendProcess: `bounce serve` is killed with kill -9 as a
+// `bounce send` process starts its timed requests (right after its
+// warm-up: the requests are submitted while, or just after, the loss is
+// reported). send exits failed within a few seconds, naming the lost
+// peer, not at its 30 s request timeout.
+func TestKillReceiverSendProcess(t *testing.T) {
+	if testing.Short() {
+		t.Skip("real processes")
+	}
+	dir := t.TempDir()
+	key := filepath.Join(dir, "send.key")
+	self, _, err := security.LoadOrCreate(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for round := 0; round < *killRounds; round++ {
+		desc := filepath.Join(dir, fmt.Sprintf("recv-%d.json", round))
+		serve := exec.Command(cliBinary(t), "serve", "--agent.name", "victim", "--buffer-size", "1GiB", "--descriptor-out", desc,
+			"--security.allowed-peers", "loaded,send="+self.Public.String(), "--engine.listen", "127.0.0.1:0", "--control-plane.bind-address", "127.0.0.1")
+		var serveErr syncBuffer
+		serve.Stderr = &serveErr
+		if err := serve.Start(); err != nil {
+			t.Fatal(err)
+		}
+		deadline := time.Now().Add(60 * time.Second)
+		for {
+			if b, err := os.ReadFile(desc); err == nil && len(b) > 0 {
+				break
+			}
+			if time.Now().After(deadline) {
+				serve.Process.Kill()
+				t.Fatalf("serve published no descriptor in 60 s\n%s", serveErr.String())
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		send := exec.Command(cliBinary(t), "send", "--peer", desc, "--agent.name", "send", "--security.key-file", key,
+			"--control-plane.bind-address", "127.0.0.1", "--engine.listen", "127.0.0.1:0", "--bounce.cost-model=false",
+			"--workload", "llama70b-tp8-b16", "--count", "32768", "--requests", "8")
+		var out, sendErr syncBuffer
+		send.Stdout, send.Stderr = &out, &sendErr
+		if err := send.Start(); err != nil {
+			t.Fatal(err)
+		}
+		exited := make(chan error, 1)
+		go func() { exited <- send.Wait() }()
+		for !strings.Contains(out.String(), "warm-up") {
+			select {
+			case err := <-exited:
+				serve.Process.Kill()
+				t.Fatalf("send exited before its warm-up ended: %v\n%s\n%s", err, out.String(), sendErr.String())
+			case <-time.After(10 * time.Millisecond):
+			}
+		}
+		time.Sleep(time.Duration(round*100) * time.Millisecond)
+		killed := time.Now()
+		serve.Process.Signal(syscall.SIGKILL)
+		serve.Wait()
+		select {
+		case err := <-exited:
+			var ee *exec.ExitError
+			if !errors.As(err, &ee) || ee.ExitCode() != 1 {
+				t.Fatalf("round %d: send exited with %v, want exit 1 (requests failed)\n%s\n%s", round, err, out.String(), sendErr.String())
+			}
+			if !strings.Contains(sendErr.String(), "lost") {
+				t.Fatalf("round %d: send's error does not say the receiver was lost:\n%s", round, sendErr.String())
+			}
+			t.Logf("round %d: send exited %v after kill -9 of the receiver", round, time.Since(killed).Round(time.Millisecond))
+		case <-time.After(15 * time.Second):
+			send.Process.Kill()
+			t.Fatalf("round %d: send still runs 15 s after kill -9 of the receiver (request timeout 30 s)\n%s", round, out.String())
+		}
+	}
 }

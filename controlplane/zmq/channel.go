@@ -99,6 +99,7 @@ type Channel struct {
 
 	mon       *monitor                     // watches every DEALER's connection
 	onLost    atomic.Pointer[func(string)] // SetPeerLost's callback
+	onUp      atomic.Pointer[func(string)] // SetPeerUp's callback
 	dealerIDs atomic.Uint64
 
 	sent, received, dropped, badEndpoints, malformed, spoofed, lost atomic.Uint64
@@ -201,7 +202,7 @@ func newChannel(cfg Config, probe netProbe, lookup hostLookup) (*Channel, error)
 		poller:   zmq4.NewPoller(),
 		done:     make(chan struct{}),
 	}
-	if c.mon, err = newMonitor(zctx, c.connLost); err != nil {
+	if c.mon, err = newMonitor(zctx, c.connLost, c.connUp); err != nil {
 		for _, s := range []*zmq4.Socket{router, wakeRecv, wakeSend} {
 			_ = s.Close()
 		}
@@ -397,13 +398,41 @@ func (c *Channel) SetPeerLost(fn func(peer string)) {
 	c.onLost.Store(&fn)
 }
 
+// SetPeerUp registers fn, called with a peer's name each time the
+// connection of its DEALER completes its handshake: the first time, and
+// again after each drop reported to SetPeerLost (the peer came back, or
+// a process restarted at its endpoint). A removed or replaced DEALER is
+// not reported. fn must not block.
+func (c *Channel) SetPeerUp(fn func(peer string)) {
+	if fn == nil {
+		c.onUp.Store(nil)
+		return
+	}
+	c.onUp.Store(&fn)
+}
+
+// current says whether w watches the DEALER peers holds now.
+func (c *Channel) current(w watch) bool {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	d := c.peers[w.peer]
+	return !c.closed && d != nil && d.id == w.id
+}
+
+// connUp is the monitor's report that w's connection completed its
+// handshake.
+func (c *Channel) connUp(w watch) {
+	if !c.current(w) {
+		return
+	}
+	if fn := c.onUp.Load(); fn != nil {
+		(*fn)(w.peer)
+	}
+}
+
 // connLost is the monitor's report that w's connection dropped.
 func (c *Channel) connLost(w watch) {
-	c.mu.RLock()
-	d := c.peers[w.peer]
-	current := !c.closed && d != nil && d.id == w.id
-	c.mu.RUnlock()
-	if !current {
+	if !c.current(w) {
 		return
 	}
 	n := c.lost.Add(1)
