@@ -192,6 +192,11 @@ type Settings struct {
 	// gatherer must write the arena's memory kind and the engine read it,
 	// else the bounce path is off.
 	NewArena func(name string, size uint64) (Arena, error)
+	// RequireBounce makes New fail, wrapping ErrBounceUnavailable and
+	// naming the reason, when bounce is enabled but its path cannot be set
+	// up (an arena that cannot be mapped, say), instead of serving every
+	// transfer on the direct path.
+	RequireBounce bool
 	// Wake, if set, is signalled by stages or engines when an op completes,
 	// so the reactor reacts without polling delay.
 	Wake <-chan struct{}
@@ -319,8 +324,8 @@ func (pi *peerInfo) lostErr(err error) error {
 }
 
 // New builds and starts an agent. A bounce set-up failure (arena, scheduler,
-// registration) never fails New: the agent logs the reason and serves every
-// transfer on the direct path.
+// registration) never fails New, unless Settings.RequireBounce: the agent
+// logs the reason and serves every transfer on the direct path.
 func New(s Settings, cfg Config) (*Agent, error) {
 	a, err := build(s, cfg)
 	if err != nil {
@@ -377,6 +382,9 @@ func build(s Settings, cfg Config) (*Agent, error) {
 	}
 	var sched *credit.Scheduler
 	if err := a.initBounce(&sched); err != nil {
+		if s.RequireBounce && cfg.Enabled {
+			return nil, fmt.Errorf("pipeline: %w: %w", ErrBounceUnavailable, err)
+		}
 		a.bounceOn, a.noBounce = false, err.Error()
 		a.log.Warn("bounce disabled, serving every transfer on the direct path", "reason", err)
 	}

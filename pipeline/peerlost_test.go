@@ -466,3 +466,30 @@ func TestSubmitToLostPeerFails(t *testing.T) {
 	}
 	t.Logf("resolved %v after submit: %v", time.Since(submitted), b.Err())
 }
+
+// TestRequireBounceRefusesUnmappableArena: an arena that cannot be
+// allocated turns bounce off (every transfer direct, the reason given),
+// unless Settings.RequireBounce: then New fails, wrapping
+// ErrBounceUnavailable and naming the arena's error.
+func TestRequireBounceRefusesUnmappableArena(t *testing.T) {
+	w := newWorld(t)
+	var set Settings
+	a := w.node("a", testConfig(), func(s *Settings) {
+		s.NewArena = func(name string, size uint64) (Arena, error) {
+			return nil, fmt.Errorf("mmap %d bytes: cannot allocate memory", size)
+		}
+		set = *s
+	})
+	if on, why := a.BounceEnabled(); on || !strings.Contains(why, "cannot allocate memory") {
+		t.Fatalf("BounceEnabled = %v, %q; want off, naming the arena's error", on, why)
+	}
+	set.RequireBounce = true
+	b, err := New(set, testConfig())
+	if err == nil {
+		b.Shutdown(t.Context())
+		t.Fatal("New with RequireBounce and an unmappable arena succeeded")
+	}
+	if !errors.Is(err, ErrBounceUnavailable) || !strings.Contains(err.Error(), "cannot allocate memory") {
+		t.Fatalf("err %v, want ErrBounceUnavailable naming the arena's error", err)
+	}
+}
