@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -259,7 +260,11 @@ type Agent struct {
 	// chunks are planned so that their DATA fits it and GRANTs are split.
 	ctrlMax int
 	// router is route auto's cost model; nil when bounce is off.
-	router   *router
+	router *router
+	// inc is this agent's incarnation, random per agent: its WANTs carry
+	// it, so a receiver that fenced a lost sender admits its restart under
+	// the same name at once and keeps dropping the old one's WANTs.
+	inc      uint64
 	bounceOn bool   // bounce path usable locally
 	noBounce string // why not, when !bounceOn
 	capacity uint64
@@ -363,6 +368,7 @@ func build(s Settings, cfg Config) (*Agent, error) {
 		s.Clock = realClock{}
 	}
 	a := &Agent{
+		inc:     rand.Uint64() | 1, // never zero (unknown)
 		name:    s.Name,
 		cfg:     cfg,
 		set:     s,

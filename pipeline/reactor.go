@@ -69,8 +69,12 @@ type reactor struct {
 	fenceJobs chan<- fenceJob
 	// fencedUntil holds the lost senders the engine fenced, until their
 	// fence ends: their WANTs are dropped meanwhile (a WANT still queued
-	// when the sender died would otherwise open a flow nobody writes).
-	fencedUntil map[string]time.Time
+	// when the sender died would otherwise open a flow nobody writes),
+	// except those of a new incarnation (the process restarted).
+	fencedUntil map[string]fencedSender
+	// wantInc is the incarnation (wire.Want.Incarnation) of each sender's
+	// latest admitted WANT: the one a fence of that sender refuses.
+	wantInc map[string]uint64
 
 	shuttingDown bool
 	shutdownAt   time.Time
@@ -104,6 +108,7 @@ func newReactor(a *Agent, sched *credit.Scheduler) *reactor {
 		tasks:     make(map[uint64]*scatterTask),
 		rtraces:   make(map[credit.FlowKey]*recvTrace),
 		wantRate:  make(map[string]*security.Bucket),
+		wantInc:   make(map[string]uint64),
 		peerFlows: make(map[string]int),
 		lastPurge: make(map[string]time.Time),
 		inbox:     newFairInbox(),
@@ -438,6 +443,7 @@ func (r *reactor) forgetPeer(peer string, fenced bool) {
 	delete(r.ctrlPeers, peer)
 	r.failFlows(func(k credit.FlowKey) bool { return k.Peer == peer }, fmt.Errorf("peer forgotten: %w", transfer.ErrPeerLost))
 	delete(r.wantRate, peer)
+	delete(r.wantInc, peer)
 	delete(r.lastPurge, peer)
 	if r.a.guard != nil {
 		r.a.guard.revokeMatching(func(k credit.FlowKey) bool { return k.Peer == peer })
@@ -527,7 +533,7 @@ func (r *reactor) fenceLost(peer string, offs []uint64, until time.Time) {
 		return
 	}
 	select {
-	case r.fenceJobs <- fenceJob{peer: peer, offs: offs, until: until}:
+	case r.fenceJobs <- fenceJob{peer: peer, offs: offs, until: until, inc: r.wantInc[peer]}:
 	default:
 	}
 }
@@ -542,14 +548,14 @@ func (r *reactor) lostPeerFenced(j fenceJob, fenced bool) {
 	}
 	now := r.clock.Now()
 	if r.fencedUntil == nil {
-		r.fencedUntil = make(map[string]time.Time)
+		r.fencedUntil = make(map[string]fencedSender)
 	}
-	for p, until := range r.fencedUntil {
-		if !now.Before(until) {
+	for p, f := range r.fencedUntil {
+		if !now.Before(f.until) {
 			delete(r.fencedUntil, p)
 		}
 	}
-	r.fencedUntil[j.peer] = now.Add(r.cfg.Quarantine)
+	r.fencedUntil[j.peer] = fencedSender{until: now.Add(r.cfg.Quarantine), inc: j.inc}
 	if r.hasFlows(j.peer) {
 		r.failFlows(func(k credit.FlowKey) bool { return k.Peer == j.peer },
 			fmt.Errorf("flow reclaimed: its sender was lost and is fenced: %w", transfer.ErrPeerLost))

@@ -194,7 +194,7 @@ func (a *Agent) wantTooLarge(p *plan.Plan) string {
 	for i, c := range p.Chunks {
 		sizes[i] = c.Bytes
 	}
-	n, err := wire.EncodedLen(&wire.Want{ChunkBytes: sizes, Endpoint: a.set.Control.LocalEndpoint()})
+	n, err := wire.EncodedLen(&wire.Want{ChunkBytes: sizes, Endpoint: a.set.Control.LocalEndpoint(), Incarnation: a.inc})
 	if err == nil && n+traceAllowance <= a.ctrlMax {
 		return ""
 	}

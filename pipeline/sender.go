@@ -91,7 +91,7 @@ func (r *reactor) submitBounce(b *Batch, pi *peerInfo, p *plan.Plan, tag []byte)
 		sizes[i] = c.Bytes
 	}
 	r.reqs[q.id] = q
-	want := &wire.Want{Request: q.id, ChunkBytes: sizes, Endpoint: r.a.set.Control.LocalEndpoint(), Tag: tag}
+	want := &wire.Want{Request: q.id, ChunkBytes: sizes, Endpoint: r.a.set.Control.LocalEndpoint(), Tag: tag, Incarnation: r.a.inc}
 	r.a.obs.inject(b.obs.ctx, &want.TraceParent)
 	q.wantAt = time.Now()
 	// The receiver admits this agent by now (it is asked to grant to it):
@@ -488,7 +488,7 @@ func (r *reactor) settle(q *sendReq) {
 	}
 	if q.writes == 0 && !q.cancelSent && !q.noCancel {
 		q.cancelSent = true
-		_ = r.send(q.peer, &wire.Want{Request: q.id, Endpoint: r.a.set.Control.LocalEndpoint()})
+		_ = r.send(q.peer, &wire.Want{Request: q.id, Endpoint: r.a.set.Control.LocalEndpoint(), Incarnation: r.a.inc})
 	}
 	if q.gathers == 0 && q.writes == 0 {
 		delete(r.reqs, q.id)

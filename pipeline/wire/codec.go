@@ -60,6 +60,9 @@ func AppendMarshal(dst []byte, m Message) ([]byte, error) {
 		b = appendStr(b, m.Endpoint)
 		b = appendStr(b, m.TraceParent)
 		b = appendTag(b, m.Tag)
+		if m.Incarnation != 0 {
+			b = le.AppendUint64(b, m.Incarnation)
+		}
 	case *Grant:
 		b = le.AppendUint64(b, m.Request)
 		b = le.AppendUint32(b, uint32(len(m.Credits)))
@@ -148,7 +151,11 @@ func EncodedLen(m Message) (int, error) {
 		if len(m.Tag) > MaxTag {
 			return 0, errorf("WANT", ErrTooLarge, "tag is %d bytes, limit %d", len(m.Tag), MaxTag)
 		}
-		return headerLen + 8 + 4 + 8*len(m.ChunkBytes) + strPrefix + len(m.Endpoint) + strPrefix + len(m.TraceParent) + strPrefix + len(m.Tag), nil
+		n := headerLen + 8 + 4 + 8*len(m.ChunkBytes) + strPrefix + len(m.Endpoint) + strPrefix + len(m.TraceParent) + strPrefix + len(m.Tag)
+		if m.Incarnation != 0 {
+			n += 8
+		}
+		return n, nil
 	case *Grant:
 		if m == nil {
 			return 0, errorf("GRANT", ErrMalformed, "nil message")
@@ -520,6 +527,11 @@ func (d *decoder) want() (*Want, error) {
 	w.Endpoint = d.str("endpoint")
 	w.TraceParent = d.str("traceparent")
 	w.Tag = d.tag()
+	if d.err == nil && d.left() == 8 { // the optional incarnation; other lengths are trailing bytes
+		if w.Incarnation = d.u64("incarnation"); w.Incarnation == 0 {
+			return nil, errorf(d.what, ErrMalformed, "incarnation 0 (an unknown one is sent as none)")
+		}
+	}
 	if err := d.end(); err != nil {
 		return nil, err
 	}

@@ -29,6 +29,7 @@ func sampleMessages() []namedMessage {
 		{"want-max", &Want{Request: math.MaxUint64, ChunkBytes: []uint64{math.MaxUint64, 1}, Endpoint: long, TraceParent: long}},
 		{"want-tagged", &Want{Request: 44, ChunkBytes: []uint64{8 << 20}, Endpoint: "tcp://10.0.0.2:41000", Tag: []byte("req-7f3a\x00\xff")}},
 		{"want-tag-max", &Want{Request: 45, ChunkBytes: []uint64{1}, Tag: []byte(strings.Repeat("t", MaxTag))}},
+		{"want-incarnation", &Want{Request: 46, ChunkBytes: []uint64{4096}, Endpoint: "tcp://10.0.0.2:41000", Incarnation: 0x9e3779b97f4a7c15}},
 		{"grant-one", &Grant{Request: 1, Credits: []Credit{{Chunk: 0, Region: 0, Addr: 0x7f0000000000, Len: 1 << 20, Device: 0}}}},
 		{"grant-max", &Grant{Request: math.MaxUint64, Credits: []Credit{
 			{Chunk: math.MaxUint32, Region: math.MaxUint64 - 1, Addr: math.MaxUint64 - 1, Len: 1, Device: math.MaxInt32},

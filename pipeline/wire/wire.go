@@ -135,6 +135,12 @@ type Want struct {
 	Endpoint    string
 	TraceParent string
 	Tag         []byte
+	// Incarnation is the sending agent's incarnation, random per agent
+	// (per process): a receiver that fenced a lost sender admits the same
+	// name again at once under a new incarnation, while the old one's late
+	// WANTs stay dropped. Zero (unknown) is encoded as nothing, so WANTs of
+	// senders that send none still decode.
+	Incarnation uint64
 }
 
 // Type returns TypeWant.
