@@ -104,7 +104,8 @@ once when the receiver's lease expires.`,
   # host-a.peer from 'bounce key --security.key-file a.key --agent.name host-a --out host-a.peer'
   bounce send --peer recv.json --agent.name host-a --security.key-file a.key --workload gptoss120b-tp8-b16 --requests 8
   bounce send --peer recv.json --agent.name host-a --security.key-file a.key --repeat 5 --json send.json
-  bounce send --discovery.kind etcd --agent.name prefill-0 --peer decode-0`,
+  # through an etcd without TLS or users ('make etcd'): accepted only with discovery.insecure
+  bounce send --discovery.kind etcd --discovery.insecure --agent.name prefill-0 --peer decode-0`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			l, err := loadConfig(cmd)
