@@ -479,8 +479,11 @@ func (r *reactor) peerGone(peer, why string) {
 	r.a.stats.lostPeers.Add(1)
 	// Requests submitted from now on are failed too unless the peer is
 	// heard from again (checkTimeouts): no second report would come for
-	// them.
-	r.down[peer] = peerDown{at: r.clock.Now(), why: why}
+	// them. Only a loaded peer can be sent to (and ForgetPeer drops the
+	// entry), so senders that only wrote here leave nothing behind.
+	if _, loaded := r.descEndpoint(peer); loaded {
+		r.down[peer] = peerDown{at: r.clock.Now(), why: why}
+	}
 	for _, q := range r.reqs {
 		if q.peer == peer && q.err == nil {
 			r.fail(q, fmt.Errorf("pipeline: request %d: %s to %q: %w", q.id, why, peer, transfer.ErrPeerLost))
@@ -513,6 +516,7 @@ func (r *reactor) peerGone(peer, why string) {
 		r.schedule()
 	}
 	r.dropControlPeer(peer)
+	delete(r.wantInc, peer) // the fence job took it (fenceLost)
 	r.publishTables()
 }
 
