@@ -47,7 +47,8 @@ jaeger: jaeger-bin
 jaeger-bin: $(JAEGER)
 
 ## etcd: a real etcd (Debian etcd-server) on 127.0.0.1:2379, the default
-## discovery.endpoints, data in out/etcd; for discovery.kind etcd
+## discovery.endpoints, data in out/etcd; for discovery.kind etcd. It has
+## no TLS and no users: agents use it only with discovery.insecure true
 etcd: setup
 	mkdir -p out/etcd
 	etcd --name bounce --data-dir out/etcd \

@@ -100,7 +100,7 @@ func TestKeysMatchTheDocumentedSet(t *testing.T) {
 		"security.want_rate", "security.want_burst", "security.max_control_peers", "security.max_message_size",
 		"security.max_arena_share",
 		"discovery.kind", "discovery.endpoints", "discovery.prefix", "discovery.lease", "discovery.dial_timeout",
-		"discovery.username", "discovery.password_file", "discovery.tls_ca", "discovery.tls_cert", "discovery.tls_key",
+		"discovery.username", "discovery.password_file", "discovery.tls_ca", "discovery.tls_cert", "discovery.tls_key", "discovery.insecure",
 	}
 	if got := Keys(); !slices.Equal(got, want) {
 		t.Fatalf("Keys() =\n%v\nwant\n%v", got, want)

@@ -41,6 +41,13 @@ type DiscoveryConfig struct {
 	TLSCA   string
 	TLSCert string
 	TLSKey  string
+	// Insecure accepts an etcd reached without TLS or without
+	// authentication (discovery.insecure, default false): whoever can
+	// write to the prefix then chooses the records agents load (pin the
+	// peers' keys in security.allowed_peers to keep them from choosing
+	// the keys too). Without it, kind etcd needs TLS (a tls_* file) and a
+	// user (discovery.username with discovery.password_file).
+	Insecure bool
 }
 
 // defaultDiscovery is the one source of the discovery defaults.
@@ -96,6 +103,16 @@ func (d *DiscoveryConfig) validate() []*KeyError {
 	}
 	if (d.TLSCert == "") != (d.TLSKey == "") {
 		add(outOfRange("discovery.tls_cert", d.TLSCert, "discovery.tls_cert and discovery.tls_key go together (tls_key is %q)", d.TLSKey))
+	}
+	if d.Kind == "etcd" && !d.Insecure && (!d.TLS() || d.Username == "") {
+		var missing []string
+		if !d.TLS() {
+			missing = append(missing, "TLS (discovery.tls_ca, tls_cert, tls_key)")
+		}
+		if d.Username == "" {
+			missing = append(missing, "authentication (discovery.username, password_file)")
+		}
+		add(outOfRange("discovery.insecure", d.Insecure, "etcd without %s lets anyone who can reach it write the records agents load: configure them, or set discovery.insecure true to accept that (pin peer keys in security.allowed_peers)", strings.Join(missing, " and ")))
 	}
 	if (d.PasswordFile != "") != (d.Username != "") {
 		add(outOfRange("discovery.password_file", d.PasswordFile, "discovery.username and discovery.password_file go together (username is %q)", d.Username))

@@ -1,6 +1,7 @@
 package config
 
 import (
+	"strings"
 	"testing"
 	"time"
 )
@@ -14,8 +15,17 @@ func TestDiscoveryDefaultsValidate(t *testing.T) {
 		t.Fatalf("defaults %+v", d)
 	}
 	d.Kind = "etcd"
+	err := d.Validate()
+	if err == nil || !strings.Contains(err.Error(), "discovery.insecure") || !strings.Contains(err.Error(), "TLS") || !strings.Contains(err.Error(), "authentication") {
+		t.Fatalf("etcd without TLS and auth: %v, want a discovery.insecure key error naming both", err)
+	}
+	d.Insecure = true
 	if err := d.Validate(); err != nil {
-		t.Fatalf("etcd with the default endpoint: %v", err)
+		t.Fatalf("etcd with the default endpoint, insecure: %v", err)
+	}
+	d.Insecure, d.TLSCA, d.Username, d.PasswordFile = false, "ca.pem", "bounce", "pw"
+	if err := d.Validate(); err != nil {
+		t.Fatalf("etcd with TLS and auth: %v", err)
 	}
 }
 

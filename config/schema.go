@@ -97,6 +97,7 @@ func fields() []field {
 		{"discovery.tls_ca", "PEM CA file for TLS to etcd (any tls_* set turns TLS on)", func(c *Config) any { return &c.Discovery.TLSCA }},
 		{"discovery.tls_cert", "PEM client certificate for TLS to etcd (with tls_key)", func(c *Config) any { return &c.Discovery.TLSCert }},
 		{"discovery.tls_key", "PEM client key for TLS to etcd (with tls_cert)", func(c *Config) any { return &c.Discovery.TLSKey }},
+		{"discovery.insecure", "accept etcd without TLS or authentication (anyone who can write to it chooses the records agents load; warned once)", func(c *Config) any { return &c.Discovery.Insecure }},
 	}
 }
 

@@ -72,4 +72,8 @@ var (
 	ErrUnavailable = errors.New("discovery: directory unavailable")
 	// ErrBadName: the name cannot be a record's name.
 	ErrBadName = errors.New("discovery: bad agent name")
+	// ErrRefused: a record that is not an agent's (etcd: one without a
+	// lease) or whose descriptor names another agent than the one it is
+	// published under.
+	ErrRefused = errors.New("discovery: record refused")
 )

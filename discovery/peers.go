@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+
+	"github.com/bouncekv/bounce/pipeline/wire"
 )
 
 // Agent is what Peers drives: the part of a pipeline.Agent that loads and
@@ -23,6 +25,9 @@ type Decode func(value []byte) (descriptor []byte, err error)
 // changes (a receiver that registered more memory, or one restarted with a
 // new endpoint and key) and forgotten when the record goes (withdrawn, or
 // its lease expired), which fails the agent's requests to it at once.
+// In a directory whose names are agent names (NamesAgents: etcd), a
+// record whose descriptor names another agent than the one followed is
+// refused (ErrRefused), so a record under one name never loads another.
 // The goroutine that follows each name is Peers' own; Close stops them.
 type Peers struct {
 	dir    Directory
@@ -152,6 +157,9 @@ func (p *Peers) apply(name string, ev Event) {
 // loadLocked loads rec into the agent for f (p.mu held).
 func (p *Peers) loadLocked(name string, f *followed, rec Record) error {
 	desc, err := p.decode(rec.Value)
+	if n, ok := p.dir.(interface{ NamesAgents() bool }); err == nil && ok && n.NamesAgents() {
+		err = checkNames(name, rec.Name, desc)
+	}
 	if err == nil {
 		var got string
 		got, err = p.agent.LoadPeer(desc)
@@ -166,6 +174,23 @@ func (p *Peers) loadLocked(name string, f *followed, rec Record) error {
 	}
 	f.err = err
 	return err
+}
+
+// checkNames refuses a record whose descriptor names another agent than
+// the one followed (name) and the one it is published under (published):
+// a record under one name must not load, and send to, another agent.
+func checkNames(name, published string, desc []byte) error {
+	d, err := wire.UnmarshalAgentDesc(desc)
+	if err != nil {
+		return fmt.Errorf("record of %q: %w", name, err)
+	}
+	if published != "" && published != name {
+		return fmt.Errorf("record of %q is published under %q: %w", name, published, ErrRefused)
+	}
+	if d.Name != name {
+		return fmt.Errorf("record of %q carries the descriptor of agent %q: %w", name, d.Name, ErrRefused)
+	}
+	return nil
 }
 
 // notify wakes those waiting on Changed.

@@ -187,9 +187,11 @@ type Options struct {
 	// finds it full is dropped and counted).
 	Received chan<- pipeline.Received
 	// StrictBounce fails Build when the configuration enables the bounce
-	// path but it cannot be built (a bad control-plane interface, say),
-	// instead of serving the direct path; bounce serve sets it. Build is
-	// always strict when bounce.route is bounce.
+	// path but it cannot be built (a bad control-plane interface, say) or
+	// started (an arena that cannot be mapped: the error wraps
+	// pipeline.ErrBounceUnavailable), instead of serving the direct path;
+	// bounce serve sets it. Build is always strict when bounce.route is
+	// bounce.
 	StrictBounce bool
 }
 
@@ -311,6 +313,8 @@ func BuildWith(cfg config.Config, f Factories, o Options) (*Node, error) {
 		Propagator:     s.Propagator,
 		Kinds:          kinds,
 		Received:       o.Received,
+		// Strict: an arena that cannot be mapped fails the build too.
+		RequireBounce: cfg.Bounce.Enabled && (o.StrictBounce || cfg.Bounce.Route == "bounce"),
 	}, pc)
 	if err != nil {
 		return fail(fmt.Errorf("node: %w", err))

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -189,6 +190,11 @@ type Settings struct {
 	// gatherer must write the arena's memory kind and the engine read it,
 	// else the bounce path is off.
 	NewArena func(name string, size uint64) (Arena, error)
+	// RequireBounce makes New fail, wrapping ErrBounceUnavailable and
+	// naming the reason, when bounce is enabled but its path cannot be set
+	// up (an arena that cannot be mapped, say), instead of serving every
+	// transfer on the direct path.
+	RequireBounce bool
 	// Wake, if set, is signalled by stages or engines when an op completes,
 	// so the reactor reacts without polling delay.
 	Wake <-chan struct{}
@@ -251,7 +257,11 @@ type Agent struct {
 	// chunks are planned so that their DATA fits it and GRANTs are split.
 	ctrlMax int
 	// router is route auto's cost model; nil when bounce is off.
-	router   *router
+	router *router
+	// inc is this agent's incarnation, random per agent: its WANTs carry
+	// it, so a receiver that fenced a lost sender admits its restart under
+	// the same name at once and keeps dropping the old one's WANTs.
+	inc      uint64
 	bounceOn bool   // bounce path usable locally
 	noBounce string // why not, when !bounceOn
 	capacity uint64
@@ -329,8 +339,8 @@ func (pi *peerInfo) lostErr(err error) error {
 }
 
 // New builds and starts an agent. A bounce set-up failure (arena, scheduler,
-// registration) never fails New: the agent logs the reason and serves every
-// transfer on the direct path.
+// registration) never fails New, unless Settings.RequireBounce: the agent
+// logs the reason and serves every transfer on the direct path.
 func New(s Settings, cfg Config) (*Agent, error) {
 	a, err := build(s, cfg)
 	if err != nil {
@@ -368,6 +378,7 @@ func build(s Settings, cfg Config) (*Agent, error) {
 		s.Clock = realClock{}
 	}
 	a := &Agent{
+		inc:     rand.Uint64() | 1, // never zero (unknown)
 		name:    s.Name,
 		cfg:     cfg,
 		set:     s,
@@ -395,6 +406,9 @@ func build(s Settings, cfg Config) (*Agent, error) {
 	}
 	var sched *credit.Scheduler
 	if err := a.initBounce(&sched); err != nil {
+		if s.RequireBounce && cfg.Enabled {
+			return nil, fmt.Errorf("pipeline: %w: %w", ErrBounceUnavailable, err)
+		}
 		a.bounceOn, a.noBounce = false, err.Error()
 		a.log.Warn("bounce disabled, serving every transfer on the direct path", "reason", err)
 	}
@@ -416,7 +430,19 @@ func build(s Settings, cfg Config) (*Agent, error) {
 			a.post(func(r *reactor) { r.peerGone(peer, "the control channel lost its connection") })
 		})
 	}
+	// A peer reported lost is up again once its connection is (a process
+	// restarted at its endpoint): requests to it no longer fail as lost.
+	if pu, ok := s.Control.(peerUpReporter); ok && a.bounceOn {
+		pu.SetPeerUp(func(peer string) { a.post(func(r *reactor) { delete(r.down, peer) }) })
+	}
 	return a, nil
+}
+
+// peerUpReporter is a control channel that says when a peer's connection
+// is up (zmq: its handshake completed), the first time and after a loss it
+// reported (transfer.PeerLossReporter).
+type peerUpReporter interface {
+	SetPeerUp(fn func(peer string))
 }
 
 func (a *Agent) initBounce(out **credit.Scheduler) error {

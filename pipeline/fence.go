@@ -14,7 +14,20 @@ type fenceJob struct {
 	peer  string
 	offs  []uint64
 	until time.Time // the end of their quarantine
+	inc   uint64    // the lost sender's incarnation (its WANTs'); 0: unknown
 }
+
+// fencedSender is a lost sender the engine fenced: until when its WANTs
+// are dropped, and the incarnation they are dropped for (0: every one). A
+// WANT of another incarnation is the sender restarted with its key: it is
+// served at once (its engine admits that incarnation too).
+type fencedSender struct {
+	until time.Time
+	inc   uint64
+}
+
+// refuses says whether f drops a WANT of incarnation inc.
+func (f fencedSender) refuses(inc uint64) bool { return f.inc == 0 || inc == 0 || inc == f.inc }
 
 // peerFencer fences lost senders off the reactor's goroutine: the
 // engine's ForgetPeer waits for the peer's connections to stop serving (a

@@ -245,3 +245,69 @@ func TestLateWantOfLostSenderReclaimed(t *testing.T) {
 	v.close(t)
 	conserve(t, r)
 }
+
+// TestFencedOldIncarnationWantDropped: a sender dies holding a grant and
+// the receiver fences it (its regions free at once). The sender restarted
+// under its name (a new agent and engine: a new incarnation), which the
+// receiver did not load (it only learned it), is served at once, within
+// the quarantine its old incarnation is fenced for; a late WANT of the old
+// incarnation is still dropped, and its engine connection refused.
+func TestFencedOldIncarnationWantDropped(t *testing.T) {
+	w := tcpZMQWorld(t)
+	cfg := testConfig()
+	cfg.Quarantine = time.Minute
+	r := w.node("r", cfg)
+	s := stalledSender(w, "victim", cfg)
+	loadInto(t, s, r)
+	j := simple(t, s, r, 1)
+	if _, err := s.Submit(Request{Peer: "r", Src: j.src, Dst: j.dst}); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for r.ArenaStats().HeldBytes == 0 || r.eng.(*tcp.Engine).Stats().IncomingConns == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the receiver never granted the stalled request (or the sender never connected)")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	oldInc, endpoint := s.inc, s.ctrl.LocalEndpoint()
+	killed := time.Now()
+	s.ctrl.Close()
+	s.eng.Close()
+	for r.Stats().FencedReleases == 0 || r.ArenaStats().Flows != 0 {
+		if time.Since(killed) > 10*time.Second {
+			t.Fatalf("10 s after the sender died it is not fenced: %+v, %+v", r.ArenaStats(), r.Stats())
+		}
+		time.Sleep(time.Millisecond)
+	}
+	s.close(t)
+	// The restart: served at once, though the receiver never loaded it.
+	again := w.node("victim", cfg)
+	if again.inc == oldInc {
+		t.Fatal("the restarted agent has the old incarnation")
+	}
+	loadInto(t, again, r)
+	ja := simple(t, again, r, 11)
+	ba, err := again.Submit(Request{Peer: "r", Src: ja.src, Dst: ja.dst})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := wait(t, ba); err != nil {
+		t.Fatalf("the restarted sender, %v after the kill (quarantine %v): %v", time.Since(killed), cfg.Quarantine, err)
+	}
+	if ba.Route() != RouteBounce {
+		t.Fatalf("the restarted sender's request took %v (%s)", ba.Route(), ba.RouteReason())
+	}
+	ja.verify(t)
+	// A late WANT of the old incarnation opens nothing.
+	done := make(chan struct{})
+	r.post(func(rr *reactor) {
+		rr.onWant("victim", &wire.Want{Request: 99, ChunkBytes: []uint64{cfg.MaxChunk}, Endpoint: endpoint, Incarnation: oldInc})
+		close(done)
+	})
+	<-done
+	if st := r.ArenaStats(); st.Flows != 0 || st.HeldBytes != 0 {
+		t.Fatalf("a WANT of the fenced incarnation opened a flow: %+v", st)
+	}
+	conserve(t, r)
+}

@@ -425,3 +425,71 @@ func TestLostSenderLogLevel(t *testing.T) {
 	holder.close(t)
 	waiter.close(t)
 }
+
+// TestSubmitToLostPeerFails: the receiver's control channel dies and the
+// sender's socket monitor reports it lost while no request is in flight.
+// A request submitted afterwards (the next pass of `bounce send --repeat`,
+// or one whose source was still being filled at the kill) fails as lost
+// within about a second (lostPeerGrace), not at its request timeout: no
+// second loss report comes for it.
+func TestSubmitToLostPeerFails(t *testing.T) {
+	w := zmqWorld(t, 0)
+	cfg := testConfig()
+	cfg.RequestTimeout = 20 * time.Second
+	s, r := w.node("s", cfg), w.node("r", cfg)
+	connect(t, s, r)
+	served(t, s, r, 1) // the connection is up (handshake done)
+	r.ctrl.Close()
+	deadline := time.Now().Add(10 * time.Second)
+	for s.Stats().LostPeers == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the sender's control channel never reported the receiver lost")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	j := simple(t, s, r, 2)
+	submitted := time.Now()
+	b, err := s.Submit(Request{Peer: "r", Src: j.src, Dst: j.dst})
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-b.Done():
+	case <-time.After(cfg.RequestTimeout / 2):
+		t.Fatalf("a request to a receiver reported lost is unresolved %v later (timeout %v)", cfg.RequestTimeout/2, cfg.RequestTimeout)
+	}
+	if err := b.Err(); !errors.Is(err, transfer.ErrPeerLost) {
+		t.Fatalf("err %v, want ErrPeerLost", err)
+	}
+	if _, quiet := b.Retirement(); !quiet {
+		t.Fatal("not quiescent")
+	}
+	t.Logf("resolved %v after submit: %v", time.Since(submitted), b.Err())
+}
+
+// TestRequireBounceRefusesUnmappableArena: an arena that cannot be
+// allocated turns bounce off (every transfer direct, the reason given),
+// unless Settings.RequireBounce: then New fails, wrapping
+// ErrBounceUnavailable and naming the arena's error.
+func TestRequireBounceRefusesUnmappableArena(t *testing.T) {
+	w := newWorld(t)
+	var set Settings
+	a := w.node("a", testConfig(), func(s *Settings) {
+		s.NewArena = func(name string, size uint64) (Arena, error) {
+			return nil, fmt.Errorf("mmap %d bytes: cannot allocate memory", size)
+		}
+		set = *s
+	})
+	if on, why := a.BounceEnabled(); on || !strings.Contains(why, "cannot allocate memory") {
+		t.Fatalf("BounceEnabled = %v, %q; want off, naming the arena's error", on, why)
+	}
+	set.RequireBounce = true
+	b, err := New(set, testConfig())
+	if err == nil {
+		b.Shutdown(t.Context())
+		t.Fatal("New with RequireBounce and an unmappable arena succeeded")
+	}
+	if !errors.Is(err, ErrBounceUnavailable) || !strings.Contains(err.Error(), "cannot allocate memory") {
+		t.Fatalf("err %v, want ErrBounceUnavailable naming the arena's error", err)
+	}
+}

@@ -28,6 +28,7 @@ type reactor struct {
 
 	// sender role
 	reqs      map[uint64]*sendReq
+	down      map[string]peerDown // peers reported lost and not heard from since
 	gathering []chunkRef
 	writing   []chunkRef
 	parked    parkQueue  // requests with chunks waiting for arena or copy contexts, oldest first
@@ -73,8 +74,12 @@ type reactor struct {
 	fenceJobs chan<- fenceJob
 	// fencedUntil holds the lost senders the engine fenced, until their
 	// fence ends: their WANTs are dropped meanwhile (a WANT still queued
-	// when the sender died would otherwise open a flow nobody writes).
-	fencedUntil map[string]time.Time
+	// when the sender died would otherwise open a flow nobody writes),
+	// except those of a new incarnation (the process restarted).
+	fencedUntil map[string]fencedSender
+	// wantInc is the incarnation (wire.Want.Incarnation) of each sender's
+	// latest admitted WANT: the one a fence of that sender refuses.
+	wantInc map[string]uint64
 
 	shuttingDown bool
 	shutdownAt   time.Time
@@ -100,6 +105,7 @@ func newReactor(a *Agent, sched *credit.Scheduler) *reactor {
 		clock:     a.set.Clock,
 		sched:     sched,
 		reqs:      make(map[uint64]*sendReq),
+		down:      make(map[string]peerDown),
 		direct:    make(map[uint64]*directReq),
 		flowSeen:  make(map[credit.FlowKey]time.Time),
 		rflows:    make(map[credit.FlowKey]*recvFlow),
@@ -107,6 +113,7 @@ func newReactor(a *Agent, sched *credit.Scheduler) *reactor {
 		tasks:     make(map[uint64]*scatterTask),
 		rtraces:   make(map[credit.FlowKey]*recvTrace),
 		wantRate:  make(map[string]*security.Bucket),
+		wantInc:   make(map[string]uint64),
 		peerFlows: make(map[string]int),
 		lastPurge: make(map[string]time.Time),
 		inbox:     newFairInbox(),
@@ -358,6 +365,7 @@ func (r *reactor) onMessage(m transfer.Message) {
 			return
 		}
 	}
+	delete(r.down, m.Peer) // heard from: not lost
 	switch msg := msg.(type) {
 	case *wire.Done:
 		r.onDone(m.Peer, msg)
@@ -436,9 +444,11 @@ func (r *reactor) send(peer string, m wire.Message) error {
 // free at once; otherwise they are quarantined.
 func (r *reactor) forgetPeer(peer string, fenced bool) {
 	r.a.obs.peerFlowsEnded(r, peer, "reclaimed")
+	delete(r.down, peer)
 	delete(r.ctrlPeers, peer)
 	r.failFlows(func(k credit.FlowKey) bool { return k.Peer == peer }, fmt.Errorf("peer forgotten: %w", transfer.ErrPeerLost))
 	delete(r.wantRate, peer)
+	delete(r.wantInc, peer)
 	delete(r.lastPurge, peer)
 	if r.a.guard != nil {
 		r.a.guard.revokeMatching(func(k credit.FlowKey) bool { return k.Peer == peer })
@@ -472,6 +482,13 @@ func (r *reactor) forgetPeer(peer string, fenced bool) {
 // or an ACK included, instead of leaving them to their timeout.
 func (r *reactor) peerGone(peer, why string) {
 	r.a.stats.lostPeers.Add(1)
+	// Requests submitted from now on are failed too unless the peer is
+	// heard from again (checkTimeouts): no second report would come for
+	// them. Only a loaded peer can be sent to (and ForgetPeer drops the
+	// entry), so senders that only wrote here leave nothing behind.
+	if _, loaded := r.descEndpoint(peer); loaded {
+		r.down[peer] = peerDown{at: r.clock.Now(), why: why}
+	}
 	for _, q := range r.reqs {
 		if q.peer == peer && q.err == nil {
 			r.fail(q, fmt.Errorf("pipeline: request %d: %s to %q: %w", q.id, why, peer, transfer.ErrPeerLost))
@@ -504,6 +521,7 @@ func (r *reactor) peerGone(peer, why string) {
 		r.schedule()
 	}
 	r.dropControlPeer(peer)
+	delete(r.wantInc, peer) // the fence job took it (fenceLost)
 	r.publishTables()
 }
 
@@ -524,7 +542,7 @@ func (r *reactor) fenceLost(peer string, offs []uint64, until time.Time) {
 		return
 	}
 	select {
-	case r.fenceJobs <- fenceJob{peer: peer, offs: offs, until: until}:
+	case r.fenceJobs <- fenceJob{peer: peer, offs: offs, until: until, inc: r.wantInc[peer]}:
 	default:
 	}
 }
@@ -539,14 +557,14 @@ func (r *reactor) lostPeerFenced(j fenceJob, fenced bool) {
 	}
 	now := r.clock.Now()
 	if r.fencedUntil == nil {
-		r.fencedUntil = make(map[string]time.Time)
+		r.fencedUntil = make(map[string]fencedSender)
 	}
-	for p, until := range r.fencedUntil {
-		if !now.Before(until) {
+	for p, f := range r.fencedUntil {
+		if !now.Before(f.until) {
 			delete(r.fencedUntil, p)
 		}
 	}
-	r.fencedUntil[j.peer] = now.Add(r.cfg.Quarantine)
+	r.fencedUntil[j.peer] = fencedSender{until: now.Add(r.cfg.Quarantine), inc: j.inc}
 	if r.hasFlows(j.peer) {
 		r.failFlows(func(k credit.FlowKey) bool { return k.Peer == j.peer },
 			fmt.Errorf("flow reclaimed: its sender was lost and is fenced: %w", transfer.ErrPeerLost))

@@ -38,13 +38,21 @@ func (r *reactor) onWant(peer string, w *wire.Want) {
 		}
 		return
 	}
-	if until, ok := r.fencedUntil[peer]; ok {
+	if f, ok := r.fencedUntil[peer]; ok {
 		// Loading the peer again lifted the engine's fence: it is trusted.
-		if _, loaded := r.descEndpoint(peer); now.Before(until) && !loaded {
-			r.log.Debug("WANT dropped: its sender was lost and is fenced", "peer", peer, "until", until)
+		_, loaded := r.descEndpoint(peer)
+		switch {
+		case !now.Before(f.until) || loaded:
+			delete(r.fencedUntil, peer)
+		case f.refuses(w.Incarnation):
+			r.log.Debug("WANT dropped: its sender was lost and is fenced", "peer", peer, "until", f.until, "incarnation", w.Incarnation)
 			return
 		}
-		delete(r.fencedUntil, peer)
+		// Another incarnation: the sender restarted with its key. Its old
+		// incarnation stays fenced here and in the engine.
+	}
+	if w.Incarnation != 0 {
+		r.wantInc[peer] = w.Incarnation
 	}
 	endpoint := w.Endpoint
 	if ep, ok := r.descEndpoint(peer); ok {

@@ -46,6 +46,7 @@ type sendReq struct {
 	acked int
 	live  int // started and not yet acked
 
+	started      time.Time // when the request was submitted
 	lastProgress time.Time
 	err          error     // non-nil once failing
 	failedAt     time.Time // when err was set
@@ -79,7 +80,8 @@ func (r *reactor) submitBounce(b *Batch, pi *peerInfo, p *plan.Plan, tag []byte,
 		r.publish(b, fmt.Errorf("pipeline: submit to %q: forgotten before the request started: %w", peer, transfer.ErrPeerLost), true)
 		return
 	}
-	q := &sendReq{id: b.id, peer: peer, pi: pi, b: b, plan: p, ch: make([]sendChunk, len(p.Chunks)), lastProgress: r.clock.Now()}
+	now := r.clock.Now()
+	q := &sendReq{id: b.id, peer: peer, pi: pi, b: b, plan: p, ch: make([]sendChunk, len(p.Chunks)), started: now, lastProgress: now}
 	if len(p.Chunks) == 0 {
 		r.publish(b, nil, true)
 		return
@@ -89,7 +91,7 @@ func (r *reactor) submitBounce(b *Batch, pi *peerInfo, p *plan.Plan, tag []byte,
 		sizes[i] = c.Bytes
 	}
 	r.reqs[q.id] = q
-	want := &wire.Want{Request: q.id, ChunkBytes: sizes, Endpoint: r.a.set.Control.LocalEndpoint(), Tag: tag, Blocks: blocks}
+	want := &wire.Want{Request: q.id, ChunkBytes: sizes, Endpoint: r.a.set.Control.LocalEndpoint(), Tag: tag, Blocks: blocks, Incarnation: r.a.inc}
 	r.a.obs.inject(b.obs.ctx, &want.TraceParent)
 	q.wantAt = time.Now()
 	// The receiver admits this agent by now (it is asked to grant to it):
@@ -500,7 +502,7 @@ func (r *reactor) settle(q *sendReq) {
 	}
 	if q.writes == 0 && !q.cancelSent && !q.noCancel {
 		q.cancelSent = true
-		_ = r.send(q.peer, &wire.Want{Request: q.id, Endpoint: r.a.set.Control.LocalEndpoint()})
+		_ = r.send(q.peer, &wire.Want{Request: q.id, Endpoint: r.a.set.Control.LocalEndpoint(), Incarnation: r.a.inc})
 	}
 	if q.gathers == 0 && q.writes == 0 {
 		delete(r.reqs, q.id)
@@ -528,7 +530,11 @@ func (r *reactor) publish(b *Batch, err error, quiescent bool) {
 
 func (r *reactor) checkTimeouts(now time.Time) {
 	for _, q := range r.reqs {
+		d, down := r.down[q.peer]
 		switch {
+		case q.err == nil && down && now.Sub(d.at) > lostPeerGrace && now.Sub(q.started) > lostPeerGrace:
+			r.fail(q, fmt.Errorf("pipeline: request %d: %s to %q %v before it was submitted, and the peer was not heard from in the %v since: %w",
+				q.id, d.why, q.peer, max(q.started.Sub(d.at), 0).Round(time.Millisecond), lostPeerGrace, transfer.ErrPeerLost))
 		case q.err == nil && now.Sub(q.lastProgress) > r.cfg.RequestTimeout:
 			r.fail(q, fmt.Errorf("pipeline: request %d to %q made no progress for %v: %w", q.id, q.peer, r.cfg.RequestTimeout, transfer.ErrTimeout))
 		case q.err != nil && !q.published && now.Sub(q.failedAt) > r.cfg.QuiesceTimeout:
@@ -540,6 +546,18 @@ func (r *reactor) checkTimeouts(now time.Time) {
 	for _, d := range r.direct {
 		d.checkTimeout(r, now)
 	}
+}
+
+// lostPeerGrace is how long a request submitted to a peer reported lost
+// (and not heard from since) waits for the peer to come back (a message
+// from it, or its control connection up again) before it fails as lost:
+// the loss was reported once, before the request existed.
+const lostPeerGrace = time.Second
+
+// peerDown is a peer reported lost: when, and by whom.
+type peerDown struct {
+	at  time.Time
+	why string
 }
 
 // abandon fails the batch if it is still pending and waits, at most timeout,

@@ -669,3 +669,31 @@ func requireFailedQuiescent(t *testing.T, batches []*pipeline.Batch, what string
 		}
 	}
 }
+
+// TestServeRefusesUnmappableArena: serve builds its node strict (bounce
+// must be served, or serve fails), so an arena that cannot be mapped (here
+// a file-size limit of 128 MiB below the 256 MiB default arena, which the
+// 64 MiB buffer fits) makes it refuse to start with exit 3 (the
+// environment) and the reason, instead of serving direct only.
+func TestServeRefusesUnmappableArena(t *testing.T) {
+	dir := t.TempDir()
+	desc := filepath.Join(dir, "recv.json")
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "bash", "-c", `ulimit -f 131072 && exec "$0" "$@"`, cliBinary(t), "serve",
+		"--descriptor-out", desc, "--buffer-size", "64MiB", "--control-plane.bind-address", "127.0.0.1", "--engine.listen", "127.0.0.1:0")
+	var errb bytes.Buffer
+	cmd.Stderr = &errb
+	err := cmd.Run()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != exitRuntime {
+		b, _ := os.ReadFile(desc)
+		t.Fatalf("serve with an unmappable arena: %v, want exit %d\ndescriptor: %s\nstderr:\n%s", err, exitRuntime, b, errb.String())
+	}
+	if !strings.Contains(errb.String(), "arena") || !strings.Contains(errb.String(), "file too large") {
+		t.Fatalf("the error does not name the arena and why:\n%s", errb.String())
+	}
+	if _, err := os.Stat(desc); err == nil {
+		t.Fatal("serve published a descriptor")
+	}
+}

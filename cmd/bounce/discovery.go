@@ -138,6 +138,11 @@ func (s *peerSource) current(ctx context.Context) (hello, error) {
 		return hello{}, err
 	}
 	h, _, err := parseHello(rec.Value)
+	if err == nil && h.Name != s.name {
+		// The descriptor was checked to name s.name (discovery.Peers); the
+		// line's name is what send targets.
+		err = fmt.Errorf("--peer %s: its record's line names agent %q: refused", s.name, h.Name)
+	}
 	return h, err
 }
 

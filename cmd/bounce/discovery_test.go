@@ -123,7 +123,7 @@ func closedPort(t *testing.T) string {
 // there fail at once (exit 1) naming the endpoint.
 func TestEtcdUnavailableAtStart(t *testing.T) {
 	addr := closedPort(t)
-	common := []string{"--discovery.kind", "etcd", "--discovery.endpoints", addr, "--discovery.dial-timeout", "500ms"}
+	common := []string{"--discovery.kind", "etcd", "--discovery.insecure", "--discovery.endpoints", addr, "--discovery.dial-timeout", "500ms"}
 	for _, args := range [][]string{
 		append([]string{"serve", "--buffer-size", "1MiB", "--agent.name", "decode-0"}, common...),
 		append([]string{"send", "--peer", "decode-0", "--count", "16"}, common...),
@@ -147,10 +147,10 @@ func TestStoppedReceiverLeaseFailsInFlight(t *testing.T) {
 	defer srv.Close()
 	const lease = 2 * time.Second
 	dc := config.Default().Discovery
-	dc.Kind, dc.Endpoints, dc.Lease, dc.Prefix = "etcd", srv.Endpoint, lease, "/t"
+	dc.Kind, dc.Endpoints, dc.Lease, dc.Prefix, dc.Insecure = "etcd", srv.Endpoint, lease, "/t", true
 
 	cmd := exec.Command(cliBinary(t), "serve", "--stdin-control", "--agent.name", "decode-0", "--buffer-size", "16MiB",
-		"--follow", "prefill-0", "--discovery.kind", "etcd", "--discovery.endpoints", srv.Endpoint,
+		"--follow", "prefill-0", "--discovery.kind", "etcd", "--discovery.insecure", "--discovery.endpoints", srv.Endpoint,
 		"--discovery.lease", "2s", "--discovery.prefix", "/t", "--control-plane.bind-address", "127.0.0.1")
 	cmd.Stderr = os.Stderr
 	stdin, _ := cmd.StdinPipe()
@@ -265,7 +265,7 @@ func TestServeRefusesALiveAgentsName(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer srv.Close()
-	args := []string{"serve", "--agent.name", "decode-0", "--buffer-size", "1MiB", "--discovery.kind", "etcd",
+	args := []string{"serve", "--agent.name", "decode-0", "--buffer-size", "1MiB", "--discovery.kind", "etcd", "--discovery.insecure",
 		"--discovery.endpoints", srv.Endpoint, "--control-plane.bind-address", "127.0.0.1"}
 	desc := filepath.Join(t.TempDir(), "first.json")
 	first := exec.Command(cliBinary(t), append(args, "--descriptor-out", desc)...)

@@ -484,12 +484,14 @@ func runFleet(cmd *cobra.Command, cfg config.Config, o *benchOptions) error {
 			return runtime(err)
 		}
 		defer srv.Close()
-		dc.Kind, dc.Endpoints, where = "etcd", srv.Endpoint, srv.Endpoint+" (embedded)"
+		// An etcd of this process on loopback, for this run only: no
+		// TLS, no users (discovery.insecure for its agents).
+		dc.Kind, dc.Endpoints, dc.Insecure, where = "etcd", srv.Endpoint, true, srv.Endpoint+" (embedded)"
 	}
 	prefix := strings.TrimSuffix(dc.Prefix, "/") + fmt.Sprintf("/bench-%d", os.Getpid())
 	base := append(configArgs(cmd, "agent.name", "telemetry.service-name", "telemetry.metrics.listen",
-		"discovery.kind", "discovery.endpoints", "discovery.prefix"),
-		"--discovery.kind=etcd", "--discovery.endpoints="+dc.Endpoints, "--discovery.prefix="+prefix)
+		"discovery.kind", "discovery.endpoints", "discovery.prefix", "discovery.insecure"),
+		"--discovery.kind=etcd", "--discovery.endpoints="+dc.Endpoints, "--discovery.prefix="+prefix, fmt.Sprintf("--discovery.insecure=%t", dc.Insecure))
 	if cfg.ControlPlane.BindAddress == "" && cfg.ControlPlane.Interface == "" {
 		base = append(base, "--control-plane.bind-address=127.0.0.1")
 	}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"net"
@@ -21,6 +22,7 @@ import (
 	"time"
 
 	"github.com/bouncekv/bounce/config"
+	"github.com/bouncekv/bounce/engines/tcp"
 	"github.com/bouncekv/bounce/mem"
 	"github.com/bouncekv/bounce/node"
 	"github.com/bouncekv/bounce/pipeline"
@@ -156,7 +158,7 @@ func TestKillSenderMidTransfer(t *testing.T) {
 				break
 			}
 			if time.Since(killed) > 5*time.Second {
-				t.Fatalf("round %d: 5 s after kill -9 the receiver still holds the sender's flows: %+v", round, st)
+				t.Fatalf("round %d: 5 s after kill -9 the receiver still holds the sender's flows: %+v\n%+v", round, st, r.n.Agent.Stats())
 			}
 			time.Sleep(time.Millisecond)
 		}
@@ -542,4 +544,135 @@ func bounceRate(stdout string) (float64, error) {
 		sum += r
 	}
 	return sum / float64(len(rates)), nil
+}
+
+// TestKillReceiverSendProcess: `bounce serve` is killed with kill -9 as a
+// `bounce send` process starts its timed requests (right after its
+// warm-up: the requests are submitted while, or just after, the loss is
+// reported). send exits failed within a few seconds, naming the lost
+// peer, not at its 30 s request timeout.
+func TestKillReceiverSendProcess(t *testing.T) {
+	if testing.Short() {
+		t.Skip("real processes")
+	}
+	dir := t.TempDir()
+	key := filepath.Join(dir, "send.key")
+	self, _, err := security.LoadOrCreate(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for round := 0; round < *killRounds; round++ {
+		desc := filepath.Join(dir, fmt.Sprintf("recv-%d.json", round))
+		serve := exec.Command(cliBinary(t), "serve", "--agent.name", "victim", "--buffer-size", "1GiB", "--descriptor-out", desc,
+			"--security.allowed-peers", "loaded,send="+self.Public.String(), "--engine.listen", "127.0.0.1:0", "--control-plane.bind-address", "127.0.0.1")
+		var serveErr syncBuffer
+		serve.Stderr = &serveErr
+		if err := serve.Start(); err != nil {
+			t.Fatal(err)
+		}
+		deadline := time.Now().Add(60 * time.Second)
+		for {
+			if b, err := os.ReadFile(desc); err == nil && len(b) > 0 {
+				break
+			}
+			if time.Now().After(deadline) {
+				serve.Process.Kill()
+				t.Fatalf("serve published no descriptor in 60 s\n%s", serveErr.String())
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		send := exec.Command(cliBinary(t), "send", "--peer", desc, "--agent.name", "send", "--security.key-file", key,
+			"--control-plane.bind-address", "127.0.0.1", "--engine.listen", "127.0.0.1:0", "--bounce.cost-model=false",
+			"--workload", "llama70b-tp8-b16", "--count", "32768", "--requests", "8")
+		var out, sendErr syncBuffer
+		send.Stdout, send.Stderr = &out, &sendErr
+		if err := send.Start(); err != nil {
+			t.Fatal(err)
+		}
+		exited := make(chan error, 1)
+		go func() { exited <- send.Wait() }()
+		for !strings.Contains(out.String(), "warm-up") {
+			select {
+			case err := <-exited:
+				serve.Process.Kill()
+				t.Fatalf("send exited before its warm-up ended: %v\n%s\n%s", err, out.String(), sendErr.String())
+			case <-time.After(10 * time.Millisecond):
+			}
+		}
+		time.Sleep(time.Duration(round*100) * time.Millisecond)
+		killed := time.Now()
+		serve.Process.Signal(syscall.SIGKILL)
+		serve.Wait()
+		select {
+		case err := <-exited:
+			var ee *exec.ExitError
+			if !errors.As(err, &ee) || ee.ExitCode() != 1 {
+				t.Fatalf("round %d: send exited with %v, want exit 1 (requests failed)\n%s\n%s", round, err, out.String(), sendErr.String())
+			}
+			if !strings.Contains(sendErr.String(), "lost") {
+				t.Fatalf("round %d: send's error does not say the receiver was lost:\n%s", round, sendErr.String())
+			}
+			// After the kill send still fills its 1 GiB source (seconds on a
+			// loaded box) before it submits; its requests then fail about
+			// lostPeerGrace (1 s) later.
+			t.Logf("round %d: send exited %v after kill -9 of the receiver (source fill included)", round, time.Since(killed).Round(time.Millisecond))
+		case <-time.After(15 * time.Second):
+			send.Process.Kill()
+			t.Fatalf("round %d: send still runs 15 s after kill -9 of the receiver (request timeout 30 s)\n%s", round, out.String())
+		}
+	}
+}
+
+// TestKillSenderRestartSameKey: a sender process killed with kill -9 while
+// it holds grants, restarted at once with its own name and key, is served
+// as soon as its old flows are reclaimed and fenced, not after the
+// quarantine (30 s by default) that its old incarnation stays refused for:
+// the new process is a new incarnation (the tcp HELLO and every WANT carry
+// one), the old one's late connections and WANTs are still refused
+// (TestForgetAdmitsNewIncarnation, TestFencedOldIncarnationWantDropped).
+func TestKillSenderRestartSameKey(t *testing.T) {
+	if testing.Short() {
+		t.Skip("real processes")
+	}
+	r := newReceiver(t, 512<<20, "victim")
+	cmd := exec.Command(cliBinary(t), "send", "--peer", r.desc, "--agent.name", "victim", "--security.key-file", r.key("victim"), "--control-plane.bind-address", "127.0.0.1",
+		"--bounce.arena-size", "64MiB", "--bounce.cost-model=false", "--workload", "llama70b-tp8-b16", "--count", "16384", "--requests", "8")
+	var serr syncBuffer
+	cmd.Stderr = &serr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	// Killed mid-transfer: granted, and its engine connected (a sender
+	// killed before its first connection is up is noticed only at its
+	// flow's expiry: TestPeerLostBeforeFirstWrite).
+	deadline := time.Now().Add(60 * time.Second)
+	for r.n.Agent.ArenaStats().HeldBytes == 0 || r.n.Engine.(*tcp.Engine).Stats().IncomingConns == 0 {
+		if time.Now().After(deadline) {
+			cmd.Process.Kill()
+			t.Fatalf("the sender never got a grant (or never connected)\n%s", serr.String())
+		}
+		time.Sleep(time.Millisecond)
+	}
+	time.Sleep(20 * time.Millisecond)
+	killed := time.Now()
+	cmd.Process.Signal(syscall.SIGKILL)
+	cmd.Wait()
+	for {
+		st := r.n.Agent.ArenaStats()
+		if st.HeldBytes == 0 && st.Flows == 0 {
+			break
+		}
+		if time.Since(killed) > 10*time.Second {
+			t.Fatalf("10 s after kill -9 the receiver still holds the sender's flows: %+v\n%+v", st, r.n.Agent.Stats())
+		}
+		time.Sleep(time.Millisecond)
+	}
+	reclaimed := time.Since(killed)
+	// The restart, within the quarantine of the old incarnation.
+	r.send(t, "victim", "--workload", "llama70b-tp8-b16", "--count", "4096", "--requests", "8")
+	served := time.Since(killed)
+	if q := node.PipelineConfig(r.n.Config.Bounce, r.n.Config.Security).EffectiveQuarantine(); served >= q {
+		t.Fatalf("the restarted sender was served %v after the kill, not within the %v quarantine", served, q)
+	}
+	t.Logf("kill -9 of the sender: flows reclaimed after %v; the restarted sender (same key) served %v after the kill", reclaimed.Round(time.Millisecond), served.Round(time.Millisecond))
 }

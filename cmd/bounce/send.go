@@ -100,9 +100,12 @@ receiver started with 'serve --follow NAME' admits it), follows the
 receiver's record (each --repeat pass targets it as it is then, so a
 receiver restarted on a new endpoint is picked up) and fails its requests at
 once when the receiver's lease expires.`,
-		Example: `  bounce send --peer recv.json --workload gptoss120b-tp8-b16 --requests 8
-  bounce send --peer recv.json --repeat 5 --json send.json
-  bounce send --discovery.kind etcd --agent.name prefill-0 --peer decode-0`,
+		Example: `  # the receiver admits this agent's key: serve --security.allowed-peers @host-a.peer,
+  # host-a.peer from 'bounce key --security.key-file a.key --agent.name host-a --out host-a.peer'
+  bounce send --peer recv.json --agent.name host-a --security.key-file a.key --workload gptoss120b-tp8-b16 --requests 8
+  bounce send --peer recv.json --agent.name host-a --security.key-file a.key --repeat 5 --json send.json
+  # through an etcd without TLS or users ('make etcd'): accepted only with discovery.insecure
+  bounce send --discovery.kind etcd --discovery.insecure --agent.name prefill-0 --peer decode-0`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			l, err := loadConfig(cmd)

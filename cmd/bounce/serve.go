@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -116,12 +117,14 @@ With --stdin-control it reads JSON commands from stdin instead (used by
 block pool over each request's slice of the buffer for the block-table form,
 replacing the previous ones, and answer the new descriptor), stats, known,
 quit.`,
-		Example: `  # host B
-  bounce serve --engine.listen 10.0.0.2:7000 --control-plane.interface eth0 --descriptor-out recv.json \
-      --expect --workload gptoss120b-tp8-b16 --requests 8
+		Example: `  # host A: its key pair, and its public key line for B (host-a.peer, copied to B)
+  bounce key --security.key-file a.key --agent.name host-a --out host-a.peer
+  # host B: admits host A's key only
+  bounce serve --engine.listen 10.0.0.2:7000 --control-plane.interface eth0 --security.allowed-peers @host-a.peer \
+      --descriptor-out recv.json --expect --workload gptoss120b-tp8-b16 --requests 8
   # host A, with recv.json copied over
-  bounce send --peer recv.json --engine.listen 10.0.0.1:0 --control-plane.interface eth0 \
-      --workload gptoss120b-tp8-b16 --requests 8`,
+  bounce send --peer recv.json --engine.listen 10.0.0.1:0 --control-plane.interface eth0 --agent.name host-a \
+      --security.key-file a.key --workload gptoss120b-tp8-b16 --requests 8`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			l, err := loadConfig(cmd)
@@ -158,7 +161,8 @@ quit.`,
 			}
 			log := logger(cmd, l.Config.Log)
 			// A receiver whose bounce path cannot be built (a bad
-			// interface, say) fails here rather than serve direct only.
+			// interface, say: exit 2) or started (an arena that cannot be
+			// mapped: exit 3) fails here rather than serve direct only.
 			opts := node.Options{Logger: log, StrictBounce: true}
 			if !stdinControl {
 				// Each request a sender finishes (or fails) here is one
@@ -174,6 +178,9 @@ quit.`,
 				opts.Received = events
 			}
 			n, err := node.BuildWith(l.Config, fs(), opts)
+			if errors.Is(err, pipeline.ErrBounceUnavailable) {
+				return runtime(err) // the arena could not be set up: the environment
+			}
 			if err != nil {
 				return usage(err)
 			}

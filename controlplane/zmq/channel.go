@@ -29,10 +29,13 @@
 package zmq
 
 import (
+	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -99,6 +102,7 @@ type Channel struct {
 
 	mon       *monitor                     // watches every DEALER's connection
 	onLost    atomic.Pointer[func(string)] // SetPeerLost's callback
+	onUp      atomic.Pointer[func(string)] // SetPeerUp's callback
 	dealerIDs atomic.Uint64
 
 	sent, received, dropped, badEndpoints, malformed, spoofed, lost atomic.Uint64
@@ -201,7 +205,7 @@ func newChannel(cfg Config, probe netProbe, lookup hostLookup) (*Channel, error)
 		poller:   zmq4.NewPoller(),
 		done:     make(chan struct{}),
 	}
-	if c.mon, err = newMonitor(zctx, c.connLost); err != nil {
+	if c.mon, err = newMonitor(zctx, c.connLost, c.connUp); err != nil {
 		for _, s := range []*zmq4.Socket{router, wakeRecv, wakeSend} {
 			_ = s.Close()
 		}
@@ -397,13 +401,41 @@ func (c *Channel) SetPeerLost(fn func(peer string)) {
 	c.onLost.Store(&fn)
 }
 
+// SetPeerUp registers fn, called with a peer's name each time the
+// connection of its DEALER completes its handshake: the first time, and
+// again after each drop reported to SetPeerLost (the peer came back, or
+// a process restarted at its endpoint). A removed or replaced DEALER is
+// not reported. fn must not block.
+func (c *Channel) SetPeerUp(fn func(peer string)) {
+	if fn == nil {
+		c.onUp.Store(nil)
+		return
+	}
+	c.onUp.Store(&fn)
+}
+
+// current says whether w watches the DEALER peers holds now.
+func (c *Channel) current(w watch) bool {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	d := c.peers[w.peer]
+	return !c.closed && d != nil && d.id == w.id
+}
+
+// connUp is the monitor's report that w's connection completed its
+// handshake.
+func (c *Channel) connUp(w watch) {
+	if !c.current(w) {
+		return
+	}
+	if fn := c.onUp.Load(); fn != nil {
+		(*fn)(w.peer)
+	}
+}
+
 // connLost is the monitor's report that w's connection dropped.
 func (c *Channel) connLost(w watch) {
-	c.mu.RLock()
-	d := c.peers[w.peer]
-	current := !c.closed && d != nil && d.id == w.id
-	c.mu.RUnlock()
-	if !current {
+	if !c.current(w) {
 		return
 	}
 	n := c.lost.Add(1)
@@ -453,7 +485,7 @@ func (c *Channel) openDealer(peer, endpoint string, id uint64) (*zmq4.Socket, er
 		do   func() error
 	}{
 		{"set linger", func() error { return sock.SetLinger(0) }},
-		{"set identity", func() error { return sock.SetIdentity(c.name) }},
+		{"set identity", func() error { return sock.SetIdentity(routingID(c.name)) }},
 		{"set sndhwm", func() error { return sock.SetSndhwm(c.sendHWM) }},
 		// Harmless for IPv4, required to reach IPv6 peers.
 		{"set ipv6", func() error { return sock.SetIpv6(true) }},
@@ -701,6 +733,33 @@ func (c *Channel) recvError(err error) error {
 	return fmt.Errorf("zmq: recv: %w", err)
 }
 
+// routingID is the routing id of a new DEALER of the agent name: the
+// name, a zero byte and 8 random bytes, so each DEALER (each AddPeer, each
+// process) is its own pipe at the peer's ROUTER instead of a handover of
+// the last one's identity (libzmq's ROUTER_HANDOVER can park a DEALER
+// that reconnects under a known id while the ROUTER's thread is busy, its
+// messages never read: zeromq/libzmq#2892, #2019). A name too long for
+// the suffix (routing ids are at most 255 bytes) goes bare, as older
+// builds send every name.
+func routingID(name string) string {
+	if len(name)+1+8 > 255 {
+		return name
+	}
+	var suffix [8]byte
+	binary.LittleEndian.PutUint64(suffix[:], rand.Uint64())
+	return name + "\x00" + string(suffix[:])
+}
+
+// peerName is the agent name in a routing id: what precedes its first
+// zero byte (a DEALER's incarnation suffix, routingID), or all of it (an
+// older build's bare name). Names never hold a zero byte.
+func peerName(id []byte) []byte {
+	if i := bytes.IndexByte(id, 0); i > 0 {
+		return id[:i]
+	}
+	return id
+}
+
 // accept turns one ROUTER message ([identity, payload]) into a Message.
 // Anything else (extra frames, an anonymous libzmq-assigned identity) is
 // counted and discarded. With CURVE the peer is the agent that owns the
@@ -715,16 +774,24 @@ func (c *Channel) accept(frames [][]byte, userID string) (transfer.Message, bool
 		}
 		return transfer.Message{}, false
 	}
-	if c.auth.Enabled() && (userID == "" || userID != string(frames[0])) {
+	name := string(peerName(frames[0]))
+	if c.auth.Enabled() && (userID == "" || userID != name) {
 		n := c.spoofed.Add(1)
 		if n&(n-1) == 0 {
 			c.log.Warn("zmq: discarding message whose declared identity is not its key's agent",
-				"declared", string(frames[0]), "authenticated", userID, "spoofed_total", n)
+				"declared", name, "authenticated", userID, "spoofed_total", n)
+		}
+		return transfer.Message{}, false
+	}
+	if err := transfer.CheckName(name); err != nil {
+		n := c.malformed.Add(1)
+		if n&(n-1) == 0 {
+			c.log.Warn("zmq: discarding message with a bad peer name", "err", err, "malformed_total", n)
 		}
 		return transfer.Message{}, false
 	}
 	c.received.Add(1)
-	return transfer.Message{Peer: string(frames[0]), Payload: frames[1]}, true
+	return transfer.Message{Peer: name, Payload: frames[1]}, true
 }
 
 // Close closes every socket and terminates the channel's ZeroMQ context,

@@ -26,6 +26,7 @@ const monitorWake = "inproc://bounce-zmq-monitor-wake"
 // adds and the wake pair.
 type monitor struct {
 	lost func(w watch) // called on the goroutine; must not block
+	up   func(w watch) // called on the goroutine at each completed handshake; must not block
 
 	mu     sync.Mutex
 	adds   []watch
@@ -44,13 +45,15 @@ type watch struct {
 	pair *zmq4.Socket
 }
 
-// newMonitor starts the monitor's goroutine in zctx.
-func newMonitor(zctx *zmq4.Context, lost func(watch)) (*monitor, error) {
+// newMonitor starts the monitor's goroutine in zctx: lost is called when
+// a connection that completed its handshake drops, up when one completes
+// its handshake.
+func newMonitor(zctx *zmq4.Context, lost, up func(watch)) (*monitor, error) {
 	recv, send, err := openPair(zctx, monitorWake)
 	if err != nil {
 		return nil, fmt.Errorf("zmq: monitor wake %w", err)
 	}
-	m := &monitor{lost: lost, wake: send, wakeRecv: recv, done: make(chan struct{})}
+	m := &monitor{lost: lost, up: up, wake: send, wakeRecv: recv, done: make(chan struct{})}
 	go m.run()
 	return m, nil
 }
@@ -148,6 +151,7 @@ func (m *monitor) run() {
 				switch {
 				case ev&zmq4.EVENT_HANDSHAKE_SUCCEEDED != 0:
 					s.up = true
+					m.up(s.watch)
 				case ev&zmq4.EVENT_DISCONNECTED != 0:
 					if s.up {
 						s.up = false

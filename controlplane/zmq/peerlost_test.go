@@ -195,3 +195,59 @@ func TestPeerLostWhenProcessSilent(t *testing.T) {
 		t.Fatalf("Stats.LostPeers = %d, want 1", n)
 	}
 }
+
+// TestPeerUpAfterLoss: SetPeerUp reports a peer each time its DEALER's
+// connection completes its handshake: first, and again when the peer,
+// restarted after the drop SetPeerLost reported, accepts the DEALER (the
+// pipeline then stops failing new requests to it as lost).
+func TestPeerUpAfterLoss(t *testing.T) {
+	a, b := newTestChannel(t, "a"), newTestChannel(t, "b")
+	var lost, up lostLog
+	a.SetPeerLost(lost.add)
+	a.SetPeerUp(up.add)
+	endpoint := b.LocalEndpoint()
+	if err := a.AddPeer("b", endpoint); err != nil {
+		t.Fatal(err)
+	}
+	mustSend(t, a, "b", "hi")
+	expectMsg(t, b, "a", "hi")
+	waitCount := func(l *lostLog, n int, what string) {
+		t.Helper()
+		deadline := time.Now().Add(hangGuard)
+		for {
+			p, _ := l.get()
+			if len(p) >= n {
+				for _, name := range p {
+					if name != "b" {
+						t.Fatalf("%s: reports %v, want only b", what, p)
+					}
+				}
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: %d reports within %v, want %d", what, len(p), hangGuard, n)
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	waitCount(&up, 1, "first handshake")
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	waitCount(&lost, 1, "b closed")
+	if p, _ := up.get(); len(p) != 1 {
+		t.Fatalf("up reports %v after the drop, want one (the first handshake)", p)
+	}
+	// b restarts (on a new endpoint: the channel binds a free port) and
+	// is loaded anew: the new DEALER's handshake is reported.
+	b2 := newTestChannel(t, "b")
+	if err := a.AddPeer("b", b2.LocalEndpoint()); err != nil {
+		t.Fatal(err)
+	}
+	mustSend(t, a, "b", "again")
+	expectMsg(t, b2, "a", "again")
+	waitCount(&up, 2, "b restarted")
+	if p, _ := lost.get(); len(p) != 1 {
+		t.Fatalf("lost reports %v, want one", p)
+	}
+}

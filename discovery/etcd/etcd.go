@@ -7,6 +7,7 @@
 package etcd
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -50,6 +51,13 @@ func Open(ctx context.Context, cfg config.DiscoveryConfig, log *slog.Logger) (*D
 	eps := cfg.EndpointList()
 	if len(eps) == 0 {
 		return nil, fmt.Errorf("discovery: etcd: no endpoints (discovery.endpoints)")
+	}
+	if !cfg.Insecure && (!cfg.TLS() || cfg.Username == "") {
+		return nil, fmt.Errorf("discovery: etcd at %s: refused without TLS and authentication (discovery.tls_*, discovery.username): anyone who can write to it would choose the records agents load; set discovery.insecure true to accept that", cfg.Endpoints)
+	}
+	if cfg.Insecure && (!cfg.TLS() || cfg.Username == "") {
+		log.Warn("discovery: etcd without TLS or authentication (discovery.insecure): anyone who can write to it chooses the records agents load; pin peer keys in security.allowed_peers",
+			"endpoints", cfg.Endpoints, "tls", cfg.TLS(), "auth", cfg.Username != "")
 	}
 	cc := clientv3.Config{
 		Endpoints:   eps,
@@ -121,6 +129,10 @@ func (d *Directory) unavailable(op string, err error) error {
 	return fmt.Errorf("discovery: etcd at %s: %s: %w", d.endpoints, op, err)
 }
 
+// NamesAgents reports true: a record's name is the agent name its
+// descriptor must carry (discovery.Peers refuses one that names another).
+func (d *Directory) NamesAgents() bool { return true }
+
 // Key returns the key name's record lives under.
 func (d *Directory) Key(name string) string { return d.prefix + "/agents/" + name }
 
@@ -147,8 +159,9 @@ func (d *Directory) Publish(ctx context.Context, name string, value []byte) (dis
 	if err := p.take(ctx); err != nil {
 		return nil, err
 	}
-	p.wg.Add(1)
+	p.wg.Add(2)
 	go p.keep()
+	go p.guard()
 	return p, nil
 }
 
@@ -167,7 +180,18 @@ func (d *Directory) Lookup(ctx context.Context, name string) (discovery.Record, 
 		return discovery.Record{}, fmt.Errorf("%w: %q under %s", discovery.ErrNotFound, name, d.prefix+"/agents/")
 	}
 	kv := resp.Kvs[0]
+	if kv.Lease == 0 {
+		return discovery.Record{}, d.leaseless(name)
+	}
 	return discovery.Record{Name: name, Value: kv.Value, Version: kv.ModRevision}, nil
+}
+
+// leaseless is the refusal of a record without a lease: every agent
+// publishes on one, so such a record was written by someone else (it
+// would never expire).
+func (d *Directory) leaseless(name string) error {
+	d.log.Warn("discovery: etcd record without a lease refused: not published by an agent", "peer", name, "key", d.Key(name))
+	return fmt.Errorf("%w: %q at %s has no lease (every agent publishes on one): %w", discovery.ErrNotFound, name, d.Key(name), discovery.ErrRefused)
 }
 
 // Watch reports name's current record and its changes. It keeps watching
@@ -214,8 +238,11 @@ func (d *Directory) watch(ctx context.Context, name string, out chan<- discovery
 		retry = 100 * time.Millisecond
 		ev := discovery.Event{Gone: true, Record: discovery.Record{Name: name}}
 		if len(resp.Kvs) > 0 {
-			kv := resp.Kvs[0]
-			ev = discovery.Event{Record: discovery.Record{Name: name, Value: kv.Value, Version: kv.ModRevision}}
+			if kv := resp.Kvs[0]; kv.Lease != 0 {
+				ev = discovery.Event{Record: discovery.Record{Name: name, Value: kv.Value, Version: kv.ModRevision}}
+			} else {
+				_ = d.leaseless(name) // reported as gone
+			}
 		}
 		if !send(ev) {
 			return
@@ -230,8 +257,11 @@ func (d *Directory) watch(ctx context.Context, name string, out chan<- discovery
 			}
 			for _, e := range wr.Events {
 				ev := discovery.Event{Gone: true, Record: discovery.Record{Name: name}}
-				if e.Type == mvccpb.PUT {
+				switch {
+				case e.Type == mvccpb.PUT && e.Kv.Lease != 0:
 					ev = discovery.Event{Record: discovery.Record{Name: name, Value: e.Kv.Value, Version: e.Kv.ModRevision}}
+				case e.Type == mvccpb.PUT:
+					_ = d.leaseless(name) // reported as gone: the peer is forgotten
 				}
 				if !send(ev) {
 					wcancel()
@@ -282,6 +312,23 @@ func (p *publication) take(ctx context.Context) error {
 	if err != nil {
 		_, _ = d.cli.Revoke(context.WithoutCancel(cctx), g.ID)
 		return d.unavailable("publish "+p.name, err)
+	}
+	if !resp.Succeeded {
+		if rs := resp.Responses; len(rs) > 0 && len(rs[0].GetResponseRange().Kvs) > 0 {
+			// A record without a lease is no live agent's (it would
+			// never expire and keep the name from its agent forever):
+			// it is replaced.
+			if kv := rs[0].GetResponseRange().Kvs[0]; kv.Lease == 0 {
+				d.log.Warn("discovery: etcd record without a lease under this agent's name replaced: not published by an agent", "name", p.name, "key", p.key)
+				r2, err := d.cli.Txn(cctx).
+					If(clientv3.Compare(clientv3.ModRevision(p.key), "=", kv.ModRevision)).
+					Then(clientv3.OpPut(p.key, string(value), clientv3.WithLease(g.ID))).
+					Commit()
+				if err == nil && r2.Succeeded {
+					resp.Succeeded = true
+				}
+			}
+		}
 	}
 	if !resp.Succeeded {
 		_, _ = d.cli.Revoke(cctx, g.ID)
@@ -342,6 +389,53 @@ func (p *publication) keep() {
 		}
 		if err := p.take(ctx); err != nil {
 			p.d.log.Warn("discovery: publish again", "name", p.name, "err", err)
+		}
+	}
+}
+
+// guard watches the agent's own record: when someone else deletes it or
+// puts another value or lease under its key (anyone who can write to the
+// prefix can), it warns and publishes the agent's record again, so peers
+// following the name are not left without it or with a forged one.
+func (p *publication) guard() {
+	defer p.wg.Done()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		<-p.done
+		cancel()
+	}()
+	for ctx.Err() == nil {
+		for wr := range p.d.cli.Watch(ctx, p.key) {
+			if wr.Err() != nil {
+				break
+			}
+			for _, e := range wr.Events {
+				p.mu.Lock()
+				id, value := p.lease, p.value
+				p.mu.Unlock()
+				if id == 0 || ctx.Err() != nil {
+					continue // keep is taking the name again
+				}
+				what := "deleted"
+				if e.Type == mvccpb.PUT {
+					if clientv3.LeaseID(e.Kv.Lease) == id && bytes.Equal(e.Kv.Value, value) {
+						continue // this agent's own put
+					}
+					what = fmt.Sprintf("overwritten (lease %x, %d bytes)", e.Kv.Lease, len(e.Kv.Value))
+				}
+				p.d.log.Warn("discovery: this agent's etcd record was "+what+" by someone else; publishing it again", "name", p.name, "key", p.key)
+				cctx, ccancel := p.d.call(ctx)
+				_, err := p.d.cli.Put(cctx, p.key, string(value), clientv3.WithLease(id))
+				ccancel()
+				if err != nil && ctx.Err() == nil {
+					p.d.log.Warn("discovery: publish again", "name", p.name, "err", err)
+				}
+			}
+		}
+		select {
+		case <-time.After(100 * time.Millisecond):
+		case <-ctx.Done():
 		}
 	}
 }

@@ -32,6 +32,7 @@ func server(t *testing.T) *etcd.Server {
 func cfgFor(endpoint string) config.DiscoveryConfig {
 	c := config.Default().Discovery
 	c.Kind, c.Endpoints, c.Lease, c.Prefix = "etcd", endpoint, 2*time.Second, "/test"
+	c.Insecure = true // the embedded test server has neither TLS nor users
 	return c
 }
 

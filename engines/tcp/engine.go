@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"github.com/bouncekv/bounce/internal/inbox"
 	"log/slog"
+	"math/rand/v2"
 	"net"
 	"slices"
 	"sync"
@@ -38,9 +39,16 @@ type Engine struct {
 	// connection of theirs, however far its setup had got, lands a byte
 	// while the agent may have granted their regions to others.
 	forgotten *fenceSet
-	now       func() time.Time  // the fence's clock; time.Now but in tests
-	onLost    func(peer string) // SetPeerLost's callback
-	wg        sync.WaitGroup
+	// inc is this engine's incarnation (metadata.inc), random per engine.
+	inc uint64
+	// lostInc holds, per name whose last incoming connection ended, that
+	// connection's incarnation: the one a ForgetPeer after the loss report
+	// fences (at most MaxForgotten names; past it one is dropped, and its
+	// fence refuses every incarnation).
+	lostInc map[string]uint64
+	now     func() time.Time  // the fence's clock; time.Now but in tests
+	onLost  func(peer string) // SetPeerLost's callback
+	wg      sync.WaitGroup
 
 	done      chan struct{} // closed by Close
 	closeOnce sync.Once
@@ -195,6 +203,8 @@ func newEngine(cfg Config) (*Engine, error) {
 		peers:     make(map[string]*peer),
 		incoming:  make(map[*inConn]struct{}),
 		forgotten: newFenceSet(cfg.FenceHold, cfg.MaxForgotten),
+		inc:       rand.Uint64() | 1, // never zero (unknown)
+		lostInc:   make(map[string]uint64),
 		now:       time.Now,
 		done:      make(chan struct{}),
 		recvq:     make(chan transfer.Message, cfg.RecvQueue),
@@ -306,7 +316,7 @@ func (e *Engine) Metadata() ([]byte, error) {
 }
 
 func (e *Engine) metadata() []byte {
-	return encodeMetadata(metadata{name: e.cfg.Name, addr: e.addr, ranges: e.reg.Ranges()})
+	return encodeMetadata(metadata{name: e.cfg.Name, addr: e.addr, ranges: e.reg.Ranges(), inc: e.inc})
 }
 
 // LoadPeer decodes a peer's metadata and records the peer. Loading a known
@@ -389,7 +399,24 @@ func (e *Engine) ForgetPeer(name string) error {
 	e.mu.Lock()
 	p := e.peers[name]
 	delete(e.peers, name)
-	if n := e.forgotten.add(name, e.now()); n > 0 {
+	// The fence refuses the incarnations of the peer this engine knew: its
+	// loaded or learned entry, its connections, the one whose connections
+	// ended (the loss that led here). A new incarnation (the process
+	// restarted with its key) is admitted at once.
+	var incs []uint64
+	if p != nil {
+		incs = append(incs, p.inc)
+	}
+	if inc, ok := e.lostInc[name]; ok {
+		incs = append(incs, inc)
+		delete(e.lostInc, name)
+	}
+	for ic := range e.incoming {
+		if n := ic.name.Load(); n != nil && *n == name {
+			incs = append(incs, ic.inc)
+		}
+	}
+	if n := e.forgotten.add(name, incs, e.now()); n > 0 {
 		total := e.stats.fenceEvictions.Add(uint64(n))
 		if total&(total-1) == 0 {
 			e.log.Warn("tcp: forgotten peers unfenced before their hold ended: too many forgotten at once",

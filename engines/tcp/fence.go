@@ -2,6 +2,7 @@ package tcp
 
 import (
 	"container/list"
+	"slices"
 	"time"
 )
 
@@ -21,23 +22,37 @@ type fenceSet struct {
 type fenceEntry struct {
 	name  string
 	until time.Time
+	// incs are the incarnations of the peer refused (metadata.inc); nil
+	// refuses every incarnation (one was unknown).
+	incs []uint64
 }
 
 func newFenceSet(hold time.Duration, max int) *fenceSet {
 	return &fenceSet{hold: hold, max: max, order: list.New(), byKey: make(map[string]*list.Element)}
 }
 
-// add fences name from now for the hold (a name already held starts its
-// hold again). It returns how many names it dropped before their hold
-// ended to keep the set within max.
-func (f *fenceSet) add(name string, now time.Time) (evicted int) {
+// add fences the incarnations incs of name from now for the hold (a name
+// already held starts its hold again, refusing its earlier incarnations
+// too); no incs, or a zero (unknown) one, refuses every incarnation. It
+// returns how many names it dropped before their hold ended to keep the
+// set within max.
+func (f *fenceSet) add(name string, incs []uint64, now time.Time) (evicted int) {
 	f.prune(now)
+	if len(incs) == 0 || slices.Contains(incs, 0) {
+		incs = nil
+	}
 	if el, ok := f.byKey[name]; ok {
-		el.Value.(*fenceEntry).until = now.Add(f.hold)
+		e := el.Value.(*fenceEntry)
+		e.until = now.Add(f.hold)
+		if e.incs != nil && incs != nil {
+			e.incs = append(e.incs, incs...)
+		} else {
+			e.incs = nil
+		}
 		f.order.MoveToBack(el)
 		return 0
 	}
-	f.byKey[name] = f.order.PushBack(&fenceEntry{name: name, until: now.Add(f.hold)})
+	f.byKey[name] = f.order.PushBack(&fenceEntry{name: name, until: now.Add(f.hold), incs: slices.Clone(incs)})
 	for f.order.Len() > f.max {
 		f.removeEl(f.order.Front())
 		evicted++
@@ -45,11 +60,18 @@ func (f *fenceSet) add(name string, now time.Time) (evicted int) {
 	return evicted
 }
 
-// has reports whether name is fenced at now.
-func (f *fenceSet) has(name string, now time.Time) bool {
+// refuses reports whether name's incarnation inc is fenced at now: the
+// name is held and inc is one of its fenced incarnations (or every one
+// is, or inc is unknown: zero). A new incarnation of a fenced peer (a
+// process restarted with its key) is not refused; its old one still is.
+func (f *fenceSet) refuses(name string, inc uint64, now time.Time) bool {
 	f.prune(now)
-	_, ok := f.byKey[name]
-	return ok
+	el, ok := f.byKey[name]
+	if !ok {
+		return false
+	}
+	incs := el.Value.(*fenceEntry).incs
+	return incs == nil || inc == 0 || slices.Contains(incs, inc)
 }
 
 // remove lifts the fence on name (LoadPeer loaded it again).

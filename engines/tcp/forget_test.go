@@ -396,3 +396,59 @@ func TestCloseFencesPeersTogether(t *testing.T) {
 	}
 	t.Logf("Close with %d hung peers took %v (FenceTimeout %v)", peers, took, fence)
 }
+
+// TestForgetAdmitsNewIncarnation: a sender B only learned dies (its
+// engine closed, as kill -9 leaves it) and B forgets it after the loss
+// report, as the agent's fence does. The sender restarted under the same
+// name (a new engine: a new incarnation) is admitted at once and its
+// write lands; a connection naming the old incarnation is still refused
+// for the hold and lands nothing.
+func TestForgetAdmitsNewIncarnation(t *testing.T) {
+	v := newEnv(t)
+	b := v.engine("b")
+	var lost sync.WaitGroup
+	lost.Add(1)
+	var once sync.Once
+	b.SetPeerLost(func(peer string) {
+		if peer == "a" {
+			once.Do(lost.Done)
+		}
+	})
+	dst := v.buf(1<<20, 0, b)
+	a := v.engine("a")
+	src := v.buf(1<<20, 5, a)
+	connect(t, a, b)
+	op, err := a.PostWrite("b", []transfer.WriteOp{{Src: sub(src, 0, 4096), Dst: sub(dst, 0, 4096)}})
+	mustDone(t, op, err)
+	oldInc := a.inc
+	a.Close()
+	lost.Wait()
+	if err := b.ForgetPeer("a"); err != nil && !errors.Is(err, transfer.ErrUnknownPeer) {
+		t.Fatal(err)
+	}
+	clear(dst.Bytes())
+	// The old incarnation is refused.
+	old := dialRaw(t, b)
+	old.send(encodeFrame(frameHello, 0, encodeMetadata(metadata{name: "a", addr: "127.0.0.1:9", inc: oldInc})),
+		writeFrameBytes(1, []segment{{dst.Desc().Addr, 4096}}), bytes.Repeat([]byte{7}, 4096))
+	old.expectClosed("connection of the fenced incarnation")
+	// The new one is served.
+	a2 := v.engine("a")
+	if a2.inc == oldInc {
+		t.Fatal("the restarted engine has the old incarnation")
+	}
+	src2 := v.buf(1<<20, 6, a2)
+	connect(t, a2, b)
+	op, err = a2.PostWrite("b", []transfer.WriteOp{{Src: src2.Desc(), Dst: dst.Desc()}})
+	mustDone(t, op, err)
+	if !bytes.Equal(dst.Bytes(), src2.Bytes()) {
+		t.Fatal("the new incarnation's write did not land")
+	}
+	// A HELLO with no incarnation (an older peer) is refused like the old one.
+	anon := dialRaw(t, b)
+	if err := b.ForgetPeer("a"); err != nil {
+		t.Fatal(err)
+	}
+	anon.send(helloFrame("a"))
+	anon.expectClosed("connection of a fenced peer without an incarnation")
+}

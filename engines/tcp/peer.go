@@ -22,6 +22,7 @@ type peer struct {
 	e      *Engine
 	name   string
 	addr   string
+	inc    uint64 // its incarnation (metadata.inc; 0: unknown)
 	slots  []*slot
 	notifs chan []byte // outgoing notifications, sent on slot 0
 	rr     atomic.Uint64
@@ -35,7 +36,7 @@ type peer struct {
 }
 
 func newPeer(e *Engine, m metadata) *peer {
-	p := &peer{e: e, name: m.name, addr: m.addr, ranges: m.ranges, notifs: make(chan []byte, e.cfg.NotifyQueue)}
+	p := &peer{e: e, name: m.name, addr: m.addr, inc: m.inc, ranges: m.ranges, notifs: make(chan []byte, e.cfg.NotifyQueue)}
 	p.slots = make([]*slot, e.cfg.Connections)
 	for i := range p.slots {
 		p.slots[i] = &slot{p: p, idx: i, kick: make(chan struct{}, 1)}

@@ -22,6 +22,7 @@ import (
 type inConn struct {
 	conn net.Conn
 	name atomic.Pointer[string] // the peer's name, once its HELLO was admitted
+	inc  uint64                 // the peer's incarnation (its HELLO's), set before name
 	cut  atomic.Bool            // set by ForgetPeer: land nothing more
 	// pending is set once the connection left the pending count (admitted,
 	// or ended before).
@@ -159,6 +160,17 @@ func (e *Engine) connEnded(ic *inConn) {
 			last = false
 			break
 		}
+	}
+	if last {
+		// The incarnation that just ended, for the fence a ForgetPeer
+		// after this loss report sets (bounded: an unknown one fences all).
+		if len(e.lostInc) >= e.cfg.MaxForgotten {
+			for k := range e.lostInc {
+				delete(e.lostInc, k)
+				break
+			}
+		}
+		e.lostInc[*name] = ic.inc
 	}
 	if p := e.peers[*name]; last && p != nil && p.learned && !p.connected() {
 		// Nobody loaded it and nothing goes to it: its entry would
@@ -488,7 +500,7 @@ func (e *Engine) admit(ic *inConn, m metadata) error {
 	if e.closed {
 		return fmt.Errorf("tcp: hello from %q: %w", m.name, transfer.ErrClosed)
 	}
-	if e.forgotten.has(m.name, e.now()) {
+	if e.forgotten.refuses(m.name, m.inc, e.now()) {
 		return fmt.Errorf("tcp: hello from %q refused: the peer was forgotten (ForgetPeer) and not loaded again: %w", m.name, transfer.ErrPeerLost)
 	}
 	conns := 0
@@ -510,6 +522,7 @@ func (e *Engine) admit(ic *inConn, m metadata) error {
 		}
 		return fmt.Errorf("tcp: hello from %q refused: it holds %d connections (limit %d), all peers %d (limit %d): %w", m.name, conns, e.cfg.MaxConnsPerPeer, all, e.cfg.MaxIncomingConns, transfer.ErrQueueFull)
 	}
+	ic.inc = m.inc
 	ic.name.Store(&m.name)
 	if ic.pending.CompareAndSwap(false, true) {
 		e.pending.Add(-1)

@@ -26,7 +26,7 @@ const (
 	// MaxRanges is the most registered ranges metadata may carry.
 	MaxRanges = 1 << 16
 	// MaxMetadata is the largest metadata blob.
-	MaxMetadata = metaFixed + MaxNameLen + MaxAddrLen + MaxRanges*16
+	MaxMetadata = metaFixed + MaxNameLen + MaxAddrLen + MaxRanges*16 + 8 // + the incarnation
 	// maxNackText bounds the reason text in a NACK.
 	maxNackText = 1024
 )
@@ -238,11 +238,15 @@ type metadata struct {
 	name   string
 	addr   string
 	ranges []transfer.Desc
+	// inc is the engine's incarnation: a random number per engine (per
+	// process), so a fence refuses a lost process and not its restart
+	// under the same name. Zero: unknown (a peer that sends none).
+	inc uint64
 }
 
 // encodeMetadata encodes m; m must satisfy the limits decodeMetadata checks.
 func encodeMetadata(m metadata) []byte {
-	b := make([]byte, 0, metaFixed+len(m.name)+len(m.addr)+16*len(m.ranges))
+	b := make([]byte, 0, metaFixed+len(m.name)+len(m.addr)+16*len(m.ranges)+8)
 	b = append(b, metaMagic...)
 	b = binary.LittleEndian.AppendUint16(b, metaVersion)
 	b = binary.LittleEndian.AppendUint16(b, uint16(len(m.name)))
@@ -252,6 +256,9 @@ func encodeMetadata(m metadata) []byte {
 	b = binary.LittleEndian.AppendUint32(b, uint32(len(m.ranges)))
 	for _, r := range m.ranges {
 		b = appendSegment(b, r.Addr, r.Len)
+	}
+	if m.inc != 0 {
+		b = binary.LittleEndian.AppendUint64(b, m.inc) // optional: older peers send none
 	}
 	return b
 }
@@ -306,10 +313,18 @@ func decodeMetadata(b []byte) (metadata, error) {
 	if count > MaxRanges {
 		return bad("%d ranges exceeds %d", count, MaxRanges)
 	}
+	var inc uint64
+	if uint64(len(rest)) == 16*uint64(count)+8 { // the optional incarnation
+		inc = binary.LittleEndian.Uint64(rest[16*count:])
+		rest = rest[:16*count]
+		if inc == 0 {
+			return bad("incarnation 0 (an unknown incarnation is sent as none)")
+		}
+	}
 	if uint64(len(rest)) != 16*uint64(count) {
 		return bad("%d range bytes do not hold %d ranges", len(rest), count)
 	}
-	m := metadata{name: name, addr: addr, ranges: make([]transfer.Desc, count)}
+	m := metadata{name: name, addr: addr, ranges: make([]transfer.Desc, count), inc: inc}
 	for i := range m.ranges {
 		m.ranges[i] = transfer.Desc{Addr: binary.LittleEndian.Uint64(rest[16*i:]), Len: binary.LittleEndian.Uint64(rest[16*i+8:]), Kind: transfer.Host}
 	}

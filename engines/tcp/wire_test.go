@@ -101,6 +101,7 @@ func TestHeaderRoundTrip(t *testing.T) {
 // to the same bytes, or is rejected with ErrBadMetadata; never a panic.
 func FuzzDecodeMetadata(f *testing.F) {
 	f.Add(encodeMetadata(metadata{name: "prefill-0", addr: "127.0.0.1:7000", ranges: []transfer.Desc{{Addr: 4096, Len: 1 << 20}}}))
+	f.Add(encodeMetadata(metadata{name: "prefill-0", addr: "127.0.0.1:7000", ranges: []transfer.Desc{{Addr: 4096, Len: 1 << 20}}, inc: 0x9e3779b97f4a7c15}))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		m, err := decodeMetadata(b)
 		if err != nil {

@@ -68,6 +68,7 @@ func AppendMarshal(dst []byte, m Message) ([]byte, error) {
 			b = append(b, formBlocks)
 			b = appendWantBlocks(b, m.Blocks)
 		}
+		b = le.AppendUint64(b, m.Incarnation)
 	case *Grant:
 		b = le.AppendUint64(b, m.Request)
 		b = le.AppendUint32(b, uint32(len(m.Credits)))
@@ -173,7 +174,7 @@ func EncodedLen(m Message) (int, error) {
 			}
 			n += wantBlocksLen(m.Blocks)
 		}
-		return n, nil
+		return n + 8, nil // the incarnation
 	case *Grant:
 		if m == nil {
 			return 0, errorf("GRANT", ErrMalformed, "nil message")
@@ -564,6 +565,7 @@ func (d *decoder) want() (*Want, error) {
 	case form != formDescs:
 		return nil, errorf(d.what, ErrMalformed, "form %d, want 0 (descriptors) or 1 (blocks)", form)
 	}
+	w.Incarnation = d.u64("incarnation")
 	if err := d.end(); err != nil {
 		return nil, err
 	}

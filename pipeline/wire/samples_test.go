@@ -30,6 +30,8 @@ func sampleMessages() []namedMessage {
 		{"want-tagged", &Want{Request: 44, ChunkBytes: []uint64{8 << 20}, Endpoint: "tcp://10.0.0.2:41000", Tag: []byte("req-7f3a\x00\xff")}},
 		{"want-tag-max", &Want{Request: 45, ChunkBytes: []uint64{1}, Tag: []byte(strings.Repeat("t", MaxTag))}},
 		{"want-blocks", &Want{Request: 46, ChunkBytes: []uint64{8 << 20, 4096}, Endpoint: "tcp://10.0.0.2:41000", Blocks: &WantBlocks{Pool: "kv-l0..79", BlockLen: 4096, Pieces: 6, IDs: []uint32{7, 0, math.MaxUint32}}}},
+		{"want-incarnation", &Want{Request: 47, ChunkBytes: []uint64{4096}, Endpoint: "tcp://10.0.0.2:41000", Incarnation: 0x9e3779b97f4a7c15}},
+		{"want-blocks-incarnation", &Want{Request: 48, ChunkBytes: []uint64{4096}, Blocks: &WantBlocks{Pool: "kv", BlockLen: 4096, Pieces: 1, IDs: []uint32{3}}, Incarnation: 7}},
 		{"grant-one", &Grant{Request: 1, Credits: []Credit{{Chunk: 0, Region: 0, Addr: 0x7f0000000000, Len: 1 << 20, Device: 0}}}},
 		{"grant-max", &Grant{Request: math.MaxUint64, Credits: []Credit{
 			{Chunk: math.MaxUint32, Region: math.MaxUint64 - 1, Addr: math.MaxUint64 - 1, Len: 1, Device: math.MaxInt32},

@@ -140,6 +140,12 @@ type Want struct {
 	TraceParent string
 	Tag         []byte
 	Blocks      *WantBlocks
+	// Incarnation is the sending agent's incarnation, random per agent
+	// (per process): a receiver that fenced a lost sender admits the same
+	// name again at once under a new incarnation, while the old one's late
+	// WANTs stay dropped. Zero means unknown: such a sender is fenced by
+	// name, as before incarnations.
+	Incarnation uint64
 }
 
 // Type returns TypeWant.

@@ -52,11 +52,13 @@ func TestGoldenBytes(t *testing.T) {
 		{"ack", &Ack{Request: 0x0102030405060708, Chunk: 0x0a0b0c0d, Region: 0x1112131415161718, ScatterNS: 0x2122232425262728},
 			"424e4345 0400 04 00 | 0807060504030201 | 0d0c0b0a | 1817161514131211 | 2827262524232221"},
 		{"want", &Want{Request: 1, ChunkBytes: []uint64{0x100000}, Endpoint: "ab"},
-			"424e4345 0400 01 00 | 0100000000000000 | 01000000 | 0000100000000000 | 0200 6162 | 0000 | 0000 | 00"},
+			"424e4345 0400 01 00 | 0100000000000000 | 01000000 | 0000100000000000 | 0200 6162 | 0000 | 0000 | 00 | 0000000000000000"},
 		{"want-cancel", &Want{Request: 2, TraceParent: "t"},
-			"424e4345 0400 01 00 | 0200000000000000 | 00000000 | 0000 | 0100 74 | 0000 | 00"},
+			"424e4345 0400 01 00 | 0200000000000000 | 00000000 | 0000 | 0100 74 | 0000 | 00 | 0000000000000000"},
+		{"want-incarnation", &Want{Request: 2, Incarnation: 0x0102030405060708},
+			"424e4345 0400 01 00 | 0200000000000000 | 00000000 | 0000 | 0000 | 0000 | 00 | 0807060504030201"},
 		{"want-tagged", &Want{Request: 2, Tag: []byte{0xaa, 0xbb}},
-			"424e4345 0400 01 00 | 0200000000000000 | 00000000 | 0000 | 0000 | 0200 aabb | 00"},
+			"424e4345 0400 01 00 | 0200000000000000 | 00000000 | 0000 | 0000 | 0200 aabb | 00 | 0000000000000000"},
 		{"grant", &Grant{Request: 2, Credits: []Credit{{Chunk: 3, Region: 0x10, Addr: 0x2000, Len: 0x40, Device: 1, Kind: transfer.CUDA}}},
 			"424e4345 0400 02 00 | 0200000000000000 | 01000000 | 1000000000000000 0020000000000000 4000000000000000 03000000 01000000 01"},
 		{"data", &Data{Request: 3, Chunk: 1, Region: 0x20, TraceParent: "t", Runs: []transfer.Run{
@@ -515,7 +517,7 @@ func TestTypeAndCodeStrings(t *testing.T) {
 			t.Fatalf("%d.String() = %q, want %q", typ, typ.String(), s)
 		}
 	}
-	codes := []NackCode{NackBadRuns, NackUnknownFlow, NackBadEndpoint, NackShutdown, NackScatterFailed, NackChunkTooLarge, NackMalformed, NackConflictingWant, NackForbidden}
+	codes := []NackCode{NackBadRuns, NackUnknownFlow, NackBadEndpoint, NackShutdown, NackScatterFailed, NackChunkTooLarge, NackMalformed, NackConflictingWant, NackBadBlocks, NackForbidden}
 	seen := map[string]bool{}
 	for i, c := range codes {
 		if c != NackCode(i+1) || seen[c.String()] || strings.HasPrefix(c.String(), "nack(") {
@@ -605,11 +607,11 @@ func TestTagBounds(t *testing.T) {
 	if _, err := Unmarshal(head.u16(uint16(len(long))).zeros(len(long))); !errors.Is(err, ErrTooLarge) {
 		t.Fatalf("WANT with a %d-byte tag on the wire: %v, want ErrTooLarge", len(long), err)
 	}
-	m, err := Unmarshal(head.str("abc").u8(0))
+	m, err := Unmarshal(head.str("abc").u8(0).u64(0))
 	if err != nil || string(m.(*Want).Tag) != "abc" {
 		t.Fatalf("tagged WANT: %+v, %v", m, err)
 	}
-	m, err = Unmarshal(head.str("").u8(0))
+	m, err = Unmarshal(head.str("").u8(0).u64(0))
 	if err != nil || m.(*Want).Tag != nil {
 		t.Fatalf("untagged WANT: %+v, %v", m, err)
 	}
