@@ -194,3 +194,22 @@ func TestUnknownMemory(t *testing.T) {
 		t.Fatalf("err = %v; want unknown memory", err)
 	}
 }
+
+// TestTCPStalls: the tcp fixture stalls a's writes on purpose
+// (EnginePair.StallWrites through tcp.Config.Hold), so engine/not-quiescent
+// runs for tcp instead of being skipped, and passes.
+func TestTCPStalls(t *testing.T) {
+	cfg := conformance.Config{Seed: 1, Sizes: []uint64{4097, 1 << 20}, Only: []string{"engine/not-quiescent", "engine/post-async", "engine/source-forget"}}
+	rep, err := Run(node.Builtin(), "engine", "tcp", Options{}, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range cfg.Only {
+		if r, _ := rep.Result(id); r.Outcome != conformance.Pass {
+			t.Errorf("%s: %s %q; want pass", id, r.Outcome, r.Message)
+		}
+	}
+	if r, _ := rep.Result("engine/source-forget"); strings.Contains(r.Message, "no EnginePair.StallWrites") {
+		t.Errorf("engine/source-forget ran without a stall: %q", r.Message)
+	}
+}

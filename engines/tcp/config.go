@@ -131,6 +131,13 @@ type Config struct {
 	// DefaultStageBytes), and so the most payload of a frame with device
 	// sources.
 	StageBytes int
+	// Hold, when set, runs before each part of a write goes out on its
+	// connection, with a channel closed once that connection is given up
+	// (ForgetPeer, Close, a broken connection); it must return by then.
+	// The part goes out only after Hold returned on a live connection. It
+	// is the conformance suite's way to stall writes on purpose
+	// (conformance.EnginePair.StallWrites); nil in production.
+	Hold func(abort <-chan struct{})
 }
 
 // withDefaults returns c with zero fields replaced by defaults.
