@@ -485,24 +485,24 @@ type lateCall struct {
 
 func (l *lateCall) Error() string { return l.msg }
 
-// watchLong scribbles over every area of jobs, waits QuietWatch and
-// reports the first byte that changed: bytes a transport re-sends after
-// Done (a retransmission) arrive later than Settle.
-func (c *rc) watchLong(jobs []*job, after string) string {
-	canary := make([][][]byte, len(jobs))
-	for i, j := range jobs {
-		for _, a := range j.areas {
-			c.fill(a.b)
-			canary[i] = append(canary[i], bytes.Clone(a.b))
-		}
+// scribble fills every area of j with fresh bytes and returns a copy of
+// them, for unchanged to compare with later.
+func (c *rc) scribble(j *job) [][]byte {
+	var canary [][]byte
+	for _, a := range j.areas {
+		c.fill(a.b)
+		canary = append(canary, bytes.Clone(a.b))
 	}
-	time.Sleep(c.cfg.QuietWatch)
-	for i, j := range jobs {
-		for k, a := range j.areas {
-			if d := firstDiff(a.b, canary[i][k]); d >= 0 {
-				return fmt.Sprintf("%s: %s byte %d changed from 0x%02x to 0x%02x within %v after %s",
-					j.what, a.name, d, canary[i][k][d], a.b[d], c.cfg.QuietWatch, after)
-			}
+	return canary
+}
+
+// unchanged describes the first byte of j that differs from canary (its
+// scribble), or "".
+func unchanged(j *job, canary [][]byte, within time.Duration, after string) string {
+	for k, a := range j.areas {
+		if d := firstDiff(a.b, canary[k]); d >= 0 {
+			return fmt.Sprintf("%s: %s byte %d changed from 0x%02x to 0x%02x within %v after %s",
+				j.what, a.name, d, canary[k][d], a.b[d], within, after)
 		}
 	}
 	return ""

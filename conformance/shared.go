@@ -103,6 +103,7 @@ func ruleDoneMeansLanded(c *rc, g rig) error {
 
 func ruleQuiescentAfterDone(c *rc, g rig) error {
 	var jobs []*job
+	var canaries [][][]byte
 	for _, n := range c.cfg.Sizes {
 		j, err := g.job(c, n, 0)
 		if err != nil {
@@ -118,12 +119,16 @@ func ruleQuiescentAfterDone(c *rc, g rig) error {
 			return fmt.Errorf("%s: %s: a terminal Poll promises that no memory of the op is touched any more", j.what, m)
 		}
 		_ = op.Release()
-		jobs = append(jobs, j)
+		// Scribbled again and watched for longer, all at once at the end:
+		// a retransmission comes late.
+		jobs, canaries = append(jobs, j), append(canaries, c.scribble(j))
 	}
-	// Once more, all at once and for longer: a retransmission comes late.
-	if m := c.watchLong(jobs, "Poll reported done and the op was released"); m != "" {
-		c.tainted("a %s touched memory long after Done", g.noun())
-		return fmt.Errorf("%s: a terminal Poll promises that no memory of the op is touched any more, bytes re-sent later included", m)
+	time.Sleep(c.cfg.QuietWatch)
+	for i, j := range jobs {
+		if m := unchanged(j, canaries[i], c.cfg.QuietWatch, "Poll reported done and the op was released"); m != "" {
+			c.tainted("a %s touched memory long after Done", g.noun())
+			return fmt.Errorf("%s: a terminal Poll promises that no memory of the op is touched any more, bytes re-sent later included", m)
+		}
 	}
 	return nil
 }
