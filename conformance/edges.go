@@ -170,15 +170,15 @@ func completeExact(c *rc, j *job) error {
 	return nil
 }
 
-// mapAcross4G maps n bytes of shared memory (a memfd, as mem.Alloc's
-// buffers are) whose middle is a 4 GiB-aligned address.
+// mapAcross4G maps n bytes of shared memory (a memfd kept open, as
+// mem.Alloc's buffers are) whose middle is a 4 GiB-aligned address.
 func mapAcross4G(n uint64) ([]byte, func() error, error) {
 	fd, err := unix.MemfdCreate("bounce-buf", unix.MFD_CLOEXEC)
 	if err != nil {
 		return nil, nil, fmt.Errorf("memfd_create: %w", err)
 	}
-	defer unix.Close(fd)
 	if err := unix.Ftruncate(fd, int64(n)); err != nil {
+		unix.Close(fd)
 		return nil, nil, fmt.Errorf("ftruncate: %w", err)
 	}
 	// The window mem uses for shared mappings (unused by Go processes).
@@ -193,9 +193,12 @@ func mapAcross4G(n uint64) ([]byte, func() error, error) {
 			_ = unix.MunmapPtr(p, uintptr(n))
 			continue
 		}
+		// The descriptor stays open while the memory is mapped, as
+		// mem.Buffer's does: a plugin host shares the memory through it.
 		b := unsafe.Slice((*byte)(p), n)
-		return b, func() error { return unix.MunmapPtr(p, uintptr(n)) }, nil
+		return b, func() error { return errors.Join(unix.MunmapPtr(p, uintptr(n)), unix.Close(fd)) }, nil
 	}
+	unix.Close(fd)
 	return nil, nil, errors.New("no free address across a 4 GiB boundary found")
 }
 
