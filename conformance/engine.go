@@ -503,9 +503,18 @@ func ruleDeregisterInFlight(c *rc, e *enginePeer) error {
 
 // inFlight posts k writes of the largest size and returns them with ops.
 func inFlight(c *rc, e *enginePeer, k int) ([]*job, []transfer.Op, error) {
+	return inFlightSized(c, e, k, c.cfg.maxSize())
+}
+
+// stalledSize is the size of the writes the forget rules keep in flight
+// while A's writes are stalled: the stall, not the size, holds them.
+const stalledSize = 2 << 20
+
+// inFlightSized posts k writes of n bytes and returns them with ops.
+func inFlightSized(c *rc, e *enginePeer, k int, n uint64) ([]*job, []transfer.Op, error) {
 	var jobs []*job
 	for range k {
-		j, err := e.rig.job(c, c.cfg.maxSize(), 0)
+		j, err := e.rig.job(c, n, 0)
 		if err != nil {
 			return nil, nil, fmt.Errorf("setup: %w", err)
 		}

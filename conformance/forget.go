@@ -171,7 +171,11 @@ func (e *enginePeer) stall() (release func(), stalled bool) {
 func ruleSourceForget(c *rc, e *enginePeer) error {
 	release, stalled := e.stall()
 	defer release()
-	jobs, ops, err := inFlight(c, e, 4)
+	n := c.cfg.maxSize()
+	if stalled {
+		n = min(n, stalledSize)
+	}
+	jobs, ops, err := inFlightSized(c, e, 4, n)
 	if err != nil {
 		return err
 	}
@@ -251,9 +255,13 @@ func targetForgetRound(c *rc, e *enginePeer, round int, fencer bool) error {
 		}
 		later = append(later, j)
 	}
-	release, _ := e.stall()
+	release, stalled := e.stall()
 	defer release()
-	jobs, ops, err := inFlight(c, e, 4)
+	n := c.cfg.maxSize()
+	if stalled {
+		n = min(n, stalledSize)
+	}
+	jobs, ops, err := inFlightSized(c, e, 4, n)
 	if err != nil {
 		return err
 	}
