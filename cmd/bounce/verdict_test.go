@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/json"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"testing"
 
@@ -15,12 +16,25 @@ import (
 // certification (certify.Run with certify.Waivers, as certify's
 // TestBuiltins runs it) give every rule of a built-in engine the same
 // outcome, and both certify it — ucx included, with its waived rules
-// skipped for their reasons in both.
+// skipped for their reasons in both — and so for the example tcp engine
+// plugin (--plugin), through real plugin processes.
 func TestConformanceVerdictsMatch(t *testing.T) {
-	for _, name := range []string{"loopback", "tcp", "ucx"} {
+	for _, name := range []string{"loopback", "tcp", "ucx", "plugin"} {
 		t.Run(name, func(t *testing.T) {
-			js := filepath.Join(t.TempDir(), "r.json")
-			out, errOut, code := bounce(t, "conformance", "engine", "--builtin", name, "--json", js)
+			dir := t.TempDir()
+			js := filepath.Join(dir, "r.json")
+			args := []string{"conformance", "engine", "--builtin", name, "--json", js}
+			f := node.Builtin()
+			if name == "plugin" {
+				// The example tcp engine plugin, in its own process.
+				bin := filepath.Join(dir, "tcpengine")
+				if out, err := exec.Command("go", "build", "-o", bin, "../../plugins/examples/tcpengine").CombinedOutput(); err != nil {
+					t.Fatalf("build example plugin: %v\n%s", err, out)
+				}
+				args = []string{"conformance", "engine", "--plugin", bin, "--json", js}
+				f = node.WithPlugins(f, bin)
+			}
+			out, errOut, code := bounce(t, args...)
 			if code != 0 {
 				t.Fatalf("bounce conformance engine --builtin %s: exit %d\n%s\n%s", name, code, out, errOut)
 			}
@@ -40,7 +54,7 @@ func TestConformanceVerdictsMatch(t *testing.T) {
 			}
 			cfg := conformance.Config{Seed: 1}
 			cfg.Skip, cfg.SkipReasons = certify.Waivers("engine", name)
-			rep, err := certify.Run(node.Builtin(), "engine", name, certify.Options{}, cfg)
+			rep, err := certify.Run(f, "engine", name, certify.Options{}, cfg)
 			if err != nil {
 				t.Fatal(err)
 			}
