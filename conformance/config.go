@@ -34,7 +34,8 @@ type Config struct {
 	Settle time.Duration
 	// QuietWatch is how long the quiescence rules watch, once per rule,
 	// for bytes a transport re-sends after an op was terminal (a
-	// retransmission timer fires later than Settle). Default 300ms.
+	// retransmission timer fires later than Settle). Default 300ms, or
+	// Settle when that is longer.
 	QuietWatch time.Duration
 	// Seed seeds every pattern and random plan; a failure is reproduced by
 	// running again with the same Seed. Each rule derives its own stream.

@@ -28,7 +28,7 @@
 //	[engine/byte-exact] write of 4097 bytes (src+1 → dst+3): destination byte 17 = 0x3a, want 0x91 (1 byte differs)
 //
 // Optional capabilities (transfer.Notifier, transfer.Fencer,
-// transfer.WriteGuarded, multi-op posts, a way to kill a peer or to stall
+// transfer.WriteGuarded, transfer.Connector, multi-op posts, a way to kill a peer or to stall
 // the writer's data path on purpose,
 // ErrBusy backpressure, catching an op while it is pending) are probed and
 // their rules skipped with the reason, never failed, when absent; a rule an
