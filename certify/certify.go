@@ -340,8 +340,8 @@ func stageSettings(name string, c config.StageConfig) node.Settings {
 // EngineFactory returns fresh engine pairs "a" and "b" from ef; KillB
 // closes b abruptly. The pair names what the suite cannot find out by
 // itself: the engine's internal fragment size and largest notification
-// (tcp, ucx) and, for loopback and cudacopy, a way to stall a's writes on
-// purpose.
+// (tcp, ucx) and, for loopback, cudacopy and tcp, a way to stall a's
+// writes on purpose.
 func EngineFactory(ef node.EngineFactory, o Options) conformance.EngineFactory {
 	o.fill()
 	memory, merr := o.memory()
@@ -373,6 +373,16 @@ func EngineFactory(ef node.EngineFactory, o Options) conformance.EngineFactory {
 					c.Hold = valve.Wait
 				}
 				return cf.Fabric.NewEngine(c)
+			}
+		} else if _, ok := ef.(node.TCPFactory); ok {
+			// tcp runs a's hook before each part goes out.
+			valve = &conformance.Valve{}
+			create = func(name string) (transfer.Engine, error) {
+				s := settings(name)
+				if name == "a" {
+					s.HoldWrites = valve.Wait
+				}
+				return ef.CreateEngine(s, o.Engine)
 			}
 		} else {
 			create = func(name string) (transfer.Engine, error) { return ef.CreateEngine(settings(name), o.Engine) }

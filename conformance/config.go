@@ -32,6 +32,11 @@ type Config struct {
 	// Settle is how long the quiescence rules watch memory after a terminal
 	// Poll for writes that should no longer happen. Default 30ms.
 	Settle time.Duration
+	// QuietWatch is how long the quiescence rules watch, once per rule,
+	// for bytes a transport re-sends after an op was terminal (a
+	// retransmission timer fires later than Settle). Default 300ms, or
+	// Settle when that is longer.
+	QuietWatch time.Duration
 	// Seed seeds every pattern and random plan; a failure is reproduced by
 	// running again with the same Seed. Each rule derives its own stream.
 	Seed int64
@@ -60,6 +65,8 @@ const (
 	DefaultCallTimeout = time.Second
 	// DefaultSettle is Config.Settle when zero.
 	DefaultSettle = 30 * time.Millisecond
+	// DefaultQuietWatch is Config.QuietWatch when zero.
+	DefaultQuietWatch = 300 * time.Millisecond
 )
 
 // DefaultSizes returns the default Config.Sizes.
@@ -124,8 +131,11 @@ func (c Config) withDefaults() (Config, error) {
 	if c.Settle == 0 {
 		c.Settle = DefaultSettle
 	}
-	if c.OpTimeout < 0 || c.CallTimeout < 0 || c.Settle < 0 {
-		return c, fmt.Errorf("Config: negative OpTimeout, CallTimeout or Settle")
+	if c.QuietWatch == 0 {
+		c.QuietWatch = max(DefaultQuietWatch, c.Settle)
+	}
+	if c.OpTimeout < 0 || c.CallTimeout < 0 || c.Settle < 0 || c.QuietWatch < 0 {
+		return c, fmt.Errorf("Config: negative OpTimeout, CallTimeout, Settle or QuietWatch")
 	}
 	known := map[string]bool{}
 	for _, r := range Rules() {

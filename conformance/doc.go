@@ -37,7 +37,7 @@
 // see blocks.go for what each checks.
 //
 // Optional capabilities (transfer.Notifier, transfer.Fencer,
-// transfer.WriteGuarded, multi-op posts, a way to kill a peer or to stall
+// transfer.WriteGuarded, transfer.Connector, multi-op posts, a way to kill a peer or to stall
 // the writer's data path on purpose,
 // ErrBusy backpressure, catching an op while it is pending) are probed and
 // their rules skipped with the reason, never failed, when absent; a rule an

@@ -4,7 +4,8 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
-	"sync/atomic"
+	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -195,15 +196,20 @@ func engineRules() []rule[*enginePeer] {
 		rule[*enginePeer]{"engine/deregister-in-flight", "A.DeregisterMemory of a source an in-flight write reads returns transfer.ErrInUse, or nil once the write let go of it, and the write completes byte-exact; B.DeregisterMemory of its destination returns ErrInUse (the write completes byte-exact) or nil, after which nothing lands there", connected(ruleDeregisterInFlight)},
 		rule[*enginePeer]{"engine/forget-peer", "ForgetPeer makes in-flight writes terminal within OpTimeout (Failed ones wrap transfer.ErrPeerLost and are quiescent), later posts fail with transfer.ErrUnknownPeer, and loading the peer again works", connected(ruleForgetPeer)},
 		rule[*enginePeer]{"engine/source-forget", "once A.ForgetPeer(B) made a write fail with transfer.ErrPeerLost, none of its bytes land later; every in-flight write is watched at once, from its first terminal Poll (A's writes are stalled first when EnginePair.StallWrites is set)", connected(ruleSourceForget)},
-		rule[*enginePeer]{"engine/target-forget", "once B.ForgetPeer(A) returns, no byte of any write A posted — in flight or posted later — changes B's memory (snapshot, wait, compare), and later posts never report Done; an engine claiming transfer.Fencer is checked over three rounds (cold and warm) and must admit A again after B loads it (skipped when B declares FencesForgottenPeers false)", connected(ruleTargetForget)},
-		rule[*enginePeer]{"engine/not-quiescent", "a write stalled on purpose (EnginePair.StallWrites) and given up — by the engine or by A.ForgetPeer — is terminal within OpTimeout and either fails wrapping transfer.ErrNotQuiescent or lands nothing once the stall ends (skipped without StallWrites)", connected(ruleNotQuiescent)},
-		rule[*enginePeer]{"engine/post-async", "PostWrite returns within CallTimeout without waiting for the bytes: a stalled write (EnginePair.StallWrites) is posted and pending; without StallWrites, some large write must be pending at its first Poll, and one that never is is reported as a failure", connected(rulePostAsync)},
+		rule[*enginePeer]{"engine/target-forget", "once B.ForgetPeer(A) returns, no byte of any write A posted — in flight, posted at once or a while later — changes B's memory (every destination snapshotted the moment it returns, then compared), and later posts never report Done; an engine claiming transfer.Fencer is checked over three rounds (cold and warm), must admit A again after B loads it, and the cut-off writes stay absent after that reload and a new write (skipped when B declares FencesForgottenPeers false)", connected(ruleTargetForget)},
+		rule[*enginePeer]{"engine/not-quiescent", "a write stalled on purpose (EnginePair.StallWrites) and given up — by the engine or by A.ForgetPeer — is terminal within OpTimeout and either fails wrapping transfer.ErrNotQuiescent or lands nothing once the stall ends, watched for Config.QuietWatch (skipped without StallWrites)", connected(ruleNotQuiescent)},
+		rule[*enginePeer]{"engine/post-async", "PostWrite returns within CallTimeout without waiting for the bytes: stalled writes (EnginePair.StallWrites) are posted, several in flight at once, and each is pending; without StallWrites, some large write must be pending at its first Poll, and one that never is is reported as a failure", connected(rulePostAsync)},
 		rule[*enginePeer]{"engine/peer-loss", "when B dies (EnginePair.KillB) every in-flight write is terminal within OpTimeout, Failed ones wrap transfer.ErrPeerLost, and no later write reports Done (skipped without KillB)", connected(rulePeerLoss)},
-		rule[*enginePeer]{"engine/write-guard", "B asks the transfer.WriteGuard installed with SetWriteGuard before A's write lands: a write into the range the guard admits for A lands byte-exact, one the guard forbids fails wrapping transfer.ErrForbidden and changes no byte (skipped without transfer.WriteGuarded)", connected(ruleWriteGuard)},
+		rule[*enginePeer]{"engine/write-guard", "B asks the transfer.WriteGuard installed with SetWriteGuard, with A's name and a range inside the destination, before A's write lands: a write into the range the guard admits for A lands byte-exact; one the guard forbids, one that starts inside a grant and ends outside it, one into a grant since revoked and a post mixing an admitted and a forbidden destination fail wrapping transfer.ErrForbidden and change no byte (skipped without transfer.WriteGuarded)", connected(ruleWriteGuard)},
+		rule[*enginePeer]{"engine/terminal-after-forget", "writes that were Done stay Done, without an error, when polled again after B.ForgetPeer(A), after A.ForgetPeer(B), after another op was released and after time has passed", connected(ruleTerminalAfterForget)},
+		rule[*enginePeer]{"engine/bounds-edges", "a write ending exactly at the last byte of a registered source and destination is accepted and lands; a destination across a 4 GiB-aligned address lands whole (that part noted as not exercised when the fixture allocates the memory)", connected(ruleBoundsEdges)},
+		rule[*enginePeer]{"engine/deregister-idle", "memory B deregistered with nothing in flight is no destination any more: a write through the metadata A loaded before is refused or fails, and changes no byte", connected(ruleDeregisterIdle)},
+		rule[*enginePeer]{"engine/connect", "transfer.Connector: Connect returns within CallTimeout (to a loaded, a never-loaded, a forgotten peer), posts right after it or racing it return at once and land, and A closes within OpTimeout right after a Connect (skipped without transfer.Connector)", connected(ruleConnect)},
 		rule[*enginePeer]{"engine/notify-order", "1,000 notifications to one peer arrive in order, none lost or duplicated, and Notify never blocks (skipped without transfer.Notifier)", connected(ruleNotifyOrder)},
 		rule[*enginePeer]{"engine/notify-order-sizes", "notifications of mixed payload sizes up to the engine's maximum (EnginePair.MaxNotification, or found by trying) arrive in order and byte-exact (skipped without transfer.Notifier)", connected(ruleNotifyOrderSizes)},
 		rule[*enginePeer]{"engine/notify-sender", "a received notification names its sender as the receiver loaded it (skipped without transfer.Notifier)", connected(ruleNotifySender)},
 		rule[*enginePeer]{"engine/notify-no-crosstalk", "notifications sent both ways at once each reach only the other engine, with the right sender, in order (skipped without transfer.Notifier)", connected(ruleNotifyCrosstalk)},
+		rule[*enginePeer]{"engine/notify-after-write", "a notification A sends once a write is Done reaches B only when that write's bytes are visible there, with other writes in flight around it; once A and B loaded each other again no notification is delivered twice (skipped without transfer.Notifier)", connected(ruleNotifyAfterWrite)},
 		rule[*enginePeer]{"engine/notify-timeout", "RecvNotification with nothing sent returns transfer.ErrTimeout after at most its timeout (skipped without transfer.Notifier)", connected(ruleNotifyTimeout)},
 		rule[*enginePeer]{"engine/notify-closed", "RecvNotification on a closed engine returns transfer.ErrClosed at once (skipped without transfer.Notifier)", connected(ruleNotifyClosed)},
 	)
@@ -497,9 +503,18 @@ func ruleDeregisterInFlight(c *rc, e *enginePeer) error {
 
 // inFlight posts k writes of the largest size and returns them with ops.
 func inFlight(c *rc, e *enginePeer, k int) ([]*job, []transfer.Op, error) {
+	return inFlightSized(c, e, k, c.cfg.maxSize())
+}
+
+// stalledSize is the size of the writes the forget rules keep in flight
+// while A's writes are stalled: the stall, not the size, holds them.
+const stalledSize = 2 << 20
+
+// inFlightSized posts k writes of n bytes and returns them with ops.
+func inFlightSized(c *rc, e *enginePeer, k int, n uint64) ([]*job, []transfer.Op, error) {
 	var jobs []*job
 	for range k {
-		j, err := e.rig.job(c, c.cfg.maxSize(), 0)
+		j, err := e.rig.job(c, n, 0)
 		if err != nil {
 			return nil, nil, fmt.Errorf("setup: %w", err)
 		}
@@ -618,39 +633,136 @@ func ruleWriteGuard(c *rc, e *enginePeer) error {
 	if !ok {
 		return c.skipf("B does not implement transfer.WriteGuarded")
 	}
-	admitted, err := e.rig.job(c, 4097, 1)
-	if err != nil {
-		return fmt.Errorf("setup: %w", err)
+	var jobs [6]*job
+	for i := range jobs {
+		j, err := e.rig.job(c, 4097, 1)
+		if err != nil {
+			return fmt.Errorf("setup: %w", err)
+		}
+		jobs[i] = j
 	}
-	refused, err := e.rig.job(c, 4097, 1)
-	if err != nil {
-		return fmt.Errorf("setup: %w", err)
+	admitted, refused, straddle, revoked, mixedIn, mixedOut := jobs[0], jobs[1], jobs[2], jobs[3], jobs[4], jobs[5]
+	type ask struct {
+		peer string
+		d    transfer.Desc
 	}
-	var asked atomic.Int64
-	allow := admitted.dst
-	c.step("B.SetWriteGuard(admit %v for %q only)", allow, e.peerA)
+	var (
+		mu     sync.Mutex
+		grants []transfer.Desc
+		asks   []ask
+	)
+	grant := func(d transfer.Desc) {
+		mu.Lock()
+		grants = append(grants, d)
+		mu.Unlock()
+	}
+	c.step("B.SetWriteGuard(admit the granted ranges for %q only)", e.peerA)
 	g.SetWriteGuard(func(peer string, d transfer.Desc) (transfer.Desc, error) {
-		asked.Add(1)
-		if peer == e.peerA && allow.Contains(d.Addr, d.Len) {
-			return allow, nil
+		mu.Lock()
+		defer mu.Unlock()
+		asks = append(asks, ask{peer, d})
+		for _, r := range grants {
+			if peer == e.peerA && r.Contains(d.Addr, d.Len) {
+				return r, nil
+			}
 		}
 		return transfer.Desc{}, fmt.Errorf("conformance guard: %q may not write [%#x+%d]: %w", peer, d.Addr, d.Len, transfer.ErrForbidden)
 	})
 	defer g.SetWriteGuard(nil)
+	// asked checks the guard's questions since mark: at least one, each
+	// naming A and a range inside the write's destinations.
+	asked := func(mark int, what string, dsts ...transfer.Desc) error {
+		mu.Lock()
+		defer mu.Unlock()
+		if len(asks) == mark {
+			return fmt.Errorf("B handled %s without asking its guard", what)
+		}
+		for _, q := range asks[mark:] {
+			inside := false
+			for _, d := range dsts {
+				inside = inside || (q.d.Len > 0 && d.Contains(q.d.Addr, q.d.Len))
+			}
+			if q.peer != e.peerA || !inside {
+				return fmt.Errorf("for %s B asked its guard about (%q, [%#x+%d]); want the writing peer %q and a range inside the write's destination", what, q.peer, q.d.Addr, q.d.Len, e.peerA)
+			}
+		}
+		return nil
+	}
+	mark := func() int { mu.Lock(); defer mu.Unlock(); return len(asks) }
+
+	grant(admitted.dst)
 	admitted.what = "write the guard admits"
-	op, err := c.complete(admitted)
+	m0 := mark()
+	if err := completeExact(c, admitted); err != nil {
+		return err
+	}
+	if err := asked(m0, admitted.what, admitted.dst); err != nil {
+		return err
+	}
+	refused.what = "write the guard forbids"
+	m0 = mark()
+	if err := expectRefused(c, refused, transfer.ErrForbidden); err != nil {
+		return err
+	}
+	if err := asked(m0, refused.what, refused.dst); err != nil {
+		return err
+	}
+	// A write that starts inside a grant and ends outside it.
+	grant(transfer.Desc{Addr: straddle.dst.Addr, Len: straddle.dst.Len / 2, Kind: straddle.dst.Kind, Device: straddle.dst.Device})
+	straddle.what = "write starting inside a grant (its first half) and ending outside it"
+	if err := expectRefused(c, straddle, transfer.ErrForbidden); err != nil {
+		return err
+	}
+	// A grant revoked, then the same range written again.
+	grant(revoked.dst)
+	revoked.what = "write into a granted range"
+	if err := completeExact(c, revoked); err != nil {
+		return err
+	}
+	mu.Lock()
+	grants = slices.DeleteFunc(grants, func(r transfer.Desc) bool { return r == revoked.dst })
+	mu.Unlock()
+	revoked.reset()
+	revoked.what = "the same write again once its grant was revoked"
+	if err := expectRefused(c, revoked, transfer.ErrForbidden); err != nil {
+		return err
+	}
+	// One post mixing an admitted and a forbidden destination.
+	grant(mixedIn.dst)
+	mixed := &job{what: "post of two writes, the first admitted by the guard and the second forbidden"}
+	mixed.areas = append(append(mixed.areas, mixedIn.areas...), mixedOut.areas...)
+	mixed.post = func() (transfer.Op, error) {
+		return e.A.PostWrite(e.peerB, []transfer.WriteOp{{Src: mixedIn.src, Dst: mixedIn.dst}, {Src: mixedOut.src, Dst: mixedOut.dst}})
+	}
+	op, perr, err := c.post(mixed)
 	if err != nil {
 		return err
 	}
-	_ = op.Release()
-	if m := admitted.mismatch(); m != "" {
-		return fmt.Errorf("%s: %s", admitted.what, m)
+	if errors.Is(perr, transfer.ErrUnsupported) {
+		c.note("%s not exercised: PostWrite of two writes: %v", mixed.what, perr)
+		return nil
 	}
-	if asked.Load() == 0 {
-		return fmt.Errorf("B landed A's write without asking its guard")
+	if perr == nil {
+		o, err := c.wait(op, mixed.what)
+		if err != nil {
+			return err
+		}
+		_ = op.Release()
+		if o.st == transfer.Done {
+			c.tainted("%s reported done", mixed.what)
+			return fmt.Errorf("%s: Poll reported done; want a failure wrapping %q", mixed.what, transfer.ErrForbidden)
+		}
+		perr = o.err
 	}
-	refused.what = "write the guard forbids"
-	return expectRefused(c, refused, transfer.ErrForbidden)
+	if !errors.Is(perr, transfer.ErrForbidden) {
+		return fmt.Errorf("%s: refused with %q, which does not wrap %q", mixed.what, fmt.Sprint(perr), transfer.ErrForbidden)
+	}
+	time.Sleep(c.cfg.Settle)
+	if m := mixed.changed(); m != "" {
+		c.tainted("%s wrote", mixed.what)
+		return fmt.Errorf("%s was refused, but %s: a refused write changes no byte, its admitted part included", mixed.what, m)
+	}
+	return nil
 }
 
 // notifiers returns A and B as transfer.Notifiers, or a skip.

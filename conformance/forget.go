@@ -21,6 +21,14 @@ func takeSnapshot(j *job) snapshot {
 	return s
 }
 
+// fill copies j's areas into s, which takeSnapshot made for j: a copy
+// into memory already faulted in, as fast as the areas can be read.
+func (s snapshot) fill(j *job) {
+	for i, a := range j.areas {
+		copy(s[i], a.b)
+	}
+}
+
 // since describes the first byte of j that differs from s, or "".
 func (s snapshot) since(j *job) string {
 	for i, a := range j.areas {
@@ -163,7 +171,11 @@ func (e *enginePeer) stall() (release func(), stalled bool) {
 func ruleSourceForget(c *rc, e *enginePeer) error {
 	release, stalled := e.stall()
 	defer release()
-	jobs, ops, err := inFlight(c, e, 4)
+	n := c.cfg.maxSize()
+	if stalled {
+		n = min(n, stalledSize)
+	}
+	jobs, ops, err := inFlightSized(c, e, 4, n)
 	if err != nil {
 		return err
 	}
@@ -236,23 +248,32 @@ func targetForgetRound(c *rc, e *enginePeer, round int, fencer bool) error {
 	}
 	// Prepared first: preparing a write registers memory at B and reloads B.
 	var later []*job
-	for range 2 {
+	for range 3 {
 		j, err := e.rig.job(c, min(c.cfg.maxSize(), 1<<20), 0)
 		if err != nil {
 			return fmt.Errorf("setup: %w", err)
 		}
 		later = append(later, j)
 	}
-	release, _ := e.stall()
+	release, stalled := e.stall()
 	defer release()
-	jobs, ops, err := inFlight(c, e, 4)
+	n := c.cfg.maxSize()
+	if stalled {
+		n = min(n, stalledSize)
+	}
+	jobs, ops, err := inFlightSized(c, e, 4, n)
 	if err != nil {
 		return err
 	}
-	ferr := c.bounded(fmt.Sprintf("B.ForgetPeer(%q) with %d writes of A in flight", e.peerA, len(ops)), func() error { return e.B.ForgetPeer(e.peerA) })
+	// The snapshots are allocated (and faulted in) first and filled the
+	// moment ForgetPeer returns, so bytes landing right after it are seen.
 	snaps := make([]snapshot, len(jobs))
 	for i, j := range jobs {
 		snaps[i] = takeSnapshot(j)
+	}
+	ferr := c.bounded(fmt.Sprintf("B.ForgetPeer(%q) with %d writes of A in flight", e.peerA, len(ops)), func() error { return e.B.ForgetPeer(e.peerA) })
+	for i, j := range jobs {
+		snaps[i].fill(j)
 	}
 	release()
 	if ferr != nil {
@@ -261,6 +282,11 @@ func targetForgetRound(c *rc, e *enginePeer, round int, fencer bool) error {
 	}
 	for i, j := range later {
 		j.what = fmt.Sprintf("%s posted after B.ForgetPeer(A) returned (#%d)", j.what, i+1)
+		if i == len(later)-1 {
+			// A fence that lapses after a while is no fence.
+			time.Sleep(forgetLapse(c))
+			j.what = fmt.Sprintf("%s, %v later", j.what, forgetLapse(c))
+		}
 		op, perr, err := c.post(j)
 		if err != nil {
 			return err
@@ -317,8 +343,26 @@ func targetForgetRound(c *rc, e *enginePeer, round int, fencer bool) error {
 	if m := j.mismatch(); m != "" {
 		return fmt.Errorf("after B loaded the forgotten peer again, %s: %s", j.what, m)
 	}
+	// Loading A again and writing anew must not bring old writes back.
+	time.Sleep(c.cfg.Settle)
+	for i, k := range jobs {
+		if m := snaps[i].since(k); m != "" {
+			c.tainted("%s wrote after B loaded A again", k.what)
+			return fmt.Errorf("%s, cut off by B.ForgetPeer(A): %s once B loaded A again and A wrote anew: a forgotten write never lands, not even after a reload", k.what, m)
+		}
+	}
+	for _, k := range later {
+		if m := k.changed(); m != "" {
+			c.tainted("%s wrote after B loaded A again", k.what)
+			return fmt.Errorf("%s was refused, but once B loaded A again and A wrote anew %s: a refused write never lands later", k.what, m)
+		}
+	}
 	return nil
 }
+
+// forgetLapse is how long engine/target-forget waits before its last post
+// to a forgotten peer.
+func forgetLapse(c *rc) time.Duration { return max(4*c.cfg.Settle, 150*time.Millisecond) }
 
 // reloadA loads A's metadata into B again, under the name B knew it by.
 func (e *enginePeer) reloadA(c *rc) error {
@@ -382,11 +426,13 @@ func ruleNotQuiescent(c *rc, e *enginePeer) error {
 		c.note("%s reported done although A's writes were stalled: the fixture's StallWrites did not hold it", j.what)
 		return nil
 	}
-	time.Sleep(c.cfg.Settle)
+	// Watched long: a give-up that claims quiescence must have waited for
+	// proof, also of bytes a retransmission would send later.
+	time.Sleep(c.cfg.QuietWatch)
 	if m := snap.since(j); m != "" {
 		c.tainted("%s landed after it failed", j.what)
 		return fmt.Errorf("%s, stalled, was given up by %s and failed with %q, which does not wrap %q; when the stall ended %s within %v: a give-up that is not proven quiescent must say ErrNotQuiescent",
-			j.what, how, o.err, transfer.ErrNotQuiescent, m, c.cfg.Settle)
+			j.what, how, o.err, transfer.ErrNotQuiescent, m, c.cfg.QuietWatch)
 	}
 	return nil
 }
@@ -475,23 +521,48 @@ func postStalled(c *rc, e *enginePeer, j *job) error {
 		return fmt.Errorf("%s: returned neither an op nor an error", j.what)
 	}
 	st, perr := p.op.Poll()
+	// More writes while the first is stalled: none may wait for another.
+	more, moreOps, merr := postSeveralStalled(c, e, stalledMore)
 	release()
-	o, err := c.wait(p.op, j.what)
-	if err != nil {
-		return err
+	var late *lateCall
+	if errors.As(merr, &late) {
+		if op, ok := late.ch(); ok {
+			moreOps = append(moreOps, op)
+		} else {
+			c.tainted("a write posted while stalled never returned")
+		}
 	}
-	defer p.op.Release()
+	jobs := append([]*job{j}, more...)
+	ops := append([]transfer.Op{p.op}, moreOps...)
+	outs := make([]outcome, len(ops))
+	for i, op := range ops {
+		o, err := c.wait(op, jobs[i].what)
+		if err != nil {
+			return errors.Join(merr, err)
+		}
+		outs[i] = o
+		defer op.Release()
+	}
+	if merr != nil {
+		return merr
+	}
 	if st != transfer.Pending {
 		return fmt.Errorf("%s: the first Poll while A's writes were stalled reported %v (%v); a stalled write is pending", j.what, st, perr)
 	}
-	if o.st != transfer.Done {
-		return fmt.Errorf("%s: after the stall ended Poll reported %v; want done", j.what, o)
-	}
-	if m := j.mismatch(); m != "" {
-		return fmt.Errorf("%s: after the stall ended: %s", j.what, m)
+	for i, o := range outs {
+		if o.st != transfer.Done {
+			return fmt.Errorf("%s: after the stall ended Poll reported %v; want done", jobs[i].what, o)
+		}
+		if m := jobs[i].mismatch(); m != "" {
+			return fmt.Errorf("%s: after the stall ended: %s", jobs[i].what, m)
+		}
 	}
 	return nil
 }
+
+// stalledMore is the number of writes engine/post-async posts after the
+// first while A's writes are stalled.
+const stalledMore = 3
 
 // Notification sizes: the largest the suite tries, the smallest maximum it
 // accepts from its probe, and the number of messages of the sizes rule.

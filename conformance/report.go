@@ -103,7 +103,9 @@ func (r Report) String() string {
 }
 
 // WriteText writes a table of rule, result and time, then the message of
-// every failed rule, the reason of every skipped one and the summary line.
+// every failed rule, the reason of every skipped one, the note of every
+// passing rule that has one (what it could not exercise, what it fell back
+// to) and the summary line.
 func (r Report) WriteText(w io.Writer) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "RULE\tRESULT\tTIME")
@@ -123,6 +125,13 @@ func (r Report) WriteText(w io.Writer) error {
 	for _, res := range r.Results {
 		if res.Outcome == Skip {
 			b.WriteString(sep + res.Message + "\n")
+			sep = ""
+		}
+	}
+	sep = "\n"
+	for _, res := range r.Results {
+		if res.Outcome == Pass && res.Message != "" {
+			b.WriteString(sep + "note: " + res.Message + "\n")
 			sep = ""
 		}
 	}

@@ -37,7 +37,7 @@ func dataRules[F any](kind string, noun string, mk func(c *rc, f F) (rig, error)
 	return []rule[F]{
 		{kind + "/byte-exact", fmt.Sprintf("every %s of every Config.Sizes size, at aligned and unaligned offsets, ends with the destination equal to the source, no byte outside it written and the source unchanged", noun), with(ruleByteExact)},
 		{kind + "/done-means-landed", fmt.Sprintf("when Poll first reports Done for a %s, every destination byte already holds its final value", noun), with(ruleDoneMeansLanded)},
-		{kind + "/quiescent-after-done", fmt.Sprintf("after Poll reports Done the %s neither reads the source nor writes the destination any more", noun), with(ruleQuiescentAfterDone)},
+		{kind + "/quiescent-after-done", fmt.Sprintf("after Poll reports Done the %s neither reads the source nor writes the destination any more: watched for Settle after each, then for Config.QuietWatch over all at once (a retransmission comes late)", noun), with(ruleQuiescentAfterDone)},
 		{kind + "/poll-contract", "Poll never blocks, reports Done without an error and Failed with one, and once terminal keeps reporting the same status", with(rulePollContract)},
 		{kind + "/terminal-stable", "a terminal Poll answers the same (status and error) after time has passed and after other ops were released", with(ruleTerminalStable)},
 		{kind + "/failure-reported", fmt.Sprintf("a %s outside registered or granted memory is refused by the call or ends Failed, never Done, and writes nothing", noun), with(ruleFailureReported)},
@@ -102,6 +102,8 @@ func ruleDoneMeansLanded(c *rc, g rig) error {
 }
 
 func ruleQuiescentAfterDone(c *rc, g rig) error {
+	var jobs []*job
+	var canaries [][][]byte
 	for _, n := range c.cfg.Sizes {
 		j, err := g.job(c, n, 0)
 		if err != nil {
@@ -117,6 +119,16 @@ func ruleQuiescentAfterDone(c *rc, g rig) error {
 			return fmt.Errorf("%s: %s: a terminal Poll promises that no memory of the op is touched any more", j.what, m)
 		}
 		_ = op.Release()
+		// Scribbled again and watched for longer, all at once at the end:
+		// a retransmission comes late.
+		jobs, canaries = append(jobs, j), append(canaries, c.scribble(j))
+	}
+	time.Sleep(c.cfg.QuietWatch)
+	for i, j := range jobs {
+		if m := unchanged(j, canaries[i], c.cfg.QuietWatch, "Poll reported done and the op was released"); m != "" {
+			c.tainted("a %s touched memory long after Done", g.noun())
+			return fmt.Errorf("%s: a terminal Poll promises that no memory of the op is touched any more, bytes re-sent later included", m)
+		}
 	}
 	return nil
 }

@@ -180,7 +180,7 @@ func (TCPFactory) Type() string { return "tcp" }
 func (f TCPFactory) CreateEngine(s Settings, cfg config.EngineConfig) (transfer.Engine, error) {
 	c := tcp.Config{Name: s.Name, Listen: cfg.Listen, Connections: cfg.Connections, Logger: s.Logger, OnComplete: s.Notify,
 		Peers: s.Peers, Encrypt: cfg.Encryption == "on", FrameTimeout: cfg.FrameTimeout, MaxPendingConns: cfg.MaxPendingConns,
-		FenceHold: s.FenceHold}
+		FenceHold: s.FenceHold, Hold: s.HoldWrites}
 	if c.Encrypt && !s.Peers.Enabled() {
 		return nil, fmt.Errorf("engine.encryption on needs security.mode authenticate (the keys come from the handshake)")
 	}

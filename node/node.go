@@ -63,6 +63,11 @@ type Settings struct {
 	// security.mode off. Engines and control planes that authenticate
 	// peers use it.
 	Peers *security.Peers
+	// HoldWrites, when set, is a test hook an engine that supports it
+	// (tcp) runs before it moves a write's bytes, with a channel closed
+	// when the write is given up: the conformance suite stalls writes
+	// with it (package certify). Nil in production.
+	HoldWrites func(abort <-chan struct{})
 	// Security is the security section of the configuration.
 	Security config.SecurityConfig
 	// FenceHold is how long an engine that fences forgotten peers keeps

@@ -2,6 +2,7 @@ package pipeline
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -231,4 +232,94 @@ func autoBounces(t *testing.T, a *node, srcB, dstB []byte, reason, why string) {
 			t.Fatal(err)
 		}
 	}
+}
+
+// pinnedGatherer is a device gather stage (kindGatherer) that reads host
+// memory only when it is pinned for the device, as the cuda stage does: it
+// answers Reachable from pinned.
+type pinnedGatherer struct {
+	kindGatherer
+	pinned *mem.Registry
+}
+
+func (g pinnedGatherer) Reachable(d transfer.Desc) (transfer.Desc, error) {
+	if d.Kind != transfer.Host {
+		return d, nil
+	}
+	r, err := g.pinned.FindAny(d.Addr, d.Len)
+	if err != nil {
+		return transfer.Desc{}, fmt.Errorf("%v is host memory not pinned for the device: %w", d, transfer.ErrUnsupported)
+	}
+	return r, nil
+}
+
+// TestDeviceKVFromUnpinnedHost: pageable host sources to device
+// destinations over an engine that stages device memory (tcp with the cuda
+// stages): route auto does not pick the bounce route, whose first gather
+// would fail (the device gather stage cannot read unpinned host memory),
+// but the direct route, which moves the bytes exactly; once the sources
+// are pinned, auto bounces again.
+func TestDeviceKVFromUnpinnedHost(t *testing.T) {
+	w := newWorld(t)
+	c := &cudaLabelled{shadow: map[string]*mem.Registry{}}
+	pinned := &mem.Registry{}
+	w.stages = func(t testing.TB, name string, r *mem.Registry, e transfer.Engine, notify func()) (transfer.Gatherer, transfer.Scatterer, transfer.Writer) {
+		g, s, wr := c.stages(t, name, r, e, notify)
+		return pinnedGatherer{g.(kindGatherer), pinned}, s, wr
+	}
+	plain := w.engine
+	w.engine = func(t testing.TB, name string, opt loopback.Options) transfer.Engine {
+		return stagingEngine{plain(t, name, opt)}
+	}
+	cfg := testConfig()
+	cfg.CostModel = true
+	a, b := w.node("a", cfg), w.node("b", cfg)
+	src, err := mem.Alloc(1 << 20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = src.Free() })
+	if err := a.RegisterMemory(src.Desc()); err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range []transfer.Desc{a.Arena(), src.Desc()} {
+		if err := c.shadow["a"].Add(d); err != nil {
+			t.Fatal(err)
+		}
+	}
+	dstB, _ := c.device(t, b, 1<<20)
+	connect(t, a, b)
+	for _, tc := range []struct {
+		pin    bool
+		route  Route
+		reason string
+	}{
+		{false, RouteDirect, "host memory not pinned for the device"},
+		{true, RouteBounce, "only by staging each descriptor"},
+	} {
+		if tc.pin {
+			if err := pinned.Add(src.Desc()); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for _, n := range []int{3, 256} {
+			j := prepare(src.Bytes(), dstB, kvLayout{count: n, size: 4096, fragmented: true}, uint64(n))
+			clear(dstB)
+			bt, err := a.Submit(Request{Peer: "b", Src: j.src, Dst: relabel(j.dst)})
+			if err != nil {
+				t.Fatalf("pinned %v, %d descriptors: %v", tc.pin, n, err)
+			}
+			if err := wait(t, bt); err != nil {
+				t.Fatalf("pinned %v, %d descriptors: %v (route %v: %s)", tc.pin, n, err, bt.Route(), bt.RouteReason())
+			}
+			if bt.Route() != tc.route || !strings.Contains(bt.RouteReason(), tc.reason) {
+				t.Fatalf("pinned %v, %d descriptors: route %v (%s), want %v because %s", tc.pin, n, bt.Route(), bt.RouteReason(), tc.route, tc.reason)
+			}
+			j.verify(t)
+			if err := bt.Release(); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	settled(t, a, b)
 }

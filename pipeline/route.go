@@ -41,6 +41,9 @@ func (a *Agent) route(s *submission) (Route, string, string) {
 	if k := req.srcKind(); !transfer.Handles(a.set.Gatherer, k) {
 		return RouteDirect, whyMemoryKind, fmt.Sprintf("the gather stage cannot read %s memory", k)
 	}
+	if why, ok := a.gatherCannotReach(req); ok {
+		return RouteDirect, whyMemoryKind, why
+	}
 	// Memory the engine cannot carry (device KV over a host engine) has
 	// one way across: gather into the arena the engine does carry. The
 	// descriptor gates and the cost model compare two routes; here there is
@@ -64,6 +67,43 @@ func (a *Agent) route(s *submission) (Route, string, string) {
 		return RouteDirect, whyLargeDescriptors, fmt.Sprintf("average descriptor %s > bounce.max_avg_descriptor %s", sizeString(avg), sizeString(a.cfg.MaxAvgDescriptor))
 	}
 	return RouteBounce, whyEligible, "eligible"
+}
+
+// reacher is the optional capability of a gather stage whose reach depends
+// on the memory itself, not on its kind alone (the cuda stage reads host
+// memory only when it is pinned for the device): Reachable returns the
+// registered range holding d and nil when the stage can read it, or why
+// not.
+type reacher interface {
+	Reachable(d transfer.Desc) (transfer.Desc, error)
+}
+
+// gatherCannotReach says why the gather stage cannot read some source of
+// req that the engine can carry on the direct path (pageable host memory
+// for a device gather stage), so route auto does not pick a bounce route
+// whose first gather would fail. Memory the direct path cannot carry
+// either is left to the bounce route and its error. Each registered range
+// is asked about once.
+func (a *Agent) gatherCannotReach(req Request) (string, bool) {
+	r, ok := a.set.Gatherer.(reacher)
+	if !ok {
+		return "", false
+	}
+	if _, cannot := engineCannot(a.set.Engine, req, true); cannot {
+		return "", false
+	}
+	var last transfer.Desc
+	for _, d := range req.Src {
+		if last.Len > 0 && last.Contains(d.Addr, d.Len) {
+			continue
+		}
+		rng, err := r.Reachable(d)
+		if err != nil {
+			return fmt.Sprintf("the gather stage cannot read source %v: %v", d, err), true
+		}
+		last = rng
+	}
+	return "", false
 }
 
 // checkKinds refuses, before anything moves, a request whose memory the

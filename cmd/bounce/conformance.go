@@ -47,7 +47,9 @@ engine.
 The configuration the fixtures use comes from --config and the usual key
 flags (--engine.options k=v, --bounce.copy-contexts, ...), as for bounce run;
 a plugin's block (engine.plugin: {checksum, env, args, options}) applies to
-the --plugin binary.
+the --plugin binary, which is always the one certified: a path the block
+names is replaced by it (the output says so), and a checksum pinned there
+must match it.
 
 Rules are reproducible from --seed. --junit and --json write the report for
 CI systems.`,
@@ -88,6 +90,11 @@ CI systems.`,
 			l, err := loadConfig(cmd)
 			if err != nil {
 				return err
+			}
+			if plugin != "" {
+				for _, other := range pinPlugin(&l.Config, kind, plugin) {
+					fmt.Fprintf(out, "--plugin %s replaces %s from the configuration: the binary named on the command line is the one certified\n", plugin, other)
+				}
 			}
 			opts := certify.Options{Engine: l.Config.Engine, Control: l.Config.ControlPlane, Bounce: l.Config.Bounce, Stages: l.Config.Stages, Carrier: carrier}
 			f := node.Builtin()
@@ -167,6 +174,44 @@ CI systems.`,
 	configFlags(cmd)
 	fl.BoolVar(&noWaivers, "no-waivers", false, "also run the rules a built-in is known not to keep (skipped with their reason by default)")
 	return cmd
+}
+
+// pinPlugin makes path the binary of every plugin block the fixtures of
+// kind may start (its other keys — checksum, env, args, options — stay and
+// apply to path), and returns "key: other" for each block that named
+// another binary.
+func pinPlugin(c *config.Config, kind, path string) []string {
+	var blocks []struct {
+		key string
+		p   *config.PluginConfig
+	}
+	add := func(key string, p *config.PluginConfig) {
+		blocks = append(blocks, struct {
+			key string
+			p   *config.PluginConfig
+		}{key, p})
+	}
+	switch kind {
+	case "engine":
+		add("engine.plugin.path", &c.Engine.Plugin)
+	case "writer":
+		add("engine.plugin.path", &c.Engine.Plugin)
+		add("stages.write.plugin.path", &c.Stages.Write.Plugin)
+	case "control":
+		add("control_plane.plugin.path", &c.ControlPlane.Plugin)
+	case "gather":
+		add("stages.gather.plugin.path", &c.Stages.Gather.Plugin)
+	case "scatter":
+		add("stages.scatter.plugin.path", &c.Stages.Scatter.Plugin)
+	}
+	var replaced []string
+	for _, b := range blocks {
+		if b.p.Path != "" && b.p.Path != path {
+			replaced = append(replaced, fmt.Sprintf("%s %s", b.key, b.p.Path))
+		}
+		b.p.Path = path
+	}
+	return replaced
 }
 
 // probePlugin starts the plugin once as the kind's fixtures will, so a

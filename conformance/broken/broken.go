@@ -6,6 +6,7 @@
 package broken
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -15,6 +16,7 @@ import (
 	"github.com/bouncekv/bounce/conformance"
 	"github.com/bouncekv/bounce/controlplane/inproc"
 	"github.com/bouncekv/bounce/engines/loopback"
+	"github.com/bouncekv/bounce/engines/tcp"
 	"github.com/bouncekv/bounce/mem"
 	"github.com/bouncekv/bounce/transfer"
 )
@@ -77,6 +79,55 @@ const (
 	// IgnoreGuard gives B a SetWriteGuard that keeps the guard and never
 	// asks it (engine/write-guard).
 	IgnoreGuard
+	// LapsingFence gives B a ForgetPeer whose fence lapses: 50ms after
+	// it returned B loads the forgotten peer again by itself
+	// (engine/target-forget, its post a while later).
+	LapsingFence
+	// ReplayAfterReload keeps the writes A's post had refused because B
+	// forgot A, and lands them with A's next accepted write, once B loaded
+	// A again (engine/target-forget, its re-check after the reload).
+	ReplayAfterReload
+	// ForgetFailsDone makes A.ForgetPeer fail every op of the peer not
+	// yet released, Done ones included (engine/terminal-after-forget).
+	ForgetFailsDone
+	// SerialPost makes PostWrite wait until the previous write is terminal
+	// (a window of one write): one write in flight is asynchronous, the
+	// second post blocks (engine/post-async).
+	SerialPost
+	// Retransmit copies every write's source over its destination again
+	// 120ms after Done, later than Settle (engine/quiescent-after-done).
+	Retransmit
+	// HastyGiveUp gives up on a write pending for 200ms (a stalled one)
+	// with ErrTimeout, claiming quiescence, and re-sends it 120ms after the
+	// stall ends (engine/not-quiescent).
+	HastyGiveUp
+	// EndExclusive refuses, with ErrOutOfBounds, a write whose source ends
+	// exactly at the end of registered memory (engine/bounds-edges).
+	EndExclusive
+	// Drop4G lands only the part of a destination below a 4 GiB-aligned
+	// address it crosses, and reports Done (engine/bounds-edges).
+	Drop4G
+	// StaleDeregister gives B a DeregisterMemory that returns nil and
+	// leaves the memory writable (engine/deregister-idle).
+	StaleDeregister
+	// RedeliverOnReload makes B deliver again, each time it loads a peer
+	// it knew, the notifications it received from that peer
+	// (engine/notify-after-write).
+	RedeliverOnReload
+	// AckBeforeApply reports writes of 128 KiB to 1 MiB Done at once and
+	// lands them 5ms later, a size no data rule moves with the defaults
+	// (engine/notify-after-write).
+	AckBeforeApply
+	// BlockingConnect gives A a Connect that returns at once but holds,
+	// for 1.5s, a lock PostWrite takes (engine/connect).
+	BlockingConnect
+	// GuardCached gives B (tcp) a guard wrapper that remembers every range
+	// the guard allowed and admits it again unasked, after a revocation too
+	// (engine/write-guard).
+	GuardCached
+	// GuardStartOnly gives B (tcp) a guard wrapper that asks the guard
+	// about a write's first byte only (engine/write-guard).
+	GuardStartOnly
 )
 
 // String names the fault.
@@ -114,6 +165,34 @@ func (f Fault) String() string {
 		return "late-refused-write"
 	case IgnoreGuard:
 		return "ignore-guard"
+	case LapsingFence:
+		return "lapsing-fence"
+	case ReplayAfterReload:
+		return "replay-after-reload"
+	case ForgetFailsDone:
+		return "forget-fails-done"
+	case SerialPost:
+		return "serial-post"
+	case Retransmit:
+		return "retransmit"
+	case HastyGiveUp:
+		return "hasty-give-up"
+	case EndExclusive:
+		return "end-exclusive"
+	case Drop4G:
+		return "drop-4g"
+	case StaleDeregister:
+		return "stale-deregister"
+	case RedeliverOnReload:
+		return "redeliver-on-reload"
+	case AckBeforeApply:
+		return "ack-before-apply"
+	case BlockingConnect:
+		return "blocking-connect"
+	case GuardCached:
+		return "guard-cached"
+	case GuardStartOnly:
+		return "guard-start-only"
 	default:
 		return fmt.Sprintf("fault(%d)", int(f))
 	}
@@ -132,17 +211,35 @@ const (
 	lostDelay = 50 * time.Millisecond
 	// fragmentSize is what CorruptAboveFragment declares.
 	fragmentSize = 2 << 20
+	// lapseAfter is how long LapsingFence's fence holds.
+	lapseAfter = 50 * time.Millisecond
+	// resendDelay is how late Retransmit and HastyGiveUp send again.
+	resendDelay = 120 * time.Millisecond
+	// hastyAfter is how long HastyGiveUp lets a write stay pending.
+	hastyAfter = 200 * time.Millisecond
+	// ackBelow and ackAbove bound the sizes AckBeforeApply acknowledges
+	// early, and ackDelay is how late it lands them.
+	ackAbove = 128 << 10
+	ackBelow = 1 << 20
+	ackDelay = 5 * time.Millisecond
+	// connectHold is how long BlockingConnect holds the post lock.
+	connectHold = 1500 * time.Millisecond
 )
 
 // Engines returns an EngineFactory of loopback pairs whose A engine (or,
-// for IgnoreTargetForget and IgnoreGuard, B) has fault f, and stop, which ends any
-// goroutine the fault leaked; call it when done with the factory. Every
-// pair offers EnginePair.StallWrites.
+// for IgnoreTargetForget, IgnoreGuard, LapsingFence, StaleDeregister and
+// RedeliverOnReload, B) has fault f — tcp pairs (TCPEngines) for
+// GuardCached and GuardStartOnly — and stop, which ends any goroutine the
+// fault leaked; call it when done with the factory. Every pair offers
+// EnginePair.StallWrites. Fault zero breaks nothing: its pairs certify.
 func Engines(f Fault) (newPair conformance.EngineFactory, stop func()) {
 	quit := make(chan struct{})
 	var once sync.Once
 	stop = func() { once.Do(func() { close(quit) }) }
 	newPair = func() (conformance.EnginePair, error) {
+		if f == GuardCached || f == GuardStartOnly {
+			return tcpGuardPair(f)
+		}
 		fab := loopback.NewFabric()
 		valve := &conformance.Valve{}
 		a, err := fab.NewEngine("a", loopback.Options{Hold: valve.Wait})
@@ -154,10 +251,10 @@ func Engines(f Fault) (newPair conformance.EngineFactory, stop func()) {
 			a.Close()
 			return conformance.EnginePair{}, err
 		}
-		ea := &engine{Engine: a, note: a, fault: f}
+		ea := &engine{Engine: a, note: a, fault: f, valve: valve}
 		var eb transfer.Engine = b
 		switch f {
-		case IgnoreTargetForget:
+		case IgnoreTargetForget, LapsingFence, StaleDeregister, RedeliverOnReload:
 			ea.fault = 0
 			eb = &engine{Engine: b, note: b, fault: f}
 		case IgnoreGuard:
@@ -197,10 +294,19 @@ type engine struct {
 
 	releases atomic.Uint64 // UnstableStatus: ops released so far
 
-	mu      sync.Mutex
-	closing bool            // Close has begun: no more late goroutines
-	live    []*lostOp       // LandAfterLost: ops not seen terminal
-	regs    []transfer.Desc // LateRefusedWrite: memory registered here
+	valve *conformance.Valve // HastyGiveUp: the stall A's writes wait on
+	post  sync.Mutex         // BlockingConnect: taken by PostWrite
+
+	mu        sync.Mutex
+	closing   bool                          // Close has begun: no more late goroutines
+	live      []*lostOp                     // LandAfterLost: ops not seen terminal
+	regs      []transfer.Desc               // LateRefusedWrite: memory registered here
+	mds       map[string][]byte             // LapsingFence: metadata loaded, by peer
+	queued    []transfer.WriteOp            // ReplayAfterReload: refused writes kept
+	held      map[*heldOp]struct{}          // ForgetFailsDone: ops not released
+	prev      transfer.Op                   // SerialPost: the last write posted
+	delivered map[string][]transfer.Message // RedeliverOnReload: received, by peer
+	replay    []transfer.Message            // RedeliverOnReload: to deliver again
 }
 
 // Notify forwards to the wrapped engine; ReorderLarge delays large ones.
@@ -216,9 +322,63 @@ func (e *engine) Notify(peer string, payload []byte) error {
 	return e.note.Notify(peer, payload)
 }
 
-// RecvNotification forwards to the wrapped engine.
+// RecvNotification forwards to the wrapped engine; RedeliverOnReload
+// serves its replay first and remembers what it delivered.
 func (e *engine) RecvNotification(timeout time.Duration) (transfer.Message, error) {
-	return e.note.RecvNotification(timeout)
+	if e.fault != RedeliverOnReload {
+		return e.note.RecvNotification(timeout)
+	}
+	e.mu.Lock()
+	if len(e.replay) > 0 {
+		m := e.replay[0]
+		e.replay = e.replay[1:]
+		e.mu.Unlock()
+		return m, nil
+	}
+	e.mu.Unlock()
+	m, err := e.note.RecvNotification(timeout)
+	if err == nil {
+		e.mu.Lock()
+		if e.delivered == nil {
+			e.delivered = map[string][]transfer.Message{}
+		}
+		e.delivered[m.Peer] = append(e.delivered[m.Peer], transfer.Message{Peer: m.Peer, Payload: slices.Clone(m.Payload)})
+		e.mu.Unlock()
+	}
+	return m, err
+}
+
+// LoadPeer forwards; LapsingFence remembers the metadata and
+// RedeliverOnReload queues what the peer sent before for delivery again.
+func (e *engine) LoadPeer(md []byte) (string, error) {
+	name, err := e.Engine.LoadPeer(md)
+	if err != nil {
+		return name, err
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	switch e.fault {
+	case LapsingFence:
+		if e.mds == nil {
+			e.mds = map[string][]byte{}
+		}
+		e.mds[name] = slices.Clone(md)
+	case RedeliverOnReload:
+		e.replay = append(e.replay, e.delivered[name]...)
+	}
+	return name, nil
+}
+
+// Connect is transfer.Connector: nothing to open on a loopback fabric,
+// except that BlockingConnect holds the post lock for a while.
+func (e *engine) Connect(peer string) {
+	if e.fault == BlockingConnect {
+		e.post.Lock() // the dial's lock, taken before it starts
+		e.late(func() {
+			time.Sleep(connectHold)
+			e.post.Unlock()
+		})
+	}
 }
 
 // FencesForgottenPeers claims the fence (the wrapped loopback engine keeps
@@ -236,8 +396,12 @@ func (e *engine) RegisterMemory(d transfer.Desc) error {
 	return nil
 }
 
-// DeregisterMemory forwards, forgetting the range.
+// DeregisterMemory forwards, forgetting the range; StaleDeregister
+// forwards nothing.
 func (e *engine) DeregisterMemory(d transfer.Desc) error {
+	if e.fault == StaleDeregister {
+		return nil
+	}
 	if err := e.Engine.DeregisterMemory(d); err != nil {
 		return err
 	}
@@ -247,11 +411,35 @@ func (e *engine) DeregisterMemory(d transfer.Desc) error {
 	return nil
 }
 
-// ForgetPeer forwards, except as IgnoreTargetForget and LandAfterLost say.
+// ForgetPeer forwards, except as IgnoreTargetForget, LandAfterLost,
+// LapsingFence and ForgetFailsDone say.
 func (e *engine) ForgetPeer(peer string) error {
 	switch e.fault {
 	case IgnoreTargetForget:
 		return nil
+	case LapsingFence:
+		err := e.Engine.ForgetPeer(peer)
+		e.mu.Lock()
+		md := e.mds[peer]
+		e.mu.Unlock()
+		if md != nil {
+			e.late(func() {
+				time.Sleep(lapseAfter)
+				_, _ = e.Engine.LoadPeer(md)
+			})
+		}
+		return err
+	case ForgetFailsDone:
+		e.mu.Lock()
+		for o := range e.held {
+			if o.peer == peer {
+				o.mu.Lock()
+				o.lost = fmt.Errorf("broken: write to %q: peer forgotten: %w", peer, transfer.ErrPeerLost)
+				o.mu.Unlock()
+			}
+		}
+		e.mu.Unlock()
+		return e.Engine.ForgetPeer(peer)
 	case LandAfterLost:
 		e.mu.Lock()
 		var late []transfer.WriteOp
@@ -312,9 +500,65 @@ func (e *engine) registered(d transfer.Desc) bool {
 	return false
 }
 
+// registeredEnd reports whether d ends exactly where memory registered
+// here ends.
+func (e *engine) registeredEnd(d transfer.Desc) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for _, r := range e.regs {
+		if r.Contains(d.Addr, d.Len) && d.End() == r.End() {
+			return true
+		}
+	}
+	return false
+}
+
 // PostWrite posts through the wrapped engine and breaks the result.
 func (e *engine) PostWrite(peer string, ops []transfer.WriteOp) (transfer.Op, error) {
 	ops = append([]transfer.WriteOp(nil), ops...)
+	var total uint64
+	for _, w := range ops {
+		total += w.Dst.Len
+	}
+	switch e.fault {
+	case BlockingConnect:
+		e.post.Lock()
+		e.post.Unlock()
+	case EndExclusive:
+		for i, w := range ops {
+			if e.registeredEnd(w.Src) {
+				return nil, fmt.Errorf("broken: write %d: source %v ends at the end of registered memory: %w", i, w.Src, transfer.ErrOutOfBounds)
+			}
+		}
+	case Drop4G:
+		for i, w := range ops {
+			if b := (w.Dst.Addr>>32 + 1) << 32; w.Dst.Addr < b && w.Dst.End() > b {
+				ops[i].Src.Len, ops[i].Dst.Len = b-w.Dst.Addr, b-w.Dst.Addr // a 32-bit offset wrapped
+			}
+		}
+	case SerialPost:
+		e.mu.Lock()
+		prev := e.prev
+		e.mu.Unlock()
+		for prev != nil {
+			if st, _ := prev.Poll(); st.Terminal() {
+				break
+			}
+			time.Sleep(50 * time.Microsecond)
+		}
+	case HastyGiveUp:
+		return e.hasty(peer, ops), nil
+	case AckBeforeApply:
+		if total > ackAbove && total < ackBelow {
+			e.late(func() {
+				time.Sleep(ackDelay)
+				if op, err := e.Engine.PostWrite(peer, ops); err == nil {
+					waitOp(op)
+				}
+			})
+			return doneOp{}, nil
+		}
+	}
 	switch e.fault {
 	case EarlyDone:
 		e.late(func() {
@@ -332,6 +576,20 @@ func (e *engine) PostWrite(peer string, ops []transfer.WriteOp) (transfer.Op, er
 		return &swallowOp{Op: op}, nil
 	}
 	op, err := e.Engine.PostWrite(peer, ops)
+	if e.fault == ReplayAfterReload {
+		e.mu.Lock()
+		var replay []transfer.WriteOp
+		switch {
+		case errors.Is(err, transfer.ErrPeerLost):
+			e.queued = append(e.queued, ops...) // kept to be sent again
+		case err == nil:
+			replay, e.queued = e.queued, nil
+		}
+		e.mu.Unlock()
+		for _, w := range replay {
+			copy(mem.Unsafe(w.Dst.Addr, w.Dst.Len), mem.Unsafe(w.Src.Addr, w.Src.Len))
+		}
+	}
 	if err != nil {
 		if w := ops[0]; e.fault == LateRefusedWrite && len(ops) == 1 && w.Src.Len == w.Dst.Len && w.Src.Len > 0 && !e.registered(w.Src) {
 			e.late(func() {
@@ -341,11 +599,22 @@ func (e *engine) PostWrite(peer string, ops []transfer.WriteOp) (transfer.Op, er
 		}
 		return nil, err
 	}
-	var total uint64
-	for _, w := range ops {
-		total += w.Dst.Len
-	}
 	switch e.fault {
+	case SerialPost:
+		e.mu.Lock()
+		e.prev = op
+		e.mu.Unlock()
+	case Retransmit:
+		return &lateOp{Op: op, e: e, ops: ops, delay: resendDelay}, nil
+	case ForgetFailsDone:
+		o := &heldOp{Op: op, e: e, peer: peer}
+		e.mu.Lock()
+		if e.held == nil {
+			e.held = map[*heldOp]struct{}{}
+		}
+		e.held[o] = struct{}{}
+		e.mu.Unlock()
+		return o, nil
 	case CorruptByte:
 		return &corruptOp{Op: op, dst: ops[0].Dst}, nil
 	case CorruptLarge, CorruptAboveFragment:
@@ -359,7 +628,7 @@ func (e *engine) PostWrite(peer string, ops []transfer.WriteOp) (transfer.Op, er
 	case NeverComplete:
 		return pendingOp{}, nil
 	case LateWrite:
-		return &lateOp{Op: op, e: e, ops: ops}, nil
+		return &lateOp{Op: op, e: e, ops: ops, delay: lateDelay}, nil
 	case LandAfterLost:
 		o := &lostOp{Op: op, peer: peer, ops: ops}
 		e.mu.Lock()
@@ -517,11 +786,13 @@ func (o *corruptOp) Poll() (transfer.Status, error) {
 	return st, err
 }
 
-// lateOp copies the sources over the destinations again after Done.
+// lateOp copies the sources over the destinations again, delay after
+// Done.
 type lateOp struct {
 	transfer.Op
 	e     *engine
 	ops   []transfer.WriteOp
+	delay time.Duration
 	again bool
 }
 
@@ -530,8 +801,9 @@ func (o *lateOp) Poll() (transfer.Status, error) {
 	if st == transfer.Done && !o.again {
 		o.again = true
 		ops := o.ops
+		delay := o.delay
 		o.e.late(func() {
-			time.Sleep(lateDelay)
+			time.Sleep(delay)
 			for _, w := range ops {
 				copy(mem.Unsafe(w.Dst.Addr, w.Dst.Len), mem.Unsafe(w.Src.Addr, w.Src.Len))
 			}
@@ -622,3 +894,179 @@ func (g *partialGatherer) Gather(region transfer.Desc, runs []transfer.Run) (tra
 }
 
 func (g *partialGatherer) Close() error { return nil }
+
+// heldOp fails once its engine's ForgetPeer said so, whatever it reported
+// before: the ForgetFailsDone fault.
+type heldOp struct {
+	transfer.Op
+	e    *engine
+	peer string
+	mu   sync.Mutex
+	lost error
+}
+
+func (o *heldOp) Poll() (transfer.Status, error) {
+	o.mu.Lock()
+	lost := o.lost
+	o.mu.Unlock()
+	if lost != nil {
+		return transfer.Failed, lost
+	}
+	return o.Op.Poll()
+}
+
+func (o *heldOp) Release() error {
+	o.e.mu.Lock()
+	delete(o.e.held, o)
+	o.e.mu.Unlock()
+	return o.Op.Release()
+}
+
+// hasty posts ops once A's stall lets it, and gives up on them after
+// hastyAfter claiming quiescence; given up, it sends them again
+// resendDelay after the stall ended.
+func (e *engine) hasty(peer string, ops []transfer.WriteOp) transfer.Op {
+	o := &hastyOp{posted: time.Now()}
+	e.late(func() {
+		e.valve.Wait(nil)
+		if o.givenUp() {
+			time.Sleep(resendDelay)
+		}
+		op, err := e.Engine.PostWrite(peer, ops)
+		if err == nil {
+			for {
+				st, perr := op.Poll()
+				if st.Terminal() {
+					err = perr
+					_ = op.Release()
+					break
+				}
+				time.Sleep(100 * time.Microsecond)
+			}
+		}
+		o.mu.Lock()
+		o.done, o.err = true, err
+		o.mu.Unlock()
+	})
+	return o
+}
+
+// hastyOp is a HastyGiveUp write.
+type hastyOp struct {
+	posted time.Time
+	mu     sync.Mutex
+	gaveUp bool
+	done   bool
+	err    error
+}
+
+func (o *hastyOp) givenUp() bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.gaveUp
+}
+
+func (o *hastyOp) Poll() (transfer.Status, error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	switch {
+	case o.gaveUp:
+		return transfer.Failed, fmt.Errorf("broken: write gave up after %v: %w", hastyAfter, transfer.ErrTimeout)
+	case o.done && o.err != nil:
+		return transfer.Failed, o.err
+	case o.done:
+		return transfer.Done, nil
+	case time.Since(o.posted) > hastyAfter:
+		o.gaveUp = true
+		return transfer.Failed, fmt.Errorf("broken: write gave up after %v: %w", hastyAfter, transfer.ErrTimeout)
+	}
+	return transfer.Pending, nil
+}
+
+func (o *hastyOp) Release() error {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if !o.gaveUp && !o.done {
+		return fmt.Errorf("broken: release: %w", transfer.ErrInUse)
+	}
+	return nil
+}
+
+// TCPEngines returns an EngineFactory of tcp pairs (A's writes stalled by
+// EnginePair.StallWrites through tcp.Config.Hold) whose B wraps the write
+// guard as f says: GuardCached or GuardStartOnly; zero wraps nothing, so
+// the pair certifies.
+func TCPEngines(f Fault) conformance.EngineFactory {
+	return func() (conformance.EnginePair, error) { return tcpGuardPair(f) }
+}
+
+// tcpGuardPair is a pair of tcp engines whose B wraps the write guard as
+// fault f says.
+func tcpGuardPair(f Fault) (conformance.EnginePair, error) {
+	valve := &conformance.Valve{}
+	a, err := tcp.New(tcp.Config{Name: "a", Hold: valve.Wait})
+	if err != nil {
+		return conformance.EnginePair{}, err
+	}
+	b, err := tcp.New(tcp.Config{Name: "b"})
+	if err != nil {
+		a.Close()
+		return conformance.EnginePair{}, err
+	}
+	eb := &guardWrap{Engine: b, fault: f}
+	return conformance.EnginePair{
+		A: a, B: eb,
+		KillB:        func() { b.Close() },
+		Cleanup:      func() { a.Close(); b.Close() },
+		StallWrites:  valve.Stall,
+		FragmentSize: tcp.MaxFramePayload,
+	}, nil
+}
+
+// guardWrap is a tcp engine whose SetWriteGuard wraps the guard badly.
+type guardWrap struct {
+	*tcp.Engine
+	fault Fault
+}
+
+// SetWriteGuard installs g wrapped as the fault says.
+func (w *guardWrap) SetWriteGuard(g transfer.WriteGuard) {
+	if g == nil {
+		w.Engine.SetWriteGuard(nil)
+		return
+	}
+	switch w.fault {
+	case GuardCached:
+		var mu sync.Mutex
+		cache := map[string][]transfer.Desc{}
+		w.Engine.SetWriteGuard(func(peer string, d transfer.Desc) (transfer.Desc, error) {
+			mu.Lock()
+			defer mu.Unlock()
+			for _, r := range cache[peer] {
+				if r.Contains(d.Addr, d.Len) {
+					return r, nil // admitted before: not asked again
+				}
+			}
+			r, err := g(peer, d)
+			if err == nil {
+				cache[peer] = append(cache[peer], r)
+			}
+			return r, err
+		})
+	default:
+		w.Engine.SetWriteGuard(g)
+	case GuardStartOnly:
+		w.Engine.SetWriteGuard(func(peer string, d transfer.Desc) (transfer.Desc, error) {
+			first := d
+			first.Len = min(d.Len, 1)
+			r, err := g(peer, first)
+			if err != nil {
+				return r, err
+			}
+			if end := d.End(); end > r.End() {
+				r.Len = end - r.Addr // the first byte vouches for the rest
+			}
+			return r, nil
+		})
+	}
+}

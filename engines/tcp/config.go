@@ -153,6 +153,13 @@ type Config struct {
 	// still in their HELLO share one part). A body that does not fit
 	// waits, within its frame's deadline, for another to be handled.
 	MaxBodyBytes, MaxBodyBytesPerPeer int
+	// Hold, when set, runs before each part of a write goes out on its
+	// connection, with a channel closed once that connection is given up
+	// (ForgetPeer, Close, a broken connection); it must return by then.
+	// The part goes out only after Hold returned on a live connection. It
+	// is the conformance suite's way to stall writes on purpose
+	// (conformance.EnginePair.StallWrites); nil in production.
+	Hold func(abort <-chan struct{})
 }
 
 // withDefaults returns c with zero fields replaced by defaults.

@@ -485,6 +485,16 @@ func (ss *session) drain(conn net.Conn, notifs chan []byte) error {
 				continue
 			}
 		}
+		if h := s.p.e.cfg.Hold; h != nil {
+			h(ss.ctx.Done())
+			if ss.ctx.Err() != nil {
+				// Given up while held: nothing of this part went out.
+				if staging != nil {
+					s.p.e.stage.put(s.p.e.stage.out, staging)
+				}
+				return fmt.Errorf("write part %d: connection given up before the part went out", pt.id)
+			}
+		}
 		conn.SetWriteDeadline(time.Now().Add(s.p.e.cfg.WriteTimeout))
 		err := writeBufs(conn, pt.bufs)
 		if staging != nil {

@@ -140,11 +140,16 @@ func (w *writeOp) finish(name string, ep *epState, s C.ucs_status_t, abandoned b
 	switch {
 	case abandoned:
 		w.err = fmt.Errorf("ucx: write to %q: UCX did not complete its requests before close: %w", name, transfer.ErrNotQuiescent)
+	case ep.lost != nil:
+		// The endpoint failed before this completion was reaped (reap
+		// takes endpoint errors first). UCX completes the requests of a
+		// failed endpoint, the flush included, with UCS_OK or an error
+		// alike, without the target's acknowledgement: OK proves nothing
+		// landed, so the write is not Done.
+		w.err = fmt.Errorf("ucx: write to %q: %s: %w", name, statusString(s), ep.lost)
 	case s == C.UCS_OK:
 		w.state.Store(uint32(transfer.Done))
 		return
-	case ep.lost != nil:
-		w.err = fmt.Errorf("ucx: write to %q: %s: %w", name, statusString(s), ep.lost)
 	case C.bkv_status_is_peer(s) != 0:
 		w.err = fmt.Errorf("ucx: write to %q: %s: %w", name, statusString(s), transfer.ErrPeerLost)
 	default:

@@ -527,6 +527,18 @@ func (e *Engine) touch(c *scope, d transfer.Desc) error {
 	return nil
 }
 
+// Reachable returns the registered range holding d and nil when the
+// kernel can touch it, or why not (host memory not pinned for the device,
+// memory of another device); a caller skips the other descriptors inside
+// the range returned.
+func (e *Engine) Reachable(d transfer.Desc) (transfer.Desc, error) {
+	r, err := e.reg.FindAny(d.Addr, d.Len)
+	if err != nil {
+		return transfer.Desc{}, err
+	}
+	return r, e.reachable(r)
+}
+
 // reachable reports why the kernel cannot touch registered range d.
 func (e *Engine) reachable(d transfer.Desc) error {
 	switch d.Kind {

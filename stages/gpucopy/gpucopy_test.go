@@ -173,6 +173,16 @@ func TestRefusesWhatTheDeviceCannotReach(t *testing.T) {
 	if !errors.Is(err, transfer.ErrUnsupported) || !strings.Contains(err.Error(), "not pinned") {
 		t.Fatalf("gather from pageable host memory = %v, want ErrUnsupported naming pinning", err)
 	}
+	// Reachable says so before any submit (route auto asks it), and
+	// answers device memory of the stage's device with its range.
+	part := pageable.Desc()
+	part.Addr, part.Len = part.Addr+10, 100
+	if _, err := f.g.Reachable(part); !errors.Is(err, transfer.ErrUnsupported) || !strings.Contains(err.Error(), "not pinned") {
+		t.Fatalf("Reachable(pageable host memory) = %v, want ErrUnsupported naming pinning", err)
+	}
+	if r, err := f.g.Reachable(transfer.Desc{Addr: region.Addr + 64, Len: 4096, Kind: transfer.CUDA}); err != nil || r != region {
+		t.Fatalf("Reachable(device memory) = %v, %v; want the region %v and nil", r, err, region)
+	}
 	// Out of the region, unregistered source, overflow: nothing launched.
 	dev := cudatest.Device(t, c, 4096)
 	if _, err := f.g.Submit(region, []transfer.Run{{RegionOff: 0, Addr: dev.Addr, Len: 10, Count: 1}}); !errors.Is(err, transfer.ErrNotRegistered) {

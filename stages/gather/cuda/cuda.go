@@ -55,6 +55,11 @@ func (x *Gatherer) GatherBlocks(region transfer.Desc, c transfer.BlockCopy) (tra
 // MemoryKinds reports host (pinned) and CUDA memory.
 func (x *Gatherer) MemoryKinds() []transfer.MemKind { return x.e.MemoryKinds() }
 
+// Reachable returns the registered range holding d and nil when the stage
+// can read it, or why not: host memory must be pinned for the device
+// (route auto asks before it picks the bounce route).
+func (x *Gatherer) Reachable(d transfer.Desc) (transfer.Desc, error) { return x.e.Reachable(d) }
+
 // Idle returns the number of copy contexts free right now.
 func (x *Gatherer) Idle() int { return x.e.Idle() }
 
