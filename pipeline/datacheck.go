@@ -27,9 +27,6 @@ type scatterDests struct {
 
 // add records registered user memory d, writable by peers (nil: all).
 func (s *scatterDests) add(d transfer.Desc, peers []string) {
-	if !s.byPeer {
-		peers = nil
-	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	i, _ := slices.BinarySearchFunc(s.ranges, d.Addr, func(u userRange, a uint64) int {
@@ -51,8 +48,9 @@ func (s *scatterDests) remove(d transfer.Desc) {
 	s.mu.Unlock()
 }
 
-// writers returns who may write the registration d (nil: every admitted
-// peer, and every peer with authentication off).
+// writers returns who the registration d was made for (nil: every
+// peer). A block pool keeps it in every mode: its WANT names the pool, so
+// the restriction is checked once, where it costs nothing.
 func (s *scatterDests) writers(d transfer.Desc) []string {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
@@ -80,7 +78,7 @@ func (s *scatterDests) find(peer string, addr, n uint64) (int, error) {
 		return 0, fmt.Errorf("[%#x+%d] is not registered user memory (a DATA never writes the arena): %w", addr, n, transfer.ErrForbidden)
 	}
 	u := &s.ranges[lo-1]
-	if u.peers != nil && !slices.Contains(u.peers, peer) {
+	if s.byPeer && u.peers != nil && !slices.Contains(u.peers, peer) {
 		return 0, fmt.Errorf("[%#x+%d] lies in %v, registered for %v, not %q: %w", addr, n, u.d, u.peers, peer, transfer.ErrForbidden)
 	}
 	return lo - 1, nil

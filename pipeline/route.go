@@ -41,7 +41,7 @@ func (a *Agent) route(s *submission) (Route, string, string) {
 	if k := req.srcKind(); !transfer.Handles(a.set.Gatherer, k) {
 		return RouteDirect, whyMemoryKind, fmt.Sprintf("the gather stage cannot read %s memory", k)
 	}
-	if why, ok := a.gatherCannotReach(req); ok {
+	if why, ok := a.gatherCannotReach(s); ok {
 		return RouteDirect, whyMemoryKind, why
 	}
 	// Memory the engine cannot carry (device KV over a host engine) has
@@ -84,16 +84,20 @@ type reacher interface {
 // whose first gather would fail. Memory the direct path cannot carry
 // either is left to the bounce route and its error. Each registered range
 // is asked about once.
-func (a *Agent) gatherCannotReach(req Request) (string, bool) {
+func (a *Agent) gatherCannotReach(s *submission) (string, bool) {
 	r, ok := a.set.Gatherer.(reacher)
-	if !ok {
+	if !ok || s.kinds.stagedMiss {
 		return "", false
 	}
-	if _, cannot := engineCannot(a.set.Engine, req, true); cannot {
-		return "", false
+	src := s.req.Src
+	if br := s.req.Blocks; br != nil { // a pool's regions, each once
+		src = make([]transfer.Desc, len(br.src.Pool.Regions))
+		for i := range src {
+			src[i] = br.src.Pool.Span(i)
+		}
 	}
 	var last transfer.Desc
-	for _, d := range req.Src {
+	for _, d := range src {
 		if last.Len > 0 && last.Contains(d.Addr, d.Len) {
 			continue
 		}
