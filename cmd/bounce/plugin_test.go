@@ -186,3 +186,31 @@ func regexpFind(pattern, s string) (string, bool) {
 	}
 	return m[1], true
 }
+
+// TestPluginConformanceCLIShowsPluginStderr: what a stage plugin writes
+// to stderr after plugins.Serve started (its constructor's lines, through
+// os.Stderr and the log package) is shown by bounce conformance on
+// stderr, tagged with the plugin's name; go-plugin's own JSON lines are
+// not, unless log.level is debug (then as records with their message).
+func TestPluginConformanceCLIShowsPluginStderr(t *testing.T) {
+	bin := filepath.Join(t.TempDir(), "testplugin")
+	if out, err := exec.Command("go", "build", "-o", bin, "../../plugins/internal/testplugin").CombinedOutput(); err != nil {
+		t.Fatalf("build test plugin: %v\n%s", err, out)
+	}
+	stdout, stderr, code := bounce(t, "conformance", "gather", "--plugin", bin, "--sizes", "1,4097")
+	if code != 0 {
+		t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", code, stdout, stderr)
+	}
+	for _, want := range []string{`msg="testplugin: open gather" plugin=testplugin[gather]`, "testplugin: log from open gather"} {
+		if !strings.Contains(stderr, want) {
+			t.Errorf("stderr lacks %q:\n%s", want, stderr)
+		}
+	}
+	if strings.Contains(stderr, "@level") || strings.Contains(stderr, "plugin address") {
+		t.Errorf("go-plugin's own lines shown at info:\n%s", stderr)
+	}
+	_, stderr, code = bounce(t, "conformance", "gather", "--plugin", bin, "--sizes", "1", "--log.level", "debug")
+	if code != 0 || !strings.Contains(stderr, `level=DEBUG msg="plugin address"`) || strings.Contains(stderr, "@level") {
+		t.Errorf("log.level debug: exit %d, want go-plugin's lines as debug records:\n%s", code, stderr)
+	}
+}
