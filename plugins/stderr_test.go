@@ -122,4 +122,3 @@ func pollDone(t *testing.T, op transfer.Op) (transfer.Status, error) {
 		time.Sleep(2 * time.Millisecond)
 	}
 }
-
