@@ -214,3 +214,26 @@ func TestPluginConformanceCLIShowsPluginStderr(t *testing.T) {
 		t.Errorf("log.level debug: exit %d, want go-plugin's lines as debug records:\n%s", code, stderr)
 	}
 }
+
+// TestStagePluginsByFlag: stage plugins are chosen by flags alone (every
+// key of a plugin block is a flag, stages.gather.plugin.path and so on),
+// and the receiver process started by bounce run gets them too: the main
+// job's bytes go through testplugin's gather (sender) and scatter
+// (receiver) stages, whose constructors say so in the log.
+func TestStagePluginsByFlag(t *testing.T) {
+	bin := filepath.Join(t.TempDir(), "testplugin")
+	if out, err := exec.Command("go", "build", "-o", bin, "../../plugins/internal/testplugin").CombinedOutput(); err != nil {
+		t.Fatalf("build test plugin: %v\n%s", err, out)
+	}
+	out, errOut, code := bounce(t, "run", "--stages.gather.plugin.path", bin, "--stages.scatter.plugin.path", bin,
+		"--stages.scatter.plugin.options", "copy_workers=2", "--log.level", "info",
+		"--workload", "gptoss120b-tp8-b16", "--count", "4096", "--bounce.arena-size", "32MiB", "--bounce.max-chunk", "4MiB", "--compare=false")
+	if code != 0 || !strings.Contains(out, "every byte verified") {
+		t.Fatalf("run: exit %d\nstdout:\n%s\nstderr:\n%s", code, out, errOut)
+	}
+	for _, want := range []string{"testplugin: open gather", "testplugin: open scatter"} {
+		if !strings.Contains(errOut, want) {
+			t.Errorf("log lacks %q (the stage plugin did not run):\n%s", want, errOut)
+		}
+	}
+}
