@@ -12,7 +12,6 @@ import (
 	"maps"
 	"math"
 	"slices"
-	"time"
 
 	"github.com/bouncekv/bounce/config"
 	"github.com/bouncekv/bounce/conformance"
@@ -265,7 +264,7 @@ func EngineAbsent(e transfer.Engine) []string {
 	_, notifier := e.(transfer.Notifier)
 	lacks("transfer.Notifier", notifier)
 	if notifier {
-		_, ok := e.(interface{ MaxNotifySize() int })
+		_, ok := e.(transfer.NotifyLimiter)
 		lacks("MaxNotifySize", ok)
 	}
 	_, fencer := e.(transfer.Fencer)
@@ -274,9 +273,7 @@ func EngineAbsent(e transfer.Engine) []string {
 	lacks("transfer.PeerLossReporter", reporter)
 	_, guarded := e.(transfer.WriteGuarded)
 	lacks("transfer.WriteGuarded", guarded)
-	c, ok := e.(interface {
-		RouteCosts() (postPerDesc, perWrite time.Duration, bandwidth float64)
-	})
+	c, ok := e.(transfer.RouteCoster)
 	if ok {
 		post, write, bw := c.RouteCosts()
 		ok = post >= 0 && write >= 0 && bw > 0 && !math.IsInf(bw, 0)
@@ -409,7 +406,7 @@ func EngineFactory(ef node.EngineFactory, o Options) conformance.EngineFactory {
 // then applies its own floor, or finds the largest notification itself).
 func limits(e transfer.Engine, cfg config.EngineConfig) (uint64, int) {
 	var note int
-	if l, ok := e.(interface{ MaxNotifySize() int }); ok {
+	if l, ok := e.(transfer.NotifyLimiter); ok {
 		note = l.MaxNotifySize()
 	}
 	switch e.(type) {
