@@ -1,6 +1,7 @@
 package pipeline
 
 import (
+	"errors"
 	"os/exec"
 	"path/filepath"
 	"slices"
@@ -105,8 +106,10 @@ func TestEndToEndPlugins(t *testing.T) {
 }
 
 // TestPluginCrash kills (SIGKILL) the sender's engine plugin or gather
-// plugin while 8 transfers are in flight: each batch fails within the request
-// timeout with an error naming the plugin and its exit status, it is
+// plugin, or the receiver's scatter plugin, while 8 transfers are in
+// flight: each batch fails within the request timeout with an error naming
+// the plugin and its exit status (for the receiver's scatter, the sender
+// learns it from the receiver's NACK, not from its own timeout), it is
 // retired and quiescent (the dead process touches no memory), the plugin
 // is restarted, and the agent serves the next transfer on the new process.
 // The world's leak check covers the supervisors and gRPC connections.
@@ -118,7 +121,7 @@ func TestPluginCrash(t *testing.T) {
 	policy := plugins.Restart{MaxRestarts: 3, Backoff: 20 * time.Millisecond}
 	// The plugin holds every op pending 300ms, so the kill lands mid-transfer.
 	slow := map[string]string{"delay": "300ms"}
-	for _, component := range []string{"engine", "gather"} {
+	for _, component := range []string{"engine", "gather", "scatter"} {
 		t.Run(component, func(t *testing.T) {
 			var victim plugins.Supervised
 			w := newWorld(t)
@@ -156,6 +159,26 @@ func TestPluginCrash(t *testing.T) {
 						t.Fatal(err)
 					}
 					victim = g.(plugins.Supervised)
+					return g, sc, nil
+				}
+			case "scatter":
+				w.stages = func(t testing.TB, name string, reg *mem.Registry, _ transfer.Engine, notify func()) (transfer.Gatherer, transfer.Scatterer, transfer.Writer) {
+					g, err := gatherhost.New(gatherhost.Settings{Registry: reg, Contexts: 8})
+					if err != nil {
+						t.Fatal(err)
+					}
+					if name != "b" {
+						sc, err := scatterhost.New(scatterhost.Settings{Registry: reg, Contexts: 8})
+						if err != nil {
+							t.Fatal(err)
+						}
+						return g, sc, nil
+					}
+					sc, err := plugins.OpenScatterer(plugins.Spec{Path: spec.Path, Notify: notify}, policy, name, slow, reg)
+					if err != nil {
+						t.Fatal(err)
+					}
+					victim = sc.(plugins.Supervised)
 					return g, sc, nil
 				}
 			}
@@ -202,6 +225,9 @@ func TestPluginCrash(t *testing.T) {
 					continue // it finished before the kill
 				}
 				failed++
+				if errors.Is(err, transfer.ErrTimeout) {
+					t.Errorf("batch %d failed by its timeout, not by its cause: %v", bt.ID(), err)
+				}
 				for _, want := range []string{"testplugin", "signal: killed"} {
 					if !strings.Contains(err.Error(), want) {
 						t.Errorf("batch %d error %q does not name %q", bt.ID(), err, want)
