@@ -2,6 +2,7 @@ package plugins_test
 
 import (
 	"bytes"
+	"slices"
 	"syscall"
 	"testing"
 	"time"
@@ -76,4 +77,45 @@ func TestRestartedPluginEngineKeepsItsAddress(t *testing.T) {
 	if !bytes.Equal(dst.Bytes()[4096:], src.Bytes()) {
 		t.Error("the write after the restart did not land")
 	}
+}
+
+// TestPluginCrashDetection measures how long the supervisor takes to
+// notice a plugin process killed with SIGKILL (calls fail fast with "is
+// down" from then on): kills rounds processes in turn and logs the
+// latencies. It asserts only that every death is noticed (within a
+// generous bound); the numbers are docs/PLUGINS.md's crash-policy figures
+// (go test -run TestPluginCrashDetection -v ./plugins).
+func TestPluginCrashDetection(t *testing.T) {
+	bin := buildExample(t)
+	const rounds = 10
+	e, err := plugins.OpenEngine(plugins.Spec{Path: bin}, plugins.Restart{MaxRestarts: rounds, Backoff: time.Millisecond}, "victim", map[string]string{"listen": "127.0.0.1:0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	sv := e.(plugins.Supervised)
+	var took []time.Duration
+	for i := range rounds {
+		var c *plugins.Client
+		for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(time.Millisecond) {
+			if c = sv.Current(); c != nil && sv.Restarts() == i {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("round %d: no process up within 30s", i)
+			}
+		}
+		killed := time.Now()
+		if err := syscall.Kill(c.Pid(), syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		for deadline := time.Now().Add(30 * time.Second); sv.Current() == c; time.Sleep(100 * time.Microsecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("round %d: the death was not noticed within 30s", i)
+			}
+		}
+		took = append(took, time.Since(killed))
+	}
+	slices.Sort(took)
+	t.Logf("crash detection over %d kills: min %v median %v max %v", rounds, took[0].Round(time.Millisecond), took[rounds/2].Round(time.Millisecond), took[rounds-1].Round(time.Millisecond))
 }

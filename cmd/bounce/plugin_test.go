@@ -173,7 +173,7 @@ func TestOutsideEnginePlugin(t *testing.T) {
 	}
 	out, errOut, code := bounce(t, "run", "--engine.kind", "plugin", "--engine.plugin", bin,
 		"--workload", "gptoss120b-tp8-b16", "--count", "4096", "--bounce.arena-size", "32MiB", "--bounce.max-chunk", "4MiB")
-	if code != 0 || !strings.Contains(out, "every byte verified") || !strings.Contains(out, "engine plugin") {
+	if code != 0 || !strings.Contains(out, "every byte verified") || !strings.Contains(out, "engine sockengine (plugin "+bin+")") {
 		t.Fatalf("run: exit %d\nstdout:\n%s\nstderr:\n%s", code, out, errOut)
 	}
 }
