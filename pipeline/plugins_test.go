@@ -309,3 +309,74 @@ func TestPluginEnginePeerLostReclaimsFlows(t *testing.T) {
 	}
 	served(t, next, r, 3)
 }
+
+// TestReceiverEnginePluginRestart: the receiver's engine is a real plugin
+// process under a restart policy; it is killed (SIGKILL) between two
+// transfers and restarted. The restarted process listens where the first
+// did, so the sender — which loaded the receiver's descriptor once and
+// never again — is served by it: the next transfer lands, verified.
+func TestReceiverEnginePluginRestart(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and starts plugin processes")
+	}
+	bin := buildTestPlugin(t)
+	var victim plugins.Supervised
+	w := newWorld(t)
+	w.engine = func(t testing.TB, name string, opt loopback.Options) transfer.Engine {
+		if name != "b" {
+			return newTCPEngine(t, name, opt)
+		}
+		e, err := plugins.OpenEngine(plugins.Spec{Path: bin}, plugins.Restart{MaxRestarts: 1, Backoff: 20 * time.Millisecond}, name, map[string]string{"listen": "127.0.0.1:0"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		victim = e.(plugins.Supervised)
+		return e
+	}
+	a, b := w.node("a", testConfig()), w.node("b", testConfig())
+	connect(t, a, b)
+	j := simple(t, a, b, 1)
+	bt, err := a.Submit(Request{Peer: "b", Src: j.src, Dst: j.dst})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := wait(t, bt); err != nil {
+		t.Fatalf("transfer before the kill: %v", err)
+	}
+	j.verify(t)
+	if err := bt.Release(); err != nil {
+		t.Fatal(err)
+	}
+	first := victim.Current()
+	if err := syscall.Kill(first.Pid(), syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(30 * time.Second); victim.Current() == nil || victim.Current() == first; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the receiver's engine plugin was not restarted within 30s (restarts %d)", victim.Restarts())
+		}
+	}
+	// The sender's connections to the dead process broke; a transfer that
+	// raced the break may fail with ErrPeerLost, the next one dials again.
+	var last error
+	for i := range 3 {
+		j := simple(t, a, b, uint64(10+i))
+		bt, err := a.Submit(Request{Peer: "b", Src: j.src, Dst: j.dst})
+		if err != nil {
+			t.Fatal(err)
+		}
+		last = wait(t, bt)
+		if err := bt.Release(); err != nil {
+			t.Fatal(err)
+		}
+		if last == nil {
+			j.verify(t)
+			break
+		}
+		t.Logf("transfer %d after the restart: %v", i, last)
+	}
+	if last != nil {
+		t.Fatalf("the sender is not served after the receiver's engine plugin restarted: %v", last)
+	}
+	settled(t, a, b)
+}
