@@ -8,10 +8,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"maps"
 	"math"
 	"slices"
-	"time"
 
 	"github.com/bouncekv/bounce/config"
 	"github.com/bouncekv/bounce/conformance"
@@ -57,6 +57,9 @@ type Options struct {
 	CUDA *cuda.Lib
 	// CUDADevice is the ordinal of Memory "cuda".
 	CUDADevice int
+	// Logger receives what the fixtures log, among it every line a
+	// plugin writes to stderr; nil discards it.
+	Logger *slog.Logger
 }
 
 // Memories lists the accepted Options.Memory values.
@@ -261,7 +264,7 @@ func EngineAbsent(e transfer.Engine) []string {
 	_, notifier := e.(transfer.Notifier)
 	lacks("transfer.Notifier", notifier)
 	if notifier {
-		_, ok := e.(interface{ MaxNotifySize() int })
+		_, ok := e.(transfer.NotifyLimiter)
 		lacks("MaxNotifySize", ok)
 	}
 	_, fencer := e.(transfer.Fencer)
@@ -270,9 +273,7 @@ func EngineAbsent(e transfer.Engine) []string {
 	lacks("transfer.PeerLossReporter", reporter)
 	_, guarded := e.(transfer.WriteGuarded)
 	lacks("transfer.WriteGuarded", guarded)
-	c, ok := e.(interface {
-		RouteCosts() (postPerDesc, perWrite time.Duration, bandwidth float64)
-	})
+	c, ok := e.(transfer.RouteCoster)
 	if ok {
 		post, write, bw := c.RouteCosts()
 		ok = post >= 0 && write >= 0 && bw > 0 && !math.IsInf(bw, 0)
@@ -293,7 +294,7 @@ func probeMemory(f node.Factories, kind, name string, o Options) string {
 			if _, isCUDA := ef.(*node.CUDACopyFactory); isCUDA {
 				return "cuda" // made on demand; no GPU is reported by the rules
 			}
-			if e, err := fresh(ef).CreateEngine(settings("probe"), o.Engine); err == nil {
+			if e, err := fresh(ef).CreateEngine(o.settings("probe"), o.Engine); err == nil {
 				x = e
 				defer e.Close()
 			}
@@ -301,7 +302,7 @@ func probeMemory(f node.Factories, kind, name string, o Options) string {
 	case "gather":
 		if gf, ok := f.Gatherers[name]; ok {
 			var g transfer.Gatherer
-			if g, err = gf.CreateGatherer(settings("probe"), o.Bounce); err == nil {
+			if g, err = gf.CreateGatherer(o.settings("probe"), o.Bounce); err == nil {
 				x = g
 				defer g.Close()
 			}
@@ -309,7 +310,7 @@ func probeMemory(f node.Factories, kind, name string, o Options) string {
 	case "scatter":
 		if sf, ok := f.Scatterers[name]; ok {
 			var sc transfer.Scatterer
-			if sc, err = sf.CreateScatterer(settings("probe"), o.Bounce); err == nil {
+			if sc, err = sf.CreateScatterer(o.settings("probe"), o.Bounce); err == nil {
 				x = sc
 				defer sc.Close()
 			}
@@ -325,14 +326,14 @@ func unknown[V any](what, name string, m map[string]V) error {
 	return fmt.Errorf("certify: no %s named %q; accepted: %v", what, name, slices.Sorted(maps.Keys(m)))
 }
 
-func settings(name string) node.Settings {
-	return node.Settings{Name: name, Logger: nil, Registry: &mem.Registry{}, Notify: func() {}}
+func (o Options) settings(name string) node.Settings {
+	return node.Settings{Name: name, Logger: o.Logger, Registry: &mem.Registry{}, Notify: func() {}}
 }
 
 // stageSettings are settings for a stage of configuration c: its plugin
 // block when it is a plugin (or names a binary).
-func stageSettings(name string, c config.StageConfig) node.Settings {
-	s := settings(name)
+func (o Options) stageSettings(name string, c config.StageConfig) node.Settings {
+	s := o.settings(name)
 	s.Plugin = c.Plugin
 	return s
 }
@@ -378,14 +379,14 @@ func EngineFactory(ef node.EngineFactory, o Options) conformance.EngineFactory {
 			// tcp runs a's hook before each part goes out.
 			valve = &conformance.Valve{}
 			create = func(name string) (transfer.Engine, error) {
-				s := settings(name)
+				s := o.settings(name)
 				if name == "a" {
 					s.HoldWrites = valve.Wait
 				}
 				return ef.CreateEngine(s, o.Engine)
 			}
 		} else {
-			create = func(name string) (transfer.Engine, error) { return ef.CreateEngine(settings(name), o.Engine) }
+			create = func(name string) (transfer.Engine, error) { return ef.CreateEngine(o.settings(name), o.Engine) }
 		}
 		a, err := create("a")
 		if err != nil {
@@ -415,7 +416,7 @@ func EngineFactory(ef node.EngineFactory, o Options) conformance.EngineFactory {
 // then applies its own floor, or finds the largest notification itself).
 func limits(e transfer.Engine, cfg config.EngineConfig) (uint64, int) {
 	var note int
-	if l, ok := e.(interface{ MaxNotifySize() int }); ok {
+	if l, ok := e.(transfer.NotifyLimiter); ok {
 		note = l.MaxNotifySize()
 	}
 	switch e.(type) {
@@ -451,13 +452,13 @@ func ControlFactory(cf node.ControlFactory, carrier node.EngineFactory, o Option
 			closeEngines()
 		}
 		for i, name := range []string{"a", "b", "c"} {
-			eng, err := carrier.CreateEngine(settings(name), o.Engine)
+			eng, err := carrier.CreateEngine(o.settings(name), o.Engine)
 			if err != nil {
 				cleanup()
 				return conformance.ControlSet{}, err
 			}
 			engines = append(engines, eng)
-			ch, err := cf.CreateControl(settings(name), o.Control, eng)
+			ch, err := cf.CreateControl(o.settings(name), o.Control, eng)
 			if err != nil {
 				cleanup()
 				return conformance.ControlSet{}, err
@@ -477,7 +478,7 @@ func GathererFactory(gf node.GatherFactory, o Options) conformance.GathererFacto
 		if merr != nil || memory.Unavailable != "" {
 			return conformance.GathererFixture{Memory: memory}, merr
 		}
-		s := stageSettings("g", o.Stages.Gather)
+		s := o.stageSettings("g", o.Stages.Gather)
 		s.CUDADevice = o.CUDADevice
 		g, err := gf.CreateGatherer(s, o.Bounce)
 		if err != nil {
@@ -495,7 +496,7 @@ func ScattererFactory(sf node.ScatterFactory, o Options) conformance.ScattererFa
 		if merr != nil || memory.Unavailable != "" {
 			return conformance.ScattererFixture{Memory: memory}, merr
 		}
-		s := stageSettings("s", o.Stages.Scatter)
+		s := o.stageSettings("s", o.Stages.Scatter)
 		s.CUDADevice = o.CUDADevice
 		sc, err := sf.CreateScatterer(s, o.Bounce)
 		if err != nil {
@@ -529,7 +530,7 @@ func WriteStageFactory(wf node.WriteFactory, ef node.EngineFactory, o Options) c
 		if err != nil || p.Memory.Unavailable != "" {
 			return conformance.WriterFixture{Memory: p.Memory}, err
 		}
-		w, err := wf.CreateWriter(stageSettings("a", o.Stages.Write), p.A)
+		w, err := wf.CreateWriter(o.stageSettings("a", o.Stages.Write), p.A)
 		if err != nil {
 			p.Cleanup()
 			return conformance.WriterFixture{}, err

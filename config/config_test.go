@@ -85,23 +85,31 @@ func findKeyError(t *testing.T, err error, key string, sentinel error) *KeyError
 }
 
 func TestKeysMatchTheDocumentedSet(t *testing.T) {
-	want := []string{
+	block := func(b string) []string {
+		var out []string
+		for _, k := range []string{"path", "args", "env", "inherit_env", "checksum", "options", "max_restarts", "restart_backoff"} {
+			out = append(out, b+"."+k)
+		}
+		return out
+	}
+	want := slices.Concat([]string{
 		"agent.name",
 		"bounce.enabled", "bounce.arena_size", "bounce.granularity", "bounce.max_chunk", "bounce.min_chunk", "bounce.max_inflight", "bounce.device_max_inflight",
 		"bounce.copy_contexts", "bounce.copy_workers", "bounce.scatter_workers", "bounce.min_descriptors", "bounce.max_avg_descriptor",
 		"bounce.request_timeout", "bounce.quarantine", "bounce.eager_gather", "bounce.zero_copy_args", "bounce.arena_memory", "bounce.cost_model", "bounce.disable_merging", "bounce.route",
-		"engine.kind", "engine.plugin", "engine.listen", "engine.connections",
+		"engine.kind", "engine.plugin"}, block("engine.plugin"), []string{"engine.listen", "engine.connections",
 		"engine.encryption", "engine.frame_timeout", "engine.max_pending_conns", "engine.options",
-		"control_plane.kind", "control_plane.interface", "control_plane.bind_address", "control_plane.send_hwm", "control_plane.plugin",
-		"stages.gather", "stages.scatter", "stages.write", "stages.device", "stages.fallback",
-		"telemetry.traces", "telemetry.otlp_endpoint", "telemetry.service_name", "telemetry.sample_ratio", "telemetry.metrics.listen",
-		"log.level", "log.format",
-		"security.mode", "security.key_file", "security.allowed_peers", "security.max_flows_per_peer",
-		"security.want_rate", "security.want_burst", "security.max_control_peers", "security.max_message_size",
-		"security.max_arena_share",
-		"discovery.kind", "discovery.endpoints", "discovery.prefix", "discovery.lease", "discovery.dial_timeout",
-		"discovery.username", "discovery.password_file", "discovery.tls_ca", "discovery.tls_cert", "discovery.tls_key", "discovery.insecure",
-	}
+		"control_plane.kind", "control_plane.interface", "control_plane.bind_address", "control_plane.send_hwm", "control_plane.plugin"}, block("control_plane.plugin"),
+		[]string{"stages.gather"}, block("stages.gather.plugin"), []string{"stages.scatter"}, block("stages.scatter.plugin"), []string{"stages.write"}, block("stages.write.plugin"),
+		[]string{"stages.device", "stages.fallback",
+			"telemetry.traces", "telemetry.otlp_endpoint", "telemetry.service_name", "telemetry.sample_ratio", "telemetry.metrics.listen",
+			"log.level", "log.format",
+			"security.mode", "security.key_file", "security.allowed_peers", "security.max_flows_per_peer",
+			"security.want_rate", "security.want_burst", "security.max_control_peers", "security.max_message_size",
+			"security.max_arena_share",
+			"discovery.kind", "discovery.endpoints", "discovery.prefix", "discovery.lease", "discovery.dial_timeout",
+			"discovery.username", "discovery.password_file", "discovery.tls_ca", "discovery.tls_cert", "discovery.tls_key", "discovery.insecure",
+		})
 	if got := Keys(); !slices.Equal(got, want) {
 		t.Fatalf("Keys() =\n%v\nwant\n%v", got, want)
 	}
@@ -126,8 +134,16 @@ func TestKeysMatchTheDocumentedSet(t *testing.T) {
 	for _, sec := range []any{c.Agent, c.Bounce, c.Engine, c.ControlPlane, c.Stages, c.Telemetry, c.Log, c.Security, c.Discovery} {
 		n += reflect.TypeOf(sec).NumField()
 	}
-	if n != len(want) {
-		t.Fatalf("Config has %d fields, schema %d keys", n, len(want))
+	if n != len(fields()) {
+		t.Fatalf("Config has %d fields, schema %d keys", n, len(fields()))
+	}
+	// A plugin block's keys have their own distinct variables and flags.
+	for _, s := range subKeys() {
+		e, fl := EnvVar(s.key), FlagName(s.key)
+		if !strings.HasPrefix(e, EnvPrefix) || envs[e] != "" || fls[fl] != "" || fl == "" {
+			t.Fatalf("%s: env %q flag %q collide or are empty", s.key, e, fl)
+		}
+		envs[e], fls[fl] = s.key, s.key
 	}
 	for k, e := range map[string]string{
 		"bounce.arena_size": "BOUNCE_ARENA_SIZE", "agent.name": "BOUNCE_AGENT_NAME", "control_plane.send_hwm": "BOUNCE_CONTROL_PLANE_SEND_HWM",
@@ -640,6 +656,9 @@ func TestYAMLRoundTrip(t *testing.T) {
 		t.Fatalf("round trip:\n%+v\nwant\n%+v\n%s", l.Config, c, text)
 	}
 	for _, k := range Keys() {
+		if _, sub := findSubKey(k); sub {
+			continue // a block's empty keys are not rendered
+		}
 		if l.Sources[k] != "file:effective.yaml" {
 			t.Fatalf("%s from %s", k, l.Sources[k])
 		}

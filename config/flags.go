@@ -20,6 +20,7 @@ import (
 // if fs already defines one of these names.
 func RegisterFlags(fs *pflag.FlagSet) {
 	def := Default()
+	subs := subKeys()
 	for _, f := range fields() {
 		v := &flagValue{ptr: f.ptr(new(Config)), key: f.key}
 		fl := fs.VarPF(v, flagName(f.key), "", f.help)
@@ -27,7 +28,54 @@ func RegisterFlags(fs *pflag.FlagSet) {
 		if _, ok := v.ptr.(*bool); ok {
 			fl.NoOptDefVal = "true"
 		}
+		for _, s := range subs {
+			if s.field != f.key {
+				continue
+			}
+			sv := &subFlagValue{s: s}
+			sfl := fs.VarPF(sv, flagName(s.key), "", s.help)
+			if _, ok := s.ptr().(*bool); ok {
+				sfl.NoOptDefVal = "true"
+			}
+		}
 	}
+}
+
+// subFlagValue is the flag of one plugin block key
+// (--stages.gather.plugin.path). Lists and options accumulate when
+// repeated.
+type subFlagValue struct {
+	s    subKey
+	text string
+}
+
+// String returns the text set so far.
+func (v *subFlagValue) String() string { return v.text }
+
+// Set checks s and records it.
+func (v *subFlagValue) Set(s string) error {
+	if _, ok := v.s.subText(s); !ok {
+		return fmt.Errorf("%s: %s", v.s.key, v.s.subReason())
+	}
+	switch v.s.ptr().(type) {
+	case *[]string, *map[string]string:
+		if v.text != "" && s != "" {
+			s = v.text + "," + s
+		}
+	}
+	v.text = s
+	return nil
+}
+
+// Type names the value kind in --help.
+func (v *subFlagValue) Type() string {
+	switch v.s.ptr().(type) {
+	case *[]string:
+		return "list"
+	case *map[string]string:
+		return "k=v,..."
+	}
+	return (&flagValue{ptr: v.s.ptr()}).Type()
 }
 
 func showDefault(ptr any) string {

@@ -65,17 +65,36 @@ func Load(opts LoadOptions) (*Loaded, error) {
 	fs := fields()
 	def := Default()
 	k := koanf.New(".")
+	var errs []*KeyError
 	defaults := map[string]any{}
 	sources := make(map[string]Source, len(fs))
 	for _, f := range fs {
 		defaults[f.key] = render(f.ptr(&def))
 		sources[f.key] = SourceDefault
 	}
+	subs := subKeys()
+	for _, s := range subs {
+		sources[s.key] = SourceDefault
+	}
+	// subValue turns a plugin block key's text (a flag, a variable) into
+	// the raw value its block holds; src is where it came from, recorded
+	// for the block's field too.
+	subValue := func(s subKey, value string, src Source, srcs map[string]Source) any {
+		v, ok := s.subText(value)
+		if !ok {
+			errs = append(errs, &KeyError{Key: s.key, Value: value, Source: src, Err: ErrBadValue, Reason: s.subReason()})
+			return nil
+		}
+		srcs[s.key] = src
+		if srcs[s.field] == "" {
+			srcs[s.field] = src
+		}
+		return v
+	}
 	if err := k.Load(confmap.Provider(defaults, "."), nil); err != nil {
 		return nil, fmt.Errorf("config: load defaults: %w", err)
 	}
 
-	var errs []*KeyError
 	merge := func(layer *koanf.Koanf, srcOf func(key string) Source) error {
 		clean, bad := checkLayer(fs, layer.Raw(), srcOf, sources)
 		errs = append(errs, bad...)
@@ -109,6 +128,11 @@ func Load(opts LoadOptions) (*Loaded, error) {
 		for _, f := range fs {
 			byEnv[envName(f.key)] = f.key
 		}
+		subByEnv := map[string]subKey{}
+		for _, s := range subs {
+			subByEnv[envName(s.key)] = s
+			byEnv[envName(s.key)] = s.key
+		}
 		envSrc := map[string]Source{}
 		ek := koanf.New(".")
 		err := ek.Load(env.Provider(".", env.Opt{
@@ -119,6 +143,12 @@ func Load(opts LoadOptions) (*Loaded, error) {
 				if !ok {
 					errs = append(errs, &KeyError{Value: value, Source: Source("env:" + name), Err: ErrUnknownKey,
 						Reason: "no setting has this environment variable" + DidYouMean(name, slices.Collect(maps.Keys(byEnv))) + "; see config.Keys and config.EnvVar (bounce keys drop their section: BOUNCE_ARENA_SIZE)"})
+					return "", nil
+				}
+				if s, ok := subByEnv[name]; ok {
+					if v := subValue(s, value, Source("env:"+name), envSrc); v != nil {
+						return key, v
+					}
 					return "", nil
 				}
 				envSrc[key] = Source("env:" + name)
@@ -138,14 +168,29 @@ func Load(opts LoadOptions) (*Loaded, error) {
 		for _, f := range fs {
 			byFlag[flagName(f.key)] = f.key
 		}
+		subByFlag := map[string]subKey{}
+		for _, s := range subs {
+			subByFlag[flagName(s.key)] = s
+		}
 		flagSrc := map[string]Source{}
 		fk := koanf.New(".")
 		err := fk.Load(posflag.ProviderWithFlag(opts.Flags, ".", nil, func(fl *pflag.Flag) (string, any) {
+			if s, ok := subByFlag[fl.Name]; ok {
+				if !fl.Changed {
+					return "", nil
+				}
+				if v := subValue(s, fl.Value.String(), Source("flag:--"+fl.Name), flagSrc); v != nil {
+					return s.key, v
+				}
+				return "", nil
+			}
 			key, ok := byFlag[fl.Name]
 			if !ok {
 				return "", nil // not ours
 			}
-			flagSrc[key] = Source("flag:--" + fl.Name)
+			if fl.Changed { // posflag drops the others
+				flagSrc[key] = Source("flag:--" + fl.Name)
+			}
 			return key, textValue(key, fl.Value.String(), flagSrc[key], &errs)
 		}), nil)
 		if err != nil {
@@ -333,7 +378,13 @@ func checkLayer(fs []field, raw map[string]any, srcOf func(string) Source, sourc
 				}
 			}
 			sources[key] = srcOf(key)
-			setNested(out, name, v)
+			blockKeysSet(f, v, func(k string) Source {
+				if s := srcOf(k); s != "" {
+					return s
+				}
+				return srcOf(key)
+			}, sources)
+			setNested(out, name, blockMapping(f, v))
 		}
 		if len(out) > 0 {
 			clean[section] = out

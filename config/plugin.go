@@ -232,3 +232,160 @@ func removedKeys() map[string]string {
 		"stages.plugin": "removed: each stage names its own plugin now, e.g. stages.gather: {plugin: {path: /path/to/binary}} (likewise stages.scatter, stages.write)",
 	}
 }
+
+// blockSub is one key of a plugin block, as a key of its own
+// (engine.plugin.path, stages.gather.plugin.checksum): every key a YAML
+// block takes is also a flag and an environment variable.
+type blockSub struct {
+	name string // the block's key: path, args, ...
+	help string
+	ptr  func() any // a scratch value of its type, for checking a text
+}
+
+func blockSubs() []blockSub {
+	return []blockSub{
+		{"path", "the plugin binary (a bare name is ./name; never $PATH)", func() any { return new(string) }},
+		{"args", "the binary's arguments, comma-separated", func() any { return new([]string) }},
+		{"env", "the plugin's environment, NAME=value entries, comma-separated", func() any { return new([]string) }},
+		{"inherit_env", "pass the agent's whole environment too", func() any { return new(bool) }},
+		{"checksum", "pin the binary: sha256:<64 hex digits>", func() any { return new(string) }},
+		{"options", "options passed to the plugin's constructor (k1=v1,k2=v2)", func() any { return new(map[string]string) }},
+		{"max_restarts", "restarts after the process dies, 0..100 (0 never)", func() any { return new(int) }},
+		{"restart_backoff", "wait before the first restart, doubling to 30s, 1ms..1m", func() any { return new(time.Duration) }},
+	}
+}
+
+// subKey is a block key as a setting of its own: key is
+// <block>.<name> (stages.gather.plugin.path); field is the schema key
+// whose value holds the block (stages.gather).
+type subKey struct {
+	key, field, name, help string
+	ptr                    func() any
+}
+
+// blockOf returns the plugin block key of a schema field ("" for a field
+// that holds none): engine.plugin for itself, stages.gather.plugin for the
+// stage stages.gather.
+func blockOf(f field) string {
+	switch f.ptr(new(Config)).(type) {
+	case *PluginConfig:
+		return f.key
+	case *StageConfig:
+		return f.key + ".plugin"
+	}
+	return ""
+}
+
+// subKeys returns every block key of every plugin block, in documentation
+// order.
+func subKeys() []subKey {
+	var out []subKey
+	for _, f := range fields() {
+		b := blockOf(f)
+		if b == "" {
+			continue
+		}
+		for _, s := range blockSubs() {
+			out = append(out, subKey{key: b + "." + s.name, field: f.key, name: s.name, help: "plugin block " + b + ": " + s.help, ptr: s.ptr})
+		}
+	}
+	return out
+}
+
+// findSubKey returns the block key named key.
+func findSubKey(key string) (subKey, bool) {
+	for _, s := range subKeys() {
+		if s.key == key {
+			return s, true
+		}
+	}
+	return subKey{}, false
+}
+
+// subText turns the text of a block key's flag or environment variable
+// into the raw value a YAML block holds (lists and options split on
+// commas), and reports whether it parses.
+func (s subKey) subText(text string) (any, bool) {
+	switch s.ptr().(type) {
+	case *[]string:
+		if strings.TrimSpace(text) == "" {
+			return []any{}, true
+		}
+		parts := strings.Split(text, ",")
+		out := make([]any, len(parts))
+		for i, p := range parts {
+			out[i] = p
+		}
+		return out, true
+	case *map[string]string:
+		m, ok := parseOptions(text)
+		return m, ok
+	case *string:
+		return text, true
+	default:
+		return text, assign(s.ptr(), text)
+	}
+}
+
+// subReason says what a block key's text accepts.
+func (s subKey) subReason() string {
+	switch s.ptr().(type) {
+	case *[]string:
+		return "want a comma-separated list"
+	}
+	return accepted(s.ptr())
+}
+
+// subRaw nests a block key's raw value the way its field's YAML holds it:
+// engine.plugin.path=v is engine.plugin: {path: v}; stages.gather.plugin.path=v
+// is stages.gather: {plugin: {path: v}}.
+func (s subKey) subRaw(v any) (section string, nested map[string]any) {
+	section, rest := splitKey(s.key)
+	nested = map[string]any{}
+	setNested(nested, rest, v)
+	return section, nested
+}
+
+// blockKeysSet records the source of each block key a layer's value of
+// field f sets (every key of the mapping; path for a plain string).
+func blockKeysSet(f field, v any, srcOf func(string) Source, sources map[string]Source) {
+	b := blockOf(f)
+	if b == "" {
+		return
+	}
+	if _, ok := f.ptr(new(Config)).(*StageConfig); ok {
+		m, ok := v.(map[string]any)
+		if !ok {
+			return
+		}
+		v = m["plugin"]
+	}
+	switch x := v.(type) {
+	case string:
+		sources[b+".path"] = srcOf(b + ".path")
+	case map[string]any:
+		for k := range x {
+			sources[b+"."+k] = srcOf(b + "." + k)
+		}
+	}
+}
+
+// blockMapping returns a layer's value of field f with a plugin block
+// given as a plain path turned into its mapping ({path: …}), so that
+// layers merge key by key: a flag setting engine.plugin.checksum adds to
+// the file's engine.plugin: /path.
+func blockMapping(f field, v any) any {
+	switch f.ptr(new(Config)).(type) {
+	case *PluginConfig:
+		if p, ok := v.(string); ok {
+			return map[string]any{"path": p}
+		}
+	case *StageConfig:
+		if m, ok := v.(map[string]any); ok {
+			if p, ok := m["plugin"].(string); ok {
+				return map[string]any{"plugin": map[string]any{"path": p}}
+			}
+		}
+	}
+	return v
+}

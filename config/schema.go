@@ -125,23 +125,41 @@ func flagName(key string) string { return strings.ReplaceAll(key, "_", "-") }
 // EnvPrefix starts every environment variable Load reads.
 const EnvPrefix = "BOUNCE_"
 
-// Keys returns every dotted key, in documentation order.
+// Keys returns every dotted key, in documentation order. Each plugin
+// block's keys follow the key that holds the block: engine.plugin, then
+// engine.plugin.path, engine.plugin.args, …; stages.gather, then
+// stages.gather.plugin.path, ….
 func Keys() []string {
-	fs := fields()
-	out := make([]string, len(fs))
-	for i, f := range fs {
-		out[i] = f.key
+	subs := subKeys()
+	var out []string
+	for _, f := range fields() {
+		out = append(out, f.key)
+		for _, s := range subs {
+			if s.field == f.key {
+				out = append(out, s.key)
+			}
+		}
 	}
 	return out
+}
+
+// known reports whether key is a key: a schema field or a plugin block's
+// key.
+func known(key string) bool {
+	for _, f := range fields() {
+		if f.key == key {
+			return true
+		}
+	}
+	_, ok := findSubKey(key)
+	return ok
 }
 
 // EnvVar returns the environment variable that sets key, or "" if key is
 // unknown.
 func EnvVar(key string) string {
-	for _, f := range fields() {
-		if f.key == key {
-			return envName(key)
-		}
+	if known(key) {
+		return envName(key)
 	}
 	return ""
 }
@@ -149,10 +167,8 @@ func EnvVar(key string) string {
 // FlagName returns the flag (without leading dashes) that sets key, or ""
 // if key is unknown.
 func FlagName(key string) string {
-	for _, f := range fields() {
-		if f.key == key {
-			return flagName(key)
-		}
+	if known(key) {
+		return flagName(key)
 	}
 	return ""
 }

@@ -888,10 +888,10 @@ func (a *Agent) Shutdown(ctx context.Context) error {
 		// The pumps may be parked in the channel's Recv and the engine's
 		// RecvNotification: woken, they return at once instead of at their
 		// receive timeout.
-		if w, ok := a.set.Control.(recvWaker); ok {
+		if w, ok := a.set.Control.(transfer.RecvWaker); ok {
 			w.WakeRecv()
 		}
-		if w, ok := a.set.Engine.(notificationWaker); ok {
+		if w, ok := a.set.Engine.(transfer.NotificationWaker); ok {
 			w.WakeRecvNotification()
 		}
 		a.wg.Wait()
@@ -912,18 +912,6 @@ func (a *Agent) Shutdown(ctx context.Context) error {
 		}
 	})
 	return err
-}
-
-// recvWaker is a control channel whose Recv in progress (or else its
-// next one) can be made to return at once (ErrTimeout).
-type recvWaker interface {
-	WakeRecv()
-}
-
-// notificationWaker is an engine whose RecvNotification in progress (or
-// else its next one) can be made to return at once (ErrTimeout).
-type notificationWaker interface {
-	WakeRecvNotification()
 }
 
 // post queues a command for the reactor. It never blocks.

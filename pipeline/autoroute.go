@@ -11,13 +11,6 @@ import (
 	"github.com/bouncekv/bounce/transfer"
 )
 
-// costDeclarer is an engine that declares its costs for route auto: the
-// cost of posting one descriptor of a direct write, the fixed cost of one
-// write and its bulk bandwidth in bytes per second.
-type costDeclarer interface {
-	RouteCosts() (postPerDesc, perWrite time.Duration, bandwidth float64)
-}
-
 // Engine costs assumed for an engine that declares none; the model's
 // corrections learn the rest from observed transfers.
 var undeclaredCosts = costmodel.Engine{PostPerDesc: time.Microsecond, PerWrite: 50 * time.Microsecond, Bandwidth: 2e9}
@@ -31,7 +24,7 @@ const (
 
 // engineCosts returns what eng declares, or undeclaredCosts.
 func engineCosts(eng transfer.Engine) costmodel.Engine {
-	if d, ok := eng.(costDeclarer); ok {
+	if d, ok := eng.(transfer.RouteCoster); ok {
 		post, write, bw := d.RouteCosts()
 		c := costmodel.Engine{PostPerDesc: post, PerWrite: write, Bandwidth: bw}
 		if c.Validate() == nil {

@@ -3,6 +3,7 @@ package pipeline
 import (
 	"bytes"
 	"errors"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -30,10 +31,22 @@ func withFaultEngine(fe **faultEngine) nodeOpt {
 
 func withFaultScatter(fs **faultScatterer) nodeOpt {
 	return func(s *Settings) {
-		f := &faultScatterer{Scatterer: s.Scatterer}
+		f := &faultScatterer{Scatterer: s.Scatterer, released: make(chan struct{})}
 		f.fail.Store(true)
 		s.Scatterer = f
 		*fs = f
+	}
+}
+
+// withHeldScatter makes every scatter of the node stay in flight (never
+// ACKed) until fs.release; the test releases them when it ends.
+func withHeldScatter(t *testing.T, fs **faultScatterer) nodeOpt {
+	return func(s *Settings) {
+		f := &faultScatterer{Scatterer: s.Scatterer, released: make(chan struct{})}
+		f.hold.Store(true)
+		s.Scatterer = f
+		*fs = f
+		t.Cleanup(f.release)
 	}
 }
 
@@ -110,9 +123,11 @@ func TestFailureScatter(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// No ACK ever comes: the sender must time out, never report landed.
-	if err := wait(t, bt); !errors.Is(err, transfer.ErrTimeout) {
-		t.Fatalf("err = %v, want ErrTimeout", err)
+	// No ACK ever comes, never a report that the bytes landed: the
+	// receiver NACKs with the cause, so the sender fails with it (not at
+	// its request timeout).
+	if err := wait(t, bt); !errors.Is(err, ErrRefused) || errors.Is(err, transfer.ErrTimeout) || !strings.Contains(err.Error(), "scatter failed: injected scatter failure") {
+		t.Fatalf("err = %v, want ErrRefused with the receiver's scatter failure", err)
 	}
 	if bt.Status() != transfer.Failed {
 		t.Fatalf("status = %v", bt.Status())
@@ -126,14 +141,14 @@ func TestFailureScatter(t *testing.T) {
 func TestFailureForgetPeerInFlight(t *testing.T) {
 	w := newWorld(t)
 	var fs *faultScatterer
-	a, b := w.node("a", testConfig()), w.node("b", testConfig(), withFaultScatter(&fs))
+	a, b := w.node("a", testConfig()), w.node("b", testConfig(), withHeldScatter(t, &fs))
 	j := simple(t, a, b, 4)
 	connect(t, a, b)
 	bt, err := a.Submit(Request{Peer: "b", Src: j.src, Dst: j.dst})
 	if err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, func() bool { return b.Stats().ScatterFailures > 0 }) // in flight, never ACKed
+	eventually(t, func() bool { return fs.held.Load() > 0 }) // in flight, never ACKed
 	if err := a.ForgetPeer("b"); err != nil {
 		t.Fatal(err)
 	}
@@ -143,12 +158,13 @@ func TestFailureForgetPeerInFlight(t *testing.T) {
 	if err := wait(t, bt); !errors.Is(err, transfer.ErrPeerLost) {
 		t.Fatalf("err = %v, want ErrPeerLost", err)
 	}
+	fs.release()
 	if _, err := a.Submit(Request{Peer: "b", Src: j.src, Dst: j.dst}); !errors.Is(err, transfer.ErrUnknownPeer) {
 		t.Fatalf("submit to a forgotten peer: err = %v, want ErrUnknownPeer", err)
 	}
 	settled(t, a, b)
 	// A fresh load re-validates the handshake and the peer is served again.
-	fs.fail.Store(false)
+	fs.hold.Store(false)
 	connect(t, a, b)
 	clear(j.dstB)
 	bt, err = a.Submit(Request{Peer: "b", Src: j.src, Dst: j.dst})
@@ -165,14 +181,14 @@ func TestFailureForgetPeerInFlight(t *testing.T) {
 func TestFailureShutdownInFlight(t *testing.T) {
 	w := newWorld(t)
 	var fs *faultScatterer
-	a, b := w.node("a", testConfig()), w.node("b", testConfig(), withFaultScatter(&fs))
+	a, b := w.node("a", testConfig()), w.node("b", testConfig(), withHeldScatter(t, &fs))
 	j := simple(t, a, b, 5)
 	connect(t, a, b)
 	bt, err := a.Submit(Request{Peer: "b", Src: j.src, Dst: j.dst})
 	if err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, func() bool { return b.Stats().ScatterFailures > 0 })
+	eventually(t, func() bool { return fs.held.Load() > 0 })
 	if err := a.Shutdown(t.Context()); err != nil {
 		t.Fatal(err)
 	}
@@ -188,6 +204,7 @@ func TestFailureShutdownInFlight(t *testing.T) {
 	if _, err := a.Submit(Request{Peer: "b", Src: j.src, Dst: j.dst}); !errors.Is(err, transfer.ErrClosed) {
 		t.Fatalf("submit after shutdown: err = %v", err)
 	}
+	fs.release()
 	settled(t, b) // a's cancel reclaimed its flow on b
 }
 
@@ -458,14 +475,14 @@ func TestPeerLostFailsEveryRequest(t *testing.T) {
 	var fs *faultScatterer
 	cfg := testConfig()
 	cfg.RequestTimeout = time.Minute // a timeout would be the wrong cause
-	a, b := w.node("a", cfg, withFaultEngine(&fe)), w.node("b", cfg, withFaultScatter(&fs))
+	a, b := w.node("a", cfg, withFaultEngine(&fe)), w.node("b", cfg, withHeldScatter(t, &fs))
 	j1, j2 := simple(t, a, b, 50), simple(t, a, b, 51)
 	connect(t, a, b)
 	waiting, err := a.Submit(Request{Peer: "b", Src: j1.src, Dst: j1.dst})
 	if err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, func() bool { return b.Stats().ScatterFailures > 0 }) // written, never ACKed
+	eventually(t, func() bool { return fs.held.Load() > 0 }) // written, never ACKed
 	fe.failWrites.Store(true)
 	failing, err := a.Submit(Request{Peer: "b", Src: j2.src, Dst: j2.dst})
 	if err != nil {

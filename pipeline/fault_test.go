@@ -51,18 +51,45 @@ func (o *doneOp) Poll() (transfer.Status, error) {
 func (o *doneOp) Release() error { return nil }
 
 // faultScatterer wraps a real scatterer; while fail is set every scatter
-// fails after doing nothing.
+// fails after doing nothing. While hold is set every scatter does nothing
+// and stays Pending until release, then fails: its request is in flight
+// and never ACKed (the receiver NACKs a failed scatter at once).
 type faultScatterer struct {
 	transfer.Scatterer
-	fail atomic.Bool
+	fail     atomic.Bool
+	hold     atomic.Bool
+	held     atomic.Int64 // scatters begun while hold was set
+	once     sync.Once
+	released chan struct{}
 }
 
 func (s *faultScatterer) Scatter(region transfer.Desc, runs []transfer.Run) (transfer.Op, error) {
+	if s.hold.Load() {
+		s.held.Add(1)
+		return &heldScatterOp{released: s.released}, nil
+	}
 	if s.fail.Load() {
 		return &doneOp{err: fmt.Errorf("injected scatter failure")}, nil
 	}
 	return s.Scatterer.Scatter(region, runs)
 }
+
+// release ends the held scatters (they fail).
+func (s *faultScatterer) release() { s.once.Do(func() { close(s.released) }) }
+
+// heldScatterOp is Pending until released, then Failed.
+type heldScatterOp struct{ released chan struct{} }
+
+func (o *heldScatterOp) Poll() (transfer.Status, error) {
+	select {
+	case <-o.released:
+		return transfer.Failed, fmt.Errorf("injected scatter failure (held)")
+	default:
+		return transfer.Pending, nil
+	}
+}
+
+func (o *heldScatterOp) Release() error { return nil }
 
 // stallGatherer wraps a real gatherer. While stalled, each gather is
 // launched for real but its op reports Pending until release is closed; it

@@ -110,7 +110,7 @@ func notify(n transfer.Notifier, peer string, m *wire.Done) error {
 	if err != nil {
 		return err
 	}
-	if l, ok := n.(interface{ MaxNotifySize() int }); ok && l.MaxNotifySize() > 0 && len(b) > l.MaxNotifySize() {
+	if l, ok := n.(transfer.NotifyLimiter); ok && l.MaxNotifySize() > 0 && len(b) > l.MaxNotifySize() {
 		if cut := len(b) - l.MaxNotifySize(); cut <= len(m.Reason) {
 			short := *m
 			short.Reason = m.Reason[:len(m.Reason)-cut]

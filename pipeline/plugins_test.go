@@ -1,6 +1,7 @@
 package pipeline
 
 import (
+	"errors"
 	"os/exec"
 	"path/filepath"
 	"slices"
@@ -105,8 +106,10 @@ func TestEndToEndPlugins(t *testing.T) {
 }
 
 // TestPluginCrash kills (SIGKILL) the sender's engine plugin or gather
-// plugin while 8 transfers are in flight: each batch fails within the request
-// timeout with an error naming the plugin and its exit status, it is
+// plugin, or the receiver's scatter plugin, while 8 transfers are in
+// flight: each batch fails within the request timeout with an error naming
+// the plugin and its exit status (for the receiver's scatter, the sender
+// learns it from the receiver's NACK, not from its own timeout), it is
 // retired and quiescent (the dead process touches no memory), the plugin
 // is restarted, and the agent serves the next transfer on the new process.
 // The world's leak check covers the supervisors and gRPC connections.
@@ -118,7 +121,7 @@ func TestPluginCrash(t *testing.T) {
 	policy := plugins.Restart{MaxRestarts: 3, Backoff: 20 * time.Millisecond}
 	// The plugin holds every op pending 300ms, so the kill lands mid-transfer.
 	slow := map[string]string{"delay": "300ms"}
-	for _, component := range []string{"engine", "gather"} {
+	for _, component := range []string{"engine", "gather", "scatter"} {
 		t.Run(component, func(t *testing.T) {
 			var victim plugins.Supervised
 			w := newWorld(t)
@@ -156,6 +159,26 @@ func TestPluginCrash(t *testing.T) {
 						t.Fatal(err)
 					}
 					victim = g.(plugins.Supervised)
+					return g, sc, nil
+				}
+			case "scatter":
+				w.stages = func(t testing.TB, name string, reg *mem.Registry, _ transfer.Engine, notify func()) (transfer.Gatherer, transfer.Scatterer, transfer.Writer) {
+					g, err := gatherhost.New(gatherhost.Settings{Registry: reg, Contexts: 8})
+					if err != nil {
+						t.Fatal(err)
+					}
+					if name != "b" {
+						sc, err := scatterhost.New(scatterhost.Settings{Registry: reg, Contexts: 8})
+						if err != nil {
+							t.Fatal(err)
+						}
+						return g, sc, nil
+					}
+					sc, err := plugins.OpenScatterer(plugins.Spec{Path: spec.Path, Notify: notify}, policy, name, slow, reg)
+					if err != nil {
+						t.Fatal(err)
+					}
+					victim = sc.(plugins.Supervised)
 					return g, sc, nil
 				}
 			}
@@ -202,6 +225,9 @@ func TestPluginCrash(t *testing.T) {
 					continue // it finished before the kill
 				}
 				failed++
+				if errors.Is(err, transfer.ErrTimeout) {
+					t.Errorf("batch %d failed by its timeout, not by its cause: %v", bt.ID(), err)
+				}
 				for _, want := range []string{"testplugin", "signal: killed"} {
 					if !strings.Contains(err.Error(), want) {
 						t.Errorf("batch %d error %q does not name %q", bt.ID(), err, want)
@@ -282,4 +308,75 @@ func TestPluginEnginePeerLostReclaimsFlows(t *testing.T) {
 		t.Fatalf("LostPeers = %d, want at least 1", n)
 	}
 	served(t, next, r, 3)
+}
+
+// TestReceiverEnginePluginRestart: the receiver's engine is a real plugin
+// process under a restart policy; it is killed (SIGKILL) between two
+// transfers and restarted. The restarted process listens where the first
+// did, so the sender — which loaded the receiver's descriptor once and
+// never again — is served by it: the next transfer lands, verified.
+func TestReceiverEnginePluginRestart(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and starts plugin processes")
+	}
+	bin := buildTestPlugin(t)
+	var victim plugins.Supervised
+	w := newWorld(t)
+	w.engine = func(t testing.TB, name string, opt loopback.Options) transfer.Engine {
+		if name != "b" {
+			return newTCPEngine(t, name, opt)
+		}
+		e, err := plugins.OpenEngine(plugins.Spec{Path: bin}, plugins.Restart{MaxRestarts: 1, Backoff: 20 * time.Millisecond}, name, map[string]string{"listen": "127.0.0.1:0"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		victim = e.(plugins.Supervised)
+		return e
+	}
+	a, b := w.node("a", testConfig()), w.node("b", testConfig())
+	connect(t, a, b)
+	j := simple(t, a, b, 1)
+	bt, err := a.Submit(Request{Peer: "b", Src: j.src, Dst: j.dst})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := wait(t, bt); err != nil {
+		t.Fatalf("transfer before the kill: %v", err)
+	}
+	j.verify(t)
+	if err := bt.Release(); err != nil {
+		t.Fatal(err)
+	}
+	first := victim.Current()
+	if err := syscall.Kill(first.Pid(), syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(30 * time.Second); victim.Current() == nil || victim.Current() == first; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the receiver's engine plugin was not restarted within 30s (restarts %d)", victim.Restarts())
+		}
+	}
+	// The sender's connections to the dead process broke; a transfer that
+	// raced the break may fail with ErrPeerLost, the next one dials again.
+	var last error
+	for i := range 3 {
+		j := simple(t, a, b, uint64(10+i))
+		bt, err := a.Submit(Request{Peer: "b", Src: j.src, Dst: j.dst})
+		if err != nil {
+			t.Fatal(err)
+		}
+		last = wait(t, bt)
+		if err := bt.Release(); err != nil {
+			t.Fatal(err)
+		}
+		if last == nil {
+			j.verify(t)
+			break
+		}
+		t.Logf("transfer %d after the restart: %v", i, last)
+	}
+	if last != nil {
+		t.Fatalf("the sender is not served after the receiver's engine plugin restarted: %v", last)
+	}
+	settled(t, a, b)
 }

@@ -3,6 +3,7 @@ package pipeline
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/bouncekv/bounce/pipeline/credit"
@@ -510,9 +511,16 @@ func (r *reactor) drainScatterResults() bool {
 			// Its flow was given up before it started: nothing was copied.
 		case t.err != nil:
 			// No ACK: the sender must never believe these bytes landed.
+			// A NACK with the cause instead, so the sender fails now with
+			// it rather than at its request timeout (a crashed scatter
+			// plugin, a scatter into memory that is gone).
 			r.a.stats.scatterFailures.Add(1)
 			r.log.WarnContext(spanContext(t.parent), "scatter failed; no ACK sent", "peer", t.key.Peer, "request", t.key.Request, "chunk", t.chunk, "err", t.err)
-			r.flowFailed(t.key, fmt.Errorf("chunk %d: scatter failed: %w", t.chunk, t.err))
+			why := fmt.Errorf("chunk %d: scatter failed: %w", t.chunk, t.err)
+			if _, live := r.rflows[t.key]; live && !orphan {
+				r.nack(t.key.Peer, t.key.Request, t.chunk, wire.NackScatterFailed, scatterReason(why))
+			}
+			r.flowFailed(t.key, why)
 		case orphan:
 			// The flow was reclaimed while scattering: nobody to ACK.
 		default:
@@ -531,6 +539,17 @@ func (r *reactor) drainScatterResults() bool {
 		r.schedule()
 	}
 	return len(res) > 0
+}
+
+// scatterReason is a scatter failure's cause as a NACK carries it: the
+// error's text, cut to 1 KiB (a NACK must fit any control channel).
+func scatterReason(err error) string {
+	const most = 1 << 10
+	s := "receiver: " + err.Error()
+	if len(s) > most {
+		s = strings.ToValidUTF8(s[:most], "")
+	}
+	return s
 }
 
 // splitCredits cuts credits into GRANTs that each fit a control message of

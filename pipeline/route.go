@@ -273,7 +273,7 @@ func uniform(ds []transfer.Desc) bool {
 
 // messageLimiter is a control channel that bounds the size of one message
 // (nixlnotif, whose messages are engine notifications).
-type messageLimiter interface{ MaxMessageSize() int }
+type messageLimiter = transfer.MessageLimiter
 
 // traceAllowance is the room a DATA or WANT keeps for its traceparent (a
 // W3C traceparent is 55 bytes) when messages are sized to a channel limit.

@@ -598,8 +598,8 @@ func TestLogsCarryTheTrace(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := wait(t, bt); !errors.Is(err, transfer.ErrTimeout) {
-		t.Fatalf("err = %v, want a timeout (no ACK)", err)
+	if err := wait(t, bt); !errors.Is(err, ErrRefused) {
+		t.Fatalf("err = %v, want the receiver's NACK of its failed scatter", err)
 	}
 	tr := one(t, oa, spanTransfer)
 	sc, ok := ha.spanOf("request failing")

@@ -7,13 +7,11 @@ import (
 	"github.com/bouncekv/bounce/transfer"
 )
 
-// The optional engine capabilities the protocol carries, as the methods an
-// in-process engine declares them with.
+// The optional engine capabilities the protocol carries beyond the
+// callbacks, as transfer declares them.
 type (
-	notifyLimiter interface{ MaxNotifySize() int }
-	costDeclarer  interface {
-		RouteCosts() (postPerDesc, perWrite time.Duration, bandwidth float64)
-	}
+	notifyLimiter = transfer.NotifyLimiter
+	costDeclarer  = transfer.RouteCoster
 )
 
 // caps are an engine's optional capabilities as its plugin declared them
@@ -23,9 +21,11 @@ type (
 type caps struct {
 	notifier, fencer, fences bool
 	guarded, peerLoss        bool
+	connector                bool
 	maxNotify                int
 	postPerDesc, perWrite    time.Duration
 	bandwidth                float64
+	listenAddr               string // transfer.Listener's Addr at open
 }
 
 // fencing is the transfer.Fencer a host-side engine declares for its
@@ -54,6 +54,10 @@ func describe(e transfer.Engine) *pb.OpenReply {
 	}
 	_, pc.WriteGuarded = e.(transfer.WriteGuarded)
 	_, pc.PeerLoss = e.(transfer.PeerLossReporter)
+	_, pc.Connector = e.(transfer.Connector)
+	if l, ok := e.(transfer.Listener); ok {
+		pc.ListenAddr = l.Addr()
+	}
 	return &pb.OpenReply{Name: []byte(e.Name()), Notifier: notifier, Caps: pc}
 }
 
@@ -61,7 +65,7 @@ func describe(e transfer.Engine) *pb.OpenReply {
 func capsFrom(rep *pb.OpenReply) caps {
 	pc := rep.GetCaps()
 	c := caps{notifier: rep.GetNotifier(), fencer: pc.GetFencer(), fences: pc.GetFences(), maxNotify: int(max(pc.GetMaxNotifySize(), 0)),
-		guarded: pc.GetWriteGuarded(), peerLoss: pc.GetPeerLoss()}
+		guarded: pc.GetWriteGuarded(), peerLoss: pc.GetPeerLoss(), connector: pc.GetConnector(), listenAddr: pc.GetListenAddr()}
 	if pc.GetRouteCosts() {
 		c.postPerDesc, c.perWrite, c.bandwidth = time.Duration(pc.GetPostPerDescNs()), time.Duration(pc.GetPerWriteNs()), pc.GetBandwidth()
 	}
@@ -72,10 +76,21 @@ func capsFrom(rep *pb.OpenReply) caps {
 // supervisedEngine) has: the engine, its declared capabilities, and the
 // optional capabilities' methods under unexported names. declare exposes
 // the exported ones for exactly the capabilities the plugin declared.
+// RouteCosts, Connect and WakeRecvNotification are always there: each is
+// neutral when the plugin's engine lacks it (no costs; no early dial; the
+// host's own wait ends). transfer.Listener is not declared on the host:
+// its address serves the restart (supervisedEngine).
 type hostEngine interface {
 	transfer.Engine
 	transfer.ContextPoster
 	costDeclarer
+	// Connect forwards to the plugin's engine when it declared
+	// transfer.Connector and does nothing otherwise (the first write
+	// dials, as Connector allows).
+	transfer.Connector
+	// WakeRecvNotification ends the host's wait in RecvNotification, for
+	// any plugin (it cancels the call).
+	transfer.NotificationWaker
 	Supervised
 	capabilities() caps
 	notify(peer string, payload []byte) error

@@ -41,3 +41,24 @@ func TestCapsFromOlderPlugin(t *testing.T) {
 		t.Errorf("route costs %v %v %v, want 1µs 2µs 3e9", post, write, bw)
 	}
 }
+
+// TestRestartListen: a restarted engine keeps the host of its listen
+// option and the port its first process bound, unless the option fixed a
+// port already or the address reported is not host:port.
+func TestRestartListen(t *testing.T) {
+	for _, tc := range []struct{ listen, addr, want string }{
+		{"127.0.0.1:0", "127.0.0.1:41234", "127.0.0.1:41234"},
+		{"", "10.0.0.5:41234", "10.0.0.5:41234"},
+		{"0.0.0.0:0", "10.0.0.5:41234", "0.0.0.0:41234"},
+		{"[::1]:0", "[::1]:5000", "[::1]:5000"},
+		{"127.0.0.1:7000", "127.0.0.1:7000", ""}, // a fixed port stays as given
+		{"127.0.0.1:0", "", ""},                  // no transfer.Listener
+		{"127.0.0.1:0", "not an address", ""},
+		{"127.0.0.1:0", "127.0.0.1:0", ""},
+		{"garbage", "127.0.0.1:5000", ""},
+	} {
+		if got := restartListen(tc.listen, tc.addr); got != tc.want {
+			t.Errorf("restartListen(%q, %q) = %q, want %q", tc.listen, tc.addr, got, tc.want)
+		}
+	}
+}

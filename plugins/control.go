@@ -26,7 +26,12 @@ type remoteControl struct {
 	c              *Client
 	rpc            pb.ControlClient
 	kind, endpoint string
+	wake           recvWake // of Recv
 }
+
+// WakeRecv makes a Recv in progress, or else the next one, return at once
+// with ErrTimeout (transfer.RecvWaker).
+func (r *remoteControl) WakeRecv() { r.wake.wake() }
 
 // Kind returns the plugin channel's kind.
 func (r *remoteControl) Kind() string { return r.kind }
@@ -61,7 +66,7 @@ func (r *remoteControl) Send(peer string, payload []byte) error {
 
 // Recv waits at most timeout in the plugin.
 func (r *remoteControl) Recv(timeout time.Duration) (transfer.Message, error) {
-	return recvMessage(r.c, "receive", timeout, func(cx context.Context, req *pb.RecvRequest) (*pb.MessageReply, error) {
+	return recvMessage(r.c, &r.wake, "receive", timeout, func(cx context.Context, req *pb.RecvRequest) (*pb.MessageReply, error) {
 		return r.rpc.Recv(cx, req)
 	})
 }

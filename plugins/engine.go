@@ -110,6 +110,7 @@ type remoteEngine struct {
 	caps caps
 	hs   handles
 	cb   *hostCallbacks
+	wake recvWake // of RecvNotification
 }
 
 // declared returns e as the engine type that implements exactly the
@@ -223,9 +224,28 @@ func (e *remoteEngine) notify(peer string, payload []byte) error {
 
 // recvNotification waits at most timeout in the plugin.
 func (e *remoteEngine) recvNotification(timeout time.Duration) (transfer.Message, error) {
-	return recvMessage(e.c, "receive notification", timeout, func(cx context.Context, req *pb.RecvRequest) (*pb.MessageReply, error) {
+	return recvMessage(e.c, &e.wake, "receive notification", timeout, func(cx context.Context, req *pb.RecvRequest) (*pb.MessageReply, error) {
 		return e.rpc.RecvNotification(cx, req)
 	})
+}
+
+// WakeRecvNotification makes a RecvNotification in progress, or else the
+// next one, return at once with ErrTimeout (transfer.NotificationWaker):
+// it ends the host's call; the plugin's engine waits out its own timeout.
+func (e *remoteEngine) WakeRecvNotification() { e.wake.wake() }
+
+// Connect asks the plugin's engine to open its connection to peer
+// (transfer.Connector) when it declared the capability. It does not block:
+// the call runs on its own goroutine, and a failure fails nothing.
+func (e *remoteEngine) Connect(peer string) {
+	if !e.caps.connector || e.c.gone() {
+		return
+	}
+	go func() {
+		_ = e.call(fmt.Sprintf("connect %q", peer), func(cx context.Context) (interface{ GetError() *pb.Error }, error) {
+			return e.rpc.Connect(cx, &pb.PeerRequest{Peer: []byte(peer)})
+		})
+	}()
 }
 
 // setWriteGuard installs g in the plugin's engine over the callback
@@ -247,16 +267,61 @@ func (e *remoteEngine) Current() *Client {
 // Restarts returns 0: an engine opened on a bare Client is not restarted.
 func (e *remoteEngine) Restarts() int { return 0 }
 
-// recvMessage is a bounded blocking receive over gRPC.
-func recvMessage(c *Client, what string, timeout time.Duration, f func(context.Context, *pb.RecvRequest) (*pb.MessageReply, error)) (transfer.Message, error) {
+// recvWake lets a blocking receive be ended from another goroutine: wake
+// cancels the receive in progress, or makes the next one return at once.
+type recvWake struct {
+	mu      sync.Mutex
+	cancel  context.CancelFunc // of the receive in progress
+	pending bool               // woken with none in progress
+}
+
+// begin starts a receive bounded by d; woken says it was woken before it
+// began (it must return at once). end releases it.
+func (w *recvWake) begin(d time.Duration) (cx context.Context, end func(), woken bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.pending {
+		w.pending = false
+		return nil, func() {}, true
+	}
+	cx, cancel := ctx(d)
+	w.cancel = cancel
+	return cx, func() {
+		w.mu.Lock()
+		w.cancel = nil
+		w.mu.Unlock()
+		cancel()
+	}, false
+}
+
+func (w *recvWake) wake() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.cancel != nil {
+		w.cancel()
+		w.cancel = nil
+		return
+	}
+	w.pending = true
+}
+
+// recvMessage is a bounded blocking receive over gRPC that w can end
+// early (ErrTimeout).
+func recvMessage(c *Client, w *recvWake, what string, timeout time.Duration, f func(context.Context, *pb.RecvRequest) (*pb.MessageReply, error)) (transfer.Message, error) {
 	if c.closed() {
 		return transfer.Message{}, fmt.Errorf("plugin %s: %s: %w", c.name, what, transfer.ErrClosed)
 	}
 	timeout = max(timeout, 0)
-	cx, cancel := ctx(timeout + waitSlack)
-	defer cancel()
+	cx, end, woken := w.begin(timeout + waitSlack)
+	defer end()
+	if woken {
+		return transfer.Message{}, fmt.Errorf("plugin %s: %s: woken: %w", c.name, what, transfer.ErrTimeout)
+	}
 	rep, err := f(cx, &pb.RecvRequest{TimeoutNs: int64(timeout)})
 	if err != nil {
+		if errors.Is(cx.Err(), context.Canceled) && !c.gone() {
+			return transfer.Message{}, fmt.Errorf("plugin %s: %s: woken: %w", c.name, what, transfer.ErrTimeout)
+		}
 		if c.gone() {
 			return transfer.Message{}, fmt.Errorf("plugin %s: %s: %w", c.name, what, transfer.ErrClosed)
 		}
@@ -451,6 +516,19 @@ func (s *engineServer) RecvNotification(_ context.Context, r *pb.RecvRequest) (*
 	}
 	m, err := n.RecvNotification(time.Duration(r.GetTimeoutNs()))
 	return &pb.MessageReply{Peer: []byte(m.Peer), Payload: m.Payload, Error: toProtoError(err)}, nil
+}
+
+func (s *engineServer) Connect(_ context.Context, r *pb.PeerRequest) (*pb.Reply, error) {
+	e, err := s.engine()
+	if err != nil {
+		return reply(err), nil
+	}
+	c, ok := e.(transfer.Connector)
+	if !ok {
+		return reply(fmt.Errorf("plugin: engine is no transfer.Connector: %w", transfer.ErrUnsupported)), nil
+	}
+	c.Connect(string(r.GetPeer()))
+	return &pb.Reply{}, nil
 }
 
 func (s *engineServer) Close(context.Context, *pb.Empty) (*pb.Reply, error) {

@@ -86,3 +86,65 @@ func TestOutsideModuleCertified(t *testing.T) {
 		})
 	}
 }
+
+// TestOutsideModuleFromAClone follows the outside README's way of
+// depending on bounce (its "v=$(…)" and "go mod edit" lines, run as
+// printed with /path/to/bounce this clone): a module in a fresh directory
+// requires this commit's pseudo-version, replaces bounce with the clone,
+// and builds a plugin with no network.
+func TestOutsideModuleFromAClone(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds a separate module")
+	}
+	root, err := filepath.Abs("..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := exec.Command("git", "-C", root, "rev-parse", "HEAD").Run(); err != nil {
+		t.Skipf("not a git clone: %v", err)
+	}
+	readme, err := os.ReadFile(filepath.Join(outside, "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var steps []string
+	for _, line := range strings.Split(string(readme), "\n") {
+		if strings.HasPrefix(line, "v=$(") || strings.HasPrefix(line, "go mod edit -require github.com/bouncekv/bounce@$v") {
+			steps = append(steps, strings.ReplaceAll(line, "/path/to/bounce", root))
+		}
+	}
+	if len(steps) != 2 {
+		t.Fatalf("README lacks the pseudo-version and go mod edit lines: %q", steps)
+	}
+	dir := t.TempDir()
+	for _, f := range []string{"go.mod", "go.sum", filepath.Join("copystage", "main.go")} {
+		b, err := os.ReadFile(filepath.Join(outside, f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.MkdirAll(filepath.Join(dir, filepath.Dir(f)), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, f), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	script := strings.Join(append(steps, "go mod edit -json", "go build -o copystage.bin ./copystage"), "\n")
+	c := exec.Command("sh", "-ec", script)
+	c.Dir = dir
+	c.Env = append(os.Environ(), "GOFLAGS=-mod=mod", "GOPROXY=off")
+	out, err := c.CombinedOutput()
+	if err != nil {
+		t.Fatalf("the README's steps failed: %v\n%s\n%s", err, script, out)
+	}
+	head, err := exec.Command("git", "-C", root, "rev-parse", "--short=12", "HEAD").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := `"Version": "v0.0.0-`; !strings.Contains(string(out), want) || !strings.Contains(string(out), strings.TrimSpace(string(head))+`"`) {
+		t.Fatalf("go.mod does not require this commit's pseudo-version (%s):\n%s", head, out)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "copystage.bin")); err != nil {
+		t.Fatal(err)
+	}
+}

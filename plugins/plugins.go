@@ -25,13 +25,16 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -40,6 +43,7 @@ import (
 	"github.com/hashicorp/go-plugin"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
+	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
 
 	"github.com/bouncekv/bounce/mem"
@@ -128,16 +132,44 @@ type ServeOpts struct {
 //
 //	func main() { plugins.Serve(plugins.ServeOpts{Engine: newEngine}) }
 //
-// The plugin must not write to stdout (the handshake uses it); what it
-// writes to stderr reaches the host's log, one record per line, tagged
-// with the plugin's name.
+// The plugin must not write to stdout before Serve (the handshake uses
+// it); what it writes to stderr, before Serve or after, reaches the host's
+// log, one record per line, tagged with the plugin's name.
 func Serve(o ServeOpts) {
+	var se stderrBack
 	plugin.Serve(&plugin.ServeConfig{
 		HandshakeConfig:  Handshake(),
 		VersionedPlugins: map[int]plugin.PluginSet{ProtocolVersion: serverPlugins(o, newMapper())},
 		GRPCServer: func(opts []grpc.ServerOption) *grpc.Server {
-			return plugin.DefaultGRPCServer(append(opts, grpc.StatsHandler(serverTracing(o.TracerProvider, o.Propagator))))
+			return plugin.DefaultGRPCServer(append(opts,
+				grpc.StatsHandler(serverTracing(o.TracerProvider, o.Propagator)),
+				grpc.ChainUnaryInterceptor(func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+					se.restore()
+					return h(ctx, req)
+				}),
+				grpc.ChainStreamInterceptor(func(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+					se.restore()
+					return h(srv, ss)
+				})))
 		},
+	})
+}
+
+// stderrBack points the plugin's os.Stderr at the process's own stderr
+// again. go-plugin's Serve replaces os.Stderr by a pipe into its stdio
+// stream, which the host reads asynchronously: a line written just before
+// the process dies (a crash, os.Exit) would be lost with what was still in
+// the pipe. At the first call from the host (Serve has replaced os.Stderr
+// by then) restore makes the pipe's descriptor a duplicate of descriptor 2,
+// so every later write lands synchronously where the host reads the
+// process's stderr; the stream's end of the pipe sees end of file.
+type stderrBack struct{ once sync.Once }
+
+func (s *stderrBack) restore() {
+	s.once.Do(func() {
+		if fd := int(os.Stderr.Fd()); fd != 2 {
+			_ = unix.Dup3(2, fd, unix.O_CLOEXEC)
+		}
 	})
 }
 
@@ -263,7 +295,8 @@ type Spec struct {
 	// of Path.
 	Name string
 	// Logger receives the plugin's stderr, one record per line with
-	// plugin=Name; nil discards it.
+	// plugin=Name (info; a panic's lines error; go-plugin's own lines at
+	// their level, debug); nil discards it.
 	Logger *slog.Logger
 	// Notify, if set, is called (it must not block) when an op of the
 	// plugin completes, so the caller need not poll: node passes the
@@ -369,7 +402,7 @@ func LoadSpec(s Spec, kind string) (*Client, error) {
 		cmd.Env = append(cmd.Env, os.Environ()...)
 	}
 	cmd.Env = append(cmd.Env, s.Env...)
-	logs := newLineLogger(s.Logger, s.Name)
+	logs := newPluginLog(s.Logger, s.Name)
 	pc := plugin.NewClient(&plugin.ClientConfig{
 		HandshakeConfig:  Handshake(),
 		VersionedPlugins: map[int]plugin.PluginSet{ProtocolVersion: hostPlugins()},
@@ -379,7 +412,13 @@ func LoadSpec(s Spec, kind string) (*Client, error) {
 		AutoMTLS:         true,
 		AllowedProtocols: []plugin.Protocol{plugin.ProtocolGRPC},
 		StartTimeout:     StartTimeout,
-		Stderr:           logs,
+		// The process's own stderr: what the plugin wrote before Serve,
+		// the log package's lines, a panic, go-plugin's JSON lines.
+		Stderr: logs.raw,
+		// What it writes to os.Stderr (os.Stdout) once Serve runs:
+		// go-plugin replaces both by its stdio stream.
+		SyncStderr: logs.stderr,
+		SyncStdout: logs.stdout,
 		// go-plugin's own logger would re-log stderr lines (at debug);
 		// they reach Logger through Stderr instead.
 		Logger:          hclog.NewNullLogger(),
@@ -549,21 +588,44 @@ func orDiscard(l *slog.Logger) *slog.Logger {
 	return l
 }
 
-// lineLogger turns a plugin's stderr into log records, one per line,
-// tagged plugin=<name>. go-plugin writes a line and its newline separately,
-// so it buffers until the newline.
-type lineLogger struct {
-	l    *slog.Logger
-	name string
-	mu   sync.Mutex
-	buf  []byte
+// pluginLog is where a plugin process's output goes: its stderr, and
+// the stdio stream go-plugin puts in place of os.Stderr and os.Stdout once
+// Serve runs. Each becomes log records, one per line.
+type pluginLog struct {
+	raw, stderr, stdout *lineLogger
 }
 
-func newLineLogger(l *slog.Logger, name string) *lineLogger {
-	if l == nil {
-		l = slog.New(slog.DiscardHandler)
+func newPluginLog(l *slog.Logger, name string) *pluginLog {
+	l = orDiscard(l)
+	return &pluginLog{
+		raw:    &lineLogger{l: l, name: name, raw: true},
+		stderr: &lineLogger{l: l, name: name},
+		stdout: &lineLogger{l: l, name: name, stream: "stdout"},
 	}
-	return &lineLogger{l: l, name: name}
+}
+
+// flush logs the last line of each stream that lacks its newline.
+func (p *pluginLog) flush() {
+	p.raw.flush()
+	p.stderr.flush()
+	p.stdout.flush()
+}
+
+// lineLogger turns one stream of a plugin's output into log records, one
+// per line, tagged plugin=<name> (and stream=stdout for stdout). A line is
+// an info record except on the process's own stderr (raw): there a
+// go-plugin JSON line (its hclog output) is a record at its own level with
+// its message and fields, and from a "panic: " or "fatal error: " line on
+// every line is an error record. Writes may split lines, so it buffers
+// until the newline.
+type lineLogger struct {
+	l       *slog.Logger
+	name    string
+	stream  string
+	raw     bool
+	mu      sync.Mutex
+	buf     []byte
+	inPanic bool
 }
 
 // Write logs every complete line of p.
@@ -587,9 +649,69 @@ func (w *lineLogger) Write(p []byte) (int, error) {
 }
 
 func (w *lineLogger) emit(line []byte) {
-	if s := strings.TrimRight(string(line), "\r"); s != "" {
-		w.l.Info(s, "plugin", w.name)
+	s := strings.TrimRight(string(line), "\r")
+	if s == "" {
+		return
 	}
+	attrs := []any{"plugin", w.name}
+	if w.stream != "" {
+		attrs = append(attrs, "stream", w.stream)
+	}
+	if !w.raw {
+		w.l.Info(s, attrs...)
+		return
+	}
+	if lvl, msg, kv, ok := hclogLine(s); ok {
+		w.l.Log(context.Background(), lvl, msg, append(attrs, kv...)...)
+		return
+	}
+	if strings.HasPrefix(s, "panic: ") || strings.HasPrefix(s, "fatal error: ") {
+		w.inPanic = true
+	}
+	if w.inPanic {
+		w.l.Error(s, attrs...)
+		return
+	}
+	w.l.Info(s, attrs...)
+}
+
+// hclogLine decodes a line of go-plugin's JSON log (hclog's JSONFormat:
+// "@level", "@message", "@timestamp", "@module" and the fields).
+func hclogLine(s string) (slog.Level, string, []any, bool) {
+	if !strings.HasPrefix(s, "{") {
+		return 0, "", nil, false
+	}
+	var m map[string]any
+	if json.Unmarshal([]byte(s), &m) != nil {
+		return 0, "", nil, false
+	}
+	level, ok1 := m["@level"].(string)
+	msg, ok2 := m["@message"].(string)
+	if !ok1 || !ok2 {
+		return 0, "", nil, false
+	}
+	var lvl slog.Level
+	switch level {
+	case "trace", "debug":
+		lvl = slog.LevelDebug
+	case "info":
+		lvl = slog.LevelInfo
+	case "warn":
+		lvl = slog.LevelWarn
+	default:
+		lvl = slog.LevelError
+	}
+	var kv []any
+	for _, k := range slices.Sorted(maps.Keys(m)) {
+		switch k {
+		case "@level", "@message", "@timestamp":
+		case "@module":
+			kv = append(kv, "module", m[k])
+		default:
+			kv = append(kv, k, m[k])
+		}
+	}
+	return lvl, msg, kv, true
 }
 
 // flush logs a last line without a newline.

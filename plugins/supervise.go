@@ -5,6 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
+	"net"
+	"path/filepath"
 	"sync"
 	"time"
 
@@ -71,6 +74,9 @@ type supervisor[T any] struct {
 // supervise opens the first instance (its failure is returned, nothing is
 // retried) and starts watching it.
 func supervise[T any](spec Spec, kind string, policy Restart, open func() (T, *Client, error), closeT func(T) error, ready func(T)) (*supervisor[T], error) {
+	if spec.Name == "" {
+		spec.Name = filepath.Base(spec.Path) // as LoadSpec names it
+	}
 	cur, c, err := open()
 	if err != nil {
 		return nil, err
@@ -343,8 +349,11 @@ func (w *supervisedWriter) WriteContext(ctx context.Context, peer string, src, d
 // OpenEngine starts the engine plugin spec describes and opens its engine
 // for agent name, under policy. A restarted engine gets the memory
 // registrations and the peers of the one that died replayed before it
-// serves; its metadata may differ (a new listen port unless the options fix
-// one), so peers must reload this agent's descriptor to write to it.
+// serves, and the address the first process listened on: when the engine
+// declares transfer.Listener and opts fix no port ("listen" absent or port
+// 0), a restarted process is opened with listen=<that host>:<the port the
+// first bound>, so its metadata names the same address and peers that
+// loaded it reach the new process without reloading.
 func OpenEngine(spec Spec, policy Restart, name string, opts map[string]string) (transfer.Engine, error) {
 	se := &supervisedEngine{regs: map[transfer.Desc]int{}, peers: map[string][]byte{}}
 	sv, err := supervise(spec, KindEngine, policy, func() (transfer.Engine, *Client, error) {
@@ -352,7 +361,15 @@ func OpenEngine(spec Spec, policy Restart, name string, opts map[string]string) 
 		if err != nil {
 			return nil, nil, err
 		}
-		e, err := c.Engine(name, opts)
+		o := opts
+		if l := se.keepListen(); l != "" {
+			o = maps.Clone(opts)
+			if o == nil {
+				o = map[string]string{}
+			}
+			o["listen"] = l
+		}
+		e, err := c.Engine(name, o)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -371,7 +388,39 @@ func OpenEngine(spec Spec, policy Restart, name string, opts map[string]string) 
 	if d, ok := first.(interface{ capabilities() caps }); ok {
 		se.caps = d.capabilities()
 	}
+	se.mu.Lock()
+	se.listen = restartListen(opts["listen"], se.caps.listenAddr)
+	se.mu.Unlock()
 	return declare(se), nil
+}
+
+// restartListen is the listen option of a restarted engine whose first
+// process was opened with listen and reported addr (transfer.Listener):
+// listen's host (addr's when listen is empty) with addr's port. It is ""
+// (the options stay as they are) when listen fixes a port already or addr
+// is not host:port.
+func restartListen(listen, addr string) string {
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil || port == "" || port == "0" {
+		return ""
+	}
+	host, _, _ := net.SplitHostPort(addr)
+	if listen != "" {
+		h, p, err := net.SplitHostPort(listen)
+		if err != nil || p != "0" && p != "" {
+			return ""
+		}
+		host = h
+	}
+	return net.JoinHostPort(host, port)
+}
+
+// keepListen returns the listen option a restarted process gets ("" for
+// the first process, or when the options keep the address already).
+func (e *supervisedEngine) keepListen() string {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.listen
 }
 
 // supervisedEngine is an engine plugin under a Restart policy. It records
@@ -386,6 +435,9 @@ type supervisedEngine struct {
 	peers map[string][]byte     // peer -> the metadata it was loaded from
 	guard transfer.WriteGuard   // installed in every process
 	lost  func(peer string)     // installed in every process
+	// listen is the listen option of a restarted process: the first
+	// process's address (see restartListen).
+	listen string
 }
 
 func (e *supervisedEngine) replay(eng transfer.Engine) error {
@@ -539,6 +591,26 @@ func (e *supervisedEngine) PostWriteContext(ctx context.Context, peer string, op
 
 // Close stops supervising and closes the engine.
 func (e *supervisedEngine) Close() error { return e.sv.Close() }
+
+// Connect forwards to the current process (transfer.Connector); while it
+// is down it does nothing.
+func (e *supervisedEngine) Connect(peer string) {
+	if cur, err := e.sv.get(); err == nil {
+		if c, ok := cur.(transfer.Connector); ok {
+			c.Connect(peer)
+		}
+	}
+}
+
+// WakeRecvNotification ends a RecvNotification in progress on the current
+// process (transfer.NotificationWaker).
+func (e *supervisedEngine) WakeRecvNotification() {
+	if cur, err := e.sv.get(); err == nil {
+		if w, ok := cur.(transfer.NotificationWaker); ok {
+			w.WakeRecvNotification()
+		}
+	}
+}
 
 // Current returns the Client of the running process, nil while down.
 func (e *supervisedEngine) Current() *Client { return e.sv.Current() }
@@ -710,6 +782,16 @@ func (c *supervisedControl) Recv(timeout time.Duration) (transfer.Message, error
 
 // Close stops supervising and closes the channel.
 func (c *supervisedControl) Close() error { return c.sv.Close() }
+
+// WakeRecv ends a Recv in progress on the current process
+// (transfer.RecvWaker).
+func (c *supervisedControl) WakeRecv() {
+	if cur, err := c.sv.get(); err == nil {
+		if w, ok := cur.(transfer.RecvWaker); ok {
+			w.WakeRecv()
+		}
+	}
+}
 
 var (
 	_ transfer.ContextPoster = (*supervisedEngine)(nil)

@@ -96,7 +96,13 @@ CI systems.`,
 					fmt.Fprintf(out, "--plugin %s replaces %s from the configuration: the binary named on the command line is the one certified\n", plugin, other)
 				}
 			}
-			opts := certify.Options{Engine: l.Config.Engine, Control: l.Config.ControlPlane, Bounce: l.Config.Bounce, Stages: l.Config.Stages, Carrier: carrier}
+			// What a plugin writes to stderr is shown (info) whatever
+			// log.level says; debug adds go-plugin's own lines.
+			logc := l.Config.Log
+			if logc.Level != "debug" {
+				logc.Level = "info"
+			}
+			opts := certify.Options{Engine: l.Config.Engine, Control: l.Config.ControlPlane, Bounce: l.Config.Bounce, Stages: l.Config.Stages, Carrier: carrier, Logger: logger(cmd, logc)}
 			f := node.Builtin()
 			name := builtin
 			switch {

@@ -176,7 +176,7 @@ func TestOutsideEnginePlugin(t *testing.T) {
 	}
 	out, errOut, code := bounce(t, "run", "--engine.kind", "plugin", "--engine.plugin", bin,
 		"--workload", "gptoss120b-tp8-b16", "--count", "4096", "--bounce.arena-size", "32MiB", "--bounce.max-chunk", "4MiB")
-	if code != 0 || !strings.Contains(out, "every byte verified") || !strings.Contains(out, "engine plugin") {
+	if code != 0 || !strings.Contains(out, "every byte verified") || !strings.Contains(out, "engine sockengine (plugin "+bin+")") {
 		t.Fatalf("run: exit %d\nstdout:\n%s\nstderr:\n%s", code, out, errOut)
 	}
 }
@@ -229,6 +229,57 @@ func TestPluginConformanceCLIConfigNamesAnother(t *testing.T) {
 		}
 		if tc.code == 0 && !strings.Contains(stdout, "replaces engine.plugin.path /bin/true from the configuration") {
 			t.Errorf("%s: the output does not say the configured path was replaced:\n%s", tc.name, stdout)
+		}
+	}
+}
+
+// TestPluginConformanceCLIShowsPluginStderr: what a stage plugin writes
+// to stderr after plugins.Serve started (its constructor's lines, through
+// os.Stderr and the log package) is shown by bounce conformance on
+// stderr, tagged with the plugin's name; go-plugin's own JSON lines are
+// not, unless log.level is debug (then as records with their message).
+func TestPluginConformanceCLIShowsPluginStderr(t *testing.T) {
+	bin := filepath.Join(t.TempDir(), "testplugin")
+	if out, err := exec.Command("go", "build", "-o", bin, "../../plugins/internal/testplugin").CombinedOutput(); err != nil {
+		t.Fatalf("build test plugin: %v\n%s", err, out)
+	}
+	stdout, stderr, code := bounce(t, "conformance", "gather", "--plugin", bin, "--sizes", "1,4097")
+	if code != 0 {
+		t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", code, stdout, stderr)
+	}
+	for _, want := range []string{`msg="testplugin: open gather" plugin=testplugin[gather]`, "testplugin: log from open gather"} {
+		if !strings.Contains(stderr, want) {
+			t.Errorf("stderr lacks %q:\n%s", want, stderr)
+		}
+	}
+	if strings.Contains(stderr, "@level") || strings.Contains(stderr, "plugin address") {
+		t.Errorf("go-plugin's own lines shown at info:\n%s", stderr)
+	}
+	_, stderr, code = bounce(t, "conformance", "gather", "--plugin", bin, "--sizes", "1", "--log.level", "debug")
+	if code != 0 || !strings.Contains(stderr, `level=DEBUG msg="plugin address"`) || strings.Contains(stderr, "@level") {
+		t.Errorf("log.level debug: exit %d, want go-plugin's lines as debug records:\n%s", code, stderr)
+	}
+}
+
+// TestStagePluginsByFlag: stage plugins are chosen by flags alone (every
+// key of a plugin block is a flag, stages.gather.plugin.path and so on),
+// and the receiver process started by bounce run gets them too: the main
+// job's bytes go through testplugin's gather (sender) and scatter
+// (receiver) stages, whose constructors say so in the log.
+func TestStagePluginsByFlag(t *testing.T) {
+	bin := filepath.Join(t.TempDir(), "testplugin")
+	if out, err := exec.Command("go", "build", "-o", bin, "../../plugins/internal/testplugin").CombinedOutput(); err != nil {
+		t.Fatalf("build test plugin: %v\n%s", err, out)
+	}
+	out, errOut, code := bounce(t, "run", "--stages.gather.plugin.path", bin, "--stages.scatter.plugin.path", bin,
+		"--stages.scatter.plugin.options", "copy_workers=2", "--log.level", "info",
+		"--workload", "gptoss120b-tp8-b16", "--count", "4096", "--bounce.arena-size", "32MiB", "--bounce.max-chunk", "4MiB", "--compare=false")
+	if code != 0 || !strings.Contains(out, "every byte verified") {
+		t.Fatalf("run: exit %d\nstdout:\n%s\nstderr:\n%s", code, out, errOut)
+	}
+	for _, want := range []string{"testplugin: open gather", "testplugin: open scatter"} {
+		if !strings.Contains(errOut, want) {
+			t.Errorf("log lacks %q (the stage plugin did not run):\n%s", want, errOut)
 		}
 	}
 }

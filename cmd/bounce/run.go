@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"path/filepath"
 	"slices"
 	"strings"
 	"time"
@@ -69,7 +70,7 @@ The default workload is one rank of Llama-3.1-70B at TP=8 with block size 16:
 			total := spec.Bytes() * uint64(wf.requests)
 			childArgs = append(childArgs, "--buffer-size="+config.Size(total).String())
 			out := cmd.OutOrStdout()
-			fmt.Fprintf(out, "bounce run: %s, engine %s, control plane %s, %s memory\n", describe(spec, wf.requests), cfg.Engine.Kind, cfg.ControlPlane.Kind, memory.kind)
+			fmt.Fprintf(out, "bounce run: %s, engine %s, control plane %s, %s memory\n", describe(spec, wf.requests), kindLabel(cfg.Engine.Kind, cfg.Engine.Plugin), kindLabel(cfg.ControlPlane.Kind, cfg.ControlPlane.Plugin), memory.kind)
 			if repeat < 1 {
 				return usage(fmt.Errorf("--repeat %d: must be at least 1", repeat))
 			}
@@ -308,4 +309,13 @@ func routeSummary(rows []namedResult) []string {
 		line += ": not compared (bounce or direct did not complete)"
 	}
 	return append(out, line)
+}
+
+// kindLabel names a component kind in output: the kind, or for a plugin
+// its binary ("tcpengine (plugin ./tcpengine)").
+func kindLabel(kind string, p config.PluginConfig) string {
+	if kind != "plugin" || p.Path == "" {
+		return kind
+	}
+	return fmt.Sprintf("%s (plugin %s)", filepath.Base(p.Path), p.Path)
 }

@@ -30,6 +30,7 @@ require (
 	google.golang.org/protobuf v1.36.12 // indirect
 )
 
-// For local development against a checkout; an outside module drops this
-// line and requires a tagged release of github.com/bouncekv/bounce.
+// bounce is depended on from a clone (docs/PLUGINS.md, "Versions"): an
+// outside module points this at its clone and requires the clone's commit
+// as a pseudo-version.
 replace github.com/bouncekv/bounce => ../../..

@@ -701,7 +701,14 @@ type Capabilities struct {
 	WriteGuarded bool `protobuf:"varint,8,opt,name=write_guarded,json=writeGuarded,proto3" json:"write_guarded,omitempty"`
 	// peer_loss says the engine implements transfer.PeerLossReporter: it
 	// reports lost peers to the host over Callbacks.
-	PeerLoss      bool `protobuf:"varint,9,opt,name=peer_loss,json=peerLoss,proto3" json:"peer_loss,omitempty"`
+	PeerLoss bool `protobuf:"varint,9,opt,name=peer_loss,json=peerLoss,proto3" json:"peer_loss,omitempty"`
+	// connector says the engine implements transfer.Connector: the host
+	// forwards Connect (the Engine service's Connect call).
+	Connector bool `protobuf:"varint,10,opt,name=connector,proto3" json:"connector,omitempty"`
+	// listen_addr is what the engine's Addr answered when it was opened
+	// (transfer.Listener): a restarted process is given the same address.
+	// Empty when the engine declares none.
+	ListenAddr    string `protobuf:"bytes,11,opt,name=listen_addr,json=listenAddr,proto3" json:"listen_addr,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -797,6 +804,20 @@ func (x *Capabilities) GetPeerLoss() bool {
 		return x.PeerLoss
 	}
 	return false
+}
+
+func (x *Capabilities) GetConnector() bool {
+	if x != nil {
+		return x.Connector
+	}
+	return false
+}
+
+func (x *Capabilities) GetListenAddr() string {
+	if x != nil {
+		return x.ListenAddr
+	}
+	return ""
 }
 
 // HostCallback is what the host sends on the Callbacks stream: an install
@@ -1820,7 +1841,7 @@ const file_plugin_proto_rawDesc = "" +
 	"\x04name\x18\x02 \x01(\fR\x04name\x12\x1a\n" +
 	"\bnotifier\x18\x03 \x01(\bR\bnotifier\x12\x1a\n" +
 	"\bendpoint\x18\x04 \x01(\fR\bendpoint\x122\n" +
-	"\x04caps\x18\x05 \x01(\v2\x1e.bounce.plugin.v1.CapabilitiesR\x04caps\"\xb2\x02\n" +
+	"\x04caps\x18\x05 \x01(\v2\x1e.bounce.plugin.v1.CapabilitiesR\x04caps\"\xf1\x02\n" +
 	"\fCapabilities\x12\x16\n" +
 	"\x06fencer\x18\x01 \x01(\bR\x06fencer\x12\x16\n" +
 	"\x06fences\x18\x02 \x01(\bR\x06fences\x12&\n" +
@@ -1832,7 +1853,11 @@ const file_plugin_proto_rawDesc = "" +
 	"perWriteNs\x12\x1c\n" +
 	"\tbandwidth\x18\a \x01(\x01R\tbandwidth\x12#\n" +
 	"\rwrite_guarded\x18\b \x01(\bR\fwriteGuarded\x12\x1b\n" +
-	"\tpeer_loss\x18\t \x01(\bR\bpeerLoss\"\xb2\x01\n" +
+	"\tpeer_loss\x18\t \x01(\bR\bpeerLoss\x12\x1c\n" +
+	"\tconnector\x18\n" +
+	" \x01(\bR\tconnector\x12\x1f\n" +
+	"\vlisten_addr\x18\v \x01(\tR\n" +
+	"listenAddr\"\xb2\x01\n" +
 	"\fHostCallback\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x14\n" +
 	"\x05guard\x18\x02 \x01(\bR\x05guard\x12\x1b\n" +
@@ -1910,7 +1935,7 @@ const file_plugin_proto_rawDesc = "" +
 	"\x12CODE_NOT_QUIESCENT\x10\f\x12\x15\n" +
 	"\x11CODE_DEVICE_FAULT\x10\r\x12\x14\n" +
 	"\x10CODE_UNSUPPORTED\x10\x0e\x12\x12\n" +
-	"\x0eCODE_FORBIDDEN\x10\x0f2\xfd\a\n" +
+	"\x0eCODE_FORBIDDEN\x10\x0f2\xc0\b\n" +
 	"\x06Engine\x12B\n" +
 	"\x04Open\x12\x1d.bounce.plugin.v1.OpenRequest\x1a\x1b.bounce.plugin.v1.OpenReply\x12L\n" +
 	"\x0eRegisterMemory\x12!.bounce.plugin.v1.RegisterRequest\x1a\x17.bounce.plugin.v1.Reply\x12J\n" +
@@ -1925,7 +1950,8 @@ const file_plugin_proto_rawDesc = "" +
 	"\aRelease\x12\x1f.bounce.plugin.v1.HandleRequest\x1a\x17.bounce.plugin.v1.Reply\x12C\n" +
 	"\x06Notify\x12 .bounce.plugin.v1.MessageRequest\x1a\x17.bounce.plugin.v1.Reply\x12Q\n" +
 	"\x10RecvNotification\x12\x1d.bounce.plugin.v1.RecvRequest\x1a\x1e.bounce.plugin.v1.MessageReply\x129\n" +
-	"\x05Close\x12\x17.bounce.plugin.v1.Empty\x1a\x17.bounce.plugin.v1.Reply\x12Q\n" +
+	"\x05Close\x12\x17.bounce.plugin.v1.Empty\x1a\x17.bounce.plugin.v1.Reply\x12A\n" +
+	"\aConnect\x12\x1d.bounce.plugin.v1.PeerRequest\x1a\x17.bounce.plugin.v1.Reply\x12Q\n" +
 	"\tCallbacks\x12\x1e.bounce.plugin.v1.HostCallback\x1a .bounce.plugin.v1.PluginCallback(\x010\x012\x9b\x03\n" +
 	"\aControl\x12B\n" +
 	"\x04Open\x12\x1d.bounce.plugin.v1.OpenRequest\x1a\x1b.bounce.plugin.v1.OpenReply\x12A\n" +
@@ -2044,79 +2070,81 @@ var file_plugin_proto_depIdxs = []int32{
 	24, // 33: bounce.plugin.v1.Engine.Notify:input_type -> bounce.plugin.v1.MessageRequest
 	25, // 34: bounce.plugin.v1.Engine.RecvNotification:input_type -> bounce.plugin.v1.RecvRequest
 	6,  // 35: bounce.plugin.v1.Engine.Close:input_type -> bounce.plugin.v1.Empty
-	11, // 36: bounce.plugin.v1.Engine.Callbacks:input_type -> bounce.plugin.v1.HostCallback
-	8,  // 37: bounce.plugin.v1.Control.Open:input_type -> bounce.plugin.v1.OpenRequest
-	17, // 38: bounce.plugin.v1.Control.AddPeer:input_type -> bounce.plugin.v1.PeerRequest
-	17, // 39: bounce.plugin.v1.Control.RemovePeer:input_type -> bounce.plugin.v1.PeerRequest
-	24, // 40: bounce.plugin.v1.Control.Send:input_type -> bounce.plugin.v1.MessageRequest
-	25, // 41: bounce.plugin.v1.Control.Recv:input_type -> bounce.plugin.v1.RecvRequest
-	6,  // 42: bounce.plugin.v1.Control.Close:input_type -> bounce.plugin.v1.Empty
-	8,  // 43: bounce.plugin.v1.Gather.Open:input_type -> bounce.plugin.v1.OpenRequest
-	13, // 44: bounce.plugin.v1.Gather.Share:input_type -> bounce.plugin.v1.RegisterRequest
-	14, // 45: bounce.plugin.v1.Gather.Unshare:input_type -> bounce.plugin.v1.DescRequest
-	27, // 46: bounce.plugin.v1.Gather.Copy:input_type -> bounce.plugin.v1.StageRequest
-	20, // 47: bounce.plugin.v1.Gather.Poll:input_type -> bounce.plugin.v1.HandleRequest
-	23, // 48: bounce.plugin.v1.Gather.Wait:input_type -> bounce.plugin.v1.WaitRequest
-	20, // 49: bounce.plugin.v1.Gather.Release:input_type -> bounce.plugin.v1.HandleRequest
-	6,  // 50: bounce.plugin.v1.Gather.Close:input_type -> bounce.plugin.v1.Empty
-	8,  // 51: bounce.plugin.v1.Scatter.Open:input_type -> bounce.plugin.v1.OpenRequest
-	13, // 52: bounce.plugin.v1.Scatter.Share:input_type -> bounce.plugin.v1.RegisterRequest
-	14, // 53: bounce.plugin.v1.Scatter.Unshare:input_type -> bounce.plugin.v1.DescRequest
-	27, // 54: bounce.plugin.v1.Scatter.Copy:input_type -> bounce.plugin.v1.StageRequest
-	20, // 55: bounce.plugin.v1.Scatter.Poll:input_type -> bounce.plugin.v1.HandleRequest
-	23, // 56: bounce.plugin.v1.Scatter.Wait:input_type -> bounce.plugin.v1.WaitRequest
-	20, // 57: bounce.plugin.v1.Scatter.Release:input_type -> bounce.plugin.v1.HandleRequest
-	6,  // 58: bounce.plugin.v1.Scatter.Close:input_type -> bounce.plugin.v1.Empty
-	8,  // 59: bounce.plugin.v1.Writer.Open:input_type -> bounce.plugin.v1.OpenRequest
-	28, // 60: bounce.plugin.v1.Writer.Write:input_type -> bounce.plugin.v1.WriteRequest
-	20, // 61: bounce.plugin.v1.Writer.Poll:input_type -> bounce.plugin.v1.HandleRequest
-	23, // 62: bounce.plugin.v1.Writer.Wait:input_type -> bounce.plugin.v1.WaitRequest
-	20, // 63: bounce.plugin.v1.Writer.Release:input_type -> bounce.plugin.v1.HandleRequest
-	6,  // 64: bounce.plugin.v1.Writer.Close:input_type -> bounce.plugin.v1.Empty
-	9,  // 65: bounce.plugin.v1.Engine.Open:output_type -> bounce.plugin.v1.OpenReply
-	7,  // 66: bounce.plugin.v1.Engine.RegisterMemory:output_type -> bounce.plugin.v1.Reply
-	7,  // 67: bounce.plugin.v1.Engine.DeregisterMemory:output_type -> bounce.plugin.v1.Reply
-	16, // 68: bounce.plugin.v1.Engine.Metadata:output_type -> bounce.plugin.v1.BytesReply
-	18, // 69: bounce.plugin.v1.Engine.LoadPeer:output_type -> bounce.plugin.v1.PeerReply
-	7,  // 70: bounce.plugin.v1.Engine.ForgetPeer:output_type -> bounce.plugin.v1.Reply
-	21, // 71: bounce.plugin.v1.Engine.PostWrite:output_type -> bounce.plugin.v1.HandleReply
-	22, // 72: bounce.plugin.v1.Engine.Poll:output_type -> bounce.plugin.v1.PollReply
-	22, // 73: bounce.plugin.v1.Engine.Wait:output_type -> bounce.plugin.v1.PollReply
-	7,  // 74: bounce.plugin.v1.Engine.Release:output_type -> bounce.plugin.v1.Reply
-	7,  // 75: bounce.plugin.v1.Engine.Notify:output_type -> bounce.plugin.v1.Reply
-	26, // 76: bounce.plugin.v1.Engine.RecvNotification:output_type -> bounce.plugin.v1.MessageReply
-	7,  // 77: bounce.plugin.v1.Engine.Close:output_type -> bounce.plugin.v1.Reply
-	12, // 78: bounce.plugin.v1.Engine.Callbacks:output_type -> bounce.plugin.v1.PluginCallback
-	9,  // 79: bounce.plugin.v1.Control.Open:output_type -> bounce.plugin.v1.OpenReply
-	7,  // 80: bounce.plugin.v1.Control.AddPeer:output_type -> bounce.plugin.v1.Reply
-	7,  // 81: bounce.plugin.v1.Control.RemovePeer:output_type -> bounce.plugin.v1.Reply
-	7,  // 82: bounce.plugin.v1.Control.Send:output_type -> bounce.plugin.v1.Reply
-	26, // 83: bounce.plugin.v1.Control.Recv:output_type -> bounce.plugin.v1.MessageReply
-	7,  // 84: bounce.plugin.v1.Control.Close:output_type -> bounce.plugin.v1.Reply
-	9,  // 85: bounce.plugin.v1.Gather.Open:output_type -> bounce.plugin.v1.OpenReply
-	7,  // 86: bounce.plugin.v1.Gather.Share:output_type -> bounce.plugin.v1.Reply
-	7,  // 87: bounce.plugin.v1.Gather.Unshare:output_type -> bounce.plugin.v1.Reply
-	21, // 88: bounce.plugin.v1.Gather.Copy:output_type -> bounce.plugin.v1.HandleReply
-	22, // 89: bounce.plugin.v1.Gather.Poll:output_type -> bounce.plugin.v1.PollReply
-	22, // 90: bounce.plugin.v1.Gather.Wait:output_type -> bounce.plugin.v1.PollReply
-	7,  // 91: bounce.plugin.v1.Gather.Release:output_type -> bounce.plugin.v1.Reply
-	7,  // 92: bounce.plugin.v1.Gather.Close:output_type -> bounce.plugin.v1.Reply
-	9,  // 93: bounce.plugin.v1.Scatter.Open:output_type -> bounce.plugin.v1.OpenReply
-	7,  // 94: bounce.plugin.v1.Scatter.Share:output_type -> bounce.plugin.v1.Reply
-	7,  // 95: bounce.plugin.v1.Scatter.Unshare:output_type -> bounce.plugin.v1.Reply
-	21, // 96: bounce.plugin.v1.Scatter.Copy:output_type -> bounce.plugin.v1.HandleReply
-	22, // 97: bounce.plugin.v1.Scatter.Poll:output_type -> bounce.plugin.v1.PollReply
-	22, // 98: bounce.plugin.v1.Scatter.Wait:output_type -> bounce.plugin.v1.PollReply
-	7,  // 99: bounce.plugin.v1.Scatter.Release:output_type -> bounce.plugin.v1.Reply
-	7,  // 100: bounce.plugin.v1.Scatter.Close:output_type -> bounce.plugin.v1.Reply
-	9,  // 101: bounce.plugin.v1.Writer.Open:output_type -> bounce.plugin.v1.OpenReply
-	21, // 102: bounce.plugin.v1.Writer.Write:output_type -> bounce.plugin.v1.HandleReply
-	22, // 103: bounce.plugin.v1.Writer.Poll:output_type -> bounce.plugin.v1.PollReply
-	22, // 104: bounce.plugin.v1.Writer.Wait:output_type -> bounce.plugin.v1.PollReply
-	7,  // 105: bounce.plugin.v1.Writer.Release:output_type -> bounce.plugin.v1.Reply
-	7,  // 106: bounce.plugin.v1.Writer.Close:output_type -> bounce.plugin.v1.Reply
-	65, // [65:107] is the sub-list for method output_type
-	23, // [23:65] is the sub-list for method input_type
+	17, // 36: bounce.plugin.v1.Engine.Connect:input_type -> bounce.plugin.v1.PeerRequest
+	11, // 37: bounce.plugin.v1.Engine.Callbacks:input_type -> bounce.plugin.v1.HostCallback
+	8,  // 38: bounce.plugin.v1.Control.Open:input_type -> bounce.plugin.v1.OpenRequest
+	17, // 39: bounce.plugin.v1.Control.AddPeer:input_type -> bounce.plugin.v1.PeerRequest
+	17, // 40: bounce.plugin.v1.Control.RemovePeer:input_type -> bounce.plugin.v1.PeerRequest
+	24, // 41: bounce.plugin.v1.Control.Send:input_type -> bounce.plugin.v1.MessageRequest
+	25, // 42: bounce.plugin.v1.Control.Recv:input_type -> bounce.plugin.v1.RecvRequest
+	6,  // 43: bounce.plugin.v1.Control.Close:input_type -> bounce.plugin.v1.Empty
+	8,  // 44: bounce.plugin.v1.Gather.Open:input_type -> bounce.plugin.v1.OpenRequest
+	13, // 45: bounce.plugin.v1.Gather.Share:input_type -> bounce.plugin.v1.RegisterRequest
+	14, // 46: bounce.plugin.v1.Gather.Unshare:input_type -> bounce.plugin.v1.DescRequest
+	27, // 47: bounce.plugin.v1.Gather.Copy:input_type -> bounce.plugin.v1.StageRequest
+	20, // 48: bounce.plugin.v1.Gather.Poll:input_type -> bounce.plugin.v1.HandleRequest
+	23, // 49: bounce.plugin.v1.Gather.Wait:input_type -> bounce.plugin.v1.WaitRequest
+	20, // 50: bounce.plugin.v1.Gather.Release:input_type -> bounce.plugin.v1.HandleRequest
+	6,  // 51: bounce.plugin.v1.Gather.Close:input_type -> bounce.plugin.v1.Empty
+	8,  // 52: bounce.plugin.v1.Scatter.Open:input_type -> bounce.plugin.v1.OpenRequest
+	13, // 53: bounce.plugin.v1.Scatter.Share:input_type -> bounce.plugin.v1.RegisterRequest
+	14, // 54: bounce.plugin.v1.Scatter.Unshare:input_type -> bounce.plugin.v1.DescRequest
+	27, // 55: bounce.plugin.v1.Scatter.Copy:input_type -> bounce.plugin.v1.StageRequest
+	20, // 56: bounce.plugin.v1.Scatter.Poll:input_type -> bounce.plugin.v1.HandleRequest
+	23, // 57: bounce.plugin.v1.Scatter.Wait:input_type -> bounce.plugin.v1.WaitRequest
+	20, // 58: bounce.plugin.v1.Scatter.Release:input_type -> bounce.plugin.v1.HandleRequest
+	6,  // 59: bounce.plugin.v1.Scatter.Close:input_type -> bounce.plugin.v1.Empty
+	8,  // 60: bounce.plugin.v1.Writer.Open:input_type -> bounce.plugin.v1.OpenRequest
+	28, // 61: bounce.plugin.v1.Writer.Write:input_type -> bounce.plugin.v1.WriteRequest
+	20, // 62: bounce.plugin.v1.Writer.Poll:input_type -> bounce.plugin.v1.HandleRequest
+	23, // 63: bounce.plugin.v1.Writer.Wait:input_type -> bounce.plugin.v1.WaitRequest
+	20, // 64: bounce.plugin.v1.Writer.Release:input_type -> bounce.plugin.v1.HandleRequest
+	6,  // 65: bounce.plugin.v1.Writer.Close:input_type -> bounce.plugin.v1.Empty
+	9,  // 66: bounce.plugin.v1.Engine.Open:output_type -> bounce.plugin.v1.OpenReply
+	7,  // 67: bounce.plugin.v1.Engine.RegisterMemory:output_type -> bounce.plugin.v1.Reply
+	7,  // 68: bounce.plugin.v1.Engine.DeregisterMemory:output_type -> bounce.plugin.v1.Reply
+	16, // 69: bounce.plugin.v1.Engine.Metadata:output_type -> bounce.plugin.v1.BytesReply
+	18, // 70: bounce.plugin.v1.Engine.LoadPeer:output_type -> bounce.plugin.v1.PeerReply
+	7,  // 71: bounce.plugin.v1.Engine.ForgetPeer:output_type -> bounce.plugin.v1.Reply
+	21, // 72: bounce.plugin.v1.Engine.PostWrite:output_type -> bounce.plugin.v1.HandleReply
+	22, // 73: bounce.plugin.v1.Engine.Poll:output_type -> bounce.plugin.v1.PollReply
+	22, // 74: bounce.plugin.v1.Engine.Wait:output_type -> bounce.plugin.v1.PollReply
+	7,  // 75: bounce.plugin.v1.Engine.Release:output_type -> bounce.plugin.v1.Reply
+	7,  // 76: bounce.plugin.v1.Engine.Notify:output_type -> bounce.plugin.v1.Reply
+	26, // 77: bounce.plugin.v1.Engine.RecvNotification:output_type -> bounce.plugin.v1.MessageReply
+	7,  // 78: bounce.plugin.v1.Engine.Close:output_type -> bounce.plugin.v1.Reply
+	7,  // 79: bounce.plugin.v1.Engine.Connect:output_type -> bounce.plugin.v1.Reply
+	12, // 80: bounce.plugin.v1.Engine.Callbacks:output_type -> bounce.plugin.v1.PluginCallback
+	9,  // 81: bounce.plugin.v1.Control.Open:output_type -> bounce.plugin.v1.OpenReply
+	7,  // 82: bounce.plugin.v1.Control.AddPeer:output_type -> bounce.plugin.v1.Reply
+	7,  // 83: bounce.plugin.v1.Control.RemovePeer:output_type -> bounce.plugin.v1.Reply
+	7,  // 84: bounce.plugin.v1.Control.Send:output_type -> bounce.plugin.v1.Reply
+	26, // 85: bounce.plugin.v1.Control.Recv:output_type -> bounce.plugin.v1.MessageReply
+	7,  // 86: bounce.plugin.v1.Control.Close:output_type -> bounce.plugin.v1.Reply
+	9,  // 87: bounce.plugin.v1.Gather.Open:output_type -> bounce.plugin.v1.OpenReply
+	7,  // 88: bounce.plugin.v1.Gather.Share:output_type -> bounce.plugin.v1.Reply
+	7,  // 89: bounce.plugin.v1.Gather.Unshare:output_type -> bounce.plugin.v1.Reply
+	21, // 90: bounce.plugin.v1.Gather.Copy:output_type -> bounce.plugin.v1.HandleReply
+	22, // 91: bounce.plugin.v1.Gather.Poll:output_type -> bounce.plugin.v1.PollReply
+	22, // 92: bounce.plugin.v1.Gather.Wait:output_type -> bounce.plugin.v1.PollReply
+	7,  // 93: bounce.plugin.v1.Gather.Release:output_type -> bounce.plugin.v1.Reply
+	7,  // 94: bounce.plugin.v1.Gather.Close:output_type -> bounce.plugin.v1.Reply
+	9,  // 95: bounce.plugin.v1.Scatter.Open:output_type -> bounce.plugin.v1.OpenReply
+	7,  // 96: bounce.plugin.v1.Scatter.Share:output_type -> bounce.plugin.v1.Reply
+	7,  // 97: bounce.plugin.v1.Scatter.Unshare:output_type -> bounce.plugin.v1.Reply
+	21, // 98: bounce.plugin.v1.Scatter.Copy:output_type -> bounce.plugin.v1.HandleReply
+	22, // 99: bounce.plugin.v1.Scatter.Poll:output_type -> bounce.plugin.v1.PollReply
+	22, // 100: bounce.plugin.v1.Scatter.Wait:output_type -> bounce.plugin.v1.PollReply
+	7,  // 101: bounce.plugin.v1.Scatter.Release:output_type -> bounce.plugin.v1.Reply
+	7,  // 102: bounce.plugin.v1.Scatter.Close:output_type -> bounce.plugin.v1.Reply
+	9,  // 103: bounce.plugin.v1.Writer.Open:output_type -> bounce.plugin.v1.OpenReply
+	21, // 104: bounce.plugin.v1.Writer.Write:output_type -> bounce.plugin.v1.HandleReply
+	22, // 105: bounce.plugin.v1.Writer.Poll:output_type -> bounce.plugin.v1.PollReply
+	22, // 106: bounce.plugin.v1.Writer.Wait:output_type -> bounce.plugin.v1.PollReply
+	7,  // 107: bounce.plugin.v1.Writer.Release:output_type -> bounce.plugin.v1.Reply
+	7,  // 108: bounce.plugin.v1.Writer.Close:output_type -> bounce.plugin.v1.Reply
+	66, // [66:109] is the sub-list for method output_type
+	23, // [23:66] is the sub-list for method input_type
 	23, // [23:23] is the sub-list for extension type_name
 	23, // [23:23] is the sub-list for extension extendee
 	0,  // [0:23] is the sub-list for field type_name

@@ -37,6 +37,7 @@ const (
 	Engine_Notify_FullMethodName           = "/bounce.plugin.v1.Engine/Notify"
 	Engine_RecvNotification_FullMethodName = "/bounce.plugin.v1.Engine/RecvNotification"
 	Engine_Close_FullMethodName            = "/bounce.plugin.v1.Engine/Close"
+	Engine_Connect_FullMethodName          = "/bounce.plugin.v1.Engine/Connect"
 	Engine_Callbacks_FullMethodName        = "/bounce.plugin.v1.Engine/Callbacks"
 )
 
@@ -60,6 +61,9 @@ type EngineClient interface {
 	Notify(ctx context.Context, in *MessageRequest, opts ...grpc.CallOption) (*Reply, error)
 	RecvNotification(ctx context.Context, in *RecvRequest, opts ...grpc.CallOption) (*MessageReply, error)
 	Close(ctx context.Context, in *Empty, opts ...grpc.CallOption) (*Reply, error)
+	// Connect is transfer.Connector's Connect(peer), declared by
+	// Capabilities.connector; an older plugin answers Unimplemented.
+	Connect(ctx context.Context, in *PeerRequest, opts ...grpc.CallOption) (*Reply, error)
 	// Callbacks is the stream the host opens once it installs a write guard
 	// or a peer-loss callback: the plugin's engine asks the guard and
 	// reports lost peers on it. A plugin without it answers Unimplemented.
@@ -204,6 +208,16 @@ func (c *engineClient) Close(ctx context.Context, in *Empty, opts ...grpc.CallOp
 	return out, nil
 }
 
+func (c *engineClient) Connect(ctx context.Context, in *PeerRequest, opts ...grpc.CallOption) (*Reply, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(Reply)
+	err := c.cc.Invoke(ctx, Engine_Connect_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *engineClient) Callbacks(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[HostCallback, PluginCallback], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	stream, err := c.cc.NewStream(ctx, &Engine_ServiceDesc.Streams[0], Engine_Callbacks_FullMethodName, cOpts...)
@@ -237,6 +251,9 @@ type EngineServer interface {
 	Notify(context.Context, *MessageRequest) (*Reply, error)
 	RecvNotification(context.Context, *RecvRequest) (*MessageReply, error)
 	Close(context.Context, *Empty) (*Reply, error)
+	// Connect is transfer.Connector's Connect(peer), declared by
+	// Capabilities.connector; an older plugin answers Unimplemented.
+	Connect(context.Context, *PeerRequest) (*Reply, error)
 	// Callbacks is the stream the host opens once it installs a write guard
 	// or a peer-loss callback: the plugin's engine asks the guard and
 	// reports lost peers on it. A plugin without it answers Unimplemented.
@@ -288,6 +305,9 @@ func (UnimplementedEngineServer) RecvNotification(context.Context, *RecvRequest)
 }
 func (UnimplementedEngineServer) Close(context.Context, *Empty) (*Reply, error) {
 	return nil, status.Error(codes.Unimplemented, "method Close not implemented")
+}
+func (UnimplementedEngineServer) Connect(context.Context, *PeerRequest) (*Reply, error) {
+	return nil, status.Error(codes.Unimplemented, "method Connect not implemented")
 }
 func (UnimplementedEngineServer) Callbacks(grpc.BidiStreamingServer[HostCallback, PluginCallback]) error {
 	return status.Error(codes.Unimplemented, "method Callbacks not implemented")
@@ -546,6 +566,24 @@ func _Engine_Close_Handler(srv interface{}, ctx context.Context, dec func(interf
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Engine_Connect_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(PeerRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(EngineServer).Connect(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Engine_Connect_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(EngineServer).Connect(ctx, req.(*PeerRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _Engine_Callbacks_Handler(srv interface{}, stream grpc.ServerStream) error {
 	return srv.(EngineServer).Callbacks(&grpc.GenericServerStream[HostCallback, PluginCallback]{ServerStream: stream})
 }
@@ -611,6 +649,10 @@ var Engine_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Close",
 			Handler:    _Engine_Close_Handler,
+		},
+		{
+			MethodName: "Connect",
+			Handler:    _Engine_Connect_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

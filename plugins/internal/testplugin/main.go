@@ -7,10 +7,18 @@
 // stage op stay pending at least that long, so a test can kill the process
 // while a copy is in flight; "hide_notify=true" wraps the engine the wrong
 // way (embedding the transfer.Engine interface, which hides Notify).
+//
+// After plugins.Serve has started it writes to stderr too, for the tests
+// of its log lines: every constructor writes "testplugin: open <kind>" (to
+// os.Stderr) and "testplugin: log from open <kind>" (through the log
+// package); a stage with "chatty=true" writes "testplugin: <kind> op" per
+// op and "testplugin: close <kind>" when closed; "crash=true" makes its
+// first op write "testplugin: crashing" and panic.
 package main
 
 import (
 	"fmt"
+	"log"
 	"os"
 	"slices"
 	"strconv"
@@ -26,6 +34,12 @@ import (
 	"github.com/bouncekv/bounce/stages/write"
 	"github.com/bouncekv/bounce/transfer"
 )
+
+// said writes the constructor's two stderr lines.
+func said(kind string) {
+	fmt.Fprintf(os.Stderr, "testplugin: open %s\n", kind)
+	log.Printf("testplugin: log from open %s", kind)
+}
 
 func main() {
 	var names []string
@@ -58,6 +72,7 @@ func main() {
 			if err != nil {
 				return nil, err
 			}
+			said("gather")
 			return delayedGatherer{g, d}, nil
 		},
 		Scatterer: func(_ string, opts map[string]string, reg *mem.Registry) (transfer.Scatterer, error) {
@@ -69,6 +84,7 @@ func main() {
 			if err != nil {
 				return nil, err
 			}
+			said("scatter")
 			return delayedScatterer{sc, d}, nil
 		},
 		Writer: func(_ string, _ map[string]string, e transfer.Engine) (transfer.Writer, error) {
@@ -100,6 +116,9 @@ func newEngine(name string, opts map[string]string) (transfer.Engine, error) {
 		}
 	}
 	e, err := tcp.New(c)
+	if err == nil {
+		said("engine")
+	}
 	switch {
 	case err != nil:
 		return nil, err
@@ -123,9 +142,16 @@ func (e delayedEngine) PostWrite(peer string, ops []transfer.WriteOp) (transfer.
 	return delayed(e.Engine.PostWrite(peer, ops))(e.d)
 }
 
-func stageSettings(opts map[string]string, reg *mem.Registry) (gatherhost.Settings, time.Duration, error) {
+// stageOpts are a stage's test behaviours.
+type stageOpts struct {
+	delay  time.Duration
+	chatty bool // a stderr line per op and at Close
+	crash  bool // the first op writes a line and panics
+}
+
+func stageSettings(opts map[string]string, reg *mem.Registry) (gatherhost.Settings, stageOpts, error) {
 	s := gatherhost.Settings{Registry: reg, Contexts: 8}
-	var delay time.Duration
+	var o stageOpts
 	for k, v := range opts {
 		var err error
 		switch k {
@@ -134,33 +160,66 @@ func stageSettings(opts map[string]string, reg *mem.Registry) (gatherhost.Settin
 		case "copy_workers":
 			s.Workers, err = strconv.Atoi(v)
 		case "delay":
-			delay, err = time.ParseDuration(v)
+			o.delay, err = time.ParseDuration(v)
+		case "chatty":
+			o.chatty, err = strconv.ParseBool(v)
+		case "crash":
+			o.crash, err = strconv.ParseBool(v)
 		default:
-			return s, 0, fmt.Errorf("testplugin: unknown stage option %q; accepted: copy_contexts, copy_workers, delay", k)
+			return s, o, fmt.Errorf("testplugin: unknown stage option %q; accepted: copy_contexts, copy_workers, delay, chatty, crash", k)
 		}
 		if err != nil {
-			return s, 0, fmt.Errorf("testplugin: option %s=%q: %w", k, v, err)
+			return s, o, fmt.Errorf("testplugin: option %s=%q: %w", k, v, err)
 		}
 	}
-	return s, delay, nil
+	return s, o, nil
+}
+
+// op is what a stage does around each op: talk, crash.
+func (o stageOpts) op(kind string) {
+	if o.crash {
+		fmt.Fprintf(os.Stderr, "testplugin: crashing\n")
+		panic("testplugin: " + kind + " crashes on purpose")
+	}
+	if o.chatty {
+		fmt.Fprintf(os.Stderr, "testplugin: %s op\n", kind)
+	}
+}
+
+func (o stageOpts) close(kind string) {
+	if o.chatty {
+		fmt.Fprintf(os.Stderr, "testplugin: close %s\n", kind)
+	}
 }
 
 type delayedGatherer struct {
 	transfer.Gatherer
-	d time.Duration
+	o stageOpts
 }
 
 func (g delayedGatherer) Gather(region transfer.Desc, runs []transfer.Run) (transfer.Op, error) {
-	return delayed(g.Gatherer.Gather(region, runs))(g.d)
+	g.o.op("gather")
+	return delayed(g.Gatherer.Gather(region, runs))(g.o.delay)
+}
+
+func (g delayedGatherer) Close() error {
+	g.o.close("gather")
+	return g.Gatherer.Close()
 }
 
 type delayedScatterer struct {
 	transfer.Scatterer
-	d time.Duration
+	o stageOpts
 }
 
 func (s delayedScatterer) Scatter(region transfer.Desc, runs []transfer.Run) (transfer.Op, error) {
-	return delayed(s.Scatterer.Scatter(region, runs))(s.d)
+	s.o.op("scatter")
+	return delayed(s.Scatterer.Scatter(region, runs))(s.o.delay)
+}
+
+func (s delayedScatterer) Close() error {
+	s.o.close("scatter")
+	return s.Scatterer.Close()
 }
 
 func delayed(op transfer.Op, err error) func(time.Duration) (transfer.Op, error) {

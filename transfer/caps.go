@@ -1,0 +1,59 @@
+package transfer
+
+import "time"
+
+// The optional capabilities below are declared by the methods alone: an
+// implementation has one when its value has the method, and the agent finds
+// it with a type assertion. (Notifier, Fencer, ContextPoster,
+// ContextWriter, PeerLossReporter, Connector, WriteGuarded, MemoryKinder
+// and StagedKinder are the others.) A wrapper that embeds the interface
+// Engine hides them: embed the concrete type, or forward the methods.
+
+// NotifyLimiter is the optional capability of a Notifier whose
+// notifications are bounded: MaxNotifySize is the largest payload Notify
+// accepts, in bytes; 0 states no limit. The pipeline fits what it sends as
+// a notification (a DONE's reason) to it.
+type NotifyLimiter interface {
+	MaxNotifySize() int
+}
+
+// RouteCoster is the optional capability of an Engine that states its
+// costs for route auto's cost model: the cost of posting one descriptor of
+// a direct write, the fixed cost of one write, and its bulk bandwidth in
+// bytes per second. Costs that are not valid (negative, a bandwidth that is
+// not positive and finite) count as none declared: the model assumes its
+// defaults and learns from observed transfers.
+type RouteCoster interface {
+	RouteCosts() (postPerDesc, perWrite time.Duration, bandwidth float64)
+}
+
+// NotificationWaker is the optional capability of a Notifier whose
+// RecvNotification in progress (or else its next one) can be made to
+// return at once with ErrTimeout. The agent calls it when it shuts down, so
+// its receive loop ends without waiting out its timeout. It never blocks.
+type NotificationWaker interface {
+	WakeRecvNotification()
+}
+
+// RecvWaker is NotificationWaker for a ControlChannel: WakeRecv makes a
+// Recv in progress (or else the next one) return at once with ErrTimeout.
+type RecvWaker interface {
+	WakeRecv()
+}
+
+// MessageLimiter is the optional capability of a ControlChannel that
+// bounds one message: MaxMessageSize is the largest payload Send accepts,
+// in bytes (nixlnotif, whose messages are engine notifications). The
+// pipeline sizes its DATA and WANT messages to it.
+type MessageLimiter interface {
+	MaxMessageSize() int
+}
+
+// Listener is the optional capability of an Engine that accepts its peers'
+// connections on a network address: Addr returns the host:port it
+// advertises (what its Metadata tells peers to dial). A restarted engine
+// plugin is given the same address, so peers that loaded its metadata reach
+// the new process.
+type Listener interface {
+	Addr() string
+}
