@@ -1,7 +1,6 @@
 package pipeline
 
 import (
-	"bytes"
 	"cmp"
 	"context"
 	"errors"
@@ -17,9 +16,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/bouncekv/bounce/mem"
-	"github.com/bouncekv/bounce/pipeline/costmodel"
 	"github.com/bouncekv/bounce/pipeline/credit"
-	"github.com/bouncekv/bounce/pipeline/plan"
 	"github.com/bouncekv/bounce/pipeline/wire"
 	"github.com/bouncekv/bounce/security"
 	"github.com/bouncekv/bounce/stages/write"
@@ -289,6 +286,13 @@ type Agent struct {
 	// alone carries them.
 	stageMu   sync.Mutex
 	stageOnly map[transfer.Desc]bool
+
+	// poolMu guards the registered block pools and, for each registered
+	// memory range, the peers that may write it (nil: every admitted
+	// peer), which RegisterPool reads.
+	poolMu     sync.Mutex
+	pools      map[string]*localPool
+	memWriters map[transfer.Desc][]string
 }
 
 type peerInfo struct {
@@ -302,6 +306,8 @@ type peerInfo struct {
 	// warned holds the kinds of fallback already warned about.
 	warnMu sync.Mutex
 	warned map[string]bool
+	// pools are the block pools the peer's descriptor advertises, by name.
+	pools map[string]transfer.Pool
 	// forgotten is set by ForgetPeer before it removes the peer anywhere,
 	// so a request submitted to this incarnation of the peer that then
 	// meets an unknown peer knows it was lost (ErrPeerLost).
@@ -524,8 +530,16 @@ func (a *Agent) RegisterMemory(d transfer.Desc) error {
 // one that can carry it. Memory neither can touch is refused wrapping
 // ErrUnsupported.
 func (a *Agent) RegisterMemoryFor(d transfer.Desc, peers ...string) error {
+	var who []string
+	if len(peers) > 0 {
+		who = slices.Clone(peers)
+	}
 	if !transfer.Handles(a.set.Engine, d.Kind) && !transfer.Stages(a.set.Engine, d.Kind) {
-		return a.registerStageOnly(d)
+		if err := a.registerStageOnly(d); err != nil {
+			return err
+		}
+		a.setWriters(d, who)
+		return nil
 	}
 	if err := a.set.Registry.Add(d); err != nil {
 		return fmt.Errorf("pipeline: register %v: %w", d, err)
@@ -535,13 +549,21 @@ func (a *Agent) RegisterMemoryFor(d transfer.Desc, peers ...string) error {
 		return fmt.Errorf("pipeline: register %v with engine: %w", d, err)
 	}
 	if a.guard != nil {
-		var who []string
-		if len(peers) > 0 {
-			who = slices.Clone(peers)
-		}
 		a.guard.addUser(d, who)
 	}
+	a.setWriters(d, who)
 	return nil
+}
+
+// setWriters records who may write registered memory d (nil: all), or
+// forgets d (forget).
+func (a *Agent) setWriters(d transfer.Desc, who []string) {
+	a.poolMu.Lock()
+	if a.memWriters == nil {
+		a.memWriters = map[transfer.Desc][]string{}
+	}
+	a.memWriters[d] = who
+	a.poolMu.Unlock()
 }
 
 // registerStageOnly registers d, which the engine cannot touch, with the
@@ -568,9 +590,13 @@ func (a *Agent) registerStageOnly(d transfer.Desc) error {
 }
 
 // DeregisterMemory undoes RegisterMemory. It refuses with ErrInUse while a
-// gather or scatter still copies into or out of the memory, or a write uses
-// it; free the memory only once DeregisterMemory succeeded.
+// gather or scatter still copies into or out of the memory, a write uses
+// it or a registered pool lies in it (DeregisterPool first); free the
+// memory only once DeregisterMemory succeeded.
 func (a *Agent) DeregisterMemory(d transfer.Desc) error {
+	if name := a.poolOver(d); name != "" {
+		return fmt.Errorf("pipeline: deregister %v: pool %q lies in it: %w", d, name, transfer.ErrInUse)
+	}
 	// The stages' registry first: it refuses (ErrInUse) while a gather or
 	// scatter still copies into or out of d; then the engine, which
 	// refuses while a write uses it, in which case d stays registered.
@@ -582,6 +608,7 @@ func (a *Agent) DeregisterMemory(d transfer.Desc) error {
 	delete(a.stageOnly, d)
 	a.stageMu.Unlock()
 	if stageOnly {
+		a.forgetWriters(d)
 		return nil
 	}
 	if err := a.set.Engine.DeregisterMemory(d); err != nil {
@@ -593,7 +620,14 @@ func (a *Agent) DeregisterMemory(d transfer.Desc) error {
 	if a.guard != nil {
 		a.guard.removeUser(d)
 	}
+	a.forgetWriters(d)
 	return nil
+}
+
+func (a *Agent) forgetWriters(d transfer.Desc) {
+	a.poolMu.Lock()
+	delete(a.memWriters, d)
+	a.poolMu.Unlock()
 }
 
 // Handshake returns the capability blob this agent advertises, or nil when
@@ -616,7 +650,7 @@ func (a *Agent) Handshake() *wire.Handshake {
 }
 
 // Descriptor returns the blob peers pass to LoadPeer: this agent's name, its
-// engine metadata and its bounce handshake.
+// engine metadata, its bounce handshake and its block pools.
 func (a *Agent) Descriptor() ([]byte, error) {
 	md, err := a.set.Engine.Metadata()
 	if err != nil {
@@ -626,7 +660,7 @@ func (a *Agent) Descriptor() ([]byte, error) {
 	if a.set.Peers.Enabled() {
 		key = a.set.Peers.Self().Public
 	}
-	return wire.MarshalAgentDesc(wire.AgentDesc{Name: a.name, Engine: md, PublicKey: key, Handshake: a.Handshake()}), nil
+	return wire.MarshalAgentDesc(wire.AgentDesc{Name: a.name, Engine: md, PublicKey: key, Handshake: a.Handshake(), Pools: a.poolDescs()}), nil
 }
 
 // LoadPeer loads a peer's descriptor: its public key joins the admitted set
@@ -654,7 +688,10 @@ func (a *Agent) LoadPeer(blob []byte) (string, error) {
 	if name != d.Name {
 		return "", fmt.Errorf("pipeline: load peer: descriptor names %q but its engine metadata names %q: %w", d.Name, name, transfer.ErrBadMetadata)
 	}
-	pi := &peerInfo{name: name}
+	pi := &peerInfo{name: name, pools: make(map[string]transfer.Pool, len(d.Pools))}
+	for _, p := range d.Pools {
+		pi.pools[p.Name] = p.Pool
+	}
 	reason := a.checkHandshake(d.Handshake, name)
 	if d.HandshakeErr != nil {
 		reason = "malformed handshake: " + d.HandshakeErr.Error()
@@ -809,119 +846,6 @@ func fences(eng transfer.Engine) bool {
 // other failure resolves the batch.
 func (a *Agent) Submit(req Request) (*Batch, error) {
 	return a.SubmitContext(context.Background(), req)
-}
-
-// SubmitContext is Submit with a context whose span, if any, becomes the
-// parent of the transfer's span. Cancelling ctx does not cancel the
-// transfer (see Batch.Abandon).
-func (a *Agent) SubmitContext(ctx context.Context, req Request) (*Batch, error) {
-	if a.closing.Load() {
-		return nil, fmt.Errorf("pipeline: submit: %w", transfer.ErrClosed)
-	}
-	if len(req.Src) != len(req.Dst) {
-		return nil, fmt.Errorf("pipeline: submit: %d sources but %d destinations", len(req.Src), len(req.Dst))
-	}
-	if len(req.Tag) > wire.MaxTag {
-		return nil, fmt.Errorf("pipeline: submit: tag is %d bytes; a tag holds at most %d", len(req.Tag), wire.MaxTag)
-	}
-	for i := range req.Src {
-		if req.Src[i].Len != req.Dst[i].Len {
-			return nil, fmt.Errorf("pipeline: submit: descriptor %d: source length %d != destination length %d", i, req.Src[i].Len, req.Dst[i].Len)
-		}
-	}
-	a.peersMu.RLock()
-	pi, ok := a.peers[req.Peer]
-	a.peersMu.RUnlock()
-	if !ok {
-		return nil, fmt.Errorf("pipeline: submit to %q: %w (call LoadPeer first)", req.Peer, transfer.ErrUnknownPeer)
-	}
-	req.Tag = bytes.Clone(req.Tag) // the caller may reuse its slice
-	start := time.Now()
-	want := req.Route
-	if want == RouteAuto {
-		want = a.cfg.Route
-	}
-	route, why, reason := a.route(req, pi, want)
-	if want == RouteBounce && route != RouteBounce && why != whyEmpty {
-		a.stats.bounceRefused.Add(1)
-		if why == whyMemoryKind { // no stage on this route can touch the memory
-			return nil, fmt.Errorf("pipeline: submit to %q: %w: %s: %w", req.Peer, ErrBounceUnavailable, reason, transfer.ErrUnsupported)
-		}
-		return nil, fmt.Errorf("pipeline: submit to %q: %w: %s", req.Peer, ErrBounceUnavailable, reason)
-	}
-	var p *plan.Plan
-	var pred RoutePrediction
-	var shape costmodel.Shape
-	if a.router != nil && (route == RouteBounce || route == RouteDirect) {
-		if route == RouteBounce && want == RouteAuto && why != whyEngineKind {
-			d, s := a.router.decide(req)
-			pred = RoutePrediction{Made: true, Bounce: d.Prediction.Bounce, Direct: d.Prediction.Direct, Explore: d.Explore}
-			shape, why, reason = s, whyCostModel, "auto: "+d.Reason
-			if d.Route == costmodel.Direct {
-				route = RouteDirect
-				a.stats.autoDirect.Add(1)
-			} else {
-				a.stats.autoBounce.Add(1)
-			}
-		} else {
-			shape = a.router.shape(req)
-		}
-	}
-	var planDur time.Duration
-	if route == RouteBounce {
-		planning := time.Now()
-		var err error
-		if p, err = a.plan(req); err != nil {
-			return nil, err
-		}
-		planDur = time.Since(planning)
-		if tooLarge := a.wantTooLarge(p); tooLarge != "" {
-			if want == RouteBounce {
-				a.stats.bounceRefused.Add(1)
-				return nil, fmt.Errorf("pipeline: submit to %q: %w: %s", req.Peer, ErrBounceUnavailable, tooLarge)
-			}
-			route, why, reason, p = RouteDirect, whyControlLimit, tooLarge, nil
-		}
-	}
-	if err := a.checkKinds(route, req); err != nil {
-		if route == RouteDirect && why != whyDirectRequested {
-			return nil, fmt.Errorf("pipeline: submit to %q: %w (the bounce route was not taken: %s)", req.Peer, err, reason)
-		}
-		return nil, fmt.Errorf("pipeline: submit to %q: %w", req.Peer, err)
-	}
-	if route == RouteDirect {
-		a.fellBack(pi, why, reason)
-	}
-	id := a.nextID.Add(1)
-	b := newBatch(id, route, reason, req.OnComplete)
-	b.obs.start, b.obs.why = start, why
-	b.pred, b.start = pred, start
-	if a.router != nil && shape.Descs > 0 {
-		cr := costmodel.Direct
-		if route == RouteBounce {
-			cr = costmodel.Bounce
-		}
-		rt := a.router
-		b.observe = func(d time.Duration) { rt.observe(cr, shape, d) }
-	}
-	b.abandon = func(timeout time.Duration) transfer.AbandonOutcome { return a.abandon(b, timeout) }
-	switch route {
-	case RouteBounce:
-		b.plan = planDur
-		b.obs.bytes = p.Payload
-		a.obs.submitted(ctx, b, req.Peer, len(req.Src), reason)
-		a.obs.planned(b, p)
-		a.stats.bounceSubmits.Add(1)
-		a.post(func(r *reactor) { r.submitBounce(b, pi, p, req.Tag) })
-	default:
-		for _, d := range req.Src {
-			b.obs.bytes += d.Len
-		}
-		a.obs.submitted(ctx, b, req.Peer, len(req.Src), reason)
-		a.stats.directSubmits.Add(1)
-		a.post(func(r *reactor) { r.submitDirect(b, pi, req) })
-	}
-	return b, nil
 }
 
 // Shutdown fails every request in flight (ErrClosed), waits for their ops to

@@ -83,11 +83,16 @@ func newRouter(eng transfer.Engine, host costmodel.Host, maxChunk uint64) (*rout
 
 // shape describes req for the model without planning it.
 func (r *router) shape(req Request) costmodel.Shape {
-	s := costmodel.Shape{Runs: costmodel.Runs(req.Src, req.Dst)}
-	for _, d := range req.Src {
-		if d.Len != 0 {
-			s.Descs++
-			s.Bytes += d.Len
+	var s costmodel.Shape
+	if br := req.Blocks; br != nil {
+		s = costmodel.Shape{Runs: blockRuns(br), Descs: req.count(), Bytes: req.bytes()}
+	} else {
+		s.Runs = costmodel.Runs(req.Src, req.Dst)
+		for _, d := range req.Src {
+			if d.Len != 0 {
+				s.Descs++
+				s.Bytes += d.Len
+			}
 		}
 	}
 	s.Chunks = int((s.Bytes + r.maxChunk - 1) / r.maxChunk)

@@ -39,16 +39,20 @@ func (r Route) String() string {
 }
 
 // Request is one transfer: write Src[i] (local memory) to Dst[i] (the peer's
-// memory) for every i. The agent reads Src and Dst (the slices, not only
-// the memory they describe) until the batch is terminal: the direct path
-// posts them later on the reactor, and the bounce path emits each chunk's
-// runs from them as the chunk starts. The caller must not change them
-// before.
+// memory) for every i, or, in the block-table form, the blocks Blocks names
+// (then Src and Dst stay empty: a request has one form or the other). The
+// agent reads Src and Dst (the slices, not only the memory they describe)
+// until the batch is terminal: the direct path posts them later on the
+// reactor, and the bounce path emits each chunk's runs from them as the
+// chunk starts. The caller must not change them before.
 type Request struct {
-	Peer  string
-	Src   []transfer.Desc
-	Dst   []transfer.Desc
-	Route Route
+	Peer string
+	Src  []transfer.Desc
+	Dst  []transfer.Desc
+	// Blocks, when set, makes this a block-table request (see
+	// BlockRequest): pools registered once, blocks named by id.
+	Blocks *BlockRequest
+	Route  Route
 	// OnComplete, if set, runs once on its own goroutine after the batch is
 	// terminal. Release waits for it to return.
 	OnComplete func(*Batch)
@@ -87,6 +91,9 @@ type Batch struct {
 	pred    RoutePrediction
 	start   time.Time
 	observe func(time.Duration)
+	// unpin, when set, runs once when the batch becomes quiescent (it
+	// releases a block-table request's source pool).
+	unpin func()
 }
 
 // setStages records a successful request's stage times (reactor only,
@@ -242,6 +249,10 @@ func (b *Batch) markQuiescent() {
 	}
 	b.quiescent = true
 	close(b.quiet)
+	if b.unpin != nil {
+		b.unpin()
+		b.unpin = nil
+	}
 }
 
 // markFault records a device fault: the batch never becomes quiescent.

@@ -73,26 +73,50 @@ func (r *reactor) submitDirect(b *Batch, pi *peerInfo, req Request) {
 		return
 	}
 	d := &directReq{b: b, peer: req.Peer, pi: pi, posted: r.clock.Now(), tag: req.Tag}
-	ops := make([]transfer.WriteOp, 0, len(req.Src))
-	for i := range req.Src {
-		if req.Src[i].Len == 0 {
-			continue
+	var ops []transfer.WriteOp
+	var blocks *transfer.BlockWrite
+	if br := req.Blocks; br != nil {
+		if n := br.pieces(); n > 0 {
+			blocks = &transfer.BlockWrite{Src: br.src, Dst: br.dst, Count: n}
+			d.bytes = n * br.src.Pool.BlockLen
 		}
-		ops = append(ops, transfer.WriteOp{Src: req.Src[i], Dst: req.Dst[i]})
-		d.bytes += req.Src[i].Len
+	} else {
+		ops = make([]transfer.WriteOp, 0, len(req.Src))
+		for i := range req.Src {
+			if req.Src[i].Len == 0 {
+				continue
+			}
+			ops = append(ops, transfer.WriteOp{Src: req.Src[i], Dst: req.Dst[i]})
+			d.bytes += req.Src[i].Len
+		}
 	}
-	if len(ops) == 0 {
+	if len(ops) == 0 && blocks == nil {
 		d.tell(r, nil)
 		r.publish(b, nil, true)
 		return
 	}
-	ctx, span := r.a.obs.directPosted(b, req.Peer, len(ops))
+	n := len(ops)
+	if blocks != nil {
+		n = int(blocks.Count)
+	}
+	ctx, span := r.a.obs.directPosted(b, req.Peer, n)
 	var op transfer.Op
 	var err error
-	if cp, ok := r.a.set.Engine.(transfer.ContextPoster); ok && span != nil {
-		op, err = cp.PostWriteContext(ctx, req.Peer, ops)
-	} else {
-		op, err = r.a.set.Engine.PostWrite(req.Peer, ops)
+	bp, posts := r.a.set.Engine.(transfer.BlockPoster)
+	switch {
+	case blocks != nil && posts:
+		op, err = bp.PostBlocks(req.Peer, *blocks)
+	case blocks != nil:
+		// An engine without block posts gets the pieces spelled out: the
+		// per-descriptor baseline itself.
+		ops = expandWrites(*blocks)
+		fallthrough
+	default:
+		if cp, ok := r.a.set.Engine.(transfer.ContextPoster); ok && span != nil {
+			op, err = cp.PostWriteContext(ctx, req.Peer, ops)
+		} else {
+			op, err = r.a.set.Engine.PostWrite(req.Peer, ops)
+		}
 	}
 	if err != nil {
 		// Nothing was posted, so nothing touches the caller's memory.

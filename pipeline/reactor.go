@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/bouncekv/bounce/pipeline/credit"
+	"github.com/bouncekv/bounce/pipeline/plan"
 	"github.com/bouncekv/bounce/pipeline/wire"
 	"github.com/bouncekv/bounce/security"
 	"github.com/bouncekv/bounce/transfer"
@@ -35,6 +36,10 @@ type reactor struct {
 	// by the periodic check), so parked requests are retried then.
 	retryParked bool
 	direct      map[uint64]*directReq
+	// runPool holds the run arrays chunks fill into (plan.FillFrom): a
+	// chunk's gather runs come back once its gather ended, its scatter
+	// runs once its DATA is encoded.
+	runPool plan.RunPool
 
 	// receiver role
 	flowSeen map[credit.FlowKey]time.Time // last WANT, DATA or grant of each flow

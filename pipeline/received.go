@@ -6,7 +6,6 @@ import (
 
 	"github.com/bouncekv/bounce/pipeline/credit"
 	"github.com/bouncekv/bounce/pipeline/wire"
-	"github.com/bouncekv/bounce/transfer"
 )
 
 // Received is a receiver-side completion event: one request a peer sent to
@@ -51,6 +50,9 @@ type recvFlow struct {
 	chunks  int // chunks the WANT asked for
 	landed  int // chunks scattered
 	payload uint64
+	// blocks is a block-table request's destination, checked once at its
+	// WANT; nil for the descriptor form.
+	blocks *recvBlocks
 }
 
 // received delivers an event without ever blocking the reactor: the
@@ -73,23 +75,30 @@ func (r *reactor) received(ev Received) {
 }
 
 // flowStarted records an accepted WANT.
-func (r *reactor) flowStarted(key credit.FlowKey, w *wire.Want) {
-	r.rflows[key] = &recvFlow{tag: w.Tag, chunks: len(w.ChunkBytes)}
+func (r *reactor) flowStarted(key credit.FlowKey, w *wire.Want, rb *recvBlocks) {
+	r.rflows[key] = &recvFlow{tag: w.Tag, chunks: len(w.ChunkBytes), blocks: rb}
+}
+
+// endRecvFlow forgets a flow's record and unpins its destination pool.
+func (r *reactor) endRecvFlow(key credit.FlowKey, f *recvFlow) {
+	delete(r.rflows, key)
+	if f.blocks != nil {
+		r.a.unusePool(f.blocks.pool)
+		f.blocks = nil
+	}
 }
 
 // chunkLanded counts a scattered chunk and reports the request when it was
 // the last.
-func (r *reactor) chunkLanded(key credit.FlowKey, runs []transfer.Run) {
+func (r *reactor) chunkLanded(key credit.FlowKey, payload uint64) {
 	f, ok := r.rflows[key]
 	if !ok {
 		return
 	}
 	f.landed++
-	for i := range runs {
-		f.payload += runs[i].Len * runs[i].Count
-	}
+	f.payload += payload
 	if f.landed == f.chunks {
-		delete(r.rflows, key)
+		r.endRecvFlow(key, f)
 		r.received(Received{Peer: key.Peer, Request: key.Request, Tag: f.tag, Bytes: f.payload, Route: RouteBounce})
 	}
 }
@@ -100,7 +109,7 @@ func (r *reactor) flowFailed(key credit.FlowKey, err error) {
 	if !ok {
 		return
 	}
-	delete(r.rflows, key)
+	r.endRecvFlow(key, f)
 	r.received(Received{Peer: key.Peer, Request: key.Request, Tag: f.tag, Bytes: f.payload, Route: RouteBounce,
 		Err: fmt.Errorf("pipeline: request %d from %q: %w", key.Request, key.Peer, err)})
 }

@@ -87,6 +87,24 @@ func (r *reactor) onWant(peer string, w *wire.Want) {
 			return
 		}
 	}
+	var rb *recvBlocks
+	if w.Blocks != nil {
+		var err error
+		if rb, err = r.checkWantBlocks(peer, w.Blocks); err != nil {
+			r.a.stats.rejectedWants.Add(1)
+			r.a.obs.reject(r, peer, rejectBadWant)
+			r.log.Warn("WANT rejected: bad block table", "peer", peer, "request", w.Request, "err", err)
+			r.nack(peer, w.Request, wire.WholeRequest, wire.NackBadBlocks, err.Error())
+			r.refused(key, w, err.Error())
+			return
+		}
+	}
+	accepted := false
+	defer func() {
+		if rb != nil && !accepted {
+			r.a.unusePool(rb.pool)
+		}
+	}()
 	_, known := r.flowSeen[key]
 	if !known && r.peerFlows[peer] >= r.cfg.MaxFlowsPerPeer && now.Sub(r.lastPurge[peer]) > time.Millisecond {
 		// Flows that ended are swept lazily, at most once a millisecond
@@ -120,7 +138,8 @@ func (r *reactor) onWant(peer string, w *wire.Want) {
 		r.refused(key, w, err.Error())
 		return
 	}
-	r.flowStarted(key, w)
+	r.flowStarted(key, w, rb)
+	accepted = true
 	if !known {
 		r.peerFlows[peer]++
 	}
@@ -400,6 +419,10 @@ func (r *reactor) onData(peer string, d *wire.Data) {
 		r.log.Info("late or foreign DATA dropped", "peer", peer, "request", d.Request, "region", d.Region)
 		return
 	}
+	if f := r.rflows[key]; d.IsBlocks() || f != nil && f.blocks != nil {
+		r.onBlockData(peer, key, grant, d, f)
+		return
+	}
 	if _, err := plan.CheckRuns(d.Runs, grant.Len); err != nil {
 		r.a.stats.badRuns.Add(1)
 		r.a.obs.reject(r, peer, rejectBadRuns)
@@ -485,7 +508,7 @@ func (r *reactor) drainScatterResults() bool {
 			// The flow was reclaimed while scattering: nobody to ACK.
 		default:
 			_ = r.send(t.key.Peer, &wire.Ack{Request: t.key.Request, Chunk: t.chunk, Region: t.off, ScatterNS: uint64(max(time.Since(t.queued), 0))})
-			r.chunkLanded(t.key, t.runs)
+			r.chunkLanded(t.key, t.payload())
 		}
 		if t.err == nil || errors.Is(t.err, errScatterCancelled) {
 			// The scatter finished (or never started): nothing reads its

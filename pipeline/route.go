@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"strconv"
+	"strings"
 
 	"github.com/bouncekv/bounce/pipeline/plan"
 	"github.com/bouncekv/bounce/pipeline/wire"
@@ -19,11 +20,12 @@ var ErrBounceUnavailable = errors.New("bounce route unavailable")
 // route decides bounce or direct for a request that asked for want and says
 // why: a low-cardinality reason (for metrics, span attributes and the
 // once-per-peer fallback warning) and the text for logs and summaries.
-func (a *Agent) route(req Request, pi *peerInfo, want Route) (Route, string, string) {
+func (a *Agent) route(s *submission) (Route, string, string) {
+	req, pi, want := s.req, s.pi, s.want
 	if want == RouteDirect {
 		return RouteDirect, whyDirectRequested, "direct route requested"
 	}
-	n := len(req.Src)
+	n := req.count()
 	if n == 0 {
 		return RouteDirect, whyEmpty, "empty transfer"
 	}
@@ -33,17 +35,17 @@ func (a *Agent) route(req Request, pi *peerInfo, want Route) (Route, string, str
 	if !pi.bounce {
 		return RouteDirect, whyPeerNotCapable, "peer " + strconv.Quote(pi.name) + " not bounce-capable: " + pi.reason
 	}
-	if !uniform(req.Src) || !uniform(req.Dst) {
+	if !req.uniform() {
 		return RouteDirect, whyMixedDevices, "descriptors span several devices on one side"
 	}
-	if k := req.Src[0].Kind; !transfer.Handles(a.set.Gatherer, k) {
+	if k := req.srcKind(); !transfer.Handles(a.set.Gatherer, k) {
 		return RouteDirect, whyMemoryKind, fmt.Sprintf("the gather stage cannot read %s memory", k)
 	}
 	// Memory the engine cannot carry (device KV over a host engine) has
 	// one way across: gather into the arena the engine does carry. The
 	// descriptor gates and the cost model compare two routes; here there is
 	// one.
-	if k, ok := engineCannot(a.set.Engine, req, false); ok {
+	if k, ok := s.kinds.native, s.kinds.nativeMiss; ok {
 		if transfer.Stages(a.set.Engine, k) {
 			// The direct path would copy every descriptor through host
 			// buffers on each side: the baseline bounce exists to beat.
@@ -57,10 +59,7 @@ func (a *Agent) route(req Request, pi *peerInfo, want Route) (Route, string, str
 	if n < a.cfg.MinDescriptors {
 		return RouteDirect, whyFewDescriptors, fmt.Sprintf("%d descriptors < bounce.min_descriptors %d", n, a.cfg.MinDescriptors)
 	}
-	var total uint64
-	for _, d := range req.Src {
-		total += d.Len
-	}
+	total := req.bytes()
 	if avg := total / uint64(n); avg > a.cfg.MaxAvgDescriptor {
 		return RouteDirect, whyLargeDescriptors, fmt.Sprintf("average descriptor %s > bounce.max_avg_descriptor %s", sizeString(avg), sizeString(a.cfg.MaxAvgDescriptor))
 	}
@@ -72,11 +71,14 @@ func (a *Agent) route(req Request, pi *peerInfo, want Route) (Route, string, str
 // writes the destinations of the direct path; the gather stage reads the
 // sources of the bounce path (the peer's scatter stage checks the
 // destinations against its own memory).
-func (a *Agent) checkKinds(route Route, req Request) error {
+func (a *Agent) checkKinds(route Route, s *submission) error {
 	if route == RouteBounce {
-		return transfer.CheckKinds(a.set.Gatherer, "the gather stage", req.Src)
+		if br := s.req.Blocks; br != nil {
+			return transfer.CheckKinds(a.set.Gatherer, "the gather stage", []transfer.Desc{br.src.Pool.Span(0)})
+		}
+		return transfer.CheckKinds(a.set.Gatherer, "the gather stage", s.req.Src)
 	}
-	if k, ok := engineCannot(a.set.Engine, req, true); ok {
+	if k, ok := s.kinds.staged, s.kinds.stagedMiss; ok {
 		hint := "the bounce route can carry it only with stages that handle it (stages.gather and stages.scatter cuda) and bounce on at both ends"
 		if a.bounceOn && transfer.Handles(a.set.Gatherer, k) {
 			hint = "take the bounce route (it stages the memory through the arena)"
@@ -86,30 +88,95 @@ func (a *Agent) checkKinds(route Route, req Request) error {
 	return nil
 }
 
-// engineCannot returns the first memory kind among req's sources and
-// destinations the engine cannot touch: natively, or (staged) also by
-// staging each descriptor through host buffers (transfer.StagedKinder).
-func engineCannot(eng transfer.Engine, req Request, staged bool) (transfer.MemKind, bool) {
-	var ok [256]bool // by MemKind, resolved once: this runs per descriptor
-	ok[transfer.Host] = transfer.Handles(eng, transfer.Host)
+// kindMiss is engineCannot's answer: the first memory kind of a request
+// the engine cannot touch natively, and the first it cannot touch even by
+// staging each descriptor through host buffers.
+type kindMiss struct {
+	native, staged         transfer.MemKind
+	nativeMiss, stagedMiss bool
+}
+
+// engineCannot finds, in one pass over req's sources and destinations (or
+// its two pools), the first memory kind the engine cannot touch: natively,
+// and (staged) also by staging each descriptor through host buffers
+// (transfer.StagedKinder).
+func engineCannot(eng transfer.Engine, req Request) kindMiss {
+	var native, staged [256]bool // by MemKind, resolved once: this runs per descriptor
+	native[transfer.Host] = transfer.Handles(eng, transfer.Host)
 	if mk, has := eng.(transfer.MemoryKinder); has {
 		for _, k := range mk.MemoryKinds() {
-			ok[k] = true
+			native[k] = true
 		}
 	}
-	if sk, has := eng.(transfer.StagedKinder); has && staged {
+	staged = native
+	if sk, has := eng.(transfer.StagedKinder); has {
 		for _, k := range sk.StagedMemoryKinds() {
-			ok[k] = true
+			staged[k] = true
 		}
+	}
+	var m kindMiss
+	see := func(k transfer.MemKind) {
+		if !m.nativeMiss && !native[k] {
+			m.native, m.nativeMiss = k, true
+		}
+		if !m.stagedMiss && !staged[k] {
+			m.staged, m.stagedMiss = k, true
+		}
+	}
+	if br := req.Blocks; br != nil {
+		if len(br.SrcIDs) > 0 {
+			see(br.src.Pool.Kind)
+			see(br.dst.Pool.Kind)
+		}
+		return m
 	}
 	for _, ds := range [][]transfer.Desc{req.Src, req.Dst} {
 		for _, d := range ds {
-			if !ok[d.Kind] {
-				return d.Kind, true
+			see(d.Kind)
+			if m.nativeMiss && m.stagedMiss {
+				return m
 			}
 		}
 	}
-	return 0, false
+	return m
+}
+
+// count is the request's descriptor count: its pieces in the block-table
+// form.
+func (req Request) count() int {
+	if br := req.Blocks; br != nil {
+		return int(br.pieces())
+	}
+	return len(req.Src)
+}
+
+// bytes is the request's payload.
+func (req Request) bytes() uint64 {
+	if br := req.Blocks; br != nil {
+		return br.pieces() * br.src.Pool.BlockLen
+	}
+	var total uint64
+	for _, d := range req.Src {
+		total += d.Len
+	}
+	return total
+}
+
+// uniform reports whether each side's memory is of one kind on one device
+// (a pool always is).
+func (req Request) uniform() bool {
+	if req.Blocks != nil {
+		return true
+	}
+	return uniform(req.Src) && uniform(req.Dst)
+}
+
+// srcKind is the memory kind of the request's first source (count > 0).
+func (req Request) srcKind() transfer.MemKind {
+	if br := req.Blocks; br != nil {
+		return br.src.Pool.Kind
+	}
+	return req.Src[0].Kind
 }
 
 // fellBack counts a request that could have bounced but goes direct and
@@ -194,7 +261,12 @@ func (a *Agent) wantTooLarge(p *plan.Plan) string {
 	for i, c := range p.Chunks {
 		sizes[i] = c.Bytes
 	}
-	n, err := wire.EncodedLen(&wire.Want{ChunkBytes: sizes, Endpoint: a.set.Control.LocalEndpoint()})
+	w := &wire.Want{ChunkBytes: sizes, Endpoint: a.set.Control.LocalEndpoint()}
+	if _, dst, ok := p.BlockTables(); ok {
+		// The longest pool name: the WANT's own is the peer's.
+		w.Blocks = &wire.WantBlocks{Pool: strings.Repeat("p", wire.MaxPoolName), BlockLen: dst.Pool.BlockLen, Pieces: dst.Len(), IDs: dst.IDs}
+	}
+	n, err := wire.EncodedLen(w)
 	if err == nil && n+traceAllowance <= a.ctrlMax {
 		return ""
 	}
@@ -205,9 +277,17 @@ func (a *Agent) wantTooLarge(p *plan.Plan) string {
 // runs not yet emitted. The reactor fills each chunk just before its gather
 // (sendReq.advance), so a WANT leaves after one cheap pass over the
 // descriptors and the runs of later chunks are emitted while earlier ones
-// move.
+// move. A block-table request is planned as piece ranges (plan.LayoutBlocks):
+// nothing per piece, nothing to fill.
 func (a *Agent) plan(req Request) (*plan.Plan, error) {
-	p, err := plan.Layout(req.Src, req.Dst, plan.Options{MaxChunk: a.cfg.MaxChunk, MinChunk: a.cfg.MinChunk, NoMerge: a.cfg.DisableMerging, Scatter: a.scatterLimit()})
+	opt := plan.Options{MaxChunk: a.cfg.MaxChunk, MinChunk: a.cfg.MinChunk, NoMerge: a.cfg.DisableMerging, Scatter: a.scatterLimit()}
+	var p *plan.Plan
+	var err error
+	if br := req.Blocks; br != nil {
+		p, err = plan.LayoutBlocks(br.src, br.dst, opt)
+	} else {
+		p, err = plan.Layout(req.Src, req.Dst, opt)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("pipeline: plan transfer to %q: %w", req.Peer, err)
 	}

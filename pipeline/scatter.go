@@ -28,6 +28,8 @@ type scatterTask struct {
 	region transfer.Desc // the granted region in the local arena
 	off    uint64        // the region's arena offset
 	runs   []transfer.Run
+	// blocks, when set, is a block-table chunk's copy (then runs is nil).
+	blocks *transfer.BlockCopy
 
 	// Telemetry, set and read on the reactor only: the DATA's arrival and
 	// the sender's chunk span it carried (zero unless the flow is traced),
@@ -66,11 +68,29 @@ func (t *scatterTask) launch(s transfer.Scatterer) (transfer.Op, error) {
 	if t.cancelled {
 		return nil, errScatterCancelled
 	}
-	op, err := s.Scatter(t.region, t.runs)
+	var op transfer.Op
+	var err error
+	if t.blocks != nil {
+		op, err = scatterBlocks(s, t.region, *t.blocks)
+	} else {
+		op, err = s.Scatter(t.region, t.runs)
+	}
 	if err == nil {
 		t.started = true
 	}
 	return op, err
+}
+
+// payload is the bytes the task scatters.
+func (t *scatterTask) payload() uint64 {
+	if t.blocks != nil {
+		return t.blocks.Bytes()
+	}
+	var n uint64
+	for i := range t.runs {
+		n += t.runs[i].Len * t.runs[i].Count
+	}
+	return n
 }
 
 // doneSignaller is an op that closes a channel once it is terminal

@@ -69,7 +69,7 @@ type chunkRef struct {
 	k int
 }
 
-func (r *reactor) submitBounce(b *Batch, pi *peerInfo, p *plan.Plan, tag []byte) {
+func (r *reactor) submitBounce(b *Batch, pi *peerInfo, p *plan.Plan, tag []byte, blocks *wire.WantBlocks) {
 	if r.shuttingDown {
 		r.publish(b, fmt.Errorf("pipeline: submit: %w", transfer.ErrClosed), true)
 		return
@@ -89,7 +89,7 @@ func (r *reactor) submitBounce(b *Batch, pi *peerInfo, p *plan.Plan, tag []byte)
 		sizes[i] = c.Bytes
 	}
 	r.reqs[q.id] = q
-	want := &wire.Want{Request: q.id, ChunkBytes: sizes, Endpoint: r.a.set.Control.LocalEndpoint(), Tag: tag}
+	want := &wire.Want{Request: q.id, ChunkBytes: sizes, Endpoint: r.a.set.Control.LocalEndpoint(), Tag: tag, Blocks: blocks}
 	r.a.obs.inject(b.obs.ctx, &want.TraceParent)
 	q.wantAt = time.Now()
 	// The receiver admits this agent by now (it is asked to grant to it):
@@ -137,13 +137,13 @@ func (r *reactor) startChunks(q *sendReq) (park bool) {
 			return false
 		}
 		bytes := q.plan.Chunks[k].Bytes
-		q.plan.Fill(k) // emit the chunk's runs now that it starts (Agent.plan)
+		q.plan.FillFrom(k, &r.runPool) // emit the chunk's runs now that it starts (Agent.plan)
 		eager := c.credit == nil
 		off, ok := r.sched.AcquireLocal(bytes, eager)
 		if !ok {
 			return true
 		}
-		op, err := r.a.set.Gatherer.Gather(r.regionDesc(off, bytes), q.plan.Chunks[k].Gather)
+		op, err := r.gather(q.plan, k, r.regionDesc(off, bytes))
 		if err != nil {
 			r.releaseLocal(off)
 			if errors.Is(err, transfer.ErrBusy) {
@@ -191,6 +191,15 @@ func (r *reactor) pumpParked() bool {
 	clear(snap)
 	r.parkBuf = snap[:0]
 	return progressed
+}
+
+// gather starts chunk k's gather into region: its runs, or a block-table
+// chunk's piece range (gatherBlocks).
+func (r *reactor) gather(p *plan.Plan, k int, region transfer.Desc) (transfer.Op, error) {
+	if _, _, ok := p.BlockTables(); ok {
+		return gatherBlocks(r.a.set.Gatherer, region, p.GatherCopy(k))
+	}
+	return r.a.set.Gatherer.Gather(region, p.Chunks[k].Gather)
 }
 
 func (r *reactor) regionDesc(off, n uint64) transfer.Desc {
@@ -301,6 +310,7 @@ func (r *reactor) gatherDone(q *sendReq, k int, st transfer.Status, err error) {
 		return
 	}
 	c.st = cGathered
+	q.plan.RecycleGather(k, &r.runPool) // the gather op is over: nothing reads its runs
 	if c.credit != nil {
 		r.postWrite(q, k)
 	}
@@ -380,12 +390,16 @@ func (r *reactor) writeDone(q *sendReq, k int, st transfer.Status, err error) {
 	}
 	ch := q.plan.Chunks[k]
 	data := &wire.Data{Request: q.id, Chunk: uint32(k), Region: c.credit.Region, Runs: ch.Scatter}
+	if ch.Count > 0 { // the block-table form: the piece range, no runs
+		data.Pieces = wire.PieceRange{First: ch.First, Count: ch.Count}
+	}
 	r.a.obs.dataSending(q, k, data)
 	sending := time.Now()
 	err = r.send(q.peer, data)
 	c.phase = time.Now()
 	q.stages.Data += c.phase.Sub(sending)
 	r.a.obs.dataSent(q, k, data, err)
+	q.plan.RecycleScatter(k, &r.runPool) // encoded: nothing reads the runs any more
 	if err != nil {
 		r.fail(q, fmt.Errorf("pipeline: send DATA for chunk %d: %w", k, err))
 		r.settle(q)

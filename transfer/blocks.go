@@ -2,6 +2,7 @@ package transfer
 
 import (
 	"cmp"
+	"errors"
 	"fmt"
 	"math"
 	"math/bits"
@@ -32,6 +33,9 @@ type Pool struct {
 	Kind   MemKind
 	Device int32
 }
+
+// ErrDuplicateID means a destination block list names one block twice.
+var ErrDuplicateID = errors.New("duplicate block id")
 
 // MaxBlocks is the most blocks a pool may have: ids are uint32.
 const MaxBlocks = 1 << 32
@@ -269,4 +273,40 @@ type BlockWrite struct {
 // checks as PostWrite does, once per pool region the write touches.
 type BlockPoster interface {
 	PostBlocks(peer string, w BlockWrite) (Op, error)
+}
+
+// CheckIDs reports why b's ids are not a usable block list: an id at or
+// past the pool's block count or, when unique is set, an id listed twice
+// (a destination list must name each block once: two pieces landing in one
+// place would leave its bytes to whichever copy ran last). It costs O(ids):
+// a bitmap over the pool's blocks when that is small next to the list,
+// else a sorted copy.
+func (b Blocks) CheckIDs(unique bool) error {
+	for j, id := range b.IDs {
+		if uint64(id) >= b.Pool.Blocks {
+			return fmt.Errorf("block id %d (index %d) is not below the pool's %d blocks: %w", id, j, b.Pool.Blocks, ErrOutOfBounds)
+		}
+	}
+	if !unique || len(b.IDs) < 2 {
+		return nil
+	}
+	if words := (b.Pool.Blocks + 63) / 64; words <= 4*uint64(len(b.IDs))+1024 {
+		seen := make([]uint64, words)
+		for j, id := range b.IDs {
+			w, m := id/64, uint64(1)<<(id%64)
+			if seen[w]&m != 0 {
+				return fmt.Errorf("block id %d (index %d) is listed twice: %w", id, j, ErrDuplicateID)
+			}
+			seen[w] |= m
+		}
+		return nil
+	}
+	s := slices.Clone(b.IDs)
+	slices.Sort(s)
+	for k := 1; k < len(s); k++ {
+		if s[k] == s[k-1] {
+			return fmt.Errorf("block id %d is listed twice: %w", s[k], ErrDuplicateID)
+		}
+	}
+	return nil
 }

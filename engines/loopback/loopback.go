@@ -356,19 +356,89 @@ func (e *Engine) PostWrite(peerName string, ops []transfer.WriteOp) (transfer.Op
 			return nil, fmt.Errorf("%s: %w", ctx("write %d destination no longer registered by the peer", i), err)
 		}
 	}
-	o := &writeOp{
-		src:      e,
-		dst:      t,
-		peer:     peerName,
-		ops:      own,
-		abortC:   make(chan struct{}),
-		finished: make(chan struct{}),
-	}
+	return e.startLocked(&writeOp{src: e, dst: t, peer: peerName, ops: own}), nil
+}
+
+// startLocked records o in flight and starts its copy (fab.mu held).
+func (e *Engine) startLocked(o *writeOp) *writeOp {
+	o.abortC, o.finished = make(chan struct{}), make(chan struct{})
 	e.out[o] = struct{}{}
-	t.in[o] = struct{}{}
+	o.dst.in[o] = struct{}{}
 	e.wg.Add(1)
 	go e.run(o)
-	return o, nil
+	return o
+}
+
+// PostBlocks posts a block-table write (transfer.BlockPoster): piece q of
+// w.Src to piece q of w.Dst for q in [w.First, w.First+w.Count). It checks
+// once per id the range touches (below each pool's block count) and once
+// per pool region it touches (the source region's span registered here,
+// the destination's in the peer's loaded metadata and still registered by
+// the peer), never per piece; errors as PostWrite's. The hooks
+// (Options.BeforePost, BeforeCopy) see one write per touched region: its
+// source and destination spans.
+func (e *Engine) PostBlocks(peerName string, w transfer.BlockWrite) (transfer.Op, error) {
+	ctx := func(format string, args ...any) string {
+		return fmt.Sprintf("loopback %s: post blocks to %q: ", e.name, peerName) + fmt.Sprintf(format, args...)
+	}
+	switch {
+	case w.Count == 0:
+		return nil, fmt.Errorf("%s: %w", ctx("no pieces"), transfer.ErrOutOfBounds)
+	case w.Src.Pool.BlockLen != w.Dst.Pool.BlockLen:
+		return nil, fmt.Errorf("%s: %w", ctx("blocks of %d and %d bytes", w.Src.Pool.BlockLen, w.Dst.Pool.BlockLen), transfer.ErrOutOfBounds)
+	}
+	for _, side := range []struct {
+		what string
+		b    transfer.Blocks
+	}{{"source", w.Src}, {"destination", w.Dst}} {
+		if err := side.b.CheckRange(w.First, w.Count); err != nil {
+			return nil, fmt.Errorf("%s: %v: %w", ctx("%s", side.what), err, transfer.ErrOutOfBounds)
+		}
+	}
+	lo, hi := w.Src.RegionsTouched(w.First, w.Count)
+	spans := make([]transfer.WriteOp, 0, hi-lo)
+	for r := lo; r < hi; r++ {
+		spans = append(spans, transfer.WriteOp{Src: w.Src.Pool.Span(r), Dst: w.Dst.Pool.Span(r)})
+	}
+	for i, sp := range spans {
+		if err := transfer.CheckKinds(e, "loopback", []transfer.Desc{sp.Src, sp.Dst}); err != nil {
+			return nil, fmt.Errorf("%s%w", ctx("region %d: ", lo+i), err)
+		}
+	}
+	if h := e.opts.BeforePost; h != nil {
+		if err := h(peerName, spans); err != nil {
+			return nil, fmt.Errorf("%s: %w", ctx("injected"), err)
+		}
+	}
+	f := e.fab
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if e.closed {
+		return nil, fmt.Errorf("%s: %w", ctx("engine"), transfer.ErrClosed)
+	}
+	p, ok := e.peers[peerName]
+	if !ok {
+		return nil, fmt.Errorf("%s: %w", ctx("peer not loaded"), transfer.ErrUnknownPeer)
+	}
+	t := p.eng
+	if t.closed {
+		return nil, fmt.Errorf("%s: %w", ctx("peer closed"), transfer.ErrPeerLost)
+	}
+	if _, ok := t.forgotten[e.name]; ok {
+		return nil, fmt.Errorf("%s: %w", ctx("the peer forgot this engine (it must load it again)"), transfer.ErrPeerLost)
+	}
+	for i, sp := range spans {
+		if _, err := e.reg.Find(sp.Src.Addr, sp.Src.Len); err != nil {
+			return nil, fmt.Errorf("%s: %w", ctx("source region %d", lo+i), err)
+		}
+		if _, err := p.view.Find(sp.Dst.Addr, sp.Dst.Len); err != nil {
+			return nil, fmt.Errorf("%s: %w", ctx("destination region %d outside the peer's loaded metadata (reload it after the peer registers memory)", lo+i), err)
+		}
+		if _, err := t.reg.Find(sp.Dst.Addr, sp.Dst.Len); err != nil {
+			return nil, fmt.Errorf("%s: %w", ctx("destination region %d no longer registered by the peer", lo+i), err)
+		}
+	}
+	return e.startLocked(&writeOp{src: e, dst: t, peer: peerName, ops: spans, blk: &w}), nil
 }
 
 // InFlight returns the number of operations this engine posted that are not
@@ -401,8 +471,15 @@ func (e *Engine) run(o *writeOp) {
 	if err == nil {
 		// Checked at post time; DeregisterMemory refuses ranges in use and
 		// Close waits for this copy, so the memory is still there.
-		for _, w := range o.ops {
-			copy(mem.Unsafe(w.Dst.Addr, w.Dst.Len), mem.Unsafe(w.Src.Addr, w.Src.Len))
+		if b := o.blk; b != nil {
+			for q := b.First; q < b.First+b.Count; q++ {
+				s, d := b.Src.Piece(q), b.Dst.Piece(q)
+				copy(mem.Unsafe(d.Addr, d.Len), mem.Unsafe(s.Addr, s.Len))
+			}
+		} else {
+			for _, w := range o.ops {
+				copy(mem.Unsafe(w.Dst.Addr, w.Dst.Len), mem.Unsafe(w.Src.Addr, w.Src.Len))
+			}
 		}
 	}
 	e.fab.mu.Lock()
@@ -503,6 +580,9 @@ type writeOp struct {
 	src, dst *Engine
 	peer     string
 	ops      []transfer.WriteOp
+	// blk, when set, is a block write (PostBlocks); ops then holds the
+	// spans of the pool regions it touches (for InUse and the hooks).
+	blk *transfer.BlockWrite
 
 	abortC   chan struct{}
 	abortErr error // guarded by fab.mu; set once, then abortC closes
@@ -512,6 +592,8 @@ type writeOp struct {
 	err      error         // written before state becomes terminal
 	released atomic.Bool
 }
+
+var _ transfer.BlockPoster = (*Engine)(nil)
 
 // Writes, From and To make writeOp a writeset.Write.
 func (o *writeOp) Writes() []transfer.WriteOp { return o.ops }

@@ -100,9 +100,15 @@ type Chunk struct {
 	Gather []transfer.Run
 	// Scatter copies region offsets to destination addresses (Run.Addr).
 	Scatter []transfer.Run
+	// First and Count are a block-table chunk's piece range (LayoutBlocks);
+	// such a chunk has no runs.
+	First, Count uint64
 
 	first int    // the chunk's first piece: descriptor index (Fill)
 	pos   uint64 // and its byte offset in that descriptor
+	// gbuf and sbuf are Gather's and Scatter's whole arrays when they came
+	// from a RunPool (Recycle hands them back).
+	gbuf, sbuf []transfer.Run
 }
 
 // Plan is a transfer split into chunks.
@@ -118,6 +124,9 @@ type Plan struct {
 	align    uint64
 	merge    bool
 	filled   int // chunks filled
+	// blocks holds a block-table plan's tables (LayoutBlocks); nil for a
+	// descriptor plan.
+	blocks *blockTables
 }
 
 // MaxPieces bounds the pieces (descriptor parts) one plan may hold, so a
@@ -209,18 +218,31 @@ func Layout(src, dst []transfer.Desc, opt Options) (*Plan, error) {
 	return b.p, nil
 }
 
-// Filled reports whether chunk k's runs are emitted.
-func (p *Plan) Filled(k int) bool { return p.Chunks[k].Gather != nil }
+// Filled reports whether chunk k's runs are emitted (a block-table chunk
+// has none to emit: always true).
+func (p *Plan) Filled(k int) bool { return p.blocks != nil || p.Chunks[k].Gather != nil }
 
 // Fill emits chunk k's gather and scatter runs, if Layout left them out;
-// it is a no-op for a chunk already filled.
-func (p *Plan) Fill(k int) {
+// it is a no-op for a chunk already filled. Its arrays are fresh (FillFrom
+// draws them from a RunPool).
+func (p *Plan) Fill(k int) { p.FillFrom(k, nil) }
+
+// FillFrom is Fill drawing the chunk's two run arrays from pool (nil: fresh
+// arrays). It is one pass over the chunk's descriptors that emits both the
+// gather and the scatter runs, merged as they are emitted, into arrays
+// nothing clears first: a reused array is only appended to. The caller
+// hands the arrays back with Recycle once nothing reads them.
+func (p *Plan) FillFrom(k int, pool *RunPool) {
 	c := &p.Chunks[k]
 	if c.Gather != nil || p.src == nil {
 		return
 	}
-	gather := make([]transfer.Run, 0, c.Descs)
-	scatter := make([]transfer.Run, 0, c.Descs)
+	var gather, scatter []transfer.Run
+	if pool != nil {
+		gather, scatter = pool.get(c.Descs), pool.get(c.Descs)
+	} else {
+		gather, scatter = make([]transfer.Run, 0, c.Descs), make([]transfer.Run, 0, c.Descs)
+	}
 	i, pos := c.first, c.pos
 	var end uint64
 	for left := c.Payload; left > 0; i, pos = i+1, 0 {
@@ -242,11 +264,77 @@ func (p *Plan) Fill(k int) {
 		end = off + n
 		left -= n
 	}
-	g, s := trim(gather), trim(scatter)
-	c.Gather, c.Scatter = g[:len(g):len(g)], s[:len(s):len(s)]
+	if pool == nil {
+		gather, scatter = trim(gather), trim(scatter)
+	} else {
+		c.gbuf, c.sbuf = gather, scatter
+	}
+	c.Gather, c.Scatter = gather[:len(gather):len(gather)], scatter[:len(scatter):len(scatter)]
 	if p.filled++; p.filled == len(p.Chunks) {
 		p.src, p.dst = nil, nil // every chunk is filled: drop the caller's slices
 	}
+}
+
+// RunPool is a free list of run arrays that FillFrom draws from and
+// Recycle returns to, so a stream of requests fills its chunks into the
+// same few arrays instead of allocating (and clearing) two per chunk. It
+// keeps at most maxPooled arrays of at most maxPooledRuns runs each. It is
+// not safe for concurrent use: one per goroutine that fills (the agent's
+// reactor).
+type RunPool struct {
+	free [][]transfer.Run
+}
+
+// Limits of a RunPool.
+const (
+	maxPooled     = 64
+	maxPooledRuns = 1 << 18
+)
+
+// get returns an empty array, with room for n runs when the pool has one
+// that large.
+func (rp *RunPool) get(n int) []transfer.Run {
+	for i := len(rp.free) - 1; i >= 0; i-- {
+		if b := rp.free[i]; cap(b) >= n || i == 0 {
+			last := len(rp.free) - 1
+			rp.free[i] = rp.free[last]
+			rp.free[last] = nil
+			rp.free = rp.free[:last]
+			return b[:0]
+		}
+	}
+	return make([]transfer.Run, 0, n)
+}
+
+// put keeps runs for a later FillFrom.
+func (rp *RunPool) put(runs []transfer.Run) {
+	if cap(runs) == 0 || cap(runs) > maxPooledRuns || len(rp.free) >= maxPooled {
+		return
+	}
+	rp.free = append(rp.free, runs[:0])
+}
+
+// RecycleGather hands chunk k's gather runs back to pool once nothing reads
+// them (its gather op is terminal); the chunk's Gather becomes empty (not
+// nil: the chunk stays filled).
+func (p *Plan) RecycleGather(k int, pool *RunPool) {
+	c := &p.Chunks[k]
+	if pool == nil || c.gbuf == nil {
+		return
+	}
+	pool.put(c.gbuf)
+	c.gbuf, c.Gather = nil, c.Gather[:0:0]
+}
+
+// RecycleScatter is RecycleGather for chunk k's scatter runs, once its DATA
+// is encoded.
+func (p *Plan) RecycleScatter(k int, pool *RunPool) {
+	c := &p.Chunks[k]
+	if pool == nil || c.sbuf == nil {
+		return
+	}
+	pool.put(c.sbuf)
+	c.sbuf, c.Scatter = nil, c.Scatter[:0:0]
 }
 
 // FillAll fills every chunk not yet filled.

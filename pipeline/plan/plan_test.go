@@ -444,3 +444,37 @@ func TestRampAndTaper(t *testing.T) {
 		}
 	}
 }
+
+// TestRunPoolReuses checks that a stream of plans filled from one RunPool
+// and recycled chunk by chunk allocates no run arrays once warm.
+func TestRunPoolReuses(t *testing.T) {
+	src := make([]transfer.Desc, 512)
+	dst := make([]transfer.Desc, 512)
+	for i := range src {
+		src[i] = transfer.Desc{Addr: srcBase + uint64(i*7919%512)*4096, Len: 4096}
+		dst[i] = transfer.Desc{Addr: dstBase + uint64(i*104729%512)*4096, Len: 4096}
+	}
+	var pool RunPool
+	run := func() {
+		p, err := Layout(src, dst, Options{MaxChunk: 256 << 10})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for k := range p.Chunks {
+			p.FillFrom(k, &pool)
+			p.RecycleGather(k, &pool)
+			p.RecycleScatter(k, &pool)
+		}
+	}
+	run()
+	fresh := testing.AllocsPerRun(20, func() {
+		p, _ := Layout(src, dst, Options{MaxChunk: 256 << 10})
+		p.FillAll()
+	})
+	pooled := testing.AllocsPerRun(20, run)
+	t.Logf("allocations per plan: fresh %.0f, pooled %.0f", fresh, pooled)
+	// Layout allocates the chunk list; the fresh fill two arrays per chunk.
+	if chunks := 8.0; pooled > fresh-2*chunks+0.5 {
+		t.Fatalf("pooled fill allocates %.0f times a plan, fresh %.0f: the pool is not reused", pooled, fresh)
+	}
+}

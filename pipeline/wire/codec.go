@@ -22,6 +22,8 @@ const (
 	singleSize  = runTagLen + 3*8
 	stridedSize = runTagLen + 6*8
 	ackSize     = 8 + 4 + 8 + 8
+	// pieceRangeSize is a block-table DATA's first and count.
+	pieceRangeSize = 16
 )
 
 var le = binary.LittleEndian
@@ -60,6 +62,12 @@ func AppendMarshal(dst []byte, m Message) ([]byte, error) {
 		b = appendStr(b, m.Endpoint)
 		b = appendStr(b, m.TraceParent)
 		b = appendTag(b, m.Tag)
+		if m.Blocks == nil {
+			b = append(b, formDescs)
+		} else {
+			b = append(b, formBlocks)
+			b = appendWantBlocks(b, m.Blocks)
+		}
 	case *Grant:
 		b = le.AppendUint64(b, m.Request)
 		b = le.AppendUint32(b, uint32(len(m.Credits)))
@@ -77,6 +85,10 @@ func AppendMarshal(dst []byte, m Message) ([]byte, error) {
 		b = le.AppendUint64(b, m.Region)
 		b = appendStr(b, m.TraceParent)
 		b = le.AppendUint32(b, uint32(len(m.Runs)))
+		if len(m.Runs) == 0 { // the block-table form
+			b = le.AppendUint64(b, m.Pieces.First)
+			b = le.AppendUint64(b, m.Pieces.Count)
+		}
 		b = appendRuns(b, m.Runs)
 	case *Ack:
 		b = le.AppendUint64(b, m.Request)
@@ -148,7 +160,20 @@ func EncodedLen(m Message) (int, error) {
 		if len(m.Tag) > MaxTag {
 			return 0, errorf("WANT", ErrTooLarge, "tag is %d bytes, limit %d", len(m.Tag), MaxTag)
 		}
-		return headerLen + 8 + 4 + 8*len(m.ChunkBytes) + strPrefix + len(m.Endpoint) + strPrefix + len(m.TraceParent) + strPrefix + len(m.Tag), nil
+		n := headerLen + 8 + 4 + 8*len(m.ChunkBytes) + strPrefix + len(m.Endpoint) + strPrefix + len(m.TraceParent) + strPrefix + len(m.Tag) + 1
+		if m.Blocks != nil {
+			if len(m.ChunkBytes) == 0 {
+				return 0, errorf("WANT", ErrMalformed, "a cancel carries no blocks")
+			}
+			if len(m.Blocks.IDs) > MaxBlockIDs {
+				return 0, errorf("WANT", ErrTooLarge, "%d block ids, limit %d", len(m.Blocks.IDs), MaxBlockIDs)
+			}
+			if why := m.Blocks.check(); why != "" {
+				return 0, errorf("WANT", ErrMalformed, "blocks: %s", why)
+			}
+			n += wantBlocksLen(m.Blocks)
+		}
+		return n, nil
 	case *Grant:
 		if m == nil {
 			return 0, errorf("GRANT", ErrMalformed, "nil message")
@@ -169,8 +194,11 @@ func EncodedLen(m Message) (int, error) {
 		if m == nil {
 			return 0, errorf("DATA", ErrMalformed, "nil message")
 		}
-		if len(m.Runs) == 0 {
+		if len(m.Runs) == 0 && m.Pieces.Count == 0 {
 			return 0, errorf("DATA", ErrMalformed, "no runs")
+		}
+		if len(m.Runs) > 0 && m.Pieces != (PieceRange{}) {
+			return 0, errorf("DATA", ErrMalformed, "both runs and a piece range")
 		}
 		if len(m.Runs) > MaxRuns {
 			return 0, errorf("DATA", ErrTooLarge, "%d runs, limit %d", len(m.Runs), MaxRuns)
@@ -179,6 +207,12 @@ func EncodedLen(m Message) (int, error) {
 			return 0, err
 		}
 		n := headerLen + 8 + 4 + 8 + strPrefix + len(m.TraceParent) + 4
+		if len(m.Runs) == 0 {
+			if why := m.Pieces.check(); why != "" {
+				return 0, errorf("DATA", ErrMalformed, "%s", why)
+			}
+			return n + pieceRangeSize, nil
+		}
 		for i := range m.Runs {
 			r := &m.Runs[i]
 			if why := checkRun(r); why != "" {
@@ -520,6 +554,16 @@ func (d *decoder) want() (*Want, error) {
 	w.Endpoint = d.str("endpoint")
 	w.TraceParent = d.str("traceparent")
 	w.Tag = d.tag()
+	switch form := d.u8("form"); {
+	case d.err != nil:
+	case form == formBlocks:
+		if n == 0 {
+			return nil, errorf(d.what, ErrMalformed, "a cancel carries no blocks")
+		}
+		w.Blocks = d.wantBlocks()
+	case form != formDescs:
+		return nil, errorf(d.what, ErrMalformed, "form %d, want 0 (descriptors) or 1 (blocks)", form)
+	}
 	if err := d.end(); err != nil {
 		return nil, err
 	}
@@ -568,9 +612,18 @@ func (d *decoder) data(out *Data) error {
 	if d.err != nil {
 		return d.err
 	}
-	if n == 0 {
-		return errorf(d.what, ErrMalformed, "no runs")
+	if n == 0 { // the block-table form: a piece range instead of runs
+		out.Runs = out.Runs[:0]
+		out.Pieces = PieceRange{First: d.u64("first piece"), Count: d.u64("piece count")}
+		if d.err != nil {
+			return d.err
+		}
+		if why := out.Pieces.check(); why != "" {
+			return errorf(d.what, ErrMalformed, "%s", why)
+		}
+		return d.end()
 	}
+	out.Pieces = PieceRange{}
 	if cap(out.Runs) >= n {
 		out.Runs = out.Runs[:n]
 	} else {

@@ -22,10 +22,13 @@
 // Integers are little-endian and unpadded. A string is a uint16 byte length
 // followed by the bytes (at most MaxString). Bodies:
 //
-//	WANT   request u64 | n u32 | n × chunk_bytes u64 | endpoint str | traceparent str | tag
+//	WANT   request u64 | n u32 | n × chunk_bytes u64 | endpoint str | traceparent str | tag |
+//	       form u8 (0 descriptors, 1 blocks) | when 1: pool str | block_len u64 | pieces u64 |
+//	       m u32 | m × block id u32
 //	GRANT  request u64 | n u32 | n × credit (region u64, addr u64, len u64, chunk u32, device i32,
 //	       kind u8: 0 host, 1 cuda)
-//	DATA   request u64 | chunk u32 | region u64 | traceparent str | n u32 | n × run
+//	DATA   request u64 | chunk u32 | region u64 | traceparent str | n u32 | n × run,
+//	       or, when n is 0 (the block form), first_piece u64 | piece_count u64
 //	ACK    request u64 | chunk u32 | region u64 | scatter_ns u64
 //	NACK   request u64 | chunk u32 | code u16 | reason str
 //	DONE   request u64 | bytes u64 | endpoint str | reason str | tag
@@ -43,6 +46,8 @@
 //
 // The handshake body is version u16 | control_kind str | arena_capacity u64 |
 // max_chunk u64 | endpoint str. The agent descriptor body is name str |
-// engine (u32 length + bytes, at most MaxEngineMetadata) | has_handshake u8
-// (0 or 1) | when 1, a u32 length and a complete handshake encoding.
+// engine (u32 length + bytes, at most MaxEngineMetadata) | public_key 32 bytes |
+// has_handshake u8 (0 or 1) | when 1, a u32 length and a complete handshake
+// encoding | p u32 | p × pool (name str | kind u8 | device i32 | block_len u64 |
+// stride u64 | blocks u64 | r u32 | r × region base u64).
 package wire

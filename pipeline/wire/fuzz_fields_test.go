@@ -21,7 +21,17 @@ func fieldMessage(typ uint8, req uint64, chunk uint32, region uint64, nums []byt
 	}
 	switch typ % 5 {
 	case 0:
-		return &Want{Request: req, ChunkBytes: words, Endpoint: s1, TraceParent: s2}
+		w := &Want{Request: req, ChunkBytes: words, Endpoint: s1, TraceParent: s2}
+		if chunk%2 == 1 && len(words) >= 3 {
+			// The block-table form: a pool named by s1, the block length
+			// and piece count from the words, the ids from the rest.
+			b := &WantBlocks{Pool: s1, BlockLen: words[0], Pieces: words[1]}
+			for _, x := range words[2:] {
+				b.IDs = append(b.IDs, uint32(x), uint32(x>>32))
+			}
+			w.Blocks = b
+		}
+		return w
 	case 1:
 		g := &Grant{Request: req}
 		for i := 0; i+4 <= len(words); i += 4 {
@@ -30,6 +40,10 @@ func fieldMessage(typ uint8, req uint64, chunk uint32, region uint64, nums []byt
 		return g
 	case 2:
 		d := &Data{Request: req, Chunk: chunk, Region: region, TraceParent: s2}
+		if len(words) == 2 { // the block-table form
+			d.Pieces = PieceRange{First: words[0], Count: words[1]}
+			return d
+		}
 		for i := 0; i+6 <= len(words); i += 6 {
 			d.Runs = append(d.Runs, transfer.Run{RegionOff: words[i], Addr: words[i+1], Len: words[i+2], Count: words[i+3], RegionStride: words[i+4], AddrStride: words[i+5]})
 		}
@@ -66,6 +80,8 @@ func FuzzMessageFields(f *testing.F) {
 	f.Add(uint8(2), uint64(9), uint32(3), uint64(1<<20), le(0, 0x10000, 4096, 1, 0, 0), "", tp, uint32(20), byte(4))
 	f.Add(uint8(2), uint64(9), uint32(3), uint64(1<<20), le(4096, 0x20000, 4096, 64, 4096, 16384, 1<<19, 0x90000, 32, 1, 7, 9), "", "", uint32(60), byte(0x10))
 	f.Add(uint8(2), uint64(1), uint32(0), uint64(0), le(math.MaxUint64-1, math.MaxUint64-1, 1, 1, 0, 0, 0, 0, 1, math.MaxUint64, 0, 0), "", "", uint32(1), byte(0))
+	f.Add(uint8(0), uint64(46), uint32(1), uint64(0), le(4096, 4, 7|3<<32), "kv", tp, uint32(50), byte(0x01))
+	f.Add(uint8(2), uint64(46), uint32(1), uint64(8<<20), le(2048, 2048), "", "", uint32(30), byte(0x40))
 	f.Add(uint8(3), uint64(5), uint32(1), uint64(2<<20), []byte(nil), "", "", uint32(8), byte(0x7f))
 	f.Add(uint8(4), uint64(5), uint32(math.MaxUint32), uint64(NackBadRuns), []byte(nil), "runs outside the grant", "", uint32(30), byte(0x20))
 	f.Add(uint8(4), uint64(5), uint32(0), uint64(0xffff), []byte(nil), "", "", uint32(2), byte(0xfe))

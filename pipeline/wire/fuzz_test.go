@@ -186,6 +186,9 @@ func seedCorpora() map[string][]seed {
 		seed{"invalid-trailing", append(slices.Clone(enc["ack-max"]), 0), false},
 		seed{"invalid-want-tag-too-long", rawHeader(TypeWant).u64(1).u32(0).str("").str("").str(strings.Repeat("t", MaxTag+1)), false},
 		seed{"invalid-done-truncated", enc["done-typical"][:len(enc["done-typical"])-1], false},
+		seed{"invalid-want-blocks-dividing", rawHeader(TypeWant).u64(1).u32(1).u64(4096).str("").str("").str("").u8(1).str("kv").u64(4096).u64(3).u32(2).u32(1).u32(2), false},
+		seed{"invalid-want-form", rawHeader(TypeWant).u64(1).u32(1).u64(4096).str("").str("").str("").u8(2), false},
+		seed{"invalid-data-blocks-count-zero", rawHeader(TypeData).u64(1).u32(0).u64(0).str("").u32(0).u64(5).u64(0), false},
 	)
 	out["FuzzUnmarshalHandshake"] = append(out["FuzzUnmarshalHandshake"],
 		seed{"invalid-truncated", hs[:len(hs)-1], false},
@@ -194,6 +197,7 @@ func seedCorpora() map[string][]seed {
 	out["FuzzUnmarshalAgentDesc"] = append(out["FuzzUnmarshalAgentDesc"],
 		seed{"invalid-truncated", ad[:len(ad)-3], false},
 		seed{"invalid-message", enc["want-typical"], false},
+		seed{"invalid-pools-truncated", enc["agentdesc-pools"][:len(enc["agentdesc-pools"])-4], false},
 	)
 	return out
 }

@@ -102,6 +102,10 @@ type AgentDesc struct {
 	// descriptor is still usable: the peer is served on the direct path.
 	// It is never encoded.
 	HandshakeErr error
+	// Pools are the block pools the agent registered (at most MaxPools,
+	// names unique): peers address their blocks by id in block-table
+	// requests.
+	Pools []PoolDesc
 }
 
 // Validate reports whether d can be published: a non-empty Name of at most
@@ -123,6 +127,25 @@ func (d AgentDesc) Validate() error {
 			return err
 		}
 	}
+	return checkPools(what, d.Pools)
+}
+
+// checkPools validates a descriptor's pools: at most MaxPools, each valid,
+// names unique.
+func checkPools(what string, pools []PoolDesc) error {
+	if len(pools) > MaxPools {
+		return errorf(what, ErrTooLarge, "%d pools, limit %d", len(pools), MaxPools)
+	}
+	for i := range pools {
+		if err := pools[i].validate(what); err != nil {
+			return err
+		}
+		for j := range i {
+			if pools[j].Name == pools[i].Name {
+				return errorf(what, ErrMalformed, "pool name %q twice", pools[i].Name)
+			}
+		}
+	}
 	return nil
 }
 
@@ -132,6 +155,10 @@ func MarshalAgentDesc(d AgentDesc) []byte {
 	n := headerLen + strPrefix + len(d.Name) + 4 + len(d.Engine) + len(d.PublicKey) + 1
 	if d.Handshake != nil {
 		n += 4 + headerLen + 2 + 2*strPrefix + len(d.Handshake.ControlKind) + len(d.Handshake.Endpoint) + 16
+	}
+	n += 4
+	for i := range d.Pools {
+		n += poolLen(&d.Pools[i])
 	}
 	b := make([]byte, 0, n)
 	b = appendHeader(b, typeAgentDesc)
@@ -145,13 +172,18 @@ func MarshalAgentDesc(d AgentDesc) []byte {
 	}
 	b = append(b, d.PublicKey[:]...)
 	if d.Handshake == nil {
-		return append(b, 0)
+		b = append(b, 0)
+	} else {
+		b = append(b, 1)
+		lenAt := len(b)
+		b = le.AppendUint32(b, 0)
+		b = appendHandshake(b, *d.Handshake)
+		le.PutUint32(b[lenAt:], uint32(len(b)-lenAt-4))
 	}
-	b = append(b, 1)
-	lenAt := len(b)
-	b = le.AppendUint32(b, 0)
-	b = appendHandshake(b, *d.Handshake)
-	le.PutUint32(b[lenAt:], uint32(len(b)-lenAt-4))
+	b = le.AppendUint32(b, uint32(min(len(d.Pools), math.MaxUint32)))
+	for i := range d.Pools {
+		b = appendPool(b, &d.Pools[i])
+	}
 	return b
 }
 
@@ -190,6 +222,19 @@ func UnmarshalAgentDesc(b []byte) (AgentDesc, error) {
 		out.Handshake = &h
 	case has != 0:
 		return AgentDesc{}, errorf(d.what, ErrMalformed, "has-handshake byte %d, want 0 or 1", has)
+	}
+	if n := d.count("pool count", MaxPools, strPrefix+poolFixed); n > 0 {
+		out.Pools = make([]PoolDesc, 0, n)
+		for i := range n {
+			p, ok := d.pool(i)
+			if !ok {
+				break
+			}
+			out.Pools = append(out.Pools, p)
+		}
+		if d.err == nil {
+			d.err = checkPools(d.what, out.Pools)
+		}
 	}
 	if err := d.end(); err != nil {
 		return AgentDesc{}, err

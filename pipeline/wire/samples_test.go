@@ -29,6 +29,7 @@ func sampleMessages() []namedMessage {
 		{"want-max", &Want{Request: math.MaxUint64, ChunkBytes: []uint64{math.MaxUint64, 1}, Endpoint: long, TraceParent: long}},
 		{"want-tagged", &Want{Request: 44, ChunkBytes: []uint64{8 << 20}, Endpoint: "tcp://10.0.0.2:41000", Tag: []byte("req-7f3a\x00\xff")}},
 		{"want-tag-max", &Want{Request: 45, ChunkBytes: []uint64{1}, Tag: []byte(strings.Repeat("t", MaxTag))}},
+		{"want-blocks", &Want{Request: 46, ChunkBytes: []uint64{8 << 20, 4096}, Endpoint: "tcp://10.0.0.2:41000", Blocks: &WantBlocks{Pool: "kv-l0..79", BlockLen: 4096, Pieces: 6, IDs: []uint32{7, 0, math.MaxUint32}}}},
 		{"grant-one", &Grant{Request: 1, Credits: []Credit{{Chunk: 0, Region: 0, Addr: 0x7f0000000000, Len: 1 << 20, Device: 0}}}},
 		{"grant-max", &Grant{Request: math.MaxUint64, Credits: []Credit{
 			{Chunk: math.MaxUint32, Region: math.MaxUint64 - 1, Addr: math.MaxUint64 - 1, Len: 1, Device: math.MaxInt32},
@@ -46,6 +47,8 @@ func sampleMessages() []namedMessage {
 			{RegionOff: math.MaxUint64 - 1, Addr: math.MaxUint64 - 1, Len: 1, Count: 1},
 			{RegionOff: 0, Addr: 0, Len: 1, Count: math.MaxUint64},
 		}}},
+		{"data-blocks", &Data{Request: 46, Chunk: 1, Region: 8 << 20, Pieces: PieceRange{First: 2048, Count: 2048}}},
+		{"data-blocks-max", &Data{Request: math.MaxUint64, Chunk: math.MaxUint32, Region: math.MaxUint64, TraceParent: testTraceParent, Pieces: PieceRange{First: math.MaxUint64 - 1, Count: 1}}},
 		{"ack-zero", &Ack{}},
 		{"ack-max", &Ack{Request: math.MaxUint64, Chunk: math.MaxUint32, Region: math.MaxUint64}},
 		{"nack-empty-reason", &Nack{Request: 5, Chunk: WholeRequest, Code: NackShutdown}},
@@ -82,6 +85,10 @@ func sampleAgentDescs() []namedAgentDesc {
 	return []namedAgentDesc{
 		{"agentdesc-no-bounce", AgentDesc{Name: "a"}},
 		{"agentdesc-typical", AgentDesc{Name: "prefill-0", Engine: []byte("tcp engine metadata\x00\x01\x02"), PublicKey: [32]byte{1, 2, 3, 31: 0xff}, Handshake: &hs[1].h}},
+		{"agentdesc-pools", AgentDesc{Name: "decode-3", Engine: []byte("md"), Handshake: &hs[1].h, Pools: []PoolDesc{
+			{Name: "kv", Pool: transfer.Pool{Regions: []uint64{0x10000, 0x90000}, BlockLen: 4096, Stride: 4096, Blocks: 16}},
+			{Name: "gpu0/kv", Pool: transfer.Pool{Regions: []uint64{0x7f0000000000, 0x7f0000000800}, BlockLen: 2048, Stride: 4096, Blocks: 1 << 20, Kind: transfer.CUDA, Device: 3}},
+		}}},
 		{"agentdesc-max", AgentDesc{Name: strings.Repeat("n", MaxString), Engine: []byte(strings.Repeat("m", 1<<16)), Handshake: &hs[2].h}},
 	}
 }

@@ -12,9 +12,11 @@ import (
 // other version with ErrBadVersion. Version 2 added the agent's public key
 // to the descriptor (authenticated peers); version 3 added the memory kind
 // of the receiver's arena to every GRANT credit and the receiver's scatter
-// time to every ACK. Peers of another version are refused with an error
+// time to every ACK; version 4 added the block-table form: the pools in the
+// agent descriptor, the WANT's form byte (and its WantBlocks) and the
+// DATA's piece range. Peers of another version are refused with an error
 // saying so.
-const Version uint16 = 3
+const Version uint16 = 4
 
 // Limits enforced by encoders and decoders. A count or length above its limit
 // is ErrTooLarge, checked before anything is allocated.
@@ -128,13 +130,16 @@ type Message interface {
 // positive. Tag is the caller's opaque tag for the request (at most MaxTag
 // bytes), handed to the receiver's completion event; like the trace field
 // it is optional in value (empty when the caller set none) but always
-// encoded, as a uint16 length and the bytes.
+// encoded, as a uint16 length and the bytes. Blocks, when set, makes the
+// request a block-table one (see WantBlocks): its DATAs carry piece ranges
+// instead of runs. A cancel carries no Blocks.
 type Want struct {
 	Request     uint64
 	ChunkBytes  []uint64
 	Endpoint    string
 	TraceParent string
 	Tag         []byte
+	Blocks      *WantBlocks
 }
 
 // Type returns TypeWant.
@@ -171,16 +176,22 @@ func (*Grant) Type() Type { return TypeGrant }
 // Data tells the receiver that chunk Chunk of a request landed in region
 // Region, with the scatter runs (region offsets relative to the region) that
 // place it. It carries at least one run; each run must have positive Len and
-// Count and spans that do not overflow. TraceParent is the trace field, as
-// in Want (the sender's chunk span); decoding an empty one allocates
-// nothing.
+// Count and spans that do not overflow. A block-table request's DATA
+// carries no runs but Pieces instead, the piece range of its WANT's blocks
+// the region holds (encoded as a run count of 0 followed by the range).
+// TraceParent is the trace field, as in Want (the sender's chunk span);
+// decoding an empty one allocates nothing.
 type Data struct {
 	Request     uint64
 	Chunk       uint32
 	Region      uint64
 	Runs        []transfer.Run
+	Pieces      PieceRange
 	TraceParent string
 }
+
+// IsBlocks reports whether d is in the block-table form (a piece range).
+func (d *Data) IsBlocks() bool { return len(d.Runs) == 0 && d.Pieces.Count > 0 }
 
 // Type returns TypeData.
 func (*Data) Type() Type { return TypeData }
@@ -225,6 +236,11 @@ const (
 	// different chunk list. A flow is wanted once; the receiver leaves the
 	// live flow as it was.
 	NackConflictingWant
+	// NackBadBlocks: a block-table WANT names no pool of the receiver's, or
+	// a pool of another block length or region count, one the sender may
+	// not write, an id out of range or a destination id twice; or a DATA's
+	// piece range falls outside its request or its region.
+	NackBadBlocks
 )
 
 // String names the code ("bad-runs", ...).
@@ -246,6 +262,8 @@ func (c NackCode) String() string {
 		return "malformed"
 	case NackConflictingWant:
 		return "conflicting-want"
+	case NackBadBlocks:
+		return "bad-blocks"
 	default:
 		return fmt.Sprintf("nack(%d)", uint16(c))
 	}

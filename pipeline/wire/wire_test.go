@@ -50,26 +50,26 @@ func TestGoldenBytes(t *testing.T) {
 		hex  string
 	}{
 		{"ack", &Ack{Request: 0x0102030405060708, Chunk: 0x0a0b0c0d, Region: 0x1112131415161718, ScatterNS: 0x2122232425262728},
-			"424e4345 0300 04 00 | 0807060504030201 | 0d0c0b0a | 1817161514131211 | 2827262524232221"},
+			"424e4345 0400 04 00 | 0807060504030201 | 0d0c0b0a | 1817161514131211 | 2827262524232221"},
 		{"want", &Want{Request: 1, ChunkBytes: []uint64{0x100000}, Endpoint: "ab"},
-			"424e4345 0300 01 00 | 0100000000000000 | 01000000 | 0000100000000000 | 0200 6162 | 0000 | 0000"},
+			"424e4345 0400 01 00 | 0100000000000000 | 01000000 | 0000100000000000 | 0200 6162 | 0000 | 0000 | 00"},
 		{"want-cancel", &Want{Request: 2, TraceParent: "t"},
-			"424e4345 0300 01 00 | 0200000000000000 | 00000000 | 0000 | 0100 74 | 0000"},
+			"424e4345 0400 01 00 | 0200000000000000 | 00000000 | 0000 | 0100 74 | 0000 | 00"},
 		{"want-tagged", &Want{Request: 2, Tag: []byte{0xaa, 0xbb}},
-			"424e4345 0300 01 00 | 0200000000000000 | 00000000 | 0000 | 0000 | 0200 aabb"},
+			"424e4345 0400 01 00 | 0200000000000000 | 00000000 | 0000 | 0000 | 0200 aabb | 00"},
 		{"grant", &Grant{Request: 2, Credits: []Credit{{Chunk: 3, Region: 0x10, Addr: 0x2000, Len: 0x40, Device: 1, Kind: transfer.CUDA}}},
-			"424e4345 0300 02 00 | 0200000000000000 | 01000000 | 1000000000000000 0020000000000000 4000000000000000 03000000 01000000 01"},
+			"424e4345 0400 02 00 | 0200000000000000 | 01000000 | 1000000000000000 0020000000000000 4000000000000000 03000000 01000000 01"},
 		{"data", &Data{Request: 3, Chunk: 1, Region: 0x20, TraceParent: "t", Runs: []transfer.Run{
 			{RegionOff: 0, Addr: 0x1000, Len: 0x10, Count: 1},
 			{RegionOff: 0x10, Addr: 0x2000, Len: 8, Count: 2, RegionStride: 8, AddrStride: 0x100},
 		}},
-			"424e4345 0300 03 00 | 0300000000000000 | 01000000 | 2000000000000000 | 0100 74 | 02000000 |" +
+			"424e4345 0400 03 00 | 0300000000000000 | 01000000 | 2000000000000000 | 0100 74 | 02000000 |" +
 				"00 0000000000000000 0010000000000000 1000000000000000 |" +
 				"01 1000000000000000 0020000000000000 0800000000000000 0200000000000000 0800000000000000 0001000000000000"},
 		{"nack", &Nack{Request: 4, Chunk: WholeRequest, Code: NackShutdown, Reason: "x"},
-			"424e4345 0300 05 00 | 0400000000000000 | ffffffff | 0400 | 0100 78"},
+			"424e4345 0400 05 00 | 0400000000000000 | ffffffff | 0400 | 0100 78"},
 		{"done", &Done{Request: 5, Bytes: 0x1000, Endpoint: "e", Reason: "x", Tag: []byte("t")},
-			"424e4345 0300 06 00 | 0500000000000000 | 0010000000000000 | 0100 65 | 0100 78 | 0100 74"},
+			"424e4345 0400 06 00 | 0500000000000000 | 0010000000000000 | 0100 65 | 0100 78 | 0100 74"},
 	}
 	for _, c := range cases {
 		got, err := Marshal(c.msg)
@@ -82,18 +82,18 @@ func TestGoldenBytes(t *testing.T) {
 	}
 
 	h := Handshake{Version: 1, ControlKind: "zmq", ArenaCapacity: 0x100, MaxChunk: 0x80, Endpoint: "e"}
-	wantH := unhex(t, "424e4345 0300 48 00 | 0100 | 0300 7a6d71 | 0001000000000000 | 8000000000000000 | 0100 65")
+	wantH := unhex(t, "424e4345 0400 48 00 | 0100 | 0300 7a6d71 | 0001000000000000 | 8000000000000000 | 0100 65")
 	if got := MarshalHandshake(h); !bytes.Equal(got, wantH) {
 		t.Fatalf("handshake:\n got %x\nwant %x", got, wantH)
 	}
 	d := AgentDesc{Name: "n", Engine: []byte{0xaa}, PublicKey: [32]byte{0: 0x11, 31: 0x22}}
 	key := "11" + strings.Repeat("00", 30) + "22"
-	wantD := unhex(t, "424e4345 0300 41 00 | 0100 6e | 01000000 aa | "+key+" | 00")
+	wantD := unhex(t, "424e4345 0400 41 00 | 0100 6e | 01000000 aa | "+key+" | 00 | 00000000")
 	if got := MarshalAgentDesc(d); !bytes.Equal(got, wantD) {
 		t.Fatalf("agent desc:\n got %x\nwant %x", got, wantD)
 	}
 	d.Handshake = &h
-	wantDH := append(append(unhex(t, "424e4345 0300 41 00 | 0100 6e | 01000000 aa | "+key+" | 01"), byte(len(wantH)), 0, 0, 0), wantH...)
+	wantDH := append(append(append(unhex(t, "424e4345 0400 41 00 | 0100 6e | 01000000 aa | "+key+" | 01"), byte(len(wantH)), 0, 0, 0), wantH...), 0, 0, 0, 0)
 	if got := MarshalAgentDesc(d); !bytes.Equal(got, wantDH) {
 		t.Fatalf("agent desc with handshake:\n got %x\nwant %x", got, wantDH)
 	}
@@ -260,7 +260,7 @@ func TestCrossTypeDecode(t *testing.T) {
 	}
 	// The embedded handshake of an agent descriptor must be a handshake.
 	b := bytes.Clone(ad)
-	at := len(b) - len(hs)
+	at := len(b) - len(hs) - 4 // the handshake, then the pool count
 	b[at+6] = byte(TypeAck)
 	wantErr(t, "agent desc with ACK as handshake", decodeAgentDesc(b), ErrWrongType)
 }
@@ -323,7 +323,7 @@ func TestTrailingBytes(t *testing.T) {
 	// Trailing bytes inside the embedded handshake are trailing too.
 	hs := MarshalHandshake(sampleHandshakes()[0].h)
 	b := rawHeader(typeAgentDesc).str("n").u32(0).zeros(32).u8(1).u32(uint32(len(hs) + 1))
-	b = append(append(b, hs...), 0)
+	b = le.AppendUint32(append(append(b, hs...), 0), 0) // no pools
 	d, err := UnmarshalAgentDesc(b)
 	if err != nil {
 		t.Fatalf("embedded handshake + trailing: %v; want the descriptor without its handshake", err)
@@ -367,7 +367,13 @@ func TestMalformedDecode(t *testing.T) {
 		{"credit region overflow", credit(math.MaxUint64, 0, 2, 0, 0), decodeMessage, "overflows"},
 		{"credit negative device", credit(0, 0, 2, 0, -1), decodeMessage, "negative device"},
 		{"credit unknown memory kind", creditKind(0, 0, 2, 0, 0, 9), decodeMessage, "unknown memory kind 9"},
-		{"data no runs", dataHead(0), decodeMessage, "no runs"},
+		{"data no pieces", dataHead(0).u64(3).u64(0), decodeMessage, "piece count 0"},
+		{"data piece overflow", dataHead(0).u64(math.MaxUint64).u64(1), decodeMessage, "overflow"},
+		{"want cancel with blocks", rawHeader(TypeWant).u64(1).u32(0).str("").str("").str("").u8(1), decodeMessage, "a cancel carries no blocks"},
+		{"want blocks no ids", rawHeader(TypeWant).u64(1).u32(1).u64(1).str("").str("").str("").u8(1).str("kv").u64(8).u64(1).u32(0), decodeMessage, "no block ids"},
+		{"want blocks bad pool name", rawHeader(TypeWant).u64(1).u32(1).u64(1).str("").str("").str("").u8(1).str("k\x01v").u64(8).u64(1).u32(1).u32(0), decodeMessage, "pool name"},
+		{"agent pool stride short", rawHeader(typeAgentDesc).str("n").u32(0).zeros(32).u8(0).u32(1).str("kv").u8(0).u32(0).u64(8).u64(4).u64(1).u32(1).u64(0x1000), decodeAgentDesc, "stride"},
+		{"agent pool name twice", rawHeader(typeAgentDesc).str("n").u32(0).zeros(32).u8(0).u32(2).str("kv").u8(0).u32(0).u64(8).u64(8).u64(1).u32(1).u64(0x1000).str("kv").u8(0).u32(0).u64(8).u64(8).u64(1).u32(1).u64(0x2000), decodeAgentDesc, "twice"},
 		{"run len 0", single(dataHead(1), 0, 0x1000, 0), decodeMessage, "runs[0]: len 0"},
 		{"run count 0", strided(single(dataHead(2), 0, 0, 1), transfer.Run{Len: 8, Count: 0, RegionStride: 8}), decodeMessage, "runs[1]: count 0"},
 		{"run unknown tag", dataHead(1).u8(7).zeros(48), decodeMessage, "unknown tag 7"},
@@ -380,7 +386,7 @@ func TestMalformedDecode(t *testing.T) {
 		{"handshake no endpoint", hs(1, "zmq", 2, 1, ""), decodeHandshake, "empty endpoint"},
 		{"handshake max chunk 0", hs(1, "zmq", 2, 0, "e"), decodeHandshake, "max chunk 0"},
 		{"handshake chunk > arena", hs(1, "zmq", 2, 3, "e"), decodeHandshake, "exceeds arena capacity"},
-		{"agent empty name", rawHeader(typeAgentDesc).str("").u32(0).zeros(32).u8(0), decodeAgentDesc, "empty name"},
+		{"agent empty name", rawHeader(typeAgentDesc).str("").u32(0).zeros(32).u8(0).u32(0), decodeAgentDesc, "empty name"},
 		{"agent has-handshake 2", rawHeader(typeAgentDesc).str("n").u32(0).zeros(32).u8(2), decodeAgentDesc, "has-handshake byte 2"},
 	}
 	for _, c := range cases {
@@ -393,7 +399,7 @@ func TestMalformedDecode(t *testing.T) {
 	// The embedded handshake is validated as well, naming where it sits.
 	bad := hs(1, "zmq", 2, 3, "e")
 	b := rawHeader(typeAgentDesc).str("n").u32(0).zeros(32).u8(1).u32(uint32(len(bad)))
-	d, derr := UnmarshalAgentDesc(append(b, bad...))
+	d, derr := UnmarshalAgentDesc(le.AppendUint32(append(b, bad...), 0))
 	if derr != nil || d.Handshake != nil {
 		t.Fatalf("agent desc bad handshake: %+v, %v; want the descriptor without its handshake", d, derr)
 	}
@@ -599,11 +605,11 @@ func TestTagBounds(t *testing.T) {
 	if _, err := Unmarshal(head.u16(uint16(len(long))).zeros(len(long))); !errors.Is(err, ErrTooLarge) {
 		t.Fatalf("WANT with a %d-byte tag on the wire: %v, want ErrTooLarge", len(long), err)
 	}
-	m, err := Unmarshal(head.str("abc"))
+	m, err := Unmarshal(head.str("abc").u8(0))
 	if err != nil || string(m.(*Want).Tag) != "abc" {
 		t.Fatalf("tagged WANT: %+v, %v", m, err)
 	}
-	m, err = Unmarshal(head.str(""))
+	m, err = Unmarshal(head.str("").u8(0))
 	if err != nil || m.(*Want).Tag != nil {
 		t.Fatalf("untagged WANT: %+v, %v", m, err)
 	}

@@ -129,10 +129,11 @@ type Engine struct {
 }
 
 type copyCtx struct {
-	runs   []transfer.Run // the submitted runs, validated
-	split  []transfer.Run // runs cut at share boundaries
-	bounds []int          // end index in split of each share
-	pins   []uint64       // the registered ranges the copy touches, pinned while it runs
+	runs   []transfer.Run     // the submitted runs, validated
+	split  []transfer.Run     // runs cut at share boundaries
+	bounds []int              // end index in split of each share
+	pins   []uint64           // the registered ranges the copy touches, pinned while it runs
+	blk    transfer.BlockCopy // a block-table copy's chunk (SubmitBlocks)
 }
 
 // touch records that the copy uses the registered range starting at a.
@@ -142,10 +143,13 @@ func (c *copyCtx) touch(a uint64) {
 	}
 }
 
-// share is one worker's part of an operation.
+// share is one worker's part of an operation: runs, or pieces [lo, hi)
+// of a block copy.
 type share struct {
-	o    *op
-	runs []transfer.Run
+	o      *op
+	runs   []transfer.Run
+	blk    *transfer.BlockCopy
+	lo, hi uint64
 }
 
 // New validates cfg and starts the engine's workers. Close stops them.
@@ -283,7 +287,8 @@ func (e *Engine) putCtx(ctx *copyCtx) {
 	if cap(ctx.split) > retainRuns {
 		ctx.split = nil
 	}
-	e.pool.Put(ctx) // after Close the context is dropped: it holds only Go memory
+	ctx.blk = transfer.BlockCopy{} // drop the caller's ids
+	e.pool.Put(ctx)                // after Close the context is dropped: it holds only Go memory
 }
 
 func (e *Engine) work() {
@@ -305,6 +310,10 @@ func (e *Engine) work() {
 
 		if e.beforeCopy != nil {
 			e.beforeCopy()
+		}
+		if sh.blk != nil {
+			sh.o.shareDone(e.copyBlocks(sh.o.region.Addr, sh.blk, sh.lo, sh.hi))
+			continue
 		}
 		e.copyRuns(sh.o.region.Addr, sh.runs)
 		sh.o.shareDone(nil)

@@ -16,7 +16,10 @@ type Gatherer struct {
 	e *hostcopy.Engine
 }
 
-var _ transfer.Gatherer = (*Gatherer)(nil)
+var (
+	_ transfer.Gatherer      = (*Gatherer)(nil)
+	_ transfer.BlockGatherer = (*Gatherer)(nil)
+)
 
 // New validates s and starts the workers; Close stops them.
 func New(s Settings) (*Gatherer, error) {
@@ -37,6 +40,14 @@ func New(s Settings) (*Gatherer, error) {
 // registered and mapped until then.
 func (x *Gatherer) Gather(region transfer.Desc, runs []transfer.Run) (transfer.Op, error) {
 	return x.e.Submit(region, runs)
+}
+
+// GatherBlocks is Gather for a block-table chunk (transfer.BlockGatherer): the
+// pieces' addresses come from the pool's geometry and ids, checked once per
+// id and once per pool region the chunk touches, never per piece (see
+// hostcopy.Engine.SubmitBlocks). Errors are Gather's.
+func (x *Gatherer) GatherBlocks(region transfer.Desc, c transfer.BlockCopy) (transfer.Op, error) {
+	return x.e.SubmitBlocks(region, c)
 }
 
 // Idle returns the number of copy contexts free right now.

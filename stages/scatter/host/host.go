@@ -16,7 +16,10 @@ type Scatterer struct {
 	e *hostcopy.Engine
 }
 
-var _ transfer.Scatterer = (*Scatterer)(nil)
+var (
+	_ transfer.Scatterer      = (*Scatterer)(nil)
+	_ transfer.BlockScatterer = (*Scatterer)(nil)
+)
 
 // New validates s and starts the workers; Close stops them.
 func New(s Settings) (*Scatterer, error) {
@@ -37,6 +40,14 @@ func New(s Settings) (*Scatterer, error) {
 // registered and mapped until then.
 func (x *Scatterer) Scatter(region transfer.Desc, runs []transfer.Run) (transfer.Op, error) {
 	return x.e.Submit(region, runs)
+}
+
+// ScatterBlocks is Scatter for a block-table chunk (transfer.BlockScatterer): the
+// pieces' addresses come from the pool's geometry and ids, checked once per
+// id and once per pool region the chunk touches, never per piece (see
+// hostcopy.Engine.SubmitBlocks). Errors are Scatter's.
+func (x *Scatterer) ScatterBlocks(region transfer.Desc, c transfer.BlockCopy) (transfer.Op, error) {
+	return x.e.SubmitBlocks(region, c)
 }
 
 // Idle returns the number of copy contexts free right now.
