@@ -73,7 +73,7 @@ func WritePlots(dir string, r *Report) ([]string, error) {
 		if err != nil {
 			return paths, err
 		}
-		if err := save(p, fmt.Sprintf("latency-tail-%s-%dx%s-%s-c%d%s.png", g.Workload, g.Count, FormatSize(g.DescSize), g.Layout, g.Concurrency, g.loopTag("-"))); err != nil {
+		if err := save(p, fmt.Sprintf("latency-tail-%s-%dx%s-%s-c%d%s.png", g.Workload, g.Count, FormatSize(g.DescSize), g.LayoutForm(), g.Concurrency, g.loopTag("-"))); err != nil {
 			return paths, err
 		}
 	}
@@ -134,8 +134,8 @@ func WritePlots(dir string, r *Report) ([]string, error) {
 func layouts(rows []Row) []string {
 	var out []string
 	for _, r := range rows {
-		if !slices.Contains(out, r.Layout) {
-			out = append(out, r.Layout)
+		if !slices.Contains(out, r.LayoutForm()) {
+			out = append(out, r.LayoutForm())
 		}
 	}
 	return out
@@ -190,13 +190,13 @@ func subtitle(c Config) string {
 func throughputPlot(rows []Row, layout string, cfg Config) (*plot.Plot, string, bool, error) {
 	lowest := math.MaxInt
 	for _, r := range rows {
-		if r.Layout == layout {
+		if r.LayoutForm() == layout {
 			lowest = min(lowest, r.Concurrency)
 		}
 	}
 	var sel []Row
 	for _, r := range rows {
-		if r.Layout == layout && r.Concurrency == lowest && r.Verified != VerifiedFailed && r.Throughput > 0 {
+		if r.LayoutForm() == layout && r.Concurrency == lowest && r.Verified != VerifiedFailed && r.Throughput > 0 {
 			sel = append(sel, r)
 		}
 	}
@@ -262,7 +262,7 @@ func highestConcurrency(rows []Row) []Group {
 	var order []shape
 	best := map[shape]Group{}
 	for _, r := range rows {
-		s := shape{r.Workload, r.DescSize, r.Count, r.Layout}
+		s := shape{r.Workload, r.DescSize, r.Count, r.LayoutForm()}
 		g, ok := best[s]
 		if !ok {
 			order = append(order, s)

@@ -31,6 +31,10 @@ const (
 	RouteBulk   = "bulk"
 	// RouteAuto lets the agent choose (bounce.route auto).
 	RouteAuto = "auto"
+	// FormDescs and FormBlocks are the request forms a Group names:
+	// descriptor lists, and block tables over registered pools.
+	FormDescs  = "descs"
+	FormBlocks = "blocks"
 	// RouteBest is the denominator of the auto/best ratio: per iteration,
 	// the faster of the bounce and direct cells.
 	RouteBest = "best"
@@ -126,6 +130,7 @@ type Config struct {
 	DescSize      uint64            `json:"desc_size_override,omitempty"`
 	Count         int               `json:"count_override,omitempty"`
 	Layouts       []string          `json:"layouts"`
+	Forms         []string          `json:"forms,omitempty"` // the request forms (--form); empty: descriptor lists
 	Concurrency   []int             `json:"concurrency"`
 	Generations   int               `json:"generations,omitempty"`
 	Routes        []string          `json:"routes"`
@@ -154,10 +159,14 @@ func (c Config) EngineLabel() string {
 // Group identifies what a cell measured apart from the route and the
 // iteration: cells of one group are compared with each other.
 type Group struct {
-	Workload    string `json:"workload"`
-	DescSize    uint64 `json:"desc_size"`
-	Count       int    `json:"count"`
-	Layout      string `json:"layout"`
+	Workload string `json:"workload"`
+	DescSize uint64 `json:"desc_size"`
+	Count    int    `json:"count"`
+	Layout   string `json:"layout"`
+	// Form is the request form: "descs" (descriptor lists) or "blocks"
+	// (block tables over registered pools); empty in reports of runs
+	// without --form, which moved descriptor lists.
+	Form        string `json:"form,omitempty"`
 	Concurrency int    `json:"concurrency"`
 	// Generations > 1 runs a closed loop: Concurrency requests in flight,
 	// each completion submitting the next, Generations x Concurrency
@@ -179,7 +188,16 @@ func (g Group) String() string {
 	if g.AskedConcurrency != 0 {
 		asked = fmt.Sprintf(" (asked c%d)", g.AskedConcurrency)
 	}
-	return fmt.Sprintf("%s %dx%s %s c%d%s%s", g.Workload, g.Count, FormatSize(g.DescSize), g.Layout, g.Concurrency, g.loopTag(" "), asked)
+	return fmt.Sprintf("%s %dx%s %s c%d%s%s", g.Workload, g.Count, FormatSize(g.DescSize), g.LayoutForm(), g.Concurrency, g.loopTag(" "), asked)
+}
+
+// LayoutForm names the layout and, when set, the form ("fragmented
+// blocks").
+func (g Group) LayoutForm() string {
+	if g.Form == "" {
+		return g.Layout
+	}
+	return g.Layout + " " + g.Form
 }
 
 // loopTag names a closed loop ("<sep>loopK"), or is empty for a burst.
@@ -369,8 +387,10 @@ func (r Ratio) Name() string { return r.Numerator + "/" + r.Denominator }
 // with every other route's cell and returns bounce's throughput over the
 // other's; where the group ran auto, bounce and direct it adds auto/best,
 // auto's throughput over the faster of bounce and direct in the same
-// iteration. Groups and routes keep the order in which cells first appear;
-// failed cells are left out of the ratios.
+// iteration; for a group of the block form it adds, per route but bulk,
+// "<route>[blocks]/<route>[descs]", its throughput over the descriptor
+// form's of the same shape in the same iteration. Groups and routes keep the
+// order in which cells first appear; failed cells are left out of the ratios.
 func ComputeRatios(cells []Cell) []Ratio {
 	type key struct {
 		g     Group
@@ -417,6 +437,28 @@ func ComputeRatios(cells []Cell) []Ratio {
 			}
 			r.Median = Median(r.PerIteration)
 			out = append(out, r)
+		}
+		if g.Form == FormBlocks {
+			// The block form against the descriptor form of the same
+			// shape, route by route, in the iterations both ran.
+			d := g
+			d.Form = FormDescs
+			for _, route := range routes[g] {
+				if route == RouteBulk || !slices.Contains(routes[d], route) {
+					continue // bulk is one descriptor in either form
+				}
+				r := Ratio{Group: g, Numerator: route + "[" + FormBlocks + "]", Denominator: route + "[" + FormDescs + "]"}
+				for _, it := range iters {
+					n, dd := byKey[key{g, route, it}], byKey[key{d, route, it}]
+					if n.OK() && dd.OK() {
+						r.PerIteration = append(r.PerIteration, n.Throughput/dd.Throughput)
+					}
+				}
+				if len(r.PerIteration) > 0 {
+					r.Median = Median(r.PerIteration)
+					out = append(out, r)
+				}
+			}
 		}
 		if slices.Contains(routes[g], RouteAuto) && slices.Contains(routes[g], RouteDirect) {
 			r := Ratio{Group: g, Numerator: RouteAuto, Denominator: RouteBest}

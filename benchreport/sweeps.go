@@ -188,11 +188,11 @@ func shapeFile(prefix string, k sweepKey) string {
 }
 
 func byConcurrency(c Cell) sweepKey {
-	return sweepKey{workload: c.Workload, layout: c.Layout, desc: c.DescSize, count: c.Count, gens: c.Generations}
+	return sweepKey{workload: c.Workload, layout: c.LayoutForm(), desc: c.DescSize, count: c.Count, gens: c.Generations}
 }
 
 func byDescSize(c Cell) sweepKey {
-	return sweepKey{workload: c.Workload, layout: c.Layout, conc: c.Concurrency, gens: c.Generations}
+	return sweepKey{workload: c.Workload, layout: c.LayoutForm(), conc: c.Concurrency, gens: c.Generations}
 }
 
 // throughputVsConcurrency plots throughput against concurrency for one

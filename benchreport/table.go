@@ -200,13 +200,17 @@ func writeStages(w io.Writer, cells []Cell) error {
 	if len(order) == 0 {
 		return nil
 	}
-	fmt.Fprintln(w, "\nwhere a request's time went (mean per request, summed over its chunks, which overlap; scatter is the receiver's, from its ACKs; ACK is the rest of DATA->ACK):")
+	fmt.Fprintln(w, "\nwhere a request's time went (mean per request, summed over its chunks, which overlap; plan/piece is plan over the workload's pieces, the sender's host cost per block at submit; scatter is the receiver's, from its ACKs; ACK is the rest of DATA->ACK):")
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "cell\troute\tplan\tWANT->GRANT\tgather\twrite\tDATA\tscatter\tACK")
+	fmt.Fprintln(tw, "cell\troute\tplan\tplan/piece\tWANT->GRANT\tgather\twrite\tDATA\tscatter\tACK")
 	for _, k := range order {
 		s := sums[k]
 		n := s[7]
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", k.g, k.route, dur(s[0]/n), dur(s[1]/n), dur(s[2]/n), dur(s[3]/n), dur(s[4]/n), dur(s[5]/n), dur(s[6]/n))
+		perPiece := "-"
+		if k.g.Count > 0 && k.route != RouteBulk && s[0] > 0 {
+			perPiece = fmt.Sprintf("%.1fns", float64(s[0]/n)/float64(k.g.Count))
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", k.g, k.route, dur(s[0]/n), perPiece, dur(s[1]/n), dur(s[2]/n), dur(s[3]/n), dur(s[4]/n), dur(s[5]/n), dur(s[6]/n))
 	}
 	if err := tw.Flush(); err != nil {
 		return fmt.Errorf("benchreport: write stages: %w", err)

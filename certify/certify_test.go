@@ -42,7 +42,7 @@ func TestBuiltins(t *testing.T) {
 		skip       []string
 		why        map[string]string
 	}{
-		{"engine", "loopback", Options{}, nil, nil},
+		{"engine", "loopback", Options{}, []string{"engine/blocks-geometry"}, map[string]string{"engine/blocks-geometry": loopbackGeometry}},
 		{"engine", "tcp", Options{}, nil, nil},
 		{"engine", "ucx", Options{}, ucxSkips, ucxWhy},
 		{"control", "inproc", Options{}, nil, nil},

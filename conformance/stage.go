@@ -74,6 +74,7 @@ type stageRig struct {
 	scatter  bool
 	do       func(region transfer.Desc, runs []transfer.Run) (transfer.Op, error)
 	register func(d transfer.Desc) error
+	stage    any // the stage itself, probed for the block form
 }
 
 // stageParts is what a gather or scatter fixture yields, stage-agnostic.
@@ -147,7 +148,7 @@ func stageSuite(kind, field string, scatter bool, open func() (stageParts, error
 				return opened[*stageRig]{cleanup: cleanup}, fmt.Errorf("%s or Register is nil", field)
 			}
 			o := opened[*stageRig]{
-				f:       &stageRig{scatter: scatter, do: p.do, register: p.register},
+				f:       &stageRig{scatter: scatter, do: p.do, register: p.register, stage: p.stage},
 				cleanup: cleanup,
 				subject: p.subject,
 				memory:  p.memory,
@@ -164,7 +165,7 @@ func stageSuite(kind, field string, scatter bool, open func() (stageParts, error
 
 func stageRules(kind string) []rule[*stageRig] {
 	mk := func(_ *rc, s *stageRig) (rig, error) { return s, nil }
-	rules := dataRules(kind, kind, mk)
+	rules := append(dataRules(kind, kind, mk), blockStageRules(kind)...)
 	call := "Gather"
 	if kind == "scatter" {
 		call = "Scatter"

@@ -21,6 +21,11 @@ import (
 type Target struct {
 	Peer   string
 	Buffer transfer.Desc
+	// Pool names request i's destination pool in the block-table form
+	// (Options.Blocks): a pool the peer registered over its buffer's i-th
+	// slice (RegisterPools) and advertised in the descriptor the agent
+	// loaded. Nil means DstPool.
+	Pool func(i int) string
 }
 
 // Options describe one measured run.
@@ -41,6 +46,14 @@ type Options struct {
 	// this Driver (the same Spec and Requests) finds its bytes in place,
 	// so a repeated run's time is the transfer's alone.
 	Prefilled bool
+	// Blocks submits every request in the block-table form
+	// (pipeline.BlockRequest) instead of as descriptor lists: Spec.Regions
+	// must be set, at most MaxBlockRequests requests; Run registers
+	// request i's source pool (SrcPool(i)) over its slice of the source
+	// buffer for the run and names the target's pool Target.Pool(i). The
+	// pieces and their bytes are those of the descriptor form of the same
+	// Spec.
+	Blocks bool
 }
 
 // Result is one measured run.
@@ -168,7 +181,8 @@ func (d *Driver) Run(ctx context.Context, t Target, o Options) (Result, error) {
 		return Result{}, fmt.Errorf("driver: %d requests x %d bytes exceed the peer's %d-byte buffer", o.Requests, per, t.Buffer.Len)
 	}
 	type req struct {
-		src, dst []transfer.Desc
+		src, dst       []transfer.Desc
+		srcIDs, dstIDs []uint32
 	}
 	reqs := make([]req, o.Requests)
 	host := HostBytes(d.src) // filled in place; device memory through one request's scratch
@@ -197,7 +211,24 @@ func (d *Driver) Run(ctx context.Context, t Target, o Options) (Result, error) {
 		sb.Addr += off
 		db := t.Buffer
 		db.Addr += off
-		reqs[i].src, reqs[i].dst = s.Descs(sb, db)
+		if o.Blocks {
+			reqs[i].srcIDs, reqs[i].dstIDs = s.IDs()
+		} else {
+			reqs[i].src, reqs[i].dst = s.Descs(sb, db)
+		}
+	}
+	if o.Blocks {
+		pools, err := RegisterPools(d.agent, d.src.Desc(), o.Spec, o.Requests, SrcPool)
+		if err != nil {
+			return Result{}, err
+		}
+		// After every request was waited for or abandoned (deferred
+		// calls run last in, first out: after the wait below).
+		defer pools.Release()
+	}
+	dstPool := t.Pool
+	if dstPool == nil {
+		dstPool = DstPool
 	}
 	inFlight := o.InFlight
 	if inFlight <= 0 || inFlight > o.Requests {
@@ -225,7 +256,11 @@ func (d *Driver) Run(ctx context.Context, t Target, o Options) (Result, error) {
 		submitted := time.Now()
 		// The tag names the request for the receiver's completion event.
 		tag := fmt.Appendf(nil, "req-%d", i)
-		bt, err := d.agent.Submit(pipeline.Request{Peer: t.Peer, Src: reqs[i].src, Dst: reqs[i].dst, Route: o.Route, Tag: tag})
+		r := pipeline.Request{Peer: t.Peer, Src: reqs[i].src, Dst: reqs[i].dst, Route: o.Route, Tag: tag}
+		if o.Blocks {
+			r.Blocks = &pipeline.BlockRequest{SrcPool: SrcPool(i), SrcIDs: reqs[i].srcIDs, DstPool: dstPool(i), DstIDs: reqs[i].dstIDs}
+		}
+		bt, err := d.agent.Submit(r)
 		if err != nil {
 			submitErr = fmt.Errorf("driver: submit request %d: %w", i, err)
 			break

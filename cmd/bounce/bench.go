@@ -36,6 +36,7 @@ type benchOptions struct {
 	generations int
 	routes      []string
 	layout      string
+	forms       []string
 	repeat      int
 	seed        uint64
 	jsonPath    string
@@ -62,6 +63,7 @@ type benchPlan struct {
 	groups  []benchGroup
 	routes  []string
 	layouts []string
+	forms   []string // the request forms; nil: descriptor lists, unlabelled
 	repeat  int
 	budget  uint64
 	largest uint64 // the largest requests x bytes of any group
@@ -69,6 +71,12 @@ type benchPlan struct {
 }
 
 func (p benchPlan) cells() int { return len(p.groups) * p.repeat * len(p.routes) }
+
+// blockForm reports whether group g moves block tables on route r (bulk is
+// one descriptor in either form).
+func blockForm(g benchreport.Group, r string) bool {
+	return g.Form == benchreport.FormBlocks && r != benchreport.RouteBulk
+}
 
 func newBenchCmd() *cobra.Command {
 	var o benchOptions
@@ -98,6 +106,16 @@ copy per descriptor: the baseline without bounce). Within each iteration the
 routes run back to back, in an order rotated every iteration, so the
 bounce/direct and bounce/bulk ratios are measured side by side; the table
 reports the median ratio over iterations.
+
+Forms: --form descs (the default) submits descriptor lists, as earlier runs
+did; --form blocks submits block tables (pipeline.BlockRequest) over pools
+registered on each side, one per request (at most 256 requests per cell);
+--form blocks,descs runs both side by side: each iteration moves both forms'
+routes back to back, both in the block-table layout of the preset (K and V
+of every layer as regions, 512 ids per request at block 16; workload.Spec),
+so the two forms move the same pieces between the same places, and the
+ratios add <route>[blocks]/<route>[descs]. The block form needs the receiver
+this command starts (not --peer).
 
 Memory stays bounded by --max-bytes: a concurrency whose requests x bytes
 exceed it is clamped to the largest that fits, or skipped, with a note; a
@@ -165,6 +183,7 @@ every receiver verify every byte (--json writes it all).`,
 	f.IntVar(&o.generations, "generations", 1, "1: a burst, every request of a cell submitted at once; K > 1: a closed loop moving K x concurrency requests with concurrency in flight (a new one as each finishes), latency percentiles over the requests after the first generation")
 	f.StringSliceVar(&o.routes, "routes", []string{benchreport.RouteBounce, benchreport.RouteDirect}, "routes to compare, each named once: bounce, direct, bulk, auto")
 	f.StringVar(&o.layout, "layout", "fragmented", "block layout: fragmented, contiguous or both")
+	f.StringSliceVar(&o.forms, "form", []string{benchreport.FormDescs}, "request forms, each named once: descs (descriptor lists), blocks (block tables over registered pools); blocks,descs compares them side by side")
 	f.IntVar(&o.repeat, "repeat", 3, "iterations per cell (routes alternate within each)")
 	f.Uint64Var(&o.seed, "seed", 1, "seed for the block layouts and byte patterns (the sweep is reproducible from it)")
 	f.StringVar(&o.jsonPath, "json", "", "write the full results as JSON to this file")
@@ -217,6 +236,23 @@ func (o *benchOptions) plan() (benchPlan, error) {
 		p.layouts = []string{"fragmented", "contiguous"}
 	default:
 		return p, usage(fmt.Errorf("--layout %q: accepted: fragmented, contiguous, both", o.layout))
+	}
+	for _, f := range o.forms {
+		f = strings.TrimSpace(f)
+		switch f {
+		case benchreport.FormDescs, benchreport.FormBlocks:
+		default:
+			return p, usage(fmt.Errorf("--form %q: accepted: descs, blocks", f))
+		}
+		if slices.Contains(p.forms, f) {
+			return p, usage(fmt.Errorf("--form %q is listed twice: name each form once", f))
+		}
+		p.forms = append(p.forms, f)
+	}
+	if !slices.Contains(p.forms, benchreport.FormBlocks) {
+		p.forms = nil // descriptor lists in the descriptor layout, as before --form
+	} else if o.peer != "" {
+		return p, usage(fmt.Errorf("--form blocks: the block-table form needs the receiver this command starts (it registers the destination pools), not --peer"))
 	}
 	for _, r := range o.routes {
 		r = strings.TrimSpace(r)
@@ -335,16 +371,31 @@ func (o *benchOptions) plan() (benchPlan, error) {
 			levels = append(levels, fit)
 			asked[fit] = c
 		}
+		forms := []string{""}
+		if p.forms != nil {
+			forms = p.forms
+			spec.Regions = pr.Regions()
+			if spec.Count%spec.Regions != 0 {
+				p.notes = append(p.notes, fmt.Sprintf("skipped %s: %d pieces do not divide into its %d regions (the block-table layout --form blocks needs)", label, spec.Count, spec.Regions))
+				continue
+			}
+		}
 		for _, layout := range p.layouts {
 			for _, c := range levels {
-				s := spec
-				s.Fragmented = layout == "fragmented"
-				g := benchreport.Group{Workload: pr.Name, DescSize: s.DescSize, Count: s.Count, Layout: layout, Concurrency: c, AskedConcurrency: asked[c]}
-				if o.generations > 1 {
-					g.Generations = o.generations
+				for _, form := range forms {
+					s := spec
+					s.Fragmented = layout == "fragmented"
+					g := benchreport.Group{Workload: pr.Name, DescSize: s.DescSize, Count: s.Count, Layout: layout, Form: form, Concurrency: c, AskedConcurrency: asked[c]}
+					if o.generations > 1 {
+						g.Generations = o.generations
+					}
+					if form == benchreport.FormBlocks && int(gens)*c > driver.MaxBlockRequests {
+						p.notes = append(p.notes, fmt.Sprintf("skipped the block form of %s at concurrency %d: %d requests, at most %d in the block form (a pool per request)", label, c, int(gens)*c, driver.MaxBlockRequests))
+						continue
+					}
+					p.groups = append(p.groups, benchGroup{g: g, spec: s})
+					p.largest = max(p.largest, gens*uint64(c)*per)
 				}
-				p.groups = append(p.groups, benchGroup{g: g, spec: s})
-				p.largest = max(p.largest, gens*uint64(c)*per)
 			}
 		}
 	}
@@ -427,7 +478,7 @@ func (o *benchOptions) run(cmd *cobra.Command, cfg config.Config, plan benchPlan
 		Config: benchreport.Config{
 			Engine: cfg.Engine.Kind, EngineOptions: cfg.Engine.Options, ControlPlane: cfg.ControlPlane.Kind, ArenaSize: uint64(cfg.Bounce.ArenaSize),
 			MaxChunk: uint64(cfg.Bounce.MaxChunk), MinChunk: uint64(cfg.Bounce.MinChunk), CopyWorkers: cfg.Bounce.CopyWorkers, MaxInflight: cfg.Bounce.MaxInflight,
-			Layouts: plan.layouts, Routes: plan.routes, Repeat: plan.repeat, Seed: o.seed, Verify: o.verify, MaxBytes: plan.budget,
+			Layouts: plan.layouts, Forms: plan.forms, Routes: plan.routes, Repeat: plan.repeat, Seed: o.seed, Verify: o.verify, MaxBytes: plan.budget,
 			Count: o.count, Generations: o.generations,
 		},
 		Notes: slices.Clone(plan.notes),
@@ -507,6 +558,17 @@ func (p benchPlan) warmUps() []warmMove {
 		rs, rt := routeSpec(r, p.groups[0].spec)
 		out = append(out, warmMove{route: r, opts: driver.Options{Spec: rs, Requests: 1, Route: rt}})
 	}
+	for _, bg := range p.groups { // and the block form's first group, once per route
+		if bg.g.Form != benchreport.FormBlocks {
+			continue
+		}
+		for _, r := range p.routes {
+			if rs, rt := routeSpec(r, bg.spec); blockForm(bg.g, r) {
+				out = append(out, warmMove{route: r, opts: driver.Options{Spec: rs, Requests: 1, Route: rt, Blocks: true}})
+			}
+		}
+		break
+	}
 	return out
 }
 
@@ -516,25 +578,40 @@ func (o *benchOptions) sweep(cmd *cobra.Command, s *session, plan benchPlan) ([]
 	prog := newBenchProgress(cmd.ErrOrStderr(), plan.cells())
 	defer prog.finish()
 	var cells []benchreport.Cell
-	for _, bg := range plan.groups {
+	// Groups that differ only in their form are one family: each
+	// iteration moves every form's routes back to back, side by side.
+	for lo := 0; lo < len(plan.groups); {
+		hi := lo + 1
+		for hi < len(plan.groups) && sameShape(plan.groups[hi].g, plan.groups[lo].g) {
+			hi++
+		}
 		for it := 0; it < plan.repeat; it++ {
-			spec := bg.spec
-			spec.Seed = iterationSeed(o.seed, it)
-			for order, r := range rotate(plan.routes, it) {
-				if err := cmd.Context().Err(); err != nil {
-					return cells, err
+			for _, bg := range plan.groups[lo:hi] {
+				spec := bg.spec
+				spec.Seed = iterationSeed(o.seed, it)
+				for order, r := range rotate(plan.routes, it) {
+					if err := cmd.Context().Err(); err != nil {
+						return cells, err
+					}
+					prog.start(fmt.Sprintf("%s %s #%d", bg.g, r, it))
+					c, err := o.cell(cmd.Context(), s, bg.g, spec, r, it, order)
+					if err != nil {
+						return cells, err
+					}
+					cells = append(cells, c)
+					prog.done(c)
 				}
-				prog.start(fmt.Sprintf("%s %s #%d", bg.g, r, it))
-				c, err := o.cell(cmd.Context(), s, bg.g, spec, r, it, order)
-				if err != nil {
-					return cells, err
-				}
-				cells = append(cells, c)
-				prog.done(c)
 			}
 		}
+		lo = hi
 	}
 	return cells, nil
+}
+
+// sameShape reports whether a and b differ in nothing but their form.
+func sameShape(a, b benchreport.Group) bool {
+	a.Form, b.Form = "", ""
+	return a == b
 }
 
 // cell measures one cell: clear, run, verify.
@@ -547,13 +624,19 @@ func (o *benchOptions) cell(ctx context.Context, s *session, g benchreport.Group
 		}
 	}
 	requests := g.Concurrency * max(1, g.Generations)
+	blocks := blockForm(g, route)
+	if blocks {
+		if err := s.pools(rs, requests); err != nil {
+			return benchreport.Cell{}, runtime(fmt.Errorf("%s %s #%d: %w", g, route, it, err))
+		}
+	}
 	rctx, cancel := context.WithTimeout(ctx, o.cellTimeout)
-	res, err := d.Run(rctx, tgt, driver.Options{Spec: rs, Requests: requests, InFlight: g.Concurrency, Route: rt})
+	res, err := d.Run(rctx, tgt, driver.Options{Spec: rs, Requests: requests, InFlight: g.Concurrency, Route: rt, Blocks: blocks})
 	// --duration: keep moving the cell's workload until it has run that
 	// long; the rounds' bytes, times and latencies add up.
 	for o.duration > 0 && err == nil && res.Failed == 0 && res.Elapsed < o.duration {
 		var more driver.Result
-		more, err = d.Run(rctx, tgt, driver.Options{Spec: rs, Requests: requests, InFlight: g.Concurrency, Route: rt})
+		more, err = d.Run(rctx, tgt, driver.Options{Spec: rs, Requests: requests, InFlight: g.Concurrency, Route: rt, Blocks: blocks})
 		if err == nil {
 			res = mergeResults(res, more)
 		}

@@ -24,6 +24,7 @@ func newRunCmd() *cobra.Command {
 	var memory memoryFlag
 	var repeat int
 	var jsonOut string
+	var forms []string
 	cmd := &cobra.Command{
 		Use:   "run",
 		Short: "The main job: two agent processes move a KV-shaped transfer, verified byte-exact",
@@ -37,6 +38,10 @@ verify every byte of each, and prints a summary: route, throughput, request
 latency percentiles, verification, and which route auto took and why. One unrecorded request per route runs
 first (--warm-up=false to measure cold); --repeat moves every route's
 workload several times, one summary row each; --json writes the rows.
+--form blocks moves the workload as block tables over pools registered on
+each side (pipeline.BlockRequest; K and V of every layer as regions, at most
+256 requests); --form blocks,descs moves both forms, route by route, in that
+layout (the same pieces), one row each.
 
 The default workload is one rank of Llama-3.1-70B at TP=8 with block size 16:
 81,920 fragmented descriptors of 4 KiB (320 MiB).`,
@@ -67,7 +72,11 @@ The default workload is one rank of Llama-3.1-70B at TP=8 with block size 16:
 			if repeat < 1 {
 				return usage(fmt.Errorf("--repeat %d: must be at least 1", repeat))
 			}
-			return mainJob(cmd, cfg, childArgs, spec, wf.requests, jobOptions{compare: compare, warm: warm, repeat: repeat, json: jsonOut, memory: memory})
+			jo := jobOptions{compare: compare, warm: warm, repeat: repeat, json: jsonOut, memory: memory}
+			if spec, jo.forms, err = runForms(forms, wf, spec); err != nil {
+				return err
+			}
+			return mainJob(cmd, cfg, childArgs, spec, wf.requests, jo)
 		},
 	}
 	wf.add(cmd, 1)
@@ -76,8 +85,41 @@ The default workload is one rank of Llama-3.1-70B at TP=8 with block size 16:
 	memory.add(cmd)
 	cmd.Flags().IntVar(&repeat, "repeat", 1, "move every route's workload this many times, one summary row each")
 	cmd.Flags().StringVar(&jsonOut, "json", "", "also write the results as JSON to this file")
+	cmd.Flags().StringSliceVar(&forms, "form", []string{benchreport.FormDescs}, "request forms, each named once: descs (descriptor lists), blocks (block tables over registered pools), or both")
 	configFlags(cmd)
 	return cmd
+}
+
+// runForms resolves run's --form: nil for descriptor lists alone (as
+// before --form), else the forms with spec in the preset's block-table
+// layout.
+func runForms(forms []string, wf workloadFlags, spec workload.Spec) (workload.Spec, []string, error) {
+	var out []string
+	for _, f := range forms {
+		f = strings.TrimSpace(f)
+		if f != benchreport.FormDescs && f != benchreport.FormBlocks {
+			return spec, nil, usage(fmt.Errorf("--form %q: accepted: descs, blocks", f))
+		}
+		if slices.Contains(out, f) {
+			return spec, nil, usage(fmt.Errorf("--form %q is listed twice: name each form once", f))
+		}
+		out = append(out, f)
+	}
+	if !slices.Contains(out, benchreport.FormBlocks) {
+		return spec, nil, nil
+	}
+	p, err := workload.Lookup(wf.preset)
+	if err != nil {
+		return spec, nil, usage(err)
+	}
+	spec.Regions = p.Regions()
+	if err := spec.Validate(); err != nil {
+		return spec, nil, usage(fmt.Errorf("--form blocks: %w", err))
+	}
+	if wf.requests > driver.MaxBlockRequests {
+		return spec, nil, usage(fmt.Errorf("--form blocks: --requests %d: at most %d (a pool per request)", wf.requests, driver.MaxBlockRequests))
+	}
+	return spec, out, nil
 }
 
 // jobOptions are run's choices besides the workload.
@@ -86,6 +128,7 @@ type jobOptions struct {
 	repeat        int    // iterations of every route
 	json          string // file for the rows, "" for none
 	memory        memoryFlag
+	forms         []string // --form; nil: descriptor lists, unlabelled
 }
 
 func mainJob(cmd *cobra.Command, cfg config.Config, childArgs []string, spec workload.Spec, requests int, jo jobOptions) error {
@@ -108,10 +151,16 @@ func mainJob(cmd *cobra.Command, cfg config.Config, childArgs []string, spec wor
 		// chose and why, next to what each route measured.
 		routes = []pipeline.Route{pipeline.RouteAuto, pipeline.RouteBounce, pipeline.RouteDirect}
 	}
+	forms := jo.forms
+	if forms == nil {
+		forms = []string{benchreport.FormDescs}
+	}
 	if jo.warm {
 		var moves []warmMove
-		for _, rt := range routes {
-			moves = append(moves, warmMove{route: rt.String(), opts: driver.Options{Spec: spec, Requests: 1, Route: rt}})
+		for _, form := range forms {
+			for _, rt := range routes {
+				moves = append(moves, warmMove{route: rt.String(), opts: driver.Options{Spec: spec, Requests: 1, Route: rt, Blocks: form == benchreport.FormBlocks}})
+			}
 		}
 		if err := s.warmUp(cmd.Context(), moves...); err != nil {
 			return failed(err)
@@ -121,34 +170,45 @@ func mainJob(cmd *cobra.Command, cfg config.Config, childArgs []string, spec wor
 	var rows []namedResult
 	var bad []string
 	for it := range jo.repeat {
-		for _, rt := range routes {
-			if _, err := s.recv.call(command{Op: "clear"}, 60*time.Second); err != nil {
-				return runtime(err)
+		for _, form := range forms {
+			for _, rt := range routes {
+				if _, err := s.recv.call(command{Op: "clear"}, 60*time.Second); err != nil {
+					return runtime(err)
+				}
+				blocks := form == benchreport.FormBlocks
+				if blocks {
+					if err := s.pools(spec, requests); err != nil {
+						return runtime(err)
+					}
+				}
+				ctx, cancel := context.WithTimeout(cmd.Context(), 10*time.Minute)
+				res, err := s.d.Run(ctx, s.tgt, driver.Options{Spec: spec, Requests: requests, Route: rt, Blocks: blocks})
+				cancel()
+				if err != nil {
+					return failed(err)
+				}
+				row := namedResult{label: rt.String(), res: res, verified: verifiedYes, asked: rt.String(), iteration: it}
+				switch {
+				case rt == pipeline.RouteAuto:
+					row.label = fmt.Sprintf("auto (took %s)", res.Route)
+				case res.Route != rt.String():
+					row.label = fmt.Sprintf("%s (asked %s)", res.Route, rt)
+				}
+				if jo.forms != nil {
+					row.label += " [" + form + "]"
+				}
+				if jo.repeat > 1 {
+					row.label += fmt.Sprintf(" #%d", it)
+				}
+				if res.Failed > 0 {
+					row.verified = "no: requests failed"
+					bad = append(bad, fmt.Sprintf("%s: %d of %d requests failed: %v", rt, res.Failed, res.Requests, res.FirstErr))
+				} else if _, err := s.recv.call(verifyCommand(spec, requests), 5*time.Minute); err != nil {
+					row.verified = "FAILED"
+					bad = append(bad, fmt.Sprintf("%s: %v", rt, err))
+				}
+				rows = append(rows, row)
 			}
-			ctx, cancel := context.WithTimeout(cmd.Context(), 10*time.Minute)
-			res, err := s.d.Run(ctx, s.tgt, driver.Options{Spec: spec, Requests: requests, Route: rt})
-			cancel()
-			if err != nil {
-				return failed(err)
-			}
-			row := namedResult{label: rt.String(), res: res, verified: verifiedYes, asked: rt.String(), iteration: it}
-			switch {
-			case rt == pipeline.RouteAuto:
-				row.label = fmt.Sprintf("auto (took %s)", res.Route)
-			case res.Route != rt.String():
-				row.label = fmt.Sprintf("%s (asked %s)", res.Route, rt)
-			}
-			if jo.repeat > 1 {
-				row.label += fmt.Sprintf(" #%d", it)
-			}
-			if res.Failed > 0 {
-				row.verified = "no: requests failed"
-				bad = append(bad, fmt.Sprintf("%s: %d of %d requests failed: %v", rt, res.Failed, res.Requests, res.FirstErr))
-			} else if _, err := s.recv.call(verifyCommand(spec, requests), 5*time.Minute); err != nil {
-				row.verified = "FAILED"
-				bad = append(bad, fmt.Sprintf("%s: %v", rt, err))
-			}
-			rows = append(rows, row)
 		}
 	}
 	printResults(out, spec, rows)

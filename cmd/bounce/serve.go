@@ -46,11 +46,14 @@ type hello struct {
 
 // command is one line of the stdin control protocol of `serve --stdin-control`.
 type command struct {
-	Op         string `json:"op"` // verify, clear, load, stats, known, quit
+	Op         string `json:"op"` // verify, clear, load, pools, stats, known, quit
 	DescSize   uint64 `json:"desc_size,omitempty"`
 	Count      int    `json:"count,omitempty"`
 	Fragmented bool   `json:"fragmented,omitempty"`
 	Seed       uint64 `json:"seed,omitempty"`
+	// Regions is the block-table layout of the spec (workload.Spec.Regions)
+	// that verify checks and pools registers.
+	Regions    int    `json:"regions,omitempty"`
 	Requests   int    `json:"requests,omitempty"`
 	Descriptor string `json:"descriptor,omitempty"`
 	// Peers are the agent names op known asks about.
@@ -68,6 +71,9 @@ type reply struct {
 	Verified int `json:"verified,omitempty"`
 	// Known are the asked peers that are loaded (op known).
 	Known []string `json:"known,omitempty"`
+	// Descriptor is the agent's descriptor after op pools (base64), for
+	// the sender to load again.
+	Descriptor string `json:"descriptor,omitempty"`
 }
 
 func newServeCmd() *cobra.Command { return newServeCmdWith(factories) }
@@ -106,7 +112,10 @@ sender of that name as soon as it publishes itself (and again when it
 restarts).
 
 With --stdin-control it reads JSON commands from stdin instead (used by
-'bounce run' and 'bounce bench'): verify, clear, load, stats, known, quit.`,
+'bounce run' and 'bounce bench'): verify, clear, load, pools (register a
+block pool over each request's slice of the buffer for the block-table form,
+replacing the previous ones, and answer the new descriptor), stats, known,
+quit.`,
 		Example: `  # host B
   bounce serve --engine.listen 10.0.0.2:7000 --control-plane.interface eth0 --descriptor-out recv.json \
       --expect --workload gptoss120b-tp8-b16 --requests 8
@@ -252,6 +261,7 @@ func controlLoop(in io.Reader, out io.Writer, n *node.Node, buf, bulk driver.Buf
 	sc := bufio.NewScanner(in)
 	sc.Buffer(make([]byte, 1<<20), 16<<20)
 	enc := json.NewEncoder(out)
+	var pools *driver.Pools // op pools: the block pools registered now
 	for sc.Scan() {
 		var c command
 		if err := json.Unmarshal(sc.Bytes(), &c); err != nil {
@@ -276,6 +286,10 @@ func controlLoop(in io.Reader, out io.Writer, n *node.Node, buf, bulk driver.Buf
 			enc.Encode(verify(b, c))
 		case "clear":
 			enc.Encode(errReply(b.Clear()))
+		case "pools":
+			var rep reply
+			pools, rep = registerPools(n, b, pools, c)
+			enc.Encode(rep)
 		case "load":
 			blob, err := base64.StdEncoding.DecodeString(c.Descriptor)
 			if err == nil {
@@ -296,7 +310,7 @@ func controlLoop(in io.Reader, out io.Writer, n *node.Node, buf, bulk driver.Buf
 			enc.Encode(reply{OK: true})
 			return nil
 		default:
-			enc.Encode(reply{Error: fmt.Sprintf("unknown op %q; accepted: verify, clear, load, stats, known, quit", c.Op)})
+			enc.Encode(reply{Error: fmt.Sprintf("unknown op %q; accepted: verify, clear, load, pools, stats, known, quit", c.Op)})
 		}
 	}
 	return sc.Err()
@@ -305,7 +319,7 @@ func controlLoop(in io.Reader, out io.Writer, n *node.Node, buf, bulk driver.Buf
 // verify checks every request's blocks in the buffer (device memory is
 // copied back to the host one request at a time and checked there).
 func verify(b driver.Buffer, c command) reply {
-	s := workload.Spec{DescSize: c.DescSize, Count: c.Count, Fragmented: c.Fragmented, Seed: c.Seed}
+	s := workload.Spec{DescSize: c.DescSize, Count: c.Count, Fragmented: c.Fragmented, Seed: c.Seed, Regions: c.Regions}
 	if err := s.Validate(); err != nil {
 		return errReply(err)
 	}
@@ -331,6 +345,28 @@ func verify(b driver.Buffer, c command) reply {
 		}
 	}
 	return reply{OK: true, Verified: c.Requests}
+}
+
+// registerPools serves op pools: it releases the pools registered before
+// (old) and registers one per request slice of b for c's spec
+// (driver.DstPool names them), answering the agent's new descriptor.
+func registerPools(n *node.Node, b driver.Buffer, old *driver.Pools, c command) (*driver.Pools, reply) {
+	if err := old.Release(); err != nil {
+		return old, errReply(fmt.Errorf("releasing the previous pools: %w", err))
+	}
+	s := workload.Spec{DescSize: c.DescSize, Count: c.Count, Regions: c.Regions}
+	if err := s.Validate(); err != nil {
+		return nil, errReply(err)
+	}
+	pools, err := driver.RegisterPools(n.Agent, b.Desc(), s, c.Requests, driver.DstPool)
+	if err != nil {
+		return nil, errReply(err)
+	}
+	blob, err := n.Agent.Descriptor()
+	if err != nil {
+		return pools, errReply(err)
+	}
+	return pools, reply{OK: true, Descriptor: base64.StdEncoding.EncodeToString(blob)}
 }
 
 // kindName is a buffer's kind for the hello line: "" for host memory.

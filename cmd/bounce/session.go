@@ -148,7 +148,29 @@ func (s *session) close() error {
 // verifyCommand asks the receiver to verify requests requests of spec (the
 // i-th with seed spec.Seed+i), laid out back to back in its buffer.
 func verifyCommand(spec workload.Spec, requests int) command {
-	return command{Op: "verify", DescSize: spec.DescSize, Count: spec.Count, Fragmented: spec.Fragmented, Seed: spec.Seed, Requests: requests}
+	return command{Op: "verify", DescSize: spec.DescSize, Count: spec.Count, Fragmented: spec.Fragmented, Seed: spec.Seed, Regions: spec.Regions, Requests: requests}
+}
+
+// pools has the receiver register a block pool over each of requests
+// request slices of its buffer in spec's block-table layout (replacing the
+// previous ones) and loads its new descriptor, so requests in the block
+// form can name them (driver.DstPool).
+func (s *session) pools(spec workload.Spec, requests int) error {
+	if s.recv == nil {
+		return fmt.Errorf("the block-table form needs a receiver this command started (not --peer): it registers the destination pools")
+	}
+	rep, err := s.recv.call(command{Op: "pools", DescSize: spec.DescSize, Count: spec.Count, Regions: spec.Regions, Requests: requests}, 2*time.Minute)
+	if err != nil {
+		return err
+	}
+	blob, err := base64.StdEncoding.DecodeString(rep.Descriptor)
+	if err != nil {
+		return fmt.Errorf("receiver descriptor after pools: %w", err)
+	}
+	if _, err := s.n.Agent.LoadPeer(blob); err != nil {
+		return fmt.Errorf("load receiver after pools: %w", err)
+	}
+	return nil
 }
 
 // warmMove is one unrecorded move of session.warmUp, named for errors.
@@ -163,6 +185,12 @@ func (s *session) warmUp(ctx context.Context, moves ...warmMove) error {
 	for _, m := range moves {
 		wctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 		d, tgt, _ := s.route(m.route)
+		if m.opts.Blocks {
+			if err := s.pools(m.opts.Spec, m.opts.Requests); err != nil {
+				cancel()
+				return fmt.Errorf("warm-up on %s (block form): %w", m.route, err)
+			}
+		}
 		res, err := d.Run(wctx, tgt, m.opts)
 		cancel()
 		if err == nil && res.Failed > 0 {
