@@ -271,7 +271,8 @@ func BenchmarkGPUBounceWindow(b *testing.B) {
 // route (Request.Blocks), the descriptor form on the bounce route, the
 // per-descriptor direct path (one cuMemcpyDtoDAsync per piece) and one
 // contiguous device copy of the same bytes (cuMemcpyDtoDAsync on a
-// stream). It reports each one's GB/s, the ratios blocks/copy,
+// stream), and the block form again with 32 MiB chunks (512 MiB arenas,
+// its own pair of agents). It reports each one's GB/s, the ratios blocks/copy,
 // blocks/direct and descs/copy (goals ≥ 0.28, ≥ 500, ≥ 0.1), and each
 // form's host CPU time (user + system, getrusage, both agents together)
 // per piece. Each route is verified byte-exact once, untimed.
@@ -280,12 +281,15 @@ func BenchmarkGPUBounceWindow(b *testing.B) {
 func BenchmarkGPUBlockForm(b *testing.B) {
 	c := cudatest.Context(b)
 	f := gpuFactories(b)
-	cfg := func(name string) config.Config {
+	cfg := func(name string, arena, chunk config.Size) config.Config {
 		c := gpuConfig(name)
-		c.Bounce.ArenaSize, c.Bounce.MaxChunk = 256<<20, 8<<20
+		c.Bounce.ArenaSize, c.Bounce.MaxChunk = arena, chunk
 		return c
 	}
-	a, bn := build(b, cfg("a"), f), build(b, cfg("b"), f)
+	a, bn := build(b, cfg("a", 256<<20, 8<<20), f), build(b, cfg("b", 256<<20, 8<<20), f)
+	// a2 and b2: the block form with 32 MiB chunks (512 MiB arenas), to
+	// show whether the per-chunk round trip bounds it.
+	a2, b2 := build(b, cfg("a2", 512<<20, 32<<20), f), build(b, cfg("b2", 512<<20, 32<<20), f)
 	s, err := c.NewStream()
 	if err != nil {
 		b.Fatal(err)
@@ -300,20 +304,22 @@ func BenchmarkGPUBlockForm(b *testing.B) {
 		spec := workload.Spec{DescSize: w.size, Count: w.count, Regions: w.regions, Fragmented: true, Seed: 5}
 		src := cudatest.Device(b, c, spec.Bytes())
 		dst := cudatest.Device(b, c, spec.Bytes())
-		if err := a.Agent.RegisterMemory(src); err != nil {
-			b.Fatal(err)
+		for _, pair := range [][2]*Node{{a, bn}, {a2, b2}} {
+			if err := pair[0].Agent.RegisterMemory(src); err != nil {
+				b.Fatal(err)
+			}
+			if err := pair[1].Agent.RegisterMemory(dst); err != nil {
+				b.Fatal(err)
+			}
+			if err := pair[0].Agent.RegisterPool(w.name, spec.Pool(src)); err != nil {
+				b.Fatal(err)
+			}
+			if err := pair[1].Agent.RegisterPool(w.name, spec.Pool(dst)); err != nil {
+				b.Fatal(err)
+			}
+			connectTB(b, pair[0], pair[1])
+			connectTB(b, pair[1], pair[0])
 		}
-		if err := bn.Agent.RegisterMemory(dst); err != nil {
-			b.Fatal(err)
-		}
-		if err := a.Agent.RegisterPool(w.name, spec.Pool(src)); err != nil {
-			b.Fatal(err)
-		}
-		if err := bn.Agent.RegisterPool(w.name, spec.Pool(dst)); err != nil {
-			b.Fatal(err)
-		}
-		connectTB(b, a, bn)
-		connectTB(b, bn, a)
 		host := make([]byte, spec.Bytes())
 		if err := spec.Fill(host); err != nil {
 			b.Fatal(err)
@@ -324,12 +330,15 @@ func BenchmarkGPUBlockForm(b *testing.B) {
 		sd, dd := spec.Descs(src, dst)
 		si, di := spec.IDs()
 		blocks := &pipeline.BlockRequest{SrcPool: w.name, SrcIDs: si, DstPool: w.name, DstIDs: di}
-		const nRoutes, iCopy = 4, 3
-		names := [nRoutes]string{"blocks", "descs", "direct", "copy"}
-		reqs := [iCopy]pipeline.Request{
+		const nRoutes, iCopy = 5, 3
+		names := [nRoutes]string{"blocks", "descs", "direct", "copy", "blocks-32MiB"}
+		senders := [nRoutes]*Node{a, a, a, nil, a2}
+		reqs := [nRoutes]pipeline.Request{
 			{Peer: "b", Blocks: blocks, Route: pipeline.RouteBounce},
 			{Peer: "b", Src: sd, Dst: dd, Route: pipeline.RouteBounce},
 			{Peer: "b", Src: sd, Dst: dd, Route: pipeline.RouteDirect},
+			{},
+			{Peer: "b2", Blocks: blocks, Route: pipeline.RouteBounce},
 		}
 		run := func(i int) (time.Duration, error) {
 			if i == iCopy {
@@ -340,10 +349,13 @@ func BenchmarkGPUBlockForm(b *testing.B) {
 				err := s.Synchronize()
 				return time.Since(start), err
 			}
-			return move(a, reqs[i])
+			return move(senders[i], reqs[i])
 		}
 		b.Run(w.name, func(b *testing.B) {
-			for i := range iCopy { // warm-up and verification, untimed
+			for i := range nRoutes { // warm-up and verification, untimed
+				if i == iCopy {
+					continue // the copy moves the bytes in source order
+				}
 				if err := c.Memset(cuda.DevicePtr(dst.Addr), 0, spec.Bytes()); err != nil {
 					b.Fatal(err)
 				}
@@ -381,6 +393,7 @@ func BenchmarkGPUBlockForm(b *testing.B) {
 			b.ReportMetric(gbs(0)/gbs(2), "blocks/direct")
 			b.ReportMetric(gbs(1)/gbs(3), "descs/copy")
 			b.ReportMetric(gbs(1)/gbs(2), "descs/direct")
+			b.ReportMetric(gbs(4)/gbs(3), "blocks-32MiB/copy")
 			pieces := float64(spec.Count) * float64(b.N)
 			b.ReportMetric(float64(cpu[0].Nanoseconds())/pieces, "blocks-cpu-ns/piece")
 			b.ReportMetric(float64(cpu[1].Nanoseconds())/pieces, "descs-cpu-ns/piece")
