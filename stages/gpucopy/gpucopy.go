@@ -18,7 +18,8 @@
 // table, the kernel computing each address from (region base, stride,
 // id); the ids are checked once each, the registry once per pool region
 // touched, and completion is a flag the kernel stores to host-mapped
-// memory (Settings.Completion).
+// memory (Settings.Completion). Launched counts the launches of each form,
+// so a caller can tell which form the layers above used.
 package gpucopy
 
 import (
