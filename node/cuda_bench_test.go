@@ -3,6 +3,7 @@ package node
 import (
 	"context"
 	"fmt"
+	"syscall"
 	"testing"
 	"time"
 
@@ -259,4 +260,155 @@ func BenchmarkGPUBounceWindow(b *testing.B) {
 	}
 	b.ReportMetric(took[0].Seconds()/took[1].Seconds(), "W32/W8")
 	b.ReportMetric(took[0].Seconds()/took[4].Seconds(), "W16/W8")
+}
+
+// BenchmarkGPUBlockForm is issue #24's single-GPU measurement: KV pools
+// shaped like the TP=8 presets (Llama-3.1-70B: 160 regions × 512 blocks
+// of 4 KiB = 81,920 pieces; gpt-oss-120b: 72 × 512 × 2 KiB = 36,864) on
+// two agents in one process (cudacopy, CUDA stages, 256 MiB device
+// arenas, 8 MiB chunks), random ids on both sides. Each iteration runs,
+// in rotated order and on the same pieces: the block form on the bounce
+// route (Request.Blocks), the descriptor form on the bounce route, the
+// per-descriptor direct path (one cuMemcpyDtoDAsync per piece) and one
+// contiguous device copy of the same bytes (cuMemcpyDtoDAsync on a
+// stream), and the block form again with 32 MiB chunks (512 MiB arenas,
+// its own pair of agents). It reports each one's GB/s, the ratios blocks/copy,
+// blocks/direct and descs/copy (goals ≥ 0.28, ≥ 500, ≥ 0.1), and each
+// form's host CPU time (user + system, getrusage, both agents together)
+// per piece. Each route is verified byte-exact once, untimed.
+//
+//	go test -run '^$' -bench GPUBlockForm -benchtime 5x ./node/
+func BenchmarkGPUBlockForm(b *testing.B) {
+	c := cudatest.Context(b)
+	f := gpuFactories(b)
+	cfg := func(name string, arena, chunk config.Size) config.Config {
+		c := gpuConfig(name)
+		c.Bounce.ArenaSize, c.Bounce.MaxChunk = arena, chunk
+		return c
+	}
+	a, bn := build(b, cfg("a", 256<<20, 8<<20), f), build(b, cfg("b", 256<<20, 8<<20), f)
+	// a2 and b2: the block form with 32 MiB chunks (512 MiB arenas), to
+	// show whether the per-chunk round trip bounds it.
+	a2, b2 := build(b, cfg("a2", 512<<20, 32<<20), f), build(b, cfg("b2", 512<<20, 32<<20), f)
+	s, err := c.NewStream()
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer s.Destroy()
+	for _, w := range []struct {
+		name    string
+		size    uint64
+		count   int
+		regions int
+	}{{"llama70b-81920x4KiB", 4096, 81920, 160}, {"gptoss120b-36864x2KiB", 2048, 36864, 72}} {
+		spec := workload.Spec{DescSize: w.size, Count: w.count, Regions: w.regions, Fragmented: true, Seed: 5}
+		src := cudatest.Device(b, c, spec.Bytes())
+		dst := cudatest.Device(b, c, spec.Bytes())
+		for _, pair := range [][2]*Node{{a, bn}, {a2, b2}} {
+			if err := pair[0].Agent.RegisterMemory(src); err != nil {
+				b.Fatal(err)
+			}
+			if err := pair[1].Agent.RegisterMemory(dst); err != nil {
+				b.Fatal(err)
+			}
+			if err := pair[0].Agent.RegisterPool(w.name, spec.Pool(src)); err != nil {
+				b.Fatal(err)
+			}
+			if err := pair[1].Agent.RegisterPool(w.name, spec.Pool(dst)); err != nil {
+				b.Fatal(err)
+			}
+			connectTB(b, pair[0], pair[1])
+			connectTB(b, pair[1], pair[0])
+		}
+		host := make([]byte, spec.Bytes())
+		if err := spec.Fill(host); err != nil {
+			b.Fatal(err)
+		}
+		if err := c.CopyHtoD(cuda.DevicePtr(src.Addr), host); err != nil {
+			b.Fatal(err)
+		}
+		sd, dd := spec.Descs(src, dst)
+		si, di := spec.IDs()
+		blocks := &pipeline.BlockRequest{SrcPool: w.name, SrcIDs: si, DstPool: w.name, DstIDs: di}
+		const nRoutes, iCopy = 5, 3
+		names := [nRoutes]string{"blocks", "descs", "direct", "copy", "blocks-32MiB"}
+		senders := [nRoutes]*Node{a, a, a, nil, a2}
+		reqs := [nRoutes]pipeline.Request{
+			{Peer: "b", Blocks: blocks, Route: pipeline.RouteBounce},
+			{Peer: "b", Src: sd, Dst: dd, Route: pipeline.RouteBounce},
+			{Peer: "b", Src: sd, Dst: dd, Route: pipeline.RouteDirect},
+			{},
+			{Peer: "b2", Blocks: blocks, Route: pipeline.RouteBounce},
+		}
+		run := func(i int) (time.Duration, error) {
+			if i == iCopy {
+				start := time.Now()
+				if err := s.CopyDtoD(cuda.DevicePtr(dst.Addr), cuda.DevicePtr(src.Addr), spec.Bytes()); err != nil {
+					return 0, err
+				}
+				err := s.Synchronize()
+				return time.Since(start), err
+			}
+			return move(senders[i], reqs[i])
+		}
+		b.Run(w.name, func(b *testing.B) {
+			for i := range nRoutes { // warm-up and verification, untimed
+				if i == iCopy {
+					continue // the copy moves the bytes in source order
+				}
+				if err := c.Memset(cuda.DevicePtr(dst.Addr), 0, spec.Bytes()); err != nil {
+					b.Fatal(err)
+				}
+				if _, err := run(i); err != nil {
+					b.Fatalf("%s: %v", names[i], err)
+				}
+				got := make([]byte, spec.Bytes())
+				if err := c.CopyDtoH(got, cuda.DevicePtr(dst.Addr)); err != nil {
+					b.Fatal(err)
+				}
+				if err := spec.Verify(got); err != nil {
+					b.Fatalf("%s: %v", names[i], err)
+				}
+			}
+			var took, cpu [nRoutes]time.Duration
+			b.ResetTimer()
+			for it := range b.N {
+				for k := range nRoutes {
+					i := (k + it) % nRoutes // rotate the order each iteration
+					c0 := cpuTime(b)
+					d, err := run(i)
+					if err != nil {
+						b.Fatalf("%s: %v", names[i], err)
+					}
+					cpu[i] += cpuTime(b) - c0
+					took[i] += d
+				}
+			}
+			b.StopTimer()
+			gbs := func(i int) float64 { return float64(spec.Bytes()) * float64(b.N) / took[i].Seconds() / 1e9 }
+			for i, n := range names {
+				b.ReportMetric(gbs(i), n+"-GB/s")
+			}
+			b.ReportMetric(gbs(0)/gbs(3), "blocks/copy")
+			b.ReportMetric(gbs(0)/gbs(2), "blocks/direct")
+			b.ReportMetric(gbs(1)/gbs(3), "descs/copy")
+			b.ReportMetric(gbs(1)/gbs(2), "descs/direct")
+			b.ReportMetric(gbs(4)/gbs(3), "blocks-32MiB/copy")
+			pieces := float64(spec.Count) * float64(b.N)
+			b.ReportMetric(float64(cpu[0].Nanoseconds())/pieces, "blocks-cpu-ns/piece")
+			b.ReportMetric(float64(cpu[1].Nanoseconds())/pieces, "descs-cpu-ns/piece")
+			b.ReportMetric(float64(took[0].Nanoseconds())/pieces, "blocks-wall-ns/piece")
+		})
+		// The pools and memory stay registered until the agents close
+		// (the buffers are the next workload's neighbours, not reused).
+	}
+}
+
+// cpuTime returns the process's user and system CPU time so far.
+func cpuTime(tb testing.TB) time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		tb.Fatal(err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }

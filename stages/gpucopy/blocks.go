@@ -165,6 +165,7 @@ func (e *Engine) SubmitBlocks(region transfer.Desc, bc transfer.BlockCopy) (tran
 		err = fmt.Errorf("submit: %w", transfer.ErrClosed)
 	} else if err = e.launchBlocks(c, o, j); err == nil {
 		e.live[o] = struct{}{}
+		e.launched.blocks.Add(1)
 	}
 	e.mu.Unlock()
 	if err != nil {

@@ -18,7 +18,8 @@
 // table, the kernel computing each address from (region base, stride,
 // id); the ids are checked once each, the registry once per pool region
 // touched, and completion is a flag the kernel stores to host-mapped
-// memory (Settings.Completion).
+// memory (Settings.Completion). Launched counts the launches of each form,
+// so a caller can tell which form the layers above used.
 package gpucopy
 
 import (
@@ -27,6 +28,7 @@ import (
 	"math/bits"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/bouncekv/bounce/cuda"
@@ -98,6 +100,16 @@ type Settings struct {
 	OnClose func() error
 }
 
+// Launched counts the operations an Engine launched in each form: Runs by
+// Submit (a piece table), Blocks by SubmitBlocks (no piece table).
+type Launched struct{ Runs, Blocks uint64 }
+
+// Launched returns the operations launched so far in each form, so a
+// caller can tell which form a layer above it used.
+func (e *Engine) Launched() Launched {
+	return Launched{Runs: e.launched.runs.Load(), Blocks: e.launched.blocks.Load()}
+}
+
 // Engine runs CUDA copies in one direction. It is safe for concurrent use.
 type Engine struct {
 	dir     Direction
@@ -112,6 +124,8 @@ type Engine struct {
 	workers    int // Settings.BuildWorkers
 	// fullTables is Settings.fullTables
 	fullTables bool
+	// launched counts the operations launched in each form (Launched).
+	launched struct{ runs, blocks atomic.Uint64 }
 
 	// mu guards the pool (free contexts, closed flag) and live, so a
 	// launch is either seen by Close or refused.
@@ -300,6 +314,7 @@ func (e *Engine) Submit(region transfer.Desc, runs []transfer.Run) (transfer.Op,
 		err = fmt.Errorf("submit: %w", transfer.ErrClosed)
 	} else if err = e.launch(c, region); err == nil {
 		e.live[o] = struct{}{}
+		e.launched.runs.Add(1)
 	}
 	e.mu.Unlock()
 	if err != nil {

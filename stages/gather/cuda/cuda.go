@@ -52,6 +52,10 @@ func (x *Gatherer) GatherBlocks(region transfer.Desc, c transfer.BlockCopy) (tra
 	return x.e.SubmitBlocks(region, c)
 }
 
+// Launched counts the operations launched in each form (gpucopy.Launched):
+// a block-table chunk that reached GatherBlocks counts in Blocks.
+func (x *Gatherer) Launched() gpucopy.Launched { return x.e.Launched() }
+
 // MemoryKinds reports host (pinned) and CUDA memory.
 func (x *Gatherer) MemoryKinds() []transfer.MemKind { return x.e.MemoryKinds() }
 

@@ -52,6 +52,10 @@ func (x *Scatterer) ScatterBlocks(region transfer.Desc, c transfer.BlockCopy) (t
 	return x.e.SubmitBlocks(region, c)
 }
 
+// Launched counts the operations launched in each form (gpucopy.Launched):
+// a block-table chunk that reached ScatterBlocks counts in Blocks.
+func (x *Scatterer) Launched() gpucopy.Launched { return x.e.Launched() }
+
 // MemoryKinds reports host (pinned) and CUDA memory.
 func (x *Scatterer) MemoryKinds() []transfer.MemKind { return x.e.MemoryKinds() }
 
