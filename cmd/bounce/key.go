@@ -36,7 +36,7 @@ carries the key.`,
 			}
 			id, _, err := security.LoadOrCreate(l.Config.Security.KeyFile)
 			if err != nil {
-				return failed(err)
+				return usage(err) // as every command that reads the key file
 			}
 			line := fmt.Sprintf("%s=%s\n", l.Config.Agent.Name, id.Public)
 			if out == "" {

@@ -133,7 +133,7 @@ once when the receiver's lease expires.`,
 			log := logger(cmd, l.Config.Log)
 			n, err := node.Build(l.Config, factories(), log)
 			if err != nil {
-				return usage(err)
+				return classify(err, usage)
 			}
 			defer n.Close(context.Background())
 			src, err := openPeer(cmd.Context(), cmd.InOrStdin(), l.Config, n, log, peerFile)

@@ -166,7 +166,7 @@ With --stdin-control it reads JSON commands from stdin instead (used by
 			}
 			n, err := node.BuildWith(l.Config, fs(), opts)
 			if err != nil {
-				return usage(err)
+				return classify(err, usage)
 			}
 			defer n.Close(context.Background())
 			buf, err := memory.alloc(fs(), l.Config, uint64(size))
