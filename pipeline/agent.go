@@ -398,6 +398,7 @@ func build(s Settings, cfg Config) (*Agent, error) {
 			a.post(func(r *reactor) { r.peerGone(peer, "the control channel lost its connection") })
 		})
 	}
+	a.watchRefusals(s.Control)
 	return a, nil
 }
 

@@ -69,6 +69,7 @@ const (
 	attrState       = attribute.Key("bounce.state")
 	attrErrorType   = attribute.Key("error.type")
 	attrFailReason  = attribute.Key("bounce.reason")
+	attrLayer       = attribute.Key("bounce.layer")
 	attrAbandonWait = attribute.Key("bounce.abandon.timeout_ms")
 	// Route auto's prediction of the request on each path, and whether it
 	// took the path predicted slower on purpose (to re-measure it).
@@ -144,7 +145,9 @@ func errorType(err error) string {
 }
 
 // ErrRefused is the failure cause of a request the receiver refused with a
-// NACK; the error names the code and the receiver's reason.
+// NACK (the error names the code and the receiver's reason), or whose
+// receiver refused this agent's control connection (the error names the
+// likely cause: this agent's key is not in its security.allowed_peers).
 var ErrRefused = errors.New("refused by the receiver")
 
 // wireCarrier is a propagation.TextMapCarrier over a WANT's or DATA's trace
@@ -317,11 +320,18 @@ func newObs(a *Agent, s Settings) *obs {
 	dropped := ocounter("bounce.control.dropped", "{message}", "Control messages that could not be sent.")
 	scatterFail := ocounter("bounce.scatter.failures", "{chunk}", "Receiver scatters that failed (no ACK sent).")
 	expired := ocounter("bounce.flows.expired", "{flow}", "Receiver flows reclaimed because their sender went silent.")
+	refused := ocounter("bounce.peer.refused", "{event}", "Connections and messages refused from peers, by layer (control, engine) and reason (not_admitted: a key not in security.allowed_peers, ...).")
+	refusers := refusalSources(s)
 	reg, err := m.RegisterCallback(func(ctx context.Context, ob metric.Observer) error {
 		st := a.Stats()
 		ob.ObserveInt64(dropped, int64(st.SendDrops))
 		ob.ObserveInt64(scatterFail, int64(st.ScatterFailures))
 		ob.ObserveInt64(expired, int64(st.ExpiredFlows))
+		for _, src := range refusers {
+			for why, n := range src.c.Refusals() {
+				ob.ObserveInt64(refused, int64(n), metric.WithAttributes(attrLayer.String(src.layer), attrFailReason.String(why)))
+			}
+		}
 		snap, ok := a.snapshot(ctx)
 		if !ok {
 			return nil
@@ -338,13 +348,37 @@ func newObs(a *Agent, s Settings) *obs {
 		ob.ObserveInt64(active, int64(snap.bounce), metric.WithAttributes(attrRoute.String("bounce")))
 		ob.ObserveInt64(active, int64(snap.direct), metric.WithAttributes(attrRoute.String("direct")))
 		return nil
-	}, arena, held, parked, active, dropped, scatterFail, expired)
+	}, arena, held, parked, active, dropped, scatterFail, expired, refused)
 	errs = append(errs, err)
 	o.reg = reg
 	if err := errors.Join(errs...); err != nil {
 		a.log.Warn("some metrics are unavailable", "err", err)
 	}
 	return o
+}
+
+// refusalCounter is the optional capability of a control channel or an
+// engine that counts what it refused from peers, by low-cardinality
+// reason (zmq's and tcp's Refusals).
+type refusalCounter interface {
+	Refusals() map[string]uint64
+}
+
+type refusalSource struct {
+	layer string
+	c     refusalCounter
+}
+
+// refusalSources are the components of s that count refusals.
+func refusalSources(s Settings) []refusalSource {
+	var out []refusalSource
+	if c, ok := s.Control.(refusalCounter); ok {
+		out = append(out, refusalSource{"control", c})
+	}
+	if c, ok := s.Engine.(refusalCounter); ok {
+		out = append(out, refusalSource{"engine", c})
+	}
+	return out
 }
 
 // close unregisters the observable instruments' callback.

@@ -358,3 +358,55 @@ func names(f map[string]*dto.MetricFamily) []string {
 	}
 	return out
 }
+
+// TestRefusedSenderLearnsWhy: a sender whose key the receiver does not
+// admit (its allowed_peers lists another key) fails at once with the
+// likely cause, not after request_timeout: the request timeout here is 10
+// minutes, so only the refusal can end the send. The receiver counts the
+// refused connection in bounce_peer_refused_total.
+func TestRefusedSenderLearnsWhy(t *testing.T) {
+	dir := t.TempDir()
+	desc := filepath.Join(dir, "recv.json")
+	keyFile, _ := senderKey(t, dir, "send")
+	_, other := senderKey(t, dir, "someone-else")
+	serve := exec.Command(cliBinary(t), "serve", "--agent.name", "recv", "--buffer-size", "64MiB", "--descriptor-out", desc, "--security.allowed-peers", other,
+		"--control-plane.bind-address", "127.0.0.1", "--telemetry.metrics.listen", "127.0.0.1:0")
+	var serr syncBuffer
+	serve.Stderr = &serr
+	if err := serve.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		_ = serve.Process.Kill()
+		_ = serve.Wait()
+	}()
+	waitForFile(t, desc, &serr)
+	raw, err := os.ReadFile(desc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var h hello
+	if err := json.Unmarshal(raw, &h); err != nil || h.Metrics == "" {
+		t.Fatalf("descriptor line %s: %v (want a metrics address)", raw, err)
+	}
+	start := time.Now()
+	out, errOut, code := bounce(t, "send", "--peer", desc, "--agent.name", "send", "--security.key-file", keyFile, "--control-plane.bind-address", "127.0.0.1",
+		"--route", "bounce", "--bounce.request-timeout", "10m", "--workload", "llama70b-tp8-b16", "--count", "4096", "--requests", "2")
+	took := time.Since(start)
+	if code != exitFailed || !strings.Contains(out+errOut, "security.allowed_peers") || !strings.Contains(out+errOut, `"recv" refused`) || strings.Contains(out+errOut, "timed out") {
+		t.Fatalf("send: exit %d after %v\n%s\n%s\nwant exit 1 naming the refusal and security.allowed_peers", code, took, out, errOut)
+	}
+	t.Logf("refused send failed after %v:\n%s", took.Round(time.Millisecond), errOut)
+	families := scrape(t, h.Metrics)
+	var refused float64
+	if f := families["bounce_peer_refused_total"]; f != nil {
+		for _, m := range f.GetMetric() {
+			if matches(m, map[string]string{"bounce_layer": "control", "bounce_reason": "not_admitted"}) {
+				refused = m.GetCounter().GetValue()
+			}
+		}
+	}
+	if refused < 1 {
+		t.Fatalf("bounce_peer_refused_total{bounce_layer=control,bounce_reason=not_admitted} = %v, want at least 1 (%v)", refused, names(families))
+	}
+}
