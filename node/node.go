@@ -231,7 +231,7 @@ func BuildWith(cfg config.Config, f Factories, o Options) (*Node, error) {
 
 	n := &Node{Registry: &mem.Registry{}, Config: cfg, Telemetry: o.Telemetry}
 	if n.Telemetry == nil {
-		tel, err := telemetry.New(context.Background(), cfg.Telemetry, telemetry.Options{Instance: cfg.Agent.Name})
+		tel, err := telemetry.New(context.Background(), cfg.Telemetry, telemetry.Options{Instance: cfg.Agent.Name, Log: logger})
 		if err != nil {
 			return nil, fmt.Errorf("node: %w", err)
 		}

@@ -16,6 +16,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -59,6 +60,12 @@ type Options struct {
 	Stdout io.Writer
 	// Getenv reads the environment; nil means os.Getenv.
 	Getenv func(string) string
+	// Log receives the one warning a failing trace export logs; nil means
+	// slog.Default().
+	Log *slog.Logger
+	// ExportTimeout bounds one trace export while the collector answers;
+	// zero means DefaultExportTimeout.
+	ExportTimeout time.Duration
 }
 
 // Providers are the providers built from the configuration, ready to be
@@ -125,13 +132,30 @@ func New(ctx context.Context, cfg config.TelemetryConfig, o Options) (*Providers
 		if err != nil {
 			return fail(err)
 		}
-		opts := []sdktrace.TracerProviderOption{sdktrace.WithBatcher(exp), sdktrace.WithResource(res)}
+		if o.Log == nil {
+			o.Log = slog.Default()
+		}
+		if o.ExportTimeout <= 0 {
+			o.ExportTimeout = DefaultExportTimeout
+		}
+		g := &guardedExporter{exp: exp, log: o.Log, endpoint: exportEndpoint(cfg, o), timeout: o.ExportTimeout,
+			failing: min(ExportTimeoutFailing, o.ExportTimeout), flush: DefaultFlushTimeout}
+		opts := []sdktrace.TracerProviderOption{sdktrace.WithBatcher(g), sdktrace.WithResource(res)}
 		if o.Getenv("OTEL_TRACES_SAMPLER") == "" {
 			opts = append(opts, sdktrace.WithSampler(sdktrace.ParentBased(sdktrace.TraceIDRatioBased(cfg.SampleRatio))))
 		}
 		tp := sdktrace.NewTracerProvider(opts...)
 		p.TracerProvider = tp
-		p.shutdown = append(p.shutdown, tp.Shutdown)
+		p.shutdown = append(p.shutdown, func(ctx context.Context) error {
+			// The flush waits for exports, each bounded; the whole is
+			// bounded too, so a dead collector never holds up the exit.
+			ctx, cancel := context.WithTimeout(ctx, o.ExportTimeout+DefaultFlushTimeout)
+			defer cancel()
+			if err := tp.Shutdown(ctx); err != nil && !errors.Is(err, context.DeadlineExceeded) {
+				return err
+			}
+			return nil
+		})
 	}
 	if cfg.MetricsListen != "" {
 		if err := p.serveMetrics(cfg.MetricsListen, res); err != nil {
@@ -158,6 +182,21 @@ func buildResource(ctx context.Context, cfg config.TelemetryConfig, o Options) (
 		return nil, fmt.Errorf("telemetry: resource: %w", err)
 	}
 	return res, nil
+}
+
+// exportEndpoint names where spans go, for the export warning.
+func exportEndpoint(cfg config.TelemetryConfig, o Options) string {
+	switch {
+	case cfg.Traces == "stdout":
+		return "stdout"
+	case cfg.OTLPEndpoint != "":
+		return cfg.OTLPEndpoint
+	case o.Getenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") != "":
+		return o.Getenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+	case o.Getenv("OTEL_EXPORTER_OTLP_ENDPOINT") != "":
+		return o.Getenv("OTEL_EXPORTER_OTLP_ENDPOINT")
+	}
+	return DefaultOTLPEndpoint
 }
 
 // traceExporter builds the exporter telemetry.traces names. For otlp the
@@ -195,13 +234,15 @@ func traceExporter(ctx context.Context, cfg config.TelemetryConfig, o Options) (
 	)
 	switch proto {
 	case "", "grpc":
-		var opts []otlptracegrpc.Option
+		// No retries: a refused connection fails the export at once (its
+		// spans dropped, one warning) instead of retrying up to the bound.
+		opts := []otlptracegrpc.Option{otlptracegrpc.WithRetry(otlptracegrpc.RetryConfig{Enabled: false})}
 		if endpoint != "" {
 			opts = append(opts, otlptracegrpc.WithEndpoint(endpoint), otlptracegrpc.WithInsecure())
 		}
 		exp, err = otlptracegrpc.New(ctx, opts...)
 	case "http/protobuf":
-		var opts []otlptracehttp.Option
+		opts := []otlptracehttp.Option{otlptracehttp.WithRetry(otlptracehttp.RetryConfig{Enabled: false})}
 		if cfg.OTLPEndpoint != "" {
 			opts = append(opts, otlptracehttp.WithEndpoint(cfg.OTLPEndpoint), otlptracehttp.WithInsecure())
 		} else if endpoint != "" {

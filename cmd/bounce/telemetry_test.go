@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -408,5 +409,23 @@ func TestRefusedSenderLearnsWhy(t *testing.T) {
 	}
 	if refused < 1 {
 		t.Fatalf("bounce_peer_refused_total{bounce_layer=control,bounce_reason=not_admitted} = %v, want at least 1 (%v)", refused, names(families))
+	}
+}
+
+// TestDeadTraceEndpoint: `run` exporting traces to an endpoint nothing
+// listens on moves and verifies everything as without traces, and its
+// stderr holds one warning per process (sender, receiver child) in the
+// tool's log format and no raw Go log line from the exporter.
+func TestDeadTraceEndpoint(t *testing.T) {
+	out, errOut, code := bounce(t, "run", "--telemetry.traces", "otlp", "--telemetry.otlp-endpoint", closedPort(t),
+		"--workload", "llama70b-tp8-b16", "--count", "1024")
+	if code != 0 || !strings.Contains(out, "every byte verified") {
+		t.Fatalf("run: exit %d\n%s\n%s", code, out, errOut)
+	}
+	if n := strings.Count(errOut, "trace export failed"); n < 1 || n > 2 {
+		t.Fatalf("%d export warnings, want one per process:\n%s", n, errOut)
+	}
+	if raw := regexp.MustCompile(`(?m)^\d{4}/\d\d/\d\d \d\d:\d\d:\d\d `).FindString(errOut); raw != "" {
+		t.Fatalf("a raw Go log line on stderr (%q):\n%s", raw, errOut)
 	}
 }
