@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"maps"
+	"net"
 	"os"
 	"strings"
 	"testing"
@@ -204,6 +205,48 @@ func TestBuildRefusesArenaBeyondMemory(t *testing.T) {
 	}
 }
 
+// loopbackInterface is the name of this host's loopback interface.
+func loopbackInterface(t *testing.T) string {
+	t.Helper()
+	ifs, err := net.Interfaces()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, i := range ifs {
+		if i.Flags&net.FlagLoopback != 0 {
+			return i.Name
+		}
+	}
+	t.Skip("no loopback interface")
+	return ""
+}
+
+// TestLoopbackWarningNamesTheAddress: with control_plane.interface a
+// routable interface of this host, the warning names its address to
+// listen on, not "this host's address on" it.
+func TestLoopbackWarningNamesTheAddress(t *testing.T) {
+	ifs, err := net.Interfaces()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, i := range ifs {
+		if i.Flags&net.FlagLoopback != 0 || i.Flags&net.FlagUp == 0 {
+			continue
+		}
+		a := interfaceAddr(&i)
+		if a == "" {
+			continue
+		}
+		cfg := config.Default()
+		cfg.ControlPlane.Interface = i.Name
+		if why := loopbackMismatch(cfg); !strings.Contains(why, "set engine.listen to "+net.JoinHostPort(a, "<port>")) {
+			t.Fatalf("interface %s (%s): %q", i.Name, a, why)
+		}
+		return
+	}
+	t.Skip("no routable interface with an address here")
+}
+
 func TestLoopbackEngineWithRoutableControlPlaneWarns(t *testing.T) {
 	cfg := config.Default()
 	cfg.ControlPlane.Interface = "eth0"
@@ -218,6 +261,10 @@ func TestLoopbackEngineWithRoutableControlPlaneWarns(t *testing.T) {
 		func(c *config.Config) { c.ControlPlane.BindAddress = "127.0.0.1" },
 		func(c *config.Config) { c.Engine.Listen = "10.0.0.2:0" },
 		func(c *config.Config) {},
+		// The loopback interface is loopback too: nothing to warn about.
+		func(c *config.Config) {
+			c.ControlPlane.Interface, c.Engine.Listen = loopbackInterface(t), "127.0.0.1:7000"
+		},
 	} {
 		cfg := config.Default()
 		c(&cfg)
