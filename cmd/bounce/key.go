@@ -38,7 +38,7 @@ carries the key.`,
 			if err != nil {
 				return usage(err) // as every command that reads the key file
 			}
-			line := fmt.Sprintf("%s=%s\n", l.Config.Agent.Name, id.Public)
+			line := fmt.Sprintf("%s=%s\n", l.Config.Agent.Name, id.Public.Text())
 			if out == "" {
 				_, err := io.WriteString(cmd.OutOrStdout(), line)
 				return err

@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -137,8 +138,9 @@ func TestReadmeCommands(t *testing.T) {
 	if out := run("components"); !strings.Contains(out, "tcp") {
 		t.Fatalf("components:\n%s", out)
 	}
-	if out := run("key", "--security.key-file", "a.key", "--agent.name", "host-a"); !strings.HasPrefix(out, "host-a=") {
-		t.Fatalf("key:\n%s", out)
+	// The key line pastes safely: base64url, no shell metacharacter.
+	if out := run("key", "--security.key-file", "a.key", "--agent.name", "host-a"); !regexp.MustCompile(`^host-a=[A-Za-z0-9_-]{43}\n$`).MatchString(out) {
+		t.Fatalf("key printed %q, want host-a= and 43 characters of [A-Za-z0-9_-]", out)
 	}
 	if out := run("config", "--config", "bounce.yaml"); !strings.Contains(out, "prefill-0") {
 		t.Fatalf("config:\n%s", out)
