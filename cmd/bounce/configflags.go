@@ -14,7 +14,7 @@ import (
 
 // configFlags adds --config and one flag per configuration key to cmd.
 func configFlags(cmd *cobra.Command) {
-	cmd.Flags().StringP("config", "c", "", "YAML configuration file (precedence: defaults < file < BOUNCE_* environment < flags)")
+	cmd.Flags().VarP(new(configFile), "config", "c", "YAML configuration file, one (precedence: defaults < file < BOUNCE_* environment < flags)")
 	fs := pflag.NewFlagSet("config", pflag.ContinueOnError)
 	config.RegisterFlags(fs)
 	fs.VisitAll(func(f *pflag.Flag) { f.Hidden = true })
@@ -22,10 +22,24 @@ func configFlags(cmd *cobra.Command) {
 	cmd.SetUsageTemplate(cmd.UsageTemplate() + "\nEvery configuration key is also a flag, e.g. --engine.kind tcp --bounce.arena-size 512MiB;\nsee `bounce config --keys`.\n")
 }
 
+// configFile is --config: one file. A second --config is refused rather
+// than silently replacing the first.
+type configFile string
+
+func (f *configFile) String() string { return string(*f) }
+func (f *configFile) Type() string   { return "file" }
+func (f *configFile) Set(v string) error {
+	if *f != "" && string(*f) != v {
+		return fmt.Errorf("a second file (%s after %s): give one --config; put the settings of both in one file, or set the differing keys by flag or BOUNCE_* variable", v, string(*f))
+	}
+	*f = configFile(v)
+	return nil
+}
+
 // loadConfig reads the configuration layers for cmd; a bad value is a usage
 // error naming the key.
 func loadConfig(cmd *cobra.Command) (*config.Loaded, error) {
-	file, _ := cmd.Flags().GetString("config")
+	file := cmd.Flags().Lookup("config").Value.String()
 	l, err := config.Load(config.LoadOptions{File: file, Environ: os.Environ(), Flags: cmd.Flags()})
 	if err != nil {
 		return nil, usage(fmt.Errorf("configuration: %w", err))

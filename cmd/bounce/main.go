@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strings"
 	"syscall"
 
@@ -93,7 +94,9 @@ file); 3 the environment failed (etcd unreachable, agent name in use,
 address in use, a child or plugin process).`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
+		Version:       versionText(),
 	}
+	root.SetVersionTemplate("{{.Version}}")
 	root.SetFlagErrorFunc(suggestFlag)
 	root.SetIn(stdin)
 	root.SetOut(stdout)
@@ -112,8 +115,24 @@ func suggestFlag(cmd *cobra.Command, err error) error {
 	if !ok {
 		return err
 	}
-	var names []string
-	cmd.Flags().VisitAll(func(f *pflag.Flag) { names = append(names, f.Name) })
+	name, _, _ = strings.Cut(name, "=")
+	var names, under []string
+	cmd.Flags().VisitAll(func(f *pflag.Flag) {
+		names = append(names, f.Name)
+		if strings.HasPrefix(f.Name, name+".") {
+			under = append(under, f.Name)
+		}
+	})
+	// A section given as a flag (--engine tcp): its kind, else its keys.
+	if len(under) > 0 {
+		if slices.Contains(under, name+".kind") {
+			return fmt.Errorf("%w; did you mean --%s.kind?", err, name)
+		}
+		if len(under) > 4 {
+			under = append(under[:4], "...")
+		}
+		return fmt.Errorf("%w; %s is a section: its keys are --%s", err, name, strings.Join(under, ", --"))
+	}
 	if s := config.DidYouMean(name, names); s != "" {
 		return fmt.Errorf("%w%s", err, strings.Replace(s, `"`, `"--`, 1))
 	}

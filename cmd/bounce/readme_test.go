@@ -103,7 +103,7 @@ func TestReadmeCommands(t *testing.T) {
 			if cmd.Flags().Lookup("config") == nil {
 				continue
 			}
-			file, _ := cmd.Flags().GetString("config")
+			file := cmd.Flags().Lookup("config").Value.String()
 			opts := config.LoadOptions{Environ: env, Flags: cmd.Flags()}
 			if file == "bounce.yaml" {
 				opts.File = yamlPath

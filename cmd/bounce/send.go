@@ -28,7 +28,7 @@ type workloadFlags struct {
 }
 
 func (w *workloadFlags) add(cmd *cobra.Command, requests int) {
-	cmd.Flags().StringVar(&w.preset, "workload", "llama70b-tp8-b16", "workload preset (model-TP-block; see `bounce bench --list`)")
+	cmd.Flags().StringVar(&w.preset, "workload", "llama70b-tp8-b16", "workload preset (model-TP-block; see 'bounce bench --list')")
 	cmd.Flags().StringVar(&w.descSize, "desc-size", "", "override the preset's descriptor size (e.g. 4KiB)")
 	cmd.Flags().IntVar(&w.count, "count", 0, "override the preset's descriptor count")
 	cmd.Flags().BoolVar(&w.contiguous, "contiguous", false, "contiguous block ids instead of fragmented (random) ones")
