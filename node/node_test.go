@@ -14,6 +14,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/bouncekv/bounce/config"
+	"github.com/bouncekv/bounce/cuda"
 	"github.com/bouncekv/bounce/mem"
 	"github.com/bouncekv/bounce/pipeline"
 	"github.com/bouncekv/bounce/workload"
@@ -349,5 +350,29 @@ func TestReadmeShowsTheExample(t *testing.T) {
 	code := string(ex[bytes.Index(ex, []byte("func embed() error {")):])
 	if !strings.Contains(string(readme), "```go\n"+code+"```") {
 		t.Fatal("README.md's embedding code differs from node/example_test.go's embed (copy it over)")
+	}
+}
+
+// TestComponentsSayWhatRunsHere: without a loadable CUDA driver the CUDA
+// kinds this build has are listed as not runnable on this machine, with
+// the driver's error; the others are not.
+func TestComponentsSayWhatRunsHere(t *testing.T) {
+	f := Builtin()
+	f.CUDA = &cuda.Lib{Path: "libcuda-missing.so.1"}
+	seen := 0
+	for _, c := range Components(f) {
+		cudaKind := c.Kind == "cudacopy" || c.Kind == "cuda"
+		switch {
+		case cudaKind && c.Available:
+			seen++
+			if !strings.Contains(c.NotHere, "libcuda-missing.so.1") {
+				t.Errorf("%s %s: NotHere %q, want the driver's error", c.Role, c.Kind, c.NotHere)
+			}
+		case !cudaKind && c.NotHere != "":
+			t.Errorf("%s %s: NotHere %q", c.Role, c.Kind, c.NotHere)
+		}
+	}
+	if seen != 3 {
+		t.Fatalf("%d CUDA kinds in the build, want cudacopy and the cuda gather and scatter stages", seen)
 	}
 }
