@@ -3,6 +3,7 @@ package pipeline
 import (
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/bouncekv/bounce/pipeline/credit"
 	"github.com/bouncekv/bounce/pipeline/wire"
@@ -51,6 +52,7 @@ type recvFlow struct {
 	chunks  int // chunks the WANT asked for
 	landed  int // chunks scattered
 	payload uint64
+	start   time.Time // the WANT's arrival (the receive latency's start)
 }
 
 // received delivers an event without ever blocking the reactor: the
@@ -74,7 +76,7 @@ func (r *reactor) received(ev Received) {
 
 // flowStarted records an accepted WANT.
 func (r *reactor) flowStarted(key credit.FlowKey, w *wire.Want) {
-	r.rflows[key] = &recvFlow{tag: w.Tag, chunks: len(w.ChunkBytes)}
+	r.rflows[key] = &recvFlow{tag: w.Tag, chunks: len(w.ChunkBytes), start: r.clock.Now()}
 }
 
 // chunkLanded counts a scattered chunk and reports the request when it was
@@ -85,11 +87,15 @@ func (r *reactor) chunkLanded(key credit.FlowKey, runs []transfer.Run) {
 		return
 	}
 	f.landed++
+	var n uint64
 	for i := range runs {
-		f.payload += runs[i].Len * runs[i].Count
+		n += runs[i].Len * runs[i].Count
 	}
+	f.payload += n
+	r.a.obs.bytesLanded(RouteBounce, n)
 	if f.landed == f.chunks {
 		delete(r.rflows, key)
+		r.a.obs.receivedFlow(RouteBounce, nil, r.clock.Now().Sub(f.start))
 		r.received(Received{Peer: key.Peer, Request: key.Request, Tag: f.tag, Bytes: f.payload, Route: RouteBounce})
 	}
 }
@@ -101,6 +107,7 @@ func (r *reactor) flowFailed(key credit.FlowKey, err error) {
 		return
 	}
 	delete(r.rflows, key)
+	r.a.obs.receivedFlow(RouteBounce, err, r.clock.Now().Sub(f.start))
 	r.received(Received{Peer: key.Peer, Request: key.Request, Tag: f.tag, Bytes: f.payload, Route: RouteBounce,
 		Err: fmt.Errorf("pipeline: request %d from %q: %w", key.Request, key.Peer, err)})
 }
@@ -119,7 +126,10 @@ func (r *reactor) onDone(peer string, m *wire.Done) {
 	ev := Received{Peer: peer, Request: m.Request, Tag: m.Tag, Bytes: m.Bytes, Route: RouteDirect}
 	if m.Reason != "" {
 		ev.Err = fmt.Errorf("pipeline: direct request %d from %q: %w: %s", m.Request, peer, ErrSenderFailed, m.Reason)
+	} else {
+		r.a.obs.bytesLanded(RouteDirect, m.Bytes) // the engine placed them; DONE says so
 	}
+	r.a.obs.receivedFlow(RouteDirect, ev.Err, -1)
 	r.received(ev)
 }
 

@@ -20,6 +20,8 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"runtime"
+	"runtime/debug"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -262,13 +264,18 @@ func traceExporter(ctx context.Context, cfg config.TelemetryConfig, o Options) (
 // of its own (no process-global state) served at /metrics.
 func (p *Providers) serveMetrics(listen string, res *resource.Resource) error {
 	reg := prometheus.NewRegistry()
-	exp, err := promexp.New(promexp.WithRegisterer(reg))
+	// Without the otel_scope_* labels on every series: one instrumentation
+	// scope names them all (the bounce_ prefix says the same).
+	exp, err := promexp.New(promexp.WithRegisterer(reg), promexp.WithoutScopeInfo())
 	if err != nil {
 		return fmt.Errorf("telemetry: prometheus exporter: %w", err)
 	}
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(exp), sdkmetric.WithResource(res))
 	p.MeterProvider = mp
 	p.shutdown = append(p.shutdown, mp.Shutdown)
+	if err := registerBuildInfo(mp); err != nil {
+		return fmt.Errorf("telemetry: build info: %w", err)
+	}
 	ln, err := net.Listen("tcp", listen)
 	if err != nil {
 		return fmt.Errorf("telemetry: telemetry.metrics.listen %q: %w", listen, err)
@@ -280,6 +287,36 @@ func (p *Providers) serveMetrics(listen string, res *resource.Resource) error {
 	p.metricsAddr = ln.Addr().String()
 	p.shutdown = append(p.shutdown, srv.Shutdown)
 	return nil
+}
+
+// registerBuildInfo adds bounce_build_info: 1, labelled with the main
+// module's version, the VCS revision and whether the tree was modified, and
+// the Go version, as the binary records them.
+func registerBuildInfo(mp metric.MeterProvider) error {
+	version, revision, modified, goVersion := "(unknown)", "unknown", "false", runtime.Version()
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		version = bi.Main.Version
+		for _, s := range bi.Settings {
+			switch s.Key {
+			case "vcs.revision":
+				revision = s.Value
+			case "vcs.modified":
+				modified = s.Value
+			}
+		}
+	}
+	m := mp.Meter("github.com/bouncekv/bounce/telemetry")
+	g, err := m.Int64ObservableGauge("bounce.build.info", metric.WithDescription("Always 1; the labels say which build this process runs."))
+	if err != nil {
+		return err
+	}
+	attrs := metric.WithAttributes(attribute.String("version", version), attribute.String("revision", revision),
+		attribute.String("modified", modified), attribute.String("go_version", goVersion))
+	_, err = m.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+		o.ObserveInt64(g, 1, attrs)
+		return nil
+	}, g)
+	return err
 }
 
 // MetricsAddr returns the address the Prometheus endpoint listens on (with

@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -316,6 +317,44 @@ func TestPrometheusEndpoint(t *testing.T) {
 	}
 	if v, ok := gauge("target_info", map[string]string{"service_name": "scrape", "service_instance_id": "recv"}); !ok || v != 1 {
 		t.Errorf("target_info for service scrape/recv: %v %v (%v)", v, ok, names(families))
+	}
+	// The receiver's own series: what landed (the warm-up and the
+	// request, 16 MiB each), how long receiving and scattering took, the
+	// build, and no otel_scope_* label anywhere.
+	const reqBytes = 4096 * 4096
+	if v, ok := gauge("bounce_received_bytes_total", map[string]string{"bounce_route": "bounce"}); !ok || v < reqBytes || int64(v)%reqBytes != 0 {
+		t.Errorf("bounce_received_bytes_total{bounce_route=bounce} = %v (present %v), want a positive multiple of %d", v, ok, reqBytes)
+	}
+	if v, ok := gauge("bounce_received_requests_total", map[string]string{"bounce_route": "bounce", "bounce_outcome": "success"}); !ok || v < 1 {
+		t.Errorf("bounce_received_requests_total{bounce,success} = %v (present %v)", v, ok)
+	}
+	for _, h := range []string{"bounce_receive_duration_seconds", "bounce_scatter_duration_seconds"} {
+		f := families[h]
+		if f == nil || f.GetType() != dto.MetricType_HISTOGRAM || len(f.GetMetric()) == 0 || f.GetMetric()[0].GetHistogram().GetSampleCount() < 1 {
+			t.Errorf("%s: %v", h, f)
+			continue
+		}
+		var bounds []float64
+		for _, b := range f.GetMetric()[0].GetHistogram().GetBucket() {
+			bounds = append(bounds, b.GetUpperBound())
+		}
+		for _, want := range []float64{1, 1.25, 1.5, 1.75, 2, 2.25, 2.5} {
+			if !slices.Contains(bounds, want) {
+				t.Errorf("%s has no bucket at %v s (buckets %v): a p99 between 1 and 2.5 s must be read to 0.25 s", h, want, bounds)
+			}
+		}
+	}
+	if v, ok := gauge("bounce_build_info", nil); !ok || v != 1 {
+		t.Errorf("bounce_build_info = %v (present %v)", v, ok)
+	}
+	for name, f := range families {
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if strings.HasPrefix(l.GetName(), "otel_scope") {
+					t.Fatalf("%s carries %s=%q: the scope labels are dropped", name, l.GetName(), l.GetValue())
+				}
+			}
+		}
 	}
 }
 
