@@ -895,7 +895,7 @@ func (a *Agent) SubmitContext(ctx context.Context, req Request) (*Batch, error) 
 	}
 	id := a.nextID.Add(1)
 	b := newBatch(id, route, reason, req.OnComplete)
-	b.obs.start, b.obs.why = start, why
+	b.obs.start, b.obs.why, b.obs.tag = start, why, req.Tag
 	b.pred, b.start = pred, start
 	if a.router != nil && shape.Descs > 0 {
 		cr := costmodel.Direct

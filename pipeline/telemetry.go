@@ -2,9 +2,12 @@ package pipeline
 
 import (
 	"context"
+	"encoding/hex"
 	"errors"
 	"strings"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
@@ -51,6 +54,7 @@ const (
 	attrReason      = attribute.Key("bounce.route.reason")
 	attrReasonText  = attribute.Key("bounce.route.reason_text")
 	attrPeer        = attribute.Key("bounce.peer")
+	attrTag         = attribute.Key("bounce.tag")
 	attrRequest     = attribute.Key("bounce.request")
 	attrBytes       = attribute.Key("bounce.bytes")
 	attrDescs       = attribute.Key("bounce.descriptors")
@@ -229,6 +233,7 @@ type batchObs struct {
 	start time.Time
 	bytes uint64
 	why   string // low-cardinality route reason
+	tag   []byte // the caller's tag (Request.Tag), on the batch span
 	ctx   context.Context
 	span  trace.Span // nil unless the batch span records
 	sc    trace.SpanContext
@@ -390,6 +395,15 @@ func refusalSources(s Settings) []refusalSource {
 	return out
 }
 
+// tagText is a request tag as a span attribute: the text when it is
+// printable UTF-8, else its hex.
+func tagText(tag []byte) string {
+	if utf8.Valid(tag) && !strings.ContainsFunc(string(tag), func(r rune) bool { return !unicode.IsPrint(r) }) {
+		return string(tag)
+	}
+	return hex.EncodeToString(tag)
+}
+
 // latencyBuckets are the latency histograms' bucket bounds in seconds: 1-2.5-5
 // steps up to 0.5 s, then steps of 0.25 s to 3 s (a p99 between 1 and 2.5 s
 // is read to within 0.25 s), then coarser to a minute.
@@ -476,6 +490,9 @@ func (o *obs) submitted(ctx context.Context, b *Batch, peer string, descs int, r
 	span.SetAttributes(attrRoute.String(b.route.String()), attrReason.String(b.obs.why), attrReasonText.String(reasonText),
 		attrPeer.String(peer), attrRequest.Int64(int64(b.id)), attrDescs.Int(descs), attrBytes.Int64(int64(b.obs.bytes)))
 	span.SetAttributes(o.kinds...)
+	if len(b.obs.tag) > 0 {
+		span.SetAttributes(attrTag.String(tagText(b.obs.tag)))
+	}
 	if p := b.pred; p.Made {
 		span.SetAttributes(attrPredBounce.Float64(float64(p.Bounce)/float64(time.Millisecond)),
 			attrPredDirect.Float64(float64(p.Direct)/float64(time.Millisecond)), attrPredExplore.Bool(p.Explore))
@@ -742,6 +759,9 @@ func (o *obs) wantReceived(r *reactor, key credit.FlowKey, w *wire.Want) {
 			return
 		}
 		span.SetAttributes(o.kinds...)
+		if len(w.Tag) > 0 {
+			span.SetAttributes(attrTag.String(tagText(w.Tag)))
+		}
 		rt = &recvTrace{ctx: ctx, span: span, wantAt: time.Now()}
 		r.rtraces[key] = rt
 	}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/bouncekv/bounce/config"
 	"github.com/bouncekv/bounce/node"
+	"github.com/bouncekv/bounce/telemetry"
 )
 
 // configFlags adds --config and one flag per configuration key to cmd.
@@ -53,6 +54,16 @@ func loadConfig(cmd *cobra.Command) (*config.Loaded, error) {
 		fmt.Fprintln(cmd.ErrOrStderr(), "bounce: notice:", n)
 	}
 	return l, nil
+}
+
+// roleService names the service of a serve or send started by hand
+// <default>-<role> (bounce-recv, bounce-send), as bounce run names its two,
+// so the two sides of a trace are told apart; a service name the user set
+// (telemetry.service_name, OTEL_SERVICE_NAME) is kept.
+func roleService(l *config.Loaded, role string) {
+	if l.Sources["telemetry.service_name"] == config.SourceDefault && os.Getenv("OTEL_SERVICE_NAME") == "" {
+		l.Config.Telemetry.ServiceName = telemetry.DefaultServiceName + "-" + role
+	}
 }
 
 // configArgs renders the configuration flags the user set on cmd (and

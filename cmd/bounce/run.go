@@ -111,7 +111,7 @@ func mainJob(cmd *cobra.Command, cfg config.Config, childArgs []string, spec wor
 	if jo.warm {
 		var moves []warmMove
 		for _, rt := range routes {
-			moves = append(moves, warmMove{route: rt.String(), opts: driver.Options{Spec: spec, Requests: 1, Route: rt}})
+			moves = append(moves, warmMove{route: rt.String(), opts: driver.Options{Spec: spec, Requests: 1, Route: rt, TagPrefix: "warm-up-"}})
 		}
 		if err := s.warmUp(cmd.Context(), moves...); err != nil {
 			return failed(err)

@@ -109,6 +109,7 @@ once when the receiver's lease expires.`,
 			if err != nil {
 				return err
 			}
+			roleService(l, "send")
 			if err := memory.check(); err != nil {
 				return err
 			}
@@ -159,7 +160,7 @@ once when the receiver's lease expires.`,
 			tgt := driver.Target{Peer: h.Name, Buffer: h.buffer()}
 			out := cmd.OutOrStdout()
 			if warm {
-				res, err := d.Run(ctx, tgt, driver.Options{Spec: spec, Requests: 1, Route: rt})
+				res, err := d.Run(ctx, tgt, driver.Options{Spec: spec, Requests: 1, Route: rt, TagPrefix: "warm-up-"})
 				if err == nil && res.Failed > 0 {
 					err = res.FirstErr
 				}
@@ -276,6 +277,8 @@ type sendRow struct {
 	Verified    bool   `json:"verified"`
 	NotVerified string `json:"not_verified,omitempty"`
 	Error       string `json:"error,omitempty"`
+	// Traces are the row's traced requests: tag and trace id.
+	Traces []driver.RequestTrace `json:"traces,omitempty"`
 }
 
 // sendNotVerified is why send's rows are not verified.
@@ -297,7 +300,7 @@ func writeSendJSON(path string, spec workload.Spec, asked string, rows []namedRe
 			Verified: r.verified == verifiedYes, NotVerified: r.notVerified,
 			Bytes: r.res.Bytes, ElapsedNS: int64(r.res.Elapsed), BytesPerSecond: r.res.Throughput(),
 			P50NS: int64(r.res.Percentile(50)), P99NS: int64(r.res.Percentile(99)), MaxNS: int64(r.res.Percentile(100)),
-			Fallbacks: r.res.Fallbacks, FallbackReason: r.res.FallbackReason,
+			Fallbacks: r.res.Fallbacks, FallbackReason: r.res.FallbackReason, Traces: r.res.Traces,
 		}
 		if r.res.FirstErr != nil {
 			row.Error = r.res.FirstErr.Error()

@@ -119,6 +119,7 @@ With --stdin-control it reads JSON commands from stdin instead (used by
 			if err != nil {
 				return err
 			}
+			roleService(l, "recv")
 			if err := memory.check(); err != nil {
 				return err
 			}

@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/bouncekv/bounce/config"
 )
 
 // run runs the CLI in this process and returns stdout, stderr and the exit
@@ -70,6 +72,31 @@ func TestHelpValueNames(t *testing.T) {
 			if f := strings.Fields(line); len(f) >= 2 && strings.HasPrefix(f[0], "--") && strings.Contains(f[1], "bounce") {
 				t.Errorf("%s --help: value name %q in %q", c, f[1], line)
 			}
+		}
+	}
+}
+
+// TestHandStartedServiceNames: serve and send started by hand are the
+// services bounce-recv and bounce-send (as bounce run names its two), and a
+// service name the user set is kept.
+func TestHandStartedServiceNames(t *testing.T) {
+	t.Setenv("OTEL_SERVICE_NAME", "")
+	for _, role := range []string{"recv", "send"} {
+		l, err := config.Load(config.LoadOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		roleService(l, role)
+		if got := l.Config.Telemetry.ServiceName; got != "bounce-"+role {
+			t.Errorf("%s: service %q, want bounce-%s", role, got, role)
+		}
+		l, err = config.Load(config.LoadOptions{Environ: []string{"BOUNCE_TELEMETRY_SERVICE_NAME=mine"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		roleService(l, role)
+		if got := l.Config.Telemetry.ServiceName; got != "mine" {
+			t.Errorf("%s with a configured name: %q, want mine", role, got)
 		}
 	}
 }

@@ -454,10 +454,12 @@ func TestRefusedSenderLearnsWhy(t *testing.T) {
 // TestDeadTraceEndpoint: `run` exporting traces to an endpoint nothing
 // listens on moves and verifies everything as without traces, and its
 // stderr holds one warning per process (sender, receiver child) in the
-// tool's log format and no raw Go log line from the exporter.
+// tool's log format and no raw Go log line from the exporter. Each
+// request's trace id is printed and written to --json.
 func TestDeadTraceEndpoint(t *testing.T) {
+	js := filepath.Join(t.TempDir(), "run.json")
 	out, errOut, code := bounce(t, "run", "--telemetry.traces", "otlp", "--telemetry.otlp-endpoint", closedPort(t),
-		"--workload", "llama70b-tp8-b16", "--count", "1024")
+		"--workload", "llama70b-tp8-b16", "--count", "1024", "--json", js)
 	if code != 0 || !strings.Contains(out, "every byte verified") {
 		t.Fatalf("run: exit %d\n%s\n%s", code, out, errOut)
 	}
@@ -466,5 +468,28 @@ func TestDeadTraceEndpoint(t *testing.T) {
 	}
 	if raw := regexp.MustCompile(`(?m)^\d{4}/\d\d/\d\d \d\d:\d\d:\d\d `).FindString(errOut); raw != "" {
 		t.Fatalf("a raw Go log line on stderr (%q):\n%s", raw, errOut)
+	}
+	if n := len(regexp.MustCompile(`(?m)^trace (bounce|direct|auto.*) req-0 [0-9a-f]{32}$`).FindAllString(out, -1)); n != 3 {
+		t.Fatalf("%d trace lines for req-0, want one per route (auto, bounce, direct):\n%s", n, out)
+	}
+	raw, err := os.ReadFile(js)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc struct {
+		Rows []struct {
+			Traces []struct {
+				Tag     string `json:"tag"`
+				TraceID string `json:"trace_id"`
+			} `json:"traces"`
+		} `json:"rows"`
+	}
+	if err := json.Unmarshal(raw, &doc); err != nil || len(doc.Rows) == 0 {
+		t.Fatalf("--json: %v\n%s", err, raw)
+	}
+	for _, r := range doc.Rows {
+		if len(r.Traces) != 1 || r.Traces[0].Tag != "req-0" || len(r.Traces[0].TraceID) != 32 {
+			t.Fatalf("--json row traces %+v, want req-0 with its trace id", r.Traces)
+		}
 	}
 }
