@@ -282,10 +282,13 @@ func TestReadmeBenchPeer(t *testing.T) {
 	if err != nil {
 		t.Fatalf("bench --peer: %v\n%s\nserve:\n%s", err, out, serr.String())
 	}
-	for _, want := range []string{"bounce", "direct", "runs elsewhere (--peer)"} {
+	for _, want := range []string{"bounce", "direct", "runs elsewhere (--peer)", "receiver not measured"} {
 		if !strings.Contains(string(out), want) {
 			t.Fatalf("bench --peer printed no %q:\n%s", want, out)
 		}
+	}
+	if n := strings.Count(string(out), "note: --peer:"); n != 1 || strings.Contains(string(out), "receiver 0B") || strings.Contains(string(out), "receiver -") {
+		t.Fatalf("bench --peer: the --peer note %d times, or the remote receiver's memory as measured:\n%s", n, out)
 	}
 	if n := strings.Count(serr.String(), "received: peer=host-a"); n < 12 { // 2 warm-ups + 2 routes x (1 + 4)
 		t.Fatalf("the remote receiver announced %d requests, want at least 12:\n%s", n, serr.String())
