@@ -322,11 +322,14 @@ func (niceTicks) Ticks(lo, hi float64) []plot.Tick {
 			break
 		}
 	}
+	// As many decimals as the step has, so 3 x 0.2 reads 0.6, never
+	// 0.6000000000000001.
+	decimals := max(0, int(-math.Floor(math.Log10(step)+1e-9)))
 	var ticks []plot.Tick
 	for v := math.Ceil(lo/step) * step; v <= hi+step*1e-9; v += step / 2 {
 		t := plot.Tick{Value: v}
 		if r := math.Round(v / step); math.Abs(v/step-r) < 1e-6 {
-			t.Label = strconv.FormatFloat(r*step, 'f', -1, 64)
+			t.Label = strconv.FormatFloat(r*step, 'f', decimals, 64)
 		}
 		ticks = append(ticks, t)
 	}

@@ -2,11 +2,16 @@ package benchreport
 
 import (
 	"image/png"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
+
+	"pgregory.net/rapid"
 )
 
 func TestWritePlots(t *testing.T) {
@@ -180,5 +185,32 @@ func TestWritePlotsSweeps(t *testing.T) {
 	b := ss[keys[0]][0]
 	if b.route != RouteBounce || !slices.Equal(b.x, []float64{1, 8, 64}) || b.lo[0] != 2e9 || b.hi[0] != 2.2e9 || b.mid[0] != 2.1e9 {
 		t.Fatalf("bounce series %+v", b)
+	}
+}
+
+// TestNiceTickLabels: every labelled tick reads as a short round number —
+// no more decimals than its step has (0.6, never 0.6000000000000001) — and
+// its label is its value.
+func TestNiceTickLabels(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		lo := rapid.Float64Range(0, 1000).Draw(t, "lo")
+		hi := lo + rapid.Float64Range(1e-3, 1000).Draw(t, "span")
+		for _, tk := range (niceTicks{}).Ticks(lo, hi) {
+			if tk.Label == "" {
+				continue
+			}
+			if len(tk.Label) > 8 {
+				t.Fatalf("ticks of [%v, %v]: label %q is not short", lo, hi, tk.Label)
+			}
+			v, err := strconv.ParseFloat(tk.Label, 64)
+			if err != nil || math.Abs(v-tk.Value) > 1e-6*math.Max(1, math.Abs(v)) {
+				t.Fatalf("ticks of [%v, %v]: label %q for value %v", lo, hi, tk.Label, tk.Value)
+			}
+		}
+	})
+	for _, tk := range (niceTicks{}).Ticks(0, 1.2) {
+		if strings.Contains(tk.Label, "000000") {
+			t.Fatalf("label %q", tk.Label)
+		}
 	}
 }

@@ -584,6 +584,9 @@ type Memory struct {
 	ArenaSize uint64 `json:"arena_size"`
 	// LargestTransfer is the largest cell's payload (requests x bytes).
 	LargestTransfer uint64 `json:"largest_transfer"`
+	// ReceiverElsewhere is set when the receiver runs on another host
+	// (bench --peer): its peak RSS is not measured (ReceiverPeakRSS 0).
+	ReceiverElsewhere bool `json:"receiver_elsewhere,omitempty"`
 }
 
 // SenderOverhead is the sender's peak beyond its source buffer.

@@ -406,3 +406,24 @@ func TestAutoBest(t *testing.T) {
 		t.Fatalf("summary lacks the verdict:\n%s", sb.String())
 	}
 }
+
+// TestWriteTableRemoteReceiver: with the receiver elsewhere (bench --peer)
+// its memory is said to be unmeasured, never "receiver 0B" or a negative
+// overhead; a note is printed once.
+func TestWriteTableRemoteReceiver(t *testing.T) {
+	r := &Report{
+		Memory: &Memory{SenderPeakRSS: 344 << 20, SourceBuffer: 32 << 20, DestinationBuffer: 1 << 30, ArenaSize: 256 << 20, LargestTransfer: 32 << 20, ReceiverElsewhere: true},
+		Notes:  []string{"--peer: the receiver runs elsewhere"},
+	}
+	var b strings.Builder
+	if err := WriteTable(&b, r); err != nil {
+		t.Fatal(err)
+	}
+	out := b.String()
+	if !strings.Contains(out, "receiver not measured (it runs elsewhere; destination buffer 1GiB)") || strings.Contains(out, "receiver 0B") || strings.Contains(out, "-1GiB") {
+		t.Fatalf("remote receiver's memory:\n%s", out)
+	}
+	if n := strings.Count(out, "--peer: the receiver runs elsewhere"); n != 1 {
+		t.Fatalf("note printed %d times:\n%s", n, out)
+	}
+}

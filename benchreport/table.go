@@ -60,10 +60,16 @@ func WriteTable(w io.Writer, r *Report) error {
 		return err
 	}
 	if m := r.Memory; m != nil {
-		fmt.Fprintf(w, "\npeak RSS (VmHWM): sender %s (source buffer %s), receiver %s (destination buffer %s); arena %s each; largest transfer %s\n",
-			FormatSize(m.SenderPeakRSS), FormatSize(m.SourceBuffer), FormatSize(m.ReceiverPeakRSS), FormatSize(m.DestinationBuffer),
-			FormatSize(m.ArenaSize), FormatSize(m.LargestTransfer))
-		fmt.Fprintf(w, "beyond the KV buffers: sender %s, receiver %s\n", signedSize(m.SenderOverhead()), signedSize(m.ReceiverOverhead()))
+		if m.ReceiverElsewhere {
+			fmt.Fprintf(w, "\npeak RSS (VmHWM): sender %s (source buffer %s), receiver not measured (it runs elsewhere; destination buffer %s); arena %s here; largest transfer %s\n",
+				FormatSize(m.SenderPeakRSS), FormatSize(m.SourceBuffer), FormatSize(m.DestinationBuffer), FormatSize(m.ArenaSize), FormatSize(m.LargestTransfer))
+			fmt.Fprintf(w, "beyond the KV buffers: sender %s\n", signedSize(m.SenderOverhead()))
+		} else {
+			fmt.Fprintf(w, "\npeak RSS (VmHWM): sender %s (source buffer %s), receiver %s (destination buffer %s); arena %s each; largest transfer %s\n",
+				FormatSize(m.SenderPeakRSS), FormatSize(m.SourceBuffer), FormatSize(m.ReceiverPeakRSS), FormatSize(m.DestinationBuffer),
+				FormatSize(m.ArenaSize), FormatSize(m.LargestTransfer))
+			fmt.Fprintf(w, "beyond the KV buffers: sender %s, receiver %s\n", signedSize(m.SenderOverhead()), signedSize(m.ReceiverOverhead()))
+		}
 	}
 	for _, n := range r.Notes {
 		fmt.Fprintf(w, "note: %s\n", n)

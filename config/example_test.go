@@ -51,6 +51,6 @@ func ExampleLoad_errors() {
 	_, err := config.Load(config.LoadOptions{Environ: []string{"BOUNCE_ARENA_SIZE=lots", "BOUNCE_MAX_INFLIGT=8"}})
 	fmt.Println(err)
 	// Output:
-	// config: env:BOUNCE_MAX_INFLIGT="8": no setting has this environment variable (did you mean "BOUNCE_MAX_INFLIGHT"?); see config.Keys and config.EnvVar (bounce keys drop their section: BOUNCE_ARENA_SIZE)
+	// config: env:BOUNCE_MAX_INFLIGT="8": no setting has this environment variable (did you mean "BOUNCE_MAX_INFLIGHT"?); `bounce config --keys` lists every key's variable (bounce keys drop their section: BOUNCE_ARENA_SIZE)
 	// config: bounce.arena_size="lots" (env:BOUNCE_ARENA_SIZE): want a number of bytes with an optional unit B, K/KB/KiB, M/MB/MiB, G/GB/GiB or T/TB/TiB (any case, powers of two; a decimal fraction when it makes whole bytes), e.g. 256MiB, 512mb, 1g, 2.5GiB, 64 KiB or 4096
 }

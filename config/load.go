@@ -115,7 +115,7 @@ func Load(opts LoadOptions) (*Loaded, error) {
 			p = bytesProvider(opts.FileData)
 		}
 		fk := koanf.New(".")
-		if err := fk.Load(p, safeYAML{}); err != nil {
+		if err := fk.Load(p, safeYAML{env: environMap(opts.Environ)}); err != nil {
 			return nil, fmt.Errorf("config: read %s: %w", src, err)
 		}
 		if err := merge(fk, func(string) Source { return src }); err != nil {
@@ -142,7 +142,7 @@ func Load(opts LoadOptions) (*Loaded, error) {
 				key, ok := byEnv[name]
 				if !ok {
 					errs = append(errs, &KeyError{Value: value, Source: Source("env:" + name), Err: ErrUnknownKey,
-						Reason: "no setting has this environment variable" + DidYouMean(name, slices.Collect(maps.Keys(byEnv))) + "; see config.Keys and config.EnvVar (bounce keys drop their section: BOUNCE_ARENA_SIZE)"})
+						Reason: "no setting has this environment variable" + DidYouMean(name, slices.Collect(maps.Keys(byEnv))) + "; `bounce config --keys` lists every key's variable (bounce keys drop their section: BOUNCE_ARENA_SIZE)"})
 					return "", nil
 				}
 				if s, ok := subByEnv[name]; ok {
@@ -393,6 +393,17 @@ func checkLayer(fs []field, raw map[string]any, srcOf func(string) Source, sourc
 	return clean, errs
 }
 
+// environMap turns os.Environ-style entries into a map.
+func environMap(environ []string) map[string]string {
+	m := make(map[string]string, len(environ))
+	for _, e := range environ {
+		if k, v, ok := strings.Cut(e, "="); ok {
+			m[k] = v
+		}
+	}
+	return m
+}
+
 // bytesProvider is a koanf.Provider over in-memory file contents.
 type bytesProvider []byte
 
@@ -405,17 +416,24 @@ func (b bytesProvider) Read() (map[string]any, error) {
 }
 
 // safeYAML is koanf's YAML parser with a guard that turns a parser panic on
-// hostile input into an error, so Load never panics.
-type safeYAML struct{}
+// hostile input into an error, so Load never panics. String values have
+// their ${env:NAME} references expanded from env (expandEnv).
+type safeYAML struct{ env map[string]string }
 
 // Unmarshal parses YAML into a map.
-func (safeYAML) Unmarshal(b []byte) (m map[string]any, err error) {
+func (p safeYAML) Unmarshal(b []byte) (m map[string]any, err error) {
 	defer func() {
 		if r := recover(); r != nil {
 			m, err = nil, fmt.Errorf("yaml parser failed: %v", r)
 		}
 	}()
-	return yaml.Parser().Unmarshal(b)
+	if m, err = yaml.Parser().Unmarshal(b); err != nil {
+		return nil, err
+	}
+	if _, err := expandTree(m, "", p.env); err != nil {
+		return nil, err
+	}
+	return m, nil
 }
 
 // Marshal renders a map as YAML.

@@ -185,7 +185,7 @@ func accepted(ptr any) string {
 	case *Size:
 		return "want " + sizeForms
 	case *time.Duration:
-		return "want a Go duration such as 30s, 500ms or 1m30s (a bare number has no unit)"
+		return "want a Go duration such as 30s, 500ms or 1m30s (a bare number other than 0 has no unit)"
 	case *float64:
 		return "want a number"
 	case *map[string]string:
@@ -245,7 +245,11 @@ func assign(ptr any, raw any) bool {
 				return false
 			}
 		default:
-			return false
+			// A bare 0 needs no unit (YAML reads "quarantine: 0" as a
+			// number); any other bare number is ambiguous.
+			if n, ok := toInt(raw); !ok || n != 0 {
+				return false
+			}
 		}
 		*p = d
 		return true

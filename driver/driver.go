@@ -42,6 +42,10 @@ type Options struct {
 	InFlight int
 	// Route forces a route (RouteAuto lets the agent decide).
 	Route pipeline.Route
+	// TagPrefix starts each request's tag (prefix + its index); empty
+	// means "req-". A warm-up passes "warm-up-", which marks its spans
+	// (bounce.tag) and the receiver's completion events.
+	TagPrefix string
 	// Prefilled skips filling the source: a run like the one before it on
 	// this Driver (the same Spec and Requests) finds its bytes in place,
 	// so a repeated run's time is the transfer's alone.
@@ -54,6 +58,13 @@ type Options struct {
 	// pieces and their bytes are those of the descriptor form of the same
 	// Spec.
 	Blocks bool
+}
+
+// RequestTrace names the trace of one request: its tag and the trace id
+// Jaeger finds it by (/trace/<id>).
+type RequestTrace struct {
+	Tag     string `json:"tag"`
+	TraceID string `json:"trace_id"`
 }
 
 // Result is one measured run.
@@ -70,6 +81,9 @@ type Result struct {
 	// the first InFlight (each one when an earlier request finished), sorted:
 	// the closed loop's steady state without its ramp-up. Nil for a burst.
 	Steady []time.Duration
+	// Traces are the traced requests' tags and trace ids, in submit order
+	// (nil when tracing is off).
+	Traces []RequestTrace
 	// PeakInFlight is the most requests that were in flight at once.
 	PeakInFlight int
 	// Stages is the mean per successful request of where its time went on
@@ -255,7 +269,11 @@ func (d *Driver) Run(ctx context.Context, t Target, o Options) (Result, error) {
 		}
 		submitted := time.Now()
 		// The tag names the request for the receiver's completion event.
-		tag := fmt.Appendf(nil, "req-%d", i)
+		prefix := o.TagPrefix
+		if prefix == "" {
+			prefix = "req-"
+		}
+		tag := fmt.Appendf(nil, "%s%d", prefix, i)
 		r := pipeline.Request{Peer: t.Peer, Src: reqs[i].src, Dst: reqs[i].dst, Route: o.Route, Tag: tag}
 		if o.Blocks {
 			r.Blocks = &pipeline.BlockRequest{SrcPool: SrcPool(i), SrcIDs: reqs[i].srcIDs, DstPool: dstPool(i), DstIDs: reqs[i].dstIDs}
@@ -270,6 +288,9 @@ func (d *Driver) Run(ctx context.Context, t Target, o Options) (Result, error) {
 				res.FallbackReason = bt.RouteReason()
 			}
 			res.Fallbacks++
+		}
+		if id := bt.TraceID(); id != "" {
+			res.Traces = append(res.Traces, RequestTrace{Tag: string(tag), TraceID: id})
 		}
 		if i == 0 {
 			res.Route, res.Reason = bt.Route().String(), bt.RouteReason()

@@ -17,6 +17,22 @@ type Component struct {
 	Kind      string
 	Available bool
 	Why       string // why it is unavailable; "" when available
+	// NotHere says why a kind this build has cannot run on this machine
+	// (the CUDA kinds without a loadable libcuda.so.1); "" when it can, or
+	// when the build lacks it (Why).
+	NotHere string
+}
+
+// needsCUDA says whether kind of role runs only where the CUDA driver
+// loads.
+func needsCUDA(role, kind string) bool {
+	switch role {
+	case "engine":
+		return kind == "cudacopy"
+	case "gather stage", "scatter stage":
+		return kind == "cuda"
+	}
+	return false
 }
 
 // knownKinds are the kinds the configuration schema accepts per role, with
@@ -74,6 +90,11 @@ func Components(f Factories) []Component {
 		})
 		for _, k := range kinds {
 			c := Component{Role: r.role, Key: r.key, Kind: k, Available: have[r.role](k)}
+			if c.Available && needsCUDA(r.role, k) && f.CUDA != nil {
+				if _, err := f.CUDA.Open(); err != nil {
+					c.NotHere = err.Error()
+				}
+			}
 			if !c.Available {
 				c.Why = r.kinds[k]
 				if c.Why == "" {

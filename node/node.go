@@ -238,7 +238,7 @@ func BuildWith(cfg config.Config, f Factories, o Options) (*Node, error) {
 
 	n := &Node{Registry: &mem.Registry{}, Config: cfg, Telemetry: o.Telemetry}
 	if n.Telemetry == nil {
-		tel, err := telemetry.New(context.Background(), cfg.Telemetry, telemetry.Options{Instance: cfg.Agent.Name})
+		tel, err := telemetry.New(context.Background(), cfg.Telemetry, telemetry.Options{Instance: cfg.Agent.Name, Log: logger})
 		if err != nil {
 			return nil, fmt.Errorf("node: %w", err)
 		}
@@ -577,6 +577,28 @@ func (n *Node) closeParts() error {
 
 func keys[V any](m map[string]V) []string { return slices.Sorted(maps.Keys(m)) }
 
+// interfaceAddr is ifc's first IPv4 address (else its first address), or "".
+func interfaceAddr(ifc *net.Interface) string {
+	addrs, err := ifc.Addrs()
+	if err != nil {
+		return ""
+	}
+	first := ""
+	for _, a := range addrs {
+		n, ok := a.(*net.IPNet)
+		if !ok {
+			continue
+		}
+		if n.IP.To4() != nil {
+			return n.IP.String()
+		}
+		if first == "" && !n.IP.IsLinkLocalUnicast() {
+			first = n.IP.String()
+		}
+	}
+	return first
+}
+
 // loopbackMismatch says why cfg cannot work across hosts when the tcp
 // engine listens on loopback while the control plane binds a routable
 // interface or address (peers elsewhere would reach one and not the
@@ -592,7 +614,17 @@ func loopbackMismatch(cfg config.Config) string {
 	cp := cfg.ControlPlane
 	switch ip := net.ParseIP(cp.BindAddress); {
 	case cp.Interface != "":
-		return fmt.Sprintf("engine.listen %s is a loopback address while control_plane.interface %s is routable: peers on other hosts reach the control plane but not the engine; set engine.listen to this host's address on %s", cfg.Engine.Listen, cp.Interface, cp.Interface)
+		ifc, err := net.InterfaceByName(cp.Interface)
+		if err == nil && ifc.Flags&net.FlagLoopback != 0 {
+			return "" // lo: both on loopback
+		}
+		hint := "this host's address on " + cp.Interface
+		if err == nil {
+			if a := interfaceAddr(ifc); a != "" {
+				hint = net.JoinHostPort(a, "<port>") + " (" + cp.Interface + "'s address)"
+			}
+		}
+		return fmt.Sprintf("engine.listen %s is a loopback address while control_plane.interface %s is routable: peers on other hosts reach the control plane but not the engine; set engine.listen to %s", cfg.Engine.Listen, cp.Interface, hint)
 	case ip != nil && !ip.IsLoopback():
 		return fmt.Sprintf("engine.listen %s is a loopback address while control_plane.bind_address %s is routable: peers on other hosts reach the control plane but not the engine; set engine.listen to %s:<port>", cfg.Engine.Listen, cp.BindAddress, cp.BindAddress)
 	}

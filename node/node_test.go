@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"maps"
+	"net"
 	"os"
 	"strings"
 	"testing"
@@ -13,6 +14,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/bouncekv/bounce/config"
+	"github.com/bouncekv/bounce/cuda"
 	"github.com/bouncekv/bounce/mem"
 	"github.com/bouncekv/bounce/pipeline"
 	"github.com/bouncekv/bounce/workload"
@@ -204,6 +206,48 @@ func TestBuildRefusesArenaBeyondMemory(t *testing.T) {
 	}
 }
 
+// loopbackInterface is the name of this host's loopback interface.
+func loopbackInterface(t *testing.T) string {
+	t.Helper()
+	ifs, err := net.Interfaces()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, i := range ifs {
+		if i.Flags&net.FlagLoopback != 0 {
+			return i.Name
+		}
+	}
+	t.Skip("no loopback interface")
+	return ""
+}
+
+// TestLoopbackWarningNamesTheAddress: with control_plane.interface a
+// routable interface of this host, the warning names its address to
+// listen on, not "this host's address on" it.
+func TestLoopbackWarningNamesTheAddress(t *testing.T) {
+	ifs, err := net.Interfaces()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, i := range ifs {
+		if i.Flags&net.FlagLoopback != 0 || i.Flags&net.FlagUp == 0 {
+			continue
+		}
+		a := interfaceAddr(&i)
+		if a == "" {
+			continue
+		}
+		cfg := config.Default()
+		cfg.ControlPlane.Interface = i.Name
+		if why := loopbackMismatch(cfg); !strings.Contains(why, "set engine.listen to "+net.JoinHostPort(a, "<port>")) {
+			t.Fatalf("interface %s (%s): %q", i.Name, a, why)
+		}
+		return
+	}
+	t.Skip("no routable interface with an address here")
+}
+
 func TestLoopbackEngineWithRoutableControlPlaneWarns(t *testing.T) {
 	cfg := config.Default()
 	cfg.ControlPlane.Interface = "eth0"
@@ -218,6 +262,10 @@ func TestLoopbackEngineWithRoutableControlPlaneWarns(t *testing.T) {
 		func(c *config.Config) { c.ControlPlane.BindAddress = "127.0.0.1" },
 		func(c *config.Config) { c.Engine.Listen = "10.0.0.2:0" },
 		func(c *config.Config) {},
+		// The loopback interface is loopback too: nothing to warn about.
+		func(c *config.Config) {
+			c.ControlPlane.Interface, c.Engine.Listen = loopbackInterface(t), "127.0.0.1:7000"
+		},
 	} {
 		cfg := config.Default()
 		c(&cfg)
@@ -302,5 +350,29 @@ func TestReadmeShowsTheExample(t *testing.T) {
 	code := string(ex[bytes.Index(ex, []byte("func embed() error {")):])
 	if !strings.Contains(string(readme), "```go\n"+code+"```") {
 		t.Fatal("README.md's embedding code differs from node/example_test.go's embed (copy it over)")
+	}
+}
+
+// TestComponentsSayWhatRunsHere: without a loadable CUDA driver the CUDA
+// kinds this build has are listed as not runnable on this machine, with
+// the driver's error; the others are not.
+func TestComponentsSayWhatRunsHere(t *testing.T) {
+	f := Builtin()
+	f.CUDA = &cuda.Lib{Path: "libcuda-missing.so.1"}
+	seen := 0
+	for _, c := range Components(f) {
+		cudaKind := c.Kind == "cudacopy" || c.Kind == "cuda"
+		switch {
+		case cudaKind && c.Available:
+			seen++
+			if !strings.Contains(c.NotHere, "libcuda-missing.so.1") {
+				t.Errorf("%s %s: NotHere %q, want the driver's error", c.Role, c.Kind, c.NotHere)
+			}
+		case !cudaKind && c.NotHere != "":
+			t.Errorf("%s %s: NotHere %q", c.Role, c.Kind, c.NotHere)
+		}
+	}
+	if seen != 3 {
+		t.Fatalf("%d CUDA kinds in the build, want cudacopy and the cuda gather and scatter stages", seen)
 	}
 }

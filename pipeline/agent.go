@@ -435,6 +435,7 @@ func build(s Settings, cfg Config) (*Agent, error) {
 	if pu, ok := s.Control.(peerUpReporter); ok && a.bounceOn {
 		pu.SetPeerUp(func(peer string) { a.post(func(r *reactor) { delete(r.down, peer) }) })
 	}
+	a.watchRefusals(s.Control)
 	return a, nil
 }
 

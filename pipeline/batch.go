@@ -124,6 +124,16 @@ func newBatch(id uint64, route Route, reason string, onDone func(*Batch)) *Batch
 // ID returns the agent-unique request id.
 func (b *Batch) ID() uint64 { return b.id }
 
+// TraceID returns the trace id of the request's bounce.transfer span (the
+// one trace that holds both agents' spans of it), or "" when the request
+// is not traced.
+func (b *Batch) TraceID() string {
+	if !b.obs.sc.IsValid() || !b.obs.sc.IsSampled() {
+		return ""
+	}
+	return b.obs.sc.TraceID().String()
+}
+
 // Route returns the path the transfer took.
 func (b *Batch) Route() Route { return b.route }
 

@@ -3,6 +3,7 @@ package pipeline
 import (
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/bouncekv/bounce/pipeline/credit"
 	"github.com/bouncekv/bounce/pipeline/wire"
@@ -53,6 +54,7 @@ type recvFlow struct {
 	// blocks is a block-table request's destination, checked once at its
 	// WANT; nil for the descriptor form.
 	blocks *recvBlocks
+	start  time.Time // the WANT's arrival (the receive latency's start)
 }
 
 // received delivers an event without ever blocking the reactor: the
@@ -76,7 +78,7 @@ func (r *reactor) received(ev Received) {
 
 // flowStarted records an accepted WANT.
 func (r *reactor) flowStarted(key credit.FlowKey, w *wire.Want, rb *recvBlocks) {
-	r.rflows[key] = &recvFlow{tag: w.Tag, chunks: len(w.ChunkBytes), blocks: rb}
+	r.rflows[key] = &recvFlow{tag: w.Tag, chunks: len(w.ChunkBytes), blocks: rb, start: r.clock.Now()}
 }
 
 // endRecvFlow forgets a flow's record and unpins its destination pool.
@@ -97,8 +99,10 @@ func (r *reactor) chunkLanded(key credit.FlowKey, payload uint64) {
 	}
 	f.landed++
 	f.payload += payload
+	r.a.obs.bytesLanded(RouteBounce, payload)
 	if f.landed == f.chunks {
 		r.endRecvFlow(key, f)
+		r.a.obs.receivedFlow(RouteBounce, nil, r.clock.Now().Sub(f.start))
 		r.received(Received{Peer: key.Peer, Request: key.Request, Tag: f.tag, Bytes: f.payload, Route: RouteBounce})
 	}
 }
@@ -110,6 +114,7 @@ func (r *reactor) flowFailed(key credit.FlowKey, err error) {
 		return
 	}
 	r.endRecvFlow(key, f)
+	r.a.obs.receivedFlow(RouteBounce, err, r.clock.Now().Sub(f.start))
 	r.received(Received{Peer: key.Peer, Request: key.Request, Tag: f.tag, Bytes: f.payload, Route: RouteBounce,
 		Err: fmt.Errorf("pipeline: request %d from %q: %w", key.Request, key.Peer, err)})
 }
@@ -128,7 +133,10 @@ func (r *reactor) onDone(peer string, m *wire.Done) {
 	ev := Received{Peer: peer, Request: m.Request, Tag: m.Tag, Bytes: m.Bytes, Route: RouteDirect}
 	if m.Reason != "" {
 		ev.Err = fmt.Errorf("pipeline: direct request %d from %q: %w: %s", m.Request, peer, ErrSenderFailed, m.Reason)
+	} else {
+		r.a.obs.bytesLanded(RouteDirect, m.Bytes) // the engine placed them; DONE says so
 	}
+	r.a.obs.receivedFlow(RouteDirect, ev.Err, -1)
 	r.received(ev)
 }
 

@@ -177,7 +177,7 @@ func (a *Agent) dispatch(ctx context.Context, s *submission, d decision) *Batch 
 	}
 	id := a.nextID.Add(1)
 	b := newBatch(id, d.route, d.reason, req.OnComplete)
-	b.obs.start, b.obs.why = s.start, d.why
+	b.obs.start, b.obs.why, b.obs.tag = s.start, d.why, s.req.Tag
 	b.pred, b.start = d.pred, s.start
 	if s.pinned {
 		lp := s.pool

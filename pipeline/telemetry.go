@@ -2,9 +2,12 @@ package pipeline
 
 import (
 	"context"
+	"encoding/hex"
 	"errors"
 	"strings"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
@@ -51,6 +54,7 @@ const (
 	attrReason      = attribute.Key("bounce.route.reason")
 	attrReasonText  = attribute.Key("bounce.route.reason_text")
 	attrPeer        = attribute.Key("bounce.peer")
+	attrTag         = attribute.Key("bounce.tag")
 	attrRequest     = attribute.Key("bounce.request")
 	attrBytes       = attribute.Key("bounce.bytes")
 	attrDescs       = attribute.Key("bounce.descriptors")
@@ -69,6 +73,7 @@ const (
 	attrState       = attribute.Key("bounce.state")
 	attrErrorType   = attribute.Key("error.type")
 	attrFailReason  = attribute.Key("bounce.reason")
+	attrLayer       = attribute.Key("bounce.layer")
 	attrAbandonWait = attribute.Key("bounce.abandon.timeout_ms")
 	// Route auto's prediction of the request on each path, and whether it
 	// took the path predicted slower on purpose (to re-measure it).
@@ -144,7 +149,9 @@ func errorType(err error) string {
 }
 
 // ErrRefused is the failure cause of a request the receiver refused with a
-// NACK; the error names the code and the receiver's reason.
+// NACK (the error names the code and the receiver's reason), or whose
+// receiver refused this agent's control connection (the error names the
+// likely cause: this agent's key is not in its security.allowed_peers).
 var ErrRefused = errors.New("refused by the receiver")
 
 // wireCarrier is a propagation.TextMapCarrier over a WANT's or DATA's trace
@@ -199,7 +206,12 @@ type obs struct {
 
 	requests, reqBytes, decisions, failures, nacks, rejections metric.Int64Counter
 	reqDur, chunkDur                                           metric.Float64Histogram
-	reg                                                        metric.Registration
+	// The receiver's: requests received by route and outcome, payload
+	// bytes as each chunk lands, receive (WANT → last chunk) and scatter
+	// (queued → done) latency.
+	recvReqs, recvBytes metric.Int64Counter
+	recvDur, scatterDur metric.Float64Histogram
+	reg                 metric.Registration
 
 	// Attribute sets built once, so counting a request allocates nothing.
 	byOutcome  map[routeOutcomeKey]outcomeOpts
@@ -221,6 +233,7 @@ type batchObs struct {
 	start time.Time
 	bytes uint64
 	why   string // low-cardinality route reason
+	tag   []byte // the caller's tag (Request.Tag), on the batch span
 	ctx   context.Context
 	span  trace.Span // nil unless the batch span records
 	sc    trace.SpanContext
@@ -272,7 +285,7 @@ func newObs(a *Agent, s Settings) *obs {
 	}
 	hist := func(name, desc string) metric.Float64Histogram {
 		h, err := m.Float64Histogram(name, metric.WithUnit("s"), metric.WithDescription(desc),
-			metric.WithExplicitBucketBoundaries(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))
+			metric.WithExplicitBucketBoundaries(latencyBuckets()...))
 		errs = append(errs, err)
 		return h
 	}
@@ -283,6 +296,10 @@ func newObs(a *Agent, s Settings) *obs {
 	o.nacks = counter("bounce.nacks", "{message}", "NACKs sent and received, by code.")
 	o.rejections = counter("bounce.peer.rejections", "{message}", "Bad input rejected, by peer and reason.")
 	o.reqDur = hist("bounce.request.duration", "Submit to resolution, by route and outcome.")
+	o.recvReqs = counter("bounce.received.requests", "{request}", "Requests this receiver saw end, by route and outcome.")
+	o.recvBytes = counter("bounce.received.bytes", "By", "Payload bytes landed here, by route, counted as each chunk lands (bounce) or as the sender's DONE arrives (direct).")
+	o.recvDur = hist("bounce.receive.duration", "Receiver: WANT to the request's last chunk scattered, by outcome.")
+	o.scatterDur = hist("bounce.scatter.duration", "Receiver: one chunk's scatter, queued to done.")
 	o.byOutcome = map[routeOutcomeKey]outcomeOpts{}
 	o.byDecision = map[routeOutcomeKey][]metric.AddOption{}
 	for _, rt := range []Route{RouteBounce, RouteDirect} {
@@ -317,11 +334,18 @@ func newObs(a *Agent, s Settings) *obs {
 	dropped := ocounter("bounce.control.dropped", "{message}", "Control messages that could not be sent.")
 	scatterFail := ocounter("bounce.scatter.failures", "{chunk}", "Receiver scatters that failed (no ACK sent).")
 	expired := ocounter("bounce.flows.expired", "{flow}", "Receiver flows reclaimed because their sender went silent.")
+	refused := ocounter("bounce.peer.refused", "{event}", "Connections and messages refused from peers, by layer (control, engine) and reason (not_admitted: a key not in security.allowed_peers, ...).")
+	refusers := refusalSources(s)
 	reg, err := m.RegisterCallback(func(ctx context.Context, ob metric.Observer) error {
 		st := a.Stats()
 		ob.ObserveInt64(dropped, int64(st.SendDrops))
 		ob.ObserveInt64(scatterFail, int64(st.ScatterFailures))
 		ob.ObserveInt64(expired, int64(st.ExpiredFlows))
+		for _, src := range refusers {
+			for why, n := range src.c.Refusals() {
+				ob.ObserveInt64(refused, int64(n), metric.WithAttributes(attrLayer.String(src.layer), attrFailReason.String(why)))
+			}
+		}
 		snap, ok := a.snapshot(ctx)
 		if !ok {
 			return nil
@@ -338,13 +362,75 @@ func newObs(a *Agent, s Settings) *obs {
 		ob.ObserveInt64(active, int64(snap.bounce), metric.WithAttributes(attrRoute.String("bounce")))
 		ob.ObserveInt64(active, int64(snap.direct), metric.WithAttributes(attrRoute.String("direct")))
 		return nil
-	}, arena, held, parked, active, dropped, scatterFail, expired)
+	}, arena, held, parked, active, dropped, scatterFail, expired, refused)
 	errs = append(errs, err)
 	o.reg = reg
 	if err := errors.Join(errs...); err != nil {
 		a.log.Warn("some metrics are unavailable", "err", err)
 	}
 	return o
+}
+
+// refusalCounter is the optional capability of a control channel or an
+// engine that counts what it refused from peers, by low-cardinality
+// reason (zmq's and tcp's Refusals).
+type refusalCounter interface {
+	Refusals() map[string]uint64
+}
+
+type refusalSource struct {
+	layer string
+	c     refusalCounter
+}
+
+// refusalSources are the components of s that count refusals.
+func refusalSources(s Settings) []refusalSource {
+	var out []refusalSource
+	if c, ok := s.Control.(refusalCounter); ok {
+		out = append(out, refusalSource{"control", c})
+	}
+	if c, ok := s.Engine.(refusalCounter); ok {
+		out = append(out, refusalSource{"engine", c})
+	}
+	return out
+}
+
+// tagText is a request tag as a span attribute: the text when it is
+// printable UTF-8, else its hex.
+func tagText(tag []byte) string {
+	if utf8.Valid(tag) && !strings.ContainsFunc(string(tag), func(r rune) bool { return !unicode.IsPrint(r) }) {
+		return string(tag)
+	}
+	return hex.EncodeToString(tag)
+}
+
+// latencyBuckets are the latency histograms' bucket bounds in seconds: 1-2.5-5
+// steps up to 0.5 s, then steps of 0.25 s to 3 s (a p99 between 1 and 2.5 s
+// is read to within 0.25 s), then coarser to a minute.
+func latencyBuckets() []float64 {
+	return []float64{0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75,
+		1, 1.25, 1.5, 1.75, 2, 2.25, 2.5, 2.75, 3, 4, 5, 7.5, 10, 15, 20, 30, 60}
+}
+
+// bytesLanded counts n payload bytes landed here on route.
+func (o *obs) bytesLanded(rt Route, n uint64) {
+	if n > 0 {
+		o.recvBytes.Add(context.Background(), int64(n), metric.WithAttributes(attrRoute.String(rt.String())))
+	}
+}
+
+// receivedFlow counts a request that ended here and, when took >= 0, its
+// receive latency.
+func (o *obs) receivedFlow(rt Route, err error, took time.Duration) {
+	out := "success"
+	if err != nil {
+		out = "failure"
+	}
+	opts := o.byOutcome[routeOutcomeKey{rt.String(), out}]
+	o.recvReqs.Add(context.Background(), 1, opts.add...)
+	if took >= 0 {
+		o.recvDur.Record(context.Background(), took.Seconds(), opts.rec...)
+	}
 }
 
 // close unregisters the observable instruments' callback.
@@ -404,6 +490,9 @@ func (o *obs) submitted(ctx context.Context, b *Batch, peer string, descs int, r
 	span.SetAttributes(attrRoute.String(b.route.String()), attrReason.String(b.obs.why), attrReasonText.String(reasonText),
 		attrPeer.String(peer), attrRequest.Int64(int64(b.id)), attrDescs.Int(descs), attrBytes.Int64(int64(b.obs.bytes)))
 	span.SetAttributes(o.kinds...)
+	if len(b.obs.tag) > 0 {
+		span.SetAttributes(attrTag.String(tagText(b.obs.tag)))
+	}
 	if p := b.pred; p.Made {
 		span.SetAttributes(attrPredBounce.Float64(float64(p.Bounce)/float64(time.Millisecond)),
 			attrPredDirect.Float64(float64(p.Direct)/float64(time.Millisecond)), attrPredExplore.Bool(p.Explore))
@@ -670,6 +759,9 @@ func (o *obs) wantReceived(r *reactor, key credit.FlowKey, w *wire.Want) {
 			return
 		}
 		span.SetAttributes(o.kinds...)
+		if len(w.Tag) > 0 {
+			span.SetAttributes(attrTag.String(tagText(w.Tag)))
+		}
 		rt = &recvTrace{ctx: ctx, span: span, wantAt: time.Now()}
 		r.rtraces[key] = rt
 	}
@@ -705,6 +797,9 @@ func (o *obs) scatterQueued(r *reactor, job *scatterTask, d *wire.Data) {
 // the scatter sits under the chunk it placed, linked to the receiver's
 // flow span) and ends the flow's span after its last chunk.
 func (o *obs) scatterEnded(r *reactor, job *scatterTask, err error, acked bool) {
+	if !job.queued.IsZero() && err == nil {
+		o.scatterDur.Record(context.Background(), time.Since(job.queued).Seconds()) // queued is wall time, as the ACK's ScatterNS
+	}
 	rt := r.rtraces[job.key]
 	if rt == nil || job.at.IsZero() {
 		return

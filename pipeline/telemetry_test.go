@@ -131,7 +131,7 @@ func TestTraceBounceTransfer(t *testing.T) {
 	j := kvJob(t, a, b, 512, 1)
 	connect(t, a, b)
 	ctx, root := oa.tp.Tracer("test").Start(context.Background(), "caller")
-	bt, err := a.SubmitContext(ctx, Request{Peer: "b", Src: j.src, Dst: j.dst})
+	bt, err := a.SubmitContext(ctx, Request{Peer: "b", Src: j.src, Dst: j.dst, Tag: []byte("req-7")})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -149,6 +149,10 @@ func TestTraceBounceTransfer(t *testing.T) {
 	wantAttr(t, tr, attrRoute, "bounce")
 	wantAttr(t, tr, attrReason, whyEligible)
 	wantAttr(t, tr, attrPeer, "b")
+	wantAttr(t, tr, attrTag, "req-7")
+	if got := bt.TraceID(); got != tr.SpanContext().TraceID().String() {
+		t.Errorf("Batch.TraceID %q, want the transfer span's %s", got, tr.SpanContext().TraceID())
+	}
 	wantAttr(t, tr, attrDescs, 512)
 	wantAttr(t, tr, attrBytes, 512*4096)
 	wantAttr(t, tr, attrEngine, "loopback")
@@ -206,6 +210,7 @@ func TestTraceBounceTransfer(t *testing.T) {
 	recv := one(t, ob, spanReceive)
 	childOf(t, recv, tr)
 	wantAttr(t, recv, attrPeer, "a")
+	wantAttr(t, recv, attrTag, "req-7")
 	wantAttr(t, recv, attrChunks, n)
 	grants := ob.named(spanGrantWait)
 	scatters := ob.named(spanScatter)

@@ -76,7 +76,7 @@ func TestOutsideModuleCertified(t *testing.T) {
 	for _, kind := range []string{"gather", "scatter"} {
 		t.Run(kind, func(t *testing.T) {
 			f := node.WithPlugins(node.Builtin(), bin)
-			rep, err := certify.Run(f, kind, "plugin", certify.Options{}, conformance.Config{Seed: 1, Sizes: []uint64{1, 4097, 1 << 20}})
+			rep, err := certify.Run(f, kind, "plugin", certify.Options{}, conformance.Config{Seed: 1, Sizes: []uint64{1, 4097, 1 << 20}, CallTimeout: processCallTimeout, OpTimeout: processOpTimeout})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -69,13 +69,25 @@ func (l *logBuffer) waitLog(t *testing.T, want string) string {
 	return l.String()
 }
 
+// processCallTimeout and processOpTimeout are the suite's CallTimeout and
+// OpTimeout through a real plugin process (a gRPC hop and another
+// process): under -race with the load average near 13 on two cores a 1 MiB
+// Notify that does not block took 2.5 s against the default one second
+// (engine/notify-order-sizes). A call that does block stays blocked until
+// released, so ten seconds still catches it, and no rule waits these out
+// when it passes (hopCallTimeout in grpc_test.go, for the in-process hop).
+const (
+	processCallTimeout = 10 * time.Second
+	processOpTimeout   = 30 * time.Second
+)
+
 // TestPluginProcessCertified certifies the example plugin through real
 // plugin processes (one per engine), with node's plugin factories as the
 // CLI uses them.
 func TestPluginProcessCertified(t *testing.T) {
 	bin := buildExample(t)
 	f := node.WithPlugins(node.Builtin(), bin)
-	rep, err := certify.Run(f, "engine", "plugin", certify.Options{}, conformance.Config{Seed: 1, Sizes: []uint64{1, 4097, 1 << 20}})
+	rep, err := certify.Run(f, "engine", "plugin", certify.Options{}, conformance.Config{Seed: 1, Sizes: []uint64{1, 4097, 1 << 20}, CallTimeout: processCallTimeout, OpTimeout: processOpTimeout})
 	if err != nil {
 		t.Fatal(err)
 	}

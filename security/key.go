@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"crypto/ecdh"
 	"crypto/rand"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"io"
@@ -23,16 +24,30 @@ type Key [KeyLen]byte
 // IsZero reports whether k is the zero key.
 func (k Key) IsZero() bool { return k == Key{} }
 
-// String returns k in Z85 (40 characters).
+// String returns k in Z85 (40 characters), the form ZeroMQ's CURVE and
+// key files use. Z85 has shell metacharacters (# ) & < > ...): what a user
+// copies is Text.
 func (k Key) String() string { return z85Encode(k[:]) }
 
-// ParseKey decodes a Z85 public key (40 characters).
+// Text returns k in unpadded base64url (43 characters of A-Z, a-z, 0-9,
+// '-' and '_'): the form `bounce key` prints, safe to paste unquoted into a
+// shell, a YAML value or an allowed_peers list. ParseKey reads it.
+func (k Key) Text() string { return base64.RawURLEncoding.EncodeToString(k[:]) }
+
+// ParseKey decodes a public key: Text's base64url (43 characters) or Z85
+// (40 characters).
 func ParseKey(s string) (Key, error) {
 	var k Key
-	if len(s) != 40 {
-		return k, fmt.Errorf("security: key %q: %d characters, want 40 (Z85 of 32 bytes)", s, len(s))
+	var b []byte
+	var err error
+	switch len(s) {
+	case 43:
+		b, err = base64.RawURLEncoding.DecodeString(s)
+	case 40:
+		b, err = z85Decode(s)
+	default:
+		return k, fmt.Errorf("security: key %q: %d characters, want 43 (base64url, as bounce key prints) or 40 (Z85) for 32 bytes", s, len(s))
 	}
-	b, err := z85Decode(s)
 	if err != nil {
 		return k, fmt.Errorf("security: key %q: %w", s, err)
 	}

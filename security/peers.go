@@ -163,9 +163,9 @@ func (p *Peers) Introduce(name string, key Key) error {
 		return fmt.Errorf("security: peer %q: its descriptor carries no public key (it runs with security.mode off?): %w", name, ErrNotAdmitted)
 	}
 	if sk, ok := p.policy.Static[name]; ok && sk != key {
-		return fmt.Errorf("security: peer %q: descriptor key %s differs from the key allowed_peers lists (%s): %w", name, key, sk, ErrNotAdmitted)
+		return fmt.Errorf("security: peer %q: descriptor key %s differs from the key allowed_peers lists (%s): %w", name, key.Text(), sk.Text(), ErrNotAdmitted)
 	} else if !ok && !p.policy.Loaded {
-		return fmt.Errorf("security: peer %q (key %s) is not listed in security.allowed_peers and %q is not allowed: %w", name, key, LoadedPeers, ErrNotAdmitted)
+		return fmt.Errorf("security: peer %q (key %s) is not listed in security.allowed_peers and %q is not allowed: %w", name, key.Text(), LoadedPeers, ErrNotAdmitted)
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()

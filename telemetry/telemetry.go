@@ -16,9 +16,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"os"
+	"runtime"
+	"runtime/debug"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -59,6 +62,12 @@ type Options struct {
 	Stdout io.Writer
 	// Getenv reads the environment; nil means os.Getenv.
 	Getenv func(string) string
+	// Log receives the one warning a failing trace export logs; nil means
+	// slog.Default().
+	Log *slog.Logger
+	// ExportTimeout bounds one trace export while the collector answers;
+	// zero means DefaultExportTimeout.
+	ExportTimeout time.Duration
 }
 
 // Providers are the providers built from the configuration, ready to be
@@ -125,13 +134,30 @@ func New(ctx context.Context, cfg config.TelemetryConfig, o Options) (*Providers
 		if err != nil {
 			return fail(err)
 		}
-		opts := []sdktrace.TracerProviderOption{sdktrace.WithBatcher(exp), sdktrace.WithResource(res)}
+		if o.Log == nil {
+			o.Log = slog.Default()
+		}
+		if o.ExportTimeout <= 0 {
+			o.ExportTimeout = DefaultExportTimeout
+		}
+		g := &guardedExporter{exp: exp, log: o.Log, endpoint: exportEndpoint(cfg, o), timeout: o.ExportTimeout,
+			failing: min(ExportTimeoutFailing, o.ExportTimeout), flush: DefaultFlushTimeout}
+		opts := []sdktrace.TracerProviderOption{sdktrace.WithBatcher(g), sdktrace.WithResource(res)}
 		if o.Getenv("OTEL_TRACES_SAMPLER") == "" {
 			opts = append(opts, sdktrace.WithSampler(sdktrace.ParentBased(sdktrace.TraceIDRatioBased(cfg.SampleRatio))))
 		}
 		tp := sdktrace.NewTracerProvider(opts...)
 		p.TracerProvider = tp
-		p.shutdown = append(p.shutdown, tp.Shutdown)
+		p.shutdown = append(p.shutdown, func(ctx context.Context) error {
+			// The flush waits for exports, each bounded; the whole is
+			// bounded too, so a dead collector never holds up the exit.
+			ctx, cancel := context.WithTimeout(ctx, o.ExportTimeout+DefaultFlushTimeout)
+			defer cancel()
+			if err := tp.Shutdown(ctx); err != nil && !errors.Is(err, context.DeadlineExceeded) {
+				return err
+			}
+			return nil
+		})
 	}
 	if cfg.MetricsListen != "" {
 		if err := p.serveMetrics(cfg.MetricsListen, res); err != nil {
@@ -158,6 +184,21 @@ func buildResource(ctx context.Context, cfg config.TelemetryConfig, o Options) (
 		return nil, fmt.Errorf("telemetry: resource: %w", err)
 	}
 	return res, nil
+}
+
+// exportEndpoint names where spans go, for the export warning.
+func exportEndpoint(cfg config.TelemetryConfig, o Options) string {
+	switch {
+	case cfg.Traces == "stdout":
+		return "stdout"
+	case cfg.OTLPEndpoint != "":
+		return cfg.OTLPEndpoint
+	case o.Getenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") != "":
+		return o.Getenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+	case o.Getenv("OTEL_EXPORTER_OTLP_ENDPOINT") != "":
+		return o.Getenv("OTEL_EXPORTER_OTLP_ENDPOINT")
+	}
+	return DefaultOTLPEndpoint
 }
 
 // traceExporter builds the exporter telemetry.traces names. For otlp the
@@ -195,13 +236,15 @@ func traceExporter(ctx context.Context, cfg config.TelemetryConfig, o Options) (
 	)
 	switch proto {
 	case "", "grpc":
-		var opts []otlptracegrpc.Option
+		// No retries: a refused connection fails the export at once (its
+		// spans dropped, one warning) instead of retrying up to the bound.
+		opts := []otlptracegrpc.Option{otlptracegrpc.WithRetry(otlptracegrpc.RetryConfig{Enabled: false})}
 		if endpoint != "" {
 			opts = append(opts, otlptracegrpc.WithEndpoint(endpoint), otlptracegrpc.WithInsecure())
 		}
 		exp, err = otlptracegrpc.New(ctx, opts...)
 	case "http/protobuf":
-		var opts []otlptracehttp.Option
+		opts := []otlptracehttp.Option{otlptracehttp.WithRetry(otlptracehttp.RetryConfig{Enabled: false})}
 		if cfg.OTLPEndpoint != "" {
 			opts = append(opts, otlptracehttp.WithEndpoint(cfg.OTLPEndpoint), otlptracehttp.WithInsecure())
 		} else if endpoint != "" {
@@ -221,13 +264,18 @@ func traceExporter(ctx context.Context, cfg config.TelemetryConfig, o Options) (
 // of its own (no process-global state) served at /metrics.
 func (p *Providers) serveMetrics(listen string, res *resource.Resource) error {
 	reg := prometheus.NewRegistry()
-	exp, err := promexp.New(promexp.WithRegisterer(reg))
+	// Without the otel_scope_* labels on every series: one instrumentation
+	// scope names them all (the bounce_ prefix says the same).
+	exp, err := promexp.New(promexp.WithRegisterer(reg), promexp.WithoutScopeInfo())
 	if err != nil {
 		return fmt.Errorf("telemetry: prometheus exporter: %w", err)
 	}
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(exp), sdkmetric.WithResource(res))
 	p.MeterProvider = mp
 	p.shutdown = append(p.shutdown, mp.Shutdown)
+	if err := registerBuildInfo(mp); err != nil {
+		return fmt.Errorf("telemetry: build info: %w", err)
+	}
 	ln, err := net.Listen("tcp", listen)
 	if err != nil {
 		return fmt.Errorf("telemetry: telemetry.metrics.listen %q: %w", listen, err)
@@ -239,6 +287,36 @@ func (p *Providers) serveMetrics(listen string, res *resource.Resource) error {
 	p.metricsAddr = ln.Addr().String()
 	p.shutdown = append(p.shutdown, srv.Shutdown)
 	return nil
+}
+
+// registerBuildInfo adds bounce_build_info: 1, labelled with the main
+// module's version, the VCS revision and whether the tree was modified, and
+// the Go version, as the binary records them.
+func registerBuildInfo(mp metric.MeterProvider) error {
+	version, revision, modified, goVersion := "(unknown)", "unknown", "false", runtime.Version()
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		version = bi.Main.Version
+		for _, s := range bi.Settings {
+			switch s.Key {
+			case "vcs.revision":
+				revision = s.Value
+			case "vcs.modified":
+				modified = s.Value
+			}
+		}
+	}
+	m := mp.Meter("github.com/bouncekv/bounce/telemetry")
+	g, err := m.Int64ObservableGauge("bounce.build.info", metric.WithDescription("Always 1; the labels say which build this process runs."))
+	if err != nil {
+		return err
+	}
+	attrs := metric.WithAttributes(attribute.String("version", version), attribute.String("revision", revision),
+		attribute.String("modified", modified), attribute.String("go_version", goVersion))
+	_, err = m.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+		o.ObserveInt64(g, 1, attrs)
+		return nil
+	}, g)
+	return err
 }
 
 // MetricsAddr returns the address the Prometheus endpoint listens on (with

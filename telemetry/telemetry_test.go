@@ -160,8 +160,11 @@ func TestMetricsEndpoint(t *testing.T) {
 	}
 	body, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	if !strings.Contains(string(body), "bounce_test_things_total{") || !strings.Contains(string(body), `service_name="m"`) {
-		t.Fatalf("exposition lacks the counter or the service:\n%s", body)
+	if !strings.Contains(string(body), "bounce_test_things_total 3") || !strings.Contains(string(body), `service_name="m"`) || !strings.Contains(string(body), "bounce_build_info{") {
+		t.Fatalf("exposition lacks the counter, the service or the build info:\n%s", body)
+	}
+	if strings.Contains(string(body), "otel_scope") {
+		t.Fatalf("series carry otel_scope_* labels:\n%s", body)
 	}
 	if err := p.Shutdown(context.Background()); err != nil {
 		t.Fatal(err)

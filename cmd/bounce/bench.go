@@ -505,9 +505,7 @@ func (o *benchOptions) run(cmd *cobra.Command, cfg config.Config, plan benchPlan
 	fmt.Fprintf(out, "bounce bench: engine %s, control plane %s, arena %s; %d workload(s) x %d layout(s), concurrency %v, routes %s, %d iteration(s): %d cells; buffers %s per side; %s/%s, %d CPUs\n",
 		rep.Config.EngineLabel(), cfg.ControlPlane.Kind, benchreport.FormatSize(uint64(cfg.Bounce.ArenaSize)), len(rep.Config.Workloads), len(plan.layouts), rep.Config.Concurrency,
 		strings.Join(plan.routes, ","), plan.repeat, plan.cells(), benchreport.FormatSize(plan.largest), rep.Machine.GOOS, rep.Machine.GOARCH, rep.Machine.NumCPU)
-	for _, n := range plan.notes {
-		fmt.Fprintf(errw, "note: %s\n", n)
-	}
+	// The plan's notes are the report's (rep.Notes): printed once, with it.
 
 	var s *session
 	var err error
@@ -684,7 +682,8 @@ func (s *session) memory(plan benchPlan, arena uint64) (benchreport.Memory, erro
 		return m, err
 	}
 	if s.recv == nil {
-		return m, nil // the receiver runs elsewhere
+		m.ReceiverElsewhere = true // not measured: it runs elsewhere
+		return m, nil
 	}
 	if m.ReceiverPeakRSS, err = benchreport.PeakRSS(s.recv.pid); err != nil {
 		return m, err

@@ -21,16 +21,21 @@ func newComponentsCmd() *cobra.Command {
 		Short: "List the engines, control planes and stages in this build, and why any is missing",
 		Long: `components lists every engine, control plane and gather/scatter stage kind
 the configuration accepts (engine.kind, control_plane.kind, stages.gather,
-stages.scatter), whether this build has it, and why not. Configuring a kind
-that is missing is a configuration error (exit code 2).`,
+stages.scatter), whether this build has it, and why not, and for a kind
+it has that cannot run on this machine (the CUDA kinds without a loadable
+libcuda.so.1) why not. Configuring a kind the build lacks is a configuration
+error (exit code 2).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 0, 2, ' ', 0)
 			fmt.Fprintln(tw, "role\tkind\tkey\tavailable")
 			for _, c := range node.Components(factories()) {
 				avail := "yes"
-				if !c.Available {
+				switch {
+				case !c.Available:
 					avail = "no: " + c.Why
+				case c.NotHere != "":
+					avail = "no, not on this machine (in this build): " + c.NotHere
 				}
 				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", c.Role, c.Kind, c.Key, avail)
 			}

@@ -10,11 +10,12 @@ import (
 
 	"github.com/bouncekv/bounce/config"
 	"github.com/bouncekv/bounce/node"
+	"github.com/bouncekv/bounce/telemetry"
 )
 
 // configFlags adds --config and one flag per configuration key to cmd.
 func configFlags(cmd *cobra.Command) {
-	cmd.Flags().StringP("config", "c", "", "YAML configuration file (precedence: defaults < file < BOUNCE_* environment < flags)")
+	cmd.Flags().VarP(new(configFile), "config", "c", "YAML configuration file, one (precedence: defaults < file < BOUNCE_* environment < flags)")
 	fs := pflag.NewFlagSet("config", pflag.ContinueOnError)
 	config.RegisterFlags(fs)
 	fs.VisitAll(func(f *pflag.Flag) { f.Hidden = true })
@@ -22,10 +23,24 @@ func configFlags(cmd *cobra.Command) {
 	cmd.SetUsageTemplate(cmd.UsageTemplate() + "\nEvery configuration key is also a flag, e.g. --engine.kind tcp --bounce.arena-size 512MiB;\nsee `bounce config --keys`.\n")
 }
 
+// configFile is --config: one file. A second --config is refused rather
+// than silently replacing the first.
+type configFile string
+
+func (f *configFile) String() string { return string(*f) }
+func (f *configFile) Type() string   { return "file" }
+func (f *configFile) Set(v string) error {
+	if *f != "" && string(*f) != v {
+		return fmt.Errorf("a second file (%s after %s): give one --config; put the settings of both in one file, or set the differing keys by flag or BOUNCE_* variable", v, string(*f))
+	}
+	*f = configFile(v)
+	return nil
+}
+
 // loadConfig reads the configuration layers for cmd; a bad value is a usage
 // error naming the key.
 func loadConfig(cmd *cobra.Command) (*config.Loaded, error) {
-	file, _ := cmd.Flags().GetString("config")
+	file := cmd.Flags().Lookup("config").Value.String()
 	l, err := config.Load(config.LoadOptions{File: file, Environ: os.Environ(), Flags: cmd.Flags()})
 	if err != nil {
 		return nil, usage(fmt.Errorf("configuration: %w", err))
@@ -39,6 +54,16 @@ func loadConfig(cmd *cobra.Command) (*config.Loaded, error) {
 		fmt.Fprintln(cmd.ErrOrStderr(), "bounce: notice:", n)
 	}
 	return l, nil
+}
+
+// roleService names the service of a serve or send started by hand
+// <default>-<role> (bounce-recv, bounce-send), as bounce run names its two,
+// so the two sides of a trace are told apart; a service name the user set
+// (telemetry.service_name, OTEL_SERVICE_NAME) is kept.
+func roleService(l *config.Loaded, role string) {
+	if l.Sources["telemetry.service_name"] == config.SourceDefault && os.Getenv("OTEL_SERVICE_NAME") == "" {
+		l.Config.Telemetry.ServiceName = telemetry.DefaultServiceName + "-" + role
+	}
 }
 
 // configArgs renders the configuration flags the user set on cmd (and

@@ -53,19 +53,19 @@ func join(ctx context.Context, cfg config.Config, n *node.Node, log *slog.Logger
 	}
 	dir, err := node.OpenDirectory(ctx, cfg.Discovery, log)
 	if err != nil {
-		return nil, failed(err)
+		return nil, classify(err, usage) // unreachable: 3; a bad TLS or password file: 2
 	}
 	p := &presence{dir: dir, peers: discovery.NewPeers(dir, n.Agent, helloDescriptor, log)}
 	if line != nil {
 		if p.pub, err = dir.Publish(ctx, n.Agent.Name(), line); err != nil {
 			p.close()
-			return nil, failed(fmt.Errorf("publish agent %q: %w", n.Agent.Name(), err))
+			return nil, classify(fmt.Errorf("publish agent %q: %w", n.Agent.Name(), err), failed)
 		}
 	}
 	for _, f := range follow {
 		if err := p.peers.Follow(f); err != nil {
 			p.close()
-			return nil, failed(err)
+			return nil, classify(err, failed)
 		}
 	}
 	return p, nil
@@ -118,7 +118,7 @@ func openPeer(ctx context.Context, stdin io.Reader, cfg config.Config, n *node.N
 	rec, err := in.peers.Resolve(ctx, peer)
 	if err != nil {
 		in.close()
-		return nil, failed(fmt.Errorf("--peer %s: %w", peer, err))
+		return nil, classify(fmt.Errorf("--peer %s: %w", peer, err), failed)
 	}
 	if _, _, err := parseHello(rec.Value); err != nil {
 		in.close()

@@ -120,7 +120,8 @@ func closedPort(t *testing.T) string {
 }
 
 // TestEtcdUnavailableAtStart: serve and send against an etcd that is not
-// there fail at once (exit 1) naming the endpoint.
+// there fail at once, the environment failing (exit 3), naming the
+// endpoint.
 func TestEtcdUnavailableAtStart(t *testing.T) {
 	addr := closedPort(t)
 	common := []string{"--discovery.kind", "etcd", "--discovery.insecure", "--discovery.endpoints", addr, "--discovery.dial-timeout", "500ms"}
@@ -129,8 +130,8 @@ func TestEtcdUnavailableAtStart(t *testing.T) {
 		append([]string{"send", "--peer", "decode-0", "--count", "16"}, common...),
 	} {
 		_, errs, code := bounce(t, args...)
-		if code != exitFailed || !strings.Contains(errs, "directory unavailable") || !strings.Contains(errs, addr) {
-			t.Fatalf("%s: exit %d, stderr %q; want exit %d naming %s as unavailable", args[0], code, errs, exitFailed, addr)
+		if code != exitRuntime || !strings.Contains(errs, "directory unavailable") || !strings.Contains(errs, addr) {
+			t.Fatalf("%s: exit %d, stderr %q; want exit %d naming %s as unavailable", args[0], code, errs, exitRuntime, addr)
 		}
 	}
 }
@@ -258,7 +259,8 @@ func TestStoppedReceiverLeaseFailsInFlight(t *testing.T) {
 }
 
 // TestServeRefusesALiveAgentsName: a second serve under a name a live
-// agent holds in etcd exits 1 naming the name; the first keeps it.
+// agent holds in etcd exits 3 (the environment: another agent has the
+// name) naming the name; the first keeps it.
 func TestServeRefusesALiveAgentsName(t *testing.T) {
 	srv, err := etcd.StartServer(t.TempDir(), 60*time.Second)
 	if err != nil {
@@ -284,7 +286,7 @@ func TestServeRefusesALiveAgentsName(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 	_, errs, code := bounce(t, args...)
-	if code != exitFailed || !strings.Contains(errs, "name held by a live agent") || !strings.Contains(errs, "decode-0") {
+	if code != exitRuntime || !strings.Contains(errs, "name held by a live agent") || !strings.Contains(errs, "decode-0") {
 		t.Fatalf("second serve: exit %d, stderr %q", code, errs)
 	}
 }

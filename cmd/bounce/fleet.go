@@ -599,6 +599,7 @@ func runFleet(cmd *cobra.Command, cfg config.Config, o *benchOptions) error {
 	fmt.Fprintln(tw, "receiver\tsender\trequests\tfailed\tbytes\tthroughput\tp50\tp99\troute")
 	per0 := map[string]map[string]float64{}
 	var slowest time.Duration
+	toRecv := map[string]int{} // requests each receiver was sent
 	for s, ocs := range outcomes {
 		for _, oc := range ocs {
 			var ls []time.Duration
@@ -618,6 +619,7 @@ func runFleet(cmd *cobra.Command, cfg config.Config, o *benchOptions) error {
 			per0[oc.Peer][sname(s)] = tp
 			rep.Requests += oc.Requests
 			rep.Bytes += oc.Bytes
+			toRecv[oc.Peer] += oc.Requests
 			if (oc.Failed > 0 || oc.Error != "") && firstErr == nil {
 				firstErr = fmt.Errorf("%s -> %s: %d of %d requests failed: %s", sname(s), oc.Peer, oc.Failed, oc.Requests, oc.Error)
 			}
@@ -648,7 +650,9 @@ func runFleet(cmd *cobra.Command, cfg config.Config, o *benchOptions) error {
 				}
 			} else {
 				rr.Verified = vr.Verified
-				verified = fmt.Sprintf("every byte (%d requests)", vr.Verified)
+				// Each request slot holds the last request written to it:
+				// its bytes are checked; the count sent says how many came.
+				verified = fmt.Sprintf("every byte (%d requests received; the last in each of its %d slots checked)", toRecv[rname(k)], vr.Verified)
 			}
 		}
 		lo, hi := 0.0, 0.0

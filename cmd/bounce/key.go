@@ -36,9 +36,9 @@ carries the key.`,
 			}
 			id, _, err := security.LoadOrCreate(l.Config.Security.KeyFile)
 			if err != nil {
-				return failed(err)
+				return usage(err) // as every command that reads the key file
 			}
-			line := fmt.Sprintf("%s=%s\n", l.Config.Agent.Name, id.Public)
+			line := fmt.Sprintf("%s=%s\n", l.Config.Agent.Name, id.Public.Text())
 			if out == "" {
 				_, err := io.WriteString(cmd.OutOrStdout(), line)
 				return err

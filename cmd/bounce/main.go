@@ -9,12 +9,16 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strings"
+	"syscall"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
 	"github.com/bouncekv/bounce/config"
+	"github.com/bouncekv/bounce/discovery"
+	"github.com/bouncekv/bounce/security"
 )
 
 // Exit codes.
@@ -37,6 +41,22 @@ func (e *exitError) Unwrap() error { return e.err }
 func failed(err error) error  { return &exitError{exitFailed, err} }
 func usage(err error) error   { return &exitError{exitUsage, err} }
 func runtime(err error) error { return &exitError{exitRuntime, err} }
+
+// classify gives err the exit code of its class where the cause says it
+// (README, "Exit codes"): the environment failed (3) for an etcd that does
+// not answer, an agent name a live agent holds, an address in use or not
+// on this host; bad configuration (2) for a bad agent name or key file.
+// Anything else gets otherwise's code.
+func classify(err error, otherwise func(error) error) error {
+	switch {
+	case errors.Is(err, discovery.ErrUnavailable), errors.Is(err, discovery.ErrDuplicate),
+		errors.Is(err, syscall.EADDRINUSE), errors.Is(err, syscall.EADDRNOTAVAIL):
+		return runtime(err)
+	case errors.Is(err, discovery.ErrBadName), errors.Is(err, security.ErrKeyFileMode):
+		return usage(err)
+	}
+	return otherwise(err)
+}
 
 func main() {
 	os.Exit(execute(os.Args[1:], os.Stdin, os.Stdout, os.Stderr))
@@ -68,11 +88,15 @@ transfer, and scatters it back on the receiver — with credit flow control,
 fair sharing of one receiver by many senders, and a strict rule that no
 caller frees memory a transport may still touch.
 
-Exit codes: 0 success, 1 the job failed (transfer, verification or
-conformance rule), 2 bad usage or configuration, 3 the environment failed.`,
+Exit codes: 0 success; 1 the job failed (a transfer, a verification, a
+conformance rule); 2 bad usage or configuration (a flag, a key, a key
+file); 3 the environment failed (etcd unreachable, agent name in use,
+address in use, a child or plugin process).`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
+		Version:       versionText(),
 	}
+	root.SetVersionTemplate("{{.Version}}")
 	root.SetFlagErrorFunc(suggestFlag)
 	root.SetIn(stdin)
 	root.SetOut(stdout)
@@ -91,8 +115,24 @@ func suggestFlag(cmd *cobra.Command, err error) error {
 	if !ok {
 		return err
 	}
-	var names []string
-	cmd.Flags().VisitAll(func(f *pflag.Flag) { names = append(names, f.Name) })
+	name, _, _ = strings.Cut(name, "=")
+	var names, under []string
+	cmd.Flags().VisitAll(func(f *pflag.Flag) {
+		names = append(names, f.Name)
+		if strings.HasPrefix(f.Name, name+".") {
+			under = append(under, f.Name)
+		}
+	})
+	// A section given as a flag (--engine tcp): its kind, else its keys.
+	if len(under) > 0 {
+		if slices.Contains(under, name+".kind") {
+			return fmt.Errorf("%w; did you mean --%s.kind?", err, name)
+		}
+		if len(under) > 4 {
+			under = append(under[:4], "...")
+		}
+		return fmt.Errorf("%w; %s is a section: its keys are --%s", err, name, strings.Join(under, ", --"))
+	}
 	if s := config.DidYouMean(name, names); s != "" {
 		return fmt.Errorf("%w%s", err, strings.Replace(s, `"`, `"--`, 1))
 	}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"io"
 	"runtime/debug"
 	"sort"
 	"text/tabwriter"
@@ -18,18 +19,23 @@ func newVersionCmd() *cobra.Command {
 		Short: "Print the version, the Go toolchain and the wire protocol version",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			b, goV := buildInfo()
-			commit := b.Commit
-			switch {
-			case commit == "":
-				commit = "unknown (built without VCS information)"
-			case b.Modified:
-				commit += " (modified)"
-			}
-			fmt.Fprintf(cmd.OutOrStdout(), "bounce %s\ncommit %s\n%s\nwire protocol %d\n", b.Version, commit, goV, b.WireVersion)
-			return nil
+			_, err := io.WriteString(cmd.OutOrStdout(), versionText())
+			return err
 		},
 	}
+}
+
+// versionText is what `bounce version` and `bounce --version` print.
+func versionText() string {
+	b, goV := buildInfo()
+	commit := b.Commit
+	switch {
+	case commit == "":
+		commit = "unknown (built without VCS information)"
+	case b.Modified:
+		commit += " (modified)"
+	}
+	return fmt.Sprintf("bounce %s\ncommit %s\n%s\nwire protocol %d\n", b.Version, commit, goV, b.WireVersion)
 }
 
 func newConfigCmd() *cobra.Command {

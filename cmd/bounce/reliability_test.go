@@ -108,6 +108,16 @@ func (r *liveReceiver) send(t *testing.T, name string, args ...string) {
 	}
 }
 
+// killReclaimBound and killResolveBound bound how long after a kill -9 the
+// survivor may take to notice: half the 120 s flow expiry (4 ×
+// request_timeout) and two thirds of the sender's 30 s request_timeout, so
+// a pass shows the loss was detected, not waited out, on however loaded a
+// machine.
+const (
+	killReclaimBound = 60 * time.Second
+	killResolveBound = 20 * time.Second
+)
+
 func quantiles(ds []time.Duration) string {
 	s := slices.Clone(ds)
 	slices.Sort(s)
@@ -117,7 +127,10 @@ func quantiles(ds []time.Duration) string {
 // TestKillSenderMidTransfer: a sender process killed with kill -9 while
 // it moves 8 concurrent requests. The receiver (default configuration:
 // flows would expire only after 4 × 30 s) reclaims every flow of the dead
-// sender within 5 s, and the next sender process is served at once.
+// sender by noticing the loss — well before that expiry: the bound is
+// 60 s, generous for a loaded machine (a 5 s bound failed once with the
+// load average near 13), and the times measured are logged (docs/
+// RELIABILITY.md states them) — and the next sender process is served.
 func TestKillSenderMidTransfer(t *testing.T) {
 	if testing.Short() {
 		t.Skip("real processes")
@@ -157,8 +170,8 @@ func TestKillSenderMidTransfer(t *testing.T) {
 			if st.HeldBytes == 0 && st.Flows == 0 {
 				break
 			}
-			if time.Since(killed) > 5*time.Second {
-				t.Fatalf("round %d: 5 s after kill -9 the receiver still holds the sender's flows: %+v\n%+v", round, st, r.n.Agent.Stats())
+			if time.Since(killed) > killReclaimBound {
+				t.Fatalf("round %d: %v after kill -9 the receiver still holds the sender's flows (expiry would take 4 × request_timeout = 120 s; the loss was not noticed): %+v", round, killReclaimBound, st)
 			}
 			time.Sleep(time.Millisecond)
 		}
@@ -174,8 +187,10 @@ func TestKillSenderMidTransfer(t *testing.T) {
 
 // TestKillReceiverMidTransfer: the receiver process is killed with kill
 // -9 while an in-process sender moves 8 concurrent requests to it. Every
-// request resolves (failed, its buffers provably untouched) within 3 s,
-// and the sender serves a receiver restarted at the same address.
+// request resolves (failed, its buffers provably untouched) because the
+// loss is noticed — within killResolveBound, short of the request
+// timeout; the times measured are logged — and the sender serves a
+// receiver restarted at the same address.
 func TestKillReceiverMidTransfer(t *testing.T) {
 	if testing.Short() {
 		t.Skip("real processes")
@@ -261,12 +276,12 @@ func TestKillReceiverMidTransfer(t *testing.T) {
 		killed := time.Now()
 		recv.Process.Signal(syscall.SIGKILL)
 		for i, b := range bs {
-			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second-time.Since(killed))
+			ctx, cancel := context.WithTimeout(context.Background(), killResolveBound-time.Since(killed))
 			err := b.Wait(ctx)
 			cancel()
 			if ctx.Err() != nil && err != nil && b.Status() == transfer.Pending {
 				recv.Wait()
-				t.Fatalf("round %d: request %d unresolved 3 s after kill -9 of the receiver", round, i)
+				t.Fatalf("round %d: request %d unresolved %v after kill -9 of the receiver (request_timeout 30 s; the loss was not noticed)", round, i, killResolveBound)
 			}
 			if retired, quiescent := b.Retirement(); !retired || !quiescent {
 				t.Fatalf("round %d: request %d retirement (%v, %v)", round, i, retired, quiescent)

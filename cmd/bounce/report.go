@@ -67,6 +67,15 @@ func printResults(w io.Writer, s workload.Spec, rows []namedResult) {
 			fmt.Fprintf(w, "%s: first failure: %v\n", r.label, r.res.FirstErr)
 		}
 	}
+	for _, r := range rows {
+		label := r.label
+		if label == "" {
+			label = r.res.Route
+		}
+		for _, tr := range r.res.Traces {
+			fmt.Fprintf(w, "trace %s %s %s\n", label, tr.Tag, tr.TraceID)
+		}
+	}
 }
 
 func rate(bps float64) string { return benchreport.FormatRate(bps) }

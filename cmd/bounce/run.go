@@ -161,7 +161,7 @@ func mainJob(cmd *cobra.Command, cfg config.Config, childArgs []string, spec wor
 		var moves []warmMove
 		for _, form := range forms {
 			for _, rt := range routes {
-				moves = append(moves, warmMove{route: rt.String(), opts: driver.Options{Spec: spec, Requests: 1, Route: rt, Blocks: form == benchreport.FormBlocks}})
+				moves = append(moves, warmMove{route: rt.String(), opts: driver.Options{Spec: spec, Requests: 1, Route: rt, Blocks: form == benchreport.FormBlocks, TagPrefix: "warm-up-"}})
 			}
 		}
 		if err := s.warmUp(cmd.Context(), moves...); err != nil {
@@ -264,18 +264,18 @@ func routeSummary(rows []namedResult) []string {
 	var took []string
 	tookN := map[string]int{}
 	var reasons []string
-	autoRows := 0
+	autoRows := 0 // requests, not rows: a row moves --requests of them
 	for _, r := range rows {
 		if r.res.Failed > 0 || r.res.Requests == 0 || r.verified == "FAILED" {
 			continue
 		}
 		tput[r.asked] = append(tput[r.asked], r.res.Throughput())
 		if r.asked == pipeline.RouteAuto.String() {
-			autoRows++
+			autoRows += r.res.Requests
 			if tookN[r.res.Route] == 0 {
 				took = append(took, r.res.Route)
 			}
-			tookN[r.res.Route]++
+			tookN[r.res.Route] += r.res.Requests
 			if why := strings.TrimPrefix(r.res.Reason, "auto: "); !slices.Contains(reasons, why) {
 				reasons = append(reasons, why)
 			}
@@ -300,8 +300,9 @@ func routeSummary(rows []namedResult) []string {
 	}
 	var parts []string
 	for _, t := range took {
-		parts = append(parts, fmt.Sprintf("%s in %d of %d", t, tookN[t], autoRows))
+		parts = append(parts, fmt.Sprintf("%s for %d of %d", t, tookN[t], autoRows))
 	}
+	parts[len(parts)-1] += " requests"
 	line := fmt.Sprintf("route auto took %s, because %s", strings.Join(parts, ", "), strings.Join(reasons, "; "))
 	if best := max(bnc, dir); bnc > 0 && dir > 0 {
 		line += fmt.Sprintf(": %.2fx the faster of bounce and direct", benchreport.Median(tput[pipeline.RouteAuto.String()])/best)

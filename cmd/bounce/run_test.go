@@ -26,11 +26,12 @@ func TestRouteSummary(t *testing.T) {
 		runRow("auto", "bounce", 500, why), runRow("bounce", "bounce", 400, ""), runRow("direct", "direct", 1000, ""),
 		runRow("auto", "direct", 1000, "auto: predicted bounce 600ms vs direct 500ms (0.83x)"), runRow("bounce", "bounce", 500, ""), runRow("direct", "direct", 2000, ""),
 	}
+	rows[0].res.Requests = 8 // counted by request, not by row
 	got := strings.Join(routeSummary(rows), "\n")
 	for _, want := range []string{
 		"bounce vs direct: 2.00x the throughput (2.00 GB/s vs 1.00 GB/s) (medians over 3 iterations)",
 		"bounce was faster here",
-		"route auto took bounce in 2 of 3, direct in 1 of 3, because predicted bounce 400ms vs direct 500ms (1.25x); predicted bounce 600ms vs direct 500ms (0.83x): 1.00x the faster of bounce and direct",
+		"route auto took bounce for 9 of 10, direct for 1 of 10 requests, because predicted bounce 400ms vs direct 500ms (1.25x); predicted bounce 600ms vs direct 500ms (0.83x): 1.00x the faster of bounce and direct",
 	} {
 		if !strings.Contains(got, want) {
 			t.Fatalf("summary lacks %q:\n%s", want, got)
@@ -39,7 +40,7 @@ func TestRouteSummary(t *testing.T) {
 	failedBounce := []namedResult{runRow("auto", "direct", 1000, "auto: predicted bounce 600ms vs direct 500ms (0.83x)"), runRow("bounce", "bounce", 500, ""), runRow("direct", "direct", 1000, "")}
 	failedBounce[1].res.Failed = 1
 	got = strings.Join(routeSummary(failedBounce), "\n")
-	if strings.Contains(got, "bounce vs direct") || !strings.Contains(got, "route auto took direct in 1 of 1, because predicted bounce 600ms vs direct 500ms (0.83x): not compared") {
+	if strings.Contains(got, "bounce vs direct") || !strings.Contains(got, "route auto took direct for 1 of 1 requests, because predicted bounce 600ms vs direct 500ms (0.83x): not compared") {
 		t.Fatalf("summary with bounce failed:\n%s", got)
 	}
 }

@@ -28,7 +28,7 @@ type workloadFlags struct {
 }
 
 func (w *workloadFlags) add(cmd *cobra.Command, requests int) {
-	cmd.Flags().StringVar(&w.preset, "workload", "llama70b-tp8-b16", "workload preset (model-TP-block; see `bounce bench --list`)")
+	cmd.Flags().StringVar(&w.preset, "workload", "llama70b-tp8-b16", "workload preset (model-TP-block; see 'bounce bench --list')")
 	cmd.Flags().StringVar(&w.descSize, "desc-size", "", "override the preset's descriptor size (e.g. 4KiB)")
 	cmd.Flags().IntVar(&w.count, "count", 0, "override the preset's descriptor count")
 	cmd.Flags().BoolVar(&w.contiguous, "contiguous", false, "contiguous block ids instead of fragmented (random) ones")
@@ -112,6 +112,7 @@ once when the receiver's lease expires.`,
 			if err != nil {
 				return err
 			}
+			roleService(l, "send")
 			if err := memory.check(); err != nil {
 				return err
 			}
@@ -136,7 +137,7 @@ once when the receiver's lease expires.`,
 			log := logger(cmd, l.Config.Log)
 			n, err := node.Build(l.Config, factories(), log)
 			if err != nil {
-				return usage(err)
+				return classify(err, usage)
 			}
 			defer n.Close(context.Background())
 			src, err := openPeer(cmd.Context(), cmd.InOrStdin(), l.Config, n, log, peerFile)
@@ -162,7 +163,7 @@ once when the receiver's lease expires.`,
 			tgt := driver.Target{Peer: h.Name, Buffer: h.buffer()}
 			out := cmd.OutOrStdout()
 			if warm {
-				res, err := d.Run(ctx, tgt, driver.Options{Spec: spec, Requests: 1, Route: rt})
+				res, err := d.Run(ctx, tgt, driver.Options{Spec: spec, Requests: 1, Route: rt, TagPrefix: "warm-up-"})
 				if err == nil && res.Failed > 0 {
 					err = res.FirstErr
 				}
@@ -279,6 +280,8 @@ type sendRow struct {
 	Verified    bool   `json:"verified"`
 	NotVerified string `json:"not_verified,omitempty"`
 	Error       string `json:"error,omitempty"`
+	// Traces are the row's traced requests: tag and trace id.
+	Traces []driver.RequestTrace `json:"traces,omitempty"`
 }
 
 // sendNotVerified is why send's rows are not verified.
@@ -300,7 +303,7 @@ func writeSendJSON(path string, spec workload.Spec, asked string, rows []namedRe
 			Verified: r.verified == verifiedYes, NotVerified: r.notVerified,
 			Bytes: r.res.Bytes, ElapsedNS: int64(r.res.Elapsed), BytesPerSecond: r.res.Throughput(),
 			P50NS: int64(r.res.Percentile(50)), P99NS: int64(r.res.Percentile(99)), MaxNS: int64(r.res.Percentile(100)),
-			Fallbacks: r.res.Fallbacks, FallbackReason: r.res.FallbackReason,
+			Fallbacks: r.res.Fallbacks, FallbackReason: r.res.FallbackReason, Traces: r.res.Traces,
 		}
 		if r.res.FirstErr != nil {
 			row.Error = r.res.FirstErr.Error()

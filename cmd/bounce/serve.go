@@ -131,6 +131,7 @@ quit.`,
 			if err != nil {
 				return err
 			}
+			roleService(l, "recv")
 			if err := memory.check(); err != nil {
 				return err
 			}
@@ -182,7 +183,7 @@ quit.`,
 				return runtime(err) // the arena could not be set up: the environment
 			}
 			if err != nil {
-				return usage(err)
+				return classify(err, usage)
 			}
 			defer n.Close(context.Background())
 			buf, err := memory.alloc(fs(), l.Config, uint64(size))

@@ -61,7 +61,7 @@ func startSession(cmd *cobra.Command, cfg config.Config, childArgs []string, cap
 		return nil, wrap(err)
 	}
 	if s.n, err = node.Build(cfg, f, logger(cmd, cfg.Log)); err != nil {
-		return fail(usage, err)
+		return fail(func(err error) error { return classify(err, usage) }, err)
 	}
 	if _, err := s.n.Agent.LoadPeer(recv.blob); err != nil {
 		return fail(failed, fmt.Errorf("load receiver: %w", err))
@@ -105,7 +105,7 @@ func remoteSession(cmd *cobra.Command, cfg config.Config, h hello, blob []byte, 
 	var err error
 	f := factories()
 	if s.n, err = node.Build(cfg, f, logger(cmd, cfg.Log)); err != nil {
-		return nil, usage(err)
+		return nil, classify(err, usage)
 	}
 	if _, err := s.n.Agent.LoadPeer(blob); err != nil {
 		s.close()

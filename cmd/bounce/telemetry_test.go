@@ -10,6 +10,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -316,6 +318,44 @@ func TestPrometheusEndpoint(t *testing.T) {
 	if v, ok := gauge("target_info", map[string]string{"service_name": "scrape", "service_instance_id": "recv"}); !ok || v != 1 {
 		t.Errorf("target_info for service scrape/recv: %v %v (%v)", v, ok, names(families))
 	}
+	// The receiver's own series: what landed (the warm-up and the
+	// request, 16 MiB each), how long receiving and scattering took, the
+	// build, and no otel_scope_* label anywhere.
+	const reqBytes = 4096 * 4096
+	if v, ok := gauge("bounce_received_bytes_total", map[string]string{"bounce_route": "bounce"}); !ok || v < reqBytes || int64(v)%reqBytes != 0 {
+		t.Errorf("bounce_received_bytes_total{bounce_route=bounce} = %v (present %v), want a positive multiple of %d", v, ok, reqBytes)
+	}
+	if v, ok := gauge("bounce_received_requests_total", map[string]string{"bounce_route": "bounce", "bounce_outcome": "success"}); !ok || v < 1 {
+		t.Errorf("bounce_received_requests_total{bounce,success} = %v (present %v)", v, ok)
+	}
+	for _, h := range []string{"bounce_receive_duration_seconds", "bounce_scatter_duration_seconds"} {
+		f := families[h]
+		if f == nil || f.GetType() != dto.MetricType_HISTOGRAM || len(f.GetMetric()) == 0 || f.GetMetric()[0].GetHistogram().GetSampleCount() < 1 {
+			t.Errorf("%s: %v", h, f)
+			continue
+		}
+		var bounds []float64
+		for _, b := range f.GetMetric()[0].GetHistogram().GetBucket() {
+			bounds = append(bounds, b.GetUpperBound())
+		}
+		for _, want := range []float64{1, 1.25, 1.5, 1.75, 2, 2.25, 2.5} {
+			if !slices.Contains(bounds, want) {
+				t.Errorf("%s has no bucket at %v s (buckets %v): a p99 between 1 and 2.5 s must be read to 0.25 s", h, want, bounds)
+			}
+		}
+	}
+	if v, ok := gauge("bounce_build_info", nil); !ok || v != 1 {
+		t.Errorf("bounce_build_info = %v (present %v)", v, ok)
+	}
+	for name, f := range families {
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if strings.HasPrefix(l.GetName(), "otel_scope") {
+					t.Fatalf("%s carries %s=%q: the scope labels are dropped", name, l.GetName(), l.GetValue())
+				}
+			}
+		}
+	}
 }
 
 func scrape(t *testing.T, addr string) map[string]*dto.MetricFamily {
@@ -357,4 +397,99 @@ func names(f map[string]*dto.MetricFamily) []string {
 		}
 	}
 	return out
+}
+
+// TestRefusedSenderLearnsWhy: a sender whose key the receiver does not
+// admit (its allowed_peers lists another key) fails at once with the
+// likely cause, not after request_timeout: the request timeout here is 10
+// minutes, so only the refusal can end the send. The receiver counts the
+// refused connection in bounce_peer_refused_total.
+func TestRefusedSenderLearnsWhy(t *testing.T) {
+	dir := t.TempDir()
+	desc := filepath.Join(dir, "recv.json")
+	keyFile, _ := senderKey(t, dir, "send")
+	_, other := senderKey(t, dir, "someone-else")
+	serve := exec.Command(cliBinary(t), "serve", "--agent.name", "recv", "--buffer-size", "64MiB", "--descriptor-out", desc, "--security.allowed-peers", other,
+		"--control-plane.bind-address", "127.0.0.1", "--telemetry.metrics.listen", "127.0.0.1:0")
+	var serr syncBuffer
+	serve.Stderr = &serr
+	if err := serve.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		_ = serve.Process.Kill()
+		_ = serve.Wait()
+	}()
+	waitForFile(t, desc, &serr)
+	raw, err := os.ReadFile(desc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var h hello
+	if err := json.Unmarshal(raw, &h); err != nil || h.Metrics == "" {
+		t.Fatalf("descriptor line %s: %v (want a metrics address)", raw, err)
+	}
+	start := time.Now()
+	out, errOut, code := bounce(t, "send", "--peer", desc, "--agent.name", "send", "--security.key-file", keyFile, "--control-plane.bind-address", "127.0.0.1",
+		"--route", "bounce", "--bounce.request-timeout", "10m", "--workload", "llama70b-tp8-b16", "--count", "4096", "--requests", "2")
+	took := time.Since(start)
+	if code != exitFailed || !strings.Contains(out+errOut, "security.allowed_peers") || !strings.Contains(out+errOut, `"recv" refused`) || strings.Contains(out+errOut, "timed out") {
+		t.Fatalf("send: exit %d after %v\n%s\n%s\nwant exit 1 naming the refusal and security.allowed_peers", code, took, out, errOut)
+	}
+	t.Logf("refused send failed after %v:\n%s", took.Round(time.Millisecond), errOut)
+	families := scrape(t, h.Metrics)
+	var refused float64
+	if f := families["bounce_peer_refused_total"]; f != nil {
+		for _, m := range f.GetMetric() {
+			if matches(m, map[string]string{"bounce_layer": "control", "bounce_reason": "not_admitted"}) {
+				refused = m.GetCounter().GetValue()
+			}
+		}
+	}
+	if refused < 1 {
+		t.Fatalf("bounce_peer_refused_total{bounce_layer=control,bounce_reason=not_admitted} = %v, want at least 1 (%v)", refused, names(families))
+	}
+}
+
+// TestDeadTraceEndpoint: `run` exporting traces to an endpoint nothing
+// listens on moves and verifies everything as without traces, and its
+// stderr holds one warning per process (sender, receiver child) in the
+// tool's log format and no raw Go log line from the exporter. Each
+// request's trace id is printed and written to --json.
+func TestDeadTraceEndpoint(t *testing.T) {
+	js := filepath.Join(t.TempDir(), "run.json")
+	out, errOut, code := bounce(t, "run", "--telemetry.traces", "otlp", "--telemetry.otlp-endpoint", closedPort(t),
+		"--workload", "llama70b-tp8-b16", "--count", "1024", "--json", js)
+	if code != 0 || !strings.Contains(out, "every byte verified") {
+		t.Fatalf("run: exit %d\n%s\n%s", code, out, errOut)
+	}
+	if n := strings.Count(errOut, "trace export failed"); n < 1 || n > 2 {
+		t.Fatalf("%d export warnings, want one per process:\n%s", n, errOut)
+	}
+	if raw := regexp.MustCompile(`(?m)^\d{4}/\d\d/\d\d \d\d:\d\d:\d\d `).FindString(errOut); raw != "" {
+		t.Fatalf("a raw Go log line on stderr (%q):\n%s", raw, errOut)
+	}
+	if n := len(regexp.MustCompile(`(?m)^trace (bounce|direct|auto.*) req-0 [0-9a-f]{32}$`).FindAllString(out, -1)); n != 3 {
+		t.Fatalf("%d trace lines for req-0, want one per route (auto, bounce, direct):\n%s", n, out)
+	}
+	raw, err := os.ReadFile(js)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc struct {
+		Rows []struct {
+			Traces []struct {
+				Tag     string `json:"tag"`
+				TraceID string `json:"trace_id"`
+			} `json:"traces"`
+		} `json:"rows"`
+	}
+	if err := json.Unmarshal(raw, &doc); err != nil || len(doc.Rows) == 0 {
+		t.Fatalf("--json: %v\n%s", err, raw)
+	}
+	for _, r := range doc.Rows {
+		if len(r.Traces) != 1 || r.Traces[0].Tag != "req-0" || len(r.Traces[0].TraceID) != 32 {
+			t.Fatalf("--json row traces %+v, want req-0 with its trace id", r.Traces)
+		}
+	}
 }

@@ -145,26 +145,36 @@ func TestTwoHosts(t *testing.T) {
 	}
 }
 
-// readmeTwoHosts returns the two-host commands of the README (key, serve,
-// send: the block between the two-hosts markers), one argv per command,
+// readmeMarked returns the commands of the README block between the
+// <!-- marker --> and <!-- /marker --> lines, one argv per command,
 // continuation lines joined.
-func readmeTwoHosts(t *testing.T) [][]string {
+func readmeMarked(t *testing.T, marker string) [][]string {
 	t.Helper()
 	b, err := os.ReadFile("../../README.md")
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, block, ok := strings.Cut(string(b), "<!-- two-hosts -->")
-	block, _, ok2 := strings.Cut(block, "<!-- /two-hosts -->")
+	_, block, ok := strings.Cut(string(b), "<!-- "+marker+" -->")
+	block, _, ok2 := strings.Cut(block, "<!-- /"+marker+" -->")
 	if !ok || !ok2 {
-		t.Fatal("README.md has no two-hosts block")
+		t.Fatalf("README.md has no %s block", marker)
 	}
+	return shellCommands(block)
+}
+
+// shellCommands splits the lines of a README sh block into commands: one
+// argv per command, continuation lines joined, fences, blank lines and
+// comments dropped.
+func shellCommands(block string) [][]string {
 	var cmds [][]string
 	var cur []string
 	for _, line := range strings.Split(block, "\n") {
 		line = strings.TrimSpace(line)
-		if line == "" || strings.HasPrefix(line, "```") {
+		if line == "" || strings.HasPrefix(line, "```") || strings.HasPrefix(line, "#") {
 			continue
+		}
+		if i := strings.Index(line, " #"); i >= 0 {
+			line = strings.TrimSpace(line[:i])
 		}
 		cont := strings.HasSuffix(line, "\\")
 		cur = append(cur, strings.Fields(strings.TrimSuffix(line, "\\"))...)
@@ -173,6 +183,14 @@ func readmeTwoHosts(t *testing.T) [][]string {
 			cur = nil
 		}
 	}
+	return cmds
+}
+
+// readmeTwoHosts returns the two-host commands of the README (key, serve,
+// send).
+func readmeTwoHosts(t *testing.T) [][]string {
+	t.Helper()
+	cmds := readmeMarked(t, "two-hosts")
 	if len(cmds) != 3 || cmds[0][0] != "bin/bounce" || cmds[0][1] != "key" || cmds[1][1] != "serve" || cmds[2][1] != "send" {
 		t.Fatalf("README two-hosts block is not 'bin/bounce key ...', 'bin/bounce serve ...' then 'bin/bounce send ...': %q", cmds)
 	}
@@ -182,7 +200,8 @@ func readmeTwoHosts(t *testing.T) [][]string {
 // TestReadmeTwoHosts runs the README's two-host commands exactly as printed
 // (bin/bounce is this build), host B and host A being network namespaces
 // with eth0 at 10.0.0.2 and 10.0.0.1, sharing only the directory recv.json
-// is written to (the copy between hosts).
+// is written to (the copy between hosts). Nothing is added to them: the
+// route is whichever route auto takes, and every byte is verified on B.
 func TestReadmeTwoHosts(t *testing.T) {
 	cmds := readmeTwoHosts(t)
 	nsA, nsB := twoHostsWith(t, "r", "eth0", "eth0", "10.0.0.1", "10.0.0.2")
@@ -208,14 +227,12 @@ func TestReadmeTwoHosts(t *testing.T) {
 	var serveErr error
 	go func() { serveErr = serve.Wait(); close(exited) }()
 	waitForFileOf(t, filepath.Join(dir, "recv.json"), &serr, exited)
-	// The README's send, routed by the gates: this checks the bounce path
-	// across namespaces; route auto's cost model may take direct here.
-	out, err := in(nsA, append(cmds[2], "--bounce.cost-model=false")).CombinedOutput()
+	out, err := in(nsA, cmds[2]).CombinedOutput()
 	if err != nil {
 		t.Fatalf("send: %v\n%s\nserve stderr:\n%s", err, out, serr.String())
 	}
-	if !strings.Contains(string(out), "bounce  ") || strings.Contains(string(out), "fell back") {
-		t.Fatalf("send did not take the bounce route:\n%s", out)
+	if !strings.Contains(string(out), "bounce  ") && !strings.Contains(string(out), "direct  ") {
+		t.Fatalf("send printed no route line:\n%s", out)
 	}
 	select {
 	case <-exited:
@@ -228,11 +245,61 @@ func TestReadmeTwoHosts(t *testing.T) {
 	if n := strings.Count(serr.String(), "received: peer="); n < 8 {
 		t.Fatalf("receiver printed %d completion events, want at least 8:\n%s", n, serr.String())
 	}
+	t.Logf("send:\n%s", out)
+}
+
+// TestReadmeBenchPeer runs the README's bench-peer block as printed: host
+// A's key from the two-hosts block, a plain 'bounce serve' on host B
+// admitting it, and 'bench --peer' on host A knowing only B's descriptor
+// file. The report marks the cells unverified (B runs elsewhere) and B
+// announces every request: 2 warm-ups and 1 + 4 per route.
+func TestReadmeBenchPeer(t *testing.T) {
+	key := readmeTwoHosts(t)[0]
+	cmds := readmeMarked(t, "bench-peer")
+	if len(cmds) != 2 || cmds[0][1] != "serve" || cmds[1][1] != "bench" {
+		t.Fatalf("README bench-peer block is not 'bin/bounce serve ...' then 'bin/bounce bench ...': %q", cmds)
+	}
+	nsA, nsB := twoHostsWith(t, "p", "eth0", "eth0", "10.0.0.1", "10.0.0.2")
+	bin := cliBinary(t)
+	dir := t.TempDir()
+	in := func(ns string, argv []string) *exec.Cmd {
+		c := exec.Command("ip", append([]string{"netns", "exec", ns, bin}, argv[1:]...)...)
+		c.Dir = dir
+		return c
+	}
+	if out, err := in(nsA, key).CombinedOutput(); err != nil {
+		t.Fatalf("key: %v\n%s", err, out)
+	}
+	serve := in(nsB, cmds[0])
+	var serr syncBuffer
+	serve.Stderr = &serr
+	if err := serve.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { serve.Process.Kill(); serve.Wait() }()
+	waitForFileOf(t, filepath.Join(dir, "recv.json"), &serr, nil)
+	out, err := in(nsA, cmds[1]).CombinedOutput()
+	if err != nil {
+		t.Fatalf("bench --peer: %v\n%s\nserve:\n%s", err, out, serr.String())
+	}
+	for _, want := range []string{"bounce", "direct", "runs elsewhere (--peer)", "receiver not measured"} {
+		if !strings.Contains(string(out), want) {
+			t.Fatalf("bench --peer printed no %q:\n%s", want, out)
+		}
+	}
+	if n := strings.Count(string(out), "note: --peer:"); n != 1 || strings.Contains(string(out), "receiver 0B") || strings.Contains(string(out), "receiver -") {
+		t.Fatalf("bench --peer: the --peer note %d times, or the remote receiver's memory as measured:\n%s", n, out)
+	}
+	if n := strings.Count(serr.String(), "received: peer=host-a"); n < 12 { // 2 warm-ups + 2 routes x (1 + 4)
+		t.Fatalf("the remote receiver announced %d requests, want at least 12:\n%s", n, serr.String())
+	}
+	t.Logf("bench --peer:\n%s", out)
 }
 
 // TestBenchPeerTwoHosts: bench --peer measures against a plain 'bounce
 // serve' on another host (network namespace), knowing only its descriptor
-// line; the report names the remote receiver and marks the cells unverified.
+// line; the JSON report names the remote receiver and marks the cells
+// unverified.
 func TestBenchPeerTwoHosts(t *testing.T) {
 	nsA, nsB := twoHostsWith(t, "p", "eth0", "eth0", "10.0.9.1", "10.0.9.2")
 	bin := cliBinary(t)

@@ -100,12 +100,13 @@ type Channel struct {
 	closeOnce sync.Once
 	closeErr  error
 
-	mon       *monitor                     // watches every DEALER's connection
-	onLost    atomic.Pointer[func(string)] // SetPeerLost's callback
-	onUp      atomic.Pointer[func(string)] // SetPeerUp's callback
+	mon       *monitor                            // watches every DEALER's connection
+	onLost    atomic.Pointer[func(string)]        // SetPeerLost's callback
+	onUp      atomic.Pointer[func(string)]        // SetPeerUp's callback
+	onRefused atomic.Pointer[func(string, error)] // SetPeerRefused's callback
 	dealerIDs atomic.Uint64
 
-	sent, received, dropped, badEndpoints, malformed, spoofed, lost atomic.Uint64
+	sent, received, dropped, badEndpoints, malformed, spoofed, lost, refusedBy atomic.Uint64
 }
 
 // dealer is the send socket to one peer.
@@ -114,8 +115,9 @@ type dealer struct {
 	mu        sync.Mutex // serializes use of sock
 	sock      *zmq4.Socket
 	endpoint  string
-	dropping  bool // the last send was dropped; used to warn once per episode
-	connected bool // Connect was called (at once without CURVE, on the first Send with it)
+	dropping  bool        // the last send was dropped; used to warn once per episode
+	connected bool        // Connect was called (at once without CURVE, on the first Send with it)
+	refused   atomic.Bool // the peer refused a handshake (warned once per dealer)
 }
 
 // Stats are the channel's cumulative counters.
@@ -140,6 +142,9 @@ type Stats struct {
 	// LostPeers counts DEALER connections that dropped after completing
 	// their handshake (reported to SetPeerLost).
 	LostPeers uint64
+	// RefusedBy counts handshakes of this channel's DEALERs that the peer
+	// refused (reported to SetPeerRefused).
+	RefusedBy uint64
 }
 
 // New binds a Channel's ROUTER on the address chosen from cfg (see Config).
@@ -205,7 +210,7 @@ func newChannel(cfg Config, probe netProbe, lookup hostLookup) (*Channel, error)
 		poller:   zmq4.NewPoller(),
 		done:     make(chan struct{}),
 	}
-	if c.mon, err = newMonitor(zctx, c.connLost, c.connUp); err != nil {
+	if c.mon, err = newMonitor(zctx, c.connLost, c.connUp, c.connRefused); err != nil {
 		for _, s := range []*zmq4.Socket{router, wakeRecv, wakeSend} {
 			_ = s.Close()
 		}
@@ -330,11 +335,21 @@ func (c *Channel) Stats() Stats {
 		Malformed:    c.malformed.Load(),
 		Spoofed:      c.spoofed.Load(),
 		LostPeers:    c.lost.Load(),
+		RefusedBy:    c.refusedBy.Load(),
 	}
 	if c.zap != nil {
 		st.Admitted, st.Refused = c.zap.admitted.Load(), c.zap.refused.Load()
 	}
 	return st
+}
+
+// Refusals counts what this channel refused from peers, by reason:
+// not_admitted (a CURVE client whose key its ZAP handler did not admit, or
+// another mechanism), spoofed (a message whose declared identity is not
+// its key's agent) and malformed (not one frame from a named peer).
+func (c *Channel) Refusals() map[string]uint64 {
+	st := c.Stats()
+	return map[string]uint64{"not_admitted": st.Refused, "spoofed": st.Spoofed, "malformed": st.Malformed}
 }
 
 // AddPeer validates endpoint (tcp://host:port: an IP literal, IPv6 in
@@ -442,6 +457,48 @@ func (c *Channel) connLost(w watch) {
 	c.log.Info("zmq: connection to peer dropped", "peer", w.peer, "lost_total", n)
 	if fn := c.onLost.Load(); fn != nil {
 		(*fn)(w.peer)
+	}
+}
+
+// SetPeerRefused registers fn, called with a peer's name and the cause
+// each time the peer refuses a handshake of this channel's DEALER to it:
+// its ZAP handler did not admit this agent's key (ZMTP ERROR, reported by
+// the socket monitor as a failed authentication) or the CURVE handshake
+// failed (a protocol error: the peer's key in its descriptor is stale).
+// The error wraps security.ErrNotAdmitted and says the likely cause. The
+// DEALER keeps reconnecting, so a peer that admits the key later is
+// reached. fn must not block.
+func (c *Channel) SetPeerRefused(fn func(peer string, err error)) {
+	if fn == nil {
+		c.onRefused.Store(nil)
+		return
+	}
+	c.onRefused.Store(&fn)
+}
+
+// connRefused is the monitor's report that the peer of w refused its
+// handshake; auth tells a refused key (status: the ZAP status code) from a
+// protocol failure (status: libzmq's ZMQ_PROTOCOL_ERROR_* code).
+func (c *Channel) connRefused(w watch, auth bool, status int) {
+	c.mu.RLock()
+	d := c.peers[w.peer]
+	current := !c.closed && d != nil && d.id == w.id
+	c.mu.RUnlock()
+	if !current {
+		return
+	}
+	n := c.refusedBy.Add(1)
+	how := fmt.Sprintf("authentication failed, ZAP status %d", status)
+	if !auth {
+		how = fmt.Sprintf("handshake failed, protocol error 0x%x", status)
+	}
+	err := fmt.Errorf("zmq: peer %q refused this agent's control connection (%s): this agent's key is likely not in the peer's security.allowed_peers (add the line 'bounce key' prints for this agent's key file there), or the peer's descriptor is stale: %w",
+		w.peer, how, security.ErrNotAdmitted)
+	if !d.refused.Swap(true) {
+		c.log.Warn("zmq: peer refused this agent", "peer", w.peer, "err", err, "refused_total", n)
+	}
+	if fn := c.onRefused.Load(); fn != nil {
+		(*fn)(w.peer, err)
 	}
 }
 
@@ -590,6 +647,11 @@ func (c *Channel) Send(peer string, payload []byte) error {
 		return nil
 	case isEAGAIN(err):
 		n := c.dropped.Add(1)
+		if d.refused.Load() {
+			// No connection to queue on: the peer refused this agent
+			// (warned once, by connRefused), which is the news here.
+			return fmt.Errorf("zmq: send to %q: %w: the peer refused this agent's handshake (its key is likely not in the peer's security.allowed_peers)", peer, transfer.ErrQueueFull)
+		}
 		if !d.dropping {
 			d.dropping = true
 			c.log.Warn("zmq: peer send queue full, dropping messages",

@@ -9,9 +9,12 @@ import (
 )
 
 // monitorEvents are the socket-monitor events a DEALER reports: its
-// connection to the peer completed the ZMTP handshake, it dropped, or the
-// monitor stopped (the DEALER closed).
-const monitorEvents = zmq4.EVENT_HANDSHAKE_SUCCEEDED | zmq4.EVENT_DISCONNECTED | zmq4.EVENT_MONITOR_STOPPED
+// connection to the peer completed the ZMTP handshake, the peer refused
+// the handshake (its ZAP handler did not admit the key: FAILED_AUTH; or
+// CURVE failed: FAILED_PROTOCOL), it dropped, or the monitor stopped (the
+// DEALER closed).
+const monitorEvents = zmq4.EVENT_HANDSHAKE_SUCCEEDED | zmq4.EVENT_HANDSHAKE_FAILED_AUTH | zmq4.EVENT_HANDSHAKE_FAILED_PROTOCOL |
+	zmq4.EVENT_DISCONNECTED | zmq4.EVENT_MONITOR_STOPPED
 
 // monitorWake is the inproc address of the pair that wakes the monitor's
 // goroutine (per context, like wakeEndpoint).
@@ -25,8 +28,9 @@ const monitorWake = "inproc://bounce-zmq-monitor-wake"
 // once handed over and its own poller; watch hands them over through
 // adds and the wake pair.
 type monitor struct {
-	lost func(w watch) // called on the goroutine; must not block
-	up   func(w watch) // called on the goroutine at each completed handshake; must not block
+	lost    func(w watch)                        // called on the goroutine; must not block
+	up      func(w watch)                        // at each completed handshake; likewise
+	refused func(w watch, auth bool, status int) // at a refused handshake; likewise
 
 	mu     sync.Mutex
 	adds   []watch
@@ -47,13 +51,14 @@ type watch struct {
 
 // newMonitor starts the monitor's goroutine in zctx: lost is called when
 // a connection that completed its handshake drops, up when one completes
-// its handshake.
-func newMonitor(zctx *zmq4.Context, lost, up func(watch)) (*monitor, error) {
+// its handshake, refused when the peer refuses it (auth: a CURVE/ZAP
+// refusal, else a protocol failure; status the ZAP status).
+func newMonitor(zctx *zmq4.Context, lost, up func(watch), refused func(watch, bool, int)) (*monitor, error) {
 	recv, send, err := openPair(zctx, monitorWake)
 	if err != nil {
 		return nil, fmt.Errorf("zmq: monitor wake %w", err)
 	}
-	m := &monitor{lost: lost, up: up, wake: send, wakeRecv: recv, done: make(chan struct{})}
+	m := &monitor{lost: lost, up: up, refused: refused, wake: send, wakeRecv: recv, done: make(chan struct{})}
 	go m.run()
 	return m, nil
 }
@@ -144,7 +149,7 @@ func (m *monitor) run() {
 				continue
 			}
 			for {
-				ev, _, _, err := s.pair.RecvEvent(zmq4.DONTWAIT)
+				ev, _, value, err := s.pair.RecvEvent(zmq4.DONTWAIT)
 				if err != nil {
 					break
 				}
@@ -152,6 +157,10 @@ func (m *monitor) run() {
 				case ev&zmq4.EVENT_HANDSHAKE_SUCCEEDED != 0:
 					s.up = true
 					m.up(s.watch)
+				case ev&zmq4.EVENT_HANDSHAKE_FAILED_AUTH != 0:
+					m.refused(s.watch, true, value)
+				case ev&zmq4.EVENT_HANDSHAKE_FAILED_PROTOCOL != 0:
+					m.refused(s.watch, false, value)
 				case ev&zmq4.EVENT_DISCONNECTED != 0:
 					if s.up {
 						s.up = false

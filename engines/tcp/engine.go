@@ -126,6 +126,19 @@ func (e *Engine) Stats() Stats {
 	return st
 }
 
+// Refusals counts what this engine refused from peers, by reason:
+// not_admitted (a connection whose handshake or HELLO failed), over_cap
+// (closed to keep a connection cap), slow (cut by a read deadline) and
+// forbidden_write (a write the write guard refused).
+func (e *Engine) Refusals() map[string]uint64 {
+	return map[string]uint64{
+		"not_admitted":    e.stats.unauthenticated.Load(),
+		"over_cap":        e.stats.refusedConns.Load(),
+		"slow":            e.stats.slowConns.Load(),
+		"forbidden_write": e.stats.forbiddenWrites.Load(),
+	}
+}
+
 // SetWriteGuard installs g; every incoming write is checked against it
 // before a byte lands (transfer.WriteGuarded). Nil removes it.
 func (e *Engine) SetWriteGuard(g transfer.WriteGuard) {
