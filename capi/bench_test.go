@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"math/rand/v2"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
@@ -30,9 +31,13 @@ const (
 // libbounce.so) in one run and reports Python's time over Go's, and
 // Python's per-call cost of poll and submit.
 func BenchmarkPythonVsGo(b *testing.B) {
-	py, err := exec.LookPath("/usr/bin/python3")
+	python := "/usr/bin/python3" // Debian's, with python3-numpy
+	if p := os.Getenv("BOUNCE_PYTHON"); p != "" {
+		python = p
+	}
+	py, err := exec.LookPath(python)
 	if err != nil {
-		b.Skip("no /usr/bin/python3")
+		b.Skipf("no %s", python)
 	}
 	dir := buildLib(b)
 	for range b.N {

@@ -97,6 +97,10 @@ func buildLib(t testing.TB) string {
 		t.Skip("builds the shared library: not in -short")
 	}
 	buildOnce.Do(func() {
+		if lib := os.Getenv("BOUNCE_LIBRARY"); lib != "" { // a library built elsewhere (the GPU machine has no Go)
+			libDir = filepath.Dir(lib)
+			return
+		}
 		libDir, buildErr = os.MkdirTemp("", "libbounce")
 		if buildErr != nil {
 			return
@@ -115,7 +119,7 @@ func buildLib(t testing.TB) string {
 
 func TestMain(m *testing.M) {
 	code := m.Run()
-	if libDir != "" {
+	if libDir != "" && os.Getenv("BOUNCE_LIBRARY") == "" {
 		os.RemoveAll(libDir)
 	}
 	os.Exit(code)
