@@ -331,20 +331,11 @@ func (e *Engine) PostWrite(peerName string, ops []transfer.WriteOp) (transfer.Op
 	f := e.fab
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if e.closed {
-		return nil, fmt.Errorf("%s: %w", ctx("engine"), transfer.ErrClosed)
-	}
-	p, ok := e.peers[peerName]
-	if !ok {
-		return nil, fmt.Errorf("%s: %w", ctx("peer not loaded"), transfer.ErrUnknownPeer)
+	p, err := e.targetLocked(peerName, ctx)
+	if err != nil {
+		return nil, err
 	}
 	t := p.eng
-	if t.closed {
-		return nil, fmt.Errorf("%s: %w", ctx("peer closed"), transfer.ErrPeerLost)
-	}
-	if _, ok := t.forgotten[e.name]; ok {
-		return nil, fmt.Errorf("%s: %w", ctx("the peer forgot this engine (it must load it again)"), transfer.ErrPeerLost)
-	}
 	for i, w := range own {
 		if _, err := e.reg.Find(w.Src.Addr, w.Src.Len); err != nil {
 			return nil, fmt.Errorf("%s: %w", ctx("write %d source", i), err)
@@ -417,20 +408,11 @@ func (e *Engine) PostBlocks(peerName string, w transfer.BlockWrite) (transfer.Op
 	f := e.fab
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if e.closed {
-		return nil, fmt.Errorf("%s: %w", ctx("engine"), transfer.ErrClosed)
-	}
-	p, ok := e.peers[peerName]
-	if !ok {
-		return nil, fmt.Errorf("%s: %w", ctx("peer not loaded"), transfer.ErrUnknownPeer)
+	p, err := e.targetLocked(peerName, ctx)
+	if err != nil {
+		return nil, err
 	}
 	t := p.eng
-	if t.closed {
-		return nil, fmt.Errorf("%s: %w", ctx("peer closed"), transfer.ErrPeerLost)
-	}
-	if _, ok := t.forgotten[e.name]; ok {
-		return nil, fmt.Errorf("%s: %w", ctx("the peer forgot this engine (it must load it again)"), transfer.ErrPeerLost)
-	}
 	for i, sp := range spans {
 		if _, err := e.reg.Find(sp.Src.Addr, sp.Src.Len); err != nil {
 			return nil, fmt.Errorf("%s: %w", ctx("source region %d", lo+i), err)
@@ -629,4 +611,24 @@ func (o *writeOp) Release() error {
 		return fmt.Errorf("loopback %s: release write to %q: already released: %w", o.src.name, o.peer, transfer.ErrClosed)
 	}
 	return nil
+}
+
+// targetLocked returns the loaded peer a post goes to, or why none may be
+// written (this engine closed, the peer unknown, closed, or fencing this
+// engine); ctx prefixes the error. The caller holds the fabric's lock.
+func (e *Engine) targetLocked(peerName string, ctx func(string, ...any) string) (*peer, error) {
+	if e.closed {
+		return nil, fmt.Errorf("%s: %w", ctx("engine"), transfer.ErrClosed)
+	}
+	p, ok := e.peers[peerName]
+	if !ok {
+		return nil, fmt.Errorf("%s: %w", ctx("peer not loaded"), transfer.ErrUnknownPeer)
+	}
+	if p.eng.closed {
+		return nil, fmt.Errorf("%s: %w", ctx("peer closed"), transfer.ErrPeerLost)
+	}
+	if _, ok := p.eng.forgotten[e.name]; ok {
+		return nil, fmt.Errorf("%s: %w", ctx("the peer forgot this engine (it must load it again)"), transfer.ErrPeerLost)
+	}
+	return p, nil
 }
