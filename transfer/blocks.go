@@ -48,32 +48,50 @@ const MaxPoolRegions = 1 << 16
 // whose extent overflows the address space, or two regions whose pieces
 // overlap (a piece of the pool is then not one place in memory).
 func (p Pool) Validate() error {
+	ext, err := p.geometry()
+	if err != nil {
+		return err
+	}
+	return p.checkOverlap(ext)
+}
+
+// CheckGeometry is Validate without the overlap check (quadratic in the
+// regions): what a stage or engine handed a pool checks before it computes
+// an address from it, so that no region's extent overflows.
+func (p Pool) CheckGeometry() error {
+	_, err := p.geometry()
+	return err
+}
+
+// geometry checks everything Validate does but overlap and returns the
+// extent of one region.
+func (p Pool) geometry() (uint64, error) {
 	switch {
 	case len(p.Regions) == 0:
-		return fmt.Errorf("pool has no regions")
+		return 0, fmt.Errorf("pool has no regions")
 	case len(p.Regions) > MaxPoolRegions:
-		return fmt.Errorf("pool has %d regions; at most %d", len(p.Regions), MaxPoolRegions)
+		return 0, fmt.Errorf("pool has %d regions; at most %d", len(p.Regions), MaxPoolRegions)
 	case p.BlockLen == 0:
-		return fmt.Errorf("pool block length is 0")
+		return 0, fmt.Errorf("pool block length is 0")
 	case p.Stride < p.BlockLen:
-		return fmt.Errorf("pool stride %d is shorter than its block length %d", p.Stride, p.BlockLen)
+		return 0, fmt.Errorf("pool stride %d is shorter than its block length %d", p.Stride, p.BlockLen)
 	case p.Blocks == 0 || p.Blocks > MaxBlocks:
-		return fmt.Errorf("pool has %d blocks; 1 to %d accepted", p.Blocks, uint64(MaxBlocks))
+		return 0, fmt.Errorf("pool has %d blocks; 1 to %d accepted", p.Blocks, uint64(MaxBlocks))
 	case p.Kind != Host && p.Kind != CUDA:
-		return fmt.Errorf("pool memory kind %s is not host or cuda", p.Kind)
+		return 0, fmt.Errorf("pool memory kind %s is not host or cuda", p.Kind)
 	case p.Device < 0 || (p.Kind == Host && p.Device != 0):
-		return fmt.Errorf("pool device %d is not valid for %s memory", p.Device, p.Kind)
+		return 0, fmt.Errorf("pool device %d is not valid for %s memory", p.Device, p.Kind)
 	}
 	ext, ok := p.extent()
 	if !ok {
-		return fmt.Errorf("pool extent (%d blocks at stride %d) overflows", p.Blocks, p.Stride)
+		return 0, fmt.Errorf("pool extent (%d blocks at stride %d) overflows", p.Blocks, p.Stride)
 	}
 	for r, a := range p.Regions {
 		if a > math.MaxUint64-ext {
-			return fmt.Errorf("pool region %d at %#x overflows the address space", r, a)
+			return 0, fmt.Errorf("pool region %d at %#x overflows the address space", r, a)
 		}
 	}
-	return p.checkOverlap(ext)
+	return ext, nil
 }
 
 // extent is the bytes one region spans: (Blocks-1)*Stride + BlockLen.

@@ -82,3 +82,34 @@ func TestPostBlocksRefused(t *testing.T) {
 		t.Fatal("a refused block write changed the destination")
 	}
 }
+
+// TestPostBlocksReadsItsOwnIDs: a caller that changes its id slices after
+// PostBlocks (here just before the copy runs, to an id far past the pool)
+// changes nothing: the write copies the ids it checked.
+func TestPostBlocksReadsItsOwnIDs(t *testing.T) {
+	src, dstIDs := []uint32{1, 2}, []uint32{4, 5}
+	a, _, sbuf, dbuf, done := pair(t, loopback.Options{BeforeCopy: func(string, []transfer.WriteOp) error {
+		dstIDs[0] = 1 << 30 // the caller's slice, changed mid-transfer
+		return nil
+	}})
+	S, D := sbuf.Desc(), dbuf.Desc()
+	sp := transfer.Pool{Regions: []uint64{S.Addr}, BlockLen: 512, Stride: 512, Blocks: 16, Kind: transfer.Host}
+	dp := transfer.Pool{Regions: []uint64{D.Addr}, BlockLen: 512, Stride: 512, Blocks: 16, Kind: transfer.Host}
+	pattern(sbuf.Bytes(), 4)
+	w := transfer.BlockWrite{Src: transfer.Blocks{Pool: sp, IDs: src}, Dst: transfer.Blocks{Pool: dp, IDs: dstIDs}, Count: 2}
+	want := bytes.Clone(dbuf.Bytes())
+	copy(want[4*512:6*512], sbuf.Bytes()[1*512:3*512])
+	op, err := a.PostBlocks("b", w)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s, err := await(t, op, done); s != transfer.Done || err != nil {
+		t.Fatalf("op %v, %v", s, err)
+	}
+	if err := op.Release(); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(dbuf.Bytes(), want) {
+		t.Fatal("destination differs: the copy read the changed ids")
+	}
+}

@@ -372,6 +372,14 @@ func (e *Engine) PostBlocks(peerName string, w transfer.BlockWrite) (transfer.Op
 	ctx := func(format string, args ...any) string {
 		return fmt.Sprintf("loopback %s: post blocks to %q: ", e.name, peerName) + fmt.Sprintf(format, args...)
 	}
+	// The copy reads its own ids: what is checked is what is copied, even
+	// if the caller changes its slices meanwhile.
+	w.Src.IDs, w.Dst.IDs = slices.Clone(w.Src.IDs), slices.Clone(w.Dst.IDs)
+	for _, p := range []transfer.Pool{w.Src.Pool, w.Dst.Pool} {
+		if err := p.CheckGeometry(); err != nil {
+			return nil, fmt.Errorf("%s: %w", ctx("pool %v: %v", p, err), transfer.ErrOutOfBounds)
+		}
+	}
 	switch {
 	case w.Count == 0:
 		return nil, fmt.Errorf("%s: %w", ctx("no pieces"), transfer.ErrOutOfBounds)

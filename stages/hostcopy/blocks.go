@@ -48,9 +48,11 @@ func (e *Engine) SubmitBlocks(region transfer.Desc, c transfer.BlockCopy) (trans
 		e.putCtx(ctx)
 		return nil, fmt.Errorf("%s: submit: %w", e.name, transfer.ErrClosed)
 	}
-	per := (c.Count + parts - 1) / parts
-	for lo := uint64(0); lo < c.Count; lo += per {
-		e.queue[(e.head+e.queued)%len(e.queue)] = share{o: o, blk: &ctx.blk, lo: lo, hi: min(lo+per, c.Count)}
+	// Exactly parts shares (o.left counts them), of sizes differing by at
+	// most one piece; a chunk of no pieces is one empty share.
+	for i := range parts {
+		lo, hi := i*c.Count/parts, (i+1)*c.Count/parts
+		e.queue[(e.head+e.queued)%len(e.queue)] = share{o: o, blk: &ctx.blk, lo: lo, hi: hi}
 		e.queued++
 	}
 	if parts == 1 {
@@ -73,8 +75,8 @@ func (e *Engine) validateBlocks(ctx *copyCtx, region transfer.Desc) error {
 	if region.Len == 0 {
 		return fmt.Errorf("region %v: empty: %w", region, transfer.ErrOutOfBounds)
 	}
-	if len(p.Regions) == 0 || p.BlockLen == 0 || p.Stride < p.BlockLen {
-		return fmt.Errorf("pool %v: not a valid pool: %w", p, transfer.ErrOutOfBounds)
+	if err := p.CheckGeometry(); err != nil {
+		return fmt.Errorf("pool %v: %v: %w", p, err, transfer.ErrOutOfBounds)
 	}
 	if err := c.Check(region.Len); err != nil {
 		return fmt.Errorf("block copy: %w: %w", err, transfer.ErrOutOfBounds)

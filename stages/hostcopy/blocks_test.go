@@ -160,3 +160,58 @@ func TestSubmitBlocksRefused(t *testing.T) {
 		t.Fatalf("%d pins left after refusals", n)
 	}
 }
+
+// TestSubmitBlocksUnevenShares: a chunk whose pieces do not split evenly
+// over the shares (and one of no pieces) completes, byte-exact: the op
+// counts exactly the shares it queued (it once counted one share per
+// worker and queued fewer, so such a copy never ended).
+func TestSubmitBlocksUnevenShares(t *testing.T) {
+	for _, tc := range []struct {
+		workers     int
+		blen, count uint64
+	}{
+		{4, 512 << 10, 6}, {8, 128 << 10, 25}, {8, 128 << 10, 29}, {3, 512 << 10, 4}, {4, 4096, 0}, {2, 1 << 20, 3},
+	} {
+		reg := &mem.Registry{}
+		const blocks = 32
+		pool := buffer(t, reg, blocks*tc.blen)
+		region := buffer(t, reg, max(tc.count, 1)*tc.blen)
+		ch := make(chan struct{}, 1)
+		e := newEngine(t, hostcopy.Gather, hostcopy.Settings{Registry: reg, Workers: tc.workers, Notify: hostcopy.Signal(ch)})
+		fill(pool.Bytes(), 5)
+		p := transfer.Pool{Regions: []uint64{pool.Desc().Addr}, BlockLen: tc.blen, Stride: tc.blen, Blocks: blocks, Kind: transfer.Host}
+		ids := make([]uint32, tc.count)
+		for i := range ids {
+			ids[i] = uint32((i*11 + 3) % blocks)
+		}
+		if tc.count == 0 {
+			ids = []uint32{0}
+		}
+		c := transfer.BlockCopy{Blocks: transfer.Blocks{Pool: p, IDs: ids}, Count: tc.count}
+		op, err := e.SubmitBlocks(region.Desc(), c)
+		if err != nil {
+			t.Fatalf("%+v: %v", tc, err)
+		}
+		mustDone(t, op, ch)
+		for k := uint64(0); k < tc.count; k++ {
+			d := c.Blocks.Piece(k)
+			if !bytes.Equal(region.Bytes()[k*tc.blen:(k+1)*tc.blen], pool.Bytes()[d.Addr-pool.Desc().Addr:][:tc.blen]) {
+				t.Fatalf("%+v: piece %d differs", tc, k)
+			}
+		}
+	}
+}
+
+// TestSubmitBlocksRefusesOverflowingPool: a pool whose extent overflows the
+// address space is refused before any byte moves (its span would be empty
+// and pass the registry).
+func TestSubmitBlocksRefusesOverflowingPool(t *testing.T) {
+	reg := &mem.Registry{}
+	region := buffer(t, reg, 1<<20)
+	e := newEngine(t, hostcopy.Gather, hostcopy.Settings{Registry: reg, Workers: 2})
+	p := transfer.Pool{Regions: []uint64{region.Desc().Addr}, BlockLen: 4096, Stride: 1 << 62, Blocks: 8, Kind: transfer.Host}
+	c := transfer.BlockCopy{Blocks: transfer.Blocks{Pool: p, IDs: []uint32{5}}, Count: 1}
+	if _, err := e.SubmitBlocks(region.Desc(), c); !errors.Is(err, transfer.ErrOutOfBounds) {
+		t.Fatalf("overflowing pool: %v, want ErrOutOfBounds", err)
+	}
+}
