@@ -7,15 +7,20 @@ package main
 import "C"
 
 import (
+	"errors"
 	"unsafe"
 
 	"github.com/bouncekv/bounce/pipeline"
+	"github.com/bouncekv/bounce/pipeline/wire"
 	"github.com/bouncekv/bounce/transfer"
 )
 
 func poolOf(p *C.bounce_pool) (transfer.Pool, error) {
 	if p == nil {
 		return transfer.Pool{}, invalid("pool is NULL")
+	}
+	if e := checkLen("pool n_regions", p.n_regions, transfer.MaxPoolRegions); e != nil {
+		return transfer.Pool{}, e
 	}
 	if p.n_regions > 0 && p.regions == nil {
 		return transfer.Pool{}, invalid("pool regions is NULL with n_regions = %d", p.n_regions)
@@ -82,6 +87,9 @@ func bounce_submit_blocks(agent C.uint64_t, peer, srcPool *C.char, srcIDs *C.uin
 	}
 	if n > 0 && (srcIDs == nil || dstIDs == nil) {
 		return fail(err, invalid("src_ids or dst_ids is NULL with n = %d", n))
+	}
+	if e := errors.Join(checkLen("n", n, wire.MaxBlockIDs), checkLen("tag_len", tagLen, wire.MaxTag)); e != nil {
+		return fail(err, e)
 	}
 	rt, e := routeOf(route)
 	if e != nil {

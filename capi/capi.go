@@ -22,6 +22,7 @@ import (
 	"unsafe"
 
 	"github.com/bouncekv/bounce/pipeline"
+	"github.com/bouncekv/bounce/pipeline/wire"
 	"github.com/bouncekv/bounce/transfer"
 )
 
@@ -60,12 +61,28 @@ func cBytes(b []byte) (*C.uint8_t, C.size_t) {
 	return (*C.uint8_t)(p), C.size_t(len(b))
 }
 
-// goBytes copies n bytes of C memory at p (nil when n is 0).
+// goBytes copies n bytes of C memory at p (nil when n is 0); the caller
+// has bounded n (checkLen).
 func goBytes(p *C.uint8_t, n C.size_t) []byte {
 	if p == nil || n == 0 {
 		return nil
 	}
 	return C.GoBytes(unsafe.Pointer(p), C.int(n))
+}
+
+// Bounds on the lengths C callers pass, checked before any conversion: a
+// size_t past them is refused, never cast to a negative int or allocated.
+const (
+	maxDescriptorBlob = 64 << 20 // an agent descriptor
+	maxDescs          = 1 << 24  // descriptors in one submit
+)
+
+// checkLen refuses a length over limit, naming it.
+func checkLen(what string, n C.size_t, limit uint64) error {
+	if uint64(n) > limit {
+		return invalid("%s is %d; at most %d", what, uint64(n), limit)
+	}
+	return nil
 }
 
 // timeout converts a C timeout in milliseconds (negative: no bound).
@@ -99,6 +116,9 @@ func bounce_agent_create(yaml *C.char, options **C.char, nOptions C.size_t, even
 		return fail(err, invalid("agent is NULL"))
 	}
 	var opts []string
+	if e := checkLen("n_options", nOptions, 4096); e != nil {
+		return fail(err, e)
+	}
 	if nOptions > 0 {
 		if options == nil {
 			return fail(err, invalid("options is NULL but n_options is %d", nOptions))
@@ -181,6 +201,9 @@ func bounce_load_peer(agent C.uint64_t, desc *C.uint8_t, n C.size_t, peer **C.ch
 	}
 	if desc == nil || n == 0 {
 		return fail(err, invalid("empty descriptor"))
+	}
+	if e := checkLen("descriptor length", n, maxDescriptorBlob); e != nil {
+		return fail(err, e)
 	}
 	name, e := h.agent().LoadPeer(goBytes(desc, n))
 	if e != nil {
@@ -291,6 +314,9 @@ func bounce_submit(agent C.uint64_t, peer *C.char, src, dst *C.bounce_desc, n C.
 	}
 	if n > 0 && (src == nil || dst == nil) {
 		return fail(err, invalid("src or dst is NULL with n = %d", n))
+	}
+	if e := errors.Join(checkLen("n", n, maxDescs), checkLen("tag_len", tagLen, wire.MaxTag)); e != nil {
+		return fail(err, e)
 	}
 	rt, e := routeOf(route)
 	if e != nil {

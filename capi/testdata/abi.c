@@ -74,6 +74,7 @@ static int run(void) {
 	uint8_t *blob;
 	size_t n;
 	char *peer;
+	bounce_desc sv_dummy[1] = {{s.addr, 1, 0, BOUNCE_MEM_HOST}};
 	must(bounce_descriptor(recv, &blob, &n, &err), err, "descriptor recv");
 	must(bounce_load_peer(send, blob, n, &peer, &err), err, "load recv");
 	CHECK(strcmp(peer, "c-decode") == 0, "loaded peer %s", peer);
@@ -82,6 +83,22 @@ static int run(void) {
 	char *sender;
 	must(bounce_load_peer(recv, blob, n, &sender, &err), err, "load send");
 	bounce_free(blob);
+
+	/* Lengths past the ABI's bounds are refused, never cast or allocated. */
+	uint64_t nb = 0;
+	uint32_t one_id = 0;
+	c = bounce_submit(send, peer, sv_dummy, sv_dummy, 1, (const uint8_t *)"t", (size_t)1 << 40, BOUNCE_ROUTE_AUTO, &nb, &err);
+	CHECK(c == BOUNCE_ERR_INVALID && err && strstr(err, "tag_len"), "huge tag_len: code %d", c);
+	bounce_free(err);
+	err = NULL;
+	c = bounce_submit_blocks(send, peer, "kv", &one_id, "kv", &one_id, SIZE_MAX, NULL, 0, BOUNCE_ROUTE_AUTO, &nb, &err);
+	CHECK(c == BOUNCE_ERR_INVALID, "SIZE_MAX ids: code %d", c);
+	bounce_free(err);
+	err = NULL;
+	c = bounce_load_peer(send, (const uint8_t *)"x", SIZE_MAX, NULL, &err);
+	CHECK(c == BOUNCE_ERR_INVALID, "SIZE_MAX descriptor: code %d", c);
+	bounce_free(err);
+	err = NULL;
 
 	/* Block i goes to block N-1-i, one block past the start (a guard block
 	 * on each side must stay untouched). */
