@@ -433,7 +433,7 @@ func build(s Settings, cfg Config) (*Agent, error) {
 	// A peer reported lost is up again once its connection is (a process
 	// restarted at its endpoint): requests to it no longer fail as lost.
 	if pu, ok := s.Control.(peerUpReporter); ok && a.bounceOn {
-		pu.SetPeerUp(func(peer string) { a.post(func(r *reactor) { delete(r.down, peer) }) })
+		pu.SetPeerUp(func(peer string) { a.post(func(r *reactor) { r.peerUp(peer) }) })
 	}
 	a.watchRefusals(s.Control)
 	return a, nil

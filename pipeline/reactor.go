@@ -28,7 +28,8 @@ type reactor struct {
 
 	// sender role
 	reqs      map[uint64]*sendReq
-	down      map[string]peerDown // peers reported lost and not heard from since
+	down      map[string]peerDown    // peers reported lost and not heard from since
+	refusals  map[string]peerRefusal // peers that refused this agent's handshake, not heard from since
 	gathering []chunkRef
 	writing   []chunkRef
 	parked    parkQueue  // requests with chunks waiting for arena or copy contexts, oldest first
@@ -106,6 +107,7 @@ func newReactor(a *Agent, sched *credit.Scheduler) *reactor {
 		sched:     sched,
 		reqs:      make(map[uint64]*sendReq),
 		down:      make(map[string]peerDown),
+		refusals:  make(map[string]peerRefusal),
 		direct:    make(map[uint64]*directReq),
 		flowSeen:  make(map[credit.FlowKey]time.Time),
 		rflows:    make(map[credit.FlowKey]*recvFlow),
@@ -366,6 +368,7 @@ func (r *reactor) onMessage(m transfer.Message) {
 		}
 	}
 	delete(r.down, m.Peer) // heard from: not lost
+	delete(r.refusals, m.Peer)
 	switch msg := msg.(type) {
 	case *wire.Done:
 		r.onDone(m.Peer, msg)
@@ -445,6 +448,7 @@ func (r *reactor) send(peer string, m wire.Message) error {
 func (r *reactor) forgetPeer(peer string, fenced bool) {
 	r.a.obs.peerFlowsEnded(r, peer, "reclaimed")
 	delete(r.down, peer)
+	delete(r.refusals, peer)
 	delete(r.ctrlPeers, peer)
 	r.failFlows(func(k credit.FlowKey) bool { return k.Peer == peer }, fmt.Errorf("peer forgotten: %w", transfer.ErrPeerLost))
 	delete(r.wantRate, peer)

@@ -535,6 +535,9 @@ func (r *reactor) checkTimeouts(now time.Time) {
 		case q.err == nil && down && now.Sub(d.at) > lostPeerGrace && now.Sub(q.started) > lostPeerGrace:
 			r.fail(q, fmt.Errorf("pipeline: request %d: %s to %q %v before it was submitted, and the peer was not heard from in the %v since: %w",
 				q.id, d.why, q.peer, max(q.started.Sub(d.at), 0).Round(time.Millisecond), lostPeerGrace, transfer.ErrPeerLost))
+		case q.err == nil && r.refusedFor(q, now):
+			f := r.refusals[q.peer]
+			r.fail(q, fmt.Errorf("pipeline: request %d to %q: %w: %w", q.id, q.peer, ErrRefused, f.err))
 		case q.err == nil && now.Sub(q.lastProgress) > r.cfg.RequestTimeout:
 			r.fail(q, fmt.Errorf("pipeline: request %d to %q made no progress for %v: %w", q.id, q.peer, r.cfg.RequestTimeout, transfer.ErrTimeout))
 		case q.err != nil && !q.published && now.Sub(q.failedAt) > r.cfg.QuiesceTimeout:

@@ -25,16 +25,16 @@ func TestPluginConformanceCLI(t *testing.T) {
 		t.Fatalf("exit %d (want the subject named after the binary)\nstdout:\n%s\nstderr:\n%s", code, stdout, stderr)
 	}
 	// The plugin form declares every capability the in-process tcp engine
-	// declares, the write guard and peer-loss reports included, except
-	// transfer.Connector, which the plugin protocol does not carry.
+	// declares: the write guard, peer-loss reports and transfer.Connector
+	// included (the plugin protocol carries them all).
 	var absent []string
 	for _, line := range strings.Split(stdout, "\n") {
 		if c, ok := strings.CutPrefix(line, "optional capability absent: "); ok {
 			absent = append(absent, c)
 		}
 	}
-	if len(absent) != 1 || !strings.HasPrefix(absent[0], "transfer.Connector") {
-		t.Fatalf("absent capabilities %q, want transfer.Connector alone:\n%s", absent, stdout)
+	if len(absent) != 0 {
+		t.Fatalf("absent capabilities %q, want none:\n%s", absent, stdout)
 	}
 }
 
@@ -168,7 +168,7 @@ func TestOutsideEnginePlugin(t *testing.T) {
 		t.Fatalf("build the example module's engine: %v\n%s", err, out)
 	}
 	stdout, stderr, code := bounce(t, "conformance", "engine", "--plugin", bin, "--sizes", "1,4097,1MiB")
-	if code != 0 || !strings.Contains(stdout, "engine/sockengine: certified") || !strings.Contains(stdout, "optional capability absent: transfer.Notifier — 6 rule(s) skipped") {
+	if code != 0 || !strings.Contains(stdout, "engine/sockengine: certified") || !strings.Contains(stdout, "optional capability absent: transfer.Notifier — 7 rule(s) skipped") {
 		t.Fatalf("conformance: exit %d\nstdout:\n%s\nstderr:\n%s", code, stdout, stderr)
 	}
 	if res, _ := regexpFind(`engine/target-forget\s+(\w+)`, stdout); res != "PASS" {
