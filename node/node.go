@@ -198,6 +198,10 @@ type Options struct {
 	// bounce serve sets it. Build is always strict when bounce.route is
 	// bounce.
 	StrictBounce bool
+	// HoldWrites is Settings.HoldWrites for the engine Build makes: a test
+	// hook that stalls its writes on purpose (a write in flight for as
+	// long as a test needs it). Nil in production.
+	HoldWrites func(abort <-chan struct{})
 }
 
 // Build is BuildWith with only a logger: the node's telemetry comes from
@@ -251,11 +255,12 @@ func BuildWith(cfg config.Config, f Factories, o Options) (*Node, error) {
 	}
 	wake := make(chan struct{}, 1)
 	s := Settings{
-		Peers:    peers,
-		Security: cfg.Security,
-		Name:     cfg.Agent.Name,
-		Logger:   logger,
-		Registry: n.Registry,
+		Peers:      peers,
+		Security:   cfg.Security,
+		Name:       cfg.Agent.Name,
+		HoldWrites: o.HoldWrites,
+		Logger:     logger,
+		Registry:   n.Registry,
 		Notify: func() {
 			select {
 			case wake <- struct{}{}:

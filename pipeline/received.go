@@ -113,6 +113,9 @@ func (r *reactor) flowFailed(key credit.FlowKey, err error) {
 	if !ok {
 		return
 	}
+	// Its chunks still queued never start: the request failed, and its
+	// destination pool is unpinned below.
+	r.cancelScatters(func(k credit.FlowKey) bool { return k == key })
 	r.endRecvFlow(key, f)
 	r.a.obs.receivedFlow(RouteBounce, err, r.clock.Now().Sub(f.start))
 	r.received(Received{Peer: key.Peer, Request: key.Request, Tag: f.tag, Bytes: f.payload, Route: RouteBounce,

@@ -30,11 +30,17 @@ type agent struct {
 
 func startAgent(t *testing.T, endpoint, name string, size uint64) *agent {
 	t.Helper()
+	return startAgentWith(t, endpoint, name, size, node.Options{})
+}
+
+// startAgentWith is startAgent with the node's options.
+func startAgentWith(t *testing.T, endpoint, name string, size uint64, o node.Options) *agent {
+	t.Helper()
 	cfg := config.Default()
 	cfg.Agent.Name = name
 	cfg.Bounce.ArenaSize, cfg.Bounce.MaxChunk = 8*config.MiB, 1*config.MiB
 	cfg.Bounce.RequestTimeout = 2 * time.Minute // only the lease may fail a request here
-	n, err := node.Build(cfg, node.Builtin(), nil)
+	n, err := node.BuildWith(cfg, node.Builtin(), o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -185,11 +191,21 @@ func TestFleetThroughEtcd(t *testing.T) {
 func TestLeaseExpiryFailsInFlightRequests(t *testing.T) {
 	s := server(t)
 	ctx := context.Background()
-	snd := startAgent(t, s.Endpoint, "prefill-0", 1<<20)
+	snd := startAgentWith(t, s.Endpoint, "prefill-0", 1<<20, node.Options{HoldWrites: func(abort <-chan struct{}) { <-abort }})
 	rcv := startAgent(t, s.Endpoint, "decode-0", 1<<20)
 	peers := discovery.NewPeers(snd.dir, snd.n.Agent, raw, nil)
 	defer peers.Close()
 	if _, err := peers.Resolve(ctx, "decode-0"); err != nil {
+		t.Fatal(err)
+	}
+	// The receiver admits the sender (a refused sender would fail within
+	// a second, refused, before the lease could expire); the sender's
+	// writes are held, so the request is still in flight when it does.
+	sd, err := snd.n.Agent.Descriptor()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := rcv.n.Agent.LoadPeer(sd); err != nil {
 		t.Fatal(err)
 	}
 	wctx, cancel := context.WithTimeout(ctx, 90*time.Second)
