@@ -95,6 +95,21 @@ func (r *reactor) onWant(peer string, w *wire.Want) {
 			return
 		}
 	}
+	_, known := r.flowSeen[key]
+	if !known && r.peerFlows[peer] >= r.cfg.MaxFlowsPerPeer && now.Sub(r.lastPurge[peer]) > time.Millisecond {
+		// Flows that ended are swept lazily, at most once a millisecond
+		// per peer, so a peer hammering its limit costs no table walks.
+		r.lastPurge[peer] = now
+		r.purgeEndedFlows(peer)
+	}
+	if !known && r.peerFlows[peer] >= r.cfg.MaxFlowsPerPeer {
+		r.a.stats.flowLimited.Add(1)
+		r.a.stats.rejectedWants.Add(1)
+		r.nack(peer, w.Request, wire.WholeRequest, wire.NackMalformed, fmt.Sprintf("peer has %d open flows, the limit", r.cfg.MaxFlowsPerPeer))
+		return
+	}
+	// The block table's O(ids) check runs only for a WANT within the
+	// peer's flow limit.
 	var rb *recvBlocks
 	if w.Blocks != nil {
 		var err error
@@ -113,19 +128,6 @@ func (r *reactor) onWant(peer string, w *wire.Want) {
 			r.a.unusePool(rb.pool)
 		}
 	}()
-	_, known := r.flowSeen[key]
-	if !known && r.peerFlows[peer] >= r.cfg.MaxFlowsPerPeer && now.Sub(r.lastPurge[peer]) > time.Millisecond {
-		// Flows that ended are swept lazily, at most once a millisecond
-		// per peer, so a peer hammering its limit costs no table walks.
-		r.lastPurge[peer] = now
-		r.purgeEndedFlows(peer)
-	}
-	if !known && r.peerFlows[peer] >= r.cfg.MaxFlowsPerPeer {
-		r.a.stats.flowLimited.Add(1)
-		r.a.stats.rejectedWants.Add(1)
-		r.nack(peer, w.Request, wire.WholeRequest, wire.NackMalformed, fmt.Sprintf("peer has %d open flows, the limit", r.cfg.MaxFlowsPerPeer))
-		return
-	}
 	switch err := r.sched.Want(key, w.ChunkBytes); {
 	case errors.Is(err, credit.ErrDuplicateWant):
 		// A repeated message: the flow already has its reservation.
