@@ -394,7 +394,7 @@ func build(s Settings, cfg Config) (*Agent, error) {
 	// engine: an engine that listens already (a plugin's, which holds no
 	// keys) must never see the arena writable unguarded.
 	if wg, ok := s.Engine.(transfer.WriteGuarded); ok && s.Peers.Enabled() {
-		a.guard = newWriteGuard()
+		a.guard = newWriteGuard(&a.dests)
 		if f, ok := s.Engine.(writeFencer); ok {
 			a.guard.fence = func(d transfer.Desc) {
 				if !a.checksOff.Load() {
@@ -583,9 +583,6 @@ func (a *Agent) RegisterMemoryFor(d transfer.Desc, peers ...string) error {
 	if len(peers) > 0 {
 		who = slices.Clone(peers)
 	}
-	if a.guard != nil {
-		a.guard.addUser(d, who)
-	}
 	a.dests.add(d, who)
 	return nil
 }
@@ -645,9 +642,6 @@ func (a *Agent) DeregisterMemory(d transfer.Desc) error {
 			a.log.Error("re-register after a refused deregister", "desc", d, "err", aerr)
 		}
 		return fmt.Errorf("pipeline: deregister %v: %w", d, err)
-	}
-	if a.guard != nil {
-		a.guard.removeUser(d)
 	}
 	a.dests.remove(d)
 	return nil

@@ -62,6 +62,18 @@ func (s *scatterDests) writers(d transfer.Desc) []string {
 	return nil
 }
 
+// allowed returns the registration holding [addr, addr+n) that peer may
+// write (the write guard's answer outside the arena), or why there is none.
+func (s *scatterDests) allowed(peer string, addr, n uint64) (transfer.Desc, error) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	i, err := s.find(peer, addr, n)
+	if err != nil {
+		return transfer.Desc{}, err
+	}
+	return s.ranges[i].d, nil
+}
+
 // find returns the index of the range holding [addr, addr+n) that peer may
 // write, or why there is none.
 func (s *scatterDests) find(peer string, addr, n uint64) (int, error) {

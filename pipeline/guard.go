@@ -2,7 +2,6 @@ package pipeline
 
 import (
 	"fmt"
-	"slices"
 	"sync"
 
 	"github.com/bouncekv/bounce/pipeline/credit"
@@ -25,7 +24,9 @@ type writeGuard struct {
 	mu     sync.RWMutex
 	arena  transfer.Desc
 	grants map[uint64]grantEntry // by region offset
-	user   []userRange
+	// dests is the agent's table of registered user memory and who may
+	// write it, the one the DATA check reads too.
+	dests  *scatterDests
 	closed bool
 	// fence cuts the engine's writes still landing in a range whose
 	// authorization ended and waits for them; nil when the engine offers
@@ -51,7 +52,9 @@ type userRange struct {
 	peers []string
 }
 
-func newWriteGuard() *writeGuard { return &writeGuard{grants: map[uint64]grantEntry{}} }
+func newWriteGuard(dests *scatterDests) *writeGuard {
+	return &writeGuard{grants: map[uint64]grantEntry{}, dests: dests}
+}
 
 func (g *writeGuard) setArena(d transfer.Desc) {
 	g.mu.Lock()
@@ -103,19 +106,6 @@ func (g *writeGuard) region(off, n uint64) transfer.Desc {
 	return transfer.Desc{Addr: g.arena.Addr + off, Len: n, Device: g.arena.Device, Kind: g.arena.Kind}
 }
 
-// addUser records registered user memory writable by peers (nil: all).
-func (g *writeGuard) addUser(d transfer.Desc, peers []string) {
-	g.mu.Lock()
-	g.user = append(g.user, userRange{d: d, peers: peers})
-	g.mu.Unlock()
-}
-
-func (g *writeGuard) removeUser(d transfer.Desc) {
-	g.mu.Lock()
-	g.user = slices.DeleteFunc(g.user, func(u userRange) bool { return u.d == d })
-	g.mu.Unlock()
-}
-
 func (g *writeGuard) close() {
 	g.mu.Lock()
 	g.closed = true
@@ -141,13 +131,5 @@ func (g *writeGuard) check(peer string, dst transfer.Desc) (transfer.Desc, error
 		}
 		return transfer.Desc{}, fmt.Errorf("arena range [%#x+%d] is not granted to %q: %w", dst.Addr, dst.Len, peer, transfer.ErrForbidden)
 	}
-	for _, u := range g.user {
-		if u.d.Contains(dst.Addr, dst.Len) {
-			if u.peers != nil && !slices.Contains(u.peers, peer) {
-				return transfer.Desc{}, fmt.Errorf("memory %v is registered for %v, not %q: %w", u.d, u.peers, peer, transfer.ErrForbidden)
-			}
-			return u.d, nil
-		}
-	}
-	return transfer.Desc{}, fmt.Errorf("[%#x+%d] is not registered memory: %w", dst.Addr, dst.Len, transfer.ErrForbidden)
+	return g.dests.allowed(peer, dst.Addr, dst.Len)
 }
