@@ -7,7 +7,6 @@ package main
 import "C"
 
 import (
-	"errors"
 	"unsafe"
 
 	"github.com/bouncekv/bounce/pipeline"
@@ -78,31 +77,19 @@ func ids(p *C.uint32_t, n C.size_t) []uint32 {
 
 //export bounce_submit_blocks
 func bounce_submit_blocks(agent C.uint64_t, peer, srcPool *C.char, srcIDs *C.uint32_t, dstPool *C.char, dstIDs *C.uint32_t, n C.size_t, tag *C.uint8_t, tagLen C.size_t, route C.int32_t, batch *C.uint64_t, err **C.char) C.bounce_code {
-	h, e := lib.agent(uint64(agent))
+	e := submit(agent, peer, tag, tagLen, route, batch, func(req *pipeline.Request) error {
+		if n > 0 && (srcIDs == nil || dstIDs == nil) {
+			return invalid("src_ids or dst_ids is NULL with n = %d", n)
+		}
+		if e := checkLen("n", n, wire.MaxBlockIDs); e != nil {
+			return e
+		}
+		req.Blocks = &pipeline.BlockRequest{SrcPool: goString(srcPool), SrcIDs: ids(srcIDs, n), DstPool: goString(dstPool), DstIDs: ids(dstIDs, n)}
+		return nil
+	})
 	if e != nil {
 		return fail(err, e)
 	}
-	if batch == nil {
-		return fail(err, invalid("batch is NULL"))
-	}
-	if n > 0 && (srcIDs == nil || dstIDs == nil) {
-		return fail(err, invalid("src_ids or dst_ids is NULL with n = %d", n))
-	}
-	if e := errors.Join(checkLen("n", n, wire.MaxBlockIDs), checkLen("tag_len", tagLen, wire.MaxTag)); e != nil {
-		return fail(err, e)
-	}
-	rt, e := routeOf(route)
-	if e != nil {
-		return fail(err, e)
-	}
-	req := pipeline.Request{Peer: goString(peer), Route: rt, Tag: goBytes(tag, tagLen), Blocks: &pipeline.BlockRequest{
-		SrcPool: goString(srcPool), SrcIDs: ids(srcIDs, n), DstPool: goString(dstPool), DstIDs: ids(dstIDs, n),
-	}}
-	b, e := h.agent().Submit(req)
-	if e != nil {
-		return fail(err, invalidIfNot(e))
-	}
-	*batch = C.uint64_t(lib.addBatch(b))
 	return ok
 }
 

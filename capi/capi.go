@@ -305,44 +305,71 @@ func cRoute(r pipeline.Route) C.int32_t {
 
 //export bounce_submit
 func bounce_submit(agent C.uint64_t, peer *C.char, src, dst *C.bounce_desc, n C.size_t, tag *C.uint8_t, tagLen C.size_t, route C.int32_t, batch *C.uint64_t, err **C.char) C.bounce_code {
-	h, e := lib.agent(uint64(agent))
+	e := submit(agent, peer, tag, tagLen, route, batch, func(req *pipeline.Request) error {
+		if n > 0 && (src == nil || dst == nil) {
+			return invalid("src or dst is NULL with n = %d", n)
+		}
+		if e := checkLen("n", n, maxDescs); e != nil {
+			return e
+		}
+		var e error
+		if req.Src, e = descsOf("src", src, n); e != nil {
+			return e
+		}
+		req.Dst, e = descsOf("dst", dst, n)
+		return e
+	})
 	if e != nil {
 		return fail(err, e)
 	}
+	return ok
+}
+
+// submit is what bounce_submit and bounce_submit_blocks share: the agent,
+// the batch out-parameter, the tag and the route checked, the request
+// completed by body (its sources and destinations), submitted, and the
+// batch's handle stored in *batch.
+func submit(agent C.uint64_t, peer *C.char, tag *C.uint8_t, tagLen C.size_t, route C.int32_t, batch *C.uint64_t, body func(*pipeline.Request) error) error {
+	h, e := lib.agent(uint64(agent))
+	if e != nil {
+		return e
+	}
 	if batch == nil {
-		return fail(err, invalid("batch is NULL"))
+		return invalid("batch is NULL")
 	}
-	if n > 0 && (src == nil || dst == nil) {
-		return fail(err, invalid("src or dst is NULL with n = %d", n))
-	}
-	if e := errors.Join(checkLen("n", n, maxDescs), checkLen("tag_len", tagLen, wire.MaxTag)); e != nil {
-		return fail(err, e)
+	if e := checkLen("tag_len", tagLen, wire.MaxTag); e != nil {
+		return e
 	}
 	rt, e := routeOf(route)
 	if e != nil {
-		return fail(err, e)
+		return e
 	}
 	req := pipeline.Request{Peer: goString(peer), Route: rt, Tag: goBytes(tag, tagLen)}
-	if n > 0 {
-		req.Src = make([]transfer.Desc, n)
-		req.Dst = make([]transfer.Desc, n)
-		for i, d := range unsafe.Slice(src, int(n)) {
-			if req.Src[i], e = descOf(d); e != nil {
-				return fail(err, fmt.Errorf("src[%d]: %w", i, e))
-			}
-		}
-		for i, d := range unsafe.Slice(dst, int(n)) {
-			if req.Dst[i], e = descOf(d); e != nil {
-				return fail(err, fmt.Errorf("dst[%d]: %w", i, e))
-			}
-		}
+	if e := body(&req); e != nil {
+		return e
 	}
 	b, e := h.agent().Submit(req)
 	if e != nil {
-		return fail(err, invalidIfNot(e))
+		return invalidIfNot(e)
 	}
 	*batch = C.uint64_t(lib.addBatch(b))
-	return ok
+	return nil
+}
+
+// descsOf converts n C descriptors (n already bounded), naming the array
+// in an error.
+func descsOf(what string, p *C.bounce_desc, n C.size_t) ([]transfer.Desc, error) {
+	if n == 0 {
+		return nil, nil
+	}
+	out := make([]transfer.Desc, n)
+	for i, d := range unsafe.Slice(p, int(n)) {
+		var e error
+		if out[i], e = descOf(d); e != nil {
+			return nil, fmt.Errorf("%s[%d]: %w", what, i, e)
+		}
+	}
+	return out, nil
 }
 
 func cStatus(s transfer.Status) C.int32_t {
