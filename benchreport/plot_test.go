@@ -199,8 +199,12 @@ func TestNiceTickLabels(t *testing.T) {
 			if tk.Label == "" {
 				continue
 			}
-			if len(tk.Label) > 8 {
-				t.Fatalf("ticks of [%v, %v]: label %q is not short", lo, hi, tk.Label)
+			// No more decimals than a step of at least a sixth of the
+			// span needs (a narrow span far from 0 needs many digits, but
+			// never a float's noise).
+			allowed := max(0, int(-math.Floor(math.Log10((hi-lo)/6))))
+			if _, frac, ok := strings.Cut(tk.Label, "."); ok && len(frac) > allowed {
+				t.Fatalf("ticks of [%v, %v]: label %q has %d decimals, at most %d", lo, hi, tk.Label, len(frac), allowed)
 			}
 			v, err := strconv.ParseFloat(tk.Label, 64)
 			if err != nil || math.Abs(v-tk.Value) > 1e-6*math.Max(1, math.Abs(v)) {
