@@ -250,3 +250,23 @@ func (p Plan) Bytes() uint64 {
 	}
 	return n
 }
+
+// WithoutKernels returns ptx (an nvcc module: each entry after a
+// "// .globl" line, self-contained) without the entries whose names
+// contain any of subs: a module lacking optional kernels.
+func WithoutKernels(ptx []byte, subs ...string) []byte {
+	const mark = "\t// .globl\t"
+	parts := bytes.Split(ptx, []byte(mark))
+	out := append([]byte(nil), parts[0]...)
+	for _, p := range parts[1:] {
+		name, _, _ := bytes.Cut(p, []byte("\n"))
+		drop := false
+		for _, s := range subs {
+			drop = drop || bytes.Contains(name, []byte(s))
+		}
+		if !drop {
+			out = append(append(out, mark...), p...)
+		}
+	}
+	return out
+}

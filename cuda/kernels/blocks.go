@@ -55,9 +55,9 @@ var blockKernels = [blockFamilies][2]string{
 // bulk2Threads is BlockBulk2's block size.
 const bulk2Threads = 128
 
-// blockParams is the block kernels' parameter count (copy.cu's
-// BLOCK_PARAMS).
-const blockParams = 12
+// maxParams is the most parameters a kernel takes: the shaped kernels'
+// (copy.cu's SHAPED_PARAMS; BLOCK_PARAMS has 12).
+const maxParams = 16
 
 // SlabBytes is what one warp of the vector and bulk block kernels moves:
 // 4 KiB of the region.

@@ -3,7 +3,8 @@
 // adds the Hopper bulk-copy block kernels); both are committed and
 // embedded, so builds need no CUDA toolkit. Below the descriptor-form
 // kernels come the compact-table kernels and the block-form kernels
-// (transfer.BlockCopy: no table, addresses from base, stride and id). The host side (kernels.go) cuts a chunk's runs into pieces of at
+// (transfer.BlockCopy: no table, addresses from base, stride and id) and
+// the shaped block-form kernels (transfer.ShapedCopy). The host side (kernels.go) cuts a chunk's runs into pieces of at
 // most a few KiB; one warp copies one piece at a time (grid-stride over the
 // piece table, one wave of resident blocks), so one launch serves a whole
 // chunk whatever its shape. Pieces must not overlap each other's
@@ -373,6 +374,8 @@ struct BlockJob {
     uint64_t count;
     uint64_t len;
     uint64_t stride;
+    // addr returns the pool address of piece k (block_addr).
+    __device__ __forceinline__ uint8_t* addr(uint64_t k) const;
 };
 
 // block_addr returns the pool address of piece k.
@@ -388,6 +391,8 @@ __device__ __forceinline__ uint8_t* block_addr(const BlockJob& j, uint64_t k) {
     const uint64_t w = x >= j.off0 ? x - j.off0 : x + j.nids - j.off0; // index in the window
     return reinterpret_cast<uint8_t*>(j.bases[r] + (uint64_t)j.ids[w] * j.stride);
 }
+
+__device__ __forceinline__ uint8_t* BlockJob::addr(uint64_t k) const { return block_addr(*this, k); }
 
 // finish signals completion (see above). Every thread fences its own
 // writes system-wide before the block counts itself done.
@@ -439,15 +444,15 @@ __device__ __forceinline__ void run_blocks(const BlockJob& j) {
 // whole pieces (lane p < 4096/len computes piece p's address, shared by
 // shuffles) or 4 KiB of one piece. Addresses are computed at each access,
 // not held.
-template <bool GATHER>
-__device__ __forceinline__ void slab_copy(const BlockJob& j, uint64_t t, unsigned sh, unsigned lane, uint64_t total) {
+template <bool GATHER, typename J>
+__device__ __forceinline__ void slab_copy(const J& j, uint64_t t, unsigned sh, unsigned lane, uint64_t total) {
     uint4* reg = reinterpret_cast<uint4*>(j.region + (t << 12));
     uint4 v[8];
     if (sh >= 12) {
         // len is a multiple of 4096: the slab is whole and in one piece.
         const uint64_t spp = j.len >> 12;
         const uint64_t k = spp == 1 ? t : t / spp;
-        uint4* p = reinterpret_cast<uint4*>(block_addr(j, k) + ((t - k * spp) << 12));
+        uint4* p = reinterpret_cast<uint4*>(j.addr(k) + ((t - k * spp) << 12));
         const uint4* src = GATHER ? p : reg;
         uint4* dst = GATHER ? reg : p;
 #pragma unroll
@@ -461,7 +466,7 @@ __device__ __forceinline__ void slab_copy(const BlockJob& j, uint64_t t, unsigne
     const unsigned per = 4096u >> sh; // pieces in a slab, at most 32
     const uint64_t k0 = t * per;
     uint64_t mine = 0;
-    if (lane < per && k0 + lane < j.count) mine = (uint64_t)block_addr(j, k0 + lane);
+    if (lane < per && k0 + lane < j.count) mine = (uint64_t)j.addr(k0 + lane);
     const unsigned q = sh - 4; // log2 of the uint4 in a piece
     const unsigned mask = (1u << q) - 1;
 #pragma unroll
@@ -484,14 +489,14 @@ __device__ __forceinline__ void slab_copy(const BlockJob& j, uint64_t t, unsigne
     }
 }
 
-template <bool GATHER>
-__device__ __forceinline__ void run_blocks_vec(const BlockJob& j, unsigned sh) {
+template <bool GATHER, typename J>
+__device__ __forceinline__ void run_blocks_vec(const J& j, unsigned sh) {
     const unsigned lane = threadIdx.x & 31;
     const uint64_t warp = ((uint64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     const uint64_t warps = ((uint64_t)gridDim.x * blockDim.x) >> 5;
     const uint64_t total = j.count * j.len;
     const uint64_t slabs = (total + 4095) >> 12;
-    for (uint64_t t = warp; t < slabs; t += warps) slab_copy<GATHER>(j, t, sh, lane, total);
+    for (uint64_t t = warp; t < slabs; t += warps) slab_copy<GATHER, J>(j, t, sh, lane, total);
 }
 
 #define BLOCK_PARAMS uint8_t *region, const uint64_t *bases, const uint32_t *ids, uint64_t nids, uint64_t off0, uint64_t count, uint64_t len, uint64_t stride, uint32_t *done, uint32_t *counter, uint32_t seq, uint32_t sh
@@ -516,14 +521,140 @@ extern "C" __global__ void __launch_bounds__(256, BOUNCE_BLK_MIN_BLOCKS) bounce_
 // len = 1 << sh (7 <= sh <= 12) or a multiple of 4096 (sh = 12 then).
 extern "C" __global__ void __launch_bounds__(256, BOUNCE_VEC_MIN_BLOCKS) bounce_gather_blocks_vec(BLOCK_PARAMS) {
     BLOCK_JOB;
-    run_blocks_vec<true>(j, sh);
+    run_blocks_vec<true, BlockJob>(j, sh);
     finish(done, counter, seq);
 }
 
 // bounce_scatter_blocks_vec is bounce_scatter_blocks for aligned pieces.
 extern "C" __global__ void __launch_bounds__(256, BOUNCE_VEC_MIN_BLOCKS) bounce_scatter_blocks_vec(BLOCK_PARAMS) {
     BLOCK_JOB;
-    run_blocks_vec<false>(j, sh);
+    run_blocks_vec<false, BlockJob>(j, sh);
+    finish(done, counter, seq);
+}
+
+// ---------------------------------------------------------------------------
+// Shaped block form (transfer.ShapedCopy): the ids are taken in groups of
+// group consecutive ids and every (region, group) unit moves the same
+// segments, packed back to back on the region side. Item k of a chunk is
+// segment k mod nsegs of its unit k / nsegs; unit u of the chunk is group
+// (off0 + u) mod ngroups of pool region (off0 + u) / ngroups (bases
+// indexed from the chunk's first region), its ids at window index
+// w * group, w = the group's index from off0, wrapping. The segment table
+// (Seg, 16 bytes each) lives in device memory, uploaded once per shape.
+// Two paths: the vector and bulk ones for uniform segments (every segment
+// len = 1 << sh bytes, 7 <= sh <= 12, or a multiple of 4096, everything
+// 16-byte aligned: the block kernels' slab loops, an item standing for a
+// piece) and a general one (any lengths and alignment, one warp per item,
+// region offset u * ulen + the segment's roff).
+struct Seg {
+    uint32_t block; // index in the group
+    uint32_t off;   // byte offset in that block
+    uint32_t len;
+    uint32_t roff;  // offset in the unit on the region side
+};
+
+struct ShapedJob {
+    uint8_t* region;
+    const uint64_t* bases;
+    const uint32_t* ids;
+    const Seg* segs;
+    uint64_t ngroups;
+    uint64_t off0;
+    uint64_t count; // items: units * nsegs
+    uint64_t len;   // the vector paths' segment length
+    uint64_t stride;
+    uint64_t ulen;  // unit length (general path)
+    uint32_t group;
+    uint32_t nsegs;
+    // item returns item k's unit (in the chunk) and segment.
+    __device__ __forceinline__ void item(uint64_t k, uint64_t& u, Seg& g) const {
+        if ((k >> 32) == 0) {
+            u = (uint32_t)k / nsegs;
+        } else {
+            u = k / nsegs;
+        }
+        const uint4 v = *reinterpret_cast<const uint4*>(segs + (k - u * nsegs));
+        g.block = v.x;
+        g.off = v.y;
+        g.len = v.z;
+        g.roff = v.w;
+    }
+    // unit_addr returns the pool address of block b of unit u's group.
+    __device__ __forceinline__ uint8_t* unit_addr(uint64_t u, uint32_t b) const {
+        const uint64_t q = off0 + u;
+        uint64_t r;
+        if ((q >> 32) == 0 && (ngroups >> 32) == 0) {
+            r = (uint32_t)q / (uint32_t)ngroups;
+        } else {
+            r = q / ngroups;
+        }
+        const uint64_t x = q - r * ngroups;
+        const uint64_t w = x >= off0 ? x - off0 : x + ngroups - off0;
+        return reinterpret_cast<uint8_t*>(bases[r] + (uint64_t)ids[w * group + b] * stride);
+    }
+    // addr returns the pool address of item k.
+    __device__ __forceinline__ uint8_t* addr(uint64_t k) const {
+        uint64_t u;
+        Seg g;
+        item(k, u, g);
+        return unit_addr(u, g.block) + g.off;
+    }
+};
+
+// General shaped kernel: one warp per item, grid-stride.
+template <bool GATHER>
+__device__ __forceinline__ void run_shaped(const ShapedJob& j) {
+    const unsigned lane = threadIdx.x & 31;
+    const uint64_t warp = ((uint64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    const uint64_t warps = ((uint64_t)gridDim.x * blockDim.x) >> 5;
+    for (uint64_t k = warp; k < j.count; k += warps) {
+        uint64_t u;
+        Seg g;
+        j.item(k, u, g);
+        uint8_t* p = j.unit_addr(u, g.block) + g.off;
+        uint8_t* r = j.region + u * j.ulen + g.roff;
+        const uint8_t* src = GATHER ? p : r;
+        uint8_t* dst = GATHER ? r : p;
+        if (g.len <= 4096 && (((uintptr_t)src | (uintptr_t)dst | g.len) & 15) == 0) {
+            uint4 v[8];
+            load8(v, reinterpret_cast<const uint4*>(src), g.len >> 4, lane);
+            store8(reinterpret_cast<uint4*>(dst), v, g.len >> 4, lane);
+        } else {
+            copy_bytes(dst, src, g.len, lane);
+        }
+    }
+}
+
+#define SHAPED_PARAMS uint8_t *region, const uint64_t *bases, const uint32_t *ids, const Seg *segs, uint64_t ngroups, uint64_t off0, uint64_t count, uint64_t len, uint64_t stride, uint64_t ulen, uint32_t group, uint32_t nsegs, uint32_t *done, uint32_t *counter, uint32_t seq, uint32_t sh
+#define SHAPED_JOB ShapedJob j = {region, bases, ids, segs, ngroups, off0, count, len, stride, ulen, group, nsegs}
+
+// bounce_gather_shaped copies items [0, count) of a shaped chunk into the
+// region (any lengths and alignment). sh and len are unused.
+extern "C" __global__ void __launch_bounds__(256, BOUNCE_BLK_MIN_BLOCKS) bounce_gather_shaped(SHAPED_PARAMS) {
+    SHAPED_JOB;
+    run_shaped<true>(j);
+    finish(done, counter, seq);
+}
+
+// bounce_scatter_shaped copies the region out to a shaped chunk's items.
+extern "C" __global__ void __launch_bounds__(256, BOUNCE_BLK_MIN_BLOCKS) bounce_scatter_shaped(SHAPED_PARAMS) {
+    SHAPED_JOB;
+    run_shaped<false>(j);
+    finish(done, counter, seq);
+}
+
+// bounce_gather_shaped_vec is bounce_gather_blocks_vec over a shaped
+// chunk's uniform items (len = 1 << sh or a multiple of 4096).
+extern "C" __global__ void __launch_bounds__(256, BOUNCE_VEC_MIN_BLOCKS) bounce_gather_shaped_vec(SHAPED_PARAMS) {
+    SHAPED_JOB;
+    run_blocks_vec<true, ShapedJob>(j, sh);
+    finish(done, counter, seq);
+}
+
+// bounce_scatter_shaped_vec is bounce_gather_shaped_vec's inverse.
+extern "C" __global__ void __launch_bounds__(256, BOUNCE_VEC_MIN_BLOCKS) bounce_scatter_shaped_vec(SHAPED_PARAMS) {
+    SHAPED_JOB;
+    run_blocks_vec<false, ShapedJob>(j, sh);
     finish(done, counter, seq);
 }
 
@@ -537,8 +668,8 @@ __device__ __forceinline__ uint32_t smem_addr(const void* p) {
     return (uint32_t)__cvta_generic_to_shared(p);
 }
 
-template <bool GATHER>
-__device__ __forceinline__ void run_blocks_bulk(const BlockJob& j, unsigned sh) {
+template <bool GATHER, typename J>
+__device__ __forceinline__ void run_blocks_bulk(const J& j, unsigned sh) {
     __shared__ alignas(128) uint8_t buf[8][4096];
     __shared__ alignas(8) uint64_t bar[8];
     const unsigned lane = threadIdx.x & 31;
@@ -569,11 +700,11 @@ __device__ __forceinline__ void run_blocks_bulk(const BlockJob& j, unsigned sh) 
             if (lane == 0) {
                 const uint64_t spp = j.len >> 12;
                 const uint64_t k = spp == 1 ? t : t / spp;
-                p = block_addr(j, k) + ((t - k * spp) << 12);
+                p = j.addr(k) + ((t - k * spp) << 12);
                 plen = nbytes;
             }
         } else if (lane < per && (uint64_t)lane * j.len < nbytes) {
-            p = block_addr(j, t * per + lane);
+            p = j.addr(t * per + lane);
             plen = (uint32_t)j.len;
         }
         if (lane == 0) {
@@ -625,8 +756,8 @@ struct SlabIO {
     uint32_t nbytes;
 };
 
-template <bool GATHER>
-__device__ __forceinline__ SlabIO bulk_load(const BlockJob& j, uint64_t t, unsigned sh, unsigned lane, uint64_t total, uint32_t sbuf, uint32_t b) {
+template <bool GATHER, typename J>
+__device__ __forceinline__ SlabIO bulk_load(const J& j, uint64_t t, unsigned sh, unsigned lane, uint64_t total, uint32_t sbuf, uint32_t b) {
     SlabIO io;
     const uint64_t base = t << 12;
     const uint64_t left = total - base;
@@ -639,11 +770,11 @@ __device__ __forceinline__ SlabIO bulk_load(const BlockJob& j, uint64_t t, unsig
         if (lane == 0) {
             const uint64_t spp = j.len >> 12;
             const uint64_t k = spp == 1 ? t : t / spp;
-            io.p = block_addr(j, k) + ((t - k * spp) << 12);
+            io.p = j.addr(k) + ((t - k * spp) << 12);
             io.plen = io.nbytes;
         }
     } else if (lane < (4096u >> sh) && (uint64_t)lane * j.len < io.nbytes) {
-        io.p = block_addr(j, t * (4096u >> sh) + lane);
+        io.p = j.addr(t * (4096u >> sh) + lane);
         io.plen = (uint32_t)j.len;
     }
     if (lane == 0) {
@@ -685,8 +816,8 @@ __device__ __forceinline__ void bulk_wait(uint32_t b, uint32_t phase) {
     }
 }
 
-template <bool GATHER>
-__device__ __forceinline__ void run_blocks_bulk2(const BlockJob& j, unsigned sh) {
+template <bool GATHER, typename J>
+__device__ __forceinline__ void run_blocks_bulk2(const J& j, unsigned sh) {
     __shared__ alignas(128) uint8_t buf[4][2][4096];
     __shared__ alignas(8) uint64_t bar[4][2];
     const unsigned lane = threadIdx.x & 31;
@@ -710,7 +841,7 @@ __device__ __forceinline__ void run_blocks_bulk2(const BlockJob& j, unsigned sh)
     SlabIO io[2];
     unsigned cur = 0;
     uint64_t t = warp;
-    if (t < slabs) io[0] = bulk_load<GATHER>(j, t, sh, lane, total, sb[0], bs[0]);
+    if (t < slabs) io[0] = bulk_load<GATHER, J>(j, t, sh, lane, total, sb[0], bs[0]);
     for (; t < slabs; t += warps) {
         const unsigned nx = cur ^ 1;
         if (t + warps < slabs) {
@@ -718,9 +849,9 @@ __device__ __forceinline__ void run_blocks_bulk2(const BlockJob& j, unsigned sh)
             asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
             __syncwarp();
             if (nx) {
-                io[1] = bulk_load<GATHER>(j, t + warps, sh, lane, total, sb[1], bs[1]);
+                io[1] = bulk_load<GATHER, J>(j, t + warps, sh, lane, total, sb[1], bs[1]);
             } else {
-                io[0] = bulk_load<GATHER>(j, t + warps, sh, lane, total, sb[0], bs[0]);
+                io[0] = bulk_load<GATHER, J>(j, t + warps, sh, lane, total, sb[0], bs[0]);
             }
         }
         if (cur) {
@@ -741,7 +872,7 @@ __device__ __forceinline__ void run_blocks_bulk2(const BlockJob& j, unsigned sh)
 // double-buffered (blocks of 128 threads, one wave).
 extern "C" __global__ void __launch_bounds__(128, 1) bounce_gather_blocks_bulk2(BLOCK_PARAMS) {
     BLOCK_JOB;
-    run_blocks_bulk2<true>(j, sh);
+    run_blocks_bulk2<true, BlockJob>(j, sh);
     finish(done, counter, seq);
 }
 
@@ -749,21 +880,46 @@ extern "C" __global__ void __launch_bounds__(128, 1) bounce_gather_blocks_bulk2(
 // and double-buffered.
 extern "C" __global__ void __launch_bounds__(128, 1) bounce_scatter_blocks_bulk2(BLOCK_PARAMS) {
     BLOCK_JOB;
-    run_blocks_bulk2<false>(j, sh);
+    run_blocks_bulk2<false, BlockJob>(j, sh);
     finish(done, counter, seq);
 }
 
 // bounce_gather_blocks_bulk is bounce_gather_blocks_vec by bulk copies.
 extern "C" __global__ void __launch_bounds__(256, 1) bounce_gather_blocks_bulk(BLOCK_PARAMS) {
     BLOCK_JOB;
-    run_blocks_bulk<true>(j, sh);
+    run_blocks_bulk<true, BlockJob>(j, sh);
     finish(done, counter, seq);
 }
 
 // bounce_scatter_blocks_bulk is bounce_scatter_blocks_vec by bulk copies.
 extern "C" __global__ void __launch_bounds__(256, 1) bounce_scatter_blocks_bulk(BLOCK_PARAMS) {
     BLOCK_JOB;
-    run_blocks_bulk<false>(j, sh);
+    run_blocks_bulk<false, BlockJob>(j, sh);
+    finish(done, counter, seq);
+}
+// bounce_gather_shaped_bulk, bounce_scatter_shaped_bulk(2): the bulk
+// block kernels over a shaped chunk's uniform items.
+extern "C" __global__ void __launch_bounds__(256, 1) bounce_gather_shaped_bulk(SHAPED_PARAMS) {
+    SHAPED_JOB;
+    run_blocks_bulk<true, ShapedJob>(j, sh);
+    finish(done, counter, seq);
+}
+
+extern "C" __global__ void __launch_bounds__(256, 1) bounce_scatter_shaped_bulk(SHAPED_PARAMS) {
+    SHAPED_JOB;
+    run_blocks_bulk<false, ShapedJob>(j, sh);
+    finish(done, counter, seq);
+}
+
+extern "C" __global__ void __launch_bounds__(128, 1) bounce_gather_shaped_bulk2(SHAPED_PARAMS) {
+    SHAPED_JOB;
+    run_blocks_bulk2<true, ShapedJob>(j, sh);
+    finish(done, counter, seq);
+}
+
+extern "C" __global__ void __launch_bounds__(128, 1) bounce_scatter_shaped_bulk2(SHAPED_PARAMS) {
+    SHAPED_JOB;
+    run_blocks_bulk2<false, ShapedJob>(j, sh);
     finish(done, counter, seq);
 }
 #endif

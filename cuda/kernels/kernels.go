@@ -205,6 +205,9 @@ type Module struct {
 	gatherCompact, scatterCompact *cuda.Function
 	blocks                        [blockFamilies][2]*cuda.Function
 	bulk2Wave                     int // BlockBulk2 blocks resident at once
+	// shaped is blocks for the shaped kernels.
+	shaped          [blockFamilies][2]*cuda.Function
+	shapedBulk2Wave int
 }
 
 // Load JIT-compiles ptx in c; nil takes the embedded module for the
@@ -263,6 +266,10 @@ func Load(c *cuda.Context, ptx []byte) (*Module, error) {
 		_ = mod.Unload()
 		return nil, err
 	}
+	if err := m.loadShaped(ptx, sms); err != nil {
+		_ = mod.Unload()
+		return nil, err
+	}
 	return m, nil
 }
 
@@ -271,7 +278,7 @@ func (m *Module) HasWide() bool { return m.gatherWide != nil }
 
 // NewArgs allocates the parameter block of one launch slot (room for the
 // block kernels' parameters, the most any kernel takes).
-func NewArgs(c *cuda.Context) (*cuda.Args, error) { return c.NewArgs(blockParams) }
+func NewArgs(c *cuda.Context) (*cuda.Args, error) { return c.NewArgs(maxParams) }
 
 // Launch queues one gather (or scatter, when !gather) of n pieces at table
 // (a device address: device memory, or the device mapping of pinned host

@@ -18,7 +18,11 @@
 // table, the kernel computing each address from (region base, stride,
 // id); the ids are checked once each, the registry once per pool region
 // touched, and completion is a flag the kernel stores to host-mapped
-// memory (Settings.Completion). Launched counts the launches of each form,
+// memory (Settings.Completion). SubmitShaped is the shaped block form
+// (transfer.ShapedCopy: segments of groups of blocks, a layout
+// conversion), the same kernel path with each segment's address computed
+// on the device from a segment table uploaded once per shape. Launched
+// counts the launches of each form,
 // so a caller can tell which form the layers above used.
 package gpucopy
 
@@ -101,13 +105,14 @@ type Settings struct {
 }
 
 // Launched counts the operations an Engine launched in each form: Runs by
-// Submit (a piece table), Blocks by SubmitBlocks (no piece table).
-type Launched struct{ Runs, Blocks uint64 }
+// Submit (a piece table), Blocks by SubmitBlocks (no piece table), Shaped
+// by SubmitShaped.
+type Launched struct{ Runs, Blocks, Shaped uint64 }
 
 // Launched returns the operations launched so far in each form, so a
 // caller can tell which form a layer above it used.
 func (e *Engine) Launched() Launched {
-	return Launched{Runs: e.launched.runs.Load(), Blocks: e.launched.blocks.Load()}
+	return Launched{Runs: e.launched.runs.Load(), Blocks: e.launched.blocks.Load(), Shaped: e.launched.shaped.Load()}
 }
 
 // Engine runs CUDA copies in one direction. It is safe for concurrent use.
@@ -125,7 +130,9 @@ type Engine struct {
 	// fullTables is Settings.fullTables
 	fullTables bool
 	// launched counts the operations launched in each form (Launched).
-	launched struct{ runs, blocks atomic.Uint64 }
+	launched struct{ runs, blocks, shaped atomic.Uint64 }
+	// segs caches the shaped form's segment tables on the device.
+	segs segTables
 
 	// mu guards the pool (free contexts, closed flag) and live, so a
 	// launch is either seen by Close or refused.
@@ -617,6 +624,7 @@ func (e *Engine) Close() error {
 		e.freeCtx(c)
 	}
 	if len(errs) == 0 {
+		e.freeSegTables()
 		errs = append(errs, e.mod.Unload())
 		if e.onClose != nil {
 			errs = append(errs, e.onClose())
@@ -630,6 +638,7 @@ func (e *Engine) destroy() {
 	for _, c := range e.all {
 		e.freeCtx(c)
 	}
+	e.freeSegTables()
 	_ = e.mod.Unload()
 }
 
