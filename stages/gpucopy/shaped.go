@@ -179,6 +179,14 @@ func planShaped(regionLen uint64, sc transfer.ShapedCopy, alloc func(nr, m uint6
 	if rest := uint64(len(win) - len(seg)); rest > 0 {
 		a, b := copyIDs(win[len(seg):], ids[:rest])
 		mn, mx = min(mn, a), max(mx, b)
+		// A chunk wrapping past a region's last group: ShapedCopy.Check
+		// then holds the whole table to the pool, the ids between the
+		// window's two ends too (the kernel reads none of them).
+		for k, id := range ids[rest : pl.off0*grp] {
+			if uint64(id) >= p.Blocks {
+				return blockPlan{}, fmt.Errorf("block id %d (index %d) is not below the pool's %d blocks: %w", id, rest+uint64(k), p.Blocks, transfer.ErrOutOfBounds)
+			}
+		}
 	}
 	if uint64(mx) >= p.Blocks {
 		for k, id := range win {
