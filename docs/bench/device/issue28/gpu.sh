@@ -10,7 +10,7 @@
 # (BOUNCE_TEST_PTX); else on the embedded one. Each step writes
 # $OUT/<step>.txt under its own timeout; the whole run keeps to LIMIT
 # seconds.
-START=$SECONDS; B=.gpu/layoutgpu; L=$OUT/log.txt; LIMIT=${LIMIT:-400}
+START=$SECONDS; B=.gpu/layoutgpu; L=$OUT/log.txt; LIMIT=${LIMIT:-540}
 { date -u; git log -1 --format=%H 2>/dev/null; nvidia-smi -L; nvcc --version | tail -2; } > $L 2>&1
 step() { local f=$1 tmo=$2; shift 2; local left=$((LIMIT - (SECONDS - START)))
   if [ $left -lt 10 ]; then echo "$f skipped (budget): $*" >> $L; return; fi
@@ -23,18 +23,22 @@ if [ "${COMPILE:-0}" = 1 ]; then
   step nvcc 120 nvcc -ptx -arch=compute_80 -O3 -o $OUT/ptx/copy.ptx cuda/kernels/copy.cu
   step nvcc 120 nvcc -ptx -arch=compute_90 -O3 -o $OUT/ptx/copy_sm90.ptx cuda/kernels/copy.cu
   [ -s $OUT/ptx/copy_sm90.ptx ] || { echo "no PTX" >> $L; exit 1; }
-  export BOUNCE_TEST_PTX=$PWD/$OUT/ptx/copy_sm90.ptx
-  case $OUT in /*) export BOUNCE_TEST_PTX=$OUT/ptx/copy_sm90.ptx;; esac
+  export BOUNCE_TEST_PTX=$OUT/ptx/copy_sm90.ptx
 fi
+PTX90=${BOUNCE_TEST_PTX:-cuda/kernels/copy_sm90.ptx}; PTX80=${PTX90%_sm90.ptx}.ptx
+K=docs/bench/device/issue28/kernel
+# 0. the kernels alone through the driver API (python3 + libcuda, no Go):
+#    byte-exact on random shapes (both modules), then shaped vs whole-block
+step kernel-test 60 python3 $K/t.py $PTX90 1 250
+step kernel-test 60 python3 $K/t.py $PTX80 2 250
+step kernel-bench 90 python3 $K/b.py $PTX90
 # 1. byte-exact: the shaped form (conversion shapes, random shapes), the block form it shares kernels with, the stages' capabilities
 step gpucopy-test 150 $B/stages-gpucopy.test -test.run 'Shaped|Blocks' -test.v -test.timeout 140s
 step kernels-test 60 $B/cuda-kernels.test -test.run 'Block|Compact|Kernel|Without|Encode|Uniform' -test.timeout 55s
 step stages-test 40 $B/stages-gather-cuda.test -test.v -test.timeout 35s
 step stages-test 40 $B/stages-scatter-cuda.test -test.v -test.timeout 35s
 # 2. the compute_80 module on the same device (shaped tests only)
-if [ "${COMPILE:-0}" = 1 ]; then
-  step gpucopy-test-sm80 60 env BOUNCE_TEST_PTX=${BOUNCE_TEST_PTX%_sm90.ptx}.ptx $B/stages-gpucopy.test -test.run 'ShapedConversions|ShapedRandom' -test.timeout 55s
-fi
+step gpucopy-test-sm80 60 env BOUNCE_TEST_PTX=$PTX80 $B/stages-gpucopy.test -test.run 'ShapedConversions|ShapedRandom' -test.timeout 55s
 # 3. shaped against whole-block kernels, same bytes, side by side
 step bench 150 $B/stages-gpucopy.test -test.run '^$' -test.bench 'ShapedVsWhole' -test.benchtime 20x -test.timeout 145s
 echo "done at $((SECONDS - START))s" >> $L
