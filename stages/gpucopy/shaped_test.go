@@ -398,7 +398,7 @@ func TestShapedRefusedBeforeAnyByteMoves(t *testing.T) {
 		{"wrapped id past the pool", mk(pool, bad(1, 1<<30), pair, 30, 4, 0), transfer.ErrOutOfBounds},
 		{"units past the table", mk(pool, ids, pair, 60, 5, 0), transfer.ErrOutOfBounds},
 		{"region bytes past the region", mk(pool, ids, half, 0, 64, region.Len-4096*63), transfer.ErrOutOfBounds},
-		{"pool not registered", mk(notReg, ids[:50], half, 0, 50, 0), transfer.ErrNotRegistered},
+		{"pool not registered", mk(notReg, ids[40:], half, 0, 24, 0), transfer.ErrNotRegistered}, // ids 59 down to 36
 	}
 	for _, cs := range cases {
 		for _, eng := range []*gpucopy.Engine{f.g, f.s} {
