@@ -1,6 +1,7 @@
 package plugins
 
 import (
+	"errors"
 	"testing"
 	"time"
 
@@ -10,8 +11,8 @@ import (
 
 // TestCapsFromOlderPlugin: an Open reply without capabilities (a plugin
 // built before they were carried) declares none beyond what it said —
-// no transfer.Fencer, no route costs, no notification limit — and a
-// reply with them declares exactly those.
+// no transfer.Fencer, no route costs, no notification limit, no stall —
+// and a reply with them declares exactly those.
 func TestCapsFromOlderPlugin(t *testing.T) {
 	c := &Client{name: "old"}
 	old := newRemoteEngine(c, nil, &pb.OpenReply{Name: []byte("e"), Notifier: true}).declared()
@@ -27,6 +28,9 @@ func TestCapsFromOlderPlugin(t *testing.T) {
 	}
 	if post, write, bw := old.(costDeclarer).RouteCosts(); post != 0 || write != 0 || bw != 0 {
 		t.Errorf("undeclared route costs %v %v %v, want zero (invalid: route auto assumes its defaults)", post, write, bw)
+	}
+	if release, err := old.(transfer.WriteStaller).StallWrites(); !errors.Is(err, transfer.ErrUnsupported) || release != nil {
+		t.Errorf("StallWrites of a plugin that declared no transfer.WriteStaller: %v; want ErrUnsupported, no call", err)
 	}
 	caps := &pb.Capabilities{Fencer: true, Fences: false, RouteCosts: true, PostPerDescNs: 1000, PerWriteNs: 2000, Bandwidth: 3e9}
 	e := newRemoteEngine(c, nil, &pb.OpenReply{Name: []byte("e"), Caps: caps}).declared()
