@@ -6,6 +6,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/bouncekv/bounce/certify"
 	"github.com/bouncekv/bounce/conformance"
@@ -25,7 +26,7 @@ func TestConformanceVerdictsMatch(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			dir := t.TempDir()
 			js := filepath.Join(dir, "r.json")
-			args := []string{"conformance", "engine", "--builtin", name, "--json", js}
+			args := append([]string{"conformance", "engine", "--builtin", name, "--json", js}, loadedBounds...)
 			f := node.Builtin()
 			if name == "plugin" {
 				// The example tcp engine plugin, in its own process.
@@ -33,7 +34,7 @@ func TestConformanceVerdictsMatch(t *testing.T) {
 				if out, err := exec.Command("go", "build", "-o", bin, "../../plugins/examples/tcpengine").CombinedOutput(); err != nil {
 					t.Fatalf("build example plugin: %v\n%s", err, out)
 				}
-				args = []string{"conformance", "engine", "--plugin", bin, "--json", js}
+				args = append([]string{"conformance", "engine", "--plugin", bin, "--json", js}, loadedBounds...)
 				f = node.WithPlugins(f, bin)
 			}
 			out, errOut, code := bounce(t, args...)
@@ -54,7 +55,9 @@ func TestConformanceVerdictsMatch(t *testing.T) {
 			if err := json.Unmarshal(b, &cli); err != nil {
 				t.Fatal(err)
 			}
-			cfg := conformance.Config{Seed: 1}
+			// The bounds loadedBounds gives the CLI (certify's TestBuiltins
+			// uses the same).
+			cfg := conformance.Config{Seed: 1, CallTimeout: 10 * time.Second, OpTimeout: 30 * time.Second}
 			cfg.Skip, cfg.SkipReasons = certify.Waivers("engine", name)
 			rep, err := certify.Run(f, "engine", name, certify.Options{}, cfg)
 			if err != nil {
