@@ -1,10 +1,12 @@
 package plugins
 
 import (
+	"context"
 	"errors"
 	"testing"
 	"time"
 
+	"github.com/bouncekv/bounce/engines/tcp"
 	pb "github.com/bouncekv/bounce/plugins/internal/proto"
 	"github.com/bouncekv/bounce/transfer"
 )
@@ -64,5 +66,28 @@ func TestRestartListen(t *testing.T) {
 		if got := restartListen(tc.listen, tc.addr); got != tc.want {
 			t.Errorf("restartListen(%q, %q) = %q, want %q", tc.listen, tc.addr, got, tc.want)
 		}
+	}
+}
+
+// TestLentEngineRefusesStall: the host's engine lent to a writer plugin
+// declares no transfer.WriteStaller, and the plugin's StallWrites is
+// refused: a writer plugin cannot stall the host's writes.
+func TestLentEngineRefusesStall(t *testing.T) {
+	e, err := tcp.New(tcp.Config{Name: "host", Listen: "127.0.0.1:0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	s := lendEngine(e)
+	rep, err := s.Open(context.Background(), &pb.OpenRequest{})
+	if err != nil || rep.GetCaps().GetWriteStaller() {
+		t.Fatalf("lent engine's Open: %v, declares a stall %v; want none", err, rep.GetCaps().GetWriteStaller())
+	}
+	hr, err := s.StallWrites(context.Background(), &pb.Empty{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := fromProtoError(hr.GetError()); !errors.Is(err, transfer.ErrUnsupported) || hr.GetHandle() != 0 {
+		t.Fatalf("StallWrites of the lent engine: handle %d, %v; want refused with ErrUnsupported", hr.GetHandle(), err)
 	}
 }
