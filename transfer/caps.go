@@ -61,10 +61,10 @@ type Listener interface {
 // WriteStaller is the optional, test-only capability of an Engine that can
 // stall its own writes on purpose, for the conformance suite (the rules
 // engine/not-quiescent, engine/post-async and the forget rules): once
-// StallWrites returned, no part of a write that has not gone out yet —
-// posted before or after — moves a byte, and such writes stay pending
-// until release is called (ForgetPeer and Close may still fail them);
-// then they go on. Stalls nest: writes move again once every release was
+// StallWrites returned, writes posted later move no byte, writes in
+// flight move at most the pieces already going out, and they all stay
+// pending until release is called (ForgetPeer and Close may still fail
+// them); then they go on. Stalls nest: writes move again once every release was
 // called. release is idempotent and never blocks for long. An error
 // (wrapping ErrUnsupported where the engine cannot stall: the host side of
 // a plugin whose engine lacks it) stalls nothing. The agent never calls
