@@ -3,6 +3,7 @@ package certify
 import (
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/bouncekv/bounce/conformance"
 	"github.com/bouncekv/bounce/cuda"
@@ -38,7 +39,7 @@ func TestBlockForm(t *testing.T) {
 				}
 			}
 			rules := blockRules(tc.kind)
-			cfg := conformance.Config{Seed: 1, Only: rules}
+			cfg := conformance.Config{Seed: 1, Only: rules, CallTimeout: 10 * time.Second, OpTimeout: 30 * time.Second} // TestBuiltins' generous bounds
 			for id, why := range tc.known {
 				cfg.Skip = append(cfg.Skip, id)
 				if cfg.SkipReasons == nil {

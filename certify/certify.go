@@ -341,8 +341,9 @@ func (o Options) stageSettings(name string, c config.StageConfig) node.Settings 
 // EngineFactory returns fresh engine pairs "a" and "b" from ef; KillB
 // closes b abruptly. The pair names what the suite cannot find out by
 // itself: the engine's internal fragment size and largest notification
-// (tcp, ucx) and, for loopback, cudacopy and tcp, a way to stall a's
-// writes on purpose.
+// (tcp, ucx) and, for loopback and cudacopy, a way to stall a's writes on
+// purpose (tcp and plugin engines that implement transfer.WriteStaller
+// are stalled through it by the suite).
 func EngineFactory(ef node.EngineFactory, o Options) conformance.EngineFactory {
 	o.fill()
 	memory, merr := o.memory()
@@ -375,17 +376,10 @@ func EngineFactory(ef node.EngineFactory, o Options) conformance.EngineFactory {
 				}
 				return cf.Fabric.NewEngine(c)
 			}
-		} else if _, ok := ef.(node.TCPFactory); ok {
-			// tcp runs a's hook before each part goes out.
-			valve = &conformance.Valve{}
-			create = func(name string) (transfer.Engine, error) {
-				s := o.settings(name)
-				if name == "a" {
-					s.HoldWrites = valve.Wait
-				}
-				return ef.CreateEngine(s, o.Engine)
-			}
 		} else {
+			// Others stall a's writes themselves when they can: the suite
+			// uses their transfer.WriteStaller (tcp's, and a plugin
+			// engine's that declares one, through the plugin protocol).
 			create = func(name string) (transfer.Engine, error) { return ef.CreateEngine(o.settings(name), o.Engine) }
 		}
 		a, err := create("a")

@@ -190,11 +190,11 @@ func TestUnknownMemory(t *testing.T) {
 	}
 }
 
-// TestTCPStalls: the tcp fixture stalls a's writes on purpose
-// (EnginePair.StallWrites through tcp.Config.Hold), so engine/not-quiescent
-// runs for tcp instead of being skipped, and passes.
+// TestTCPStalls: the suite stalls the tcp engine's writes on purpose
+// through its transfer.WriteStaller, so engine/not-quiescent runs for tcp
+// instead of being skipped, and passes.
 func TestTCPStalls(t *testing.T) {
-	cfg := conformance.Config{Seed: 1, Sizes: []uint64{4097, 1 << 20}, Only: []string{"engine/not-quiescent", "engine/post-async", "engine/source-forget"}}
+	cfg := stallCfg()
 	rep, err := Run(node.Builtin(), "engine", "tcp", Options{}, cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -204,7 +204,7 @@ func TestTCPStalls(t *testing.T) {
 			t.Errorf("%s: %s %q; want pass", id, r.Outcome, r.Message)
 		}
 	}
-	if r, _ := rep.Result("engine/source-forget"); strings.Contains(r.Message, "no EnginePair.StallWrites") {
+	if r, _ := rep.Result("engine/source-forget"); strings.Contains(r.Message, "no stall") {
 		t.Errorf("engine/source-forget ran without a stall: %q", r.Message)
 	}
 }

@@ -260,7 +260,11 @@ func TestUnbrokenWrappersCertify(t *testing.T) {
 	for name, f := range map[string]conformance.EngineFactory{"loopback": newPair, "tcp": broken.TCPEngines(0)} {
 		t.Run(name, func(t *testing.T) {
 			cfg := brokenCfg()
-			cfg.OpTimeout = 10 * time.Second // tcp's forget waits for the peer to close (tcp.Config.FenceTimeout)
+			// Generous bounds: nothing here is broken, so no rule waits
+			// them out, and on a loaded machine under -race tcp's forget
+			// (which waits for the peer to close, tcp.Config.FenceTimeout)
+			// and a Notify that does not block can overrun the defaults.
+			cfg.OpTimeout, cfg.CallTimeout = 30*time.Second, 10*time.Second
 			rep := conformance.CheckEngine(f, cfg)
 			for _, r := range rep.Failures() {
 				t.Errorf("%s: %s", r.Rule, r.Message)

@@ -2,6 +2,7 @@ package conformance_test
 
 import (
 	"testing"
+	"time"
 
 	"github.com/bouncekv/bounce/certify"
 	"github.com/bouncekv/bounce/conformance"
@@ -50,9 +51,13 @@ func loopbackWriter() (conformance.WriterFixture, error) {
 	return certify.WriterFactory(builtin().Engines["loopback"], certify.Options{})()
 }
 
-// certConfig is the configuration of the certification runs: every
-// default, with a fixed seed.
-func certConfig() conformance.Config { return conformance.Config{Seed: 1} }
+// certConfig is the configuration of the certification runs: a fixed
+// seed, and bounds generous enough for a loaded machine under -race (a
+// passing rule waits out neither; a call that blocks or an op that never
+// completes still fails them).
+func certConfig() conformance.Config {
+	return conformance.Config{Seed: 1, CallTimeout: 10 * time.Second, OpTimeout: 30 * time.Second}
+}
 
 func TestLoopbackEngine(t *testing.T) { conformance.Engine(t, loopbackPair, certConfig()) }
 

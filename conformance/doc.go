@@ -37,10 +37,12 @@
 // see blocks.go for what each checks.
 //
 // Optional capabilities (transfer.Notifier, transfer.Fencer,
-// transfer.WriteGuarded, transfer.Connector, multi-op posts, a way to kill a peer or to stall
-// the writer's data path on purpose,
-// ErrBusy backpressure, catching an op while it is pending) are probed and
-// their rules skipped with the reason, never failed, when absent; a rule an
+// transfer.WriteGuarded, transfer.Connector, multi-op posts, a way to kill
+// a peer or to stall the writer's data path on purpose — the fixture's
+// EnginePair.StallWrites, or else the engine's transfer.WriteStaller, a
+// test-only capability no engine needs —, ErrBusy backpressure, catching
+// an op while it is pending) are probed and their rules skipped with the
+// reason, never failed, when absent; a rule an
 // implementation documents it cannot keep is listed in Config.Skip with its
 // Config.SkipReasons entry. An engine that is never seen pending is
 // reported by engine/post-async, not skipped. Whatever Config.Sizes says,

@@ -35,9 +35,12 @@ type EnginePair struct {
 	// is called: writes A posts or has in flight move no byte and stay
 	// pending meanwhile, except that ForgetPeer and Close may still fail
 	// them. A fixture over an engine with a hook before it moves bytes
-	// implements it with a Valve. Nil skips engine/not-quiescent, and
+	// implements it with a Valve. When nil, the suite uses A's
+	// transfer.WriteStaller if A has one that stalls (tried once per
+	// pair: a plugin engine's host side refuses when the plugin's engine
+	// lacks it). Without either, engine/not-quiescent is skipped, and
 	// engine/post-async, engine/source-forget and engine/target-forget
-	// then rely on large writes being in flight (their results say so).
+	// rely on large writes being in flight (their results say so).
 	StallWrites func() (release func())
 	// FragmentSize is the largest piece the engine moves as one unit
 	// inside (a frame, a put); the data rules then always include a write
@@ -71,6 +74,8 @@ type enginePeer struct {
 	// peerB is the name A knows B by, peerA the name B knows A by.
 	peerB, peerA string
 	rig          *writeRig
+	// noStall says why A's writes cannot be stalled (StallWrites nil).
+	noStall string
 }
 
 func engineSuite(newPair EngineFactory) suite[*enginePeer] {
@@ -95,8 +100,12 @@ func engineSuite(newPair EngineFactory) suite[*enginePeer] {
 			if p.A == nil || p.B == nil {
 				return opened[*enginePeer]{cleanup: cleanup}, errors.New("EnginePair.A or B is nil")
 			}
+			var noStall string
+			if p.StallWrites == nil {
+				p.StallWrites, noStall = stallerOf(p.A)
+			}
 			o := opened[*enginePeer]{
-				f:        &enginePeer{EnginePair: p},
+				f:        &enginePeer{EnginePair: p, noStall: noStall},
 				cleanup:  cleanup,
 				alloc:    p.Alloc,
 				memory:   p.Memory,
@@ -114,6 +123,30 @@ func engineSuite(newPair EngineFactory) suite[*enginePeer] {
 			return o, nil
 		},
 	}
+}
+
+// stallerOf returns a StallWrites over e's transfer.WriteStaller, tried
+// once (stalled and released at once), or nil and why there is none.
+func stallerOf(e transfer.Engine) (stall func() (release func()), why string) {
+	const none = "EnginePair.StallWrites is nil"
+	s, ok := e.(transfer.WriteStaller)
+	if !ok {
+		return nil, none + " and A is no transfer.WriteStaller"
+	}
+	release, err := s.StallWrites()
+	if err != nil {
+		return nil, fmt.Sprintf("%s and A's transfer.WriteStaller refused: %v", none, err)
+	}
+	release()
+	return func() func() {
+		release, err := s.StallWrites()
+		if err != nil {
+			// Stalled once, refused now: the rule sees its write
+			// complete unheld and says the stall did not hold.
+			return func() {}
+		}
+		return release
+	}, ""
 }
 
 // connect loads each engine's metadata into the other and builds the rig.
@@ -195,10 +228,10 @@ func engineRules() []rule[*enginePeer] {
 		rule[*enginePeer]{"engine/reload-peer", "memory the peer registers after it was loaded is writable once its metadata is loaded again, under the same peer name", connected(ruleReloadPeer)},
 		rule[*enginePeer]{"engine/deregister-in-flight", "A.DeregisterMemory of a source an in-flight write reads returns transfer.ErrInUse, or nil once the write let go of it, and the write completes byte-exact; B.DeregisterMemory of its destination returns ErrInUse (the write completes byte-exact) or nil, after which nothing lands there", connected(ruleDeregisterInFlight)},
 		rule[*enginePeer]{"engine/forget-peer", "ForgetPeer makes in-flight writes terminal within OpTimeout (Failed ones wrap transfer.ErrPeerLost and are quiescent), later posts fail with transfer.ErrUnknownPeer, and loading the peer again works", connected(ruleForgetPeer)},
-		rule[*enginePeer]{"engine/source-forget", "once A.ForgetPeer(B) made a write fail with transfer.ErrPeerLost, none of its bytes land later; every in-flight write is watched at once, from its first terminal Poll (A's writes are stalled first when EnginePair.StallWrites is set)", connected(ruleSourceForget)},
+		rule[*enginePeer]{"engine/source-forget", "once A.ForgetPeer(B) made a write fail with transfer.ErrPeerLost, none of its bytes land later; every in-flight write is watched at once, from its first terminal Poll (A's writes are stalled first when EnginePair.StallWrites or A's transfer.WriteStaller can)", connected(ruleSourceForget)},
 		rule[*enginePeer]{"engine/target-forget", "once B.ForgetPeer(A) returns, no byte of any write A posted — in flight, posted at once or a while later — changes B's memory (every destination snapshotted the moment it returns, then compared), and later posts never report Done; an engine claiming transfer.Fencer is checked over three rounds (cold and warm), must admit A again after B loads it, and the cut-off writes stay absent after that reload and a new write (skipped when B declares FencesForgottenPeers false)", connected(ruleTargetForget)},
-		rule[*enginePeer]{"engine/not-quiescent", "a write stalled on purpose (EnginePair.StallWrites) and given up — by the engine or by A.ForgetPeer — is terminal within OpTimeout and either fails wrapping transfer.ErrNotQuiescent or lands nothing once the stall ends, watched for Config.QuietWatch (skipped without StallWrites)", connected(ruleNotQuiescent)},
-		rule[*enginePeer]{"engine/post-async", "PostWrite returns within CallTimeout without waiting for the bytes: stalled writes (EnginePair.StallWrites) are posted, several in flight at once, and each is pending; without StallWrites, some large write must be pending at its first Poll, and one that never is is reported as a failure", connected(rulePostAsync)},
+		rule[*enginePeer]{"engine/not-quiescent", "a write stalled on purpose (EnginePair.StallWrites, or A's test-only transfer.WriteStaller) and given up — by the engine or by A.ForgetPeer — is terminal within OpTimeout and either fails wrapping transfer.ErrNotQuiescent or lands nothing once the stall ends, watched for Config.QuietWatch (skipped without a stall)", connected(ruleNotQuiescent)},
+		rule[*enginePeer]{"engine/post-async", "PostWrite returns within CallTimeout without waiting for the bytes: stalled writes (EnginePair.StallWrites or transfer.WriteStaller) are posted, several in flight at once, and each is pending; without a stall, some large write must be pending at its first Poll, and one that never is is reported as a failure", connected(rulePostAsync)},
 		rule[*enginePeer]{"engine/peer-loss", "when B dies (EnginePair.KillB) every in-flight write is terminal within OpTimeout, Failed ones wrap transfer.ErrPeerLost, and no later write reports Done (skipped without KillB)", connected(rulePeerLoss)},
 		rule[*enginePeer]{"engine/write-guard", "B asks the transfer.WriteGuard installed with SetWriteGuard, with A's name and a range inside the destination, before A's write lands: a write into the range the guard admits for A lands byte-exact; one the guard forbids, one that starts inside a grant and ends outside it, one into a grant since revoked and a post mixing an admitted and a forbidden destination fail wrapping transfer.ErrForbidden and change no byte (skipped without transfer.WriteGuarded)", connected(ruleWriteGuard)},
 		rule[*enginePeer]{"engine/terminal-after-forget", "writes that were Done stay Done, without an error, when polled again after B.ForgetPeer(A), after A.ForgetPeer(B), after another op was released and after time has passed", connected(ruleTerminalAfterForget)},

@@ -199,9 +199,9 @@ func ruleSourceForget(c *rc, e *enginePeer) error {
 	}
 	if lost == 0 {
 		if stalled {
-			return fmt.Errorf("all %d writes stalled by EnginePair.StallWrites reported done after A.ForgetPeer: a forgotten peer's writes in flight must fail with ErrPeerLost", len(ops))
+			return fmt.Errorf("all %d writes stalled (EnginePair.StallWrites or transfer.WriteStaller) reported done after A.ForgetPeer: a forgotten peer's writes in flight must fail with ErrPeerLost", len(ops))
 		}
-		c.note("all %d writes were done before ForgetPeer (no EnginePair.StallWrites): writes failed by it not observed", len(ops))
+		c.note("all %d writes were done before ForgetPeer (no stall: %s): writes failed by it not observed", len(ops), e.noStall)
 	}
 	return nil
 }
@@ -371,7 +371,7 @@ func (e *enginePeer) reloadA(c *rc) error {
 
 func ruleNotQuiescent(c *rc, e *enginePeer) error {
 	if e.StallWrites == nil {
-		return c.skipf("EnginePair.StallWrites is nil: the suite cannot stall a write on purpose")
+		return c.skipf("%s: the suite cannot stall a write on purpose (no stall)", e.noStall)
 	}
 	j, err := e.rig.job(c, c.cfg.maxSize(), 0)
 	if err != nil {
@@ -423,7 +423,7 @@ func ruleNotQuiescent(c *rc, e *enginePeer) error {
 		if m := j.mismatch(); m != "" {
 			return fmt.Errorf("%s, stalled, reported done after it was given up by %s, but %s", j.what, how, m)
 		}
-		c.note("%s reported done although A's writes were stalled: the fixture's StallWrites did not hold it", j.what)
+		c.note("%s reported done although A's writes were stalled: the stall (EnginePair.StallWrites or transfer.WriteStaller) did not hold it", j.what)
 		return nil
 	}
 	// Watched long: a give-up that claims quiescence must have waited for
@@ -469,10 +469,11 @@ func rulePostAsync(c *rc, e *enginePeer) error {
 			return fmt.Errorf("%s: Poll reported %v; want done", j.what, o)
 		}
 		if st == transfer.Pending {
+			c.note("fell back to timing (no stall: %s): a %s was pending at its first Poll; several writes in flight at once not checked", e.noStall, j.what)
 			return nil
 		}
 	}
-	return fmt.Errorf("no %s was pending at its first Poll in %d attempts: PostWrite seems to finish the write before it returns, and it must be asynchronous (a fixture with EnginePair.StallWrites is checked directly)", j.what, asyncAttempts)
+	return fmt.Errorf("no %s was pending at its first Poll in %d attempts: PostWrite seems to finish the write before it returns, and it must be asynchronous (an engine whose writes can be stalled — EnginePair.StallWrites, transfer.WriteStaller — is checked directly)", j.what, asyncAttempts)
 }
 
 // postStalled posts j while A's writes are stalled: the call must return

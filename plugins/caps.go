@@ -21,7 +21,7 @@ type (
 type caps struct {
 	notifier, fencer, fences bool
 	guarded, peerLoss        bool
-	connector                bool
+	connector, staller       bool
 	maxNotify                int
 	postPerDesc, perWrite    time.Duration
 	bandwidth                float64
@@ -55,6 +55,7 @@ func describe(e transfer.Engine) *pb.OpenReply {
 	_, pc.WriteGuarded = e.(transfer.WriteGuarded)
 	_, pc.PeerLoss = e.(transfer.PeerLossReporter)
 	_, pc.Connector = e.(transfer.Connector)
+	_, pc.WriteStaller = e.(transfer.WriteStaller)
 	if l, ok := e.(transfer.Listener); ok {
 		pc.ListenAddr = l.Addr()
 	}
@@ -65,7 +66,8 @@ func describe(e transfer.Engine) *pb.OpenReply {
 func capsFrom(rep *pb.OpenReply) caps {
 	pc := rep.GetCaps()
 	c := caps{notifier: rep.GetNotifier(), fencer: pc.GetFencer(), fences: pc.GetFences(), maxNotify: int(max(pc.GetMaxNotifySize(), 0)),
-		guarded: pc.GetWriteGuarded(), peerLoss: pc.GetPeerLoss(), connector: pc.GetConnector(), listenAddr: pc.GetListenAddr()}
+		guarded: pc.GetWriteGuarded(), peerLoss: pc.GetPeerLoss(), connector: pc.GetConnector(), staller: pc.GetWriteStaller(),
+		listenAddr: pc.GetListenAddr()}
 	if pc.GetRouteCosts() {
 		c.postPerDesc, c.perWrite, c.bandwidth = time.Duration(pc.GetPostPerDescNs()), time.Duration(pc.GetPerWriteNs()), pc.GetBandwidth()
 	}
@@ -76,10 +78,11 @@ func capsFrom(rep *pb.OpenReply) caps {
 // supervisedEngine) has: the engine, its declared capabilities, and the
 // optional capabilities' methods under unexported names. declare exposes
 // the exported ones for exactly the capabilities the plugin declared.
-// RouteCosts, Connect and WakeRecvNotification are always there: each is
-// neutral when the plugin's engine lacks it (no costs; no early dial; the
-// host's own wait ends). transfer.Listener is not declared on the host:
-// its address serves the restart (supervisedEngine).
+// RouteCosts, Connect, WakeRecvNotification and StallWrites are always
+// there: each is neutral when the plugin's engine lacks it (no costs; no
+// early dial; the host's own wait ends; a stall refused with
+// ErrUnsupported). transfer.Listener is not declared on the host: its
+// address serves the restart (supervisedEngine).
 type hostEngine interface {
 	transfer.Engine
 	transfer.ContextPoster
@@ -91,6 +94,10 @@ type hostEngine interface {
 	// WakeRecvNotification ends the host's wait in RecvNotification, for
 	// any plugin (it cancels the call).
 	transfer.NotificationWaker
+	// StallWrites stalls the plugin's engine's writes when it declared
+	// transfer.WriteStaller (a test-only capability) and fails wrapping
+	// ErrUnsupported otherwise.
+	transfer.WriteStaller
 	Supervised
 	capabilities() caps
 	notify(peer string, payload []byte) error

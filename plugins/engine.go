@@ -248,6 +248,33 @@ func (e *remoteEngine) Connect(peer string) {
 	}()
 }
 
+// StallWrites stalls the plugin's engine's writes (transfer.WriteStaller,
+// a test-only capability) when it declared the capability, and fails
+// wrapping ErrUnsupported otherwise. release ends the stall in the plugin,
+// within CallTimeout; a plugin gone or closed has ended it already.
+func (e *remoteEngine) StallWrites() (release func(), err error) {
+	if !e.caps.staller {
+		return nil, fmt.Errorf("plugin %s: stall writes: the engine declares no transfer.WriteStaller: %w", e.c.name, transfer.ErrUnsupported)
+	}
+	var rep *pb.HandleReply
+	err = e.call("stall writes", func(cx context.Context) (_ interface{ GetError() *pb.Error }, err error) {
+		rep, err = e.rpc.StallWrites(cx, &pb.Empty{})
+		return rep, err
+	})
+	if err != nil {
+		return nil, err
+	}
+	id := rep.GetHandle()
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			_ = e.call(fmt.Sprintf("release stall %d", id), func(cx context.Context) (interface{ GetError() *pb.Error }, error) {
+				return e.rpc.ReleaseWrites(cx, &pb.HandleRequest{Handle: id})
+			})
+		})
+	}, nil
+}
+
 // setWriteGuard installs g in the plugin's engine over the callback
 // stream (see callbacks.go).
 func (e *remoteEngine) setWriteGuard(g transfer.WriteGuard) { e.cb.setGuard(g) }
@@ -347,6 +374,10 @@ type engineServer struct {
 	closed bool
 	shares map[transfer.Desc][]*pb.Share
 	ops    opTable
+	// stalls are the engine's stalls the host holds
+	// (transfer.WriteStaller), by the handle StallWrites returned.
+	stalls    map[uint64]func()
+	lastStall uint64
 }
 
 func (s *engineServer) engine() (transfer.Engine, error) {
@@ -376,7 +407,7 @@ func (s *engineServer) Open(_ context.Context, r *pb.OpenRequest) (*pb.OpenReply
 	defer s.mu.Unlock()
 	if s.lent { // describe the lent engine; its callbacks stay the host's
 		rep := describe(s.eng)
-		rep.Caps.WriteGuarded, rep.Caps.PeerLoss = false, false
+		rep.Caps.WriteGuarded, rep.Caps.PeerLoss, rep.Caps.WriteStaller = false, false, false
 		return rep, nil
 	}
 	if s.eng != nil || s.closed {
@@ -531,6 +562,51 @@ func (s *engineServer) Connect(_ context.Context, r *pb.PeerRequest) (*pb.Reply,
 	return &pb.Reply{}, nil
 }
 
+// StallWrites stalls the engine's writes (transfer.WriteStaller) and
+// answers the stall's handle for ReleaseWrites.
+func (s *engineServer) StallWrites(context.Context, *pb.Empty) (*pb.HandleReply, error) {
+	if err := s.owned("StallWrites"); err != nil {
+		return &pb.HandleReply{Error: toProtoError(err)}, nil
+	}
+	e, err := s.engine()
+	if err != nil {
+		return &pb.HandleReply{Error: toProtoError(err)}, nil
+	}
+	st, ok := e.(transfer.WriteStaller)
+	if !ok {
+		return &pb.HandleReply{Error: toProtoError(fmt.Errorf("plugin: engine is no transfer.WriteStaller: %w", transfer.ErrUnsupported))}, nil
+	}
+	release, err := st.StallWrites()
+	if err != nil {
+		return &pb.HandleReply{Error: toProtoError(err)}, nil
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		release()
+		return &pb.HandleReply{Error: toProtoError(fmt.Errorf("plugin: engine closed: %w", transfer.ErrClosed))}, nil
+	}
+	if s.stalls == nil {
+		s.stalls = map[uint64]func(){}
+	}
+	s.lastStall++
+	s.stalls[s.lastStall] = release
+	return &pb.HandleReply{Handle: s.lastStall}, nil
+}
+
+// ReleaseWrites ends the stall StallWrites named; one already ended (or
+// never made) is no error, so a release is idempotent.
+func (s *engineServer) ReleaseWrites(_ context.Context, r *pb.HandleRequest) (*pb.Reply, error) {
+	s.mu.Lock()
+	release := s.stalls[r.GetHandle()]
+	delete(s.stalls, r.GetHandle())
+	s.mu.Unlock()
+	if release != nil {
+		release()
+	}
+	return &pb.Reply{}, nil
+}
+
 func (s *engineServer) Close(context.Context, *pb.Empty) (*pb.Reply, error) {
 	if err := s.owned("Close"); err != nil {
 		return reply(err), nil
@@ -540,7 +616,12 @@ func (s *engineServer) Close(context.Context, *pb.Empty) (*pb.Reply, error) {
 	s.closed = true
 	shares := s.shares
 	s.shares = nil
+	stalls := s.stalls
+	s.stalls = nil
 	s.mu.Unlock()
+	for _, release := range stalls {
+		release() // the host's stalls end with the engine
+	}
 	if e == nil || closed {
 		return &pb.Reply{}, nil
 	}

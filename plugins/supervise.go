@@ -612,6 +612,21 @@ func (e *supervisedEngine) WakeRecvNotification() {
 	}
 }
 
+// StallWrites stalls the current process's writes (transfer.WriteStaller,
+// test-only); while it is down it fails. A stall ends with the process
+// that holds it: a restarted process is not stalled.
+func (e *supervisedEngine) StallWrites() (release func(), err error) {
+	cur, err := e.sv.get()
+	if err != nil {
+		return nil, fmt.Errorf("stall writes: %w", err)
+	}
+	st, ok := cur.(transfer.WriteStaller)
+	if !ok {
+		return nil, fmt.Errorf("plugin %s: stall writes: %w", e.sv.spec.Name, transfer.ErrUnsupported)
+	}
+	return st.StallWrites()
+}
+
 // Current returns the Client of the running process, nil while down.
 func (e *supervisedEngine) Current() *Client { return e.sv.Current() }
 

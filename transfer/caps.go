@@ -6,7 +6,7 @@ import "time"
 // implementation has one when its value has the method, and the agent finds
 // it with a type assertion. (Notifier, Fencer, ContextPoster,
 // ContextWriter, PeerLossReporter, Connector, WriteGuarded, MemoryKinder
-// and StagedKinder are the others.) A wrapper that embeds the interface
+// and StagedKinder are the others; WriteStaller is for tests only.) A wrapper that embeds the interface
 // Engine hides them: embed the concrete type, or forward the methods.
 
 // NotifyLimiter is the optional capability of a Notifier whose
@@ -56,4 +56,20 @@ type MessageLimiter interface {
 // the new process.
 type Listener interface {
 	Addr() string
+}
+
+// WriteStaller is the optional, test-only capability of an Engine that can
+// stall its own writes on purpose, for the conformance suite (the rules
+// engine/not-quiescent, engine/post-async and the forget rules): once
+// StallWrites returned, writes posted later move no byte, writes in
+// flight move at most the pieces already going out, and they all stay
+// pending until release is called (ForgetPeer and Close may still fail
+// them); then they go on. Stalls nest: writes move again once every release was
+// called. release is idempotent and never blocks for long. An error
+// (wrapping ErrUnsupported where the engine cannot stall: the host side of
+// a plugin whose engine lacks it) stalls nothing. The agent never calls
+// it, and an engine need not implement it: without it the rules that need
+// a stall skip, or fall back to timing, and say so.
+type WriteStaller interface {
+	StallWrites() (release func(), err error)
 }

@@ -25,7 +25,7 @@ func newConformanceCmd() *cobra.Command {
 		builtin, plugin, carrier, junit, jsonOut, sizes string
 		only, skip                                      []string
 		seed                                            int64
-		opTimeout                                       time.Duration
+		opTimeout, callTimeout                          time.Duration
 		list, noWaivers                                 bool
 		memory                                          string
 		device                                          int
@@ -77,7 +77,7 @@ CI systems.`,
 				return nil
 			}
 			kind := args[0]
-			cfg := conformance.Config{Seed: seed, OpTimeout: opTimeout, Only: only, Skip: skip}
+			cfg := conformance.Config{Seed: seed, OpTimeout: opTimeout, CallTimeout: callTimeout, Only: only, Skip: skip}
 			if sizes != "" {
 				for _, s := range strings.Split(sizes, ",") {
 					n, err := parseSize(s)
@@ -173,6 +173,7 @@ CI systems.`,
 	fl.StringSliceVar(&skip, "skip", nil, "skip these rule IDs")
 	fl.Int64Var(&seed, "seed", 1, "seed for patterns and random plans")
 	fl.DurationVar(&opTimeout, "op-timeout", 0, "bound on every wait for an operation (default 10s)")
+	fl.DurationVar(&callTimeout, "call-timeout", 0, "bound on a call that must not block: Poll, Notify, a PostWrite of a stalled write (default 1s; raise it on a loaded machine or through a slow hop)")
 	fl.StringVar(&sizes, "sizes", "", "transfer sizes, e.g. 1,4KiB,8MiB (default 1,7,4096,4097,64KiB,1MiB,8MiB; a write above 1 MiB and above the engine's fragment size is always added)")
 	fl.BoolVar(&list, "list", false, "list every rule and exit")
 	fl.StringVar(&memory, "memory", "auto", "memory the data rules run on: host, cuda (managed device memory) or auto (cuda for an implementation that declares CUDA memory); without a usable GPU cuda rules are skipped with the reason")

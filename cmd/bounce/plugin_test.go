@@ -11,6 +11,14 @@ import (
 	"testing"
 )
 
+// loadedBounds are the suite's bounds for runs through plugin processes
+// on a loaded machine: the defaults (a call that must not block within 1 s,
+// an op within 10 s) were overrun there by calls that do not block (a
+// 1 MiB Notify through the gRPC hop took 2.5 s under -race at load 13). A
+// call that blocks or an op that never completes stays so until released,
+// so these still catch them, and no rule waits them out when it passes.
+var loadedBounds = []string{"--call-timeout", "10s", "--op-timeout", "30s"}
+
 // TestPluginConformanceCLI certifies the example plugin through the CLI:
 // bounce conformance engine --plugin PATH starts one plugin process per
 // engine and runs every engine rule through the gRPC hop.
@@ -20,7 +28,7 @@ func TestPluginConformanceCLI(t *testing.T) {
 	if err != nil {
 		t.Fatalf("build example plugin: %v\n%s", err, out)
 	}
-	stdout, stderr, code := bounce(t, "conformance", "engine", "--plugin", bin, "--sizes", "1,4097,1MiB")
+	stdout, stderr, code := bounce(t, append([]string{"conformance", "engine", "--plugin", bin, "--sizes", "1,4097,1MiB"}, loadedBounds...)...)
 	if code != 0 || !strings.Contains(stdout, "engine/tcpengine: certified") {
 		t.Fatalf("exit %d (want the subject named after the binary)\nstdout:\n%s\nstderr:\n%s", code, stdout, stderr)
 	}
@@ -50,14 +58,14 @@ func TestWriterPluginConformanceCLI(t *testing.T) {
 			t.Fatalf("build %s: %v\n%s", pkg, err, out)
 		}
 	}
-	stdout, stderr, code := bounce(t, "conformance", "writer", "--plugin", writer, "--sizes", "1,4097")
+	stdout, stderr, code := bounce(t, append([]string{"conformance", "writer", "--plugin", writer, "--sizes", "1,4097"}, loadedBounds...)...)
 	if code != 0 || !strings.Contains(stdout, "writer/testplugin: certified") || strings.Contains(stdout, "serves no writer") || !strings.Contains(stdout, "writer/byte-exact") {
 		t.Fatalf("writer plugin: exit %d\nstdout:\n%s\nstderr:\n%s", code, stdout, stderr)
 	}
 	if strings.Contains(stdout, "capability absent") {
 		t.Fatalf("the writer plugin lacks a capability (transfer.ContextWriter?):\n%s", stdout)
 	}
-	stdout, stderr, code = bounce(t, "conformance", "writer", "--plugin", engine, "--sizes", "1,4097")
+	stdout, stderr, code = bounce(t, append([]string{"conformance", "writer", "--plugin", engine, "--sizes", "1,4097"}, loadedBounds...)...)
 	if code != 0 || !strings.Contains(stdout, "serves no writer: certifying the bulk write over its engine") || !strings.Contains(stdout, "writer/tcpengine: certified") {
 		t.Fatalf("engine plugin as writer: exit %d\nstdout:\n%s\nstderr:\n%s", code, stdout, stderr)
 	}
@@ -72,7 +80,7 @@ func TestPluginConformanceCLIOptions(t *testing.T) {
 	if out, err := exec.Command("go", "build", "-o", bin, "../../plugins/internal/testplugin").CombinedOutput(); err != nil {
 		t.Fatalf("build test plugin: %v\n%s", err, out)
 	}
-	stdout, stderr, code := bounce(t, "conformance", "engine", "--plugin", bin, "--sizes", "1,4097", "--engine.options", "hide_notify=true")
+	stdout, stderr, code := bounce(t, append([]string{"conformance", "engine", "--plugin", bin, "--sizes", "1,4097", "--engine.options", "hide_notify=true"}, loadedBounds...)...)
 	if code != 0 || !strings.Contains(stdout, "optional capability absent: transfer.Notifier") || !strings.Contains(stdout, "engine/notify-order") {
 		t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", code, stdout, stderr)
 	}
@@ -167,7 +175,7 @@ func TestOutsideEnginePlugin(t *testing.T) {
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("build the example module's engine: %v\n%s", err, out)
 	}
-	stdout, stderr, code := bounce(t, "conformance", "engine", "--plugin", bin, "--sizes", "1,4097,1MiB")
+	stdout, stderr, code := bounce(t, append([]string{"conformance", "engine", "--plugin", bin, "--sizes", "1,4097,1MiB"}, loadedBounds...)...)
 	if code != 0 || !strings.Contains(stdout, "engine/sockengine: certified") || !strings.Contains(stdout, "optional capability absent: transfer.Notifier — 7 rule(s) skipped") {
 		t.Fatalf("conformance: exit %d\nstdout:\n%s\nstderr:\n%s", code, stdout, stderr)
 	}
@@ -213,7 +221,7 @@ func TestPluginConformanceCLIConfigNamesAnother(t *testing.T) {
 		}
 		return p
 	}
-	run := []string{"conformance", "engine", "--plugin", bin, "--only", "engine/byte-exact,engine/unknown-peer", "--sizes", "1,4097"}
+	run := append([]string{"conformance", "engine", "--plugin", bin, "--only", "engine/byte-exact,engine/unknown-peer", "--sizes", "1,4097"}, loadedBounds...)
 	for _, tc := range []struct {
 		name, block string
 		code        int
@@ -243,7 +251,7 @@ func TestPluginConformanceCLIShowsPluginStderr(t *testing.T) {
 	if out, err := exec.Command("go", "build", "-o", bin, "../../plugins/internal/testplugin").CombinedOutput(); err != nil {
 		t.Fatalf("build test plugin: %v\n%s", err, out)
 	}
-	stdout, stderr, code := bounce(t, "conformance", "gather", "--plugin", bin, "--sizes", "1,4097")
+	stdout, stderr, code := bounce(t, append([]string{"conformance", "gather", "--plugin", bin, "--sizes", "1,4097"}, loadedBounds...)...)
 	if code != 0 {
 		t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", code, stdout, stderr)
 	}

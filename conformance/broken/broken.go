@@ -709,26 +709,31 @@ func (o *unstableOp) Release() error {
 }
 
 // giveUpOp fails a write pending for longer than giveUpAfter with a plain
-// timeout, although the write may still land.
+// timeout, although the write may still land. It is safe for concurrent
+// use (a plugin polls an op from several calls at once).
 type giveUpOp struct {
 	transfer.Op
 	posted time.Time
+	mu     sync.Mutex
 	gaveUp bool
 }
 
 func (o *giveUpOp) Poll() (transfer.Status, error) {
-	if o.gaveUp {
-		return transfer.Failed, fmt.Errorf("broken: write gave up after %v: %w", giveUpAfter, transfer.ErrTimeout)
-	}
-	st, err := o.Op.Poll()
-	if st == transfer.Pending && time.Since(o.posted) > giveUpAfter {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if !o.gaveUp {
+		st, err := o.Op.Poll()
+		if st != transfer.Pending || time.Since(o.posted) <= giveUpAfter {
+			return st, err
+		}
 		o.gaveUp = true
-		return o.Poll()
 	}
-	return st, err
+	return transfer.Failed, fmt.Errorf("broken: write gave up after %v: %w", giveUpAfter, transfer.ErrTimeout)
 }
 
 func (o *giveUpOp) Release() error {
+	o.mu.Lock()
+	defer o.mu.Unlock()
 	if o.gaveUp {
 		_ = o.Op.Release() // may still be pending: the give-up's lie
 		return nil
@@ -1069,4 +1074,51 @@ func (w *guardWrap) SetWriteGuard(g transfer.WriteGuard) {
 			return r, nil
 		})
 	}
+}
+
+// TCPEngine returns the tcp engine c configures, broken as f says, for a
+// plugin process to serve (conformance/broken/tcpplugin): f is zero (the
+// engine unbroken) or UnprovenGiveUp. It keeps every optional capability
+// of the tcp engine, transfer.WriteStaller among them, so the suite stalls
+// its writes through the plugin protocol.
+func TCPEngine(f Fault, c tcp.Config) (transfer.Engine, error) {
+	switch f {
+	case 0, UnprovenGiveUp:
+	default:
+		return nil, fmt.Errorf("broken: fault %v is not offered over tcp; offered: %v", f, UnprovenGiveUp)
+	}
+	e, err := tcp.New(c)
+	if err != nil {
+		return nil, err
+	}
+	if f == 0 {
+		return e, nil
+	}
+	return &tcpGiveUp{Engine: e}, nil
+}
+
+// tcpGiveUp is a tcp engine with the UnprovenGiveUp fault.
+type tcpGiveUp struct{ *tcp.Engine }
+
+// PostWrite posts through tcp and gives up on the write, claiming
+// quiescence, once it was pending for giveUpAfter (a stalled one).
+func (e *tcpGiveUp) PostWrite(peer string, ops []transfer.WriteOp) (transfer.Op, error) {
+	op, err := e.Engine.PostWrite(peer, ops)
+	if err != nil {
+		return nil, err
+	}
+	return &giveUpOp{Op: op, posted: time.Now()}, nil
+}
+
+// ParseFault returns the fault String names; "" and "none" are zero.
+func ParseFault(name string) (Fault, error) {
+	if name == "" || name == "none" {
+		return 0, nil
+	}
+	for f := CorruptByte; f <= GuardStartOnly; f++ {
+		if f.String() == name {
+			return f, nil
+		}
+	}
+	return 0, fmt.Errorf("broken: no fault named %q", name)
 }

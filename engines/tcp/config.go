@@ -157,8 +157,9 @@ type Config struct {
 	// connection, with a channel closed once that connection is given up
 	// (ForgetPeer, Close, a broken connection); it must return by then.
 	// The part goes out only after Hold returned on a live connection. It
-	// is the conformance suite's way to stall writes on purpose
-	// (conformance.EnginePair.StallWrites); nil in production.
+	// is a test hook to stall writes on purpose (Engine.StallWrites, the
+	// transfer.WriteStaller the conformance suite uses, does the same from
+	// outside the configuration); nil in production.
 	Hold func(abort <-chan struct{})
 }
 

@@ -62,6 +62,7 @@ type Engine struct {
 	stats   counters
 	stage   *stager // nil unless Config.Device: the device staging rings
 	bodies  *bodyBudget
+	stalls  stallGate // StallWrites
 }
 
 // counters are the engine's security counters.

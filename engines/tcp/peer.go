@@ -485,8 +485,11 @@ func (ss *session) drain(conn net.Conn, notifs chan []byte) error {
 				continue
 			}
 		}
-		if h := s.p.e.cfg.Hold; h != nil {
-			h(ss.ctx.Done())
+		if h := s.p.e.cfg.Hold; h != nil || s.p.e.stalls.block.Load() != nil {
+			if h != nil {
+				h(ss.ctx.Done())
+			}
+			s.p.e.stalls.wait(ss.ctx.Done())
 			if ss.ctx.Err() != nil {
 				// Given up while held: nothing of this part went out.
 				if staging != nil {

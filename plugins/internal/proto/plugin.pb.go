@@ -708,7 +708,11 @@ type Capabilities struct {
 	// listen_addr is what the engine's Addr answered when it was opened
 	// (transfer.Listener): a restarted process is given the same address.
 	// Empty when the engine declares none.
-	ListenAddr    string `protobuf:"bytes,11,opt,name=listen_addr,json=listenAddr,proto3" json:"listen_addr,omitempty"`
+	ListenAddr string `protobuf:"bytes,11,opt,name=listen_addr,json=listenAddr,proto3" json:"listen_addr,omitempty"`
+	// write_staller says the engine implements transfer.WriteStaller, the
+	// test-only stall the conformance suite uses: the host forwards
+	// StallWrites and ReleaseWrites.
+	WriteStaller  bool `protobuf:"varint,12,opt,name=write_staller,json=writeStaller,proto3" json:"write_staller,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -818,6 +822,13 @@ func (x *Capabilities) GetListenAddr() string {
 		return x.ListenAddr
 	}
 	return ""
+}
+
+func (x *Capabilities) GetWriteStaller() bool {
+	if x != nil {
+		return x.WriteStaller
+	}
+	return false
 }
 
 // HostCallback is what the host sends on the Callbacks stream: an install
@@ -1841,7 +1852,7 @@ const file_plugin_proto_rawDesc = "" +
 	"\x04name\x18\x02 \x01(\fR\x04name\x12\x1a\n" +
 	"\bnotifier\x18\x03 \x01(\bR\bnotifier\x12\x1a\n" +
 	"\bendpoint\x18\x04 \x01(\fR\bendpoint\x122\n" +
-	"\x04caps\x18\x05 \x01(\v2\x1e.bounce.plugin.v1.CapabilitiesR\x04caps\"\xf1\x02\n" +
+	"\x04caps\x18\x05 \x01(\v2\x1e.bounce.plugin.v1.CapabilitiesR\x04caps\"\x96\x03\n" +
 	"\fCapabilities\x12\x16\n" +
 	"\x06fencer\x18\x01 \x01(\bR\x06fencer\x12\x16\n" +
 	"\x06fences\x18\x02 \x01(\bR\x06fences\x12&\n" +
@@ -1857,7 +1868,8 @@ const file_plugin_proto_rawDesc = "" +
 	"\tconnector\x18\n" +
 	" \x01(\bR\tconnector\x12\x1f\n" +
 	"\vlisten_addr\x18\v \x01(\tR\n" +
-	"listenAddr\"\xb2\x01\n" +
+	"listenAddr\x12#\n" +
+	"\rwrite_staller\x18\f \x01(\bR\fwriteStaller\"\xb2\x01\n" +
 	"\fHostCallback\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x14\n" +
 	"\x05guard\x18\x02 \x01(\bR\x05guard\x12\x1b\n" +
@@ -1935,7 +1947,7 @@ const file_plugin_proto_rawDesc = "" +
 	"\x12CODE_NOT_QUIESCENT\x10\f\x12\x15\n" +
 	"\x11CODE_DEVICE_FAULT\x10\r\x12\x14\n" +
 	"\x10CODE_UNSUPPORTED\x10\x0e\x12\x12\n" +
-	"\x0eCODE_FORBIDDEN\x10\x0f2\xc0\b\n" +
+	"\x0eCODE_FORBIDDEN\x10\x0f2\xd2\t\n" +
 	"\x06Engine\x12B\n" +
 	"\x04Open\x12\x1d.bounce.plugin.v1.OpenRequest\x1a\x1b.bounce.plugin.v1.OpenReply\x12L\n" +
 	"\x0eRegisterMemory\x12!.bounce.plugin.v1.RegisterRequest\x1a\x17.bounce.plugin.v1.Reply\x12J\n" +
@@ -1951,7 +1963,9 @@ const file_plugin_proto_rawDesc = "" +
 	"\x06Notify\x12 .bounce.plugin.v1.MessageRequest\x1a\x17.bounce.plugin.v1.Reply\x12Q\n" +
 	"\x10RecvNotification\x12\x1d.bounce.plugin.v1.RecvRequest\x1a\x1e.bounce.plugin.v1.MessageReply\x129\n" +
 	"\x05Close\x12\x17.bounce.plugin.v1.Empty\x1a\x17.bounce.plugin.v1.Reply\x12A\n" +
-	"\aConnect\x12\x1d.bounce.plugin.v1.PeerRequest\x1a\x17.bounce.plugin.v1.Reply\x12Q\n" +
+	"\aConnect\x12\x1d.bounce.plugin.v1.PeerRequest\x1a\x17.bounce.plugin.v1.Reply\x12E\n" +
+	"\vStallWrites\x12\x17.bounce.plugin.v1.Empty\x1a\x1d.bounce.plugin.v1.HandleReply\x12I\n" +
+	"\rReleaseWrites\x12\x1f.bounce.plugin.v1.HandleRequest\x1a\x17.bounce.plugin.v1.Reply\x12Q\n" +
 	"\tCallbacks\x12\x1e.bounce.plugin.v1.HostCallback\x1a .bounce.plugin.v1.PluginCallback(\x010\x012\x9b\x03\n" +
 	"\aControl\x12B\n" +
 	"\x04Open\x12\x1d.bounce.plugin.v1.OpenRequest\x1a\x1b.bounce.plugin.v1.OpenReply\x12A\n" +
@@ -2071,80 +2085,84 @@ var file_plugin_proto_depIdxs = []int32{
 	25, // 34: bounce.plugin.v1.Engine.RecvNotification:input_type -> bounce.plugin.v1.RecvRequest
 	6,  // 35: bounce.plugin.v1.Engine.Close:input_type -> bounce.plugin.v1.Empty
 	17, // 36: bounce.plugin.v1.Engine.Connect:input_type -> bounce.plugin.v1.PeerRequest
-	11, // 37: bounce.plugin.v1.Engine.Callbacks:input_type -> bounce.plugin.v1.HostCallback
-	8,  // 38: bounce.plugin.v1.Control.Open:input_type -> bounce.plugin.v1.OpenRequest
-	17, // 39: bounce.plugin.v1.Control.AddPeer:input_type -> bounce.plugin.v1.PeerRequest
-	17, // 40: bounce.plugin.v1.Control.RemovePeer:input_type -> bounce.plugin.v1.PeerRequest
-	24, // 41: bounce.plugin.v1.Control.Send:input_type -> bounce.plugin.v1.MessageRequest
-	25, // 42: bounce.plugin.v1.Control.Recv:input_type -> bounce.plugin.v1.RecvRequest
-	6,  // 43: bounce.plugin.v1.Control.Close:input_type -> bounce.plugin.v1.Empty
-	8,  // 44: bounce.plugin.v1.Gather.Open:input_type -> bounce.plugin.v1.OpenRequest
-	13, // 45: bounce.plugin.v1.Gather.Share:input_type -> bounce.plugin.v1.RegisterRequest
-	14, // 46: bounce.plugin.v1.Gather.Unshare:input_type -> bounce.plugin.v1.DescRequest
-	27, // 47: bounce.plugin.v1.Gather.Copy:input_type -> bounce.plugin.v1.StageRequest
-	20, // 48: bounce.plugin.v1.Gather.Poll:input_type -> bounce.plugin.v1.HandleRequest
-	23, // 49: bounce.plugin.v1.Gather.Wait:input_type -> bounce.plugin.v1.WaitRequest
-	20, // 50: bounce.plugin.v1.Gather.Release:input_type -> bounce.plugin.v1.HandleRequest
-	6,  // 51: bounce.plugin.v1.Gather.Close:input_type -> bounce.plugin.v1.Empty
-	8,  // 52: bounce.plugin.v1.Scatter.Open:input_type -> bounce.plugin.v1.OpenRequest
-	13, // 53: bounce.plugin.v1.Scatter.Share:input_type -> bounce.plugin.v1.RegisterRequest
-	14, // 54: bounce.plugin.v1.Scatter.Unshare:input_type -> bounce.plugin.v1.DescRequest
-	27, // 55: bounce.plugin.v1.Scatter.Copy:input_type -> bounce.plugin.v1.StageRequest
-	20, // 56: bounce.plugin.v1.Scatter.Poll:input_type -> bounce.plugin.v1.HandleRequest
-	23, // 57: bounce.plugin.v1.Scatter.Wait:input_type -> bounce.plugin.v1.WaitRequest
-	20, // 58: bounce.plugin.v1.Scatter.Release:input_type -> bounce.plugin.v1.HandleRequest
-	6,  // 59: bounce.plugin.v1.Scatter.Close:input_type -> bounce.plugin.v1.Empty
-	8,  // 60: bounce.plugin.v1.Writer.Open:input_type -> bounce.plugin.v1.OpenRequest
-	28, // 61: bounce.plugin.v1.Writer.Write:input_type -> bounce.plugin.v1.WriteRequest
-	20, // 62: bounce.plugin.v1.Writer.Poll:input_type -> bounce.plugin.v1.HandleRequest
-	23, // 63: bounce.plugin.v1.Writer.Wait:input_type -> bounce.plugin.v1.WaitRequest
-	20, // 64: bounce.plugin.v1.Writer.Release:input_type -> bounce.plugin.v1.HandleRequest
-	6,  // 65: bounce.plugin.v1.Writer.Close:input_type -> bounce.plugin.v1.Empty
-	9,  // 66: bounce.plugin.v1.Engine.Open:output_type -> bounce.plugin.v1.OpenReply
-	7,  // 67: bounce.plugin.v1.Engine.RegisterMemory:output_type -> bounce.plugin.v1.Reply
-	7,  // 68: bounce.plugin.v1.Engine.DeregisterMemory:output_type -> bounce.plugin.v1.Reply
-	16, // 69: bounce.plugin.v1.Engine.Metadata:output_type -> bounce.plugin.v1.BytesReply
-	18, // 70: bounce.plugin.v1.Engine.LoadPeer:output_type -> bounce.plugin.v1.PeerReply
-	7,  // 71: bounce.plugin.v1.Engine.ForgetPeer:output_type -> bounce.plugin.v1.Reply
-	21, // 72: bounce.plugin.v1.Engine.PostWrite:output_type -> bounce.plugin.v1.HandleReply
-	22, // 73: bounce.plugin.v1.Engine.Poll:output_type -> bounce.plugin.v1.PollReply
-	22, // 74: bounce.plugin.v1.Engine.Wait:output_type -> bounce.plugin.v1.PollReply
-	7,  // 75: bounce.plugin.v1.Engine.Release:output_type -> bounce.plugin.v1.Reply
-	7,  // 76: bounce.plugin.v1.Engine.Notify:output_type -> bounce.plugin.v1.Reply
-	26, // 77: bounce.plugin.v1.Engine.RecvNotification:output_type -> bounce.plugin.v1.MessageReply
-	7,  // 78: bounce.plugin.v1.Engine.Close:output_type -> bounce.plugin.v1.Reply
-	7,  // 79: bounce.plugin.v1.Engine.Connect:output_type -> bounce.plugin.v1.Reply
-	12, // 80: bounce.plugin.v1.Engine.Callbacks:output_type -> bounce.plugin.v1.PluginCallback
-	9,  // 81: bounce.plugin.v1.Control.Open:output_type -> bounce.plugin.v1.OpenReply
-	7,  // 82: bounce.plugin.v1.Control.AddPeer:output_type -> bounce.plugin.v1.Reply
-	7,  // 83: bounce.plugin.v1.Control.RemovePeer:output_type -> bounce.plugin.v1.Reply
-	7,  // 84: bounce.plugin.v1.Control.Send:output_type -> bounce.plugin.v1.Reply
-	26, // 85: bounce.plugin.v1.Control.Recv:output_type -> bounce.plugin.v1.MessageReply
-	7,  // 86: bounce.plugin.v1.Control.Close:output_type -> bounce.plugin.v1.Reply
-	9,  // 87: bounce.plugin.v1.Gather.Open:output_type -> bounce.plugin.v1.OpenReply
-	7,  // 88: bounce.plugin.v1.Gather.Share:output_type -> bounce.plugin.v1.Reply
-	7,  // 89: bounce.plugin.v1.Gather.Unshare:output_type -> bounce.plugin.v1.Reply
-	21, // 90: bounce.plugin.v1.Gather.Copy:output_type -> bounce.plugin.v1.HandleReply
-	22, // 91: bounce.plugin.v1.Gather.Poll:output_type -> bounce.plugin.v1.PollReply
-	22, // 92: bounce.plugin.v1.Gather.Wait:output_type -> bounce.plugin.v1.PollReply
-	7,  // 93: bounce.plugin.v1.Gather.Release:output_type -> bounce.plugin.v1.Reply
-	7,  // 94: bounce.plugin.v1.Gather.Close:output_type -> bounce.plugin.v1.Reply
-	9,  // 95: bounce.plugin.v1.Scatter.Open:output_type -> bounce.plugin.v1.OpenReply
-	7,  // 96: bounce.plugin.v1.Scatter.Share:output_type -> bounce.plugin.v1.Reply
-	7,  // 97: bounce.plugin.v1.Scatter.Unshare:output_type -> bounce.plugin.v1.Reply
-	21, // 98: bounce.plugin.v1.Scatter.Copy:output_type -> bounce.plugin.v1.HandleReply
-	22, // 99: bounce.plugin.v1.Scatter.Poll:output_type -> bounce.plugin.v1.PollReply
-	22, // 100: bounce.plugin.v1.Scatter.Wait:output_type -> bounce.plugin.v1.PollReply
-	7,  // 101: bounce.plugin.v1.Scatter.Release:output_type -> bounce.plugin.v1.Reply
-	7,  // 102: bounce.plugin.v1.Scatter.Close:output_type -> bounce.plugin.v1.Reply
-	9,  // 103: bounce.plugin.v1.Writer.Open:output_type -> bounce.plugin.v1.OpenReply
-	21, // 104: bounce.plugin.v1.Writer.Write:output_type -> bounce.plugin.v1.HandleReply
-	22, // 105: bounce.plugin.v1.Writer.Poll:output_type -> bounce.plugin.v1.PollReply
-	22, // 106: bounce.plugin.v1.Writer.Wait:output_type -> bounce.plugin.v1.PollReply
-	7,  // 107: bounce.plugin.v1.Writer.Release:output_type -> bounce.plugin.v1.Reply
-	7,  // 108: bounce.plugin.v1.Writer.Close:output_type -> bounce.plugin.v1.Reply
-	66, // [66:109] is the sub-list for method output_type
-	23, // [23:66] is the sub-list for method input_type
+	6,  // 37: bounce.plugin.v1.Engine.StallWrites:input_type -> bounce.plugin.v1.Empty
+	20, // 38: bounce.plugin.v1.Engine.ReleaseWrites:input_type -> bounce.plugin.v1.HandleRequest
+	11, // 39: bounce.plugin.v1.Engine.Callbacks:input_type -> bounce.plugin.v1.HostCallback
+	8,  // 40: bounce.plugin.v1.Control.Open:input_type -> bounce.plugin.v1.OpenRequest
+	17, // 41: bounce.plugin.v1.Control.AddPeer:input_type -> bounce.plugin.v1.PeerRequest
+	17, // 42: bounce.plugin.v1.Control.RemovePeer:input_type -> bounce.plugin.v1.PeerRequest
+	24, // 43: bounce.plugin.v1.Control.Send:input_type -> bounce.plugin.v1.MessageRequest
+	25, // 44: bounce.plugin.v1.Control.Recv:input_type -> bounce.plugin.v1.RecvRequest
+	6,  // 45: bounce.plugin.v1.Control.Close:input_type -> bounce.plugin.v1.Empty
+	8,  // 46: bounce.plugin.v1.Gather.Open:input_type -> bounce.plugin.v1.OpenRequest
+	13, // 47: bounce.plugin.v1.Gather.Share:input_type -> bounce.plugin.v1.RegisterRequest
+	14, // 48: bounce.plugin.v1.Gather.Unshare:input_type -> bounce.plugin.v1.DescRequest
+	27, // 49: bounce.plugin.v1.Gather.Copy:input_type -> bounce.plugin.v1.StageRequest
+	20, // 50: bounce.plugin.v1.Gather.Poll:input_type -> bounce.plugin.v1.HandleRequest
+	23, // 51: bounce.plugin.v1.Gather.Wait:input_type -> bounce.plugin.v1.WaitRequest
+	20, // 52: bounce.plugin.v1.Gather.Release:input_type -> bounce.plugin.v1.HandleRequest
+	6,  // 53: bounce.plugin.v1.Gather.Close:input_type -> bounce.plugin.v1.Empty
+	8,  // 54: bounce.plugin.v1.Scatter.Open:input_type -> bounce.plugin.v1.OpenRequest
+	13, // 55: bounce.plugin.v1.Scatter.Share:input_type -> bounce.plugin.v1.RegisterRequest
+	14, // 56: bounce.plugin.v1.Scatter.Unshare:input_type -> bounce.plugin.v1.DescRequest
+	27, // 57: bounce.plugin.v1.Scatter.Copy:input_type -> bounce.plugin.v1.StageRequest
+	20, // 58: bounce.plugin.v1.Scatter.Poll:input_type -> bounce.plugin.v1.HandleRequest
+	23, // 59: bounce.plugin.v1.Scatter.Wait:input_type -> bounce.plugin.v1.WaitRequest
+	20, // 60: bounce.plugin.v1.Scatter.Release:input_type -> bounce.plugin.v1.HandleRequest
+	6,  // 61: bounce.plugin.v1.Scatter.Close:input_type -> bounce.plugin.v1.Empty
+	8,  // 62: bounce.plugin.v1.Writer.Open:input_type -> bounce.plugin.v1.OpenRequest
+	28, // 63: bounce.plugin.v1.Writer.Write:input_type -> bounce.plugin.v1.WriteRequest
+	20, // 64: bounce.plugin.v1.Writer.Poll:input_type -> bounce.plugin.v1.HandleRequest
+	23, // 65: bounce.plugin.v1.Writer.Wait:input_type -> bounce.plugin.v1.WaitRequest
+	20, // 66: bounce.plugin.v1.Writer.Release:input_type -> bounce.plugin.v1.HandleRequest
+	6,  // 67: bounce.plugin.v1.Writer.Close:input_type -> bounce.plugin.v1.Empty
+	9,  // 68: bounce.plugin.v1.Engine.Open:output_type -> bounce.plugin.v1.OpenReply
+	7,  // 69: bounce.plugin.v1.Engine.RegisterMemory:output_type -> bounce.plugin.v1.Reply
+	7,  // 70: bounce.plugin.v1.Engine.DeregisterMemory:output_type -> bounce.plugin.v1.Reply
+	16, // 71: bounce.plugin.v1.Engine.Metadata:output_type -> bounce.plugin.v1.BytesReply
+	18, // 72: bounce.plugin.v1.Engine.LoadPeer:output_type -> bounce.plugin.v1.PeerReply
+	7,  // 73: bounce.plugin.v1.Engine.ForgetPeer:output_type -> bounce.plugin.v1.Reply
+	21, // 74: bounce.plugin.v1.Engine.PostWrite:output_type -> bounce.plugin.v1.HandleReply
+	22, // 75: bounce.plugin.v1.Engine.Poll:output_type -> bounce.plugin.v1.PollReply
+	22, // 76: bounce.plugin.v1.Engine.Wait:output_type -> bounce.plugin.v1.PollReply
+	7,  // 77: bounce.plugin.v1.Engine.Release:output_type -> bounce.plugin.v1.Reply
+	7,  // 78: bounce.plugin.v1.Engine.Notify:output_type -> bounce.plugin.v1.Reply
+	26, // 79: bounce.plugin.v1.Engine.RecvNotification:output_type -> bounce.plugin.v1.MessageReply
+	7,  // 80: bounce.plugin.v1.Engine.Close:output_type -> bounce.plugin.v1.Reply
+	7,  // 81: bounce.plugin.v1.Engine.Connect:output_type -> bounce.plugin.v1.Reply
+	21, // 82: bounce.plugin.v1.Engine.StallWrites:output_type -> bounce.plugin.v1.HandleReply
+	7,  // 83: bounce.plugin.v1.Engine.ReleaseWrites:output_type -> bounce.plugin.v1.Reply
+	12, // 84: bounce.plugin.v1.Engine.Callbacks:output_type -> bounce.plugin.v1.PluginCallback
+	9,  // 85: bounce.plugin.v1.Control.Open:output_type -> bounce.plugin.v1.OpenReply
+	7,  // 86: bounce.plugin.v1.Control.AddPeer:output_type -> bounce.plugin.v1.Reply
+	7,  // 87: bounce.plugin.v1.Control.RemovePeer:output_type -> bounce.plugin.v1.Reply
+	7,  // 88: bounce.plugin.v1.Control.Send:output_type -> bounce.plugin.v1.Reply
+	26, // 89: bounce.plugin.v1.Control.Recv:output_type -> bounce.plugin.v1.MessageReply
+	7,  // 90: bounce.plugin.v1.Control.Close:output_type -> bounce.plugin.v1.Reply
+	9,  // 91: bounce.plugin.v1.Gather.Open:output_type -> bounce.plugin.v1.OpenReply
+	7,  // 92: bounce.plugin.v1.Gather.Share:output_type -> bounce.plugin.v1.Reply
+	7,  // 93: bounce.plugin.v1.Gather.Unshare:output_type -> bounce.plugin.v1.Reply
+	21, // 94: bounce.plugin.v1.Gather.Copy:output_type -> bounce.plugin.v1.HandleReply
+	22, // 95: bounce.plugin.v1.Gather.Poll:output_type -> bounce.plugin.v1.PollReply
+	22, // 96: bounce.plugin.v1.Gather.Wait:output_type -> bounce.plugin.v1.PollReply
+	7,  // 97: bounce.plugin.v1.Gather.Release:output_type -> bounce.plugin.v1.Reply
+	7,  // 98: bounce.plugin.v1.Gather.Close:output_type -> bounce.plugin.v1.Reply
+	9,  // 99: bounce.plugin.v1.Scatter.Open:output_type -> bounce.plugin.v1.OpenReply
+	7,  // 100: bounce.plugin.v1.Scatter.Share:output_type -> bounce.plugin.v1.Reply
+	7,  // 101: bounce.plugin.v1.Scatter.Unshare:output_type -> bounce.plugin.v1.Reply
+	21, // 102: bounce.plugin.v1.Scatter.Copy:output_type -> bounce.plugin.v1.HandleReply
+	22, // 103: bounce.plugin.v1.Scatter.Poll:output_type -> bounce.plugin.v1.PollReply
+	22, // 104: bounce.plugin.v1.Scatter.Wait:output_type -> bounce.plugin.v1.PollReply
+	7,  // 105: bounce.plugin.v1.Scatter.Release:output_type -> bounce.plugin.v1.Reply
+	7,  // 106: bounce.plugin.v1.Scatter.Close:output_type -> bounce.plugin.v1.Reply
+	9,  // 107: bounce.plugin.v1.Writer.Open:output_type -> bounce.plugin.v1.OpenReply
+	21, // 108: bounce.plugin.v1.Writer.Write:output_type -> bounce.plugin.v1.HandleReply
+	22, // 109: bounce.plugin.v1.Writer.Poll:output_type -> bounce.plugin.v1.PollReply
+	22, // 110: bounce.plugin.v1.Writer.Wait:output_type -> bounce.plugin.v1.PollReply
+	7,  // 111: bounce.plugin.v1.Writer.Release:output_type -> bounce.plugin.v1.Reply
+	7,  // 112: bounce.plugin.v1.Writer.Close:output_type -> bounce.plugin.v1.Reply
+	68, // [68:113] is the sub-list for method output_type
+	23, // [23:68] is the sub-list for method input_type
 	23, // [23:23] is the sub-list for extension type_name
 	23, // [23:23] is the sub-list for extension extendee
 	0,  // [0:23] is the sub-list for field type_name

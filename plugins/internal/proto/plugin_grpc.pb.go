@@ -38,6 +38,8 @@ const (
 	Engine_RecvNotification_FullMethodName = "/bounce.plugin.v1.Engine/RecvNotification"
 	Engine_Close_FullMethodName            = "/bounce.plugin.v1.Engine/Close"
 	Engine_Connect_FullMethodName          = "/bounce.plugin.v1.Engine/Connect"
+	Engine_StallWrites_FullMethodName      = "/bounce.plugin.v1.Engine/StallWrites"
+	Engine_ReleaseWrites_FullMethodName    = "/bounce.plugin.v1.Engine/ReleaseWrites"
 	Engine_Callbacks_FullMethodName        = "/bounce.plugin.v1.Engine/Callbacks"
 )
 
@@ -64,6 +66,12 @@ type EngineClient interface {
 	// Connect is transfer.Connector's Connect(peer), declared by
 	// Capabilities.connector; an older plugin answers Unimplemented.
 	Connect(ctx context.Context, in *PeerRequest, opts ...grpc.CallOption) (*Reply, error)
+	// StallWrites is transfer.WriteStaller's StallWrites, declared by
+	// Capabilities.write_staller (test-only): the reply's handle names the
+	// stall, which ReleaseWrites ends. An older plugin answers
+	// Unimplemented.
+	StallWrites(ctx context.Context, in *Empty, opts ...grpc.CallOption) (*HandleReply, error)
+	ReleaseWrites(ctx context.Context, in *HandleRequest, opts ...grpc.CallOption) (*Reply, error)
 	// Callbacks is the stream the host opens once it installs a write guard
 	// or a peer-loss callback: the plugin's engine asks the guard and
 	// reports lost peers on it. A plugin without it answers Unimplemented.
@@ -218,6 +226,26 @@ func (c *engineClient) Connect(ctx context.Context, in *PeerRequest, opts ...grp
 	return out, nil
 }
 
+func (c *engineClient) StallWrites(ctx context.Context, in *Empty, opts ...grpc.CallOption) (*HandleReply, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(HandleReply)
+	err := c.cc.Invoke(ctx, Engine_StallWrites_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *engineClient) ReleaseWrites(ctx context.Context, in *HandleRequest, opts ...grpc.CallOption) (*Reply, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(Reply)
+	err := c.cc.Invoke(ctx, Engine_ReleaseWrites_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *engineClient) Callbacks(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[HostCallback, PluginCallback], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	stream, err := c.cc.NewStream(ctx, &Engine_ServiceDesc.Streams[0], Engine_Callbacks_FullMethodName, cOpts...)
@@ -254,6 +282,12 @@ type EngineServer interface {
 	// Connect is transfer.Connector's Connect(peer), declared by
 	// Capabilities.connector; an older plugin answers Unimplemented.
 	Connect(context.Context, *PeerRequest) (*Reply, error)
+	// StallWrites is transfer.WriteStaller's StallWrites, declared by
+	// Capabilities.write_staller (test-only): the reply's handle names the
+	// stall, which ReleaseWrites ends. An older plugin answers
+	// Unimplemented.
+	StallWrites(context.Context, *Empty) (*HandleReply, error)
+	ReleaseWrites(context.Context, *HandleRequest) (*Reply, error)
 	// Callbacks is the stream the host opens once it installs a write guard
 	// or a peer-loss callback: the plugin's engine asks the guard and
 	// reports lost peers on it. A plugin without it answers Unimplemented.
@@ -308,6 +342,12 @@ func (UnimplementedEngineServer) Close(context.Context, *Empty) (*Reply, error) 
 }
 func (UnimplementedEngineServer) Connect(context.Context, *PeerRequest) (*Reply, error) {
 	return nil, status.Error(codes.Unimplemented, "method Connect not implemented")
+}
+func (UnimplementedEngineServer) StallWrites(context.Context, *Empty) (*HandleReply, error) {
+	return nil, status.Error(codes.Unimplemented, "method StallWrites not implemented")
+}
+func (UnimplementedEngineServer) ReleaseWrites(context.Context, *HandleRequest) (*Reply, error) {
+	return nil, status.Error(codes.Unimplemented, "method ReleaseWrites not implemented")
 }
 func (UnimplementedEngineServer) Callbacks(grpc.BidiStreamingServer[HostCallback, PluginCallback]) error {
 	return status.Error(codes.Unimplemented, "method Callbacks not implemented")
@@ -584,6 +624,42 @@ func _Engine_Connect_Handler(srv interface{}, ctx context.Context, dec func(inte
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Engine_StallWrites_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(Empty)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(EngineServer).StallWrites(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Engine_StallWrites_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(EngineServer).StallWrites(ctx, req.(*Empty))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Engine_ReleaseWrites_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(HandleRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(EngineServer).ReleaseWrites(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Engine_ReleaseWrites_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(EngineServer).ReleaseWrites(ctx, req.(*HandleRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _Engine_Callbacks_Handler(srv interface{}, stream grpc.ServerStream) error {
 	return srv.(EngineServer).Callbacks(&grpc.GenericServerStream[HostCallback, PluginCallback]{ServerStream: stream})
 }
@@ -653,6 +729,14 @@ var Engine_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Connect",
 			Handler:    _Engine_Connect_Handler,
+		},
+		{
+			MethodName: "StallWrites",
+			Handler:    _Engine_StallWrites_Handler,
+		},
+		{
+			MethodName: "ReleaseWrites",
+			Handler:    _Engine_ReleaseWrites_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{
