@@ -336,6 +336,7 @@ func (r *reactor) checkWantBlocks(peer string, w *wire.WantBlocks) (*recvBlocks,
 	case !lp.writable(peer):
 		err = fmt.Errorf("pool %q lies in memory %q may not write: %w", w.Pool, peer, transfer.ErrForbidden)
 	default:
+		r.a.stats.blockTableChecks.Add(1)
 		if err = rb.table.CheckIDs(true); err != nil {
 			err = fmt.Errorf("pool %q: %w", w.Pool, err)
 		}

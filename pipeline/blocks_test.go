@@ -484,3 +484,38 @@ func TestRegisterPool(t *testing.T) {
 		t.Fatalf("deregister the memory once its pool is gone: %v", err)
 	}
 }
+
+// TestBlocksRepeatedWantChecksOnce: a retransmitted block-table WANT of a
+// live flow is recognised as a repeat before the O(ids) table check (the
+// check ran once, for the first WANT), and a conflicting one is refused
+// without it too.
+func TestBlocksRepeatedWantChecksOnce(t *testing.T) {
+	w := newWorld(t)
+	b := w.node("b", testConfig())
+	newKVPool(t, b, "kv", 2, 32, 1024, 1024, 3)
+	im := newImpostor(t, w, b)
+	want := &wire.Want{Request: 7, ChunkBytes: []uint64{4096, 2048}, Endpoint: im.ch.LocalEndpoint(),
+		Blocks: &wire.WantBlocks{Pool: "kv", BlockLen: 1024, Pieces: 6, IDs: []uint32{1, 30, 7}}}
+	im.send(t, "b", want)
+	if g, ok := im.recv(t, 5*time.Second).(*wire.Grant); !ok || g.Request != 7 {
+		t.Fatalf("expected a GRANT, got %#v", g)
+	}
+	for range 3 {
+		im.send(t, "b", want)
+	}
+	eventually(t, func() bool { return b.Stats().DuplicateWants == 3 })
+	conflicting := *want
+	conflicting.ChunkBytes = []uint64{6144}
+	im.send(t, "b", &conflicting)
+	if n, ok := im.recv(t, 5*time.Second).(*wire.Nack); !ok || n.Code != wire.NackConflictingWant {
+		t.Fatalf("a conflicting WANT got %#v, want a NACK %v", n, wire.NackConflictingWant)
+	}
+	if got := b.stats.blockTableChecks.Load(); got != 1 {
+		t.Fatalf("the block table was checked %d times for one flow, want 1", got)
+	}
+	im.send(t, "b", &wire.Want{Request: 7, Endpoint: im.ch.LocalEndpoint()}) // cancel
+	settled(t, b)
+	if err := b.DeregisterPool("kv"); err != nil {
+		t.Fatalf("repeated WANTs left the pool held: %v", err)
+	}
+}

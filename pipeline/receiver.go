@@ -109,9 +109,11 @@ func (r *reactor) onWant(peer string, w *wire.Want) {
 		return
 	}
 	// The block table's O(ids) check runs only for a WANT within the
-	// peer's flow limit.
+	// peer's flow limit that starts a flow: one naming a live flow is a
+	// repeat or a conflict, which sched.Want tells below (its table was
+	// checked when the flow began).
 	var rb *recvBlocks
-	if w.Blocks != nil {
+	if w.Blocks != nil && !r.sched.Active(key) {
 		var err error
 		if rb, err = r.checkWantBlocks(peer, w.Blocks); err != nil {
 			r.a.stats.rejectedWants.Add(1)
