@@ -118,10 +118,9 @@ func (a *Agent) DeregisterPool(name string) error {
 	return nil
 }
 
-// poolOver returns the name of a registered pool with a region in d, or "".
-func (a *Agent) poolOver(d transfer.Desc) string {
-	a.poolMu.Lock()
-	defer a.poolMu.Unlock()
+// poolOverLocked returns the name of a registered pool with a region in d,
+// or "". a.poolMu is held.
+func (a *Agent) poolOverLocked(d transfer.Desc) string {
 	for _, lp := range a.pools {
 		for r := range lp.pool.Regions {
 			if s := lp.pool.Span(r); s.Kind == d.Kind && s.Device == d.Device && s.Addr < d.End() && d.Addr < s.End() {

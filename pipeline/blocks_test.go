@@ -4,6 +4,7 @@ import (
 	"errors"
 	"math/rand/v2"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -517,5 +518,90 @@ func TestBlocksRepeatedWantChecksOnce(t *testing.T) {
 	settled(t, b)
 	if err := b.DeregisterPool("kv"); err != nil {
 		t.Fatalf("repeated WANTs left the pool held: %v", err)
+	}
+}
+
+// TestRegisterPoolRacingDeregisterMemory interleaves RegisterPool of a pool
+// in a range with DeregisterMemory of that range: a pool is never left
+// registered over memory that was deregistered. Either the pool's
+// registration fails (the memory is gone) or the deregistration is refused
+// with ErrInUse (the pool lies in it).
+func TestRegisterPoolRacingDeregisterMemory(t *testing.T) {
+	w := newWorld(t)
+	a := w.node("a", testConfig())
+	buf := a.buffer(t, 64<<10)
+	d := mem.DescOf(buf)
+	p := transfer.Pool{Regions: []uint64{d.Addr}, BlockLen: 1024, Stride: 1024, Blocks: 64, Kind: transfer.Host}
+	registered, deregistered := 0, 0
+	for i := range 1000 {
+		var poolErr, memErr error
+		var wg sync.WaitGroup
+		start := make(chan struct{})
+		wg.Add(2)
+		go func() {
+			defer wg.Done()
+			<-start
+			poolErr = a.RegisterPool("kv", p)
+		}()
+		go func() {
+			defer wg.Done()
+			<-start
+			memErr = a.DeregisterMemory(d)
+		}()
+		close(start)
+		wg.Wait()
+		switch {
+		case poolErr == nil && memErr == nil:
+			t.Fatalf("iteration %d: the pool was registered and its memory deregistered", i)
+		case poolErr == nil:
+			if !errors.Is(memErr, transfer.ErrInUse) {
+				t.Fatalf("iteration %d: deregister under a pool: %v, want ErrInUse", i, memErr)
+			}
+			registered++
+			if err := a.DeregisterPool("kv"); err != nil {
+				t.Fatal(err)
+			}
+		case memErr == nil:
+			deregistered++
+			if err := a.RegisterMemory(d); err != nil {
+				t.Fatal(err)
+			}
+		default:
+			t.Fatalf("iteration %d: both failed: pool %v, memory %v", i, poolErr, memErr)
+		}
+	}
+	t.Logf("pool won %d times, deregistration %d", registered, deregistered)
+}
+
+// TestRegisterPoolInDeregisterMemoryWindow registers a pool in the moment
+// DeregisterMemory has found no pool over its memory and not yet removed
+// it: the registration must wait for the removal and then fail, not land
+// over memory about to be deregistered.
+func TestRegisterPoolInDeregisterMemoryWindow(t *testing.T) {
+	w := newWorld(t)
+	a := w.node("a", testConfig())
+	buf := a.buffer(t, 64<<10)
+	d := mem.DescOf(buf)
+	p := transfer.Pool{Regions: []uint64{d.Addr}, BlockLen: 1024, Stride: 1024, Blocks: 64, Kind: transfer.Host}
+	poolErr := make(chan error, 1)
+	a.deregisterChecked = func() {
+		go func() { poolErr <- a.RegisterPool("kv", p) }()
+		// Give the registration every chance to complete inside the window
+		// (it cannot once the window is locked against it).
+		select {
+		case err := <-poolErr:
+			poolErr <- err
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+	memErr := a.DeregisterMemory(d)
+	a.deregisterChecked = nil
+	if err := <-poolErr; err == nil {
+		t.Fatalf("a pool was registered while its memory was deregistered (deregister: %v)", memErr)
+	} else if memErr != nil {
+		t.Fatalf("deregister: %v (the pool's registration failed: %v)", memErr, err)
+	}
+	if err := a.RegisterMemory(d); err != nil { // for the world's cleanup
+		t.Fatal(err)
 	}
 }
