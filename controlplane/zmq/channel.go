@@ -406,8 +406,13 @@ func (c *Channel) AddPeer(peer, endpoint string) error {
 // of its DEALER drops after it had completed its handshake: the peer
 // process died (its kernel closed the socket: seen within a round trip,
 // through the ZeroMQ socket monitor) or went silent past the heartbeat
-// timeout (transfer.PeerLossReporter). The DEALER reconnects by itself; a
-// removed or replaced DEALER is not reported. fn must not block.
+// timeout (transfer.PeerLossReporter); and when a DEALER whose connection
+// never completed a handshake fails a dial (nothing listens at the
+// endpoint the peer had bound: it died before this channel's first
+// connection to it was up). Once per drop: the DEALER reconnects by
+// itself, and its failing redials are no new loss until a handshake
+// completed again. A removed or replaced DEALER is not reported. fn must
+// not block.
 func (c *Channel) SetPeerLost(fn func(peer string)) {
 	if fn == nil {
 		c.onLost.Store(nil)
