@@ -521,17 +521,21 @@ func TestBlocksRepeatedWantChecksOnce(t *testing.T) {
 	}
 }
 
+// poolInMemory returns a node, 64 KiB of memory registered with it and a
+// pool of 64 blocks that lies in that memory, not registered.
+func poolInMemory(t *testing.T) (*node, transfer.Desc, transfer.Pool) {
+	a := newWorld(t).node("a", testConfig())
+	d := mem.DescOf(a.buffer(t, 64<<10))
+	return a, d, transfer.Pool{Regions: []uint64{d.Addr}, BlockLen: 1024, Stride: 1024, Blocks: 64, Kind: transfer.Host}
+}
+
 // TestRegisterPoolRacingDeregisterMemory interleaves RegisterPool of a pool
 // in a range with DeregisterMemory of that range: a pool is never left
 // registered over memory that was deregistered. Either the pool's
 // registration fails (the memory is gone) or the deregistration is refused
 // with ErrInUse (the pool lies in it).
 func TestRegisterPoolRacingDeregisterMemory(t *testing.T) {
-	w := newWorld(t)
-	a := w.node("a", testConfig())
-	buf := a.buffer(t, 64<<10)
-	d := mem.DescOf(buf)
-	p := transfer.Pool{Regions: []uint64{d.Addr}, BlockLen: 1024, Stride: 1024, Blocks: 64, Kind: transfer.Host}
+	a, d, p := poolInMemory(t)
 	registered, deregistered := 0, 0
 	for i := range 1000 {
 		var poolErr, memErr error
@@ -578,11 +582,7 @@ func TestRegisterPoolRacingDeregisterMemory(t *testing.T) {
 // it: the registration must wait for the removal and then fail, not land
 // over memory about to be deregistered.
 func TestRegisterPoolInDeregisterMemoryWindow(t *testing.T) {
-	w := newWorld(t)
-	a := w.node("a", testConfig())
-	buf := a.buffer(t, 64<<10)
-	d := mem.DescOf(buf)
-	p := transfer.Pool{Regions: []uint64{d.Addr}, BlockLen: 1024, Stride: 1024, Blocks: 64, Kind: transfer.Host}
+	a, d, p := poolInMemory(t)
 	poolErr := make(chan error, 1)
 	a.deregisterChecked = func() {
 		go func() { poolErr <- a.RegisterPool("kv", p) }()

@@ -435,21 +435,24 @@ func (c *Channel) SetPeerUp(fn func(peer string)) {
 }
 
 // current says whether w watches the DEALER peers holds now.
-func (c *Channel) current(w watch) bool {
+func (c *Channel) current(w watch) bool { return c.dealerOf(w) != nil }
+
+// dealerOf returns the dealer w reports for while it is the peer's
+// current one, else nil.
+func (c *Channel) dealerOf(w watch) *dealer {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
-	d := c.peers[w.peer]
-	return !c.closed && d != nil && d.id == w.id
+	if d := c.peers[w.peer]; !c.closed && d != nil && d.id == w.id {
+		return d
+	}
+	return nil
 }
 
 // connUp is the monitor's report that w's connection completed its
 // handshake.
 func (c *Channel) connUp(w watch) {
-	c.mu.RLock()
-	d := c.peers[w.peer]
-	current := !c.closed && d != nil && d.id == w.id
-	c.mu.RUnlock()
-	if !current {
+	d := c.dealerOf(w)
+	if d == nil {
 		return
 	}
 	// The peer admits this agent now: a later refusal is news again.
@@ -491,11 +494,8 @@ func (c *Channel) SetPeerRefused(fn func(peer string, err error)) {
 // handshake; auth tells a refused key (status: the ZAP status code) from a
 // protocol failure (status: libzmq's ZMQ_PROTOCOL_ERROR_* code).
 func (c *Channel) connRefused(w watch, auth bool, status int) {
-	c.mu.RLock()
-	d := c.peers[w.peer]
-	current := !c.closed && d != nil && d.id == w.id
-	c.mu.RUnlock()
-	if !current {
+	d := c.dealerOf(w)
+	if d == nil {
 		return
 	}
 	n := c.refusedBy.Add(1)
