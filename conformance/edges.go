@@ -220,14 +220,9 @@ func ruleDeregisterIdle(c *rc, e *enginePeer) error {
 	}
 	st := "refused by the call"
 	if perr == nil {
-		o, err := c.wait(op, j.what)
+		o, err := c.waitFailed(op, j.what, "deregistered memory is no destination any more")
 		if err != nil {
 			return err
-		}
-		_ = op.Release()
-		if o.st == transfer.Done {
-			c.tainted("%s reported done", j.what)
-			return fmt.Errorf("%s: Poll reported done; deregistered memory is no destination any more", j.what)
 		}
 		st = fmt.Sprintf("failed (%v)", o.err)
 	}

@@ -331,14 +331,9 @@ func expectRefused(c *rc, j *job, want ...error) error {
 	}
 	cause, how := perr, "the call"
 	if perr == nil {
-		o, err := c.wait(op, j.what)
+		o, err := c.waitFailed(op, j.what, "want a failure wrapping "+names(want))
 		if err != nil {
 			return err
-		}
-		_ = op.Release()
-		if o.st == transfer.Done {
-			c.tainted("%s reported done", j.what)
-			return fmt.Errorf("%s: Poll reported done; want a failure wrapping %s", j.what, names(want))
 		}
 		cause, how = o.err, "a failed op"
 	}
@@ -776,14 +771,9 @@ func ruleWriteGuard(c *rc, e *enginePeer) error {
 		return nil
 	}
 	if perr == nil {
-		o, err := c.wait(op, mixed.what)
+		o, err := c.waitFailed(op, mixed.what, fmt.Sprintf("want a failure wrapping %q", transfer.ErrForbidden))
 		if err != nil {
 			return err
-		}
-		_ = op.Release()
-		if o.st == transfer.Done {
-			c.tainted("%s reported done", mixed.what)
-			return fmt.Errorf("%s: Poll reported done; want a failure wrapping %q", mixed.what, transfer.ErrForbidden)
 		}
 		perr = o.err
 	}

@@ -294,14 +294,8 @@ func targetForgetRound(c *rc, e *enginePeer, round int, fencer bool) error {
 		if perr != nil {
 			continue
 		}
-		o, err := c.wait(op, j.what)
-		if err != nil {
+		if _, err := c.waitFailed(op, j.what, "a forgotten peer's writes must be refused until B loads it again"); err != nil {
 			return err
-		}
-		_ = op.Release()
-		if o.st == transfer.Done {
-			c.tainted("%s reported done", j.what)
-			return fmt.Errorf("%s: Poll reported done; a forgotten peer's writes must be refused until B loads it again", j.what)
 		}
 	}
 	outs, err := c.pollAll(ops, func(i int) string { return jobs[i].what + " after B.ForgetPeer(A)" }, nil)

@@ -23,6 +23,22 @@ func (o outcome) String() string {
 	return o.st.String()
 }
 
+// waitFailed waits for op, which must fail, and releases it. An op that
+// reports done taints the engine and is an error: what, that Poll reported
+// done, and want (what should have happened instead).
+func (c *rc) waitFailed(op transfer.Op, what, want string) (outcome, error) {
+	o, err := c.wait(op, what)
+	if err != nil {
+		return o, err
+	}
+	_ = op.Release()
+	if o.st == transfer.Done {
+		c.tainted("%s reported done", what)
+		return o, fmt.Errorf("%s: Poll reported done; %s", what, want)
+	}
+	return o, nil
+}
+
 // wait polls op until it is terminal and returns the first terminal status.
 // It polls tightly at first, so that a check made right after it returns
 // sees memory as it was when Done was first reported. It fails when one Poll

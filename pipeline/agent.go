@@ -307,6 +307,9 @@ type Agent struct {
 	// region's memory is the dests table's, read at RegisterPool).
 	poolMu sync.Mutex
 	pools  map[string]*localPool
+	// deregisterChecked, when set (by tests), runs in DeregisterMemory
+	// between its pool check and the registry's removal.
+	deregisterChecked func()
 }
 
 type peerInfo struct {
@@ -620,15 +623,11 @@ func (a *Agent) registerStageOnly(d transfer.Desc, peers []string) error {
 // it or a registered pool lies in it (DeregisterPool first); free the
 // memory only once DeregisterMemory succeeded.
 func (a *Agent) DeregisterMemory(d transfer.Desc) error {
-	if name := a.poolOver(d); name != "" {
-		return fmt.Errorf("pipeline: deregister %v: pool %q lies in it: %w", d, name, transfer.ErrInUse)
-	}
-	// The stages' registry first: it refuses (ErrInUse) while a gather or
-	// scatter still copies into or out of d; then the engine, which
-	// refuses while a write uses it, in which case d stays registered.
-	if err := a.set.Registry.Remove(d); err != nil {
+	if err := a.removeUnpooled(d); err != nil {
 		return fmt.Errorf("pipeline: deregister %v: %w", d, err)
 	}
+	// The engine refuses while a write uses d, in which case d stays
+	// registered.
 	a.stageMu.Lock()
 	stageOnly := a.stageOnly[d]
 	delete(a.stageOnly, d)
@@ -645,6 +644,22 @@ func (a *Agent) DeregisterMemory(d transfer.Desc) error {
 	}
 	a.dests.remove(d)
 	return nil
+}
+
+// removeUnpooled removes d from the stages' registry unless a registered
+// pool lies in it (ErrInUse), under the pool lock, so no RegisterPool finds
+// d between the check and the removal. The registry refuses (ErrInUse)
+// while a gather or scatter still copies into or out of d.
+func (a *Agent) removeUnpooled(d transfer.Desc) error {
+	a.poolMu.Lock()
+	defer a.poolMu.Unlock()
+	if name := a.poolOverLocked(d); name != "" {
+		return fmt.Errorf("pool %q lies in it: %w", name, transfer.ErrInUse)
+	}
+	if a.deregisterChecked != nil {
+		a.deregisterChecked()
+	}
+	return a.set.Registry.Remove(d)
 }
 
 // Handshake returns the capability blob this agent advertises, or nil when

@@ -118,10 +118,9 @@ func (a *Agent) DeregisterPool(name string) error {
 	return nil
 }
 
-// poolOver returns the name of a registered pool with a region in d, or "".
-func (a *Agent) poolOver(d transfer.Desc) string {
-	a.poolMu.Lock()
-	defer a.poolMu.Unlock()
+// poolOverLocked returns the name of a registered pool with a region in d,
+// or "". a.poolMu is held.
+func (a *Agent) poolOverLocked(d transfer.Desc) string {
 	for _, lp := range a.pools {
 		for r := range lp.pool.Regions {
 			if s := lp.pool.Span(r); s.Kind == d.Kind && s.Device == d.Device && s.Addr < d.End() && d.Addr < s.End() {
@@ -336,6 +335,7 @@ func (r *reactor) checkWantBlocks(peer string, w *wire.WantBlocks) (*recvBlocks,
 	case !lp.writable(peer):
 		err = fmt.Errorf("pool %q lies in memory %q may not write: %w", w.Pool, peer, transfer.ErrForbidden)
 	default:
+		r.a.stats.blockTableChecks.Add(1)
 		if err = rb.table.CheckIDs(true); err != nil {
 			err = fmt.Errorf("pool %q: %w", w.Pool, err)
 		}
@@ -367,31 +367,12 @@ func (r *reactor) onBlockData(peer string, key credit.FlowKey, grant credit.Regi
 		r.a.stats.badRuns.Add(1)
 		r.a.obs.reject(r, peer, rejectBadRuns)
 		r.log.Warn("DATA rejected: bad piece range", "peer", peer, "request", d.Request, "chunk", d.Chunk, "why", why)
-		r.revoke(d.Region)
-		if err := r.sched.Drop(key, d.Region); err != nil {
-			r.log.Error("drop rejected region", "err", err)
-		}
-		r.flowFailed(key, fmt.Errorf("chunk %d: %w: %s", d.Chunk, ErrRefused, why))
-		r.nack(peer, d.Request, d.Chunk, wire.NackBadBlocks, why)
-		r.schedule()
+		r.refuseData(peer, key, d, fmt.Errorf("chunk %d: %w: %s", d.Chunk, ErrRefused, why), wire.NackBadBlocks, why)
 		return
 	}
-	if _, ok := r.flowSeen[key]; ok {
-		r.flowSeen[key] = r.clock.Now()
-	}
-	// The sender wrote the region (DATA follows the landed write): no more
-	// writes into it.
-	r.revoke(d.Region)
-	if err := r.sched.BeginScatter(key, d.Region); err != nil {
-		r.a.stats.lateData.Add(1)
-		r.a.obs.reject(r, peer, rejectLateData)
-		r.log.Warn("DATA for a region already scattering dropped", "peer", peer, "err", err)
+	if !r.beginScatter(peer, key, d) {
 		return
 	}
 	bc := transfer.BlockCopy{Blocks: f.blocks.table, First: d.Pieces.First, Count: d.Pieces.Count}
-	t := &scatterTask{key: key, chunk: d.Chunk, region: r.regionDesc(d.Region, grant.Len), off: d.Region, blocks: &bc, queued: time.Now()}
-	r.a.obs.scatterQueued(r, t, d)
-	r.scatters++
-	r.tasks[d.Region] = t
-	r.jobs <- t
+	r.queueScatter(d, &scatterTask{key: key, chunk: d.Chunk, region: r.regionDesc(d.Region, grant.Len), off: d.Region, blocks: &bc, queued: time.Now()})
 }

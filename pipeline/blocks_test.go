@@ -4,6 +4,7 @@ import (
 	"errors"
 	"math/rand/v2"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -482,5 +483,125 @@ func TestRegisterPool(t *testing.T) {
 	}
 	if err := a.DeregisterMemory(mem.DescOf(buf)); err != nil {
 		t.Fatalf("deregister the memory once its pool is gone: %v", err)
+	}
+}
+
+// TestBlocksRepeatedWantChecksOnce: a retransmitted block-table WANT of a
+// live flow is recognised as a repeat before the O(ids) table check (the
+// check ran once, for the first WANT), and a conflicting one is refused
+// without it too.
+func TestBlocksRepeatedWantChecksOnce(t *testing.T) {
+	w := newWorld(t)
+	b := w.node("b", testConfig())
+	newKVPool(t, b, "kv", 2, 32, 1024, 1024, 3)
+	im := newImpostor(t, w, b)
+	want := &wire.Want{Request: 7, ChunkBytes: []uint64{4096, 2048}, Endpoint: im.ch.LocalEndpoint(),
+		Blocks: &wire.WantBlocks{Pool: "kv", BlockLen: 1024, Pieces: 6, IDs: []uint32{1, 30, 7}}}
+	im.send(t, "b", want)
+	if g, ok := im.recv(t, 5*time.Second).(*wire.Grant); !ok || g.Request != 7 {
+		t.Fatalf("expected a GRANT, got %#v", g)
+	}
+	for range 3 {
+		im.send(t, "b", want)
+	}
+	eventually(t, func() bool { return b.Stats().DuplicateWants == 3 })
+	conflicting := *want
+	conflicting.ChunkBytes = []uint64{6144}
+	im.send(t, "b", &conflicting)
+	if n, ok := im.recv(t, 5*time.Second).(*wire.Nack); !ok || n.Code != wire.NackConflictingWant {
+		t.Fatalf("a conflicting WANT got %#v, want a NACK %v", n, wire.NackConflictingWant)
+	}
+	if got := b.stats.blockTableChecks.Load(); got != 1 {
+		t.Fatalf("the block table was checked %d times for one flow, want 1", got)
+	}
+	im.send(t, "b", &wire.Want{Request: 7, Endpoint: im.ch.LocalEndpoint()}) // cancel
+	settled(t, b)
+	if err := b.DeregisterPool("kv"); err != nil {
+		t.Fatalf("repeated WANTs left the pool held: %v", err)
+	}
+}
+
+// poolInMemory returns a node, 64 KiB of memory registered with it and a
+// pool of 64 blocks that lies in that memory, not registered.
+func poolInMemory(t *testing.T) (*node, transfer.Desc, transfer.Pool) {
+	a := newWorld(t).node("a", testConfig())
+	d := mem.DescOf(a.buffer(t, 64<<10))
+	return a, d, transfer.Pool{Regions: []uint64{d.Addr}, BlockLen: 1024, Stride: 1024, Blocks: 64, Kind: transfer.Host}
+}
+
+// TestRegisterPoolRacingDeregisterMemory interleaves RegisterPool of a pool
+// in a range with DeregisterMemory of that range: a pool is never left
+// registered over memory that was deregistered. Either the pool's
+// registration fails (the memory is gone) or the deregistration is refused
+// with ErrInUse (the pool lies in it).
+func TestRegisterPoolRacingDeregisterMemory(t *testing.T) {
+	a, d, p := poolInMemory(t)
+	registered, deregistered := 0, 0
+	for i := range 1000 {
+		var poolErr, memErr error
+		var wg sync.WaitGroup
+		start := make(chan struct{})
+		wg.Add(2)
+		go func() {
+			defer wg.Done()
+			<-start
+			poolErr = a.RegisterPool("kv", p)
+		}()
+		go func() {
+			defer wg.Done()
+			<-start
+			memErr = a.DeregisterMemory(d)
+		}()
+		close(start)
+		wg.Wait()
+		switch {
+		case poolErr == nil && memErr == nil:
+			t.Fatalf("iteration %d: the pool was registered and its memory deregistered", i)
+		case poolErr == nil:
+			if !errors.Is(memErr, transfer.ErrInUse) {
+				t.Fatalf("iteration %d: deregister under a pool: %v, want ErrInUse", i, memErr)
+			}
+			registered++
+			if err := a.DeregisterPool("kv"); err != nil {
+				t.Fatal(err)
+			}
+		case memErr == nil:
+			deregistered++
+			if err := a.RegisterMemory(d); err != nil {
+				t.Fatal(err)
+			}
+		default:
+			t.Fatalf("iteration %d: both failed: pool %v, memory %v", i, poolErr, memErr)
+		}
+	}
+	t.Logf("pool won %d times, deregistration %d", registered, deregistered)
+}
+
+// TestRegisterPoolInDeregisterMemoryWindow registers a pool in the moment
+// DeregisterMemory has found no pool over its memory and not yet removed
+// it: the registration must wait for the removal and then fail, not land
+// over memory about to be deregistered.
+func TestRegisterPoolInDeregisterMemoryWindow(t *testing.T) {
+	a, d, p := poolInMemory(t)
+	poolErr := make(chan error, 1)
+	a.deregisterChecked = func() {
+		go func() { poolErr <- a.RegisterPool("kv", p) }()
+		// Give the registration every chance to complete inside the window
+		// (it cannot once the window is locked against it).
+		select {
+		case err := <-poolErr:
+			poolErr <- err
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+	memErr := a.DeregisterMemory(d)
+	a.deregisterChecked = nil
+	if err := <-poolErr; err == nil {
+		t.Fatalf("a pool was registered while its memory was deregistered (deregister: %v)", memErr)
+	} else if memErr != nil {
+		t.Fatalf("deregister: %v (the pool's registration failed: %v)", memErr, err)
+	}
+	if err := a.RegisterMemory(d); err != nil { // for the world's cleanup
+		t.Fatal(err)
 	}
 }

@@ -134,6 +134,18 @@ func TestDeviceKVOverHostEngine(t *testing.T) {
 	}
 }
 
+// stagingPair makes w's engines stage device memory (stagingEngine) and
+// returns two nodes a and b with route auto's cost model on.
+func stagingPair(w *world) (a, b *node) {
+	plain := w.engine
+	w.engine = func(t testing.TB, name string, opt loopback.Options) transfer.Engine {
+		return stagingEngine{plain(t, name, opt)}
+	}
+	cfg := testConfig()
+	cfg.CostModel = true
+	return w.node("a", cfg), w.node("b", cfg)
+}
+
 // stagingEngine is an engine that carries CUDA memory only by staging it
 // per descriptor (transfer.StagedKinder, as tcp with Config.Device): the
 // loopback engine under it is handed the "device" memory, which is host
@@ -169,13 +181,7 @@ func TestDeviceKVStagedDirect(t *testing.T) {
 	w := newWorld(t)
 	c := &cudaLabelled{shadow: map[string]*mem.Registry{}}
 	w.stages = c.stages
-	plain := w.engine
-	w.engine = func(t testing.TB, name string, opt loopback.Options) transfer.Engine {
-		return stagingEngine{plain(t, name, opt)}
-	}
-	cfg := testConfig()
-	cfg.CostModel = true
-	a, b := w.node("a", cfg), w.node("b", cfg)
+	a, b := stagingPair(w)
 	srcB, srcD := c.device(t, a, 1<<20)
 	dstB, dstD := c.device(t, b, 1<<20)
 	connect(t, a, b) // after registering: b's metadata names its device KV
@@ -267,13 +273,7 @@ func TestDeviceKVFromUnpinnedHost(t *testing.T) {
 		g, s, wr := c.stages(t, name, r, e, notify)
 		return pinnedGatherer{g.(kindGatherer), pinned}, s, wr
 	}
-	plain := w.engine
-	w.engine = func(t testing.TB, name string, opt loopback.Options) transfer.Engine {
-		return stagingEngine{plain(t, name, opt)}
-	}
-	cfg := testConfig()
-	cfg.CostModel = true
-	a, b := w.node("a", cfg), w.node("b", cfg)
+	a, b := stagingPair(w)
 	src, err := mem.Alloc(1 << 20)
 	if err != nil {
 		t.Fatal(err)

@@ -236,6 +236,13 @@ func TestForgetPeerRacingSubmit(t *testing.T) {
 // Submits run back to back until one is refused, ForgetPeer comes once the
 // first was accepted. Every batch succeeds or fails with ErrPeerLost, and the
 // refused Submit says ErrUnknownPeer.
+//
+// A round submits fewer requests than b's flow limit: the requests a
+// forgot stay open on b (a sends no cancel to a forgotten peer) until b
+// forgets a, so a loop that outran ForgetPeer by the limit (a loaded
+// machine let it submit hundreds) was rightly refused by b ("peer has 256
+// open flows, the limit"), which is not what this test is about. Past that
+// many the loop waits for ForgetPeer, then submits the refused one.
 func TestForgetPeerRacingSubmitLoop(t *testing.T) {
 	w := newWorld(t)
 	// A WANT of a's still in flight when b forgets a starts a flow that a
@@ -247,10 +254,13 @@ func TestForgetPeerRacingSubmitLoop(t *testing.T) {
 	for i := range 10 {
 		connect(t, a, b)
 		var batches []*Batch
-		first, done := make(chan struct{}), make(chan struct{})
+		first, forgot, done := make(chan struct{}), make(chan struct{}), make(chan struct{})
 		go func() {
 			defer close(done)
 			for n := 0; ; n++ {
+				if n == b.Config().MaxFlowsPerPeer-1 {
+					<-forgot
+				}
 				bt, err := a.Submit(Request{Peer: "b", Src: j.src, Dst: j.dst})
 				if err != nil {
 					if !errors.Is(err, transfer.ErrUnknownPeer) {
@@ -268,10 +278,12 @@ func TestForgetPeerRacingSubmitLoop(t *testing.T) {
 			}
 		}()
 		<-first
-		if err := a.ForgetPeer("b"); err != nil {
+		err := a.ForgetPeer("b")
+		close(forgot)
+		<-done
+		if err != nil {
 			t.Fatal(err)
 		}
-		<-done
 		for _, bt := range batches {
 			if err := wait(t, bt); err != nil && !errors.Is(err, transfer.ErrPeerLost) {
 				t.Fatalf("round %d: batch %d of %d: err = %v, want nil or ErrPeerLost", i, bt.ID(), len(batches), err)

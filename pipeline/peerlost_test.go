@@ -11,7 +11,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/bouncekv/bounce/controlplane/zmq"
 	"github.com/bouncekv/bounce/engines/tcp"
+	"github.com/bouncekv/bounce/pipeline/wire"
 	"github.com/bouncekv/bounce/stages/write"
 	"github.com/bouncekv/bounce/transfer"
 )
@@ -72,8 +74,9 @@ func TestPeerLostBeforeFirstWrite(t *testing.T) {
 	awaitGranted(t, r)
 	deadline := time.Now().Add(20 * time.Second)
 	// The sender dies once its connection is up (the receiver's engine
-	// named it): killed earlier, inside that round trip, only expiry
-	// would reclaim the flow.
+	// named it): killed earlier, inside that round trip, the engine has
+	// nothing to report, and the control channel's report is what reclaims
+	// the flow (TestSenderDeadBeforeFirstGrantReclaimed).
 	for r.eng.(*tcp.Engine).Stats().IncomingConns == 0 {
 		if time.Now().After(deadline) {
 			t.Fatal("the sender's engine never connected to the receiver before its first write")
@@ -114,6 +117,41 @@ func TestControlPeerLostReclaimsFlows(t *testing.T) {
 	conserve(t, r)
 	// The sender's gathers read j's buffers, which the test frees first.
 	s.close(t)
+}
+
+// TestSenderDeadBeforeFirstGrantReclaimed: a sender dies after its WANT
+// and before the receiver's first control connection to it is up (the
+// GRANT dials it), with no engine connection either (loopback reports
+// nothing): the receiver's failed dial to the endpoint the WANT named
+// reports the sender lost, and its flow is reclaimed at once, not at its
+// expiry (20 s here).
+func TestSenderDeadBeforeFirstGrantReclaimed(t *testing.T) {
+	w := zmqWorld(t, 0)
+	r := w.node("r", testConfig())
+	s, err := zmq.New(zmq.Config{Name: "s", BindAddress: "127.0.0.1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	if err := s.AddPeer("r", r.ctrl.LocalEndpoint()); err != nil {
+		t.Fatal(err)
+	}
+	// The endpoint the sender's WANT names: bound, then gone with its
+	// process.
+	dead, err := zmq.New(zmq.Config{Name: "s", BindAddress: "127.0.0.1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	endpoint := dead.LocalEndpoint()
+	if err := dead.Close(); err != nil {
+		t.Fatal(err)
+	}
+	im := &impostor{ch: s}
+	died := time.Now()
+	im.send(t, "r", &wire.Want{Request: 1, ChunkBytes: []uint64{64 << 10}, Endpoint: endpoint})
+	eventually(t, func() bool { return r.Stats().LostPeers == 1 })
+	awaitReclaimed(t, r, died, 10*time.Second, "the sender died")
+	conserve(t, r)
 }
 
 // TestPeerLostFailsWaitingRequests: a receiver dies while the sender's

@@ -90,6 +90,8 @@ type reactor struct {
 	cmdBuf    []func(*reactor)
 	lastCheck time.Time
 	lastRetry time.Time
+
+	enc encoder // the one buffer control messages are encoded into
 }
 
 // quarantined is a region that goes back to the free pool at until.
@@ -427,7 +429,7 @@ func (r *reactor) dropUnadmitted(peer string) {
 // send marshals and sends a control message without blocking. A failed send
 // is counted and logged; the caller decides what it means for the request.
 func (r *reactor) send(peer string, m wire.Message) error {
-	b, err := wire.Marshal(m)
+	b, err := r.enc.encode(m)
 	if err == nil {
 		err = r.a.set.Control.Send(peer, b)
 	}
@@ -439,6 +441,28 @@ func (r *reactor) send(peer string, m wire.Message) error {
 		r.log.Warn("control message dropped", "peer", peer, "type", m.Type(), "err", err)
 	}
 	return err
+}
+
+// maxKeptEncoding is the largest encoding buffer an encoder keeps for the
+// next message (a DATA of a few thousand runs); a larger one is dropped
+// after its message.
+const maxKeptEncoding = 256 << 10
+
+// encoder encodes the reactor's control messages into one reused buffer:
+// a control channel copies a payload before Send returns
+// (transfer.ControlChannel), so the next message may overwrite it.
+type encoder struct{ buf []byte }
+
+// encode returns m's encoding, valid until the next call.
+func (e *encoder) encode(m wire.Message) ([]byte, error) {
+	b, err := wire.AppendMarshal(e.buf[:0], m)
+	if err != nil {
+		return nil, err
+	}
+	if cap(b) <= maxKeptEncoding {
+		e.buf = b[:0]
+	}
+	return b, nil
 }
 
 // forgetPeer reclaims the peer's flows and fails the requests to it.

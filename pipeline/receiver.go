@@ -109,9 +109,11 @@ func (r *reactor) onWant(peer string, w *wire.Want) {
 		return
 	}
 	// The block table's O(ids) check runs only for a WANT within the
-	// peer's flow limit.
+	// peer's flow limit that starts a flow: one naming a live flow is a
+	// repeat or a conflict, which sched.Want tells below (its table was
+	// checked when the flow began).
 	var rb *recvBlocks
-	if w.Blocks != nil {
+	if w.Blocks != nil && !r.sched.Active(key) {
 		var err error
 		if rb, err = r.checkWantBlocks(peer, w.Blocks); err != nil {
 			r.a.stats.rejectedWants.Add(1)
@@ -439,28 +441,48 @@ func (r *reactor) onData(peer string, d *wire.Data) {
 		r.a.stats.badRuns.Add(1)
 		r.a.obs.reject(r, peer, rejectBadRuns)
 		r.log.WarnContext(spanContext(r.a.obs.extract(d.TraceParent)), "DATA rejected: bad scatter runs", "peer", peer, "request", d.Request, "err", err)
-		r.revoke(d.Region)
-		if err := r.sched.Drop(key, d.Region); err != nil {
-			r.log.Error("drop rejected region", "err", err)
-		}
-		r.flowFailed(key, fmt.Errorf("chunk %d: %w: bad scatter runs: %w", d.Chunk, ErrRefused, err))
-		r.nack(peer, d.Request, d.Chunk, nackCodeOf(err), "DATA refused: "+err.Error())
-		r.schedule()
+		r.refuseData(peer, key, d, fmt.Errorf("chunk %d: %w: bad scatter runs: %w", d.Chunk, ErrRefused, err), nackCodeOf(err), "DATA refused: "+err.Error())
 		return
 	}
+	if !r.beginScatter(peer, key, d) {
+		return
+	}
+	r.queueScatter(d, &scatterTask{key: key, chunk: d.Chunk, region: r.regionDesc(d.Region, grant.Len), off: d.Region, runs: d.Runs, queued: time.Now()})
+}
+
+// refuseData ends a DATA the receiver refused (the caller counted and
+// logged why): its region is revoked and dropped, its flow failed with
+// flowErr, and the sender told by a NACK.
+func (r *reactor) refuseData(peer string, key credit.FlowKey, d *wire.Data, flowErr error, code wire.NackCode, reason string) {
+	r.revoke(d.Region)
+	if err := r.sched.Drop(key, d.Region); err != nil {
+		r.log.Error("drop rejected region", "err", err)
+	}
+	r.flowFailed(key, flowErr)
+	r.nack(peer, d.Request, d.Chunk, code, reason)
+	r.schedule()
+}
+
+// beginScatter marks the region of an accepted DATA as scattering (the
+// sender wrote it: no more writes into it) and refreshes its flow's
+// last-seen time; false when the region already scatters (the DATA is
+// dropped, counted as late).
+func (r *reactor) beginScatter(peer string, key credit.FlowKey, d *wire.Data) bool {
 	if _, ok := r.flowSeen[key]; ok {
 		r.flowSeen[key] = r.clock.Now()
 	}
-	// The sender wrote the region (DATA follows the landed write): no more
-	// writes into it.
 	r.revoke(d.Region)
 	if err := r.sched.BeginScatter(key, d.Region); err != nil {
 		r.a.stats.lateData.Add(1)
 		r.a.obs.reject(r, peer, rejectLateData)
 		r.log.Warn("DATA for a region already scattering dropped", "peer", peer, "err", err)
-		return
+		return false
 	}
-	t := &scatterTask{key: key, chunk: d.Chunk, region: r.regionDesc(d.Region, grant.Len), off: d.Region, runs: d.Runs, queued: time.Now()}
+	return true
+}
+
+// queueScatter hands t, the scatter of d's region, to the workers.
+func (r *reactor) queueScatter(d *wire.Data, t *scatterTask) {
 	r.a.obs.scatterQueued(r, t, d)
 	r.scatters++
 	r.tasks[d.Region] = t

@@ -27,7 +27,7 @@ func (a *Agent) watchRefusals(c any) {
 // refusedGrace is how long a refusal stands before the requests to the
 // peer fail: admission can trail a sender by a moment (a receiver that
 // follows its senders through discovery admits one once it has read its
-// record), and the channel retries its handshake meanwhile, so a refusal
+// record), and the channel dials again at its next send, so a refusal
 // that is over within it (the peer heard from, or its connection up) fails
 // nothing.
 const refusedGrace = time.Second

@@ -72,20 +72,23 @@ type counters struct {
 	sendDrops                                     atomic.Uint64
 	badMessages, lateData, rejectedWants, badRuns atomic.Uint64
 	duplicateWants                                atomic.Uint64
-	incompatiblePeers, badPeerDesc                atomic.Uint64
-	scatterFailures, expiredFlows                 atomic.Uint64
-	cancelledScatters                             atomic.Uint64
-	quarantines                                   atomic.Uint64
-	fencedReleases                                atomic.Uint64
-	quarantinedRegions, quarantinedBytes          atomic.Uint64
-	unadmitted, foreignEndpoints                  atomic.Uint64
-	rateLimited, flowLimited                      atomic.Uint64
-	wants, grants, bounceBytes                    atomic.Uint64
-	lostPeers                                     atomic.Uint64
-	controlPeers, flows, requests                 atomic.Uint64
-	events, droppedEvents                         atomic.Uint64
-	fallbacks, bounceRefused                      atomic.Uint64
-	autoBounce, autoDirect                        atomic.Uint64
+	// blockTableChecks counts block-table WANTs whose ids were checked
+	// (the O(ids) pass; read by tests, not exported).
+	blockTableChecks                     atomic.Uint64
+	incompatiblePeers, badPeerDesc       atomic.Uint64
+	scatterFailures, expiredFlows        atomic.Uint64
+	cancelledScatters                    atomic.Uint64
+	quarantines                          atomic.Uint64
+	fencedReleases                       atomic.Uint64
+	quarantinedRegions, quarantinedBytes atomic.Uint64
+	unadmitted, foreignEndpoints         atomic.Uint64
+	rateLimited, flowLimited             atomic.Uint64
+	wants, grants, bounceBytes           atomic.Uint64
+	lostPeers                            atomic.Uint64
+	controlPeers, flows, requests        atomic.Uint64
+	events, droppedEvents                atomic.Uint64
+	fallbacks, bounceRefused             atomic.Uint64
+	autoBounce, autoDirect               atomic.Uint64
 }
 
 // Stats returns a snapshot of the agent's counters.

@@ -9,7 +9,6 @@ import (
 	"runtime"
 	"strings"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -313,20 +312,7 @@ func benchWriteGuard(b *testing.B, bin string, size uint64) {
 // (installed again before it serves), so a write outside the grant is
 // refused and lands nothing there.
 func TestRestartedPluginEngineKeepsTheGuard(t *testing.T) {
-	bin := buildExample(t)
-	e, err := plugins.OpenEngine(plugins.Spec{Path: bin}, plugins.Restart{MaxRestarts: 1, Backoff: 20 * time.Millisecond}, "victim", map[string]string{"listen": "127.0.0.1:0"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer e.Close()
-	dst, err := mem.Alloc(16 << 10)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer dst.Free()
-	if err := e.RegisterMemory(dst.Desc()); err != nil {
-		t.Fatal(err)
-	}
+	e, dst := restartableVictim(t, 16<<10)
 	granted := transfer.Desc{Addr: dst.Desc().Addr, Len: 4096, Kind: transfer.Host}
 	e.(transfer.WriteGuarded).SetWriteGuard(func(peer string, d transfer.Desc) (transfer.Desc, error) {
 		if granted.Contains(d.Addr, d.Len) {
@@ -334,15 +320,7 @@ func TestRestartedPluginEngineKeepsTheGuard(t *testing.T) {
 		}
 		return transfer.Desc{}, fmt.Errorf("test guard: [%#x+%d] not granted: %w", d.Addr, d.Len, transfer.ErrForbidden)
 	})
-	sv := e.(plugins.Supervised)
-	if err := syscall.Kill(sv.Current().Pid(), syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
-	for deadline := time.Now().Add(30 * time.Second); sv.Restarts() < 1 || sv.Current() == nil; time.Sleep(5 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("the plugin was not restarted within 30s")
-		}
-	}
+	killAndAwaitRestart(t, e)
 	w, peer, src := writerTo(t, e, 4096, 0x5A) // the restarted process listens on a new port
 	if err := writeAndWait(t, w, peer, src.Desc(), granted); err != nil {
 		t.Fatalf("write into the grant after the restart: %v", err)

@@ -18,20 +18,7 @@ import (
 // loaded the first process's metadata writes to the new one without
 // reloading it: the bytes land.
 func TestRestartedPluginEngineKeepsItsAddress(t *testing.T) {
-	bin := buildExample(t)
-	e, err := plugins.OpenEngine(plugins.Spec{Path: bin}, plugins.Restart{MaxRestarts: 1, Backoff: 20 * time.Millisecond}, "victim", map[string]string{"listen": "127.0.0.1:0"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer e.Close()
-	dst, err := mem.Alloc(8192)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer dst.Free()
-	if err := e.RegisterMemory(dst.Desc()); err != nil {
-		t.Fatal(err)
-	}
+	e, dst := restartableVictim(t, 8192)
 	before, err := e.Metadata()
 	if err != nil {
 		t.Fatal(err)
@@ -41,15 +28,7 @@ func TestRestartedPluginEngineKeepsItsAddress(t *testing.T) {
 	if err := writeAndWait(t, w, peer, src.Desc(), first); err != nil {
 		t.Fatalf("write before the restart: %v", err)
 	}
-	sv := e.(plugins.Supervised)
-	if err := syscall.Kill(sv.Current().Pid(), syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
-	for deadline := time.Now().Add(30 * time.Second); sv.Restarts() < 1 || sv.Current() == nil; time.Sleep(5 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("the plugin was not restarted within 30s")
-		}
-	}
+	killAndAwaitRestart(t, e)
 	after, err := e.Metadata()
 	if err != nil {
 		t.Fatal(err)
@@ -120,4 +99,40 @@ func TestPluginCrashDetection(t *testing.T) {
 	}
 	slices.Sort(took)
 	t.Logf("crash detection over %d kills: min %v median %v max %v", rounds, took[0].Round(time.Millisecond), took[rounds/2].Round(time.Millisecond), took[rounds-1].Round(time.Millisecond))
+}
+
+// restartableVictim opens the example engine plugin as "victim" on a free
+// loopback port, restarted once if it dies, with size bytes of memory
+// registered with it; both are closed when the test ends.
+func restartableVictim(t *testing.T, size uint64) (transfer.Engine, *mem.Buffer) {
+	t.Helper()
+	e, err := plugins.OpenEngine(plugins.Spec{Path: buildExample(t)}, plugins.Restart{MaxRestarts: 1, Backoff: 20 * time.Millisecond}, "victim", map[string]string{"listen": "127.0.0.1:0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.Close() })
+	dst, err := mem.Alloc(size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { dst.Free() })
+	if err := e.RegisterMemory(dst.Desc()); err != nil {
+		t.Fatal(err)
+	}
+	return e, dst
+}
+
+// killAndAwaitRestart kills e's plugin process (SIGKILL) and waits until
+// its supervisor restarted it.
+func killAndAwaitRestart(t *testing.T, e transfer.Engine) {
+	t.Helper()
+	sv := e.(plugins.Supervised)
+	if err := syscall.Kill(sv.Current().Pid(), syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(30 * time.Second); sv.Restarts() < 1 || sv.Current() == nil; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the plugin was not restarted within 30s")
+		}
+	}
 }

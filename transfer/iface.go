@@ -217,7 +217,8 @@ type WriteGuarded interface {
 // same kind. LocalEndpoint is what a peer passes to AddPeer to reach this
 // channel. AddPeer validates the endpoint before connecting and returns an
 // error wrapping ErrBadEndpoint when it is unusable; adding a known peer
-// again replaces its endpoint. Send never blocks: a full queue drops the
+// again replaces its endpoint. Send never blocks and keeps no reference to
+// payload once it returns (the caller reuses it): a full queue drops the
 // message and returns ErrQueueFull, an unknown peer ErrUnknownPeer. Messages
 // to one peer arrive in order. Recv waits at most timeout and reports the
 // sending peer's name; it returns ErrTimeout when nothing arrived and

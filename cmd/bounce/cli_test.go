@@ -242,6 +242,25 @@ func waitForFile(t *testing.T, path string, stderr fmt.Stringer) {
 	waitForFileOf(t, path, stderr, nil)
 }
 
+// startServe starts 'bounce serve --descriptor-out desc args...', stops
+// it when the test ends, and returns its stderr once its descriptor is
+// out.
+func startServe(t *testing.T, desc string, args ...string) *syncBuffer {
+	t.Helper()
+	serve := exec.Command(cliBinary(t), append([]string{"serve", "--descriptor-out", desc}, args...)...)
+	serr := &syncBuffer{}
+	serve.Stderr = serr
+	if err := serve.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = serve.Process.Kill()
+		_ = serve.Wait()
+	})
+	waitForFile(t, desc, serr)
+	return serr
+}
+
 // waitForFileOf waits for serve's descriptor line at path, failing at once
 // if the serve process (exited, when given) ends first.
 func waitForFileOf(t *testing.T, path string, stderr fmt.Stringer, exited <-chan struct{}) {
@@ -454,15 +473,8 @@ func TestSendShowsFallback(t *testing.T) {
 	desc := filepath.Join(dir, "recv.json")
 	work := []string{"--workload", "gptoss120b-tp8-b16", "--count", "2048", "--seed", "3"}
 	keyFile, allow := senderKey(t, dir, "send")
-	serve := exec.Command(cliBinary(t), "serve", "--agent.name", "recv", "--buffer-size", "16MiB", "--descriptor-out", desc,
+	startServe(t, desc, "--agent.name", "recv", "--buffer-size", "16MiB",
 		"--security.allowed-peers", allow, "--control-plane.bind-address", "127.0.0.1", "--bounce.max-chunk", "4MiB")
-	var serr syncBuffer
-	serve.Stderr = &serr
-	if err := serve.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer func() { serve.Process.Kill(); serve.Wait() }()
-	waitForFile(t, desc, &serr)
 	base := append([]string{"send", "--peer", desc, "--agent.name", "send", "--security.key-file", keyFile, "--control-plane.bind-address", "127.0.0.1"}, work...)
 	out, errOut, code := bounce(t, base...)
 	if code != 0 || !strings.Contains(out, "1 of 1 request(s) fell back to the direct path") || !strings.Contains(out, "max chunk 8 MiB here vs 4 MiB on recv") {
@@ -497,15 +509,8 @@ func TestSendRepeatJSON(t *testing.T) {
 	dir := t.TempDir()
 	desc, js := filepath.Join(dir, "recv.json"), filepath.Join(dir, "send.json")
 	keyFile, allow := senderKey(t, dir, "send")
-	serve := exec.Command(cliBinary(t), "serve", "--agent.name", "recv", "--buffer-size", "8MiB", "--descriptor-out", desc,
+	serr := startServe(t, desc, "--agent.name", "recv", "--buffer-size", "8MiB",
 		"--security.allowed-peers", allow, "--control-plane.bind-address", "127.0.0.1")
-	var serr syncBuffer
-	serve.Stderr = &serr
-	if err := serve.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer func() { serve.Process.Kill(); serve.Wait() }()
-	waitForFile(t, desc, &serr)
 	out, errOut, code := bounce(t, "send", "--peer", desc, "--agent.name", "send", "--security.key-file", keyFile, "--control-plane.bind-address", "127.0.0.1",
 		"--workload", "gptoss120b-tp8-b16", "--count", "2048", "--repeat", "3", "--json", js, "--bounce.cost-model=false") // bounce rows, by the gates
 	if code != 0 || !strings.Contains(out, "warm-up: one unrecorded request moved first") || !strings.Contains(out, "bounce #2") {
@@ -551,15 +556,8 @@ func TestServeHearsDirectOnlySender(t *testing.T) {
 	dir := t.TempDir()
 	desc := filepath.Join(dir, "recv.json")
 	keyFile, allow := senderKey(t, dir, "send")
-	serve := exec.Command(cliBinary(t), "serve", "--agent.name", "recv", "--buffer-size", "8MiB", "--descriptor-out", desc,
+	serr := startServe(t, desc, "--agent.name", "recv", "--buffer-size", "8MiB",
 		"--security.allowed-peers", allow, "--control-plane.bind-address", "127.0.0.1", "--bounce.enabled=false")
-	var serr syncBuffer
-	serve.Stderr = &serr
-	if err := serve.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer func() { serve.Process.Kill(); serve.Wait() }()
-	waitForFile(t, desc, &serr)
 	out, errOut, code := bounce(t, "send", "--peer", desc, "--agent.name", "send", "--security.key-file", keyFile, "--control-plane.bind-address", "127.0.0.1",
 		"--workload", "gptoss120b-tp8-b16", "--count", "1024", "--requests", "3", "--warm-up=false")
 	if code != 0 || !strings.Contains(out, "direct") {

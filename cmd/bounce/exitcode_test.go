@@ -3,7 +3,6 @@ package main
 import (
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -53,14 +52,7 @@ func TestExitCodeBadKeyFile(t *testing.T) {
 	}
 	// A real receiver's descriptor, so send reaches its key file.
 	desc := filepath.Join(dir, "recv.json")
-	serve := exec.Command(cliBinary(t), "serve", "--buffer-size", "1MiB", "--control-plane.bind-address", "127.0.0.1", "--descriptor-out", desc)
-	var serr syncBuffer
-	serve.Stderr = &serr
-	if err := serve.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer func() { serve.Process.Kill(); serve.Wait() }()
-	waitForFile(t, desc, &serr)
+	startServe(t, desc, "--buffer-size", "1MiB", "--control-plane.bind-address", "127.0.0.1")
 	for _, kf := range []struct{ path, want string }{{garbage, "line 1"}, {open, "chmod 600"}} {
 		for _, args := range [][]string{
 			{"key", "--agent.name", "x"},

@@ -6,7 +6,6 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 )
 
 // helpExamples returns the commands of `bounce <cmd> --help`'s Examples
@@ -62,31 +61,7 @@ func TestServeHelpExamples(t *testing.T) {
 		c.Dir = dir
 		return c
 	}
-	if out, err := in(nsA, cmds[0]).CombinedOutput(); err != nil {
-		t.Fatalf("key: %v\n%s", err, out)
-	}
-	serve := in(nsB, cmds[1])
-	var sout, serr syncBuffer
-	serve.Stdout, serve.Stderr = &sout, &serr
-	if err := serve.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer serve.Process.Kill()
-	exited := make(chan struct{})
-	var serveErr error
-	go func() { serveErr = serve.Wait(); close(exited) }()
-	waitForFileOf(t, filepath.Join(dir, "recv.json"), &serr, exited)
-	if out, err := in(nsA, cmds[2]).CombinedOutput(); err != nil {
-		t.Fatalf("send: %v\n%s\nserve stderr:\n%s", err, out, serr.String())
-	}
-	select {
-	case <-exited:
-	case <-time.After(2 * time.Minute):
-		t.Fatal("the receiver never finished verifying")
-	}
-	if serveErr != nil || !strings.Contains(sout.String(), "verified: 8 request(s)") {
-		t.Fatalf("receiver: %v\nstdout:\n%s\nstderr:\n%s", serveErr, sout.String(), serr.String())
-	}
+	keyServeSend(t, in, nsA, nsB, dir, cmds)
 }
 
 // TestSendHelpExamples runs `bounce send --help`'s file examples exactly as

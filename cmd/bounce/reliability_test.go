@@ -658,8 +658,8 @@ func TestKillSenderRestartSameKey(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Killed mid-transfer: granted, and its engine connected (a sender
-	// killed before its first connection is up is noticed only at its
-	// flow's expiry: TestPeerLostBeforeFirstWrite).
+	// killed before its first engine connection is up is noticed by the
+	// control channel instead: TestSenderDeadBeforeFirstGrantReclaimed).
 	deadline := time.Now().Add(60 * time.Second)
 	for r.n.Agent.ArenaStats().HeldBytes == 0 || r.n.Engine.(*tcp.Engine).Stats().IncomingConns == 0 {
 		if time.Now().After(deadline) {

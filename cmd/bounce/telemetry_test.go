@@ -258,26 +258,8 @@ func TestPrometheusEndpoint(t *testing.T) {
 	desc := filepath.Join(dir, "recv.json")
 	work := []string{"--workload", "llama70b-tp8-b16", "--count", "4096", "--requests", "1", "--bounce.cost-model=false"} // the bounce path, by the gates
 	keyFile, allow := senderKey(t, dir, "send")
-	serve := exec.Command(cliBinary(t), "serve", "--agent.name", "recv", "--buffer-size", "64MiB", "--descriptor-out", desc, "--security.allowed-peers", allow,
-		"--control-plane.bind-address", "127.0.0.1", "--telemetry.metrics.listen", "127.0.0.1:0", "--telemetry.service-name", "scrape")
-	var serr syncBuffer
-	serve.Stderr = &serr
-	if err := serve.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		_ = serve.Process.Kill()
-		_ = serve.Wait()
-	}()
-	waitForFile(t, desc, &serr)
-	raw, err := os.ReadFile(desc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var h hello
-	if err := json.Unmarshal(raw, &h); err != nil || h.Metrics == "" {
-		t.Fatalf("descriptor line %s: %v (want a metrics address)", raw, err)
-	}
+	h, _ := serveMetrics(t, desc, "--agent.name", "recv", "--buffer-size", "64MiB", "--security.allowed-peers", allow,
+		"--control-plane.bind-address", "127.0.0.1", "--telemetry.service-name", "scrape")
 	out, errOut, code := bounce(t, append([]string{"send", "--peer", desc, "--agent.name", "send", "--security.key-file", keyFile, "--control-plane.bind-address", "127.0.0.1"}, work...)...)
 	if code != 0 {
 		t.Fatalf("send exit %d\n%s\n%s", code, out, errOut)
@@ -409,26 +391,8 @@ func TestRefusedSenderLearnsWhy(t *testing.T) {
 	desc := filepath.Join(dir, "recv.json")
 	keyFile, _ := senderKey(t, dir, "send")
 	_, other := senderKey(t, dir, "someone-else")
-	serve := exec.Command(cliBinary(t), "serve", "--agent.name", "recv", "--buffer-size", "64MiB", "--descriptor-out", desc, "--security.allowed-peers", other,
-		"--control-plane.bind-address", "127.0.0.1", "--telemetry.metrics.listen", "127.0.0.1:0")
-	var serr syncBuffer
-	serve.Stderr = &serr
-	if err := serve.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		_ = serve.Process.Kill()
-		_ = serve.Wait()
-	}()
-	waitForFile(t, desc, &serr)
-	raw, err := os.ReadFile(desc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var h hello
-	if err := json.Unmarshal(raw, &h); err != nil || h.Metrics == "" {
-		t.Fatalf("descriptor line %s: %v (want a metrics address)", raw, err)
-	}
+	h, _ := serveMetrics(t, desc, "--agent.name", "recv", "--buffer-size", "64MiB", "--security.allowed-peers", other,
+		"--control-plane.bind-address", "127.0.0.1")
 	start := time.Now()
 	out, errOut, code := bounce(t, "send", "--peer", desc, "--agent.name", "send", "--security.key-file", keyFile, "--control-plane.bind-address", "127.0.0.1",
 		"--route", "bounce", "--bounce.request-timeout", "10m", "--workload", "llama70b-tp8-b16", "--count", "4096", "--requests", "2")
@@ -492,4 +456,21 @@ func TestDeadTraceEndpoint(t *testing.T) {
 			t.Fatalf("--json row traces %+v, want req-0 with its trace id", r.Traces)
 		}
 	}
+}
+
+// serveMetrics is startServe with the metrics endpoint on a free loopback
+// port: it returns serve's descriptor line, which names that address, and
+// its stderr.
+func serveMetrics(t *testing.T, desc string, args ...string) (hello, *syncBuffer) {
+	t.Helper()
+	serr := startServe(t, desc, append(args, "--telemetry.metrics.listen", "127.0.0.1:0")...)
+	raw, err := os.ReadFile(desc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var h hello
+	if err := json.Unmarshal(raw, &h); err != nil || h.Metrics == "" {
+		t.Fatalf("descriptor line %s: %v (want a metrics address)", raw, err)
+	}
+	return h, serr
 }

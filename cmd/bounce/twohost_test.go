@@ -207,12 +207,23 @@ func TestReadmeTwoHosts(t *testing.T) {
 	nsA, nsB := twoHostsWith(t, "r", "eth0", "eth0", "10.0.0.1", "10.0.0.2")
 	bin := cliBinary(t)
 	dir := t.TempDir()
-	in := func(ns string, argv []string) *exec.Cmd {
-		c := exec.Command("ip", append([]string{"netns", "exec", ns, bin}, argv[1:]...)...)
-		c.Dir = dir
-		return c
+	in := inNamespace(bin, dir)
+	out, serr := keyServeSend(t, in, nsA, nsB, dir, cmds)
+	if !strings.Contains(string(out), "bounce  ") && !strings.Contains(string(out), "direct  ") {
+		t.Fatalf("send printed no route line:\n%s", out)
 	}
-	// Host A's key line, copied to B (both share dir here).
+	if n := strings.Count(serr, "received: peer="); n < 8 {
+		t.Fatalf("receiver printed %d completion events, want at least 8:\n%s", n, serr)
+	}
+	t.Logf("send:\n%s", out)
+}
+
+// keyServeSend runs a two-host block's commands (in runs one in a host's
+// namespace, in dir): the key on host A (its line reaches B through dir),
+// serve on host B, send on host A; serve must exit having verified the 8
+// requests. It returns send's output and serve's stderr.
+func keyServeSend(t *testing.T, in func(ns string, argv []string) *exec.Cmd, nsA, nsB, dir string, cmds [][]string) (sendOut []byte, serveStderr string) {
+	t.Helper()
 	if out, err := in(nsA, cmds[0]).CombinedOutput(); err != nil {
 		t.Fatalf("key: %v\n%s", err, out)
 	}
@@ -231,9 +242,6 @@ func TestReadmeTwoHosts(t *testing.T) {
 	if err != nil {
 		t.Fatalf("send: %v\n%s\nserve stderr:\n%s", err, out, serr.String())
 	}
-	if !strings.Contains(string(out), "bounce  ") && !strings.Contains(string(out), "direct  ") {
-		t.Fatalf("send printed no route line:\n%s", out)
-	}
 	select {
 	case <-exited:
 	case <-time.After(2 * time.Minute):
@@ -242,10 +250,7 @@ func TestReadmeTwoHosts(t *testing.T) {
 	if serveErr != nil || !strings.Contains(sout.String(), "verified: 8 request(s)") {
 		t.Fatalf("receiver: %v\nstdout:\n%s\nstderr:\n%s", serveErr, sout.String(), serr.String())
 	}
-	if n := strings.Count(serr.String(), "received: peer="); n < 8 {
-		t.Fatalf("receiver printed %d completion events, want at least 8:\n%s", n, serr.String())
-	}
-	t.Logf("send:\n%s", out)
+	return out, serr.String()
 }
 
 // TestReadmeBenchPeer runs the README's bench-peer block as printed: host
@@ -262,11 +267,7 @@ func TestReadmeBenchPeer(t *testing.T) {
 	nsA, nsB := twoHostsWith(t, "p", "eth0", "eth0", "10.0.0.1", "10.0.0.2")
 	bin := cliBinary(t)
 	dir := t.TempDir()
-	in := func(ns string, argv []string) *exec.Cmd {
-		c := exec.Command("ip", append([]string{"netns", "exec", ns, bin}, argv[1:]...)...)
-		c.Dir = dir
-		return c
-	}
+	in := inNamespace(bin, dir)
 	if out, err := in(nsA, key).CombinedOutput(); err != nil {
 		t.Fatalf("key: %v\n%s", err, out)
 	}
@@ -336,5 +337,16 @@ func TestBenchPeerTwoHosts(t *testing.T) {
 	}
 	if n := strings.Count(serr.String(), "received: peer=prefill-0"); n < 10 { // 2 warm-ups + 2 x (1 + 4)
 		t.Fatalf("the remote receiver announced %d requests, want at least 10:\n%s", n, serr.String())
+	}
+}
+
+// inNamespace returns what runs a README command (argv[0] is its
+// bin/bounce) in a host's network namespace, in dir, with bin (this build)
+// in place of argv[0].
+func inNamespace(bin, dir string) func(ns string, argv []string) *exec.Cmd {
+	return func(ns string, argv []string) *exec.Cmd {
+		c := exec.Command("ip", append([]string{"netns", "exec", ns, bin}, argv[1:]...)...)
+		c.Dir = dir
+		return c
 	}
 }

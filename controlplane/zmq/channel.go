@@ -117,7 +117,7 @@ type dealer struct {
 	endpoint  string
 	dropping  bool        // the last send was dropped; used to warn once per episode
 	connected bool        // Connect was called (at once without CURVE, on the first Send with it)
-	refused   atomic.Bool // the peer refused a handshake (warned once per dealer)
+	refused   atomic.Bool // the peer refused the last handshake (warned once until a connection is up)
 }
 
 // Stats are the channel's cumulative counters.
@@ -406,8 +406,13 @@ func (c *Channel) AddPeer(peer, endpoint string) error {
 // of its DEALER drops after it had completed its handshake: the peer
 // process died (its kernel closed the socket: seen within a round trip,
 // through the ZeroMQ socket monitor) or went silent past the heartbeat
-// timeout (transfer.PeerLossReporter). The DEALER reconnects by itself; a
-// removed or replaced DEALER is not reported. fn must not block.
+// timeout (transfer.PeerLossReporter); and when a DEALER whose connection
+// never completed a handshake fails a dial (nothing listens at the
+// endpoint the peer had bound: it died before this channel's first
+// connection to it was up). Once per drop: the DEALER reconnects by
+// itself, and its failing redials are no new loss until a handshake
+// completed again. A removed or replaced DEALER is not reported. fn must
+// not block.
 func (c *Channel) SetPeerLost(fn func(peer string)) {
 	if fn == nil {
 		c.onLost.Store(nil)
@@ -430,19 +435,28 @@ func (c *Channel) SetPeerUp(fn func(peer string)) {
 }
 
 // current says whether w watches the DEALER peers holds now.
-func (c *Channel) current(w watch) bool {
+func (c *Channel) current(w watch) bool { return c.dealerOf(w) != nil }
+
+// dealerOf returns the dealer w reports for while it is the peer's
+// current one, else nil.
+func (c *Channel) dealerOf(w watch) *dealer {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
-	d := c.peers[w.peer]
-	return !c.closed && d != nil && d.id == w.id
+	if d := c.peers[w.peer]; !c.closed && d != nil && d.id == w.id {
+		return d
+	}
+	return nil
 }
 
 // connUp is the monitor's report that w's connection completed its
 // handshake.
 func (c *Channel) connUp(w watch) {
-	if !c.current(w) {
+	d := c.dealerOf(w)
+	if d == nil {
 		return
 	}
+	// The peer admits this agent now: a later refusal is news again.
+	d.refused.Store(false)
 	if fn := c.onUp.Load(); fn != nil {
 		(*fn)(w.peer)
 	}
@@ -465,9 +479,9 @@ func (c *Channel) connLost(w watch) {
 // its ZAP handler did not admit this agent's key (ZMTP ERROR, reported by
 // the socket monitor as a failed authentication) or the CURVE handshake
 // failed (a protocol error: the peer's key in its descriptor is stale).
-// The error wraps security.ErrNotAdmitted and says the likely cause. The
-// DEALER keeps reconnecting, so a peer that admits the key later is
-// reached. fn must not block.
+// The error wraps security.ErrNotAdmitted and says the likely cause.
+// libzmq does not dial a refused connection again; the DEALER's next Send
+// does, so a peer that admits the key later is reached. fn must not block.
 func (c *Channel) SetPeerRefused(fn func(peer string, err error)) {
 	if fn == nil {
 		c.onRefused.Store(nil)
@@ -480,11 +494,8 @@ func (c *Channel) SetPeerRefused(fn func(peer string, err error)) {
 // handshake; auth tells a refused key (status: the ZAP status code) from a
 // protocol failure (status: libzmq's ZMQ_PROTOCOL_ERROR_* code).
 func (c *Channel) connRefused(w watch, auth bool, status int) {
-	c.mu.RLock()
-	d := c.peers[w.peer]
-	current := !c.closed && d != nil && d.id == w.id
-	c.mu.RUnlock()
-	if !current {
+	d := c.dealerOf(w)
+	if d == nil {
 		return
 	}
 	n := c.refusedBy.Add(1)
@@ -497,6 +508,12 @@ func (c *Channel) connRefused(w watch, auth bool, status int) {
 	if !d.refused.Swap(true) {
 		c.log.Warn("zmq: peer refused this agent", "peer", w.peer, "err", err, "refused_total", n)
 	}
+	// libzmq ends a connection whose handshake was refused and never
+	// dials it again: the next Send does, so a peer that admits this
+	// agent's key later is reached.
+	d.mu.Lock()
+	d.connected = false
+	d.mu.Unlock()
 	if fn := c.onRefused.Load(); fn != nil {
 		(*fn)(w.peer, err)
 	}
@@ -620,6 +637,7 @@ func (c *Channel) Send(peer string, payload []byte) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if !d.connected {
+		_ = d.sock.Disconnect(d.endpoint) // a refused connection's remains, if any
 		if err := d.sock.Connect(d.endpoint); err != nil {
 			c.badEndpoints.Add(1)
 			return fmt.Errorf("zmq: send to %q: connect %q: %w: %w", peer, d.endpoint, transfer.ErrBadEndpoint, err)

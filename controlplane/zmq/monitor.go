@@ -11,10 +11,11 @@ import (
 // monitorEvents are the socket-monitor events a DEALER reports: its
 // connection to the peer completed the ZMTP handshake, the peer refused
 // the handshake (its ZAP handler did not admit the key: FAILED_AUTH; or
-// CURVE failed: FAILED_PROTOCOL), it dropped, or the monitor stopped (the
-// DEALER closed).
+// CURVE failed: FAILED_PROTOCOL), it dropped, a dial failed and is to be
+// retried (CONNECT_RETRIED: nothing listens at the endpoint, or the
+// connection dropped), or the monitor stopped (the DEALER closed).
 const monitorEvents = zmq4.EVENT_HANDSHAKE_SUCCEEDED | zmq4.EVENT_HANDSHAKE_FAILED_AUTH | zmq4.EVENT_HANDSHAKE_FAILED_PROTOCOL |
-	zmq4.EVENT_DISCONNECTED | zmq4.EVENT_MONITOR_STOPPED
+	zmq4.EVENT_DISCONNECTED | zmq4.EVENT_CONNECT_RETRIED | zmq4.EVENT_MONITOR_STOPPED
 
 // monitorWake is the inproc address of the pair that wakes the monitor's
 // goroutine (per context, like wakeEndpoint).
@@ -24,7 +25,11 @@ const monitorWake = "inproc://bounce-zmq-monitor-wake"
 // monitor and reports a peer lost the moment a connection that had
 // completed its handshake drops (the peer process died: its kernel closed
 // the socket; or the heartbeats timed out), instead of at the next
-// heartbeat timeout or never. Its goroutine owns the monitor PAIR sockets
+// heartbeat timeout or never, and when a DEALER that never completed a
+// handshake fails a dial: its endpoint, which the peer had bound (it came
+// in the peer's descriptor or WANT), has nothing listening any more, so a
+// peer that died before this agent's first connection to it was up is
+// reported too. Either is reported once, until a handshake completes. Its goroutine owns the monitor PAIR sockets
 // once handed over and its own poller; watch hands them over through
 // adds and the wake pair.
 type monitor struct {
@@ -100,7 +105,8 @@ func (m *monitor) run() {
 	defer close(m.done)
 	type state struct {
 		watch
-		up bool // the handshake completed since the last drop
+		up   bool // the handshake completed since the last drop
+		lost bool // reported lost since the last handshake
 	}
 	watches := map[*zmq4.Socket]*state{}
 	poller := zmq4.NewPoller()
@@ -155,7 +161,7 @@ func (m *monitor) run() {
 				}
 				switch {
 				case ev&zmq4.EVENT_HANDSHAKE_SUCCEEDED != 0:
-					s.up = true
+					s.up, s.lost = true, false
 					m.up(s.watch)
 				case ev&zmq4.EVENT_HANDSHAKE_FAILED_AUTH != 0:
 					m.refused(s.watch, true, value)
@@ -163,7 +169,14 @@ func (m *monitor) run() {
 					m.refused(s.watch, false, value)
 				case ev&zmq4.EVENT_DISCONNECTED != 0:
 					if s.up {
-						s.up = false
+						s.up, s.lost = false, true
+						m.lost(s.watch)
+					}
+				case ev&zmq4.EVENT_CONNECT_RETRIED != 0:
+					// A dial failed (or a drop, reported above, is to be
+					// redialed): a first connection that never came up.
+					if !s.up && !s.lost {
+						s.lost = true
 						m.lost(s.watch)
 					}
 				case ev&zmq4.EVENT_MONITOR_STOPPED != 0:

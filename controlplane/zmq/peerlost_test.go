@@ -251,3 +251,38 @@ func TestPeerUpAfterLoss(t *testing.T) {
 		t.Fatalf("lost reports %v, want one", p)
 	}
 }
+
+// TestPeerLostWhenKilledBeforeFirstConnection: a control peer in another
+// process is killed with SIGKILL after it bound its endpoint and before
+// this channel's first connection to it is up (a sender killed right
+// after its WANT, before the receiver's GRANT dialed it). No connection
+// ever completed a handshake, yet the failed dial reports the peer lost,
+// once, though the DEALER keeps redialing.
+func TestPeerLostWhenKilledBeforeFirstConnection(t *testing.T) {
+	c := childproc.Start(t, childEnv, "1")
+	line, err := c.Next(0)
+	if err != nil {
+		t.Fatalf("read child endpoint: %v", err)
+	}
+	if err := c.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	_ = c.Wait()
+	parent := newTestChannel(t, "parent")
+	var lost lostLog
+	parent.SetPeerLost(lost.add)
+	if err := parent.AddPeer("child", strings.TrimSpace(line)); err != nil {
+		t.Fatal(err)
+	}
+	peers, _ := waitLost(t, &lost, "first dial to the killed child")
+	if peers[0] != "child" {
+		t.Fatalf("reports %v, want [child]", peers)
+	}
+	time.Sleep(300 * time.Millisecond) // redials every 100 ms
+	if p, _ := lost.get(); len(p) != 1 {
+		t.Fatalf("reports %v, want exactly one", p)
+	}
+	if n := parent.Stats().LostPeers; n != 1 {
+		t.Fatalf("Stats.LostPeers = %d, want 1", n)
+	}
+}

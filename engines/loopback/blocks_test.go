@@ -30,6 +30,15 @@ func TestPostBlocksByteExact(t *testing.T) {
 		s, d := w.Src.Piece(q), w.Dst.Piece(q)
 		copy(want[d.Addr-D.Addr:][:d.Len], src.Bytes()[s.Addr-S.Addr:][:s.Len])
 	}
+	postBlocks(t, a, w, done)
+	if !bytes.Equal(dst.Bytes(), want) {
+		t.Fatal("destination differs from the model")
+	}
+}
+
+// postBlocks posts w to peer b, waits for it to be done and releases it.
+func postBlocks(t *testing.T, a *loopback.Engine, w transfer.BlockWrite, done <-chan struct{}) {
+	t.Helper()
 	op, err := a.PostBlocks("b", w)
 	if err != nil {
 		t.Fatal(err)
@@ -39,9 +48,6 @@ func TestPostBlocksByteExact(t *testing.T) {
 	}
 	if err := op.Release(); err != nil {
 		t.Fatal(err)
-	}
-	if !bytes.Equal(dst.Bytes(), want) {
-		t.Fatal("destination differs from the model")
 	}
 }
 
@@ -99,16 +105,7 @@ func TestPostBlocksReadsItsOwnIDs(t *testing.T) {
 	w := transfer.BlockWrite{Src: transfer.Blocks{Pool: sp, IDs: src}, Dst: transfer.Blocks{Pool: dp, IDs: dstIDs}, Count: 2}
 	want := bytes.Clone(dbuf.Bytes())
 	copy(want[4*512:6*512], sbuf.Bytes()[1*512:3*512])
-	op, err := a.PostBlocks("b", w)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if s, err := await(t, op, done); s != transfer.Done || err != nil {
-		t.Fatalf("op %v, %v", s, err)
-	}
-	if err := op.Release(); err != nil {
-		t.Fatal(err)
-	}
+	postBlocks(t, a, w, done)
 	if !bytes.Equal(dbuf.Bytes(), want) {
 		t.Fatal("destination differs: the copy read the changed ids")
 	}

@@ -21,6 +21,11 @@ import (
 // exceed MaxPieces chunks. It does not check the ids against the pools
 // (transfer.Blocks.CheckIDs does, once per request).
 func LayoutBlocks(src, dst transfer.Blocks, opt Options) (*Plan, error) {
+	return layoutBlocks(src, dst, opt, MaxPieces)
+}
+
+// layoutBlocks is LayoutBlocks with at most maxChunks chunks.
+func layoutBlocks(src, dst transfer.Blocks, opt Options, maxChunks uint64) (*Plan, error) {
 	if opt.MaxChunk == 0 {
 		return nil, fmt.Errorf("plan: MaxChunk must be positive")
 	}
@@ -46,11 +51,17 @@ func LayoutBlocks(src, dst transfer.Blocks, opt Options) (*Plan, error) {
 	if pieces == 0 {
 		return p, nil
 	}
-	if n := (pieces + opt.MaxChunk/bl - 1) / (opt.MaxChunk / bl); n > MaxPieces {
-		return nil, fmt.Errorf("plan: transfer needs more than %d chunks of at most %d bytes", MaxPieces, opt.MaxChunk)
+	// Full chunks alone would pass the limit: refused before anything is
+	// allocated. The MinChunk ramp and taper add a few smaller chunks
+	// (logarithmically many), counted as they are made.
+	if n := (pieces + opt.MaxChunk/bl - 1) / (opt.MaxChunk / bl); n > maxChunks {
+		return nil, fmt.Errorf("plan: transfer needs more than %d chunks of at most %d bytes", maxChunks, opt.MaxChunk)
 	}
 	b := builder{max: opt.MaxChunk, min: opt.MinChunk, total: payload}
 	for first := uint64(0); first < pieces; {
+		if uint64(len(p.Chunks)) == maxChunks {
+			return nil, fmt.Errorf("plan: transfer needs more than %d chunks of at most %d bytes ramping from %d", maxChunks, opt.MaxChunk, opt.MinChunk)
+		}
 		cap := b.capFor(len(p.Chunks), payload-first*bl)
 		n := min(max(cap/bl, 1), pieces-first)
 		p.Chunks = append(p.Chunks, Chunk{

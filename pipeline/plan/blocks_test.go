@@ -83,3 +83,45 @@ func TestLayoutBlocksRefuses(t *testing.T) {
 		}
 	}
 }
+
+// TestLayoutBlocksChunkLimit checks the chunk limit against the plan made
+// without one, the MinChunk ramp included: a plan of at most the limit's
+// chunks is made unchanged, a longer one is refused, and no chunk of a
+// plan made exceeds MaxChunk.
+func TestLayoutBlocksChunkLimit(t *testing.T) {
+	rapid.Check(t, func(rt *rapid.T) {
+		blen := rapid.Uint64Range(1, 1<<12).Draw(rt, "blockLen")
+		ids := rapid.IntRange(1, 2000).Draw(rt, "ids")
+		maxChunk := blen*rapid.Uint64Range(1, 64).Draw(rt, "perChunk") + rapid.Uint64Range(0, blen-1).Draw(rt, "slack")
+		var minChunk uint64
+		if rapid.Bool().Draw(rt, "ramp") {
+			minChunk = rapid.Uint64Range(1, maxChunk).Draw(rt, "minChunk")
+		}
+		pool := transfer.Pool{Regions: []uint64{1 << 40}, BlockLen: blen, Stride: blen, Blocks: uint64(ids), Kind: transfer.Host}
+		tab := transfer.Blocks{Pool: pool, IDs: make([]uint32, ids)}
+		opt := Options{MaxChunk: maxChunk, MinChunk: minChunk}
+		whole, err := layoutBlocks(tab, tab, opt, ^uint64(0))
+		if err != nil {
+			rt.Fatal(err)
+		}
+		limit := rapid.Uint64Range(1, uint64(len(whole.Chunks))+2).Draw(rt, "limit")
+		p, err := layoutBlocks(tab, tab, opt, limit)
+		if uint64(len(whole.Chunks)) > limit {
+			if err == nil {
+				rt.Fatalf("a plan of %d chunks was made under a limit of %d", len(p.Chunks), limit)
+			}
+			return
+		}
+		if err != nil {
+			rt.Fatalf("a plan of %d chunks was refused under a limit of %d: %v", len(whole.Chunks), limit, err)
+		}
+		if len(p.Chunks) != len(whole.Chunks) {
+			rt.Fatalf("%d chunks under the limit, %d without", len(p.Chunks), len(whole.Chunks))
+		}
+		for k, c := range p.Chunks {
+			if w := whole.Chunks[k]; c.First != w.First || c.Count != w.Count || c.Bytes > maxChunk {
+				rt.Fatalf("chunk %d: %+v (without the limit %+v, max chunk %d)", k, c, whole.Chunks[k], maxChunk)
+			}
+		}
+	})
+}
