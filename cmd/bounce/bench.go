@@ -194,7 +194,7 @@ every receiver verify every byte (--json writes it all).`,
 	f.DurationVar(&o.cellTimeout, "cell-timeout", 10*time.Minute, "give up on a cell's requests after this long")
 	f.DurationVar(&o.duration, "duration", 0, "run each cell for at least this long (its workload moved again and again, every round counted) instead of once")
 	o.memory.add(cmd)
-	f.StringVar(&o.peer, "peer", "", `benchmark against a 'bounce serve' running elsewhere: its descriptor line (a file, or "-" for stdin); its bytes are not verified (run 'bounce serve --expect' with 'bounce send' for that)`)
+	f.StringVar(&o.peer, "peer", "", `benchmark against a 'bounce serve' running elsewhere: its descriptor line (a file, or "-" for stdin), or with discovery.kind etcd its agent name; its bytes are not verified (run 'bounce serve --expect' with 'bounce send' for that)`)
 	o.fleet.add(f)
 	configFlags(cmd)
 	return cmd
@@ -447,9 +447,14 @@ func (o *benchOptions) run(cmd *cobra.Command, cfg config.Config, plan benchPlan
 	var h hello
 	var blob []byte
 	if o.peer != "" {
-		var err error
-		if h, blob, err = readHello(cmd.InOrStdin(), o.peer); err != nil {
-			return usage(err)
+		// Through etcd --peer is the receiver's agent name (resolved
+		// when the session starts); otherwise its descriptor line.
+		h.Name = o.peer
+		if cfg.Discovery.Kind != "etcd" {
+			var err error
+			if h, blob, err = readHello(cmd.InOrStdin(), o.peer); err != nil {
+				return usage(err)
+			}
 		}
 		if o.verify {
 			o.notVerified = fmt.Sprintf("the receiver %q runs elsewhere (--peer)", h.Name)
@@ -510,7 +515,7 @@ func (o *benchOptions) run(cmd *cobra.Command, cfg config.Config, plan benchPlan
 	var s *session
 	var err error
 	if o.peer != "" {
-		s, err = remoteSession(cmd, cfg, h, blob, plan.largest, o.memory)
+		s, err = remoteSession(cmd, cfg, o.peer, h, blob, plan.largest, o.memory)
 		rep.Config.Peer = h.Name
 	} else {
 		s, err = startSession(cmd, cfg, childArgs, plan.largest, o.memory)
