@@ -710,12 +710,15 @@ func (o *benchOptions) finish(out, errw io.Writer, rep *benchreport.Report, swee
 		fmt.Fprintf(out, "results: %s\n", o.jsonPath)
 	}
 	if o.plotsDir != "" {
-		paths, err := benchreport.WritePlots(o.plotsDir, rep)
+		paths, skipped, err := benchreport.WritePlots(o.plotsDir, rep)
 		if err != nil {
 			return runtime(err)
 		}
 		for _, p := range paths {
 			fmt.Fprintf(out, "plot: %s\n", p)
+		}
+		for _, s := range skipped {
+			fmt.Fprintf(out, "plot: %s\n", s)
 		}
 	}
 	if sweepErr != nil {
