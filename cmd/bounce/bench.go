@@ -93,7 +93,9 @@ submitted at once; with --generations K a closed loop that keeps the
 concurrency in flight for K x concurrency requests and reports latency over
 the steady state), has the receiver verify every byte, and records the
 throughput and every request's latency. One unrecorded warm-up transfer per
-route runs first.
+route runs first. --peer measures against a 'bounce serve' running elsewhere
+instead: its descriptor line, or with discovery.kind etcd its agent name,
+resolved and followed through etcd as 'bounce send' does.
 
 Routes: bounce (gather, one bulk write per region, scatter), direct (one
 engine post per descriptor), bulk (the same bytes as ONE contiguous
@@ -142,6 +144,7 @@ every receiver verify every byte (--json writes it all).`,
   bounce bench --count 4096 --concurrency 128 --generations 3 --routes bounce,direct,bulk --max-bytes 7GiB
   bounce bench --engine.kind ucx --bounce.arena-size 32MiB --workload llama70b-tp8-b16 --routes bounce
   bounce bench --peer recv.json --engine.listen 10.0.0.1:0 --control-plane.interface eth0 --routes bounce,direct,bulk
+  bounce bench --discovery.kind etcd --discovery.insecure --agent.name prefill-1 --peer decode-0 --routes bounce,direct
   bounce bench --desc-size 512B..64KiB --concurrency 1,8 --routes bounce,direct --plots sweep
   bounce bench --workload llama70b-tp8-b16,gptoss120b-tp8-b16 --form blocks,descs --routes bounce,direct,bulk
   bounce bench --senders 4 --receivers 2
