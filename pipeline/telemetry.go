@@ -52,42 +52,45 @@ const (
 
 // Attribute keys.
 const (
-	attrRoute      = attribute.Key("bounce.route")
-	attrReason     = attribute.Key("bounce.route.reason")
-	attrReasonText = attribute.Key("bounce.route.reason_text")
-	attrPeer       = attribute.Key("bounce.peer")
-	// The peer's control endpoint as its descriptor (sender) or its WANT
-	// or DONE (receiver) gave it, and its host and port when it has them
-	// (OpenTelemetry's network.peer.*).
-	attrPeerEndpoint = attribute.Key("bounce.peer.endpoint")
-	attrNetPeerAddr  = attribute.Key("network.peer.address")
-	attrNetPeerPort  = attribute.Key("network.peer.port")
-	attrTag          = attribute.Key("bounce.tag")
-	attrRequest      = attribute.Key("bounce.request")
-	attrBytes        = attribute.Key("bounce.bytes")
-	attrDescs        = attribute.Key("bounce.descriptors")
-	attrChunks       = attribute.Key("bounce.chunks")
-	attrRuns         = attribute.Key("bounce.runs")
-	attrChunk        = attribute.Key("bounce.chunk")
-	attrRegion       = attribute.Key("bounce.region")
-	attrEngine       = attribute.Key("bounce.engine")
-	attrControl      = attribute.Key("bounce.control_plane")
-	attrStage        = attribute.Key("bounce.stage")
-	attrOutcome      = attribute.Key("bounce.outcome")
-	attrQuiescent    = attribute.Key("bounce.quiescent")
-	attrEager        = attribute.Key("bounce.eager")
-	attrCode         = attribute.Key("bounce.nack.code")
-	attrDirection    = attribute.Key("bounce.direction")
-	attrState        = attribute.Key("bounce.state")
-	attrErrorType    = attribute.Key("error.type")
-	attrFailReason   = attribute.Key("bounce.reason")
-	attrLayer        = attribute.Key("bounce.layer")
-	attrAbandonWait  = attribute.Key("bounce.abandon.timeout_ms")
+	attrRoute       = attribute.Key("bounce.route")
+	attrReason      = attribute.Key("bounce.route.reason")
+	attrReasonText  = attribute.Key("bounce.route.reason_text")
+	attrPeer        = attribute.Key("bounce.peer")
+	attrTag         = attribute.Key("bounce.tag")
+	attrRequest     = attribute.Key("bounce.request")
+	attrBytes       = attribute.Key("bounce.bytes")
+	attrDescs       = attribute.Key("bounce.descriptors")
+	attrChunks      = attribute.Key("bounce.chunks")
+	attrRuns        = attribute.Key("bounce.runs")
+	attrChunk       = attribute.Key("bounce.chunk")
+	attrRegion      = attribute.Key("bounce.region")
+	attrEngine      = attribute.Key("bounce.engine")
+	attrControl     = attribute.Key("bounce.control_plane")
+	attrStage       = attribute.Key("bounce.stage")
+	attrOutcome     = attribute.Key("bounce.outcome")
+	attrQuiescent   = attribute.Key("bounce.quiescent")
+	attrEager       = attribute.Key("bounce.eager")
+	attrCode        = attribute.Key("bounce.nack.code")
+	attrDirection   = attribute.Key("bounce.direction")
+	attrState       = attribute.Key("bounce.state")
+	attrErrorType   = attribute.Key("error.type")
+	attrFailReason  = attribute.Key("bounce.reason")
+	attrLayer       = attribute.Key("bounce.layer")
+	attrAbandonWait = attribute.Key("bounce.abandon.timeout_ms")
 	// Route auto's prediction of the request on each path, and whether it
 	// took the path predicted slower on purpose (to re-measure it).
 	attrPredBounce  = attribute.Key("bounce.route.predicted_bounce_ms")
 	attrPredDirect  = attribute.Key("bounce.route.predicted_direct_ms")
 	attrPredExplore = attribute.Key("bounce.route.explore")
+)
+
+// The peer's control endpoint as its descriptor (sender) or its WANT or
+// DONE (receiver) gave it, and its host and port when it has them
+// (OpenTelemetry's network.peer.*).
+const (
+	attrPeerEndpoint = attribute.Key("bounce.peer.endpoint")
+	attrNetPeerAddr  = attribute.Key("network.peer.address")
+	attrNetPeerPort  = attribute.Key("network.peer.port")
 )
 
 // Low-cardinality reasons a route was chosen (the bounce.route.reason
@@ -242,12 +245,13 @@ type batchObs struct {
 	bytes uint64
 	why   string // low-cardinality route reason
 	tag   []byte // the caller's tag (Request.Tag), on the batch span
+	ctx   context.Context
+	span  trace.Span // nil unless the batch span records
+	sc    trace.SpanContext
+
 	// peerAt is the peer's address as span attributes (peerAddr), set
 	// with the batch span and put on its post and write spans too.
 	peerAt []attribute.KeyValue
-	ctx    context.Context
-	span   trace.Span // nil unless the batch span records
-	sc     trace.SpanContext
 }
 
 // chunkTrace is the trace state of one chunk on the sender (only while the
@@ -816,7 +820,8 @@ func (o *obs) wantReceived(r *reactor, key credit.FlowKey, w *wire.Want) {
 // doneReceived records a direct-path request's DONE notice as the
 // receiver's span of it (the engine placed the bytes before; the receiver
 // takes part only here), a child of the sender's batch span through the
-// DONE's trace field; failed is the sender's reason, "" on success.
+// DONE's trace field; a DONE with a reason (the sender's failure) ends it
+// with status Error.
 func (o *obs) doneReceived(peer string, m *wire.Done) {
 	if !o.traced || m.TraceParent == "" {
 		return
