@@ -29,7 +29,7 @@ func TestWritePlots(t *testing.T) {
 		}
 	}
 	dir := filepath.Join(t.TempDir(), "plots")
-	paths, err := WritePlots(dir, r)
+	paths, _, err := WritePlots(dir, r)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -54,15 +54,16 @@ func TestWritePlots(t *testing.T) {
 }
 
 // TestWritePlotsOnePoint covers a sweep with one descriptor size, one
-// route and one request: still a valid plot.
+// route and one request: still a valid throughput plot, and no latency
+// tail (one request is no tail), with the reason.
 func TestWritePlotsOnePoint(t *testing.T) {
 	r := &Report{Schema: Schema, Cells: []Cell{cell(small, RouteDirect, 0, 1)}}
-	paths, err := WritePlots(t.TempDir(), r)
+	paths, skipped, err := WritePlots(t.TempDir(), r)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(paths) != 2 {
-		t.Fatalf("plots %v, want a throughput plot and a CDF", paths)
+	if len(paths) != 1 || filepath.Base(paths[0]) != "throughput-fragmented-c1.png" || len(skipped) != 1 || !strings.Contains(skipped[0], "latency-tail plots not drawn for 1 cell") {
+		t.Fatalf("plots %v, skipped %q: want a throughput plot and the tail's reason", paths, skipped)
 	}
 	for _, p := range paths {
 		checkPNG(t, p)
@@ -72,7 +73,7 @@ func TestWritePlotsOnePoint(t *testing.T) {
 func TestWritePlotsSkipsFailed(t *testing.T) {
 	c := cell(small, RouteBounce, 0, 1)
 	c.Verified = false
-	paths, err := WritePlots(t.TempDir(), &Report{Schema: Schema, Cells: []Cell{c}})
+	paths, _, err := WritePlots(t.TempDir(), &Report{Schema: Schema, Cells: []Cell{c}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -157,7 +158,7 @@ func TestWritePlotsSweeps(t *testing.T) {
 		}
 	}
 	r.Ratios = ComputeRatios(r.Cells)
-	paths, err := WritePlots(t.TempDir(), r)
+	paths, _, err := WritePlots(t.TempDir(), r)
 	if err != nil {
 		t.Fatal(err)
 	}

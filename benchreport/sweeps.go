@@ -1,20 +1,22 @@
 package benchreport
 
 import (
+	"cmp"
 	"fmt"
 	"image/color"
 	"math"
 	"slices"
+	"strings"
 	"time"
 
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
-	"gonum.org/v1/plot/plotutil"
 	"gonum.org/v1/plot/vg"
 )
 
-// series is one route's points along a swept axis, each point the median
-// over iterations with its spread (the lowest and highest iteration).
+// series is one route's (or ratio's: its Ratio.Name) points along a swept
+// axis, each point the median over iterations with its spread (the lowest
+// and highest iteration).
 type series struct {
 	route string
 	x     []float64
@@ -125,23 +127,25 @@ func addSeries(p *plot.Plot, s series, label string, dashed bool, scale float64)
 	if err != nil {
 		return fmt.Errorf("benchreport: %s series: %w", s.route, err)
 	}
-	i := routeStyle(s.route)
-	line.Color, line.Width = plotutil.Color(i), vg.Points(2)
+	st := styleOf(s.route)
+	line.Color, line.Width = st.color, vg.Points(2)
 	if dashed {
 		line.Dashes = []vg.Length{vg.Points(6), vg.Points(3)}
 	}
-	glyphs.Color, glyphs.Shape, glyphs.Radius = plotutil.Color(i), plotutil.Shape(i), vg.Points(4)
+	glyphs.Color, glyphs.Shape, glyphs.Radius = st.color, st.shape, vg.Points(4)
 	bars, err := plotter.NewYErrorBars(spreadBars{pts: pts, lo: lo, hi: hi})
 	if err != nil {
 		return fmt.Errorf("benchreport: %s spread: %w", s.route, err)
 	}
-	bars.Color, bars.Width, bars.CapWidth = plotutil.Color(i), vg.Points(1.2), vg.Points(6)
+	bars.Color, bars.Width, bars.CapWidth = st.color, vg.Points(1.2), vg.Points(6)
 	p.Add(line, glyphs, bars)
 	p.Legend.Add(label, line, glyphs)
 	return nil
 }
 
-// concTicks labels every concurrency level swept.
+// concTicks labels every concurrency level swept; fewer than three in
+// range also label the powers of two between them (1, 2, 4 for a sweep of
+// 1 and 4).
 type concTicks []float64
 
 // Ticks implements plot.Ticker.
@@ -151,6 +155,14 @@ func (c concTicks) Ticks(lo, hi float64) []plot.Tick {
 		if v >= lo && v <= hi {
 			out = append(out, plot.Tick{Value: v, Label: fmt.Sprintf("%g", v)})
 		}
+	}
+	if len(out) < 3 {
+		for v := 1.0; v <= hi; v *= 2 {
+			if v >= lo && !slices.Contains(c, v) {
+				out = append(out, plot.Tick{Value: v, Label: fmt.Sprintf("%g", v)})
+			}
+		}
+		slices.SortFunc(out, func(a, b plot.Tick) int { return cmp.Compare(a.Value, b.Value) })
 	}
 	return out
 }
@@ -218,7 +230,6 @@ func seriesThroughput(title, xLabel string, ticks plot.Ticker, margin float64, s
 	p.Y.Label.Text = "throughput (GB/s)"
 	p.X.Scale = plot.LogScale{}
 	p.X.Tick.Marker = ticks
-	p.Legend.Top, p.Legend.Left = true, true
 	p.Add(plotter.NewGrid())
 	for _, s := range ss {
 		if err := addSeries(p, s, routeLabel(s.route), false, 1e-9); err != nil {
@@ -241,8 +252,7 @@ func latencyVsConcurrency(k sweepKey, p50, p99 []series, cfg Config) (*plot.Plot
 	p.Y.Label.Text = "request latency (ms, log scale)"
 	p.X.Scale, p.Y.Scale = plot.LogScale{}, plot.LogScale{}
 	p.X.Tick.Marker = concTicks(allX(p50))
-	p.Y.Tick.Marker = plot.LogTicks{Prec: -1}
-	p.Legend.Top, p.Legend.Left = true, true
+	p.Y.Tick.Marker = logTicks{}
 	p.Add(plotter.NewGrid())
 	for i := range p50 {
 		if err := addSeries(p, p50[i], routeLabel(p50[i].route)+" p50", false, 1e-6); err != nil {
@@ -256,7 +266,7 @@ func latencyVsConcurrency(k sweepKey, p50, p99 []series, cfg Config) (*plot.Plot
 	}
 	xs := allX(p50)
 	p.X.Min, p.X.Max = xs[0]/1.4, xs[len(xs)-1]*1.4
-	p.Y.Max *= 3 // room above the lines for the legend
+	p.Y.Min, p.Y.Max = p.Y.Min/1.3, p.Y.Max*1.3
 	return p, nil
 }
 
@@ -264,16 +274,15 @@ func latencyVsConcurrency(k sweepKey, p50, p99 []series, cfg Config) (*plot.Plot
 // descriptor size), with the spread over iterations and a line at 1.
 func ratioPlot(k sweepKey, ss []series, xLabel string, sizes bool, cfg Config) (*plot.Plot, error) {
 	p := plot.New()
-	p.Title.Text = fmt.Sprintf("Bounce throughput ratios: %s\n%s; measured side by side per iteration; bars: lowest..highest", shapeName(k), subtitle(cfg))
+	p.Title.Text = fmt.Sprintf("Throughput ratios: %s\n%s; measured side by side per iteration; bars: lowest..highest", shapeName(k), subtitle(cfg))
 	p.X.Label.Text = xLabel
-	p.Y.Label.Text = "bounce throughput / other route's"
+	p.Y.Label.Text = "throughput ratio (numerator / denominator route)"
 	p.X.Scale = plot.LogScale{}
 	if sizes {
 		p.X.Tick.Marker = sizeTicks{}
 	} else {
 		p.X.Tick.Marker = concTicks(allX(ss))
 	}
-	p.Legend.Top, p.Legend.Left = true, true
 	p.Add(plotter.NewGrid())
 	xs := allX(ss)
 	one, err := plotter.NewLine(plotter.XYs{{X: xs[0] / 1.5, Y: 1}, {X: xs[len(xs)-1] * 1.5, Y: 1}})
@@ -283,8 +292,8 @@ func ratioPlot(k sweepKey, ss []series, xLabel string, sizes bool, cfg Config) (
 	one.Color, one.Dashes = color.Gray{Y: 90}, []vg.Length{vg.Points(2), vg.Points(2)}
 	p.Add(one)
 	for _, s := range ss {
-		label := "bounce / " + s.route
-		if s.route == RouteBulk {
+		label := strings.ReplaceAll(s.route, "/", " / ")
+		if s.route == RouteBounce+"/"+RouteBulk {
 			label = "bounce / bulk (same bytes, 1 descriptor)"
 		}
 		if err := addSeries(p, s, label, false, 1); err != nil {
@@ -297,32 +306,44 @@ func ratioPlot(k sweepKey, ss []series, xLabel string, sizes bool, cfg Config) (
 	return p, nil
 }
 
-// ratioCells turns ratios into cells of route "direct"/"bulk" whose
-// throughput field holds the ratio, so sweepSeries can group them.
+// ratioCells turns ratios into cells whose route is the ratio's name
+// (bounce/direct, bounce/bulk, ...) and whose throughput field holds the
+// ratio, so sweepSeries can group them.
 func ratioCells(rs []Ratio) []Cell {
 	var out []Cell
 	for _, r := range rs {
 		for it, v := range r.PerIteration {
-			out = append(out, Cell{Group: r.Group, Route: r.Denominator, Iteration: it, Throughput: v, ElapsedNS: 1, Verified: true})
+			out = append(out, Cell{Group: r.Group, Route: r.Name(), Iteration: it, Throughput: v, ElapsedNS: 1, Verified: true})
 		}
 	}
 	return out
 }
 
+// tailRequests is the most requests any one route has in group g (the
+// points of its latency tail).
+func tailRequests(cells []Cell, g Group) int {
+	n := map[string]int{}
+	best := 0
+	for _, c := range cells {
+		if c.Group == g {
+			n[c.Route] += len(c.Latencies())
+			best = max(best, n[c.Route])
+		}
+	}
+	return best
+}
+
 // tailPlot plots, per route, the fraction of requests slower than each
 // latency, both axes logarithmic, so the tail (p99, p99.9, the slowest) is
-// as legible as the median; the legend sits in the upper right, which a
-// falling curve leaves empty.
+// as legible as the median.
 func tailPlot(cells []Cell, g Group, cfg Config) (*plot.Plot, error) {
 	p := plot.New()
 	p.Title.Text = fmt.Sprintf("Request latency tail: %s\n%s; pooled over iterations", g, subtitle(cfg))
 	p.X.Label.Text = "request latency (ms, log scale)"
 	p.Y.Label.Text = "fraction of requests slower (log scale)"
 	p.X.Scale, p.Y.Scale = plot.LogScale{}, plot.LogScale{}
-	p.X.Tick.Marker = plot.LogTicks{Prec: -1}
-	p.Y.Tick.Marker = plot.LogTicks{Prec: -1}
-	p.Legend.Top, p.Legend.Left = true, false
-	p.Legend.YOffs = -vg.Points(4)
+	p.X.Tick.Marker = logTicks{}
+	p.Y.Tick.Marker = logTicks{}
 	p.Add(plotter.NewGrid())
 	lat := map[string][]time.Duration{}
 	var routes []string
@@ -354,8 +375,7 @@ func tailPlot(cells []Cell, g Group, cfg Config) (*plot.Plot, error) {
 			return nil, fmt.Errorf("benchreport: latency tail %s: %w", route, err)
 		}
 		line.StepStyle = plotter.PostStep
-		i := routeStyle(route)
-		line.Color, line.Width = plotutil.Color(i), vg.Points(2)
+		line.Color, line.Width = styleOf(route).color, vg.Points(2)
 		p.Add(line)
 		st := Summarize(l)
 		p.Legend.Add(fmt.Sprintf("%s  p50 %s  p99 %s  max %s", routeLabel(route), dur(st.P50NS), dur(st.P99NS), dur(st.MaxNS)), line)
@@ -363,10 +383,8 @@ func tailPlot(cells []Cell, g Group, cfg Config) (*plot.Plot, error) {
 	if math.IsInf(xmin, 1) {
 		return nil, fmt.Errorf("benchreport: latency tail %s: no latencies", g)
 	}
-	// Room on the right for the legend: the curves end at the slowest
-	// request, low on the log axis, so the upper right stays empty.
-	p.X.Min, p.X.Max = xmin/1.3, xmax*8
-	p.Y.Min, p.Y.Max = ymin/2, 1.6
+	p.X.Min, p.X.Max = xmin/1.3, xmax*1.3
+	p.Y.Min, p.Y.Max = ymin/1.5, 1.15
 	p.Legend.TextStyle.Font.Size = vg.Points(10)
 	return p, nil
 }

@@ -44,6 +44,7 @@ func (d *directReq) tell(r *reactor, err error) {
 		return
 	}
 	m := &wire.Done{Request: d.b.id, Tag: d.tag}
+	r.a.obs.inject(d.b.obs.ctx, &m.TraceParent)
 	if err != nil {
 		m.Reason = err.Error()
 		if len(m.Reason) > wire.MaxString {

@@ -140,6 +140,7 @@ func (r *reactor) onDone(peer string, m *wire.Done) {
 		r.a.obs.bytesLanded(RouteDirect, m.Bytes) // the engine placed them; DONE says so
 	}
 	r.a.obs.receivedFlow(RouteDirect, ev.Err, -1)
+	r.a.obs.doneReceived(peer, m)
 	r.received(ev)
 }
 

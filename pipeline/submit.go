@@ -197,7 +197,7 @@ func (a *Agent) dispatch(ctx context.Context, s *submission, d decision) *Batch 
 		p := d.plan
 		b.plan = d.planDur
 		b.obs.bytes = p.Payload
-		a.obs.submitted(ctx, b, req.Peer, req.count(), d.reason)
+		a.obs.submitted(ctx, b, req.Peer, pi.endpoint, req.count(), d.reason)
 		a.obs.planned(b, p)
 		a.stats.bounceSubmits.Add(1)
 		var wb *wire.WantBlocks
@@ -207,7 +207,7 @@ func (a *Agent) dispatch(ctx context.Context, s *submission, d decision) *Batch 
 		a.post(func(r *reactor) { r.submitBounce(b, pi, p, req.Tag, wb) })
 	default:
 		b.obs.bytes = req.bytes()
-		a.obs.submitted(ctx, b, req.Peer, req.count(), d.reason)
+		a.obs.submitted(ctx, b, req.Peer, pi.endpoint, req.count(), d.reason)
 		a.stats.directSubmits.Add(1)
 		a.post(func(r *reactor) { r.submitDirect(b, pi, req) })
 	}

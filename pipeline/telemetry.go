@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/hex"
 	"errors"
+	"net"
+	"strconv"
 	"strings"
 	"time"
 	"unicode"
@@ -43,7 +45,7 @@ const (
 	spanAckWait    = "bounce.ack.wait"    // sender: DATA sent → ACK
 	spanDirectPost = "bounce.direct.post" // sender: the direct path's one engine post
 	spanAbandon    = "bounce.abandon"     // caller: Abandon and its outcome
-	spanReceive    = "bounce.receive"     // receiver: WANT → the flow's last chunk
+	spanReceive    = "bounce.receive"     // receiver: WANT → the flow's last chunk (bounce), the DONE notice (direct)
 	spanGrantWait  = "bounce.grant.wait"  // receiver: WANT → this chunk's credit
 	spanScatter    = "bounce.scatter"     // receiver: DATA → scatter done (ACK sent)
 )
@@ -80,6 +82,15 @@ const (
 	attrPredBounce  = attribute.Key("bounce.route.predicted_bounce_ms")
 	attrPredDirect  = attribute.Key("bounce.route.predicted_direct_ms")
 	attrPredExplore = attribute.Key("bounce.route.explore")
+)
+
+// The peer's control endpoint as its descriptor (sender) or its WANT or
+// DONE (receiver) gave it, and its host and port when it has them
+// (OpenTelemetry's network.peer.*).
+const (
+	attrPeerEndpoint = attribute.Key("bounce.peer.endpoint")
+	attrNetPeerAddr  = attribute.Key("network.peer.address")
+	attrNetPeerPort  = attribute.Key("network.peer.port")
 )
 
 // Low-cardinality reasons a route was chosen (the bounce.route.reason
@@ -237,6 +248,10 @@ type batchObs struct {
 	ctx   context.Context
 	span  trace.Span // nil unless the batch span records
 	sc    trace.SpanContext
+
+	// peerAt is the peer's address as span attributes (peerAddr), set
+	// with the batch span and put on its post and write spans too.
+	peerAt []attribute.KeyValue
 }
 
 // chunkTrace is the trace state of one chunk on the sender (only while the
@@ -395,6 +410,28 @@ func refusalSources(s Settings) []refusalSource {
 	return out
 }
 
+// peerAddr is a peer's control endpoint as span attributes: the endpoint
+// itself, and its host and port (network.peer.address, network.peer.port)
+// when it is host:port behind an optional scheme:// (zmq's tcp://h:p).
+// Nil for an empty endpoint.
+func peerAddr(endpoint string) []attribute.KeyValue {
+	if endpoint == "" {
+		return nil
+	}
+	kv := []attribute.KeyValue{attrPeerEndpoint.String(endpoint)}
+	hp := endpoint
+	if _, after, ok := strings.Cut(hp, "://"); ok {
+		hp = after
+	}
+	if host, port, err := net.SplitHostPort(hp); err == nil && host != "" {
+		kv = append(kv, attrNetPeerAddr.String(host))
+		if p, err := strconv.ParseUint(port, 10, 16); err == nil {
+			kv = append(kv, attrNetPeerPort.Int(int(p)))
+		}
+	}
+	return kv
+}
+
 // tagText is a request tag as a span attribute: the text when it is
 // printable UTF-8, else its hex.
 func tagText(tag []byte) string {
@@ -475,7 +512,7 @@ func (a *Agent) snapshot(ctx context.Context) (snapshot, bool) {
 // submitted counts the routing decision and starts the batch span (a child
 // of the span in ctx, if any). It runs in Submit, before the batch is
 // posted to the reactor.
-func (o *obs) submitted(ctx context.Context, b *Batch, peer string, descs int, reasonText string) {
+func (o *obs) submitted(ctx context.Context, b *Batch, peer, endpoint string, descs int, reasonText string) {
 	o.decisions.Add(ctx, 1, o.byDecision[routeOutcomeKey{b.route.String(), b.obs.why}]...)
 	if !o.traced {
 		return
@@ -490,6 +527,8 @@ func (o *obs) submitted(ctx context.Context, b *Batch, peer string, descs int, r
 	span.SetAttributes(attrRoute.String(b.route.String()), attrReason.String(b.obs.why), attrReasonText.String(reasonText),
 		attrPeer.String(peer), attrRequest.Int64(int64(b.id)), attrDescs.Int(descs), attrBytes.Int64(int64(b.obs.bytes)))
 	span.SetAttributes(o.kinds...)
+	b.obs.peerAt = peerAddr(endpoint)
+	span.SetAttributes(b.obs.peerAt...)
 	if len(b.obs.tag) > 0 {
 		span.SetAttributes(attrTag.String(tagText(b.obs.tag)))
 	}
@@ -651,7 +690,8 @@ func (o *obs) writeStarted(q *sendReq, k int) {
 // writeEnded records chunk k's bulk write.
 func (o *obs) writeEnded(q *sendReq, k int, err error) {
 	if t := q.ch[k].tr; t != nil {
-		o.phaseSpan(t, spanWrite, err, attrStage.String("write"), attrPeer.String(q.peer), attrRegion.Int64(int64(q.ch[k].credit.Region)))
+		attrs := append([]attribute.KeyValue{attrStage.String("write"), attrPeer.String(q.peer), attrRegion.Int64(int64(q.ch[k].credit.Region))}, q.b.obs.peerAt...)
+		o.phaseSpan(t, spanWrite, err, attrs...)
 		if err != nil {
 			o.chunkFailed(q, k, err)
 		}
@@ -717,7 +757,9 @@ func (o *obs) directPosted(b *Batch, peer string, ops int) (context.Context, tra
 	if b.obs.span == nil {
 		return nil, nil
 	}
-	return o.tracer.Start(b.obs.ctx, spanDirectPost, trace.WithAttributes(attrPeer.String(peer), attrDescs.Int(ops)))
+	ctx, span := o.tracer.Start(b.obs.ctx, spanDirectPost, trace.WithAttributes(attrPeer.String(peer), attrDescs.Int(ops)))
+	span.SetAttributes(b.obs.peerAt...)
+	return ctx, span
 }
 
 // write starts a chunk's bulk write, handing the chunk's span to a writer
@@ -759,6 +801,8 @@ func (o *obs) wantReceived(r *reactor, key credit.FlowKey, w *wire.Want) {
 			return
 		}
 		span.SetAttributes(o.kinds...)
+		span.SetAttributes(attrRoute.String(RouteBounce.String()))
+		span.SetAttributes(peerAddr(w.Endpoint)...)
 		if len(w.Tag) > 0 {
 			span.SetAttributes(attrTag.String(tagText(w.Tag)))
 		}
@@ -771,6 +815,33 @@ func (o *obs) wantReceived(r *reactor, key credit.FlowKey, w *wire.Want) {
 	}
 	rt.chunks += len(w.ChunkBytes)
 	rt.span.SetAttributes(attrChunks.Int(rt.chunks), attrBytes.Int64(int64(bytes)))
+}
+
+// doneReceived records a direct-path request's DONE notice as the
+// receiver's span of it (the engine placed the bytes before; the receiver
+// takes part only here), a child of the sender's batch span through the
+// DONE's trace field; a DONE with a reason (the sender's failure) ends it
+// with status Error.
+func (o *obs) doneReceived(peer string, m *wire.Done) {
+	if !o.traced || m.TraceParent == "" {
+		return
+	}
+	ctx := trace.ContextWithRemoteSpanContext(context.Background(), o.extract(m.TraceParent))
+	_, span := o.tracer.Start(ctx, spanReceive, trace.WithSpanKind(trace.SpanKindConsumer),
+		trace.WithAttributes(attrPeer.String(peer), attrRequest.Int64(int64(m.Request)), attrRoute.String(RouteDirect.String()), attrBytes.Int64(int64(m.Bytes))))
+	if !span.IsRecording() {
+		return
+	}
+	span.SetAttributes(o.kinds...)
+	span.SetAttributes(peerAddr(m.Endpoint)...)
+	if len(m.Tag) > 0 {
+		span.SetAttributes(attrTag.String(tagText(m.Tag)))
+	}
+	if m.Reason != "" {
+		span.SetStatus(codes.Error, m.Reason)
+		span.SetAttributes(attrErrorType.String("sender_failed"), attrOutcome.String("failed"))
+	}
+	span.End()
 }
 
 // grantedChunk records the wait of one chunk for its credit.

@@ -149,6 +149,7 @@ func TestTraceBounceTransfer(t *testing.T) {
 	wantAttr(t, tr, attrRoute, "bounce")
 	wantAttr(t, tr, attrReason, whyEligible)
 	wantAttr(t, tr, attrPeer, "b")
+	wantAttr(t, tr, attrPeerEndpoint, b.ctrl.LocalEndpoint())
 	wantAttr(t, tr, attrTag, "req-7")
 	if got := bt.TraceID(); got != tr.SpanContext().TraceID().String() {
 		t.Errorf("Batch.TraceID %q, want the transfer span's %s", got, tr.SpanContext().TraceID())
@@ -210,8 +211,13 @@ func TestTraceBounceTransfer(t *testing.T) {
 	recv := one(t, ob, spanReceive)
 	childOf(t, recv, tr)
 	wantAttr(t, recv, attrPeer, "a")
+	wantAttr(t, recv, attrPeerEndpoint, a.ctrl.LocalEndpoint())
+	wantAttr(t, recv, attrRoute, "bounce")
 	wantAttr(t, recv, attrTag, "req-7")
 	wantAttr(t, recv, attrChunks, n)
+	for _, w := range oa.named(spanWrite) {
+		wantAttr(t, w, attrPeerEndpoint, b.ctrl.LocalEndpoint())
+	}
 	grants := ob.named(spanGrantWait)
 	scatters := ob.named(spanScatter)
 	if len(grants) != n || len(scatters) != n {
@@ -241,15 +247,16 @@ func TestTraceBounceTransfer(t *testing.T) {
 	}
 }
 
-// A direct transfer is the batch span with one post span, and nothing on
-// the receiver.
+// A direct transfer is the batch span with one post span, both naming the
+// peer's address, and on the receiver one span of its DONE notice in the
+// sender's trace (a child of the batch span), naming the sender's address.
 func TestTraceDirectTransfer(t *testing.T) {
 	w := newWorld(t)
 	oa, ob := newObserved(t), newObserved(t)
 	a, b := w.node("a", testConfig(), withObs(oa)), w.node("b", testConfig(), withObs(ob))
 	j := kvJob(t, a, b, 100, 2)
 	connect(t, a, b)
-	bt, err := a.Submit(Request{Peer: "b", Src: j.src, Dst: j.dst, Route: RouteDirect})
+	bt, err := a.Submit(Request{Peer: "b", Src: j.src, Dst: j.dst, Route: RouteDirect, Tag: []byte("req-9")})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -258,6 +265,7 @@ func TestTraceDirectTransfer(t *testing.T) {
 	}
 	j.verify(t)
 	tr := one(t, oa, spanTransfer)
+	wantAttr(t, tr, attrPeerEndpoint, b.ctrl.LocalEndpoint())
 	if tr.Parent().IsValid() {
 		t.Errorf("transfer without a caller span has parent %v", tr.Parent())
 	}
@@ -268,11 +276,66 @@ func TestTraceDirectTransfer(t *testing.T) {
 	childOf(t, post, tr)
 	wantAttr(t, post, attrDescs, 100)
 	wantAttr(t, post, attrPeer, "b")
+	wantAttr(t, post, attrPeerEndpoint, b.ctrl.LocalEndpoint())
 	if got := spanNames(oa.spans.Ended()); len(got) != 2 {
 		t.Errorf("sender spans %v, want only the transfer and the post", got)
 	}
-	if got := ob.spans.Ended(); len(got) != 0 {
-		t.Errorf("receiver recorded %v for a direct transfer", spanNames(got))
+	// The DONE notice follows the op's completion: wait for its span.
+	eventually(t, func() bool { return len(ob.named(spanReceive)) > 0 })
+	recv := one(t, ob, spanReceive)
+	childOf(t, recv, tr)
+	if recv.SpanKind() != trace.SpanKindConsumer {
+		t.Errorf("receive span kind %v", recv.SpanKind())
+	}
+	wantAttr(t, recv, attrRoute, "direct")
+	wantAttr(t, recv, attrPeer, "a")
+	wantAttr(t, recv, attrPeerEndpoint, a.ctrl.LocalEndpoint())
+	wantAttr(t, recv, attrTag, "req-9")
+	wantAttr(t, recv, attrBytes, 100*4096)
+	if recv.Status().Code == codes.Error {
+		t.Errorf("receive span status %v", recv.Status())
+	}
+	if got := spanNames(ob.spans.Ended()); len(got) != 1 {
+		t.Errorf("receiver spans %v, want only the receive span", got)
+	}
+}
+
+// peerAddr names a control endpoint and, when it is host:port behind an
+// optional scheme, its host and port.
+func TestPeerAddr(t *testing.T) {
+	for _, c := range []struct {
+		in   string
+		host string
+		port int
+	}{
+		{"tcp://10.0.0.2:41000", "10.0.0.2", 41000},
+		{"tcp://[fd00::2]:7000", "fd00::2", 7000},
+		{"10.0.0.3:1", "10.0.0.3", 1},
+		{"inproc://b", "", 0},
+		{"ucx-worker-blob", "", 0},
+		{"tcp://:5", "", 0},
+	} {
+		kv := peerAddr(c.in)
+		got := map[attribute.Key]attribute.Value{}
+		for _, a := range kv {
+			got[a.Key] = a.Value
+		}
+		if got[attrPeerEndpoint].AsString() != c.in {
+			t.Errorf("%q: endpoint %v", c.in, got[attrPeerEndpoint].Emit())
+		}
+		if got[attrNetPeerAddr].AsString() != c.host || int(got[attrNetPeerPort].AsInt64()) != c.port {
+			t.Errorf("%q: address %q port %d, want %q %d", c.in, got[attrNetPeerAddr].AsString(), got[attrNetPeerPort].AsInt64(), c.host, c.port)
+		}
+		want := 1
+		if c.host != "" {
+			want = 3
+		}
+		if len(kv) != want {
+			t.Errorf("%q: %d attributes %v, want %d", c.in, len(kv), kv, want)
+		}
+	}
+	if kv := peerAddr(""); kv != nil {
+		t.Errorf("empty endpoint: %v", kv)
 	}
 }
 
@@ -675,9 +738,10 @@ func TestUntracedHooksAllocateNothing(t *testing.T) {
 	cr := &wire.Credit{Region: 0, Len: 4096}
 	q.ch[0].credit = cr
 	d := &wire.Data{}
+	done := &wire.Done{Request: 1, Bytes: 4096, TraceParent: "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}
 	ctx := context.Background()
 	allocs := testing.AllocsPerRun(100, func() {
-		o.submitted(ctx, b, "y", 1, "eligible")
+		o.submitted(ctx, b, "y", "tcp://10.0.0.2:41000", 1, "eligible")
 		o.planned(b, p)
 		now := time.Now()
 		o.chunkStarted(q, 0, now)
@@ -690,6 +754,7 @@ func TestUntracedHooksAllocateNothing(t *testing.T) {
 		o.dataSent(q, 0, d, nil)
 		o.acked(q, 0)
 		o.inject(b.obs.ctx, &d.TraceParent)
+		o.doneReceived("y", done)
 		o.resolved(b, nil, true)
 	})
 	if allocs != 0 {

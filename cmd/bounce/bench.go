@@ -93,7 +93,9 @@ submitted at once; with --generations K a closed loop that keeps the
 concurrency in flight for K x concurrency requests and reports latency over
 the steady state), has the receiver verify every byte, and records the
 throughput and every request's latency. One unrecorded warm-up transfer per
-route runs first.
+route runs first. --peer measures against a 'bounce serve' running elsewhere
+instead: its descriptor line, or with discovery.kind etcd its agent name,
+resolved and followed through etcd as 'bounce send' does.
 
 Routes: bounce (gather, one bulk write per region, scatter), direct (one
 engine post per descriptor), bulk (the same bytes as ONE contiguous
@@ -142,6 +144,7 @@ every receiver verify every byte (--json writes it all).`,
   bounce bench --count 4096 --concurrency 128 --generations 3 --routes bounce,direct,bulk --max-bytes 7GiB
   bounce bench --engine.kind ucx --bounce.arena-size 32MiB --workload llama70b-tp8-b16 --routes bounce
   bounce bench --peer recv.json --engine.listen 10.0.0.1:0 --control-plane.interface eth0 --routes bounce,direct,bulk
+  bounce bench --discovery.kind etcd --discovery.insecure --agent.name prefill-1 --peer decode-0 --routes bounce,direct
   bounce bench --desc-size 512B..64KiB --concurrency 1,8 --routes bounce,direct --plots sweep
   bounce bench --workload llama70b-tp8-b16,gptoss120b-tp8-b16 --form blocks,descs --routes bounce,direct,bulk
   bounce bench --senders 4 --receivers 2
@@ -194,7 +197,7 @@ every receiver verify every byte (--json writes it all).`,
 	f.DurationVar(&o.cellTimeout, "cell-timeout", 10*time.Minute, "give up on a cell's requests after this long")
 	f.DurationVar(&o.duration, "duration", 0, "run each cell for at least this long (its workload moved again and again, every round counted) instead of once")
 	o.memory.add(cmd)
-	f.StringVar(&o.peer, "peer", "", `benchmark against a 'bounce serve' running elsewhere: its descriptor line (a file, or "-" for stdin); its bytes are not verified (run 'bounce serve --expect' with 'bounce send' for that)`)
+	f.StringVar(&o.peer, "peer", "", `benchmark against a 'bounce serve' running elsewhere: its descriptor line (a file, or "-" for stdin), or with discovery.kind etcd its agent name; its bytes are not verified (run 'bounce serve --expect' with 'bounce send' for that)`)
 	o.fleet.add(f)
 	configFlags(cmd)
 	return cmd
@@ -447,9 +450,14 @@ func (o *benchOptions) run(cmd *cobra.Command, cfg config.Config, plan benchPlan
 	var h hello
 	var blob []byte
 	if o.peer != "" {
-		var err error
-		if h, blob, err = readHello(cmd.InOrStdin(), o.peer); err != nil {
-			return usage(err)
+		// Through etcd --peer is the receiver's agent name (resolved
+		// when the session starts); otherwise its descriptor line.
+		h.Name = o.peer
+		if cfg.Discovery.Kind != "etcd" {
+			var err error
+			if h, blob, err = readHello(cmd.InOrStdin(), o.peer); err != nil {
+				return usage(err)
+			}
 		}
 		if o.verify {
 			o.notVerified = fmt.Sprintf("the receiver %q runs elsewhere (--peer)", h.Name)
@@ -510,7 +518,7 @@ func (o *benchOptions) run(cmd *cobra.Command, cfg config.Config, plan benchPlan
 	var s *session
 	var err error
 	if o.peer != "" {
-		s, err = remoteSession(cmd, cfg, h, blob, plan.largest, o.memory)
+		s, err = remoteSession(cmd, cfg, o.peer, h, blob, plan.largest, o.memory)
 		rep.Config.Peer = h.Name
 	} else {
 		s, err = startSession(cmd, cfg, childArgs, plan.largest, o.memory)
@@ -705,12 +713,15 @@ func (o *benchOptions) finish(out, errw io.Writer, rep *benchreport.Report, swee
 		fmt.Fprintf(out, "results: %s\n", o.jsonPath)
 	}
 	if o.plotsDir != "" {
-		paths, err := benchreport.WritePlots(o.plotsDir, rep)
+		paths, skipped, err := benchreport.WritePlots(o.plotsDir, rep)
 		if err != nil {
 			return runtime(err)
 		}
 		for _, p := range paths {
 			fmt.Fprintf(out, "plot: %s\n", p)
+		}
+		for _, s := range skipped {
+			fmt.Fprintf(out, "plot: %s\n", s)
 		}
 	}
 	if sweepErr != nil {

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/base64"
 	"encoding/json"
@@ -14,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/bouncekv/bounce/benchreport"
 	"github.com/bouncekv/bounce/config"
 	"github.com/bouncekv/bounce/discovery/etcd"
 	"github.com/bouncekv/bounce/mem"
@@ -24,13 +26,25 @@ import (
 )
 
 // TestFleetBenchThroughEtcd: bench --senders --receivers starts its own
-// etcd, receiver and sender processes, and verifies every byte.
+// etcd, receiver and sender processes, and verifies every byte. Its log
+// holds one warning: the embedded etcd has no TLS or users (once, not once
+// per process); no first connection is refused (the receivers admit every
+// sender before a sender loads a receiver).
 func TestFleetBenchThroughEtcd(t *testing.T) {
 	js := filepath.Join(t.TempDir(), "fleet.json")
 	out, errs, code := bounce(t, "bench", "--senders", "2", "--receivers", "2", "--count", "256", "--sender-requests", "3",
-		"--pattern", "seeded", "--seed", "7", "--json", js, "--log.level", "error")
+		"--pattern", "seeded", "--seed", "7", "--json", js)
 	if code != 0 {
 		t.Fatalf("exit %d\n%s\n%s", code, out, errs)
+	}
+	var warns []string
+	for _, l := range strings.Split(errs, "\n") {
+		if strings.Contains(l, "level=WARN") || strings.Contains(l, "level=ERROR") {
+			warns = append(warns, l)
+		}
+	}
+	if len(warns) != 1 || !strings.Contains(warns[0], etcd.InsecureWarning) {
+		t.Fatalf("fleet log: %d warnings, want the one about the embedded etcd:\n%s", len(warns), strings.Join(warns, "\n"))
 	}
 	var rep fleetReport
 	b, err := os.ReadFile(js)
@@ -288,5 +302,74 @@ func TestServeRefusesALiveAgentsName(t *testing.T) {
 	_, errs, code := bounce(t, args...)
 	if code != exitRuntime || !strings.Contains(errs, "name held by a live agent") || !strings.Contains(errs, "decode-0") {
 		t.Fatalf("second serve: exit %d, stderr %q", code, errs)
+	}
+}
+
+// TestBenchPeerThroughEtcd: with discovery.kind etcd, bench --peer NAME
+// resolves the receiver's agent name through discovery as send does, and
+// publishes its own record, so a 'serve --follow' receiver admits it; the
+// report names the receiver and every cell moved its bytes.
+func TestBenchPeerThroughEtcd(t *testing.T) {
+	srv, err := etcd.StartServer(t.TempDir(), 60*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	common := []string{"--discovery.kind", "etcd", "--discovery.insecure", "--discovery.endpoints", srv.Endpoint,
+		"--discovery.prefix", "/bp", "--control-plane.bind-address", "127.0.0.1"}
+	desc := filepath.Join(t.TempDir(), "recv.json")
+	serve := exec.Command(cliBinary(t), append([]string{"serve", "--agent.name", "decode-0", "--follow", "prefill-1",
+		"--buffer-size", "16MiB", "--descriptor-out", desc}, common...)...)
+	var serr syncBuffer
+	serve.Stderr = &serr
+	if err := serve.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { serve.Process.Kill(); serve.Wait() }()
+	waitForFileOf(t, desc, &serr, nil)
+	js := filepath.Join(t.TempDir(), "bench.json")
+	out, errs, code := bounce(t, append([]string{"bench", "--agent.name", "prefill-1", "--peer", "decode-0",
+		"--workload", "gptoss120b-tp8-b16", "--count", "256", "--concurrency", "1", "--repeat", "1",
+		"--routes", "bounce,direct", "--json", js}, common...)...)
+	if code != 0 {
+		t.Fatalf("bench --peer decode-0: exit %d\n%s\n%s\nserve:\n%s", code, out, errs, serr.String())
+	}
+	rep, err := benchreport.LoadJSON(js)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Config.Peer != "decode-0" || len(rep.Cells) != 2 {
+		t.Fatalf("peer %q, %d cells:\n%s", rep.Config.Peer, len(rep.Cells), out)
+	}
+	for _, c := range rep.Cells {
+		if c.Failed != 0 || c.Took != c.Route || c.Bytes != 256*2048 || c.Verified {
+			t.Fatalf("cell %+v\n%s", c, out)
+		}
+	}
+	if n := strings.Count(serr.String(), "received: peer=prefill-1"); n < 4 { // 2 warm-ups + 2 cells
+		t.Fatalf("the receiver announced %d requests from prefill-1, want at least 4:\n%s", n, serr.String())
+	}
+	// A name nobody holds is a clear failure, not a hang.
+	_, errs, code = bounce(t, append([]string{"bench", "--agent.name", "prefill-1", "--peer", "nobody", "--count", "256",
+		"--repeat", "1", "--discovery.dial-timeout", "500ms"}, common...)...)
+	if code == 0 || !strings.Contains(errs, "nobody") {
+		t.Fatalf("bench --peer nobody: exit %d, %q", code, errs)
+	}
+}
+
+// TestFleetLogsOnce: lines of several children pass through whole, in any
+// chunking, and a line naming a once-only message is printed the first
+// time only.
+func TestFleetLogsOnce(t *testing.T) {
+	var b bytes.Buffer
+	l := &fleetLogs{w: &b, once: []string{"same warning"}}
+	c1, c2 := l.child(), l.child()
+	c1.Write([]byte("level=WARN msg=\"same warn"))
+	c2.Write([]byte("level=INFO msg=two\nlevel=WARN msg=\"same warning\" child=2\n"))
+	c1.Write([]byte("ing\" child=1\nlevel=INFO msg=one\n"))
+	c2.Write([]byte("level=WARN msg=other\n"))
+	want := "level=INFO msg=two\nlevel=WARN msg=\"same warning\" child=2\nlevel=INFO msg=one\nlevel=WARN msg=other\n"
+	if b.String() != want {
+		t.Fatalf("got\n%s\nwant\n%s", b.String(), want)
 	}
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/base64"
 	"encoding/json"
@@ -138,7 +139,8 @@ type fleetLine struct {
 }
 
 // newFleetSenderCmd is the hidden sender child of the fleet benchmark: it
-// reads a fleetJob, resolves its receivers through etcd, and on "warm"
+// reads a fleetJob, publishes its record ("joined"), on "resolve" resolves
+// its receivers through etcd ("resolved"), and on "warm"
 // fills its sources and moves each request once, unrecorded, on "run" its
 // whole job.
 func newFleetSenderCmd() *cobra.Command {
@@ -202,6 +204,16 @@ func fleetSender(cmd *cobra.Command, cfg config.Config, in *bufio.Scanner, out *
 		return errors.New("fleet-sender: needs discovery.kind etcd")
 	}
 	defer in2.close()
+	// Its record is published: the receivers admit it (they follow it)
+	// before it loads one of them, so its first connections (opened at
+	// LoadPeer) are never refused for a key not yet admitted.
+	out.Encode(fleetLine{Phase: "joined"})
+	if !in.Scan() {
+		return errors.New("fleet-sender: stdin closed before resolve")
+	}
+	if c := strings.TrimSpace(in.Text()); c != "resolve" {
+		return fmt.Errorf("fleet-sender: command %q before resolve", c)
+	}
 	per := spec.Bytes()
 	// One leg per receiver; each slot of a leg is a closed loop of its
 	// own (its request moved again and again until the job's duration is
@@ -508,6 +520,9 @@ func runFleet(cmd *cobra.Command, cfg config.Config, o *benchOptions) error {
 	fmt.Fprintf(out, "bounce bench: fleet of %d senders x %d receivers through etcd at %s, prefix %s; %s, %d requests per sender (%s each, %s) moved %s, route %s\n",
 		f.senders, f.receivers, where, prefix, f.pattern, f.perSender, benchreport.FormatSize(per), layoutName(spec), rounds, f.route)
 
+	// Every child opens the same etcd: its one warning about that etcd
+	// (no TLS or users) is printed once, not once per process.
+	logs := &fleetLogs{w: errw, once: []string{etcd.InsecureWarning}}
 	var recvs []*receiver
 	defer func() {
 		for _, r := range recvs {
@@ -517,7 +532,7 @@ func runFleet(cmd *cobra.Command, cfg config.Config, o *benchOptions) error {
 	for k := range f.receivers {
 		size := max(uint64(plan.slots[k])*per, 1<<20)
 		args := append(slices.Clone(base), "--agent.name="+rname(k), "--buffer-size="+config.Size(size).String(), "--follow="+strings.Join(senderNames, ","))
-		r, err := startReceiver(args, errw, 60*time.Second)
+		r, err := startReceiver(args, logs.child(), 60*time.Second)
 		if err != nil {
 			return runtime(fmt.Errorf("receiver %s: %w", rname(k), err))
 		}
@@ -536,7 +551,7 @@ func runFleet(cmd *cobra.Command, cfg config.Config, o *benchOptions) error {
 				job.Targets = append(job.Targets, fleetTarget{Peer: rname(k), Start: plan.start[s][k], Count: c, Seed: fleetSeed(o.seed, k) + uint64(plan.start[s][k])})
 			}
 		}
-		c, err := startFleetSender(sname(s), append(slices.Clone(base), "--agent.name="+sname(s)), errw)
+		c, err := startFleetSender(sname(s), append(slices.Clone(base), "--agent.name="+sname(s)), logs.child())
 		if err != nil {
 			return runtime(err)
 		}
@@ -547,12 +562,13 @@ func runFleet(cmd *cobra.Command, cfg config.Config, o *benchOptions) error {
 		}
 	}
 	for _, c := range sends {
-		if _, err := c.await("resolved", 2*time.Minute); err != nil {
+		if _, err := c.await("joined", 2*time.Minute); err != nil {
 			return failed(err)
 		}
 	}
 	// Every receiver admits every sender (it follows their records) before
-	// a byte moves.
+	// a sender loads a receiver (its first connection) and before a byte
+	// moves.
 	deadline := time.Now().Add(2 * time.Minute)
 	for k, r := range recvs {
 		for {
@@ -567,6 +583,16 @@ func runFleet(cmd *cobra.Command, cfg config.Config, o *benchOptions) error {
 				return failed(fmt.Errorf("receiver %s admitted only %v of %v within 2m", rname(k), rep.Known, senderNames))
 			}
 			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	for _, c := range sends {
+		if err := c.send([]byte("resolve")); err != nil {
+			return runtime(err)
+		}
+	}
+	for _, c := range sends {
+		if _, err := c.await("resolved", 2*time.Minute); err != nil {
+			return failed(err)
 		}
 	}
 	for _, phase := range []string{"warm", "run"} {
@@ -691,4 +717,57 @@ func layoutName(s workload.Spec) string {
 		return "fragmented"
 	}
 	return "contiguous"
+}
+
+// fleetLogs passes the fleet's child processes' stderr lines through to w,
+// except that a line containing one of once is printed only the first time
+// any child writes it.
+type fleetLogs struct {
+	mu   sync.Mutex
+	w    io.Writer
+	once []string
+	seen map[string]bool
+}
+
+// child returns the stderr of one child process.
+func (l *fleetLogs) child() io.Writer { return &fleetLogLines{l: l} }
+
+// fleetLogLines is one child's stderr: bytes up to a newline are held, then
+// the line goes to its fleetLogs.
+type fleetLogLines struct {
+	l    *fleetLogs
+	part []byte
+}
+
+func (c *fleetLogLines) Write(b []byte) (int, error) {
+	n := len(b)
+	for len(b) > 0 {
+		i := bytes.IndexByte(b, '\n')
+		if i < 0 {
+			c.part = append(c.part, b...)
+			break
+		}
+		line := append(c.part, b[:i+1]...)
+		c.part = nil
+		b = b[i+1:]
+		c.l.line(line)
+	}
+	return n, nil
+}
+
+func (l *fleetLogs) line(b []byte) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, s := range l.once {
+		if bytes.Contains(b, []byte(s)) {
+			if l.seen[s] {
+				return
+			}
+			if l.seen == nil {
+				l.seen = map[string]bool{}
+			}
+			l.seen[s] = true
+		}
+	}
+	_, _ = l.w.Write(b)
 }

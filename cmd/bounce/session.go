@@ -28,6 +28,9 @@ type session struct {
 	// same bytes from host memory into host memory. Nil otherwise.
 	bulk    *driver.Driver
 	bulkTgt driver.Target
+	// peer is the receiver followed through discovery (bench --peer NAME
+	// with discovery.kind etcd); nil otherwise.
+	peer *peerSource
 }
 
 // route returns the driver and target route r moves with, and the
@@ -96,21 +99,52 @@ func startSession(cmd *cobra.Command, cfg config.Config, childArgs []string, cap
 // remoteSession builds the sender node against a receiver that runs
 // elsewhere ('bounce serve' on another host): its descriptor line h/blob is
 // all it knows of it, so nothing is verified or cleared on that side.
-func remoteSession(cmd *cobra.Command, cfg config.Config, h hello, blob []byte, capacity uint64, memory memoryFlag) (*session, error) {
-	if capacity > h.BufferLen {
-		return nil, usage(fmt.Errorf("--peer: the receiver's buffer is %s, the largest cell needs %s: start 'bounce serve' with a larger --buffer-size or lower --max-bytes",
+//
+// With discovery.kind etcd, peer is the receiver's agent name, resolved
+// through discovery as 'bounce send' does (this agent publishes its own
+// record, so a receiver started with 'serve --follow' admits it); otherwise
+// h and blob are the descriptor line already read from the --peer file.
+func remoteSession(cmd *cobra.Command, cfg config.Config, peer string, h hello, blob []byte, capacity uint64, memory memoryFlag) (*session, error) {
+	tooSmall := func(h hello) error {
+		if capacity <= h.BufferLen {
+			return nil
+		}
+		return usage(fmt.Errorf("--peer: the receiver's buffer is %s, the largest cell needs %s: start 'bounce serve' with a larger --buffer-size or lower --max-bytes",
 			benchreport.FormatSize(h.BufferLen), benchreport.FormatSize(capacity)))
 	}
-	s := &session{tgt: driver.Target{Peer: h.Name, Buffer: h.buffer()}}
+	etcd := cfg.Discovery.Kind == "etcd"
+	if !etcd {
+		if err := tooSmall(h); err != nil {
+			return nil, err
+		}
+	}
+	s := &session{}
 	var err error
 	f := factories()
-	if s.n, err = node.Build(cfg, f, logger(cmd, cfg.Log)); err != nil {
+	log := logger(cmd, cfg.Log)
+	if s.n, err = node.Build(cfg, f, log); err != nil {
 		return nil, classify(err, usage)
 	}
-	if _, err := s.n.Agent.LoadPeer(blob); err != nil {
+	if etcd {
+		if s.peer, err = openPeer(cmd.Context(), nil, cfg, s.n, log, peer); err != nil {
+			s.close()
+			return nil, err
+		}
+		ctx, cancel := context.WithTimeout(cmd.Context(), time.Minute)
+		h, err = s.peer.current(ctx)
+		cancel()
+		if err == nil {
+			err = tooSmall(h)
+		}
+		if err != nil {
+			s.close()
+			return nil, classify(err, failed)
+		}
+	} else if _, err := s.n.Agent.LoadPeer(blob); err != nil {
 		s.close()
 		return nil, failed(fmt.Errorf("load receiver %q: %w", h.Name, err))
 	}
+	s.tgt = driver.Target{Peer: h.Name, Buffer: h.buffer()}
 	src, err := memory.alloc(f, cfg, capacity)
 	if err == nil {
 		s.d, err = driver.NewOn(s.n.Agent, src)
@@ -130,6 +164,9 @@ func (s *session) close() error {
 	}
 	if s.bulk != nil {
 		errs = append(errs, s.bulk.Close())
+	}
+	if s.peer != nil {
+		s.peer.close()
 	}
 	if s.n != nil {
 		errs = append(errs, s.n.Close(context.Background()))

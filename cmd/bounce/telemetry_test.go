@@ -138,6 +138,10 @@ type jaegerTrace struct {
 			TraceID string `json:"traceID"`
 			SpanID  string `json:"spanID"`
 		} `json:"references"`
+		Tags []struct {
+			Key   string `json:"key"`
+			Value any    `json:"value"`
+		} `json:"tags"`
 	} `json:"spans"`
 	Processes map[string]struct {
 		ServiceName string `json:"serviceName"`
@@ -247,6 +251,22 @@ func TestTraceInJaeger(t *testing.T) {
 		}
 		if parent != want {
 			t.Errorf("%s: parent %q, want %q", name, parent, want)
+		}
+	}
+	// The peer's address on both sides: the sender's transfer names the
+	// receiver's control endpoint on loopback, the receiver's span the
+	// sender's.
+	for _, s := range tr.Spans {
+		name := byID[s.SpanID]
+		if name != send+"/bounce.transfer" && name != recv+"/bounce.receive" {
+			continue
+		}
+		tags := map[string]any{}
+		for _, kv := range s.Tags {
+			tags[kv.Key] = kv.Value
+		}
+		if tags["network.peer.address"] != "127.0.0.1" || tags["network.peer.port"] == nil || tags["bounce.peer.endpoint"] == nil {
+			t.Errorf("%s: peer address tags %v", name, tags)
 		}
 	}
 }

@@ -41,6 +41,10 @@ type Directory struct {
 
 var _ discovery.Directory = (*Directory)(nil)
 
+// InsecureWarning is the message Open logs (once, at Warn) when it accepts
+// an etcd without TLS or users because of discovery.insecure.
+const InsecureWarning = "discovery: etcd without TLS or authentication (discovery.insecure): anyone who can write to it chooses the records agents load; pin peer keys in security.allowed_peers"
+
 // Open connects to the cluster cfg names and checks that it answers
 // within cfg.DialTimeout: an unreachable cluster is an error wrapping
 // discovery.ErrUnavailable that names the endpoints. log may be nil.
@@ -56,7 +60,7 @@ func Open(ctx context.Context, cfg config.DiscoveryConfig, log *slog.Logger) (*D
 		return nil, fmt.Errorf("discovery: etcd at %s: refused without TLS and authentication (discovery.tls_*, discovery.username): anyone who can write to it would choose the records agents load; set discovery.insecure true to accept that", cfg.Endpoints)
 	}
 	if cfg.Insecure && (!cfg.TLS() || cfg.Username == "") {
-		log.Warn("discovery: etcd without TLS or authentication (discovery.insecure): anyone who can write to it chooses the records agents load; pin peer keys in security.allowed_peers",
+		log.Warn(InsecureWarning,
 			"endpoints", cfg.Endpoints, "tls", cfg.TLS(), "auth", cfg.Username != "")
 	}
 	cc := clientv3.Config{

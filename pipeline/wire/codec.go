@@ -106,6 +106,7 @@ func AppendMarshal(dst []byte, m Message) ([]byte, error) {
 		b = le.AppendUint64(b, m.Bytes)
 		b = appendStr(b, m.Endpoint)
 		b = appendStr(b, m.Reason)
+		b = appendStr(b, m.TraceParent)
 		b = appendTag(b, m.Tag)
 	}
 	return b, nil
@@ -252,10 +253,13 @@ func EncodedLen(m Message) (int, error) {
 		if err := checkStr("DONE", "reason", m.Reason); err != nil {
 			return 0, err
 		}
+		if err := checkStr("DONE", "traceparent", m.TraceParent); err != nil {
+			return 0, err
+		}
 		if len(m.Tag) > MaxTag {
 			return 0, errorf("DONE", ErrTooLarge, "tag is %d bytes, limit %d", len(m.Tag), MaxTag)
 		}
-		return headerLen + 8 + 8 + strPrefix + len(m.Endpoint) + strPrefix + len(m.Reason) + strPrefix + len(m.Tag), nil
+		return headerLen + 8 + 8 + strPrefix + len(m.Endpoint) + strPrefix + len(m.Reason) + strPrefix + len(m.TraceParent) + strPrefix + len(m.Tag), nil
 	case nil:
 		return 0, fmt.Errorf("wire: nil message: %w", ErrMalformed)
 	default:
@@ -698,6 +702,7 @@ func (d *decoder) done() (*Done, error) {
 	m := &Done{Request: d.u64("request"), Bytes: d.u64("bytes")}
 	m.Endpoint = d.str("endpoint")
 	m.Reason = d.str("reason")
+	m.TraceParent = d.str("traceparent")
 	m.Tag = d.tag()
 	if err := d.end(); err != nil {
 		return nil, err

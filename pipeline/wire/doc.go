@@ -31,7 +31,7 @@
 //	       or, when n is 0 (the block form), first_piece u64 | piece_count u64
 //	ACK    request u64 | chunk u32 | region u64 | scatter_ns u64
 //	NACK   request u64 | chunk u32 | code u16 | reason str
-//	DONE   request u64 | bytes u64 | endpoint str | reason str | tag
+//	DONE   request u64 | bytes u64 | endpoint str | reason str | traceparent str | tag
 //
 // A tag is the caller's opaque request tag: a uint16 length and at most
 // MaxTag bytes (empty when the caller set none).

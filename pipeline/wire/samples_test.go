@@ -58,8 +58,9 @@ func sampleMessages() []namedMessage {
 		{"nack-max", &Nack{Request: math.MaxUint64, Chunk: math.MaxUint32, Code: math.MaxUint16, Reason: long}},
 		{"done-zero", &Done{}},
 		{"done-typical", &Done{Request: 12, Bytes: 320 << 20, Endpoint: "tcp://10.0.0.2:41000", Tag: []byte("kv-req-12")}},
+		{"done-traced", &Done{Request: 14, Bytes: 4096, Endpoint: "tcp://10.0.0.2:41000", TraceParent: "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", Tag: []byte("kv-req-14")}},
 		{"done-failed", &Done{Request: 13, Reason: "direct write failed: peer lost", Tag: []byte{1}}},
-		{"done-max", &Done{Request: math.MaxUint64, Bytes: math.MaxUint64, Endpoint: long, Reason: long, Tag: []byte(strings.Repeat("t", MaxTag))}},
+		{"done-max", &Done{Request: math.MaxUint64, Bytes: math.MaxUint64, Endpoint: long, Reason: long, TraceParent: long, Tag: []byte(strings.Repeat("t", MaxTag))}},
 	}
 }
 

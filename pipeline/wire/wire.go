@@ -14,9 +14,10 @@ import (
 // of the receiver's arena to every GRANT credit and the receiver's scatter
 // time to every ACK; version 4 added the block-table form: the pools in the
 // agent descriptor, the WANT's form byte (and its WantBlocks) and the
-// DATA's piece range. Peers of another version are refused with an error
-// saying so.
-const Version uint16 = 4
+// DATA's piece range; version 5 added the trace context to DONE (the
+// receiver's span of a direct-path request joins the sender's trace). Peers
+// of another version are refused with an error saying so.
+const Version uint16 = 5
 
 // Limits enforced by encoders and decoders. A count or length above its limit
 // is ErrTooLarge, checked before anything is allocated.
@@ -297,13 +298,15 @@ func (*Nack) Type() Type { return TypeNack }
 // when Reason is empty, or it failed for Reason. The sender sends it once
 // its engine op is terminal, so a successful Done follows the last byte.
 // Tag is the caller's tag (at most MaxTag bytes, may be empty); Endpoint is
-// the sender's control endpoint, as in Want.
+// the sender's control endpoint, as in Want; TraceParent is the sender's
+// trace context of the request, as in Want (empty when untraced).
 type Done struct {
-	Request  uint64
-	Bytes    uint64
-	Endpoint string
-	Reason   string
-	Tag      []byte
+	Request     uint64
+	Bytes       uint64
+	Endpoint    string
+	Reason      string
+	TraceParent string
+	Tag         []byte
 }
 
 // Type returns TypeDone.
