@@ -50,15 +50,6 @@
 // but not written to before its metadata is loaded. Messages on one
 // endpoint arrive in order.
 //
-// Close first sends a bye (an active message without data) to every peer
-// it wrote to or notified, and drains it with the rest. The peer marks the
-// sender departed, so its own endpoint to the sender failing once the
-// sender's worker is gone ("Endpoint timeout" on tcp) is logged at Debug
-// as the peer's end, not as a warning; so is any endpoint failure while the
-// engine itself closes. A clean run ends without a warning
-// (TestCleanCloseLogsNoWarn). Writes to a departed peer still fail with
-// ErrPeerLost.
-//
 // # Metadata
 //
 // Metadata is "BKVU", version 1, flags, the name, the worker address and

@@ -505,26 +505,6 @@ func (e *Engine) beginShutdown() {
 	e.shut = true
 	e.draining = true
 	e.deadline = time.Now().Add(e.cfg.DrainTimeout)
-	e.sayBye()
-}
-
-// sayBye tells every peer this engine wrote or notified that it is closing
-// (an active message the drain waits for like any send), so the peer's
-// endpoint failing once this worker is gone is its expected end there, not
-// a warning.
-func (e *Engine) sayBye() {
-	hdr := encodeAMHeader(amKindBye, e.name)
-	for _, p := range e.peers {
-		if p.ep == nil || !p.used || (p.state != nil && p.state.lost != nil) {
-			continue
-		}
-		name := p.name
-		e.amSend(p, hdr, len(hdr), func(st C.ucs_status_t) {
-			if st != C.UCS_OK {
-				e.log.Debug("bye not delivered", "peer", name, "status", statusString(st))
-			}
-		})
-	}
 }
 
 // shutdownStep advances Close on the progress thread and reports whether

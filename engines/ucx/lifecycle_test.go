@@ -2,11 +2,8 @@ package ucx
 
 import (
 	"bytes"
-	"context"
 	"errors"
 	"fmt"
-	"log/slog"
-	"sync"
 	"testing"
 	"time"
 
@@ -294,91 +291,5 @@ func TestConfigErrors(t *testing.T) {
 			e.Close()
 			t.Errorf("New(%+v) accepted", c)
 		}
-	}
-}
-
-// levelCounter is a slog handler counting records at Warn and above, with
-// their messages.
-type levelCounter struct {
-	mu    *sync.Mutex
-	warns *[]string
-}
-
-func newLevelCounter() levelCounter { return levelCounter{mu: new(sync.Mutex), warns: new([]string)} }
-
-func (h levelCounter) Enabled(context.Context, slog.Level) bool { return true }
-func (h levelCounter) Handle(_ context.Context, r slog.Record) error {
-	if r.Level >= slog.LevelWarn {
-		h.mu.Lock()
-		msg := r.Message
-		r.Attrs(func(a slog.Attr) bool { msg += " " + a.String(); return true })
-		*h.warns = append(*h.warns, msg)
-		h.mu.Unlock()
-	}
-	return nil
-}
-func (h levelCounter) WithAttrs([]slog.Attr) slog.Handler { return h }
-func (h levelCounter) WithGroup(string) slog.Handler      { return h }
-func (h levelCounter) list() []string {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	return append([]string(nil), *h.warns...)
-}
-
-// TestCleanCloseLogsNoWarn: a writer that closes its engine after a
-// successful write and notifications (the end of every clean run) makes its
-// peer log no warning: the closing engine says goodbye first, so the peer's
-// endpoint failing afterwards is the expected end of the peer, logged at
-// Debug. The peer still learns the writer is gone (ErrPeerLost).
-func TestCleanCloseLogsNoWarn(t *testing.T) {
-	abuf, bbuf := alloc(t, 1<<20), alloc(t, 1<<20)
-	la, lb := newLevelCounter(), newLevelCounter()
-	a := newEngine(t, Config{Name: "a", Logger: slog.New(la)})
-	b := newEngine(t, Config{Name: "b", Logger: slog.New(lb)})
-	register(t, a, abuf)
-	register(t, b, bbuf)
-	load(t, a, b)
-	fill(abuf.Bytes(), 7)
-	op, err := a.PostWrite("b", []transfer.WriteOp{{Src: desc(abuf, 0, 1<<20), Dst: desc(bbuf, 0, 1<<20)}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	mustDone(t, op)
-	if !bytes.Equal(abuf.Bytes(), bbuf.Bytes()) {
-		t.Fatal("bytes differ after the write")
-	}
-	// a's hello makes b connect back; b answers on that endpoint.
-	if err := a.Notify("b", []byte("done")); err != nil {
-		t.Fatal(err)
-	}
-	if m, err := b.RecvNotification(hangGuard); err != nil || string(m.Payload) != "done" {
-		t.Fatalf("notification %q, %v", m.Payload, err)
-	}
-	if err := b.Notify("a", []byte("ack")); err != nil {
-		t.Fatal(err)
-	}
-	if m, err := a.RecvNotification(hangGuard); err != nil || string(m.Payload) != "ack" {
-		t.Fatalf("reply %q, %v", m.Payload, err)
-	}
-	if err := a.Close(); err != nil {
-		t.Fatal(err)
-	}
-	// b finds out that a is gone: its endpoint back to a fails.
-	deadline := time.Now().Add(hangGuard)
-	for {
-		err := b.Notify("a", []byte("x"))
-		if errors.Is(err, transfer.ErrPeerLost) {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("b still notifies the closed a: %v", err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	if err := b.Close(); err != nil {
-		t.Fatal(err)
-	}
-	if w := append(la.list(), lb.list()...); len(w) > 0 {
-		t.Fatalf("a clean close logged warnings: %q", w)
 	}
 }

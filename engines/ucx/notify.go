@@ -75,7 +75,6 @@ func (e *Engine) sendNotify(name string, np *notifyPeer, hlen int, buf []byte) {
 		e.sendFailed.Add(1)
 		return
 	}
-	p.used = true
 	if !p.helloSent {
 		p.helloSent = true
 		hdr := encodeAMHeader(amKindHello, e.name)
@@ -127,14 +126,8 @@ func (e *Engine) received(hdr, data []byte) {
 		e.log.Warn("dropped malformed active message", "err", err)
 		return
 	}
-	switch kind {
-	case amKindHello:
+	if kind == amKindHello {
 		e.hello(name, data)
-		return
-	case amKindBye:
-		if p := e.peers[name]; p != nil {
-			p.departed = true
-		}
 		return
 	}
 	m := transfer.Message{Peer: name, Payload: bytes.Clone(data)}

@@ -31,14 +31,7 @@ type peer struct {
 	state     *epState
 	rs        *rangeSet // nil until LoadPeer
 	helloSent bool
-	// used is set once a write or notification went out on ep: only such
-	// a peer is sent a bye at Close (an endpoint never used may not have
-	// finished its wireup, and a bye to a dead peer would stall the drain).
-	used bool
-	// departed is set by the peer's bye: it is closing its engine, so its
-	// endpoint failing next is expected (logged at Debug, not Warn).
-	departed bool
-	np       *notifyPeer
+	np        *notifyPeer
 }
 
 // rangeSet is one generation of a peer's registered ranges with their
@@ -240,15 +233,7 @@ func (e *Engine) closeEP(p *peer) {
 // ForgetPeer or a new LoadPeer.
 func (e *Engine) peerFailed(p *peer, st C.ucs_status_t) {
 	cause := fmt.Errorf("ucx: peer %q: endpoint failed: %s: %w", p.name, statusString(st), transfer.ErrPeerLost)
-	switch {
-	case p.departed:
-		cause = fmt.Errorf("ucx: peer %q closed its engine: %w", p.name, transfer.ErrPeerLost)
-		e.log.Debug("peer endpoint closed: the peer closed its engine", "peer", p.name, "status", statusString(st))
-	case e.shut:
-		e.log.Debug("peer endpoint failed while this engine closes", "peer", p.name, "status", statusString(st))
-	default:
-		e.log.Warn("peer endpoint failed", "peer", p.name, "status", statusString(st))
-	}
+	e.log.Warn("peer endpoint failed", "peer", p.name, "status", statusString(st))
 	if p.state.lost == nil {
 		p.state.lost = cause
 	}

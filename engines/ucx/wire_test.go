@@ -66,9 +66,6 @@ func TestAMHeader(t *testing.T) {
 	if err != nil || kind != amKindMsg || name != "decode-3" {
 		t.Fatalf("got %d %q %v", kind, name, err)
 	}
-	if kind, name, err := decodeAMHeader(encodeAMHeader(amKindBye, "send-1")); err != nil || kind != amKindBye || name != "send-1" {
-		t.Fatalf("bye: got %d %q %v", kind, name, err)
-	}
 	for _, b := range [][]byte{nil, h[:4], append(bytes.Clone(h), 'x'), {'b', 'n', 1, 9, 1, 'a'}, {'b', 'n', 2, 2, 1, 'a'}, {'x', 'n', 1, 2, 1, 'a'}, {'b', 'n', 1, 2, 0}} {
 		if _, _, err := decodeAMHeader(b); err == nil {
 			t.Errorf("header %q accepted", b)
@@ -96,7 +93,6 @@ func FuzzDecodeMetadata(f *testing.F) {
 func FuzzDecodeAMHeader(f *testing.F) {
 	f.Add(encodeAMHeader(amKindMsg, "a"))
 	f.Add(encodeAMHeader(amKindHello, "prefill-0"))
-	f.Add(encodeAMHeader(amKindBye, "decode-1"))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		kind, name, err := decodeAMHeader(b)
 		if err != nil {

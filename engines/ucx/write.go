@@ -121,7 +121,6 @@ func (e *Engine) postWrite(name string, ops []transfer.WriteOp) (*writeOp, error
 	if len(puts) > 0 {
 		first = &puts[0]
 	}
-	p.used = true
 	C.bkv_put_many(p.ep, cop, first, C.size_t(len(puts)))
 	C.bkv_op_post_done(cop)
 	return w, nil
