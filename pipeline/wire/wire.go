@@ -14,9 +14,11 @@ import (
 // of the receiver's arena to every GRANT credit and the receiver's scatter
 // time to every ACK; version 4 added the block-table form: the pools in the
 // agent descriptor, the WANT's form byte (and its WantBlocks) and the
-// DATA's piece range. Peers of another version are refused with an error
+// DATA's piece range; version 5 added a pool's KV layout to its descriptor
+// and the shaped WANT (a layout conversion's destination shape, its DATAs
+// naming unit ranges). Peers of another version are refused with an error
 // saying so.
-const Version uint16 = 4
+const Version uint16 = 5
 
 // Limits enforced by encoders and decoders. A count or length above its limit
 // is ErrTooLarge, checked before anything is allocated.
