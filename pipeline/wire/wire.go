@@ -14,9 +14,9 @@ import (
 // of the receiver's arena to every GRANT credit and the receiver's scatter
 // time to every ACK; version 4 added the block-table form: the pools in the
 // agent descriptor, the WANT's form byte (and its WantBlocks) and the
-// DATA's piece range. Peers of another version are refused with an error
-// saying so.
-const Version uint16 = 4
+// DATA's piece range; version 5 added the pull messages (PULL, PULL_END:
+// pull.go). Peers of another version are refused with an error saying so.
+const Version uint16 = 5
 
 // Limits enforced by encoders and decoders. A count or length above its limit
 // is ErrTooLarge, checked before anything is allocated.
@@ -79,6 +79,12 @@ const (
 	TypeNack
 	// TypeDone reports a direct-path request ended (sender → receiver).
 	TypeDone
+	// TypePull asks the holder of a request's sources to send it, with the
+	// puller's first credits (puller → holder; pull.go).
+	TypePull
+	// TypePullEnd ends a pull on the holder's side with a reason (holder →
+	// puller).
+	TypePullEnd
 
 	// The two non-message kinds share the header, so decoding one as another
 	// fails with ErrWrongType.
@@ -101,6 +107,10 @@ func (t Type) String() string {
 		return "NACK"
 	case TypeDone:
 		return "DONE"
+	case TypePull:
+		return "PULL"
+	case TypePullEnd:
+		return "PULL_END"
 	case typeHandshake:
 		return "HANDSHAKE"
 	case typeAgentDesc:
@@ -110,8 +120,8 @@ func (t Type) String() string {
 	}
 }
 
-// Message is one control message: *Want, *Grant, *Data, *Ack, *Nack or
-// *Done.
+// Message is one control message: *Want, *Grant, *Data, *Ack, *Nack,
+// *Done, *Pull or *PullEnd.
 type Message interface {
 	Type() Type
 }
@@ -275,6 +285,8 @@ func (c NackCode) String() string {
 		return "bad-blocks"
 	case NackForbidden:
 		return "forbidden"
+	case NackGaveUp:
+		return "gave-up"
 	default:
 		return fmt.Sprintf("nack(%d)", uint16(c))
 	}

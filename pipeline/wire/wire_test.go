@@ -50,28 +50,35 @@ func TestGoldenBytes(t *testing.T) {
 		hex  string
 	}{
 		{"ack", &Ack{Request: 0x0102030405060708, Chunk: 0x0a0b0c0d, Region: 0x1112131415161718, ScatterNS: 0x2122232425262728},
-			"424e4345 0400 04 00 | 0807060504030201 | 0d0c0b0a | 1817161514131211 | 2827262524232221"},
+			"424e4345 0500 04 00 | 0807060504030201 | 0d0c0b0a | 1817161514131211 | 2827262524232221"},
 		{"want", &Want{Request: 1, ChunkBytes: []uint64{0x100000}, Endpoint: "ab"},
-			"424e4345 0400 01 00 | 0100000000000000 | 01000000 | 0000100000000000 | 0200 6162 | 0000 | 0000 | 00 | 0000000000000000"},
+			"424e4345 0500 01 00 | 0100000000000000 | 01000000 | 0000100000000000 | 0200 6162 | 0000 | 0000 | 00 | 0000000000000000"},
 		{"want-cancel", &Want{Request: 2, TraceParent: "t"},
-			"424e4345 0400 01 00 | 0200000000000000 | 00000000 | 0000 | 0100 74 | 0000 | 00 | 0000000000000000"},
+			"424e4345 0500 01 00 | 0200000000000000 | 00000000 | 0000 | 0100 74 | 0000 | 00 | 0000000000000000"},
 		{"want-incarnation", &Want{Request: 2, Incarnation: 0x0102030405060708},
-			"424e4345 0400 01 00 | 0200000000000000 | 00000000 | 0000 | 0000 | 0000 | 00 | 0807060504030201"},
+			"424e4345 0500 01 00 | 0200000000000000 | 00000000 | 0000 | 0000 | 0000 | 00 | 0807060504030201"},
 		{"want-tagged", &Want{Request: 2, Tag: []byte{0xaa, 0xbb}},
-			"424e4345 0400 01 00 | 0200000000000000 | 00000000 | 0000 | 0000 | 0200 aabb | 00 | 0000000000000000"},
+			"424e4345 0500 01 00 | 0200000000000000 | 00000000 | 0000 | 0000 | 0200 aabb | 00 | 0000000000000000"},
 		{"grant", &Grant{Request: 2, Credits: []Credit{{Chunk: 3, Region: 0x10, Addr: 0x2000, Len: 0x40, Device: 1, Kind: transfer.CUDA}}},
-			"424e4345 0400 02 00 | 0200000000000000 | 01000000 | 1000000000000000 0020000000000000 4000000000000000 03000000 01000000 01"},
+			"424e4345 0500 02 00 | 0200000000000000 | 01000000 | 1000000000000000 0020000000000000 4000000000000000 03000000 01000000 01"},
 		{"data", &Data{Request: 3, Chunk: 1, Region: 0x20, TraceParent: "t", Runs: []transfer.Run{
 			{RegionOff: 0, Addr: 0x1000, Len: 0x10, Count: 1},
 			{RegionOff: 0x10, Addr: 0x2000, Len: 8, Count: 2, RegionStride: 8, AddrStride: 0x100},
 		}},
-			"424e4345 0400 03 00 | 0300000000000000 | 01000000 | 2000000000000000 | 0100 74 | 02000000 |" +
+			"424e4345 0500 03 00 | 0300000000000000 | 01000000 | 2000000000000000 | 0100 74 | 02000000 |" +
 				"00 0000000000000000 0010000000000000 1000000000000000 |" +
 				"01 1000000000000000 0020000000000000 0800000000000000 0200000000000000 0800000000000000 0001000000000000"},
 		{"nack", &Nack{Request: 4, Chunk: WholeRequest, Code: NackShutdown, Reason: "x"},
-			"424e4345 0400 05 00 | 0400000000000000 | ffffffff | 0400 | 0100 78"},
+			"424e4345 0500 05 00 | 0400000000000000 | ffffffff | 0400 | 0100 78"},
 		{"done", &Done{Request: 5, Bytes: 0x1000, Endpoint: "e", Reason: "x", Tag: []byte("t")},
-			"424e4345 0400 06 00 | 0500000000000000 | 0010000000000000 | 0100 65 | 0100 78 | 0100 74"},
+			"424e4345 0500 06 00 | 0500000000000000 | 0010000000000000 | 0100 65 | 0100 78 | 0100 74"},
+		{"pull", &Pull{Request: 7, ChunkBytes: []uint64{0x40}, MinChunk: 0x10, Endpoint: "e", Tag: []byte("t"), Incarnation: 2,
+			Credits: []Credit{{Chunk: 0, Region: 0x10, Addr: 0x2000, Len: 0x40}},
+			Blocks:  &PullBlocks{SrcPool: "s", SrcIDs: []uint32{1, 2}, DstPool: "d", DstIDs: []uint32{3, 4}}},
+			"424e4345 0500 07 00 | 0700000000000000 | 01000000 4000000000000000 | 1000000000000000 | 0100 65 | 0000 | 0100 74 | 0200000000000000 |" +
+				"01000000 1000000000000000 0020000000000000 4000000000000000 00000000 00000000 00 | 01 | 0100 73 | 0100 64 | 02000000 01000000 02000000 03000000 04000000"},
+		{"pull-end", &PullEnd{Request: 7, Code: NackForbidden, Reason: "x", Unproven: true},
+			"424e4345 0500 08 00 | 0700000000000000 | 0a00 | 01 | 0100 78"},
 	}
 	for _, c := range cases {
 		got, err := Marshal(c.msg)
@@ -84,18 +91,18 @@ func TestGoldenBytes(t *testing.T) {
 	}
 
 	h := Handshake{Version: 1, ControlKind: "zmq", ArenaCapacity: 0x100, MaxChunk: 0x80, Endpoint: "e"}
-	wantH := unhex(t, "424e4345 0400 48 00 | 0100 | 0300 7a6d71 | 0001000000000000 | 8000000000000000 | 0100 65")
+	wantH := unhex(t, "424e4345 0500 48 00 | 0100 | 0300 7a6d71 | 0001000000000000 | 8000000000000000 | 0100 65")
 	if got := MarshalHandshake(h); !bytes.Equal(got, wantH) {
 		t.Fatalf("handshake:\n got %x\nwant %x", got, wantH)
 	}
 	d := AgentDesc{Name: "n", Engine: []byte{0xaa}, PublicKey: [32]byte{0: 0x11, 31: 0x22}}
 	key := "11" + strings.Repeat("00", 30) + "22"
-	wantD := unhex(t, "424e4345 0400 41 00 | 0100 6e | 01000000 aa | "+key+" | 00 | 00000000")
+	wantD := unhex(t, "424e4345 0500 41 00 | 0100 6e | 01000000 aa | "+key+" | 00 | 00000000")
 	if got := MarshalAgentDesc(d); !bytes.Equal(got, wantD) {
 		t.Fatalf("agent desc:\n got %x\nwant %x", got, wantD)
 	}
 	d.Handshake = &h
-	wantDH := append(append(append(unhex(t, "424e4345 0400 41 00 | 0100 6e | 01000000 aa | "+key+" | 01"), byte(len(wantH)), 0, 0, 0), wantH...), 0, 0, 0, 0)
+	wantDH := append(append(append(unhex(t, "424e4345 0500 41 00 | 0100 6e | 01000000 aa | "+key+" | 01"), byte(len(wantH)), 0, 0, 0), wantH...), 0, 0, 0, 0)
 	if got := MarshalAgentDesc(d); !bytes.Equal(got, wantDH) {
 		t.Fatalf("agent desc with handshake:\n got %x\nwant %x", got, wantDH)
 	}
@@ -255,7 +262,7 @@ func TestCrossTypeDecode(t *testing.T) {
 	if _, err := PeekType(hs); !errors.Is(err, ErrWrongType) {
 		t.Fatalf("PeekType(handshake) = %v", err)
 	}
-	for _, typ := range []byte{0, 7, 0x47, 0xff} {
+	for _, typ := range []byte{0, 9, 0x47, 0xff} {
 		b := bytes.Clone(ack)
 		b[6] = typ
 		wantErr(t, "type "+itoa(int(typ)), decodeMessage(b), ErrWrongType)
