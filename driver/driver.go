@@ -58,6 +58,14 @@ type Options struct {
 	// pieces and their bytes are those of the descriptor form of the same
 	// Spec.
 	Blocks bool
+	// Pull moves every request the other way, as a pull (pipeline.Pull):
+	// the agent asks the peer for request i's bytes, which the peer holds
+	// in its buffer's i-th slice (filled with FillBuffer), into the i-th
+	// slice of the Driver's own buffer, which VerifyBuffer then checks.
+	// In the block-table form the peer's pools are the sources
+	// (Target.Pool) and the Driver's (SrcPool) the destinations. Route
+	// does not apply: a pull rides the bounce path.
+	Pull bool
 }
 
 // RequestTrace names the trace of one request: its tag and the trace id
@@ -208,7 +216,7 @@ func (d *Driver) Run(ctx context.Context, t Target, o Options) (Result, error) {
 		s := o.RequestSpec(i)
 		off := uint64(i) * per
 		switch {
-		case o.Prefilled:
+		case o.Prefilled, o.Pull: // a pull's bytes are the peer's
 		case host != nil:
 			if err := s.Fill(host[off : off+per]); err != nil {
 				return Result{}, err
@@ -225,9 +233,12 @@ func (d *Driver) Run(ctx context.Context, t Target, o Options) (Result, error) {
 		sb.Addr += off
 		db := t.Buffer
 		db.Addr += off
-		if o.Blocks {
+		switch {
+		case o.Blocks:
 			reqs[i].srcIDs, reqs[i].dstIDs = s.IDs()
-		} else {
+		case o.Pull: // from the peer's slice into this buffer's
+			reqs[i].src, reqs[i].dst = s.Descs(db, sb)
+		default:
 			reqs[i].src, reqs[i].dst = s.Descs(sb, db)
 		}
 	}
@@ -278,7 +289,17 @@ func (d *Driver) Run(ctx context.Context, t Target, o Options) (Result, error) {
 		if o.Blocks {
 			r.Blocks = &pipeline.BlockRequest{SrcPool: SrcPool(i), SrcIDs: reqs[i].srcIDs, DstPool: dstPool(i), DstIDs: reqs[i].dstIDs}
 		}
-		bt, err := d.agent.Submit(r)
+		var bt *pipeline.Batch
+		var err error
+		if o.Pull {
+			pr := pipeline.PullRequest{Peer: t.Peer, Src: r.Src, Dst: r.Dst, Tag: tag}
+			if o.Blocks {
+				pr.Blocks = &pipeline.BlockRequest{SrcPool: dstPool(i), SrcIDs: reqs[i].srcIDs, DstPool: SrcPool(i), DstIDs: reqs[i].dstIDs}
+			}
+			bt, err = d.agent.Pull(pr)
+		} else {
+			bt, err = d.agent.Submit(r)
+		}
 		if err != nil {
 			submitErr = fmt.Errorf("driver: submit request %d: %w", i, err)
 			break
