@@ -115,6 +115,58 @@ func (Code) EnumDescriptor() ([]byte, []int) {
 	return file_plugin_proto_rawDescGZIP(), []int{0}
 }
 
+type AuthQuery_Op int32
+
+const (
+	AuthQuery_OP_UNSPECIFIED AuthQuery_Op = 0
+	AuthQuery_OP_DH          AuthQuery_Op = 1
+	AuthQuery_OP_KEY_OF      AuthQuery_Op = 2
+	AuthQuery_OP_NAME_OF     AuthQuery_Op = 3
+)
+
+// Enum value maps for AuthQuery_Op.
+var (
+	AuthQuery_Op_name = map[int32]string{
+		0: "OP_UNSPECIFIED",
+		1: "OP_DH",
+		2: "OP_KEY_OF",
+		3: "OP_NAME_OF",
+	}
+	AuthQuery_Op_value = map[string]int32{
+		"OP_UNSPECIFIED": 0,
+		"OP_DH":          1,
+		"OP_KEY_OF":      2,
+		"OP_NAME_OF":     3,
+	}
+)
+
+func (x AuthQuery_Op) Enum() *AuthQuery_Op {
+	p := new(AuthQuery_Op)
+	*p = x
+	return p
+}
+
+func (x AuthQuery_Op) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (AuthQuery_Op) Descriptor() protoreflect.EnumDescriptor {
+	return file_plugin_proto_enumTypes[1].Descriptor()
+}
+
+func (AuthQuery_Op) Type() protoreflect.EnumType {
+	return &file_plugin_proto_enumTypes[1]
+}
+
+func (x AuthQuery_Op) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use AuthQuery_Op.Descriptor instead.
+func (AuthQuery_Op) EnumDescriptor() ([]byte, []int) {
+	return file_plugin_proto_rawDescGZIP(), []int{11, 0}
+}
+
 // Error is a Go error: its message and every sentinel it wraps.
 type Error struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -708,7 +760,15 @@ type Capabilities struct {
 	// listen_addr is what the engine's Addr answered when it was opened
 	// (transfer.Listener): a restarted process is given the same address.
 	// Empty when the engine declares none.
-	ListenAddr    string `protobuf:"bytes,11,opt,name=listen_addr,json=listenAddr,proto3" json:"listen_addr,omitempty"`
+	ListenAddr string `protobuf:"bytes,11,opt,name=listen_addr,json=listenAddr,proto3" json:"listen_addr,omitempty"`
+	// authenticating says the engine implements transfer.Authenticating:
+	// the host lends it the agent's authenticator over Callbacks (the
+	// install's auth; the engine's AuthQuery checks), so it names its peers
+	// by their keys without holding the agent's.
+	Authenticating bool `protobuf:"varint,12,opt,name=authenticating,proto3" json:"authenticating,omitempty"`
+	// write_fencer says the engine implements transfer.WriteFencer: the
+	// host forwards FenceWrites (the Engine service's FenceWrites call).
+	WriteFencer   bool `protobuf:"varint,13,opt,name=write_fencer,json=writeFencer,proto3" json:"write_fencer,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -820,16 +880,39 @@ func (x *Capabilities) GetListenAddr() string {
 	return ""
 }
 
+func (x *Capabilities) GetAuthenticating() bool {
+	if x != nil {
+		return x.Authenticating
+	}
+	return false
+}
+
+func (x *Capabilities) GetWriteFencer() bool {
+	if x != nil {
+		return x.WriteFencer
+	}
+	return false
+}
+
 // HostCallback is what the host sends on the Callbacks stream: an install
 // (id 0: which callbacks the host set; the plugin answers with an ack) or
-// the answer to the guard check id.
+// the answer to the check id (a guard check: allowed or error; an
+// AuthQuery: auth_result, auth_found or error).
 type HostCallback struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Id            uint64                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
-	Guard         bool                   `protobuf:"varint,2,opt,name=guard,proto3" json:"guard,omitempty"`
-	PeerLost      bool                   `protobuf:"varint,3,opt,name=peer_lost,json=peerLost,proto3" json:"peer_lost,omitempty"`
-	Allowed       *Desc                  `protobuf:"bytes,4,opt,name=allowed,proto3" json:"allowed,omitempty"`
-	Error         *Error                 `protobuf:"bytes,5,opt,name=error,proto3" json:"error,omitempty"`
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Id       uint64                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	Guard    bool                   `protobuf:"varint,2,opt,name=guard,proto3" json:"guard,omitempty"`
+	PeerLost bool                   `protobuf:"varint,3,opt,name=peer_lost,json=peerLost,proto3" json:"peer_lost,omitempty"`
+	Allowed  *Desc                  `protobuf:"bytes,4,opt,name=allowed,proto3" json:"allowed,omitempty"`
+	Error    *Error                 `protobuf:"bytes,5,opt,name=error,proto3" json:"error,omitempty"`
+	// auth (an install) says the host lends its authenticator;
+	// public_key is the agent's X25519 public key.
+	Auth      bool   `protobuf:"varint,6,opt,name=auth,proto3" json:"auth,omitempty"`
+	PublicKey []byte `protobuf:"bytes,7,opt,name=public_key,json=publicKey,proto3" json:"public_key,omitempty"`
+	// auth_result answers an AuthQuery: the DH product or the key (32
+	// bytes), or the peer's name; auth_found is KeyOf's and NameOf's ok.
+	AuthResult    []byte `protobuf:"bytes,8,opt,name=auth_result,json=authResult,proto3" json:"auth_result,omitempty"`
+	AuthFound     bool   `protobuf:"varint,9,opt,name=auth_found,json=authFound,proto3" json:"auth_found,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -899,22 +982,107 @@ func (x *HostCallback) GetError() *Error {
 	return nil
 }
 
-// PluginCallback is what the plugin sends on the Callbacks stream: a guard
-// check (id > 0: may peer write dst?), the ack of an install (ack), or a
-// lost peer (id 0, peer set).
+func (x *HostCallback) GetAuth() bool {
+	if x != nil {
+		return x.Auth
+	}
+	return false
+}
+
+func (x *HostCallback) GetPublicKey() []byte {
+	if x != nil {
+		return x.PublicKey
+	}
+	return nil
+}
+
+func (x *HostCallback) GetAuthResult() []byte {
+	if x != nil {
+		return x.AuthResult
+	}
+	return nil
+}
+
+func (x *HostCallback) GetAuthFound() bool {
+	if x != nil {
+		return x.AuthFound
+	}
+	return false
+}
+
+// AuthQuery asks the host's authenticator (transfer.Authenticator): DH
+// with the agent's private key and the public key arg, the key of the
+// peer named arg, or the peer that owns the key arg.
+type AuthQuery struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Op            AuthQuery_Op           `protobuf:"varint,1,opt,name=op,proto3,enum=bounce.plugin.v1.AuthQuery_Op" json:"op,omitempty"`
+	Arg           []byte                 `protobuf:"bytes,2,opt,name=arg,proto3" json:"arg,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AuthQuery) Reset() {
+	*x = AuthQuery{}
+	mi := &file_plugin_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AuthQuery) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AuthQuery) ProtoMessage() {}
+
+func (x *AuthQuery) ProtoReflect() protoreflect.Message {
+	mi := &file_plugin_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AuthQuery.ProtoReflect.Descriptor instead.
+func (*AuthQuery) Descriptor() ([]byte, []int) {
+	return file_plugin_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *AuthQuery) GetOp() AuthQuery_Op {
+	if x != nil {
+		return x.Op
+	}
+	return AuthQuery_OP_UNSPECIFIED
+}
+
+func (x *AuthQuery) GetArg() []byte {
+	if x != nil {
+		return x.Arg
+	}
+	return nil
+}
+
+// PluginCallback is what the plugin sends on the Callbacks stream: a check
+// (id > 0: a guard check, may peer write dst?, or with auth an
+// AuthQuery), the ack of an install (ack), or a lost peer (id 0, peer
+// set).
 type PluginCallback struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Id            uint64                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
 	Peer          []byte                 `protobuf:"bytes,2,opt,name=peer,proto3" json:"peer,omitempty"`
 	Dst           *Desc                  `protobuf:"bytes,3,opt,name=dst,proto3" json:"dst,omitempty"`
 	Ack           bool                   `protobuf:"varint,4,opt,name=ack,proto3" json:"ack,omitempty"`
+	Auth          *AuthQuery             `protobuf:"bytes,5,opt,name=auth,proto3" json:"auth,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *PluginCallback) Reset() {
 	*x = PluginCallback{}
-	mi := &file_plugin_proto_msgTypes[11]
+	mi := &file_plugin_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -926,7 +1094,7 @@ func (x *PluginCallback) String() string {
 func (*PluginCallback) ProtoMessage() {}
 
 func (x *PluginCallback) ProtoReflect() protoreflect.Message {
-	mi := &file_plugin_proto_msgTypes[11]
+	mi := &file_plugin_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -939,7 +1107,7 @@ func (x *PluginCallback) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PluginCallback.ProtoReflect.Descriptor instead.
 func (*PluginCallback) Descriptor() ([]byte, []int) {
-	return file_plugin_proto_rawDescGZIP(), []int{11}
+	return file_plugin_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *PluginCallback) GetId() uint64 {
@@ -970,6 +1138,13 @@ func (x *PluginCallback) GetAck() bool {
 	return false
 }
 
+func (x *PluginCallback) GetAuth() *AuthQuery {
+	if x != nil {
+		return x.Auth
+	}
+	return nil
+}
+
 type RegisterRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Desc          *Desc                  `protobuf:"bytes,1,opt,name=desc,proto3" json:"desc,omitempty"`
@@ -980,7 +1155,7 @@ type RegisterRequest struct {
 
 func (x *RegisterRequest) Reset() {
 	*x = RegisterRequest{}
-	mi := &file_plugin_proto_msgTypes[12]
+	mi := &file_plugin_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -992,7 +1167,7 @@ func (x *RegisterRequest) String() string {
 func (*RegisterRequest) ProtoMessage() {}
 
 func (x *RegisterRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_plugin_proto_msgTypes[12]
+	mi := &file_plugin_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1005,7 +1180,7 @@ func (x *RegisterRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterRequest.ProtoReflect.Descriptor instead.
 func (*RegisterRequest) Descriptor() ([]byte, []int) {
-	return file_plugin_proto_rawDescGZIP(), []int{12}
+	return file_plugin_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *RegisterRequest) GetDesc() *Desc {
@@ -1031,7 +1206,7 @@ type DescRequest struct {
 
 func (x *DescRequest) Reset() {
 	*x = DescRequest{}
-	mi := &file_plugin_proto_msgTypes[13]
+	mi := &file_plugin_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1043,7 +1218,7 @@ func (x *DescRequest) String() string {
 func (*DescRequest) ProtoMessage() {}
 
 func (x *DescRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_plugin_proto_msgTypes[13]
+	mi := &file_plugin_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1056,7 +1231,7 @@ func (x *DescRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DescRequest.ProtoReflect.Descriptor instead.
 func (*DescRequest) Descriptor() ([]byte, []int) {
-	return file_plugin_proto_rawDescGZIP(), []int{13}
+	return file_plugin_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *DescRequest) GetDesc() *Desc {
@@ -1075,7 +1250,7 @@ type BytesRequest struct {
 
 func (x *BytesRequest) Reset() {
 	*x = BytesRequest{}
-	mi := &file_plugin_proto_msgTypes[14]
+	mi := &file_plugin_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1087,7 +1262,7 @@ func (x *BytesRequest) String() string {
 func (*BytesRequest) ProtoMessage() {}
 
 func (x *BytesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_plugin_proto_msgTypes[14]
+	mi := &file_plugin_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1100,7 +1275,7 @@ func (x *BytesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BytesRequest.ProtoReflect.Descriptor instead.
 func (*BytesRequest) Descriptor() ([]byte, []int) {
-	return file_plugin_proto_rawDescGZIP(), []int{14}
+	return file_plugin_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *BytesRequest) GetData() []byte {
@@ -1120,7 +1295,7 @@ type BytesReply struct {
 
 func (x *BytesReply) Reset() {
 	*x = BytesReply{}
-	mi := &file_plugin_proto_msgTypes[15]
+	mi := &file_plugin_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1132,7 +1307,7 @@ func (x *BytesReply) String() string {
 func (*BytesReply) ProtoMessage() {}
 
 func (x *BytesReply) ProtoReflect() protoreflect.Message {
-	mi := &file_plugin_proto_msgTypes[15]
+	mi := &file_plugin_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1145,7 +1320,7 @@ func (x *BytesReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BytesReply.ProtoReflect.Descriptor instead.
 func (*BytesReply) Descriptor() ([]byte, []int) {
-	return file_plugin_proto_rawDescGZIP(), []int{15}
+	return file_plugin_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *BytesReply) GetError() *Error {
@@ -1175,7 +1350,7 @@ type PeerRequest struct {
 
 func (x *PeerRequest) Reset() {
 	*x = PeerRequest{}
-	mi := &file_plugin_proto_msgTypes[16]
+	mi := &file_plugin_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1187,7 +1362,7 @@ func (x *PeerRequest) String() string {
 func (*PeerRequest) ProtoMessage() {}
 
 func (x *PeerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_plugin_proto_msgTypes[16]
+	mi := &file_plugin_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1200,7 +1375,7 @@ func (x *PeerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PeerRequest.ProtoReflect.Descriptor instead.
 func (*PeerRequest) Descriptor() ([]byte, []int) {
-	return file_plugin_proto_rawDescGZIP(), []int{16}
+	return file_plugin_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *PeerRequest) GetPeer() []byte {
@@ -1227,7 +1402,7 @@ type PeerReply struct {
 
 func (x *PeerReply) Reset() {
 	*x = PeerReply{}
-	mi := &file_plugin_proto_msgTypes[17]
+	mi := &file_plugin_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1239,7 +1414,7 @@ func (x *PeerReply) String() string {
 func (*PeerReply) ProtoMessage() {}
 
 func (x *PeerReply) ProtoReflect() protoreflect.Message {
-	mi := &file_plugin_proto_msgTypes[17]
+	mi := &file_plugin_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1252,7 +1427,7 @@ func (x *PeerReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PeerReply.ProtoReflect.Descriptor instead.
 func (*PeerReply) Descriptor() ([]byte, []int) {
-	return file_plugin_proto_rawDescGZIP(), []int{17}
+	return file_plugin_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *PeerReply) GetError() *Error {
@@ -1279,7 +1454,7 @@ type PostWriteRequest struct {
 
 func (x *PostWriteRequest) Reset() {
 	*x = PostWriteRequest{}
-	mi := &file_plugin_proto_msgTypes[18]
+	mi := &file_plugin_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1291,7 +1466,7 @@ func (x *PostWriteRequest) String() string {
 func (*PostWriteRequest) ProtoMessage() {}
 
 func (x *PostWriteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_plugin_proto_msgTypes[18]
+	mi := &file_plugin_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1304,7 +1479,7 @@ func (x *PostWriteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PostWriteRequest.ProtoReflect.Descriptor instead.
 func (*PostWriteRequest) Descriptor() ([]byte, []int) {
-	return file_plugin_proto_rawDescGZIP(), []int{18}
+	return file_plugin_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *PostWriteRequest) GetPeer() []byte {
@@ -1330,7 +1505,7 @@ type HandleRequest struct {
 
 func (x *HandleRequest) Reset() {
 	*x = HandleRequest{}
-	mi := &file_plugin_proto_msgTypes[19]
+	mi := &file_plugin_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1342,7 +1517,7 @@ func (x *HandleRequest) String() string {
 func (*HandleRequest) ProtoMessage() {}
 
 func (x *HandleRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_plugin_proto_msgTypes[19]
+	mi := &file_plugin_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1355,7 +1530,7 @@ func (x *HandleRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HandleRequest.ProtoReflect.Descriptor instead.
 func (*HandleRequest) Descriptor() ([]byte, []int) {
-	return file_plugin_proto_rawDescGZIP(), []int{19}
+	return file_plugin_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *HandleRequest) GetHandle() uint64 {
@@ -1375,7 +1550,7 @@ type HandleReply struct {
 
 func (x *HandleReply) Reset() {
 	*x = HandleReply{}
-	mi := &file_plugin_proto_msgTypes[20]
+	mi := &file_plugin_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1387,7 +1562,7 @@ func (x *HandleReply) String() string {
 func (*HandleReply) ProtoMessage() {}
 
 func (x *HandleReply) ProtoReflect() protoreflect.Message {
-	mi := &file_plugin_proto_msgTypes[20]
+	mi := &file_plugin_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1400,7 +1575,7 @@ func (x *HandleReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HandleReply.ProtoReflect.Descriptor instead.
 func (*HandleReply) Descriptor() ([]byte, []int) {
-	return file_plugin_proto_rawDescGZIP(), []int{20}
+	return file_plugin_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *HandleReply) GetError() *Error {
@@ -1428,7 +1603,7 @@ type PollReply struct {
 
 func (x *PollReply) Reset() {
 	*x = PollReply{}
-	mi := &file_plugin_proto_msgTypes[21]
+	mi := &file_plugin_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1440,7 +1615,7 @@ func (x *PollReply) String() string {
 func (*PollReply) ProtoMessage() {}
 
 func (x *PollReply) ProtoReflect() protoreflect.Message {
-	mi := &file_plugin_proto_msgTypes[21]
+	mi := &file_plugin_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1453,7 +1628,7 @@ func (x *PollReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PollReply.ProtoReflect.Descriptor instead.
 func (*PollReply) Descriptor() ([]byte, []int) {
-	return file_plugin_proto_rawDescGZIP(), []int{21}
+	return file_plugin_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *PollReply) GetError() *Error {
@@ -1483,7 +1658,7 @@ type WaitRequest struct {
 
 func (x *WaitRequest) Reset() {
 	*x = WaitRequest{}
-	mi := &file_plugin_proto_msgTypes[22]
+	mi := &file_plugin_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1495,7 +1670,7 @@ func (x *WaitRequest) String() string {
 func (*WaitRequest) ProtoMessage() {}
 
 func (x *WaitRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_plugin_proto_msgTypes[22]
+	mi := &file_plugin_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1508,7 +1683,7 @@ func (x *WaitRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaitRequest.ProtoReflect.Descriptor instead.
 func (*WaitRequest) Descriptor() ([]byte, []int) {
-	return file_plugin_proto_rawDescGZIP(), []int{22}
+	return file_plugin_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *WaitRequest) GetHandle() uint64 {
@@ -1535,7 +1710,7 @@ type MessageRequest struct {
 
 func (x *MessageRequest) Reset() {
 	*x = MessageRequest{}
-	mi := &file_plugin_proto_msgTypes[23]
+	mi := &file_plugin_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1547,7 +1722,7 @@ func (x *MessageRequest) String() string {
 func (*MessageRequest) ProtoMessage() {}
 
 func (x *MessageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_plugin_proto_msgTypes[23]
+	mi := &file_plugin_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1560,7 +1735,7 @@ func (x *MessageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MessageRequest.ProtoReflect.Descriptor instead.
 func (*MessageRequest) Descriptor() ([]byte, []int) {
-	return file_plugin_proto_rawDescGZIP(), []int{23}
+	return file_plugin_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *MessageRequest) GetPeer() []byte {
@@ -1586,7 +1761,7 @@ type RecvRequest struct {
 
 func (x *RecvRequest) Reset() {
 	*x = RecvRequest{}
-	mi := &file_plugin_proto_msgTypes[24]
+	mi := &file_plugin_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1598,7 +1773,7 @@ func (x *RecvRequest) String() string {
 func (*RecvRequest) ProtoMessage() {}
 
 func (x *RecvRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_plugin_proto_msgTypes[24]
+	mi := &file_plugin_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1611,7 +1786,7 @@ func (x *RecvRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RecvRequest.ProtoReflect.Descriptor instead.
 func (*RecvRequest) Descriptor() ([]byte, []int) {
-	return file_plugin_proto_rawDescGZIP(), []int{24}
+	return file_plugin_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *RecvRequest) GetTimeoutNs() int64 {
@@ -1632,7 +1807,7 @@ type MessageReply struct {
 
 func (x *MessageReply) Reset() {
 	*x = MessageReply{}
-	mi := &file_plugin_proto_msgTypes[25]
+	mi := &file_plugin_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1644,7 +1819,7 @@ func (x *MessageReply) String() string {
 func (*MessageReply) ProtoMessage() {}
 
 func (x *MessageReply) ProtoReflect() protoreflect.Message {
-	mi := &file_plugin_proto_msgTypes[25]
+	mi := &file_plugin_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1657,7 +1832,7 @@ func (x *MessageReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MessageReply.ProtoReflect.Descriptor instead.
 func (*MessageReply) Descriptor() ([]byte, []int) {
-	return file_plugin_proto_rawDescGZIP(), []int{25}
+	return file_plugin_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *MessageReply) GetError() *Error {
@@ -1691,7 +1866,7 @@ type StageRequest struct {
 
 func (x *StageRequest) Reset() {
 	*x = StageRequest{}
-	mi := &file_plugin_proto_msgTypes[26]
+	mi := &file_plugin_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1703,7 +1878,7 @@ func (x *StageRequest) String() string {
 func (*StageRequest) ProtoMessage() {}
 
 func (x *StageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_plugin_proto_msgTypes[26]
+	mi := &file_plugin_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1716,7 +1891,7 @@ func (x *StageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StageRequest.ProtoReflect.Descriptor instead.
 func (*StageRequest) Descriptor() ([]byte, []int) {
-	return file_plugin_proto_rawDescGZIP(), []int{26}
+	return file_plugin_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *StageRequest) GetRegion() *Desc {
@@ -1746,7 +1921,7 @@ type WriteRequest struct {
 
 func (x *WriteRequest) Reset() {
 	*x = WriteRequest{}
-	mi := &file_plugin_proto_msgTypes[27]
+	mi := &file_plugin_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1758,7 +1933,7 @@ func (x *WriteRequest) String() string {
 func (*WriteRequest) ProtoMessage() {}
 
 func (x *WriteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_plugin_proto_msgTypes[27]
+	mi := &file_plugin_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1771,7 +1946,7 @@ func (x *WriteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteRequest.ProtoReflect.Descriptor instead.
 func (*WriteRequest) Descriptor() ([]byte, []int) {
-	return file_plugin_proto_rawDescGZIP(), []int{27}
+	return file_plugin_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *WriteRequest) GetPeer() []byte {
@@ -1841,7 +2016,7 @@ const file_plugin_proto_rawDesc = "" +
 	"\x04name\x18\x02 \x01(\fR\x04name\x12\x1a\n" +
 	"\bnotifier\x18\x03 \x01(\bR\bnotifier\x12\x1a\n" +
 	"\bendpoint\x18\x04 \x01(\fR\bendpoint\x122\n" +
-	"\x04caps\x18\x05 \x01(\v2\x1e.bounce.plugin.v1.CapabilitiesR\x04caps\"\xf1\x02\n" +
+	"\x04caps\x18\x05 \x01(\v2\x1e.bounce.plugin.v1.CapabilitiesR\x04caps\"\xbc\x03\n" +
 	"\fCapabilities\x12\x16\n" +
 	"\x06fencer\x18\x01 \x01(\bR\x06fencer\x12\x16\n" +
 	"\x06fences\x18\x02 \x01(\bR\x06fences\x12&\n" +
@@ -1857,18 +2032,37 @@ const file_plugin_proto_rawDesc = "" +
 	"\tconnector\x18\n" +
 	" \x01(\bR\tconnector\x12\x1f\n" +
 	"\vlisten_addr\x18\v \x01(\tR\n" +
-	"listenAddr\"\xb2\x01\n" +
+	"listenAddr\x12&\n" +
+	"\x0eauthenticating\x18\f \x01(\bR\x0eauthenticating\x12!\n" +
+	"\fwrite_fencer\x18\r \x01(\bR\vwriteFencer\"\xa5\x02\n" +
 	"\fHostCallback\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x14\n" +
 	"\x05guard\x18\x02 \x01(\bR\x05guard\x12\x1b\n" +
 	"\tpeer_lost\x18\x03 \x01(\bR\bpeerLost\x120\n" +
 	"\aallowed\x18\x04 \x01(\v2\x16.bounce.plugin.v1.DescR\aallowed\x12-\n" +
-	"\x05error\x18\x05 \x01(\v2\x17.bounce.plugin.v1.ErrorR\x05error\"p\n" +
+	"\x05error\x18\x05 \x01(\v2\x17.bounce.plugin.v1.ErrorR\x05error\x12\x12\n" +
+	"\x04auth\x18\x06 \x01(\bR\x04auth\x12\x1d\n" +
+	"\n" +
+	"public_key\x18\a \x01(\fR\tpublicKey\x12\x1f\n" +
+	"\vauth_result\x18\b \x01(\fR\n" +
+	"authResult\x12\x1d\n" +
+	"\n" +
+	"auth_found\x18\t \x01(\bR\tauthFound\"\x91\x01\n" +
+	"\tAuthQuery\x12.\n" +
+	"\x02op\x18\x01 \x01(\x0e2\x1e.bounce.plugin.v1.AuthQuery.OpR\x02op\x12\x10\n" +
+	"\x03arg\x18\x02 \x01(\fR\x03arg\"B\n" +
+	"\x02Op\x12\x12\n" +
+	"\x0eOP_UNSPECIFIED\x10\x00\x12\t\n" +
+	"\x05OP_DH\x10\x01\x12\r\n" +
+	"\tOP_KEY_OF\x10\x02\x12\x0e\n" +
+	"\n" +
+	"OP_NAME_OF\x10\x03\"\xa1\x01\n" +
 	"\x0ePluginCallback\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x12\n" +
 	"\x04peer\x18\x02 \x01(\fR\x04peer\x12(\n" +
 	"\x03dst\x18\x03 \x01(\v2\x16.bounce.plugin.v1.DescR\x03dst\x12\x10\n" +
-	"\x03ack\x18\x04 \x01(\bR\x03ack\"l\n" +
+	"\x03ack\x18\x04 \x01(\bR\x03ack\x12/\n" +
+	"\x04auth\x18\x05 \x01(\v2\x1b.bounce.plugin.v1.AuthQueryR\x04auth\"l\n" +
 	"\x0fRegisterRequest\x12*\n" +
 	"\x04desc\x18\x01 \x01(\v2\x16.bounce.plugin.v1.DescR\x04desc\x12-\n" +
 	"\x05share\x18\x02 \x01(\v2\x17.bounce.plugin.v1.ShareR\x05share\"9\n" +
@@ -1935,7 +2129,7 @@ const file_plugin_proto_rawDesc = "" +
 	"\x12CODE_NOT_QUIESCENT\x10\f\x12\x15\n" +
 	"\x11CODE_DEVICE_FAULT\x10\r\x12\x14\n" +
 	"\x10CODE_UNSUPPORTED\x10\x0e\x12\x12\n" +
-	"\x0eCODE_FORBIDDEN\x10\x0f2\xc0\b\n" +
+	"\x0eCODE_FORBIDDEN\x10\x0f2\x87\t\n" +
 	"\x06Engine\x12B\n" +
 	"\x04Open\x12\x1d.bounce.plugin.v1.OpenRequest\x1a\x1b.bounce.plugin.v1.OpenReply\x12L\n" +
 	"\x0eRegisterMemory\x12!.bounce.plugin.v1.RegisterRequest\x1a\x17.bounce.plugin.v1.Reply\x12J\n" +
@@ -1952,7 +2146,8 @@ const file_plugin_proto_rawDesc = "" +
 	"\x10RecvNotification\x12\x1d.bounce.plugin.v1.RecvRequest\x1a\x1e.bounce.plugin.v1.MessageReply\x129\n" +
 	"\x05Close\x12\x17.bounce.plugin.v1.Empty\x1a\x17.bounce.plugin.v1.Reply\x12A\n" +
 	"\aConnect\x12\x1d.bounce.plugin.v1.PeerRequest\x1a\x17.bounce.plugin.v1.Reply\x12Q\n" +
-	"\tCallbacks\x12\x1e.bounce.plugin.v1.HostCallback\x1a .bounce.plugin.v1.PluginCallback(\x010\x012\x9b\x03\n" +
+	"\tCallbacks\x12\x1e.bounce.plugin.v1.HostCallback\x1a .bounce.plugin.v1.PluginCallback(\x010\x01\x12E\n" +
+	"\vFenceWrites\x12\x1d.bounce.plugin.v1.DescRequest\x1a\x17.bounce.plugin.v1.Reply2\x9b\x03\n" +
 	"\aControl\x12B\n" +
 	"\x04Open\x12\x1d.bounce.plugin.v1.OpenRequest\x1a\x1b.bounce.plugin.v1.OpenReply\x12A\n" +
 	"\aAddPeer\x12\x1d.bounce.plugin.v1.PeerRequest\x1a\x17.bounce.plugin.v1.Reply\x12D\n" +
@@ -1999,155 +2194,161 @@ func file_plugin_proto_rawDescGZIP() []byte {
 	return file_plugin_proto_rawDescData
 }
 
-var file_plugin_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_plugin_proto_msgTypes = make([]protoimpl.MessageInfo, 29)
+var file_plugin_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
+var file_plugin_proto_msgTypes = make([]protoimpl.MessageInfo, 30)
 var file_plugin_proto_goTypes = []any{
 	(Code)(0),                // 0: bounce.plugin.v1.Code
-	(*Error)(nil),            // 1: bounce.plugin.v1.Error
-	(*Desc)(nil),             // 2: bounce.plugin.v1.Desc
-	(*Share)(nil),            // 3: bounce.plugin.v1.Share
-	(*Run)(nil),              // 4: bounce.plugin.v1.Run
-	(*WriteOp)(nil),          // 5: bounce.plugin.v1.WriteOp
-	(*Empty)(nil),            // 6: bounce.plugin.v1.Empty
-	(*Reply)(nil),            // 7: bounce.plugin.v1.Reply
-	(*OpenRequest)(nil),      // 8: bounce.plugin.v1.OpenRequest
-	(*OpenReply)(nil),        // 9: bounce.plugin.v1.OpenReply
-	(*Capabilities)(nil),     // 10: bounce.plugin.v1.Capabilities
-	(*HostCallback)(nil),     // 11: bounce.plugin.v1.HostCallback
-	(*PluginCallback)(nil),   // 12: bounce.plugin.v1.PluginCallback
-	(*RegisterRequest)(nil),  // 13: bounce.plugin.v1.RegisterRequest
-	(*DescRequest)(nil),      // 14: bounce.plugin.v1.DescRequest
-	(*BytesRequest)(nil),     // 15: bounce.plugin.v1.BytesRequest
-	(*BytesReply)(nil),       // 16: bounce.plugin.v1.BytesReply
-	(*PeerRequest)(nil),      // 17: bounce.plugin.v1.PeerRequest
-	(*PeerReply)(nil),        // 18: bounce.plugin.v1.PeerReply
-	(*PostWriteRequest)(nil), // 19: bounce.plugin.v1.PostWriteRequest
-	(*HandleRequest)(nil),    // 20: bounce.plugin.v1.HandleRequest
-	(*HandleReply)(nil),      // 21: bounce.plugin.v1.HandleReply
-	(*PollReply)(nil),        // 22: bounce.plugin.v1.PollReply
-	(*WaitRequest)(nil),      // 23: bounce.plugin.v1.WaitRequest
-	(*MessageRequest)(nil),   // 24: bounce.plugin.v1.MessageRequest
-	(*RecvRequest)(nil),      // 25: bounce.plugin.v1.RecvRequest
-	(*MessageReply)(nil),     // 26: bounce.plugin.v1.MessageReply
-	(*StageRequest)(nil),     // 27: bounce.plugin.v1.StageRequest
-	(*WriteRequest)(nil),     // 28: bounce.plugin.v1.WriteRequest
-	nil,                      // 29: bounce.plugin.v1.OpenRequest.OptionsEntry
+	(AuthQuery_Op)(0),        // 1: bounce.plugin.v1.AuthQuery.Op
+	(*Error)(nil),            // 2: bounce.plugin.v1.Error
+	(*Desc)(nil),             // 3: bounce.plugin.v1.Desc
+	(*Share)(nil),            // 4: bounce.plugin.v1.Share
+	(*Run)(nil),              // 5: bounce.plugin.v1.Run
+	(*WriteOp)(nil),          // 6: bounce.plugin.v1.WriteOp
+	(*Empty)(nil),            // 7: bounce.plugin.v1.Empty
+	(*Reply)(nil),            // 8: bounce.plugin.v1.Reply
+	(*OpenRequest)(nil),      // 9: bounce.plugin.v1.OpenRequest
+	(*OpenReply)(nil),        // 10: bounce.plugin.v1.OpenReply
+	(*Capabilities)(nil),     // 11: bounce.plugin.v1.Capabilities
+	(*HostCallback)(nil),     // 12: bounce.plugin.v1.HostCallback
+	(*AuthQuery)(nil),        // 13: bounce.plugin.v1.AuthQuery
+	(*PluginCallback)(nil),   // 14: bounce.plugin.v1.PluginCallback
+	(*RegisterRequest)(nil),  // 15: bounce.plugin.v1.RegisterRequest
+	(*DescRequest)(nil),      // 16: bounce.plugin.v1.DescRequest
+	(*BytesRequest)(nil),     // 17: bounce.plugin.v1.BytesRequest
+	(*BytesReply)(nil),       // 18: bounce.plugin.v1.BytesReply
+	(*PeerRequest)(nil),      // 19: bounce.plugin.v1.PeerRequest
+	(*PeerReply)(nil),        // 20: bounce.plugin.v1.PeerReply
+	(*PostWriteRequest)(nil), // 21: bounce.plugin.v1.PostWriteRequest
+	(*HandleRequest)(nil),    // 22: bounce.plugin.v1.HandleRequest
+	(*HandleReply)(nil),      // 23: bounce.plugin.v1.HandleReply
+	(*PollReply)(nil),        // 24: bounce.plugin.v1.PollReply
+	(*WaitRequest)(nil),      // 25: bounce.plugin.v1.WaitRequest
+	(*MessageRequest)(nil),   // 26: bounce.plugin.v1.MessageRequest
+	(*RecvRequest)(nil),      // 27: bounce.plugin.v1.RecvRequest
+	(*MessageReply)(nil),     // 28: bounce.plugin.v1.MessageReply
+	(*StageRequest)(nil),     // 29: bounce.plugin.v1.StageRequest
+	(*WriteRequest)(nil),     // 30: bounce.plugin.v1.WriteRequest
+	nil,                      // 31: bounce.plugin.v1.OpenRequest.OptionsEntry
 }
 var file_plugin_proto_depIdxs = []int32{
 	0,  // 0: bounce.plugin.v1.Error.codes:type_name -> bounce.plugin.v1.Code
-	2,  // 1: bounce.plugin.v1.WriteOp.src:type_name -> bounce.plugin.v1.Desc
-	2,  // 2: bounce.plugin.v1.WriteOp.dst:type_name -> bounce.plugin.v1.Desc
-	1,  // 3: bounce.plugin.v1.Reply.error:type_name -> bounce.plugin.v1.Error
-	29, // 4: bounce.plugin.v1.OpenRequest.options:type_name -> bounce.plugin.v1.OpenRequest.OptionsEntry
-	1,  // 5: bounce.plugin.v1.OpenReply.error:type_name -> bounce.plugin.v1.Error
-	10, // 6: bounce.plugin.v1.OpenReply.caps:type_name -> bounce.plugin.v1.Capabilities
-	2,  // 7: bounce.plugin.v1.HostCallback.allowed:type_name -> bounce.plugin.v1.Desc
-	1,  // 8: bounce.plugin.v1.HostCallback.error:type_name -> bounce.plugin.v1.Error
-	2,  // 9: bounce.plugin.v1.PluginCallback.dst:type_name -> bounce.plugin.v1.Desc
-	2,  // 10: bounce.plugin.v1.RegisterRequest.desc:type_name -> bounce.plugin.v1.Desc
-	3,  // 11: bounce.plugin.v1.RegisterRequest.share:type_name -> bounce.plugin.v1.Share
-	2,  // 12: bounce.plugin.v1.DescRequest.desc:type_name -> bounce.plugin.v1.Desc
-	1,  // 13: bounce.plugin.v1.BytesReply.error:type_name -> bounce.plugin.v1.Error
-	1,  // 14: bounce.plugin.v1.PeerReply.error:type_name -> bounce.plugin.v1.Error
-	5,  // 15: bounce.plugin.v1.PostWriteRequest.ops:type_name -> bounce.plugin.v1.WriteOp
-	1,  // 16: bounce.plugin.v1.HandleReply.error:type_name -> bounce.plugin.v1.Error
-	1,  // 17: bounce.plugin.v1.PollReply.error:type_name -> bounce.plugin.v1.Error
-	1,  // 18: bounce.plugin.v1.MessageReply.error:type_name -> bounce.plugin.v1.Error
-	2,  // 19: bounce.plugin.v1.StageRequest.region:type_name -> bounce.plugin.v1.Desc
-	4,  // 20: bounce.plugin.v1.StageRequest.runs:type_name -> bounce.plugin.v1.Run
-	2,  // 21: bounce.plugin.v1.WriteRequest.src:type_name -> bounce.plugin.v1.Desc
-	2,  // 22: bounce.plugin.v1.WriteRequest.dst:type_name -> bounce.plugin.v1.Desc
-	8,  // 23: bounce.plugin.v1.Engine.Open:input_type -> bounce.plugin.v1.OpenRequest
-	13, // 24: bounce.plugin.v1.Engine.RegisterMemory:input_type -> bounce.plugin.v1.RegisterRequest
-	14, // 25: bounce.plugin.v1.Engine.DeregisterMemory:input_type -> bounce.plugin.v1.DescRequest
-	6,  // 26: bounce.plugin.v1.Engine.Metadata:input_type -> bounce.plugin.v1.Empty
-	15, // 27: bounce.plugin.v1.Engine.LoadPeer:input_type -> bounce.plugin.v1.BytesRequest
-	17, // 28: bounce.plugin.v1.Engine.ForgetPeer:input_type -> bounce.plugin.v1.PeerRequest
-	19, // 29: bounce.plugin.v1.Engine.PostWrite:input_type -> bounce.plugin.v1.PostWriteRequest
-	20, // 30: bounce.plugin.v1.Engine.Poll:input_type -> bounce.plugin.v1.HandleRequest
-	23, // 31: bounce.plugin.v1.Engine.Wait:input_type -> bounce.plugin.v1.WaitRequest
-	20, // 32: bounce.plugin.v1.Engine.Release:input_type -> bounce.plugin.v1.HandleRequest
-	24, // 33: bounce.plugin.v1.Engine.Notify:input_type -> bounce.plugin.v1.MessageRequest
-	25, // 34: bounce.plugin.v1.Engine.RecvNotification:input_type -> bounce.plugin.v1.RecvRequest
-	6,  // 35: bounce.plugin.v1.Engine.Close:input_type -> bounce.plugin.v1.Empty
-	17, // 36: bounce.plugin.v1.Engine.Connect:input_type -> bounce.plugin.v1.PeerRequest
-	11, // 37: bounce.plugin.v1.Engine.Callbacks:input_type -> bounce.plugin.v1.HostCallback
-	8,  // 38: bounce.plugin.v1.Control.Open:input_type -> bounce.plugin.v1.OpenRequest
-	17, // 39: bounce.plugin.v1.Control.AddPeer:input_type -> bounce.plugin.v1.PeerRequest
-	17, // 40: bounce.plugin.v1.Control.RemovePeer:input_type -> bounce.plugin.v1.PeerRequest
-	24, // 41: bounce.plugin.v1.Control.Send:input_type -> bounce.plugin.v1.MessageRequest
-	25, // 42: bounce.plugin.v1.Control.Recv:input_type -> bounce.plugin.v1.RecvRequest
-	6,  // 43: bounce.plugin.v1.Control.Close:input_type -> bounce.plugin.v1.Empty
-	8,  // 44: bounce.plugin.v1.Gather.Open:input_type -> bounce.plugin.v1.OpenRequest
-	13, // 45: bounce.plugin.v1.Gather.Share:input_type -> bounce.plugin.v1.RegisterRequest
-	14, // 46: bounce.plugin.v1.Gather.Unshare:input_type -> bounce.plugin.v1.DescRequest
-	27, // 47: bounce.plugin.v1.Gather.Copy:input_type -> bounce.plugin.v1.StageRequest
-	20, // 48: bounce.plugin.v1.Gather.Poll:input_type -> bounce.plugin.v1.HandleRequest
-	23, // 49: bounce.plugin.v1.Gather.Wait:input_type -> bounce.plugin.v1.WaitRequest
-	20, // 50: bounce.plugin.v1.Gather.Release:input_type -> bounce.plugin.v1.HandleRequest
-	6,  // 51: bounce.plugin.v1.Gather.Close:input_type -> bounce.plugin.v1.Empty
-	8,  // 52: bounce.plugin.v1.Scatter.Open:input_type -> bounce.plugin.v1.OpenRequest
-	13, // 53: bounce.plugin.v1.Scatter.Share:input_type -> bounce.plugin.v1.RegisterRequest
-	14, // 54: bounce.plugin.v1.Scatter.Unshare:input_type -> bounce.plugin.v1.DescRequest
-	27, // 55: bounce.plugin.v1.Scatter.Copy:input_type -> bounce.plugin.v1.StageRequest
-	20, // 56: bounce.plugin.v1.Scatter.Poll:input_type -> bounce.plugin.v1.HandleRequest
-	23, // 57: bounce.plugin.v1.Scatter.Wait:input_type -> bounce.plugin.v1.WaitRequest
-	20, // 58: bounce.plugin.v1.Scatter.Release:input_type -> bounce.plugin.v1.HandleRequest
-	6,  // 59: bounce.plugin.v1.Scatter.Close:input_type -> bounce.plugin.v1.Empty
-	8,  // 60: bounce.plugin.v1.Writer.Open:input_type -> bounce.plugin.v1.OpenRequest
-	28, // 61: bounce.plugin.v1.Writer.Write:input_type -> bounce.plugin.v1.WriteRequest
-	20, // 62: bounce.plugin.v1.Writer.Poll:input_type -> bounce.plugin.v1.HandleRequest
-	23, // 63: bounce.plugin.v1.Writer.Wait:input_type -> bounce.plugin.v1.WaitRequest
-	20, // 64: bounce.plugin.v1.Writer.Release:input_type -> bounce.plugin.v1.HandleRequest
-	6,  // 65: bounce.plugin.v1.Writer.Close:input_type -> bounce.plugin.v1.Empty
-	9,  // 66: bounce.plugin.v1.Engine.Open:output_type -> bounce.plugin.v1.OpenReply
-	7,  // 67: bounce.plugin.v1.Engine.RegisterMemory:output_type -> bounce.plugin.v1.Reply
-	7,  // 68: bounce.plugin.v1.Engine.DeregisterMemory:output_type -> bounce.plugin.v1.Reply
-	16, // 69: bounce.plugin.v1.Engine.Metadata:output_type -> bounce.plugin.v1.BytesReply
-	18, // 70: bounce.plugin.v1.Engine.LoadPeer:output_type -> bounce.plugin.v1.PeerReply
-	7,  // 71: bounce.plugin.v1.Engine.ForgetPeer:output_type -> bounce.plugin.v1.Reply
-	21, // 72: bounce.plugin.v1.Engine.PostWrite:output_type -> bounce.plugin.v1.HandleReply
-	22, // 73: bounce.plugin.v1.Engine.Poll:output_type -> bounce.plugin.v1.PollReply
-	22, // 74: bounce.plugin.v1.Engine.Wait:output_type -> bounce.plugin.v1.PollReply
-	7,  // 75: bounce.plugin.v1.Engine.Release:output_type -> bounce.plugin.v1.Reply
-	7,  // 76: bounce.plugin.v1.Engine.Notify:output_type -> bounce.plugin.v1.Reply
-	26, // 77: bounce.plugin.v1.Engine.RecvNotification:output_type -> bounce.plugin.v1.MessageReply
-	7,  // 78: bounce.plugin.v1.Engine.Close:output_type -> bounce.plugin.v1.Reply
-	7,  // 79: bounce.plugin.v1.Engine.Connect:output_type -> bounce.plugin.v1.Reply
-	12, // 80: bounce.plugin.v1.Engine.Callbacks:output_type -> bounce.plugin.v1.PluginCallback
-	9,  // 81: bounce.plugin.v1.Control.Open:output_type -> bounce.plugin.v1.OpenReply
-	7,  // 82: bounce.plugin.v1.Control.AddPeer:output_type -> bounce.plugin.v1.Reply
-	7,  // 83: bounce.plugin.v1.Control.RemovePeer:output_type -> bounce.plugin.v1.Reply
-	7,  // 84: bounce.plugin.v1.Control.Send:output_type -> bounce.plugin.v1.Reply
-	26, // 85: bounce.plugin.v1.Control.Recv:output_type -> bounce.plugin.v1.MessageReply
-	7,  // 86: bounce.plugin.v1.Control.Close:output_type -> bounce.plugin.v1.Reply
-	9,  // 87: bounce.plugin.v1.Gather.Open:output_type -> bounce.plugin.v1.OpenReply
-	7,  // 88: bounce.plugin.v1.Gather.Share:output_type -> bounce.plugin.v1.Reply
-	7,  // 89: bounce.plugin.v1.Gather.Unshare:output_type -> bounce.plugin.v1.Reply
-	21, // 90: bounce.plugin.v1.Gather.Copy:output_type -> bounce.plugin.v1.HandleReply
-	22, // 91: bounce.plugin.v1.Gather.Poll:output_type -> bounce.plugin.v1.PollReply
-	22, // 92: bounce.plugin.v1.Gather.Wait:output_type -> bounce.plugin.v1.PollReply
-	7,  // 93: bounce.plugin.v1.Gather.Release:output_type -> bounce.plugin.v1.Reply
-	7,  // 94: bounce.plugin.v1.Gather.Close:output_type -> bounce.plugin.v1.Reply
-	9,  // 95: bounce.plugin.v1.Scatter.Open:output_type -> bounce.plugin.v1.OpenReply
-	7,  // 96: bounce.plugin.v1.Scatter.Share:output_type -> bounce.plugin.v1.Reply
-	7,  // 97: bounce.plugin.v1.Scatter.Unshare:output_type -> bounce.plugin.v1.Reply
-	21, // 98: bounce.plugin.v1.Scatter.Copy:output_type -> bounce.plugin.v1.HandleReply
-	22, // 99: bounce.plugin.v1.Scatter.Poll:output_type -> bounce.plugin.v1.PollReply
-	22, // 100: bounce.plugin.v1.Scatter.Wait:output_type -> bounce.plugin.v1.PollReply
-	7,  // 101: bounce.plugin.v1.Scatter.Release:output_type -> bounce.plugin.v1.Reply
-	7,  // 102: bounce.plugin.v1.Scatter.Close:output_type -> bounce.plugin.v1.Reply
-	9,  // 103: bounce.plugin.v1.Writer.Open:output_type -> bounce.plugin.v1.OpenReply
-	21, // 104: bounce.plugin.v1.Writer.Write:output_type -> bounce.plugin.v1.HandleReply
-	22, // 105: bounce.plugin.v1.Writer.Poll:output_type -> bounce.plugin.v1.PollReply
-	22, // 106: bounce.plugin.v1.Writer.Wait:output_type -> bounce.plugin.v1.PollReply
-	7,  // 107: bounce.plugin.v1.Writer.Release:output_type -> bounce.plugin.v1.Reply
-	7,  // 108: bounce.plugin.v1.Writer.Close:output_type -> bounce.plugin.v1.Reply
-	66, // [66:109] is the sub-list for method output_type
-	23, // [23:66] is the sub-list for method input_type
-	23, // [23:23] is the sub-list for extension type_name
-	23, // [23:23] is the sub-list for extension extendee
-	0,  // [0:23] is the sub-list for field type_name
+	3,  // 1: bounce.plugin.v1.WriteOp.src:type_name -> bounce.plugin.v1.Desc
+	3,  // 2: bounce.plugin.v1.WriteOp.dst:type_name -> bounce.plugin.v1.Desc
+	2,  // 3: bounce.plugin.v1.Reply.error:type_name -> bounce.plugin.v1.Error
+	31, // 4: bounce.plugin.v1.OpenRequest.options:type_name -> bounce.plugin.v1.OpenRequest.OptionsEntry
+	2,  // 5: bounce.plugin.v1.OpenReply.error:type_name -> bounce.plugin.v1.Error
+	11, // 6: bounce.plugin.v1.OpenReply.caps:type_name -> bounce.plugin.v1.Capabilities
+	3,  // 7: bounce.plugin.v1.HostCallback.allowed:type_name -> bounce.plugin.v1.Desc
+	2,  // 8: bounce.plugin.v1.HostCallback.error:type_name -> bounce.plugin.v1.Error
+	1,  // 9: bounce.plugin.v1.AuthQuery.op:type_name -> bounce.plugin.v1.AuthQuery.Op
+	3,  // 10: bounce.plugin.v1.PluginCallback.dst:type_name -> bounce.plugin.v1.Desc
+	13, // 11: bounce.plugin.v1.PluginCallback.auth:type_name -> bounce.plugin.v1.AuthQuery
+	3,  // 12: bounce.plugin.v1.RegisterRequest.desc:type_name -> bounce.plugin.v1.Desc
+	4,  // 13: bounce.plugin.v1.RegisterRequest.share:type_name -> bounce.plugin.v1.Share
+	3,  // 14: bounce.plugin.v1.DescRequest.desc:type_name -> bounce.plugin.v1.Desc
+	2,  // 15: bounce.plugin.v1.BytesReply.error:type_name -> bounce.plugin.v1.Error
+	2,  // 16: bounce.plugin.v1.PeerReply.error:type_name -> bounce.plugin.v1.Error
+	6,  // 17: bounce.plugin.v1.PostWriteRequest.ops:type_name -> bounce.plugin.v1.WriteOp
+	2,  // 18: bounce.plugin.v1.HandleReply.error:type_name -> bounce.plugin.v1.Error
+	2,  // 19: bounce.plugin.v1.PollReply.error:type_name -> bounce.plugin.v1.Error
+	2,  // 20: bounce.plugin.v1.MessageReply.error:type_name -> bounce.plugin.v1.Error
+	3,  // 21: bounce.plugin.v1.StageRequest.region:type_name -> bounce.plugin.v1.Desc
+	5,  // 22: bounce.plugin.v1.StageRequest.runs:type_name -> bounce.plugin.v1.Run
+	3,  // 23: bounce.plugin.v1.WriteRequest.src:type_name -> bounce.plugin.v1.Desc
+	3,  // 24: bounce.plugin.v1.WriteRequest.dst:type_name -> bounce.plugin.v1.Desc
+	9,  // 25: bounce.plugin.v1.Engine.Open:input_type -> bounce.plugin.v1.OpenRequest
+	15, // 26: bounce.plugin.v1.Engine.RegisterMemory:input_type -> bounce.plugin.v1.RegisterRequest
+	16, // 27: bounce.plugin.v1.Engine.DeregisterMemory:input_type -> bounce.plugin.v1.DescRequest
+	7,  // 28: bounce.plugin.v1.Engine.Metadata:input_type -> bounce.plugin.v1.Empty
+	17, // 29: bounce.plugin.v1.Engine.LoadPeer:input_type -> bounce.plugin.v1.BytesRequest
+	19, // 30: bounce.plugin.v1.Engine.ForgetPeer:input_type -> bounce.plugin.v1.PeerRequest
+	21, // 31: bounce.plugin.v1.Engine.PostWrite:input_type -> bounce.plugin.v1.PostWriteRequest
+	22, // 32: bounce.plugin.v1.Engine.Poll:input_type -> bounce.plugin.v1.HandleRequest
+	25, // 33: bounce.plugin.v1.Engine.Wait:input_type -> bounce.plugin.v1.WaitRequest
+	22, // 34: bounce.plugin.v1.Engine.Release:input_type -> bounce.plugin.v1.HandleRequest
+	26, // 35: bounce.plugin.v1.Engine.Notify:input_type -> bounce.plugin.v1.MessageRequest
+	27, // 36: bounce.plugin.v1.Engine.RecvNotification:input_type -> bounce.plugin.v1.RecvRequest
+	7,  // 37: bounce.plugin.v1.Engine.Close:input_type -> bounce.plugin.v1.Empty
+	19, // 38: bounce.plugin.v1.Engine.Connect:input_type -> bounce.plugin.v1.PeerRequest
+	12, // 39: bounce.plugin.v1.Engine.Callbacks:input_type -> bounce.plugin.v1.HostCallback
+	16, // 40: bounce.plugin.v1.Engine.FenceWrites:input_type -> bounce.plugin.v1.DescRequest
+	9,  // 41: bounce.plugin.v1.Control.Open:input_type -> bounce.plugin.v1.OpenRequest
+	19, // 42: bounce.plugin.v1.Control.AddPeer:input_type -> bounce.plugin.v1.PeerRequest
+	19, // 43: bounce.plugin.v1.Control.RemovePeer:input_type -> bounce.plugin.v1.PeerRequest
+	26, // 44: bounce.plugin.v1.Control.Send:input_type -> bounce.plugin.v1.MessageRequest
+	27, // 45: bounce.plugin.v1.Control.Recv:input_type -> bounce.plugin.v1.RecvRequest
+	7,  // 46: bounce.plugin.v1.Control.Close:input_type -> bounce.plugin.v1.Empty
+	9,  // 47: bounce.plugin.v1.Gather.Open:input_type -> bounce.plugin.v1.OpenRequest
+	15, // 48: bounce.plugin.v1.Gather.Share:input_type -> bounce.plugin.v1.RegisterRequest
+	16, // 49: bounce.plugin.v1.Gather.Unshare:input_type -> bounce.plugin.v1.DescRequest
+	29, // 50: bounce.plugin.v1.Gather.Copy:input_type -> bounce.plugin.v1.StageRequest
+	22, // 51: bounce.plugin.v1.Gather.Poll:input_type -> bounce.plugin.v1.HandleRequest
+	25, // 52: bounce.plugin.v1.Gather.Wait:input_type -> bounce.plugin.v1.WaitRequest
+	22, // 53: bounce.plugin.v1.Gather.Release:input_type -> bounce.plugin.v1.HandleRequest
+	7,  // 54: bounce.plugin.v1.Gather.Close:input_type -> bounce.plugin.v1.Empty
+	9,  // 55: bounce.plugin.v1.Scatter.Open:input_type -> bounce.plugin.v1.OpenRequest
+	15, // 56: bounce.plugin.v1.Scatter.Share:input_type -> bounce.plugin.v1.RegisterRequest
+	16, // 57: bounce.plugin.v1.Scatter.Unshare:input_type -> bounce.plugin.v1.DescRequest
+	29, // 58: bounce.plugin.v1.Scatter.Copy:input_type -> bounce.plugin.v1.StageRequest
+	22, // 59: bounce.plugin.v1.Scatter.Poll:input_type -> bounce.plugin.v1.HandleRequest
+	25, // 60: bounce.plugin.v1.Scatter.Wait:input_type -> bounce.plugin.v1.WaitRequest
+	22, // 61: bounce.plugin.v1.Scatter.Release:input_type -> bounce.plugin.v1.HandleRequest
+	7,  // 62: bounce.plugin.v1.Scatter.Close:input_type -> bounce.plugin.v1.Empty
+	9,  // 63: bounce.plugin.v1.Writer.Open:input_type -> bounce.plugin.v1.OpenRequest
+	30, // 64: bounce.plugin.v1.Writer.Write:input_type -> bounce.plugin.v1.WriteRequest
+	22, // 65: bounce.plugin.v1.Writer.Poll:input_type -> bounce.plugin.v1.HandleRequest
+	25, // 66: bounce.plugin.v1.Writer.Wait:input_type -> bounce.plugin.v1.WaitRequest
+	22, // 67: bounce.plugin.v1.Writer.Release:input_type -> bounce.plugin.v1.HandleRequest
+	7,  // 68: bounce.plugin.v1.Writer.Close:input_type -> bounce.plugin.v1.Empty
+	10, // 69: bounce.plugin.v1.Engine.Open:output_type -> bounce.plugin.v1.OpenReply
+	8,  // 70: bounce.plugin.v1.Engine.RegisterMemory:output_type -> bounce.plugin.v1.Reply
+	8,  // 71: bounce.plugin.v1.Engine.DeregisterMemory:output_type -> bounce.plugin.v1.Reply
+	18, // 72: bounce.plugin.v1.Engine.Metadata:output_type -> bounce.plugin.v1.BytesReply
+	20, // 73: bounce.plugin.v1.Engine.LoadPeer:output_type -> bounce.plugin.v1.PeerReply
+	8,  // 74: bounce.plugin.v1.Engine.ForgetPeer:output_type -> bounce.plugin.v1.Reply
+	23, // 75: bounce.plugin.v1.Engine.PostWrite:output_type -> bounce.plugin.v1.HandleReply
+	24, // 76: bounce.plugin.v1.Engine.Poll:output_type -> bounce.plugin.v1.PollReply
+	24, // 77: bounce.plugin.v1.Engine.Wait:output_type -> bounce.plugin.v1.PollReply
+	8,  // 78: bounce.plugin.v1.Engine.Release:output_type -> bounce.plugin.v1.Reply
+	8,  // 79: bounce.plugin.v1.Engine.Notify:output_type -> bounce.plugin.v1.Reply
+	28, // 80: bounce.plugin.v1.Engine.RecvNotification:output_type -> bounce.plugin.v1.MessageReply
+	8,  // 81: bounce.plugin.v1.Engine.Close:output_type -> bounce.plugin.v1.Reply
+	8,  // 82: bounce.plugin.v1.Engine.Connect:output_type -> bounce.plugin.v1.Reply
+	14, // 83: bounce.plugin.v1.Engine.Callbacks:output_type -> bounce.plugin.v1.PluginCallback
+	8,  // 84: bounce.plugin.v1.Engine.FenceWrites:output_type -> bounce.plugin.v1.Reply
+	10, // 85: bounce.plugin.v1.Control.Open:output_type -> bounce.plugin.v1.OpenReply
+	8,  // 86: bounce.plugin.v1.Control.AddPeer:output_type -> bounce.plugin.v1.Reply
+	8,  // 87: bounce.plugin.v1.Control.RemovePeer:output_type -> bounce.plugin.v1.Reply
+	8,  // 88: bounce.plugin.v1.Control.Send:output_type -> bounce.plugin.v1.Reply
+	28, // 89: bounce.plugin.v1.Control.Recv:output_type -> bounce.plugin.v1.MessageReply
+	8,  // 90: bounce.plugin.v1.Control.Close:output_type -> bounce.plugin.v1.Reply
+	10, // 91: bounce.plugin.v1.Gather.Open:output_type -> bounce.plugin.v1.OpenReply
+	8,  // 92: bounce.plugin.v1.Gather.Share:output_type -> bounce.plugin.v1.Reply
+	8,  // 93: bounce.plugin.v1.Gather.Unshare:output_type -> bounce.plugin.v1.Reply
+	23, // 94: bounce.plugin.v1.Gather.Copy:output_type -> bounce.plugin.v1.HandleReply
+	24, // 95: bounce.plugin.v1.Gather.Poll:output_type -> bounce.plugin.v1.PollReply
+	24, // 96: bounce.plugin.v1.Gather.Wait:output_type -> bounce.plugin.v1.PollReply
+	8,  // 97: bounce.plugin.v1.Gather.Release:output_type -> bounce.plugin.v1.Reply
+	8,  // 98: bounce.plugin.v1.Gather.Close:output_type -> bounce.plugin.v1.Reply
+	10, // 99: bounce.plugin.v1.Scatter.Open:output_type -> bounce.plugin.v1.OpenReply
+	8,  // 100: bounce.plugin.v1.Scatter.Share:output_type -> bounce.plugin.v1.Reply
+	8,  // 101: bounce.plugin.v1.Scatter.Unshare:output_type -> bounce.plugin.v1.Reply
+	23, // 102: bounce.plugin.v1.Scatter.Copy:output_type -> bounce.plugin.v1.HandleReply
+	24, // 103: bounce.plugin.v1.Scatter.Poll:output_type -> bounce.plugin.v1.PollReply
+	24, // 104: bounce.plugin.v1.Scatter.Wait:output_type -> bounce.plugin.v1.PollReply
+	8,  // 105: bounce.plugin.v1.Scatter.Release:output_type -> bounce.plugin.v1.Reply
+	8,  // 106: bounce.plugin.v1.Scatter.Close:output_type -> bounce.plugin.v1.Reply
+	10, // 107: bounce.plugin.v1.Writer.Open:output_type -> bounce.plugin.v1.OpenReply
+	23, // 108: bounce.plugin.v1.Writer.Write:output_type -> bounce.plugin.v1.HandleReply
+	24, // 109: bounce.plugin.v1.Writer.Poll:output_type -> bounce.plugin.v1.PollReply
+	24, // 110: bounce.plugin.v1.Writer.Wait:output_type -> bounce.plugin.v1.PollReply
+	8,  // 111: bounce.plugin.v1.Writer.Release:output_type -> bounce.plugin.v1.Reply
+	8,  // 112: bounce.plugin.v1.Writer.Close:output_type -> bounce.plugin.v1.Reply
+	69, // [69:113] is the sub-list for method output_type
+	25, // [25:69] is the sub-list for method input_type
+	25, // [25:25] is the sub-list for extension type_name
+	25, // [25:25] is the sub-list for extension extendee
+	0,  // [0:25] is the sub-list for field type_name
 }
 
 func init() { file_plugin_proto_init() }
@@ -2160,8 +2361,8 @@ func file_plugin_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_plugin_proto_rawDesc), len(file_plugin_proto_rawDesc)),
-			NumEnums:      1,
-			NumMessages:   29,
+			NumEnums:      2,
+			NumMessages:   30,
 			NumExtensions: 0,
 			NumServices:   5,
 		},
