@@ -61,6 +61,7 @@ func (r *reactor) onWant(peer, from string, w *wire.Want) {
 	}
 	endpoint := w.Endpoint
 	var epErr0 error
+	host := "" // the sending host whose share of reverse paths this one takes
 	if ep, ok := r.descEndpoint(peer); ok {
 		// The loaded descriptor is authoritative; the WANT's endpoint is
 		// not dialed. (nixlnotif endpoints are engine metadata and change
@@ -72,10 +73,13 @@ func (r *reactor) onWant(peer, from string, w *wire.Want) {
 	} else if err := endpointOnHost(endpoint, from, r.a.set.Control.LocalEndpoint()); err != nil {
 		r.a.stats.foreignEndpoints.Add(1)
 		endpoint, epErr0 = "", err
+	} else if ip, ok, _ := endpointIP(endpoint); ok && ip != nil && !r.a.set.Peers.Enabled() {
+		// Names are not proven: the host is what bounds a peer's paths.
+		host = ip.String()
 	}
 	epErr := epErr0
 	if epErr == nil {
-		epErr = r.addControlPeer(peer, endpoint, now)
+		epErr = r.addControlPeer(peer, endpoint, host, now)
 	}
 	if w.IsCancel() {
 		r.flowFailed(key, ErrSenderCancelled)
@@ -358,13 +362,26 @@ func endpointIP(endpoint string) (net.IP, bool, error) {
 type ctrlPeer struct {
 	endpoint string
 	used     time.Time
+	// host is the sending host whose share (MaxControlPeersPerHost) the
+	// path takes: set for a peer whose descriptor was not loaded while
+	// names are not proven (security off), "" otherwise.
+	host string
 }
 
+// MaxControlPeersPerHost caps the reverse control paths of peers whose
+// descriptors were not loaded on one sending host while names are not
+// proven (security.mode off), as tcp.Config.MaxConnsPerPeer caps one
+// peer's connections: a host claiming many names holds at most this many
+// DEALERs here. With authentication, names are proven and the admitted
+// set bounds them.
+const MaxControlPeersPerHost = 64
+
 // addControlPeer opens (or keeps) the reverse control path to peer. The
-// table holds at most MaxControlPeers entries: to make room the least
-// recently used one without open flows is closed; when every entry has
-// open flows the WANT is refused.
-func (r *reactor) addControlPeer(peer, endpoint string, now time.Time) error {
+// table holds at most MaxControlPeers entries, and the paths of one host
+// (host, when set) at most MaxControlPeersPerHost: to make room the least
+// recently used one without open flows (of that host) is closed; when
+// every one has open flows the WANT is refused.
+func (r *reactor) addControlPeer(peer, endpoint, host string, now time.Time) error {
 	cp := r.ctrlPeers[peer]
 	if endpoint == "" || cp != nil && cp.endpoint == endpoint {
 		if cp == nil {
@@ -373,22 +390,35 @@ func (r *reactor) addControlPeer(peer, endpoint string, now time.Time) error {
 		cp.used = now
 		return nil
 	}
-	if cp == nil && len(r.ctrlPeers) >= r.cfg.MaxControlPeers && !r.evictControlPeer() {
+	if host != "" && (cp == nil || cp.host != host) {
+		n := 0
+		for _, o := range r.ctrlPeers {
+			if o.host == host {
+				n++
+			}
+		}
+		if n >= MaxControlPeersPerHost && !r.evictControlPeer(host) {
+			r.a.stats.hostLimited.Add(1)
+			return fmt.Errorf("host %s holds %d reverse control paths with open flows, the limit for names not proven (security.mode off): %w", host, n, transfer.ErrQueueFull)
+		}
+	}
+	if cp == nil && len(r.ctrlPeers) >= r.cfg.MaxControlPeers && !r.evictControlPeer("") {
 		return fmt.Errorf("control peer table full (%d peers with open flows): %w", r.cfg.MaxControlPeers, transfer.ErrQueueFull)
 	}
 	if err := r.a.set.Control.AddPeer(peer, endpoint); err != nil {
 		return err
 	}
-	r.ctrlPeers[peer] = &ctrlPeer{endpoint: endpoint, used: now}
+	r.ctrlPeers[peer] = &ctrlPeer{endpoint: endpoint, used: now, host: host}
 	return nil
 }
 
 // evictControlPeer closes the least recently used reverse path of a peer
-// with no open flow and no loaded descriptor; false when there is none.
-func (r *reactor) evictControlPeer() bool {
+// with no open flow and no loaded descriptor (of host, when set); false
+// when there is none.
+func (r *reactor) evictControlPeer(host string) bool {
 	victim, oldest := "", time.Time{}
 	for name, cp := range r.ctrlPeers {
-		if r.peerFlows[name] > 0 {
+		if r.peerFlows[name] > 0 || host != "" && cp.host != host {
 			continue
 		}
 		if _, loaded := r.descEndpoint(name); loaded {
