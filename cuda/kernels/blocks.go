@@ -63,35 +63,62 @@ const maxParams = 16
 // 4 KiB of the region.
 const SlabBytes = 4096
 
-// loadBlocks resolves the block kernels the module holds and BlockBulk2's
+// kernelSet is one form's kernels: fn[f][0] gathers and fn[f][1]
+// scatters for each BlockFamily f the module holds (nil where it has
+// none), and BlockBulk2's wave (its blocks resident at once).
+type kernelSet struct {
+	fn        [blockFamilies][2]*cuda.Function
+	bulk2Wave int
+}
+
+// load resolves the kernels of names the module holds and BlockBulk2's
 // wave (sms multiprocessors).
-func (m *Module) loadBlocks(ptx []byte, sms int) error {
-	for f, names := range blockKernels {
-		if !bytes.Contains(ptx, []byte(".entry "+names[0]+"(")) {
+func (k *kernelSet) load(mod *cuda.Module, ptx []byte, names [blockFamilies][2]string, sms int) error {
+	for f, pair := range names {
+		if !bytes.Contains(ptx, []byte(".entry "+pair[0]+"(")) {
 			continue
 		}
-		for d, name := range names {
-			fn, err := m.mod.Function(name)
+		for d, name := range pair {
+			fn, err := mod.Function(name)
 			if err != nil {
 				return err
 			}
-			m.blocks[f][d] = fn
+			k.fn[f][d] = fn
 		}
 	}
-	if m.blocks[BlockBulk2][0] != nil {
-		per, err := m.blocks[BlockBulk2][0].ActiveBlocks(bulk2Threads)
+	if k.fn[BlockBulk2][0] != nil {
+		per, err := k.fn[BlockBulk2][0].ActiveBlocks(bulk2Threads)
 		if err != nil {
 			return err
 		}
-		m.bulk2Wave = sms * max(per, 1)
+		k.bulk2Wave = sms * max(per, 1)
 	}
 	return nil
 }
 
-// HasBlocks reports whether the module holds block family f.
-func (m *Module) HasBlocks(f BlockFamily) bool {
-	return f < blockFamilies && m.blocks[f][0] != nil
+// has reports whether the set holds family f.
+func (k *kernelSet) has(f BlockFamily) bool {
+	return f < blockFamilies && k.fn[f][0] != nil
 }
+
+// launch queues family f's gather or scatter over warps warps of work on
+// s with args: the grid and block size each family takes.
+func (k *kernelSet) launch(gather bool, f BlockFamily, s *cuda.Stream, args *cuda.Args, warps uint64) error {
+	d := 1
+	if gather {
+		d = 0
+	}
+	grid := Grid(warps, maxBlockGrid)
+	threads := uint32(BlockThreads)
+	if f == BlockBulk2 {
+		threads = bulk2Threads
+		grid = uint32(max(1, min((warps+3)/4, uint64(k.bulk2Wave))))
+	}
+	return k.fn[f][d].Launch(s, cuda.Dim3{X: grid, Y: 1, Z: 1}, cuda.Dim3{X: threads, Y: 1, Z: 1}, 0, args)
+}
+
+// HasBlocks reports whether the module holds block family f.
+func (m *Module) HasBlocks(f BlockFamily) bool { return m.blocks.has(f) }
 
 // BlockJob is one block-form launch: pieces k in [0, Count) of a chunk,
 // piece k being Len bytes at Region + k*Len on the region side and at
@@ -166,10 +193,6 @@ func (m *Module) LaunchBlocks(gather bool, f BlockFamily, s *cuda.Stream, args *
 	if job.Count == 0 || job.NIDs == 0 || job.Len == 0 {
 		return fmt.Errorf("kernels: empty block job (%d pieces, %d ids, %d bytes a piece)", job.Count, job.NIDs, job.Len)
 	}
-	d := 1
-	if gather {
-		d = 0
-	}
 	var sh uint32
 	var warps uint64
 	if f == BlockGeneral {
@@ -180,12 +203,6 @@ func (m *Module) LaunchBlocks(gather bool, f BlockFamily, s *cuda.Stream, args *
 			return fmt.Errorf("kernels: %d-byte pieces do not fit the %s block kernels", job.Len, f)
 		}
 		warps = (job.Count*job.Len + SlabBytes - 1) / SlabBytes
-	}
-	grid := Grid(warps, maxBlockGrid)
-	threads := uint32(BlockThreads)
-	if f == BlockBulk2 {
-		threads = bulk2Threads
-		grid = uint32(max(1, min((warps+3)/4, uint64(m.bulk2Wave))))
 	}
 	args.SetU64(0, uint64(job.Region))
 	args.SetU64(1, uint64(job.Bases))
@@ -199,7 +216,7 @@ func (m *Module) LaunchBlocks(gather bool, f BlockFamily, s *cuda.Stream, args *
 	args.SetU64(9, uint64(job.Counter))
 	args.SetU32(10, job.Seq)
 	args.SetU32(11, sh)
-	return m.blocks[f][d].Launch(s, cuda.Dim3{X: grid, Y: 1, Z: 1}, cuda.Dim3{X: threads, Y: 1, Z: 1}, 0, args)
+	return m.blocks.launch(gather, f, s, args, warps)
 }
 
 // maxBlockGrid caps a block launch's grid; more work is taken

@@ -199,15 +199,10 @@ type Module struct {
 	// The wide kernels and their wave; nil when the module has none.
 	gatherWide, scatterWide *cuda.Function
 	waveWide                int
-	// blocks[f][0] gathers, blocks[f][1] scatters, for each BlockFamily
-	// f the module holds (nil where it has none).
 	// The compact kernels; nil when the module has none.
 	gatherCompact, scatterCompact *cuda.Function
-	blocks                        [blockFamilies][2]*cuda.Function
-	bulk2Wave                     int // BlockBulk2 blocks resident at once
-	// shaped is blocks for the shaped kernels.
-	shaped          [blockFamilies][2]*cuda.Function
-	shapedBulk2Wave int
+	// The block-form and shaped kernels the module holds.
+	blocks, shaped kernelSet
 }
 
 // Load JIT-compiles ptx in c; nil takes the embedded module for the
@@ -262,11 +257,11 @@ func Load(c *cuda.Context, ptx []byte) (*Module, error) {
 		_ = mod.Unload()
 		return nil, err
 	}
-	if err := m.loadBlocks(ptx, sms); err != nil {
+	if err := m.blocks.load(mod, ptx, blockKernels, sms); err != nil {
 		_ = mod.Unload()
 		return nil, err
 	}
-	if err := m.loadShaped(ptx, sms); err != nil {
+	if err := m.shaped.load(mod, ptx, shapedKernels, sms); err != nil {
 		_ = mod.Unload()
 		return nil, err
 	}

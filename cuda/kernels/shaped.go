@@ -1,7 +1,6 @@
 package kernels
 
 import (
-	"bytes"
 	"encoding/binary"
 	"fmt"
 
@@ -65,34 +64,8 @@ func UniformLen(segs []transfer.Segment) uint64 {
 	return uint64(l)
 }
 
-// loadShaped resolves the shaped kernels the module holds.
-func (m *Module) loadShaped(ptx []byte, sms int) error {
-	for f, names := range shapedKernels {
-		if !bytes.Contains(ptx, []byte(".entry "+names[0]+"(")) {
-			continue
-		}
-		for d, name := range names {
-			fn, err := m.mod.Function(name)
-			if err != nil {
-				return err
-			}
-			m.shaped[f][d] = fn
-		}
-	}
-	if m.shaped[BlockBulk2][0] != nil {
-		per, err := m.shaped[BlockBulk2][0].ActiveBlocks(bulk2Threads)
-		if err != nil {
-			return err
-		}
-		m.shapedBulk2Wave = sms * max(per, 1)
-	}
-	return nil
-}
-
 // HasShaped reports whether the module holds shaped family f.
-func (m *Module) HasShaped(f BlockFamily) bool {
-	return f < blockFamilies && m.shaped[f][0] != nil
-}
+func (m *Module) HasShaped(f BlockFamily) bool { return m.shaped.has(f) }
 
 // ShapedFamilyFor is BlockFamilyFor for the shaped kernels: the general
 // family for segments off the vector conditions, else the first of the
@@ -138,10 +111,6 @@ func (m *Module) LaunchShaped(gather bool, f BlockFamily, s *cuda.Stream, args *
 	if job.Units == 0 || job.NSegs == 0 || job.Groups == 0 || job.Group == 0 || job.UnitLen == 0 {
 		return fmt.Errorf("kernels: empty shaped job (%d units, %d segments, %d groups of %d ids, %d bytes a unit)", job.Units, job.NSegs, job.Groups, job.Group, job.UnitLen)
 	}
-	d := 1
-	if gather {
-		d = 0
-	}
 	items := job.Units * uint64(job.NSegs)
 	var sh uint32
 	warps := items
@@ -151,12 +120,6 @@ func (m *Module) LaunchShaped(gather bool, f BlockFamily, s *cuda.Stream, args *
 			return fmt.Errorf("kernels: %d segments of %d bytes (units of %d) do not fit the %s shaped kernels", job.NSegs, job.SegLen, job.UnitLen, f)
 		}
 		warps = (items*job.SegLen + SlabBytes - 1) / SlabBytes
-	}
-	grid := Grid(warps, maxBlockGrid)
-	threads := uint32(BlockThreads)
-	if f == BlockBulk2 {
-		threads = bulk2Threads
-		grid = uint32(max(1, min((warps+3)/4, uint64(m.shapedBulk2Wave))))
 	}
 	args.SetU64(0, uint64(job.Region))
 	args.SetU64(1, uint64(job.Bases))
@@ -174,5 +137,5 @@ func (m *Module) LaunchShaped(gather bool, f BlockFamily, s *cuda.Stream, args *
 	args.SetU64(13, uint64(job.Counter))
 	args.SetU32(14, job.Seq)
 	args.SetU32(15, sh)
-	return m.shaped[f][d].Launch(s, cuda.Dim3{X: grid, Y: 1, Z: 1}, cuda.Dim3{X: threads, Y: 1, Z: 1}, 0, args)
+	return m.shaped.launch(gather, f, s, args, warps)
 }
