@@ -144,37 +144,8 @@ func (e *Engine) SubmitBlocks(region transfer.Desc, bc transfer.BlockCopy) (tran
 	if !e.HasBlocks() {
 		return nil, fmt.Errorf("%s: the kernel module has no block kernels: %w", e.name, transfer.ErrUnsupported)
 	}
-	c, err := e.pool.Get()
-	if err != nil {
-		return nil, err
-	}
-	c.pins = c.pins[:0]
-	c.last = transfer.Desc{}
-	j, err := e.buildBlocks(c, region, bc)
-	if err != nil {
-		e.put(c)
-		return nil, fmt.Errorf("%s: blocks: %w", e.name, err)
-	}
-	if err := e.reg.Pin(c.pins); err != nil {
-		e.put(c)
-		return nil, fmt.Errorf("%s: %w", e.name, err)
-	}
-	o := &op{e: e, c: c}
-	e.mu.Lock()
-	if e.pool.ClosedLocked() {
-		err = fmt.Errorf("submit: %w", transfer.ErrClosed)
-	} else if err = e.launchBlocks(c, o, j); err == nil {
-		e.live[o] = struct{}{}
-		e.launched.blocks.Add(1)
-	}
-	e.mu.Unlock()
-	if err != nil {
-		_ = c.stream.Synchronize()
-		e.reg.Unpin(c.pins)
-		e.put(c)
-		return nil, fmt.Errorf("%s: %w", e.name, err)
-	}
-	return o, nil
+	return submit(e, "blocks: ", &e.launched.blocks,
+		func(c *copyCtx) (blockJob, error) { return e.buildBlocks(c, region, bc) }, e.launchBlocks)
 }
 
 // blockPlan is what planBlocks proves of a chunk: its id window (m ids

@@ -298,30 +298,40 @@ func (e *Engine) Idle() int { return e.pool.Idle() }
 // device cannot reach) when a run falls outside the region or the
 // registered memory, in which case nothing moves.
 func (e *Engine) Submit(region transfer.Desc, runs []transfer.Run) (transfer.Op, error) {
+	return submit(e, "", &e.launched.runs,
+		func(c *copyCtx) (transfer.Desc, error) { return region, e.build(c, region, runs) },
+		func(c *copyCtx, _ *op, region transfer.Desc) error { return e.launch(c, region) })
+}
+
+// submit is every form's lifecycle: take a context, build the form's job
+// in it (every check, before any byte moves; a failure is wrapped with
+// form), pin the memory it names, launch it under mu so Close either sees
+// the operation live (and waits for it before unloading the module) or
+// refuses it here, and count it in n. A failed launch waits for what was
+// queued before it and gives everything back.
+func submit[J any](e *Engine, form string, n *atomic.Uint64, build func(*copyCtx) (J, error), launch func(*copyCtx, *op, J) error) (transfer.Op, error) {
 	c, err := e.pool.Get()
 	if err != nil {
 		return nil, err
 	}
-
 	c.pins = c.pins[:0]
 	c.last = transfer.Desc{}
-	if err := e.build(c, region, runs); err != nil {
+	j, err := build(c)
+	if err != nil {
 		e.put(c)
-		return nil, fmt.Errorf("%s: %w", e.name, err)
+		return nil, fmt.Errorf("%s: %s%w", e.name, form, err)
 	}
 	if err := e.reg.Pin(c.pins); err != nil {
 		e.put(c)
 		return nil, fmt.Errorf("%s: %w", e.name, err)
 	}
 	o := &op{e: e, c: c}
-	// Launched under mu, so Close either sees the operation live (and
-	// waits for it before unloading the module) or refuses it here.
 	e.mu.Lock()
 	if e.pool.ClosedLocked() {
 		err = fmt.Errorf("submit: %w", transfer.ErrClosed)
-	} else if err = e.launch(c, region); err == nil {
+	} else if err = launch(c, o, j); err == nil {
 		e.live[o] = struct{}{}
-		e.launched.runs.Add(1)
+		n.Add(1)
 	}
 	e.mu.Unlock()
 	if err != nil {

@@ -94,37 +94,8 @@ func (e *Engine) SubmitShaped(region transfer.Desc, sc transfer.ShapedCopy) (tra
 	if !e.HasShaped() {
 		return nil, fmt.Errorf("%s: the kernel module has no shaped block kernels: %w", e.name, transfer.ErrUnsupported)
 	}
-	c, err := e.pool.Get()
-	if err != nil {
-		return nil, err
-	}
-	c.pins = c.pins[:0]
-	c.last = transfer.Desc{}
-	j, err := e.buildShaped(c, region, sc)
-	if err != nil {
-		e.put(c)
-		return nil, fmt.Errorf("%s: shaped: %w", e.name, err)
-	}
-	if err := e.reg.Pin(c.pins); err != nil {
-		e.put(c)
-		return nil, fmt.Errorf("%s: %w", e.name, err)
-	}
-	o := &op{e: e, c: c}
-	e.mu.Lock()
-	if e.pool.ClosedLocked() {
-		err = fmt.Errorf("submit: %w", transfer.ErrClosed)
-	} else if err = e.launchShaped(c, o, j); err == nil {
-		e.live[o] = struct{}{}
-		e.launched.shaped.Add(1)
-	}
-	e.mu.Unlock()
-	if err != nil {
-		_ = c.stream.Synchronize()
-		e.reg.Unpin(c.pins)
-		e.put(c)
-		return nil, fmt.Errorf("%s: %w", e.name, err)
-	}
-	return o, nil
+	return submit(e, "shaped: ", &e.launched.shaped,
+		func(c *copyCtx) (shapedJob, error) { return e.buildShaped(c, region, sc) }, e.launchShaped)
 }
 
 // planShaped checks sc against a region of regionLen bytes without
