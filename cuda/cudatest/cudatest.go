@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"testing"
+	"time"
 
 	"github.com/bouncekv/bounce/cuda"
 	"github.com/bouncekv/bounce/mem"
@@ -269,4 +270,28 @@ func WithoutKernels(ptx []byte, subs ...string) []byte {
 		}
 	}
 	return out
+}
+
+// Finish polls op until it is terminal (Poll never blocks; the bound is
+// generous for a loaded machine), fails unless it ended Done, and
+// releases it.
+func Finish(tb testing.TB, op transfer.Op) {
+	tb.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		st, err := op.Poll()
+		if st.Terminal() {
+			if st != transfer.Done {
+				tb.Fatalf("op ended %v: %v", st, err)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			tb.Fatal("op never became terminal")
+		}
+		time.Sleep(20 * time.Microsecond)
+	}
+	if err := op.Release(); err != nil {
+		tb.Fatal(err)
+	}
 }

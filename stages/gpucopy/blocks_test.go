@@ -132,7 +132,7 @@ func TestBlocksByteExact(t *testing.T) {
 							op, err := eng.SubmitBlocks(r.region, bc)
 							if errors.Is(err, transfer.ErrBusy) {
 								for _, o := range ops {
-									finish(t, o)
+									cudatest.Finish(t, o)
 								}
 								ops = ops[:0]
 								op, err = eng.SubmitBlocks(r.region, bc)
@@ -144,7 +144,7 @@ func TestBlocksByteExact(t *testing.T) {
 							r.apply(gather, bc, poolB, regionB)
 						}
 						for _, o := range ops {
-							finish(t, o)
+							cudatest.Finish(t, o)
 						}
 						if d := cudatest.Diff(cudatest.Read(t, c, r.regionMem), regionB); d != "" {
 							t.Errorf("%s gather=%v: region buffer %s", name, gather, d)
@@ -162,15 +162,6 @@ func TestBlocksByteExact(t *testing.T) {
 	}
 }
 
-func finish(t *testing.T, op transfer.Op) {
-	t.Helper()
-	if s, err := wait(t, op); s != transfer.Done {
-		t.Fatalf("op ended %v: %v", s, err)
-	}
-	if err := op.Release(); err != nil {
-		t.Fatal(err)
-	}
-}
 
 // TestBlocksRefusedBeforeAnyByteMoves: an id past the pool (the last of
 // the window, or one the chunk wraps to), a range past the table, region
@@ -218,7 +209,7 @@ func TestBlocksRefusedBeforeAnyByteMoves(t *testing.T) {
 			unregB := cudatest.Fill(t, c, unreg, 3)
 			op, err := eng.SubmitBlocks(r.region, cs.bc)
 			if err == nil {
-				finish(t, op)
+				cudatest.Finish(t, op)
 				t.Fatalf("%s: accepted", cs.name)
 			}
 			if !errors.Is(err, cs.want) {

@@ -307,7 +307,7 @@ func TestParallelBuildReportsTheFirstBadRun(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		finish(t, op)
+		cudatest.Finish(t, op)
 		for _, r := range runs {
 			copy(regionB[r.RegionOff:r.RegionOff+64], poolB[r.Addr-pool.Addr:][:64])
 		}

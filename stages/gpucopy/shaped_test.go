@@ -149,7 +149,7 @@ func (r shapeRig) run(t *testing.T, f *fixture, c *cuda.Context, eng *gpucopy.En
 		op, err := eng.SubmitShaped(region, cp)
 		if errors.Is(err, transfer.ErrBusy) {
 			for _, o := range ops {
-				finish(t, o)
+				cudatest.Finish(t, o)
 			}
 			ops = ops[:0]
 			op, err = eng.SubmitShaped(region, cp)
@@ -170,7 +170,7 @@ func (r shapeRig) run(t *testing.T, f *fixture, c *cuda.Context, eng *gpucopy.En
 		first += n
 	}
 	for _, o := range ops {
-		finish(t, o)
+		cudatest.Finish(t, o)
 	}
 	if d := cudatest.Diff(cudatest.Read(t, c, regD), regionB); d != "" {
 		return "region buffer: " + d
@@ -407,7 +407,7 @@ func TestShapedRefusedBeforeAnyByteMoves(t *testing.T) {
 			unregB := cudatest.Fill(t, c, unreg, 3)
 			op, err := eng.SubmitShaped(region, cs.sc)
 			if err == nil {
-				finish(t, op)
+				cudatest.Finish(t, op)
 				t.Fatalf("%s: accepted", cs.name)
 			}
 			if !errors.Is(err, cs.want) {
@@ -455,7 +455,7 @@ func TestShapedBusy(t *testing.T) {
 	if _, err := f.g.SubmitShaped(region, sc); !errors.Is(err, transfer.ErrBusy) {
 		t.Fatalf("second submit with one context: %v, want ErrBusy", err)
 	}
-	finish(t, op)
+	cudatest.Finish(t, op)
 	deadline := time.Now().Add(10 * time.Second)
 	for f.g.Idle() != 1 && time.Now().Before(deadline) {
 		time.Sleep(time.Millisecond)
@@ -464,7 +464,7 @@ func TestShapedBusy(t *testing.T) {
 	if err != nil {
 		t.Fatalf("after release: %v", err)
 	}
-	finish(t, op)
+	cudatest.Finish(t, op)
 }
 
 // TestShapedSegmentTablesCached: a shape's table is uploaded once (a

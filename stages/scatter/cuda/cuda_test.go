@@ -51,10 +51,7 @@ func TestCapabilitiesFollowTheModule(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		region, pool := src, dst
-		if "scatter" == "gather" {
-			region, pool = dst, src
-		}
+		region, pool := src, dst // scatter: the region is read
 		want := cudatest.Fill(t, c, src, 5)
 		cudatest.Fill(t, c, dst, 6)
 		runs := []transfer.Run{{RegionOff: 0, Addr: pool.Addr, Len: 1 << 16, Count: 1, RegionStride: 1 << 16, AddrStride: 1 << 16}}
@@ -62,18 +59,7 @@ func TestCapabilitiesFollowTheModule(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%s: runs: %v", cs.name, err)
 		}
-		for {
-			st, err := op.Poll()
-			if st.Terminal() {
-				if st != transfer.Done {
-					t.Fatalf("%s: runs ended %v: %v", cs.name, st, err)
-				}
-				break
-			}
-		}
-		if err := op.Release(); err != nil {
-			t.Fatal(err)
-		}
+		cudatest.Finish(t, op)
 		if d := cudatest.Diff(cudatest.Read(t, c, dst), want); d != "" {
 			t.Errorf("%s: runs: %s", cs.name, d)
 		}
