@@ -162,7 +162,6 @@ func TestBlocksByteExact(t *testing.T) {
 	}
 }
 
-
 // TestBlocksRefusedBeforeAnyByteMoves: an id past the pool (the last of
 // the window, or one the chunk wraps to), a range past the table, region
 // bytes past the region, pool memory not registered or registered as
