@@ -242,30 +242,18 @@ func (e *Engine) buildBlocks(c *copyCtx, region transfer.Desc, bc transfer.Block
 	if err != nil {
 		return blockJob{}, err
 	}
-	if region.Len == 0 {
-		return blockJob{}, fmt.Errorf("region %v: empty: %w", region, transfer.ErrOutOfBounds)
-	}
-	rd, err := e.reg.FindKind(region.Kind, region.Device, region.Addr, region.Len)
-	if err != nil {
-		return blockJob{}, fmt.Errorf("region %v: %w", region, err)
-	}
-	if err := e.touch(&c.scope, rd); err != nil {
-		return blockJob{}, fmt.Errorf("region %v: %w", region, err)
+	if err := e.checkRegion(c, region); err != nil {
+		return blockJob{}, err
 	}
 	if bc.Count == 0 {
 		return blockJob{}, nil
 	}
-	// The pieces' span in each region touched, checked once a region.
 	p := bc.Blocks.Pool
-	or := p.Stride | (region.Addr + bc.RegionOff)
-	for r := pl.lo; r < pl.hi; r++ {
-		base := p.Regions[r]
-		binary.LittleEndian.PutUint64(buf[8*uint64(r-pl.lo):], base)
-		or |= base
-		if err := e.checkSpan(c, p, base+pl.spanLo, pl.spanHi-pl.spanLo); err != nil {
-			return blockJob{}, fmt.Errorf("pool region %d: %w", r, err)
-		}
+	bases, err := e.stageBases(c, buf, p, pl)
+	if err != nil {
+		return blockJob{}, err
 	}
+	or := bases | p.Stride | (region.Addr + bc.RegionOff)
 	fam := kernels.BlockGeneral
 	if _, ok := kernels.VectorShift(p.BlockLen); ok && or&15 == 0 {
 		fam = e.mod.BlockFamilyFor(true)
@@ -291,6 +279,38 @@ func copyIDs(dst, src []uint32) (mn, mx uint32) {
 		mx = max(mx, id)
 	}
 	return mn, mx
+}
+
+// checkRegion checks that the contiguous region is not empty and lies in
+// one registered range the device reaches, and records it in c's scope.
+func (e *Engine) checkRegion(c *copyCtx, region transfer.Desc) error {
+	if region.Len == 0 {
+		return fmt.Errorf("region %v: empty: %w", region, transfer.ErrOutOfBounds)
+	}
+	rd, err := e.reg.FindKind(region.Kind, region.Device, region.Addr, region.Len)
+	if err != nil {
+		return fmt.Errorf("region %v: %w", region, err)
+	}
+	if err := e.touch(&c.scope, rd); err != nil {
+		return fmt.Errorf("region %v: %w", region, err)
+	}
+	return nil
+}
+
+// stageBases writes the bases of pool regions [pl.lo, pl.hi) at the start
+// of buf, checks each region's span [base+spanLo, base+spanHi) once, and
+// returns the bases or-ed together (for the kernels' alignment test).
+func (e *Engine) stageBases(c *copyCtx, buf []byte, p transfer.Pool, pl blockPlan) (uint64, error) {
+	var or uint64
+	for r := pl.lo; r < pl.hi; r++ {
+		base := p.Regions[r]
+		binary.LittleEndian.PutUint64(buf[8*uint64(r-pl.lo):], base)
+		or |= base
+		if err := e.checkSpan(c, p, base+pl.spanLo, pl.spanHi-pl.spanLo); err != nil {
+			return 0, fmt.Errorf("pool region %d: %w", r, err)
+		}
+	}
+	return or, nil
 }
 
 // checkSpan proves [addr, addr+n) lies in one registered range of the

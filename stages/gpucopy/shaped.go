@@ -1,7 +1,6 @@
 package gpucopy
 
 import (
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"math"
@@ -212,29 +211,18 @@ func (e *Engine) buildShaped(c *copyCtx, region transfer.Desc, sc transfer.Shape
 	if err != nil {
 		return shapedJob{}, err
 	}
-	if region.Len == 0 {
-		return shapedJob{}, fmt.Errorf("region %v: empty: %w", region, transfer.ErrOutOfBounds)
-	}
-	rd, err := e.reg.FindKind(region.Kind, region.Device, region.Addr, region.Len)
-	if err != nil {
-		return shapedJob{}, fmt.Errorf("region %v: %w", region, err)
-	}
-	if err := e.touch(&c.scope, rd); err != nil {
-		return shapedJob{}, fmt.Errorf("region %v: %w", region, err)
+	if err := e.checkRegion(c, region); err != nil {
+		return shapedJob{}, err
 	}
 	if sc.Count == 0 {
 		return shapedJob{}, nil
 	}
 	p := sc.Blocks.Pool
-	or := p.Stride | (region.Addr + sc.RegionOff)
-	for r := pl.lo; r < pl.hi; r++ {
-		base := p.Regions[r]
-		binary.LittleEndian.PutUint64(buf[8*uint64(r-pl.lo):], base)
-		or |= base
-		if err := e.checkSpan(c, p, base+pl.spanLo, pl.spanHi-pl.spanLo); err != nil {
-			return shapedJob{}, fmt.Errorf("pool region %d: %w", r, err)
-		}
+	bases, err := e.stageBases(c, buf, p, pl)
+	if err != nil {
+		return shapedJob{}, err
 	}
+	or := bases | p.Stride | (region.Addr + sc.RegionOff)
 	// The segment table: cached on the device, or staged after the ids.
 	segAt := (idsEnd + 15) &^ 15
 	enc := kernels.EncodeSegments(buf[segAt:segAt:len(buf)], segs)
