@@ -3,7 +3,6 @@ package transfer
 import (
 	"cmp"
 	"fmt"
-	"math"
 	"math/bits"
 	"slices"
 )
@@ -169,13 +168,6 @@ func (c ShapedCopy) Runs(yield func(addr, off, n uint64) bool) {
 			off += uint64(s.Len)
 		}
 	}
-}
-
-// WholeShape is the shape of whole-block copies: one group per id, the
-// whole block as one segment. A ShapedCopy of it moves what the BlockCopy
-// does.
-func WholeShape(blockLen uint64) Shape {
-	return Shape{Group: 1, Segs: []Segment{{Len: uint32(min(blockLen, math.MaxUint32))}}}
 }
 
 // ShapedGatherer is the optional capability of a Gatherer that carries out

@@ -7,6 +7,12 @@ import (
 	"pgregory.net/rapid"
 )
 
+// wholeShape is the shape of whole-block copies: one group per id, the
+// whole block as one segment.
+func wholeShape(blockLen uint64) Shape {
+	return Shape{Group: 1, Segs: []Segment{{Len: uint32(blockLen)}}}
+}
+
 // TestWholeShapeRunsArePieces checks that the whole-block shape moves
 // exactly the BlockCopy's pieces, in order, packed from RegionOff.
 func TestWholeShapeRunsArePieces(t *testing.T) {
@@ -20,7 +26,7 @@ func TestWholeShapeRunsArePieces(t *testing.T) {
 		b := Blocks{Pool: p, IDs: ids}
 		first := rapid.Uint64Range(0, b.Len()).Draw(t, "first")
 		count := rapid.Uint64Range(0, b.Len()-first).Draw(t, "count")
-		c := ShapedCopy{BlockCopy: BlockCopy{Blocks: b, First: first, Count: count, RegionOff: 7}, Shape: WholeShape(p.BlockLen)}
+		c := ShapedCopy{BlockCopy: BlockCopy{Blocks: b, First: first, Count: count, RegionOff: 7}, Shape: wholeShape(p.BlockLen)}
 		if err := c.Check(7 + count*p.BlockLen); err != nil {
 			t.Fatalf("Check: %v", err)
 		}
