@@ -33,6 +33,9 @@ func CheckPoolName(name string) error {
 type PoolDesc struct {
 	Name string
 	Pool transfer.Pool
+	// Layout, when set, says what the pool's bytes mean as KV cache
+	// (transfer.Layout); it must describe Pool.
+	Layout *transfer.Layout
 }
 
 // validate reports why p cannot be carried.
@@ -43,14 +46,20 @@ func (p *PoolDesc) validate(what string) error {
 	if err := p.Pool.Validate(); err != nil {
 		return errorf(what, ErrMalformed, "pool %q: %v", p.Name, err)
 	}
+	if why := p.checkLayout(); why != "" {
+		return errorf(what, ErrMalformed, "%s", why)
+	}
 	return nil
 }
 
-// poolFixed is a pool's encoded size without its name and regions: kind u8,
-// device i32, block_len, stride, blocks u64 and the region count u32.
-const poolFixed = 1 + 4 + 3*8 + 4
+// poolFixed is a pool's encoded size without its name, regions and layout:
+// kind u8, device i32, block_len, stride, blocks u64, the region count u32
+// and the has-layout byte.
+const poolFixed = 1 + 4 + 3*8 + 4 + 1
 
-func poolLen(p *PoolDesc) int { return strPrefix + len(p.Name) + poolFixed + 8*len(p.Pool.Regions) }
+func poolLen(p *PoolDesc) int {
+	return strPrefix + len(p.Name) + poolFixed - 1 + 8*len(p.Pool.Regions) + layoutEncLen(p.Layout)
+}
 
 func appendPool(b []byte, p *PoolDesc) []byte {
 	b = appendStr(b, p.Name)
@@ -64,7 +73,7 @@ func appendPool(b []byte, p *PoolDesc) []byte {
 	for _, r := range p.Pool.Regions[:n] {
 		b = le.AppendUint64(b, r)
 	}
-	return b
+	return appendLayout(b, p.Layout)
 }
 
 func (d *decoder) pool(i int) (PoolDesc, bool) {
@@ -84,6 +93,10 @@ func (d *decoder) pool(i int) (PoolDesc, bool) {
 		p.Pool.Regions[k] = le.Uint64(d.b[d.off+8*k:])
 	}
 	d.off += 8 * n
+	p.Layout = d.layout()
+	if d.err != nil {
+		return p, false
+	}
 	if err := p.validate(d.what); err != nil {
 		d.err = err
 		return p, false
@@ -100,15 +113,28 @@ func (d *decoder) pool(i int) (PoolDesc, bool) {
 // Pieces is a positive multiple of len(IDs) of at most
 // transfer.MaxPoolRegions regions; the receiver checks the ids against its
 // pool (below its block count, no duplicates).
+//
+// With a Shape (a layout conversion, version 6) the request moves the
+// shape's (region, group) units instead of whole pieces: Pieces counts
+// units (regions × len(IDs)/Shape.Group), each DATA names a unit range, and
+// unit q writes Shape's segments of group q % groups of region q / groups
+// (transfer.ShapedCopy). The shape must be valid for BlockLen, its segments
+// disjoint, and the ids whole groups.
 type WantBlocks struct {
 	Pool     string
 	BlockLen uint64
 	Pieces   uint64
 	IDs      []uint32
+	Shape    *transfer.Shape
 }
 
 // Regions is the number of pool regions the request covers.
-func (w *WantBlocks) Regions() uint64 { return w.Pieces / uint64(len(w.IDs)) }
+func (w *WantBlocks) Regions() uint64 {
+	if w.Shape != nil {
+		return w.Pieces / (uint64(len(w.IDs)) / uint64(w.Shape.Group))
+	}
+	return w.Pieces / uint64(len(w.IDs))
+}
 
 func (w *WantBlocks) check() string {
 	switch err := CheckPoolName(w.Pool); {
@@ -118,6 +144,8 @@ func (w *WantBlocks) check() string {
 		return "block length 0"
 	case len(w.IDs) == 0:
 		return "no block ids"
+	case w.Shape != nil:
+		return w.checkShape()
 	case w.Pieces == 0 || w.Pieces%uint64(len(w.IDs)) != 0:
 		return fmt.Sprintf("%d pieces is not a positive multiple of %d ids", w.Pieces, len(w.IDs))
 	case w.Pieces/uint64(len(w.IDs)) > transfer.MaxPoolRegions:
@@ -130,7 +158,13 @@ func (w *WantBlocks) check() string {
 }
 
 // wantBlocksLen is the encoded size of w after the form byte.
-func wantBlocksLen(w *WantBlocks) int { return strPrefix + len(w.Pool) + 8 + 8 + 4 + 4*len(w.IDs) }
+func wantBlocksLen(w *WantBlocks) int {
+	n := strPrefix + len(w.Pool) + 8 + 8 + 4 + 4*len(w.IDs)
+	if w.Shape != nil {
+		n += shapeLen(w.Shape)
+	}
+	return n
+}
 
 func appendWantBlocks(b []byte, w *WantBlocks) []byte {
 	b = appendStr(b, w.Pool)
@@ -140,10 +174,13 @@ func appendWantBlocks(b []byte, w *WantBlocks) []byte {
 	for _, id := range w.IDs {
 		b = le.AppendUint32(b, id)
 	}
+	if w.Shape != nil {
+		b = appendShape(b, w.Shape)
+	}
 	return b
 }
 
-func (d *decoder) wantBlocks() *WantBlocks {
+func (d *decoder) wantBlocks(shaped bool) *WantBlocks {
 	w := &WantBlocks{Pool: d.str("pool")}
 	w.BlockLen = d.u64("block length")
 	w.Pieces = d.u64("pieces")
@@ -156,6 +193,11 @@ func (d *decoder) wantBlocks() *WantBlocks {
 		w.IDs[i] = le.Uint32(d.b[d.off+4*i:])
 	}
 	d.off += 4 * n
+	if shaped {
+		if w.Shape = d.shape(); d.err != nil {
+			return nil
+		}
+	}
 	if why := w.check(); why != "" {
 		d.err = errorf(d.what, ErrMalformed, "blocks: %s", why)
 		return nil

@@ -65,7 +65,7 @@ func AppendMarshal(dst []byte, m Message) ([]byte, error) {
 		if m.Blocks == nil {
 			b = append(b, formDescs)
 		} else {
-			b = append(b, formBlocks)
+			b = append(b, wantForm(m.Blocks))
 			b = appendWantBlocks(b, m.Blocks)
 		}
 		b = le.AppendUint64(b, m.Incarnation)
@@ -561,13 +561,13 @@ func (d *decoder) want() (*Want, error) {
 	w.Tag = d.tag()
 	switch form := d.u8("form"); {
 	case d.err != nil:
-	case form == formBlocks:
+	case form == formBlocks || form == formShaped:
 		if n == 0 {
 			return nil, errorf(d.what, ErrMalformed, "a cancel carries no blocks")
 		}
-		w.Blocks = d.wantBlocks()
+		w.Blocks = d.wantBlocks(form == formShaped)
 	case form != formDescs:
-		return nil, errorf(d.what, ErrMalformed, "form %d, want 0 (descriptors) or 1 (blocks)", form)
+		return nil, errorf(d.what, ErrMalformed, "form %d, want 0 (descriptors), 1 (blocks) or 2 (shaped blocks)", form)
 	}
 	w.Incarnation = d.u64("incarnation")
 	if err := d.end(); err != nil {

@@ -31,6 +31,10 @@ func sampleMessages() []namedMessage {
 		{"want-tag-max", &Want{Request: 45, ChunkBytes: []uint64{1}, Tag: []byte(strings.Repeat("t", MaxTag))}},
 		{"want-blocks", &Want{Request: 46, ChunkBytes: []uint64{8 << 20, 4096}, Endpoint: "tcp://10.0.0.2:41000", Blocks: &WantBlocks{Pool: "kv-l0..79", BlockLen: 4096, Pieces: 6, IDs: []uint32{7, 0, math.MaxUint32}}}},
 		{"want-incarnation", &Want{Request: 47, ChunkBytes: []uint64{4096}, Endpoint: "tcp://10.0.0.2:41000", Incarnation: 0x9e3779b97f4a7c15}},
+		{"want-shaped", &Want{Request: 49, ChunkBytes: []uint64{8192}, Blocks: &WantBlocks{Pool: "kv", BlockLen: 8192, Pieces: 4, IDs: []uint32{9, 2},
+			Shape: &transfer.Shape{Group: 1, Segs: []transfer.Segment{{Off: 256, Len: 256}, {Off: 768, Len: 256}}}}}},
+		{"want-shaped-group", &Want{Request: 50, ChunkBytes: []uint64{8192}, Blocks: &WantBlocks{Pool: "kv", BlockLen: 4096, Pieces: 2, IDs: []uint32{4, 5},
+			Shape: &transfer.Shape{Group: 2, Segs: []transfer.Segment{{Block: 1, Off: 0, Len: 4096}, {Block: 0, Off: 0, Len: 4096}}}}}},
 		{"want-blocks-incarnation", &Want{Request: 48, ChunkBytes: []uint64{4096}, Blocks: &WantBlocks{Pool: "kv", BlockLen: 4096, Pieces: 1, IDs: []uint32{3}}, Incarnation: 7}},
 		{"grant-one", &Grant{Request: 1, Credits: []Credit{{Chunk: 0, Region: 0, Addr: 0x7f0000000000, Len: 1 << 20, Device: 0}}}},
 		{"grant-max", &Grant{Request: math.MaxUint64, Credits: []Credit{
@@ -91,6 +95,8 @@ func sampleAgentDescs() []namedAgentDesc {
 		{"agentdesc-pools", AgentDesc{Name: "decode-3", Engine: []byte("md"), Handshake: &hs[1].h, Pools: []PoolDesc{
 			{Name: "kv", Pool: transfer.Pool{Regions: []uint64{0x10000, 0x90000}, BlockLen: 4096, Stride: 4096, Blocks: 16}},
 			{Name: "gpu0/kv", Pool: transfer.Pool{Regions: []uint64{0x7f0000000000, 0x7f0000000800}, BlockLen: 2048, Stride: 4096, Blocks: 1 << 20, Kind: transfer.CUDA, Device: 3}},
+			{Name: "kv-nhd", Pool: transfer.Pool{Regions: []uint64{0x200000, 0x300000}, BlockLen: 4096, Stride: 4096, Blocks: 16},
+				Layout: &transfer.Layout{Layers: 1, KV: 2, Heads: 1, FirstHead: 3, HeadDim: 128, Tokens: 16, Elem: 2, Order: transfer.NHD}},
 		}}},
 		{"agentdesc-max", AgentDesc{Name: strings.Repeat("n", MaxString), Engine: []byte(strings.Repeat("m", 1<<16)), Handshake: &hs[2].h}},
 	}

@@ -15,9 +15,11 @@ import (
 // time to every ACK; version 4 added the block-table form: the pools in the
 // agent descriptor, the WANT's form byte (and its WantBlocks) and the
 // DATA's piece range; version 5 added the trace context to DONE (the
-// receiver's span of a direct-path request joins the sender's trace). Peers
-// of another version are refused with an error saying so.
-const Version uint16 = 5
+// receiver's span of a direct-path request joins the sender's trace); version
+// 6 added a pool's KV layout to its descriptor and the shaped WANT (a layout
+// conversion's destination shape, its DATAs naming unit ranges). Peers of
+// another version are refused with an error saying so.
+const Version uint16 = 6
 
 // Limits enforced by encoders and decoders. A count or length above its limit
 // is ErrTooLarge, checked before anything is allocated.

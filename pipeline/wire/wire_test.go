@@ -50,28 +50,28 @@ func TestGoldenBytes(t *testing.T) {
 		hex  string
 	}{
 		{"ack", &Ack{Request: 0x0102030405060708, Chunk: 0x0a0b0c0d, Region: 0x1112131415161718, ScatterNS: 0x2122232425262728},
-			"424e4345 0500 04 00 | 0807060504030201 | 0d0c0b0a | 1817161514131211 | 2827262524232221"},
+			"424e4345 0600 04 00 | 0807060504030201 | 0d0c0b0a | 1817161514131211 | 2827262524232221"},
 		{"want", &Want{Request: 1, ChunkBytes: []uint64{0x100000}, Endpoint: "ab"},
-			"424e4345 0500 01 00 | 0100000000000000 | 01000000 | 0000100000000000 | 0200 6162 | 0000 | 0000 | 00 | 0000000000000000"},
+			"424e4345 0600 01 00 | 0100000000000000 | 01000000 | 0000100000000000 | 0200 6162 | 0000 | 0000 | 00 | 0000000000000000"},
 		{"want-cancel", &Want{Request: 2, TraceParent: "t"},
-			"424e4345 0500 01 00 | 0200000000000000 | 00000000 | 0000 | 0100 74 | 0000 | 00 | 0000000000000000"},
+			"424e4345 0600 01 00 | 0200000000000000 | 00000000 | 0000 | 0100 74 | 0000 | 00 | 0000000000000000"},
 		{"want-incarnation", &Want{Request: 2, Incarnation: 0x0102030405060708},
-			"424e4345 0500 01 00 | 0200000000000000 | 00000000 | 0000 | 0000 | 0000 | 00 | 0807060504030201"},
+			"424e4345 0600 01 00 | 0200000000000000 | 00000000 | 0000 | 0000 | 0000 | 00 | 0807060504030201"},
 		{"want-tagged", &Want{Request: 2, Tag: []byte{0xaa, 0xbb}},
-			"424e4345 0500 01 00 | 0200000000000000 | 00000000 | 0000 | 0000 | 0200 aabb | 00 | 0000000000000000"},
+			"424e4345 0600 01 00 | 0200000000000000 | 00000000 | 0000 | 0000 | 0200 aabb | 00 | 0000000000000000"},
 		{"grant", &Grant{Request: 2, Credits: []Credit{{Chunk: 3, Region: 0x10, Addr: 0x2000, Len: 0x40, Device: 1, Kind: transfer.CUDA}}},
-			"424e4345 0500 02 00 | 0200000000000000 | 01000000 | 1000000000000000 0020000000000000 4000000000000000 03000000 01000000 01"},
+			"424e4345 0600 02 00 | 0200000000000000 | 01000000 | 1000000000000000 0020000000000000 4000000000000000 03000000 01000000 01"},
 		{"data", &Data{Request: 3, Chunk: 1, Region: 0x20, TraceParent: "t", Runs: []transfer.Run{
 			{RegionOff: 0, Addr: 0x1000, Len: 0x10, Count: 1},
 			{RegionOff: 0x10, Addr: 0x2000, Len: 8, Count: 2, RegionStride: 8, AddrStride: 0x100},
 		}},
-			"424e4345 0500 03 00 | 0300000000000000 | 01000000 | 2000000000000000 | 0100 74 | 02000000 |" +
+			"424e4345 0600 03 00 | 0300000000000000 | 01000000 | 2000000000000000 | 0100 74 | 02000000 |" +
 				"00 0000000000000000 0010000000000000 1000000000000000 |" +
 				"01 1000000000000000 0020000000000000 0800000000000000 0200000000000000 0800000000000000 0001000000000000"},
 		{"nack", &Nack{Request: 4, Chunk: WholeRequest, Code: NackShutdown, Reason: "x"},
-			"424e4345 0500 05 00 | 0400000000000000 | ffffffff | 0400 | 0100 78"},
+			"424e4345 0600 05 00 | 0400000000000000 | ffffffff | 0400 | 0100 78"},
 		{"done", &Done{Request: 5, Bytes: 0x1000, Endpoint: "e", Reason: "x", TraceParent: "tp", Tag: []byte("t")},
-			"424e4345 0500 06 00 | 0500000000000000 | 0010000000000000 | 0100 65 | 0100 78 | 0200 7470 | 0100 74"},
+			"424e4345 0600 06 00 | 0500000000000000 | 0010000000000000 | 0100 65 | 0100 78 | 0200 7470 | 0100 74"},
 	}
 	for _, c := range cases {
 		got, err := Marshal(c.msg)
@@ -84,18 +84,18 @@ func TestGoldenBytes(t *testing.T) {
 	}
 
 	h := Handshake{Version: 1, ControlKind: "zmq", ArenaCapacity: 0x100, MaxChunk: 0x80, Endpoint: "e"}
-	wantH := unhex(t, "424e4345 0500 48 00 | 0100 | 0300 7a6d71 | 0001000000000000 | 8000000000000000 | 0100 65")
+	wantH := unhex(t, "424e4345 0600 48 00 | 0100 | 0300 7a6d71 | 0001000000000000 | 8000000000000000 | 0100 65")
 	if got := MarshalHandshake(h); !bytes.Equal(got, wantH) {
 		t.Fatalf("handshake:\n got %x\nwant %x", got, wantH)
 	}
 	d := AgentDesc{Name: "n", Engine: []byte{0xaa}, PublicKey: [32]byte{0: 0x11, 31: 0x22}}
 	key := "11" + strings.Repeat("00", 30) + "22"
-	wantD := unhex(t, "424e4345 0500 41 00 | 0100 6e | 01000000 aa | "+key+" | 00 | 00000000")
+	wantD := unhex(t, "424e4345 0600 41 00 | 0100 6e | 01000000 aa | "+key+" | 00 | 00000000")
 	if got := MarshalAgentDesc(d); !bytes.Equal(got, wantD) {
 		t.Fatalf("agent desc:\n got %x\nwant %x", got, wantD)
 	}
 	d.Handshake = &h
-	wantDH := append(append(append(unhex(t, "424e4345 0500 41 00 | 0100 6e | 01000000 aa | "+key+" | 01"), byte(len(wantH)), 0, 0, 0), wantH...), 0, 0, 0, 0)
+	wantDH := append(append(append(unhex(t, "424e4345 0600 41 00 | 0100 6e | 01000000 aa | "+key+" | 01"), byte(len(wantH)), 0, 0, 0), wantH...), 0, 0, 0, 0)
 	if got := MarshalAgentDesc(d); !bytes.Equal(got, wantDH) {
 		t.Fatalf("agent desc with handshake:\n got %x\nwant %x", got, wantDH)
 	}
@@ -374,8 +374,17 @@ func TestMalformedDecode(t *testing.T) {
 		{"want cancel with blocks", rawHeader(TypeWant).u64(1).u32(0).str("").str("").str("").u8(1), decodeMessage, "a cancel carries no blocks"},
 		{"want blocks no ids", rawHeader(TypeWant).u64(1).u32(1).u64(1).str("").str("").str("").u8(1).str("kv").u64(8).u64(1).u32(0), decodeMessage, "no block ids"},
 		{"want blocks bad pool name", rawHeader(TypeWant).u64(1).u32(1).u64(1).str("").str("").str("").u8(1).str("k\x01v").u64(8).u64(1).u32(1).u32(0), decodeMessage, "pool name"},
-		{"agent pool stride short", rawHeader(typeAgentDesc).str("n").u32(0).zeros(32).u8(0).u32(1).str("kv").u8(0).u32(0).u64(8).u64(4).u64(1).u32(1).u64(0x1000), decodeAgentDesc, "stride"},
-		{"agent pool name twice", rawHeader(typeAgentDesc).str("n").u32(0).zeros(32).u8(0).u32(2).str("kv").u8(0).u32(0).u64(8).u64(8).u64(1).u32(1).u64(0x1000).str("kv").u8(0).u32(0).u64(8).u64(8).u64(1).u32(1).u64(0x2000), decodeAgentDesc, "twice"},
+		{"agent pool stride short", rawHeader(typeAgentDesc).str("n").u32(0).zeros(32).u8(0).u32(1).str("kv").u8(0).u32(0).u64(8).u64(4).u64(1).u32(1).u64(0x1000).u8(0), decodeAgentDesc, "stride"},
+		{"agent pool layout byte", rawHeader(typeAgentDesc).str("n").u32(0).zeros(32).u8(0).u32(1).str("kv").u8(0).u32(0).u64(8).u64(8).u64(1).u32(1).u64(0x1000).u8(2), decodeAgentDesc, "has-layout byte 2"},
+		{"agent pool layout regions", rawHeader(typeAgentDesc).str("n").u32(0).zeros(32).u8(0).u32(1).str("kv").u8(0).u32(0).u64(8).u64(8).u64(1).u32(1).u64(0x1000).u8(1).u32(1).u32(2).u32(1).u32(0).u32(4).u32(1).u32(2).u8(1), decodeAgentDesc, "needs 2 regions"},
+		{"agent pool layout block", rawHeader(typeAgentDesc).str("n").u32(0).zeros(32).u8(0).u32(1).str("kv").u8(0).u32(0).u64(8).u64(8).u64(1).u32(1).u64(0x1000).u8(1).u32(1).u32(1).u32(1).u32(0).u32(4).u32(1).u32(4).u8(1), decodeAgentDesc, "layout block is 16 bytes"},
+		{"agent pool layout order", rawHeader(typeAgentDesc).str("n").u32(0).zeros(32).u8(0).u32(1).str("kv").u8(0).u32(0).u64(8).u64(8).u64(1).u32(1).u64(0x1000).u8(1).u32(1).u32(1).u32(1).u32(0).u32(4).u32(1).u32(2).u8(3), decodeAgentDesc, "order"},
+		{"want shaped overlap", rawHeader(TypeWant).u64(1).u32(1).u64(1).str("").str("").str("").u8(2).str("kv").u64(8).u64(1).u32(1).u32(0).u32(1).u32(2).u32(0).u32(0).u32(4).u32(0).u32(2).u32(4), decodeMessage, "overlap"},
+		{"want shaped past block", rawHeader(TypeWant).u64(1).u32(1).u64(1).str("").str("").str("").u8(2).str("kv").u64(8).u64(1).u32(1).u32(0).u32(1).u32(1).u32(0).u32(6).u32(4), decodeMessage, "passes the block"},
+		{"want shaped group", rawHeader(TypeWant).u64(1).u32(1).u64(1).str("").str("").str("").u8(2).str("kv").u64(8).u64(1).u32(3).u32(0).u32(1).u32(2).u32(2).u32(1).u32(0).u32(0).u32(4), decodeMessage, "not whole groups of 2"},
+		{"want shaped units", rawHeader(TypeWant).u64(1).u32(1).u64(1).str("").str("").str("").u8(2).str("kv").u64(8).u64(3).u32(4).u32(0).u32(1).u32(2).u32(3).u32(2).u32(1).u32(0).u32(0).u32(4), decodeMessage, "not a positive multiple of 2 groups"},
+		{"want form 3", rawHeader(TypeWant).u64(1).u32(1).u64(1).str("").str("").str("").u8(3), decodeMessage, "form 3"},
+		{"agent pool name twice", rawHeader(typeAgentDesc).str("n").u32(0).zeros(32).u8(0).u32(2).str("kv").u8(0).u32(0).u64(8).u64(8).u64(1).u32(1).u64(0x1000).u8(0).str("kv").u8(0).u32(0).u64(8).u64(8).u64(1).u32(1).u64(0x2000).u8(0), decodeAgentDesc, "twice"},
 		{"run len 0", single(dataHead(1), 0, 0x1000, 0), decodeMessage, "runs[0]: len 0"},
 		{"run count 0", strided(single(dataHead(2), 0, 0, 1), transfer.Run{Len: 8, Count: 0, RegionStride: 8}), decodeMessage, "runs[1]: count 0"},
 		{"run unknown tag", dataHead(1).u8(7).zeros(48), decodeMessage, "unknown tag 7"},
