@@ -129,11 +129,12 @@ type Engine struct {
 }
 
 type copyCtx struct {
-	runs   []transfer.Run     // the submitted runs, validated
-	split  []transfer.Run     // runs cut at share boundaries
-	bounds []int              // end index in split of each share
-	pins   []uint64           // the registered ranges the copy touches, pinned while it runs
-	blk    transfer.BlockCopy // a block-table copy's chunk (SubmitBlocks)
+	runs   []transfer.Run      // the submitted runs, validated
+	split  []transfer.Run      // runs cut at share boundaries
+	bounds []int               // end index in split of each share
+	pins   []uint64            // the registered ranges the copy touches, pinned while it runs
+	blk    transfer.BlockCopy  // a block-table copy's chunk (SubmitBlocks)
+	shp    transfer.ShapedCopy // a shaped copy's units (SubmitShaped)
 }
 
 // touch records that the copy uses the registered range starting at a.
@@ -149,6 +150,7 @@ type share struct {
 	o      *op
 	runs   []transfer.Run
 	blk    *transfer.BlockCopy
+	shp    *transfer.ShapedCopy
 	lo, hi uint64
 }
 
@@ -288,7 +290,8 @@ func (e *Engine) putCtx(ctx *copyCtx) {
 		ctx.split = nil
 	}
 	ctx.blk = transfer.BlockCopy{} // drop the caller's ids
-	e.pool.Put(ctx)                // after Close the context is dropped: it holds only Go memory
+	ctx.shp = transfer.ShapedCopy{}
+	e.pool.Put(ctx) // after Close the context is dropped: it holds only Go memory
 }
 
 func (e *Engine) work() {
@@ -313,6 +316,10 @@ func (e *Engine) work() {
 		}
 		if sh.blk != nil {
 			sh.o.shareDone(e.copyBlocks(sh.o.region.Addr, sh.blk, sh.lo, sh.hi))
+			continue
+		}
+		if sh.shp != nil {
+			sh.o.shareDone(e.copyShaped(sh.o.region.Addr, sh.shp, sh.lo, sh.hi))
 			continue
 		}
 		e.copyRuns(sh.o.region.Addr, sh.runs)

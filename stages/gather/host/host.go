@@ -17,8 +17,9 @@ type Gatherer struct {
 }
 
 var (
-	_ transfer.Gatherer      = (*Gatherer)(nil)
-	_ transfer.BlockGatherer = (*Gatherer)(nil)
+	_ transfer.Gatherer       = (*Gatherer)(nil)
+	_ transfer.BlockGatherer  = (*Gatherer)(nil)
+	_ transfer.ShapedGatherer = (*Gatherer)(nil)
 )
 
 // New validates s and starts the workers; Close stops them.
@@ -48,6 +49,14 @@ func (x *Gatherer) Gather(region transfer.Desc, runs []transfer.Run) (transfer.O
 // hostcopy.Engine.SubmitBlocks). Errors are Gather's.
 func (x *Gatherer) GatherBlocks(region transfer.Desc, c transfer.BlockCopy) (transfer.Op, error) {
 	return x.e.SubmitBlocks(region, c)
+}
+
+// GatherShaped is GatherBlocks for a shaped block copy (transfer.ShapedGatherer):
+// a layout conversion's units, each segment's address computed from the
+// pool's geometry, ids and the shape (see hostcopy.Engine.SubmitShaped).
+// Errors are Gather's.
+func (x *Gatherer) GatherShaped(region transfer.Desc, c transfer.ShapedCopy) (transfer.Op, error) {
+	return x.e.SubmitShaped(region, c)
 }
 
 // Idle returns the number of copy contexts free right now.

@@ -17,8 +17,9 @@ type Scatterer struct {
 }
 
 var (
-	_ transfer.Scatterer      = (*Scatterer)(nil)
-	_ transfer.BlockScatterer = (*Scatterer)(nil)
+	_ transfer.Scatterer       = (*Scatterer)(nil)
+	_ transfer.BlockScatterer  = (*Scatterer)(nil)
+	_ transfer.ShapedScatterer = (*Scatterer)(nil)
 )
 
 // New validates s and starts the workers; Close stops them.
@@ -48,6 +49,14 @@ func (x *Scatterer) Scatter(region transfer.Desc, runs []transfer.Run) (transfer
 // hostcopy.Engine.SubmitBlocks). Errors are Scatter's.
 func (x *Scatterer) ScatterBlocks(region transfer.Desc, c transfer.BlockCopy) (transfer.Op, error) {
 	return x.e.SubmitBlocks(region, c)
+}
+
+// ScatterShaped is ScatterBlocks for a shaped block copy (transfer.ShapedScatterer):
+// a layout conversion's units, each segment's address computed from the
+// pool's geometry, ids and the shape (see hostcopy.Engine.SubmitShaped).
+// Errors are Scatter's.
+func (x *Scatterer) ScatterShaped(region transfer.Desc, c transfer.ShapedCopy) (transfer.Op, error) {
+	return x.e.SubmitShaped(region, c)
 }
 
 // Idle returns the number of copy contexts free right now.
