@@ -325,6 +325,8 @@ type peerInfo struct {
 	warned map[string]bool
 	// pools are the block pools the peer's descriptor advertises, by name.
 	pools map[string]transfer.Pool
+	// layouts are the KV layouts of those pools that advertise one.
+	layouts map[string]*transfer.Layout
 	// forgotten is set by ForgetPeer before it removes the peer anywhere,
 	// so a request submitted to this incarnation of the peer that then
 	// meets an unknown peer knows it was lost (ErrPeerLost).
@@ -720,9 +722,12 @@ func (a *Agent) LoadPeer(blob []byte) (string, error) {
 	if name != d.Name {
 		return "", fmt.Errorf("pipeline: load peer: descriptor names %q but its engine metadata names %q: %w", d.Name, name, transfer.ErrBadMetadata)
 	}
-	pi := &peerInfo{name: name, pools: make(map[string]transfer.Pool, len(d.Pools))}
+	pi := &peerInfo{name: name, pools: make(map[string]transfer.Pool, len(d.Pools)), layouts: map[string]*transfer.Layout{}}
 	for _, p := range d.Pools {
 		pi.pools[p.Name] = p.Pool
+		if p.Layout != nil {
+			pi.layouts[p.Name] = p.Layout
+		}
 	}
 	reason := a.checkHandshake(d.Handshake, name)
 	if d.HandshakeErr != nil {

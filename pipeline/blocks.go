@@ -5,6 +5,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/bouncekv/bounce/pipeline/convert"
 	"github.com/bouncekv/bounce/pipeline/credit"
 	"github.com/bouncekv/bounce/pipeline/wire"
 	"github.com/bouncekv/bounce/transfer"
@@ -32,16 +33,33 @@ type BlockRequest struct {
 
 	// src and dst are the resolved tables (set on Submit's own copy).
 	src, dst transfer.Blocks
+	// conv, when set, is the layout conversion the request moves with
+	// (the two pools' layouts differ): it moves conv's units, not pieces.
+	conv *convert.Conversion
 }
 
-// pieces is the number of pieces the request moves (regions × ids), once
-// Submit resolved it.
-func (br *BlockRequest) pieces() uint64 { return br.src.Len() }
+// pieces is the number of pieces the request moves (regions × ids) or,
+// converted, its units (regions × groups), once Submit resolved it.
+func (br *BlockRequest) pieces() uint64 {
+	if br.conv != nil {
+		return uint64(len(br.src.Pool.Regions)) * (uint64(len(br.src.IDs)) / uint64(br.conv.Src.Group))
+	}
+	return br.src.Len()
+}
+
+// unitLen is the bytes of one piece or, converted, of one unit.
+func (br *BlockRequest) unitLen() uint64 {
+	if br.conv != nil {
+		return br.conv.UnitLen()
+	}
+	return br.src.Pool.BlockLen
+}
 
 // localPool is a registered pool and what its regions lie in.
 type localPool struct {
-	name string
-	pool transfer.Pool
+	name   string
+	pool   transfer.Pool
+	layout *transfer.Layout // the pool's KV layout, when registered with one
 	// writers holds, per region, the peers that may write the memory the
 	// region lies in (nil: every admitted peer).
 	writers [][]string
@@ -70,14 +88,23 @@ func (lp *localPool) writable(peer string) bool {
 // may write: a peer may write the pool only when it may write every
 // region), else the error names the region.
 func (a *Agent) RegisterPool(name string, p transfer.Pool) error {
+	return a.registerPool(name, p, nil)
+}
+
+func (a *Agent) registerPool(name string, p transfer.Pool, l *transfer.Layout) error {
 	if err := wire.CheckPoolName(name); err != nil {
 		return fmt.Errorf("pipeline: register pool: %w", err)
 	}
 	if err := p.Validate(); err != nil {
 		return fmt.Errorf("pipeline: register pool %q: %w", name, err)
 	}
+	if l != nil {
+		if err := l.CheckPool(p); err != nil {
+			return fmt.Errorf("pipeline: register pool %q: %w", name, err)
+		}
+	}
 	p.Regions = slices.Clone(p.Regions)
-	lp := &localPool{name: name, pool: p, writers: make([][]string, len(p.Regions))}
+	lp := &localPool{name: name, pool: p, layout: l, writers: make([][]string, len(p.Regions))}
 	a.poolMu.Lock()
 	defer a.poolMu.Unlock()
 	if _, dup := a.pools[name]; dup {
@@ -137,7 +164,7 @@ func (a *Agent) poolDescs() []wire.PoolDesc {
 	defer a.poolMu.Unlock()
 	out := make([]wire.PoolDesc, 0, len(a.pools))
 	for _, lp := range a.pools {
-		out = append(out, wire.PoolDesc{Name: lp.name, Pool: lp.pool})
+		out = append(out, wire.PoolDesc{Name: lp.name, Pool: lp.pool, Layout: lp.layout})
 	}
 	slices.SortFunc(out, func(x, y wire.PoolDesc) int {
 		switch {
@@ -174,9 +201,6 @@ func (a *Agent) unusePool(lp *localPool) {
 // the source pool pinned (the caller unpins it once the request is
 // quiescent, or at once when it is refused). It is O(ids).
 func (a *Agent) resolveBlocks(br *BlockRequest, pi *peerInfo) (*BlockRequest, *localPool, error) {
-	if len(br.SrcIDs) != len(br.DstIDs) {
-		return nil, nil, fmt.Errorf("%d source block ids but %d destination ids", len(br.SrcIDs), len(br.DstIDs))
-	}
 	dp, ok := pi.pools[br.DstPool]
 	if !ok {
 		return nil, nil, fmt.Errorf("peer %q advertises no pool %q (reload its descriptor after it registered the pool): %w", pi.name, br.DstPool, transfer.ErrNotRegistered)
@@ -189,17 +213,23 @@ func (a *Agent) resolveBlocks(br *BlockRequest, pi *peerInfo) (*BlockRequest, *l
 	out.src = transfer.Blocks{Pool: lp.pool, IDs: br.SrcIDs}
 	out.dst = transfer.Blocks{Pool: dp, IDs: br.DstIDs}
 	var err error
+	if out.conv, err = a.conversion(lp, pi, br); err != nil {
+		a.unusePool(lp)
+		return nil, nil, err
+	}
 	switch sp := lp.pool; {
+	case out.conv != nil:
+		if _, err = out.conv.Groups(len(br.SrcIDs), len(br.DstIDs)); err == nil {
+			err = out.checkIDs()
+		}
+	case len(br.SrcIDs) != len(br.DstIDs):
+		err = fmt.Errorf("%d source block ids but %d destination ids", len(br.SrcIDs), len(br.DstIDs))
 	case sp.BlockLen != dp.BlockLen:
 		err = fmt.Errorf("source pool %q has blocks of %d bytes, destination pool %q of %d: %w", br.SrcPool, sp.BlockLen, br.DstPool, dp.BlockLen, transfer.ErrUnsupported)
 	case len(sp.Regions) != len(dp.Regions):
 		err = fmt.Errorf("source pool %q has %d regions, destination pool %q %d: %w", br.SrcPool, len(sp.Regions), br.DstPool, len(dp.Regions), transfer.ErrUnsupported)
 	default:
-		if err = out.src.CheckIDs(false); err != nil {
-			err = fmt.Errorf("source pool %q: %w", br.SrcPool, err)
-		} else if err = out.dst.CheckIDs(true); err != nil {
-			err = fmt.Errorf("destination pool %q: %w", br.DstPool, err)
-		}
+		err = out.checkIDs()
 	}
 	if err != nil {
 		a.unusePool(lp)
@@ -213,6 +243,9 @@ func (a *Agent) resolveBlocks(br *BlockRequest, pi *peerInfo) (*BlockRequest, *l
 // where either side's next piece does not follow the previous one in
 // memory. O(ids).
 func blockRuns(br *BlockRequest) int {
+	if br.conv != nil { // a run per segment, at most
+		return int(br.pieces()) * len(br.conv.Src.Segs)
+	}
 	s, d := br.src, br.dst
 	if len(s.IDs) == 0 {
 		return 0
@@ -313,6 +346,25 @@ func appendMerged(runs []transfer.Run, r transfer.Run) []transfer.Run {
 type recvBlocks struct {
 	pool  *localPool
 	table transfer.Blocks
+	// shape, when set, is a converted request's destination shape: the
+	// flow's DATAs name units of it (transfer.ShapedCopy).
+	shape *transfer.Shape
+}
+
+// units is the request's pieces or, converted, its units.
+func (rb *recvBlocks) units() uint64 {
+	if rb.shape != nil {
+		return uint64(len(rb.table.Pool.Regions)) * (uint64(len(rb.table.IDs)) / uint64(rb.shape.Group))
+	}
+	return rb.table.Len()
+}
+
+// unitLen is the bytes of one of its units.
+func (rb *recvBlocks) unitLen() uint64 {
+	if rb.shape != nil {
+		return rb.shape.UnitLen()
+	}
+	return rb.table.Pool.BlockLen
 }
 
 // checkWantBlocks checks a block-table WANT against the local pool it
@@ -325,9 +377,13 @@ func (r *reactor) checkWantBlocks(peer string, w *wire.WantBlocks) (*recvBlocks,
 	if !ok {
 		return nil, fmt.Errorf("no pool %q here", w.Pool)
 	}
-	rb := &recvBlocks{pool: lp, table: transfer.Blocks{Pool: lp.pool, IDs: w.IDs}}
+	rb := &recvBlocks{pool: lp, table: transfer.Blocks{Pool: lp.pool, IDs: w.IDs}, shape: w.Shape}
 	var err error
 	switch p := lp.pool; {
+	case w.Shape != nil && p.BlockLen != w.BlockLen:
+		err = fmt.Errorf("pool %q has blocks of %d bytes, not the shape's %d", w.Pool, p.BlockLen, w.BlockLen)
+	case w.Shape != nil:
+		err = checkWantShape(w, lp, peer)
 	case p.BlockLen != w.BlockLen:
 		err = fmt.Errorf("pool %q has blocks of %d bytes, not %d", w.Pool, p.BlockLen, w.BlockLen)
 	case uint64(len(p.Regions)) != w.Regions():
@@ -357,10 +413,10 @@ func (r *reactor) onBlockData(peer string, key credit.FlowKey, grant credit.Regi
 		why = "a piece range for a request that is not a block-table one"
 	case !d.IsBlocks():
 		why = "scatter runs for a block-table request"
-	case pr.First > f.blocks.table.Len() || pr.Count > f.blocks.table.Len()-pr.First:
-		why = fmt.Sprintf("pieces [%d, +%d) pass the request's %d", pr.First, pr.Count, f.blocks.table.Len())
-	case pr.Count > grant.Len/f.blocks.table.Pool.BlockLen:
-		why = fmt.Sprintf("%d pieces of %d bytes pass the %d-byte region", pr.Count, f.blocks.table.Pool.BlockLen, grant.Len)
+	case pr.First > f.blocks.units() || pr.Count > f.blocks.units()-pr.First:
+		why = fmt.Sprintf("pieces [%d, +%d) pass the request's %d", pr.First, pr.Count, f.blocks.units())
+	case pr.Count > grant.Len/f.blocks.unitLen():
+		why = fmt.Sprintf("%d pieces of %d bytes pass the %d-byte region", pr.Count, f.blocks.unitLen(), grant.Len)
 	}
 	r.recycleRuns(d.Runs)
 	if why != "" {
@@ -374,5 +430,11 @@ func (r *reactor) onBlockData(peer string, key credit.FlowKey, grant credit.Regi
 		return
 	}
 	bc := transfer.BlockCopy{Blocks: f.blocks.table, First: d.Pieces.First, Count: d.Pieces.Count}
-	r.queueScatter(d, &scatterTask{key: key, chunk: d.Chunk, region: r.regionDesc(d.Region, grant.Len), off: d.Region, blocks: &bc, queued: time.Now()})
+	t := &scatterTask{key: key, chunk: d.Chunk, region: r.regionDesc(d.Region, grant.Len), off: d.Region, queued: time.Now()}
+	if f.blocks.shape != nil {
+		t.shaped = &transfer.ShapedCopy{BlockCopy: bc, Shape: *f.blocks.shape}
+	} else {
+		t.blocks = &bc
+	}
+	r.queueScatter(d, t)
 }

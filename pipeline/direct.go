@@ -76,7 +76,10 @@ func (r *reactor) submitDirect(b *Batch, pi *peerInfo, req Request) {
 	d := &directReq{b: b, peer: req.Peer, pi: pi, posted: r.clock.Now(), tag: req.Tag}
 	var ops []transfer.WriteOp
 	var blocks *transfer.BlockWrite
-	if br := req.Blocks; br != nil {
+	if br := req.Blocks; br != nil && br.conv != nil {
+		ops = convertedWrites(br)
+		d.bytes = br.pieces() * br.unitLen()
+	} else if br != nil {
 		if n := br.pieces(); n > 0 {
 			blocks = &transfer.BlockWrite{Src: br.src, Dst: br.dst, Count: n}
 			d.bytes = n * br.src.Pool.BlockLen

@@ -197,7 +197,7 @@ func (req Request) count() int {
 // bytes is the request's payload.
 func (req Request) bytes() uint64 {
 	if br := req.Blocks; br != nil {
-		return br.pieces() * br.src.Pool.BlockLen
+		return br.pieces() * br.unitLen()
 	}
 	var total uint64
 	for _, d := range req.Src {
@@ -309,6 +309,9 @@ func (a *Agent) wantTooLarge(p *plan.Plan) string {
 	if _, dst, ok := p.BlockTables(); ok {
 		// The longest pool name: the WANT's own is the peer's.
 		w.Blocks = &wire.WantBlocks{Pool: strings.Repeat("p", wire.MaxPoolName), BlockLen: dst.Pool.BlockLen, Pieces: dst.Len(), IDs: dst.IDs}
+		if _, ds, ok := p.Shapes(); ok {
+			w.Blocks.Shape, w.Blocks.Pieces = &ds, uint64(p.Descs)
+		}
 	}
 	n, err := wire.EncodedLen(w)
 	if err == nil && n+traceAllowance <= a.ctrlMax {
@@ -327,7 +330,9 @@ func (a *Agent) plan(req Request) (*plan.Plan, error) {
 	opt := plan.Options{MaxChunk: a.cfg.MaxChunk, MinChunk: a.cfg.MinChunk, NoMerge: a.cfg.DisableMerging, Scatter: a.scatterLimit()}
 	var p *plan.Plan
 	var err error
-	if br := req.Blocks; br != nil {
+	if br := req.Blocks; br != nil && br.conv != nil {
+		p, err = plan.LayoutShaped(br.src, br.dst, br.conv.Src, br.conv.Dst, opt)
+	} else if br != nil {
 		p, err = plan.LayoutBlocks(br.src, br.dst, opt)
 	} else {
 		p, err = plan.Layout(req.Src, req.Dst, opt)

@@ -30,6 +30,8 @@ type scatterTask struct {
 	runs   []transfer.Run
 	// blocks, when set, is a block-table chunk's copy (then runs is nil).
 	blocks *transfer.BlockCopy
+	// shaped, when set, is a converted block-table chunk's copy.
+	shaped *transfer.ShapedCopy
 
 	// Telemetry, set and read on the reactor only: the DATA's arrival and
 	// the sender's chunk span it carried (zero unless the flow is traced),
@@ -70,9 +72,12 @@ func (t *scatterTask) launch(s transfer.Scatterer) (transfer.Op, error) {
 	}
 	var op transfer.Op
 	var err error
-	if t.blocks != nil {
+	switch {
+	case t.shaped != nil:
+		op, err = scatterShaped(s, t.region, *t.shaped)
+	case t.blocks != nil:
 		op, err = scatterBlocks(s, t.region, *t.blocks)
-	} else {
+	default:
 		op, err = s.Scatter(t.region, t.runs)
 	}
 	if err == nil {
@@ -83,6 +88,9 @@ func (t *scatterTask) launch(s transfer.Scatterer) (transfer.Op, error) {
 
 // payload is the bytes the task scatters.
 func (t *scatterTask) payload() uint64 {
+	if t.shaped != nil {
+		return t.shaped.Bytes()
+	}
 	if t.blocks != nil {
 		return t.blocks.Bytes()
 	}

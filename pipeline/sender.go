@@ -198,6 +198,9 @@ func (r *reactor) pumpParked() bool {
 // gather starts chunk k's gather into region: its runs, or a block-table
 // chunk's piece range (gatherBlocks).
 func (r *reactor) gather(p *plan.Plan, k int, region transfer.Desc) (transfer.Op, error) {
+	if _, _, ok := p.Shapes(); ok {
+		return gatherShaped(r.a.set.Gatherer, region, p.GatherShaped(k))
+	}
 	if _, _, ok := p.BlockTables(); ok {
 		return gatherBlocks(r.a.set.Gatherer, region, p.GatherCopy(k))
 	}

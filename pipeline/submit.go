@@ -203,6 +203,9 @@ func (a *Agent) dispatch(ctx context.Context, s *submission, d decision) *Batch 
 		var wb *wire.WantBlocks
 		if br := req.Blocks; br != nil {
 			wb = &wire.WantBlocks{Pool: br.DstPool, BlockLen: br.dst.Pool.BlockLen, Pieces: br.pieces(), IDs: br.DstIDs}
+			if br.conv != nil {
+				wb.Shape = &br.conv.Dst
+			}
 		}
 		a.post(func(r *reactor) { r.submitBounce(b, pi, p, req.Tag, wb) })
 	default:

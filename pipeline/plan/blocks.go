@@ -75,9 +75,11 @@ func layoutBlocks(src, dst transfer.Blocks, opt Options, maxChunks uint64) (*Pla
 	return p, nil
 }
 
-// blockTables are a block-table plan's two tables.
+// blockTables are a block-table plan's two tables and, for a converted
+// one (LayoutShaped), their shapes.
 type blockTables struct {
-	src, dst transfer.Blocks
+	src, dst           transfer.Blocks
+	srcShape, dstShape *transfer.Shape
 }
 
 // BlockTables returns a block-table plan's source and destination tables;
