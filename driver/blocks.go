@@ -54,17 +54,43 @@ func RegisterPools(agent *pipeline.Agent, buf transfer.Desc, spec workload.Spec,
 }
 
 // Release deregisters the pools; it stops at none, reporting every one
-// that could not be (in use).
+// that could not be (in use) and keeping those for a later Release.
 func (p *Pools) Release() error {
 	if p == nil {
 		return nil
 	}
 	var errs []error
+	var kept []string
 	for _, n := range p.names {
 		if err := p.agent.DeregisterPool(n); err != nil {
 			errs = append(errs, err)
+			kept = append(kept, n)
 		}
 	}
-	p.names = nil
+	p.names = kept
 	return errors.Join(errs...)
+}
+
+// RegisterConvPools is RegisterPools for a layout conversion: request i's
+// pool of layout l (c.Src on the sender, c.Dst on the receiver) over its
+// slice of buf, c.PoolBytes(l) bytes a request, registered with the layout
+// (pipeline.Agent.RegisterPoolLayout) so the peer converts.
+func RegisterConvPools(agent *pipeline.Agent, buf transfer.Desc, c workload.Conversion, l transfer.Layout, requests int, name func(int) string) (*Pools, error) {
+	per := c.PoolBytes(l)
+	switch {
+	case requests <= 0 || requests > MaxBlockRequests:
+		return nil, fmt.Errorf("driver: %d requests in the block-table form: 1 to %d (a pool per request)", requests, MaxBlockRequests)
+	case per*uint64(requests) > buf.Len:
+		return nil, fmt.Errorf("driver: %d requests x %d bytes exceed the %d-byte buffer", requests, per, buf.Len)
+	}
+	p := &Pools{agent: agent}
+	for i := range requests {
+		base := buf
+		base.Addr += uint64(i) * per
+		if err := agent.RegisterPoolLayout(name(i), c.Pool(l, base), l); err != nil {
+			return nil, errors.Join(fmt.Errorf("driver: pool of request %d: %w", i, err), p.Release())
+		}
+		p.names = append(p.names, name(i))
+	}
+	return p, nil
 }

@@ -58,6 +58,14 @@ type Options struct {
 	// pieces and their bytes are those of the descriptor form of the same
 	// Spec.
 	Blocks bool
+	// Convert, when set, makes every request a layout conversion in the
+	// block-table form (Blocks is implied; Spec is not used): request i
+	// moves Convert with seed Convert.Seed+i from a source pool of layout
+	// Convert.Src over its slice of the source buffer (PoolBytes(Src)
+	// bytes a request) into the target's pool Target.Pool(i), which the
+	// peer registered with layout Convert.Dst over its slice of
+	// PoolBytes(Dst) bytes (RegisterConvPools).
+	Convert *workload.Conversion
 }
 
 // RequestTrace names the trace of one request: its tag and the trace id
@@ -181,18 +189,28 @@ func (o Options) RequestSpec(i int) workload.Spec {
 // submit failed before every request was submitted, and an error wrapping
 // transfer.ErrNotQuiescent when the buffers are unsafe to reuse.
 func (d *Driver) Run(ctx context.Context, t Target, o Options) (Result, error) {
-	if err := o.Spec.Validate(); err != nil {
+	cv := o.Convert
+	if cv != nil {
+		if err := cv.Validate(); err != nil {
+			return Result{}, err
+		}
+		o.Blocks = true
+	} else if err := o.Spec.Validate(); err != nil {
 		return Result{}, err
 	}
 	per := o.Spec.Bytes()
+	payload, dstPer := per, per
+	if cv != nil {
+		per, dstPer, payload = cv.PoolBytes(cv.Src), cv.PoolBytes(cv.Dst), cv.Payload()
+	}
 	need := per * uint64(o.Requests)
 	switch {
 	case o.Requests <= 0:
 		return Result{}, fmt.Errorf("driver: requests must be positive, got %d", o.Requests)
 	case need > d.src.Desc().Len:
 		return Result{}, fmt.Errorf("driver: %d requests x %d bytes exceed the %d-byte source buffer", o.Requests, per, d.src.Desc().Len)
-	case need > t.Buffer.Len:
-		return Result{}, fmt.Errorf("driver: %d requests x %d bytes exceed the peer's %d-byte buffer", o.Requests, per, t.Buffer.Len)
+	case dstPer*uint64(o.Requests) > t.Buffer.Len:
+		return Result{}, fmt.Errorf("driver: %d requests x %d bytes exceed the peer's %d-byte buffer", o.Requests, dstPer, t.Buffer.Len)
 	}
 	type req struct {
 		src, dst       []transfer.Desc
@@ -207,14 +225,19 @@ func (d *Driver) Run(ctx context.Context, t Target, o Options) (Result, error) {
 	for i := range reqs {
 		s := o.RequestSpec(i)
 		off := uint64(i) * per
+		fillReq := s.Fill
+		if cv != nil {
+			seed := cv.Seed + uint64(i)
+			fillReq = func(b []byte) error { return cv.Fill(b, seed) }
+		}
 		switch {
 		case o.Prefilled:
 		case host != nil:
-			if err := s.Fill(host[off : off+per]); err != nil {
+			if err := fillReq(host[off : off+per]); err != nil {
 				return Result{}, err
 			}
 		default:
-			if err := s.Fill(fill); err != nil {
+			if err := fillReq(fill); err != nil {
 				return Result{}, err
 			}
 			if err := d.src.WriteAt(fill, off); err != nil {
@@ -225,14 +248,22 @@ func (d *Driver) Run(ctx context.Context, t Target, o Options) (Result, error) {
 		sb.Addr += off
 		db := t.Buffer
 		db.Addr += off
-		if o.Blocks {
+		if cv != nil {
+			reqs[i].srcIDs, reqs[i].dstIDs = cv.IDs(cv.Seed + uint64(i))
+		} else if o.Blocks {
 			reqs[i].srcIDs, reqs[i].dstIDs = s.IDs()
 		} else {
 			reqs[i].src, reqs[i].dst = s.Descs(sb, db)
 		}
 	}
 	if o.Blocks {
-		pools, err := RegisterPools(d.agent, d.src.Desc(), o.Spec, o.Requests, SrcPool)
+		var pools *Pools
+		var err error
+		if cv != nil {
+			pools, err = RegisterConvPools(d.agent, d.src.Desc(), *cv, cv.Src, o.Requests, SrcPool)
+		} else {
+			pools, err = RegisterPools(d.agent, d.src.Desc(), o.Spec, o.Requests, SrcPool)
+		}
 		if err != nil {
 			return Result{}, err
 		}
@@ -333,7 +364,7 @@ func (d *Driver) Run(ctx context.Context, t Target, o Options) (Result, error) {
 				}
 				return
 			}
-			res.Bytes += per
+			res.Bytes += payload
 			res.Stages = res.Stages.Add(bt.Stages())
 			res.Latencies = append(res.Latencies, done.Sub(submitted))
 			if steady {

@@ -26,6 +26,7 @@ func newRunCmd() *cobra.Command {
 	var repeat int
 	var jsonOut string
 	var forms []string
+	var layouts layoutsFlag
 	cmd := &cobra.Command{
 		Use:   "run",
 		Short: "The main job: two agent processes move a KV-shaped transfer, verified byte-exact",
@@ -42,7 +43,12 @@ workload several times, one summary row each; --json writes the rows.
 --form blocks moves the workload as block tables over pools registered on
 each side (pipeline.BlockRequest; K and V of every layer as regions, at most
 256 requests); --form blocks,descs moves both forms, route by route, in that
-layout (the same pieces), one row each.
+layout (the same pieces), one row each. --layouts PRESET moves a layout
+conversion instead: both sides register pools of the preset's layouts
+(tensor parallelism, block size, axis order), the bounce route converts on
+the way, and the same bytes unconverted are moved beside it in one run (the
+summary gives the ratio); every element is verified by a pattern encoding its
+(layer, K/V, token, head, element). --layouts list prints the presets.
 
 The default workload is one rank of Llama-3.1-70B at TP=8 with block size 16:
 81,920 fragmented descriptors of 4 KiB (320 MiB).`,
@@ -50,10 +56,18 @@ The default workload is one rank of Llama-3.1-70B at TP=8 with block size 16:
   bounce run --workload gptoss120b-tp8-b16 --requests 8
   bounce run --engine.kind ucx --control-plane.kind zmq --compare=false
   bounce run --repeat 3 --json run.json
-  bounce run --form blocks,descs --compare=false`,
+  bounce run --form blocks,descs --compare=false
+  bounce run --layouts llama70b-tp8-tp4 --repeat 3`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if layouts.preset == "list" {
+				return listConversions(cmd.OutOrStdout())
+			}
 			l, err := loadConfig(cmd)
+			if err != nil {
+				return err
+			}
+			conv, converting, err := layouts.conversion(wf)
 			if err != nil {
 				return err
 			}
@@ -68,8 +82,19 @@ The default workload is one rank of Llama-3.1-70B at TP=8 with block size 16:
 			cfg, childArgs := localPair(cmd, l.Config)
 			childArgs = append(childArgs, memory.arg())
 			total := spec.Bytes() * uint64(wf.requests)
+			if converting {
+				_, total = convertBuffers(conv, wf.requests)
+			}
 			childArgs = append(childArgs, "--buffer-size="+config.Size(total).String())
 			out := cmd.OutOrStdout()
+			if repeat < 1 {
+				return usage(fmt.Errorf("--repeat %d: must be at least 1", repeat))
+			}
+			if converting {
+				fmt.Fprintf(out, "bounce run: layouts %s (%s), %d request(s) of %s, engine %s, control plane %s, %s memory\n", conv.Name, conv.About, wf.requests, config.Size(conv.Payload()),
+					kindLabel(cfg.Engine.Kind, cfg.Engine.Plugin), kindLabel(cfg.ControlPlane.Kind, cfg.ControlPlane.Plugin), memory.kind)
+				return convertJob(cmd, cfg, childArgs, conv, wf.requests, jobOptions{warm: warm, repeat: repeat, memory: memory})
+			}
 			fmt.Fprintf(out, "bounce run: %s, engine %s, control plane %s, %s memory\n", describe(spec, wf.requests), kindLabel(cfg.Engine.Kind, cfg.Engine.Plugin), kindLabel(cfg.ControlPlane.Kind, cfg.ControlPlane.Plugin), memory.kind)
 			if repeat < 1 {
 				return usage(fmt.Errorf("--repeat %d: must be at least 1", repeat))
@@ -88,6 +113,7 @@ The default workload is one rank of Llama-3.1-70B at TP=8 with block size 16:
 	cmd.Flags().IntVar(&repeat, "repeat", 1, "move every route's workload this many times, one summary row each")
 	cmd.Flags().StringVar(&jsonOut, "json", "", "also write the results as JSON to this file")
 	cmd.Flags().StringSliceVar(&forms, "form", []string{benchreport.FormDescs}, "request forms, each named once: descs (descriptor lists), blocks (block tables over registered pools), or both")
+	layouts.add(cmd)
 	configFlags(cmd)
 	return cmd
 }

@@ -59,6 +59,10 @@ type command struct {
 	Descriptor string `json:"descriptor,omitempty"`
 	// Peers are the agent names op known asks about.
 	Peers []string `json:"peers,omitempty"`
+	// Convert, when set, makes pools register request slices of its
+	// destination layout and verify check its byte pattern (a layout
+	// conversion, workload.Conversion); the spec fields are then unused.
+	Convert *workload.Conversion `json:"convert,omitempty"`
 	// Buffer "bulk" makes verify and clear act on the host bulk buffer
 	// (--host-bulk-buffer); empty: the destination buffer.
 	Buffer string `json:"buffer,omitempty"`
@@ -327,6 +331,9 @@ func controlLoop(in io.Reader, out io.Writer, n *node.Node, buf, bulk driver.Buf
 // verify checks every request's blocks in the buffer (device memory is
 // copied back to the host one request at a time and checked there).
 func verify(b driver.Buffer, c command) reply {
+	if c.Convert != nil {
+		return verifyConverted(b, c)
+	}
 	s := workload.Spec{DescSize: c.DescSize, Count: c.Count, Fragmented: c.Fragmented, Seed: c.Seed, Regions: c.Regions}
 	if err := s.Validate(); err != nil {
 		return errReply(err)
@@ -359,14 +366,31 @@ func verify(b driver.Buffer, c command) reply {
 // (old) and registers one per request slice of b for c's spec
 // (driver.DstPool names them), answering the agent's new descriptor.
 func registerPools(n *node.Node, b driver.Buffer, old *driver.Pools, c command) (*driver.Pools, reply) {
-	if err := old.Release(); err != nil {
-		return old, errReply(fmt.Errorf("releasing the previous pools: %w", err))
+	// A peer's flow holds its destination pool until the receiver saw it
+	// end, a moment after the sender's batch completed: wait for that.
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		err := old.Release()
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, transfer.ErrInUse) || time.Now().After(deadline) {
+			return old, errReply(fmt.Errorf("releasing the previous pools: %w", err))
+		}
 	}
-	s := workload.Spec{DescSize: c.DescSize, Count: c.Count, Regions: c.Regions}
-	if err := s.Validate(); err != nil {
-		return nil, errReply(err)
+	var pools *driver.Pools
+	var err error
+	if cv := c.Convert; cv != nil {
+		if err := cv.Validate(); err != nil {
+			return nil, errReply(err)
+		}
+		pools, err = driver.RegisterConvPools(n.Agent, b.Desc(), *cv, cv.Dst, c.Requests, driver.DstPool)
+	} else {
+		s := workload.Spec{DescSize: c.DescSize, Count: c.Count, Regions: c.Regions}
+		if err := s.Validate(); err != nil {
+			return nil, errReply(err)
+		}
+		pools, err = driver.RegisterPools(n.Agent, b.Desc(), s, c.Requests, driver.DstPool)
 	}
-	pools, err := driver.RegisterPools(n.Agent, b.Desc(), s, c.Requests, driver.DstPool)
 	if err != nil {
 		return nil, errReply(err)
 	}
@@ -442,4 +466,33 @@ func printEvents(w io.Writer, events <-chan pipeline.Received) {
 		}
 		fmt.Fprintf(w, "received: peer=%s request=%d tag=%q bytes=%d route=%s\n", ev.Peer, ev.Request, ev.Tag, ev.Bytes, ev.Route)
 	}
+}
+
+// verifyConverted is verify for a layout conversion: request i's slice of
+// the buffer is its destination pool, checked element by element.
+func verifyConverted(b driver.Buffer, c command) reply {
+	cv := c.Convert
+	if err := cv.Validate(); err != nil {
+		return errReply(err)
+	}
+	per := cv.PoolBytes(cv.Dst)
+	if n := b.Desc().Len; uint64(c.Requests)*per > n {
+		return errReply(fmt.Errorf("%d requests x %d bytes exceed the %d-byte buffer", c.Requests, per, n))
+	}
+	host := driver.HostBytes(b)
+	var got []byte
+	if host == nil {
+		got = make([]byte, per)
+	}
+	for i := 0; i < c.Requests; i++ {
+		if host != nil {
+			got = host[uint64(i)*per : uint64(i+1)*per]
+		} else if err := b.ReadAt(got, uint64(i)*per); err != nil {
+			return errReply(fmt.Errorf("request %d: read back: %w", i, err))
+		}
+		if err := cv.Verify(got, cv.Seed+uint64(i)); err != nil {
+			return errReply(fmt.Errorf("request %d: %w", i, err))
+		}
+	}
+	return reply{OK: true, Verified: c.Requests}
 }

@@ -1,0 +1,39 @@
+package main
+
+import (
+	"strings"
+	"testing"
+)
+
+// TestRunLayouts: run --layouts moves every conversion preset between two
+// processes, next to the same bytes unconverted, and the receiver verifies
+// every element of both; a bad preset or token count is a usage error.
+func TestRunLayouts(t *testing.T) {
+	for _, preset := range []string{"llama70b-tp8-tp4", "llama70b-b16-b32", "llama70b-nhd-hnd"} {
+		t.Run(preset, func(t *testing.T) {
+			out, errOut, code := bounce(t, "run", "--layouts", preset, "--layout-tokens", "64", "--requests", "2", "--repeat", "2",
+				"--bounce.arena-size", "32MiB", "--bounce.max-chunk", "1MiB")
+			if code != 0 {
+				t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", code, out, errOut)
+			}
+			for _, want := range []string{preset + " #0", preset + "-unconverted #1", "converted vs unconverted: ", "every element verified"} {
+				if !strings.Contains(out, want) {
+					t.Fatalf("summary lacks %q:\n%s", want, out)
+				}
+			}
+			if strings.Contains(out, "FAILED") {
+				t.Fatalf("a move failed:\n%s", out)
+			}
+		})
+	}
+	if _, errOut, code := bounce(t, "run", "--layouts", "nope"); code != exitUsage || !strings.Contains(errOut, "llama70b-tp8-tp4") {
+		t.Fatalf("unknown preset: exit %d, %s", code, errOut)
+	}
+	if _, errOut, code := bounce(t, "run", "--layouts", "llama70b-b16-b32", "--layout-tokens", "48"); code != exitUsage || !strings.Contains(errOut, "not whole blocks of 32") {
+		t.Fatalf("48 tokens into 32-token blocks: exit %d, %s", code, errOut)
+	}
+	out, _, code := bounce(t, "run", "--layouts", "list")
+	if code != 0 || !strings.Contains(out, "llama70b-nhd-hnd") {
+		t.Fatalf("list: exit %d\n%s", code, out)
+	}
+}
