@@ -80,6 +80,7 @@ func blockForm(g benchreport.Group, r string) bool {
 
 func newBenchCmd() *cobra.Command {
 	var o benchOptions
+	var layouts layoutsFlag
 	cmd := &cobra.Command{
 		Use:   "bench",
 		Short: "Sweep workloads, concurrency and routes between two agent processes; table, JSON and plots",
@@ -166,6 +167,9 @@ every receiver verify every byte (--json writes it all).`,
 			if o.fleet.on() && o.memory.kind == memoryDevice {
 				return usage(fmt.Errorf("--memory device: not yet with --senders/--receivers (the fleet benchmark moves host memory)"))
 			}
+			if layouts.preset != "" {
+				return benchLayouts(cmd, l.Config, &o, layouts)
+			}
 			o.workloadSet = cmd.Flags().Changed("workload")
 			if o.fleet.on() {
 				return runFleet(cmd, l.Config, &o)
@@ -199,6 +203,7 @@ every receiver verify every byte (--json writes it all).`,
 	o.memory.add(cmd)
 	f.StringVar(&o.peer, "peer", "", `benchmark against a 'bounce serve' running elsewhere: its descriptor line (a file, or "-" for stdin), or with discovery.kind etcd its agent name; its bytes are not verified (run 'bounce serve --expect' with 'bounce send' for that)`)
 	o.fleet.add(f)
+	layouts.add(cmd)
 	configFlags(cmd)
 	return cmd
 }

@@ -170,3 +170,32 @@ func (s *session) convPools(c workload.Conversion, requests int) error {
 	}
 	return nil
 }
+
+// benchLayouts is bench --layouts: run's conversion job with the bench's
+// choices (the first --concurrency as the requests, --repeat iterations,
+// --layout contiguous for ordered ids, --seed).
+func benchLayouts(cmd *cobra.Command, cfg config.Config, o *benchOptions, f layoutsFlag) error {
+	if f.preset == "list" {
+		return listConversions(cmd.OutOrStdout())
+	}
+	if o.fleet.on() || o.peer != "" {
+		return usage(fmt.Errorf("--layouts: not with --peer or --senders/--receivers (the conversion job starts its own receiver)"))
+	}
+	wf := workloadFlags{contiguous: o.layout == "contiguous", seed: o.seed, requests: 1}
+	if len(o.concurrency) > 0 {
+		wf.requests = o.concurrency[0]
+	}
+	c, _, err := f.conversion(wf)
+	if err != nil {
+		return err
+	}
+	if o.repeat < 1 {
+		return usage(fmt.Errorf("--repeat %d: must be at least 1", o.repeat))
+	}
+	cfg, childArgs := localPair(cmd, cfg)
+	_, total := convertBuffers(c, wf.requests)
+	childArgs = append(childArgs, o.memory.arg(), "--buffer-size="+config.Size(total).String())
+	fmt.Fprintf(cmd.OutOrStdout(), "bounce bench: layouts %s (%s), %d request(s) of %s, %d iterations, engine %s, %s memory\n", c.Name, c.About, wf.requests, config.Size(c.Payload()), o.repeat,
+		kindLabel(cfg.Engine.Kind, cfg.Engine.Plugin), o.memory.kind)
+	return convertJob(cmd, cfg, childArgs, c, wf.requests, jobOptions{warm: true, repeat: o.repeat, memory: o.memory})
+}

@@ -32,7 +32,11 @@ func TestRunLayouts(t *testing.T) {
 	if _, errOut, code := bounce(t, "run", "--layouts", "llama70b-b16-b32", "--layout-tokens", "48"); code != exitUsage || !strings.Contains(errOut, "not whole blocks of 32") {
 		t.Fatalf("48 tokens into 32-token blocks: exit %d, %s", code, errOut)
 	}
-	out, _, code := bounce(t, "run", "--layouts", "list")
+	out, errOut, code := bounce(t, "bench", "--layouts", "llama70b-nhd-hnd", "--layout-tokens", "32", "--concurrency", "3", "--repeat", "1")
+	if code != 0 || !strings.Contains(out, "bounce bench: layouts llama70b-nhd-hnd") || !strings.Contains(out, "every element verified") || !strings.Contains(out, "converted vs unconverted") {
+		t.Fatalf("bench --layouts: exit %d\n%s\n%s", code, out, errOut)
+	}
+	out, _, code = bounce(t, "run", "--layouts", "list")
 	if code != 0 || !strings.Contains(out, "llama70b-nhd-hnd") {
 		t.Fatalf("list: exit %d\n%s", code, out)
 	}
