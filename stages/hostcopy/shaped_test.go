@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"testing"
+	"time"
 
 	"pgregory.net/rapid"
 
@@ -133,4 +134,54 @@ func TestSubmitShapedRefuses(t *testing.T) {
 	if bytes.Equal(ext.Bytes(), before) {
 		t.Fatal("the good copy wrote nothing")
 	}
+}
+
+// BenchmarkShapedScatter scatters 8 MiB chunks of Llama-3.1-70B TP=8 blocks
+// into TP=4 NHD blocks (16 pieces of 256 B a 4 KiB unit, every other 256 B
+// of an 8 KiB block: the conversion's scatter) next to the same bytes as
+// whole 4 KiB blocks (SubmitBlocks), alternating; "converted/whole" is the
+// ratio of their throughputs.
+func BenchmarkShapedScatter(b *testing.B) {
+	reg := &mem.Registry{}
+	const units, blen = 2048, 4096
+	ext := buffer(b, reg, 2*units*2*blen)
+	regionB := buffer(b, reg, units*blen)
+	ch := make(chan struct{}, 1)
+	e := newEngine(b, hostcopy.Scatter, hostcopy.Settings{Registry: reg, Workers: 4, Notify: hostcopy.Signal(ch)})
+	ids := make([]uint32, units)
+	for i := range ids {
+		ids[i] = uint32((i * 7919) % units) // fragmented
+	}
+	base := ext.Desc().Addr
+	wide := transfer.Pool{Regions: []uint64{base}, BlockLen: 2 * blen, Stride: 2 * blen, Blocks: units, Kind: transfer.Host}
+	whole := transfer.Pool{Regions: []uint64{base}, BlockLen: blen, Stride: blen, Blocks: units, Kind: transfer.Host}
+	var segs []transfer.Segment
+	for t := range uint32(16) {
+		segs = append(segs, transfer.Segment{Off: t*512 + 256, Len: 256})
+	}
+	shaped := transfer.ShapedCopy{BlockCopy: transfer.BlockCopy{Blocks: transfer.Blocks{Pool: wide, IDs: ids}, Count: units}, Shape: transfer.Shape{Group: 1, Segs: segs}}
+	plain := transfer.BlockCopy{Blocks: transfer.Blocks{Pool: whole, IDs: ids}, Count: units}
+	region := regionB.Desc()
+	fill(ext.Bytes(), 1) // no first-touch faults in the timings
+	fill(regionB.Bytes(), 2)
+	var tShaped, tWhole time.Duration
+	b.SetBytes(units * blen)
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		start := time.Now()
+		op, err := e.SubmitShaped(region, shaped)
+		if err != nil {
+			b.Fatal(err)
+		}
+		mustDone(b, op, ch)
+		tShaped += time.Since(start)
+		start = time.Now()
+		op, err = e.SubmitBlocks(region, plain)
+		if err != nil {
+			b.Fatal(err)
+		}
+		mustDone(b, op, ch)
+		tWhole += time.Since(start)
+	}
+	b.ReportMetric(float64(tWhole)/float64(tShaped), "converted/whole")
 }
