@@ -67,13 +67,13 @@ func convCases() []convCase {
 
 // TestConvertedBlocks moves every conversion class between host pools,
 // on the bounce route (the host stages' shaped copies, and stages without
-// the capability, which get runs) and the direct route: senders run at
+// the capability, which get runs), the direct route and route auto: senders run at
 // once, several into the same destination blocks in a merge, and every
 // destination byte is checked: each head of each token of each layer's K
 // and V where the destination layout puts it, every other byte guard.
 func TestConvertedBlocks(t *testing.T) {
 	for _, c := range convCases() {
-		for _, mode := range []string{"bounce", "direct", "plain-stages"} {
+		for _, mode := range []string{"bounce", "direct", "plain-stages", "auto"} {
 			t.Run(c.name+"/"+mode, func(t *testing.T) {
 				w := newWorld(t)
 				route := RouteBounce
@@ -82,6 +82,8 @@ func TestConvertedBlocks(t *testing.T) {
 					route = RouteDirect
 				case "plain-stages":
 					w.stages = plainStages
+				case "auto":
+					route = RouteAuto
 				}
 				testConverted(t, w, c, route)
 			})
@@ -133,7 +135,7 @@ func testConverted(t *testing.T, w *world, c convCase, route Route) {
 			if err != nil {
 				t.Fatalf("p%d -> d%d: %v", i, j, err)
 			}
-			if b.Route() != route {
+			if route != RouteAuto && b.Route() != route {
 				t.Fatalf("p%d -> d%d: route %v (%s), want %v", i, j, b.Route(), b.RouteReason(), route)
 			}
 			batches = append(batches, b)

@@ -186,9 +186,12 @@ func engineCannot(eng transfer.Engine, req Request) kindMiss {
 }
 
 // count is the request's descriptor count: its pieces in the block-table
-// form.
+// form, its segments (each a direct write at most) when converted.
 func (req Request) count() int {
 	if br := req.Blocks; br != nil {
+		if br.conv != nil {
+			return int(br.pieces()) * len(br.conv.Src.Segs)
+		}
 		return int(br.pieces())
 	}
 	return len(req.Src)
