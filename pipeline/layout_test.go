@@ -265,3 +265,57 @@ func TestConvertedHostileWant(t *testing.T) {
 		t.Fatalf("refused WANTs left the pool held: %v", err)
 	}
 }
+
+// TestConvertedHostileData grants a valid shaped WANT and then sends DATAs
+// whose unit range a real sender never would: each is refused with a
+// bad-blocks NACK before any byte is scattered.
+func TestConvertedHostileData(t *testing.T) {
+	w := newWorld(t)
+	b := w.node("b", testConfig())
+	// Blocks of 128 B; the shape writes 32 B at 64 of the second block of
+	// each group of two: 3 groups x 2 regions = 6 units of 32 B.
+	dst := newLayoutPool(t, b, "kv", transfer.Layout{Layers: 1, KV: 2, Heads: 2, HeadDim: 8, Tokens: 4, Elem: 2, Order: transfer.NHD}, 8, 8, 3)
+	im := newImpostor(t, w, b)
+	shape := &transfer.Shape{Group: 2, Segs: []transfer.Segment{{Block: 1, Off: 64, Len: 32}}}
+	want := func(req uint64) *wire.Want {
+		return &wire.Want{Request: req, ChunkBytes: []uint64{128, 64}, Endpoint: im.ch.LocalEndpoint(),
+			Blocks: &wire.WantBlocks{Pool: "kv", BlockLen: 128, Pieces: 6, IDs: []uint32{1, 5, 0, 7, 2, 3}, Shape: shape}}
+	}
+	for i, c := range []struct {
+		name string
+		pr   wire.PieceRange
+		want string
+	}{
+		{"units past the request", wire.PieceRange{First: 5, Count: 2}, "pass the request's 6"},
+		{"units past the region", wire.PieceRange{First: 0, Count: 5}, "pass the 128-byte region"},
+	} {
+		req := uint64(300 + i)
+		im.send(t, "b", want(req))
+		g, ok := im.recv(t, 5*time.Second).(*wire.Grant)
+		if !ok || g.Request != req {
+			t.Fatalf("%s: expected a GRANT, got %#v", c.name, g)
+		}
+		im.send(t, "b", &wire.Data{Request: req, Region: g.Credits[0].Region, Pieces: c.pr})
+		var n *wire.Nack
+		for n == nil {
+			m := im.recv(t, 5*time.Second)
+			if m == nil {
+				t.Fatalf("%s: no NACK", c.name)
+			}
+			n, _ = m.(*wire.Nack)
+		}
+		if n.Request != req || n.Code != wire.NackBadBlocks || !strings.Contains(n.Reason, c.want) {
+			t.Fatalf("%s: NACK %#v, want bad-blocks saying %q", c.name, n, c.want)
+		}
+		im.send(t, "b", &wire.Want{Request: req, Endpoint: im.ch.LocalEndpoint()}) // cancel
+	}
+	for i, c := range dst.Mem {
+		if c != guardByte {
+			t.Fatalf("destination byte %d changed (%#x) though every DATA was refused", i, c)
+		}
+	}
+	settled(t, b)
+	if err := b.DeregisterPool("kv"); err != nil {
+		t.Fatalf("ended flows left the pool held: %v", err)
+	}
+}
