@@ -77,6 +77,20 @@ func (s *scatterDests) allowed(peer string, addr, n uint64) (transfer.Desc, erro
 // find returns the index of the range holding [addr, addr+n) that peer may
 // write, or why there is none.
 func (s *scatterDests) find(peer string, addr, n uint64) (int, error) {
+	i, err := s.findRange(addr, n)
+	if err != nil {
+		return 0, err
+	}
+	u := &s.ranges[i]
+	if s.byPeer && u.peers != nil && !slices.Contains(u.peers, peer) {
+		return 0, fmt.Errorf("[%#x+%d] lies in %v, registered for %v, not %q: %w", addr, n, u.d, u.peers, peer, transfer.ErrForbidden)
+	}
+	return i, nil
+}
+
+// findRange returns the index of the range holding [addr, addr+n),
+// whoever it was registered for.
+func (s *scatterDests) findRange(addr, n uint64) (int, error) {
 	lo, hi := 0, len(s.ranges)
 	for lo < hi { // the first range starting past addr
 		m := int(uint(lo+hi) >> 1)
@@ -89,11 +103,27 @@ func (s *scatterDests) find(peer string, addr, n uint64) (int, error) {
 	if lo == 0 || !s.ranges[lo-1].d.Contains(addr, n) {
 		return 0, fmt.Errorf("[%#x+%d] is not registered user memory (a DATA never writes the arena): %w", addr, n, transfer.ErrForbidden)
 	}
-	u := &s.ranges[lo-1]
-	if s.byPeer && u.peers != nil && !slices.Contains(u.peers, peer) {
-		return 0, fmt.Errorf("[%#x+%d] lies in %v, registered for %v, not %q: %w", addr, n, u.d, u.peers, peer, transfer.ErrForbidden)
-	}
 	return lo - 1, nil
+}
+
+// readable says why peer may not pull d: it must lie in one registration
+// made for peer or for every peer. The peers RegisterMemoryFor named are
+// honoured in every security mode here (as for a pool's writers): what a
+// peer may pull is the holder's decision, and without authentication a
+// name is all there is to decide by.
+func (s *scatterDests) readable(peer string, d transfer.Desc) error {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	i, err := s.findRange(d.Addr, d.Len)
+	if err != nil {
+		return fmt.Errorf("%v is not memory registered with the holder: %w", d, transfer.ErrForbidden)
+	}
+	if u := &s.ranges[i]; u.d.Kind != d.Kind || u.d.Device != d.Device {
+		return fmt.Errorf("%v lies in %v, memory of another kind or device: %w", d, u.d, transfer.ErrForbidden)
+	} else if u.peers != nil && !slices.Contains(u.peers, peer) {
+		return fmt.Errorf("%v lies in %v, registered for %v, not %q: %w", d, u.d, u.peers, peer, transfer.ErrForbidden)
+	}
+	return nil
 }
 
 // check validates a DATA's runs before any copy, in one pass and without

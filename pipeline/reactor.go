@@ -38,6 +38,10 @@ type reactor struct {
 	// by the periodic check), so parked requests are retried then.
 	retryParked bool
 	direct      map[uint64]*directReq
+	// served maps the pulls this agent serves (holder) to their requests
+	// in reqs; servedPerPeer counts them per puller (MaxFlowsPerPeer).
+	served        map[servedKey]uint64
+	servedPerPeer map[string]int
 	// runPool holds the run arrays chunks fill into (plan.FillFrom): a
 	// chunk's gather runs come back once its gather ended, its scatter
 	// runs once its DATA is encoded.
@@ -46,6 +50,11 @@ type reactor struct {
 	// receiver role
 	flowSeen map[credit.FlowKey]time.Time // last WANT, DATA or grant of each flow
 	rflows   map[credit.FlowKey]*recvFlow // live requests awaiting their Received event
+	// pulls are this agent's pulls in flight (puller), by flow; pullQuiet
+	// the failed ones waiting for their last scatter to be reported.
+	pulls        map[credit.FlowKey]*pullReq
+	pullQuiet    map[credit.FlowKey]*Batch
+	startingPull *startingPull // the pull startPull is granting, if any
 	// quarantined lists quarantined regions in release order (every
 	// quarantine lasts cfg.Quarantine, so the order is by time too).
 	quarantined []quarantined
@@ -102,26 +111,30 @@ type quarantined struct {
 
 func newReactor(a *Agent, sched *credit.Scheduler) *reactor {
 	r := &reactor{
-		a:         a,
-		cfg:       a.cfg,
-		log:       a.log,
-		clock:     a.set.Clock,
-		sched:     sched,
-		reqs:      make(map[uint64]*sendReq),
-		down:      make(map[string]peerDown),
-		refusals:  make(map[string]peerRefusal),
-		direct:    make(map[uint64]*directReq),
-		flowSeen:  make(map[credit.FlowKey]time.Time),
-		rflows:    make(map[credit.FlowKey]*recvFlow),
-		ctrlPeers: make(map[string]*ctrlPeer),
-		tasks:     make(map[uint64]*scatterTask),
-		rtraces:   make(map[credit.FlowKey]*recvTrace),
-		wantRate:  make(map[string]*security.Bucket),
-		wantInc:   make(map[string]uint64),
-		peerFlows: make(map[string]int),
-		lastPurge: make(map[string]time.Time),
-		inbox:     newFairInbox(),
-		quit:      make(chan struct{}),
+		a:             a,
+		cfg:           a.cfg,
+		log:           a.log,
+		clock:         a.set.Clock,
+		sched:         sched,
+		reqs:          make(map[uint64]*sendReq),
+		down:          make(map[string]peerDown),
+		refusals:      make(map[string]peerRefusal),
+		direct:        make(map[uint64]*directReq),
+		served:        make(map[servedKey]uint64),
+		pulls:         make(map[credit.FlowKey]*pullReq),
+		pullQuiet:     make(map[credit.FlowKey]*Batch),
+		servedPerPeer: make(map[string]int),
+		flowSeen:      make(map[credit.FlowKey]time.Time),
+		rflows:        make(map[credit.FlowKey]*recvFlow),
+		ctrlPeers:     make(map[string]*ctrlPeer),
+		tasks:         make(map[uint64]*scatterTask),
+		rtraces:       make(map[credit.FlowKey]*recvTrace),
+		wantRate:      make(map[string]*security.Bucket),
+		wantInc:       make(map[string]uint64),
+		peerFlows:     make(map[string]int),
+		lastPurge:     make(map[string]time.Time),
+		inbox:         newFairInbox(),
+		quit:          make(chan struct{}),
 	}
 	if sched != nil {
 		// Every queued job holds a distinct region, so this never fills.
@@ -361,7 +374,7 @@ func (r *reactor) onMessage(m transfer.Message) {
 	}
 	if r.sched == nil {
 		switch msg.(type) {
-		case *wire.Want, *wire.Data:
+		case *wire.Want, *wire.Data, *wire.Pull, *wire.PullEnd:
 			// Bounce is off here; the peer's handshake check keeps it
 			// from sending these, so this one is unexpected.
 			r.a.stats.badMessages.Add(1)
@@ -384,6 +397,10 @@ func (r *reactor) onMessage(m transfer.Message) {
 		r.onAck(m.Peer, msg)
 	case *wire.Nack:
 		r.onNack(m.Peer, msg)
+	case *wire.Pull:
+		r.onPull(m.Peer, msg)
+	case *wire.PullEnd:
+		r.onPullEnd(m.Peer, msg)
 	default:
 		r.a.stats.badMessages.Add(1)
 		r.a.obs.reject(r, m.Peer, rejectUnexpected)

@@ -31,6 +31,14 @@ type Received struct {
 	Route Route
 	// Err is nil on success, the failure cause otherwise.
 	Err error
+	// Pull is set on the holder of a pull (PullRequest): the event reports
+	// a pull Peer made of this agent's memory (Request is the puller's id),
+	// once nothing of it is outstanding here; Bytes is the payload the
+	// puller acknowledged. Quiescent then says no gather still reads the
+	// sources (false only when a copy ended without that proof): the
+	// memory may be reused.
+	Pull      bool
+	Quiescent bool
 }
 
 // Errors a failed Received event wraps (besides ErrRefused, when this
@@ -55,6 +63,9 @@ type recvFlow struct {
 	// WANT; nil for the descriptor form.
 	blocks *recvBlocks
 	start  time.Time // the WANT's arrival (the receive latency's start)
+	// pull is set on a flow this agent pulls (its batch resolves instead
+	// of a Received event).
+	pull *pullReq
 }
 
 // received delivers an event without ever blocking the reactor: the
@@ -84,10 +95,10 @@ func (r *reactor) flowStarted(key credit.FlowKey, w *wire.Want, rb *recvBlocks) 
 // endRecvFlow forgets a flow's record and unpins its destination pool.
 func (r *reactor) endRecvFlow(key credit.FlowKey, f *recvFlow) {
 	delete(r.rflows, key)
-	if f.blocks != nil {
+	if f.blocks != nil && f.blocks.pool != nil {
 		r.a.unusePool(f.blocks.pool)
-		f.blocks = nil
 	}
+	f.blocks = nil
 }
 
 // chunkLanded counts a scattered chunk and reports the request when it was
@@ -100,8 +111,16 @@ func (r *reactor) chunkLanded(key credit.FlowKey, payload uint64) {
 	f.landed++
 	f.payload += payload
 	r.a.obs.bytesLanded(RouteBounce, payload)
+	if f.pull != nil {
+		f.pull.lastProgress = r.clock.Now()
+	}
 	if f.landed == f.chunks {
 		r.endRecvFlow(key, f)
+		if f.pull != nil {
+			r.a.obs.receivedFlow(RouteBounce, nil, r.clock.Now().Sub(f.start))
+			r.pullLanded(f.pull)
+			return
+		}
 		r.a.obs.receivedFlow(RouteBounce, nil, r.clock.Now().Sub(f.start))
 		r.received(Received{Peer: key.Peer, Request: key.Request, Tag: f.tag, Bytes: f.payload, Route: RouteBounce})
 	}
@@ -118,6 +137,10 @@ func (r *reactor) flowFailed(key credit.FlowKey, err error) {
 	r.cancelScatters(func(k credit.FlowKey) bool { return k == key })
 	r.endRecvFlow(key, f)
 	r.a.obs.receivedFlow(RouteBounce, err, r.clock.Now().Sub(f.start))
+	if f.pull != nil {
+		r.pullFailed(f.pull, fmt.Errorf("pipeline: pull %d from %q: %w", f.pull.b.id, key.Peer, err))
+		return
+	}
 	r.received(Received{Peer: key.Peer, Request: key.Request, Tag: f.tag, Bytes: f.payload, Route: RouteBounce,
 		Err: fmt.Errorf("pipeline: request %d from %q: %w", key.Request, key.Peer, err)})
 }

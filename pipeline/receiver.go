@@ -26,6 +26,13 @@ import (
 // channel that authenticates the peer's key there (zmq CURVE pins it).
 func (r *reactor) onWant(peer string, w *wire.Want) {
 	key := credit.FlowKey{Peer: peer, Request: w.Request}
+	if wire.IsPullID(w.Request) {
+		// Ids with the pull bit name pulls; a holder ends one with a
+		// PULL_END, never a WANT.
+		r.a.stats.badMessages.Add(1)
+		r.a.obs.reject(r, peer, rejectUnexpected)
+		return
+	}
 	now := r.clock.Now()
 	b := r.wantRate[peer]
 	if b == nil {
@@ -411,6 +418,10 @@ func (r *reactor) schedule() {
 		})
 	}
 	for _, o := range order {
+		if sp := r.startingPull; sp != nil && sp.key == o.key {
+			sp.credits = o.credits // they travel with the PULL
+			continue
+		}
 		// A lost GRANT leaves the regions held; the sender times out and its
 		// cancel reclaims them.
 		for _, cs := range splitCredits(o.credits, r.a.ctrlMax) {
@@ -432,6 +443,9 @@ func (r *reactor) onData(peer string, d *wire.Data) {
 		r.a.obs.reject(r, peer, rejectLateData)
 		r.log.Info("late or foreign DATA dropped", "peer", peer, "request", d.Request, "region", d.Region)
 		return
+	}
+	if pr := r.pulls[key]; pr != nil {
+		pr.lastProgress = r.clock.Now()
 	}
 	if f := r.rflows[key]; d.IsBlocks() || f != nil && f.blocks != nil {
 		r.onBlockData(peer, key, grant, d, f)
@@ -525,6 +539,9 @@ func (r *reactor) drainScatterResults() bool {
 	for _, t := range res {
 		r.scatters--
 		delete(r.tasks, t.off)
+		if len(r.pullQuiet) > 0 {
+			r.pullScatterEnded(t.key)
+		}
 		_, orphan, err := r.sched.EndScatter(t.off)
 		if err != nil {
 			r.log.Error("end scatter", "region", t.off, "err", err)

@@ -55,10 +55,13 @@ type sendReq struct {
 	cancelSent   bool
 	noCancel     bool // the peer is gone: no cancel to send
 	tainted      bool // an op ended without proof of quiescence
-	published    bool
-	wantAt       time.Time // when the WANT went out
-	granted      bool      // the first GRANT arrived
-	stages       Stages
+	unproven     bool // a write ended without proof that it stopped
+	// pull is set on a request serving a peer's pull (pull.go).
+	pull      *servedPull
+	published bool
+	wantAt    time.Time // when the WANT went out
+	granted   bool      // the first GRANT arrived
+	stages    Stages
 
 	// parked, parkPrev and parkNext place the request in reactor.parked.
 	parked             bool
@@ -219,7 +222,7 @@ func (r *reactor) releaseLocal(off uint64) {
 }
 
 func (r *reactor) onGrant(peer string, g *wire.Grant) {
-	q, ok := r.reqs[g.Request]
+	q, ok := r.sendReqOf(peer, g.Request)
 	if !ok || q.err != nil {
 		return // stale: the request ended; its cancel reclaims the regions
 	}
@@ -376,7 +379,10 @@ func (r *reactor) writeDone(q *sendReq, k int, st transfer.Status, err error) {
 		// the receiver's quarantine (a permanent leak otherwise: one region
 		// per such write, for the life of the agent).
 		c.staged = false
-		q.noCancel = true
+		q.unproven = true
+		if q.pull == nil {
+			q.noCancel = true
+		}
 		r.quarantineLocal(c.off)
 	} else {
 		r.dropStaging(c) // the engine no longer reads the staging region
@@ -394,7 +400,7 @@ func (r *reactor) writeDone(q *sendReq, k int, st transfer.Status, err error) {
 		return
 	}
 	ch := q.plan.Chunks[k]
-	data := &wire.Data{Request: q.id, Chunk: uint32(k), Region: c.credit.Region, Runs: ch.Scatter}
+	data := &wire.Data{Request: q.wireID(), Chunk: uint32(k), Region: c.credit.Region, Runs: ch.Scatter}
 	if ch.Count > 0 { // the block-table form: the piece range, no runs
 		data.Pieces = wire.PieceRange{First: ch.First, Count: ch.Count}
 	}
@@ -416,7 +422,7 @@ func (r *reactor) writeDone(q *sendReq, k int, st transfer.Status, err error) {
 }
 
 func (r *reactor) onAck(peer string, m *wire.Ack) {
-	q, ok := r.reqs[m.Request]
+	q, ok := r.sendReqOf(peer, m.Request)
 	if !ok || q.err != nil {
 		return
 	}
@@ -439,11 +445,11 @@ func (r *reactor) onAck(peer string, m *wire.Ack) {
 	q.live--
 	q.lastProgress = r.clock.Now()
 	if q.acked == len(q.ch) {
-		delete(r.reqs, q.id)
 		r.parked.remove(q)
 		q.published = true
 		q.b.setStages(q.stages)
 		r.publish(q.b, nil, true)
+		r.dropReq(q)
 		return
 	}
 	r.advance(q)
@@ -451,7 +457,7 @@ func (r *reactor) onAck(peer string, m *wire.Ack) {
 
 func (r *reactor) onNack(peer string, m *wire.Nack) {
 	r.a.obs.nack("received", m.Code)
-	q, ok := r.reqs[m.Request]
+	q, ok := r.sendReqOf(peer, m.Request)
 	if !ok || q.peer != peer {
 		return
 	}
@@ -505,10 +511,16 @@ func (r *reactor) settle(q *sendReq) {
 	}
 	if q.writes == 0 && !q.cancelSent && !q.noCancel {
 		q.cancelSent = true
-		_ = r.send(q.peer, &wire.Want{Request: q.id, Endpoint: r.a.set.Control.LocalEndpoint(), Incarnation: r.a.inc})
+		if q.pull != nil {
+			// A served pull: the puller learns why, and that no write of
+			// it is outstanding any more.
+			r.sendPullEnd(q)
+		} else {
+			_ = r.send(q.peer, &wire.Want{Request: q.id, Endpoint: r.a.set.Control.LocalEndpoint(), Incarnation: r.a.inc})
+		}
 	}
 	if q.gathers == 0 && q.writes == 0 {
-		delete(r.reqs, q.id)
+		r.dropReq(q)
 	}
 }
 
@@ -552,6 +564,7 @@ func (r *reactor) checkTimeouts(now time.Time) {
 	for _, d := range r.direct {
 		d.checkTimeout(r, now)
 	}
+	r.checkPullTimeouts(now)
 }
 
 // lostPeerGrace is how long a request submitted to a peer reported lost
@@ -577,6 +590,12 @@ func (a *Agent) abandon(b *Batch, timeout time.Duration) (out transfer.AbandonOu
 		}
 		if d, ok := r.direct[b.id]; ok {
 			d.fail(r, fmt.Errorf("pipeline: request %d: %w", b.id, ErrAbandoned))
+		}
+		for k, pr := range r.pulls {
+			if pr.b == b {
+				r.flowFailed(k, fmt.Errorf("pipeline: pull %d: %w", b.id, ErrAbandoned))
+				break
+			}
 		}
 	})
 	t := time.NewTimer(timeout)

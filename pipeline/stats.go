@@ -64,6 +64,10 @@ type Stats struct {
 	Fallbacks, BounceRefused uint64
 	// Requests route auto sent bounce and direct by its cost model.
 	AutoBounce, AutoDirect uint64
+	// Pulls counts this agent's pulls (PullRequest); PullsServed the
+	// peers' pulls it served to the end and RefusedPulls those it refused
+	// (memory not registered for the puller, limits, a bad request).
+	Pulls, PullsServed, RefusedPulls uint64
 }
 
 type counters struct {
@@ -89,6 +93,7 @@ type counters struct {
 	events, droppedEvents                atomic.Uint64
 	fallbacks, bounceRefused             atomic.Uint64
 	autoBounce, autoDirect               atomic.Uint64
+	pulls, pullsServed, refusedPulls     atomic.Uint64
 }
 
 // Stats returns a snapshot of the agent's counters.
@@ -113,6 +118,7 @@ func (a *Agent) Stats() Stats {
 		Events: c.events.Load(), DroppedEvents: c.droppedEvents.Load(),
 		Fallbacks: c.fallbacks.Load(), BounceRefused: c.bounceRefused.Load(),
 		AutoBounce: c.autoBounce.Load(), AutoDirect: c.autoDirect.Load(),
+		Pulls: c.pulls.Load(), PullsServed: c.pullsServed.Load(), RefusedPulls: c.refusedPulls.Load(),
 	}
 }
 

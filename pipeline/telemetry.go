@@ -119,6 +119,7 @@ const (
 	rejectBadWant    = "bad_want"
 	rejectBadRuns    = "bad_runs"
 	rejectBadCredit  = "bad_credit"
+	rejectPull       = "refused_pull"
 	// rejectDuplicateWant counts a repeated WANT (dropped, harmless).
 	rejectDuplicateWant = "duplicate_want"
 )

@@ -108,6 +108,10 @@ func AppendMarshal(dst []byte, m Message) ([]byte, error) {
 		b = appendStr(b, m.Reason)
 		b = appendStr(b, m.TraceParent)
 		b = appendTag(b, m.Tag)
+	case *Pull:
+		b = appendPull(b, m)
+	case *PullEnd:
+		b = appendPullEnd(b, m)
 	}
 	return b, nil
 }
@@ -260,6 +264,10 @@ func EncodedLen(m Message) (int, error) {
 			return 0, errorf("DONE", ErrTooLarge, "tag is %d bytes, limit %d", len(m.Tag), MaxTag)
 		}
 		return headerLen + 8 + 8 + strPrefix + len(m.Endpoint) + strPrefix + len(m.Reason) + strPrefix + len(m.TraceParent) + strPrefix + len(m.Tag), nil
+	case *Pull:
+		return pullLen(m)
+	case *PullEnd:
+		return pullEndLen(m)
 	case nil:
 		return 0, fmt.Errorf("wire: nil message: %w", ErrMalformed)
 	default:
@@ -331,7 +339,7 @@ func PeekType(b []byte) (Type, error) {
 	if err != nil {
 		return 0, err
 	}
-	if t < TypeWant || t > TypeDone {
+	if t < TypeWant || t > TypePullEnd {
 		return 0, fmt.Errorf("wire: message: header names %v, not a control message: %w", t, ErrWrongType)
 	}
 	if b[7] != 0 {
@@ -363,6 +371,10 @@ func Unmarshal(b []byte) (Message, error) {
 		m, err = d.nack()
 	case TypeDone:
 		m, err = d.done()
+	case TypePull:
+		m, err = d.pull()
+	case TypePullEnd:
+		m, err = d.pullEnd()
 	}
 	if err != nil {
 		return nil, err

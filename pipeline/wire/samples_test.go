@@ -65,6 +65,18 @@ func sampleMessages() []namedMessage {
 		{"done-traced", &Done{Request: 14, Bytes: 4096, Endpoint: "tcp://10.0.0.2:41000", TraceParent: "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", Tag: []byte("kv-req-14")}},
 		{"done-failed", &Done{Request: 13, Reason: "direct write failed: peer lost", Tag: []byte{1}}},
 		{"done-max", &Done{Request: math.MaxUint64, Bytes: math.MaxUint64, Endpoint: long, Reason: long, TraceParent: long, Tag: []byte(strings.Repeat("t", MaxTag))}},
+		{"pull-cancel", &Pull{Request: 3}},
+		{"pull-blocks", &Pull{Request: 50, ChunkBytes: []uint64{8 << 20, 4096}, MinChunk: 1 << 20, Endpoint: "tcp://10.0.0.2:41000", TraceParent: testTraceParent,
+			Tag: []byte("kv-req-50"), Incarnation: 9, Credits: []Credit{{Chunk: 0, Region: 0, Addr: 0x7f0000000000, Len: 8 << 20}},
+			Blocks: &PullBlocks{SrcPool: "kv", SrcIDs: []uint32{7, 0, math.MaxUint32}, DstPool: "kv-in", DstIDs: []uint32{1, 2, 3}}}},
+		{"pull-descs", &Pull{Request: 51, ChunkBytes: []uint64{8192}, Src: []transfer.Desc{{Addr: 0x1000, Len: 4096}, {Addr: 0x3000, Len: 4096, Device: 1, Kind: transfer.CUDA}},
+			Dst: []transfer.Desc{{Addr: 0x9000, Len: 4096}, {Addr: 0xb000, Len: 4096}}}},
+		{"pull-max", &Pull{Request: math.MaxUint64, ChunkBytes: []uint64{math.MaxUint64}, MinChunk: math.MaxUint64, Endpoint: long, TraceParent: long,
+			Tag: []byte(strings.Repeat("t", MaxTag)), Incarnation: math.MaxUint64,
+			Credits: []Credit{{Chunk: math.MaxUint32, Region: math.MaxUint64 - 1, Addr: math.MaxUint64 - 1, Len: 1, Device: math.MaxInt32, Kind: transfer.CUDA}},
+			Blocks:  &PullBlocks{SrcPool: strings.Repeat("p", MaxPoolName), SrcIDs: []uint32{math.MaxUint32}, DstPool: strings.Repeat("q", MaxPoolName), DstIDs: []uint32{0}}}},
+		{"pull-end", &PullEnd{Request: 50, Code: NackForbidden, Reason: "pool \"kv\" is not registered for \"b\""}},
+		{"pull-end-unproven", &PullEnd{Request: math.MaxUint64, Code: math.MaxUint16, Reason: long, Unproven: true}},
 	}
 }
 

@@ -17,8 +17,9 @@ import (
 // DATA's piece range; version 5 added the trace context to DONE (the
 // receiver's span of a direct-path request joins the sender's trace); version
 // 6 added a pool's KV layout to its descriptor and the shaped WANT (a layout
-// conversion's destination shape, its DATAs naming unit ranges). Peers of
-// another version are refused with an error saying so.
+// conversion's destination shape, its DATAs naming unit ranges) and the pull
+// messages (PULL, PULL_END: pull.go). Peers of another version are refused
+// with an error saying so.
 const Version uint16 = 6
 
 // Limits enforced by encoders and decoders. A count or length above its limit
@@ -82,6 +83,12 @@ const (
 	TypeNack
 	// TypeDone reports a direct-path request ended (sender → receiver).
 	TypeDone
+	// TypePull asks the holder of a request's sources to send it, with the
+	// puller's first credits (puller → holder; pull.go).
+	TypePull
+	// TypePullEnd ends a pull on the holder's side with a reason (holder →
+	// puller).
+	TypePullEnd
 
 	// The two non-message kinds share the header, so decoding one as another
 	// fails with ErrWrongType.
@@ -104,6 +111,10 @@ func (t Type) String() string {
 		return "NACK"
 	case TypeDone:
 		return "DONE"
+	case TypePull:
+		return "PULL"
+	case TypePullEnd:
+		return "PULL_END"
 	case typeHandshake:
 		return "HANDSHAKE"
 	case typeAgentDesc:
@@ -113,8 +124,8 @@ func (t Type) String() string {
 	}
 }
 
-// Message is one control message: *Want, *Grant, *Data, *Ack, *Nack or
-// *Done.
+// Message is one control message: *Want, *Grant, *Data, *Ack, *Nack,
+// *Done, *Pull or *PullEnd.
 type Message interface {
 	Type() Type
 }
@@ -278,6 +289,8 @@ func (c NackCode) String() string {
 		return "bad-blocks"
 	case NackForbidden:
 		return "forbidden"
+	case NackGaveUp:
+		return "gave-up"
 	default:
 		return fmt.Sprintf("nack(%d)", uint16(c))
 	}

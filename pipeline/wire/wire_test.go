@@ -72,6 +72,13 @@ func TestGoldenBytes(t *testing.T) {
 			"424e4345 0600 05 00 | 0400000000000000 | ffffffff | 0400 | 0100 78"},
 		{"done", &Done{Request: 5, Bytes: 0x1000, Endpoint: "e", Reason: "x", TraceParent: "tp", Tag: []byte("t")},
 			"424e4345 0600 06 00 | 0500000000000000 | 0010000000000000 | 0100 65 | 0100 78 | 0200 7470 | 0100 74"},
+		{"pull", &Pull{Request: 7, ChunkBytes: []uint64{0x40}, MinChunk: 0x10, Endpoint: "e", Tag: []byte("t"), Incarnation: 2,
+			Credits: []Credit{{Chunk: 0, Region: 0x10, Addr: 0x2000, Len: 0x40}},
+			Blocks:  &PullBlocks{SrcPool: "s", SrcIDs: []uint32{1, 2}, DstPool: "d", DstIDs: []uint32{3, 4}}},
+			"424e4345 0600 07 00 | 0700000000000000 | 01000000 4000000000000000 | 1000000000000000 | 0100 65 | 0000 | 0100 74 | 0200000000000000 |" +
+				"01000000 1000000000000000 0020000000000000 4000000000000000 00000000 00000000 00 | 01 | 0100 73 | 0100 64 | 02000000 01000000 02000000 03000000 04000000"},
+		{"pull-end", &PullEnd{Request: 7, Code: NackForbidden, Reason: "x", Unproven: true},
+			"424e4345 0600 08 00 | 0700000000000000 | 0a00 | 01 | 0100 78"},
 	}
 	for _, c := range cases {
 		got, err := Marshal(c.msg)
@@ -255,7 +262,7 @@ func TestCrossTypeDecode(t *testing.T) {
 	if _, err := PeekType(hs); !errors.Is(err, ErrWrongType) {
 		t.Fatalf("PeekType(handshake) = %v", err)
 	}
-	for _, typ := range []byte{0, 7, 0x47, 0xff} {
+	for _, typ := range []byte{0, 9, 0x47, 0xff} {
 		b := bytes.Clone(ack)
 		b[6] = typ
 		wantErr(t, "type "+itoa(int(typ)), decodeMessage(b), ErrWrongType)

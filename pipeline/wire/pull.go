@@ -1,0 +1,368 @@
+package wire
+
+import (
+	"fmt"
+
+	"github.com/bouncekv/bounce/transfer"
+)
+
+// The pull messages (wire version 6): a receiver that is ready for a
+// request's bytes asks the peer holding them to send them (PULL), with the
+// grant of its first regions in the same message, and the holder answers
+// with the push machinery — gather, write into the granted regions, DATA,
+// ACK — or ends the pull with a reason (PULL_END).
+//
+// A pull's messages name it by PullID(the puller's request id): DATA from
+// the holder, GRANT, ACK and NACK from the puller. Ids with PullBit set are
+// never a pushed request's, so the holder tells a pull's GRANT or ACK from
+// a push request's of its own, and the puller a pull's DATA from a push.
+
+// PullBit marks a request id as a pull's (PullID).
+const PullBit uint64 = 1 << 63
+
+// PullID is the id the messages of a pull carry: the puller's request id
+// with PullBit set.
+func PullID(request uint64) uint64 { return request | PullBit }
+
+// IsPullID reports whether id names a pull (PullBit set).
+func IsPullID(id uint64) bool { return id&PullBit != 0 }
+
+// Pull limits.
+const (
+	// MaxPullDescs is the most descriptor pairs one PULL may carry.
+	MaxPullDescs = 1 << 22
+	// pullDescSize is one encoded descriptor: addr, len u64, device i32,
+	// kind u8.
+	pullDescSize = 8 + 8 + 4 + 1
+)
+
+// Pull asks the peer that holds a request's source memory to send it
+// (puller → holder). Request is the puller's id (its messages carry
+// PullID(Request)). ChunkBytes is the puller's plan of the request, which
+// the holder plans again from the same sources, destinations, the agreed
+// max chunk and MinChunk and refuses when they differ; an empty
+// ChunkBytes cancels the pull (the puller gave it up). Credits are the
+// regions the puller granted before asking (possibly none: more come in
+// GRANTs), so the holder can gather and write at once. Src and Dst (the
+// descriptor form: Src in the holder's memory, Dst in the puller's, equal
+// lengths pairwise) or Blocks (the block-table form) name what moves; a
+// cancel carries neither. Endpoint, TraceParent, Tag and Incarnation are
+// as in Want.
+type Pull struct {
+	Request     uint64
+	ChunkBytes  []uint64
+	MinChunk    uint64
+	Endpoint    string
+	TraceParent string
+	Tag         []byte
+	Incarnation uint64
+	Credits     []Credit
+	Src, Dst    []transfer.Desc
+	Blocks      *PullBlocks
+}
+
+// Type returns TypePull.
+func (*Pull) Type() Type { return TypePull }
+
+// IsCancel reports whether p cancels its pull (no chunk sizes).
+func (p *Pull) IsCancel() bool { return len(p.ChunkBytes) == 0 }
+
+// PullBlocks is the block-table form of a PULL: pieces of the holder's
+// pool SrcPool, blocks SrcIDs, to the puller's pool DstPool, blocks DstIDs
+// (as pipeline.BlockRequest, the holder's side first). Both id lists hold
+// 1 to MaxBlockIDs ids, equally many.
+type PullBlocks struct {
+	SrcPool string
+	SrcIDs  []uint32
+	DstPool string
+	DstIDs  []uint32
+}
+
+// NackGaveUp: the holder of a pull gave it up (a failed gather or write,
+// its timeout); PULL_END carries the cause. Its value leaves room for the
+// codes of wire.go.
+const NackGaveUp NackCode = 32
+
+// PullEnd ends a pull on the holder's side (holder → puller): the holder
+// refused it before anything moved, or gave it up (a failed gather or
+// write, a cancel, shutdown), with a code and a reason the puller's batch
+// reports. Unproven says a write into the puller's regions ended without
+// proof that it stopped: the puller quarantines them instead of freeing
+// them. A holder sends it once no write of the pull is outstanding.
+type PullEnd struct {
+	Request  uint64 // the puller's request id (not PullID)
+	Code     NackCode
+	Reason   string
+	Unproven bool
+}
+
+// Type returns TypePullEnd.
+func (*PullEnd) Type() Type { return TypePullEnd }
+
+// pullLen validates p and returns its encoded length.
+func pullLen(p *Pull) (int, error) {
+	const what = "PULL"
+	if p == nil {
+		return 0, errorf(what, ErrMalformed, "nil message")
+	}
+	if len(p.ChunkBytes) > MaxChunks {
+		return 0, errorf(what, ErrTooLarge, "%d chunks, limit %d", len(p.ChunkBytes), MaxChunks)
+	}
+	for i, c := range p.ChunkBytes {
+		if c == 0 {
+			return 0, errorf(what, ErrMalformed, "chunk_bytes[%d] is 0", i)
+		}
+	}
+	for _, f := range []struct{ name, v string }{{"endpoint", p.Endpoint}, {"traceparent", p.TraceParent}} {
+		if err := checkStr(what, f.name, f.v); err != nil {
+			return 0, err
+		}
+	}
+	if len(p.Tag) > MaxTag {
+		return 0, errorf(what, ErrTooLarge, "tag is %d bytes, limit %d", len(p.Tag), MaxTag)
+	}
+	if len(p.Credits) > MaxCredits {
+		return 0, errorf(what, ErrTooLarge, "%d credits, limit %d", len(p.Credits), MaxCredits)
+	}
+	for i := range p.Credits {
+		if why := checkCredit(&p.Credits[i]); why != "" {
+			return 0, errorf(what, ErrMalformed, "credits[%d]: %s", i, why)
+		}
+	}
+	if why := p.checkForm(); why != "" {
+		return 0, errorf(what, ErrMalformed, "%s", why)
+	}
+	if len(p.Src) > MaxPullDescs {
+		return 0, errorf(what, ErrTooLarge, "%d descriptors, limit %d", len(p.Src), MaxPullDescs)
+	}
+	if b := p.Blocks; b != nil && len(b.SrcIDs) > MaxBlockIDs {
+		return 0, errorf(what, ErrTooLarge, "%d block ids, limit %d", len(b.SrcIDs), MaxBlockIDs)
+	}
+	n := headerLen + 8 + 4 + 8*len(p.ChunkBytes) + 8 + strPrefix + len(p.Endpoint) + strPrefix + len(p.TraceParent) +
+		strPrefix + len(p.Tag) + 8 + 4 + creditSize*len(p.Credits) + 1
+	if b := p.Blocks; b != nil {
+		return n + 2*strPrefix + len(b.SrcPool) + len(b.DstPool) + 4 + 8*len(b.SrcIDs), nil
+	}
+	return n + 4 + 2*pullDescSize*len(p.Src), nil
+}
+
+// checkForm says why p's form breaks an invariant, or "".
+func (p *Pull) checkForm() string {
+	cancel := len(p.ChunkBytes) == 0
+	if cancel {
+		if p.Blocks != nil || len(p.Src) > 0 || len(p.Dst) > 0 || len(p.Credits) > 0 {
+			return "a cancel carries no blocks, descriptors or credits"
+		}
+		return ""
+	}
+	if b := p.Blocks; b != nil {
+		if len(p.Src) > 0 || len(p.Dst) > 0 {
+			return "both descriptors and blocks"
+		}
+		switch {
+		case CheckPoolName(b.SrcPool) != nil:
+			return fmt.Sprintf("source %v", CheckPoolName(b.SrcPool))
+		case CheckPoolName(b.DstPool) != nil:
+			return fmt.Sprintf("destination %v", CheckPoolName(b.DstPool))
+		case len(b.SrcIDs) == 0:
+			return "no block ids"
+		case len(b.SrcIDs) != len(b.DstIDs):
+			return fmt.Sprintf("%d source ids but %d destination ids", len(b.SrcIDs), len(b.DstIDs))
+		}
+		return ""
+	}
+	switch {
+	case len(p.Src) == 0:
+		return "no descriptors"
+	case len(p.Src) != len(p.Dst):
+		return fmt.Sprintf("%d sources but %d destinations", len(p.Src), len(p.Dst))
+	}
+	for i := range p.Src {
+		if why := checkPullDesc(p.Src[i]); why != "" {
+			return fmt.Sprintf("src[%d]: %s", i, why)
+		}
+		if why := checkPullDesc(p.Dst[i]); why != "" {
+			return fmt.Sprintf("dst[%d]: %s", i, why)
+		}
+		if p.Src[i].Len != p.Dst[i].Len {
+			return fmt.Sprintf("descriptor %d: source length %d != destination length %d", i, p.Src[i].Len, p.Dst[i].Len)
+		}
+	}
+	return ""
+}
+
+func checkPullDesc(d transfer.Desc) string {
+	switch {
+	case d.Len == 0:
+		return "len 0"
+	case d.Addr+d.Len < d.Addr:
+		return fmt.Sprintf("addr %#x + len %d overflows", d.Addr, d.Len)
+	case d.Device < 0:
+		return fmt.Sprintf("negative device %d", d.Device)
+	case d.Kind > transfer.CUDA:
+		return fmt.Sprintf("unknown memory kind %d", uint8(d.Kind))
+	}
+	return ""
+}
+
+func appendPull(b []byte, p *Pull) []byte {
+	b = le.AppendUint64(b, p.Request)
+	b = le.AppendUint32(b, uint32(len(p.ChunkBytes)))
+	for _, c := range p.ChunkBytes {
+		b = le.AppendUint64(b, c)
+	}
+	b = le.AppendUint64(b, p.MinChunk)
+	b = appendStr(b, p.Endpoint)
+	b = appendStr(b, p.TraceParent)
+	b = appendTag(b, p.Tag)
+	b = le.AppendUint64(b, p.Incarnation)
+	b = le.AppendUint32(b, uint32(len(p.Credits)))
+	for i := range p.Credits {
+		b = appendCredit(b, &p.Credits[i])
+	}
+	if bl := p.Blocks; bl != nil {
+		b = append(b, formBlocks)
+		b = appendStr(b, bl.SrcPool)
+		b = appendStr(b, bl.DstPool)
+		b = le.AppendUint32(b, uint32(len(bl.SrcIDs)))
+		for _, id := range bl.SrcIDs {
+			b = le.AppendUint32(b, id)
+		}
+		for _, id := range bl.DstIDs {
+			b = le.AppendUint32(b, id)
+		}
+		return b
+	}
+	b = append(b, formDescs)
+	b = le.AppendUint32(b, uint32(len(p.Src)))
+	for _, ds := range [2][]transfer.Desc{p.Src, p.Dst} {
+		for _, d := range ds {
+			b = le.AppendUint64(b, d.Addr)
+			b = le.AppendUint64(b, d.Len)
+			b = le.AppendUint32(b, uint32(d.Device))
+			b = append(b, byte(d.Kind))
+		}
+	}
+	return b
+}
+
+func appendCredit(b []byte, c *Credit) []byte {
+	b = le.AppendUint64(b, c.Region)
+	b = le.AppendUint64(b, c.Addr)
+	b = le.AppendUint64(b, c.Len)
+	b = le.AppendUint32(b, c.Chunk)
+	b = le.AppendUint32(b, uint32(c.Device))
+	return append(b, byte(c.Kind))
+}
+
+func (d *decoder) pull() (*Pull, error) {
+	p := &Pull{Request: d.u64("request")}
+	n := d.count("chunk count", MaxChunks, 8)
+	if d.err != nil {
+		return nil, d.err
+	}
+	if n > 0 {
+		p.ChunkBytes = make([]uint64, n)
+		for i := range p.ChunkBytes {
+			p.ChunkBytes[i] = le.Uint64(d.b[d.off+8*i:])
+		}
+		d.off += 8 * n
+	}
+	p.MinChunk = d.u64("min chunk")
+	p.Endpoint = d.str("endpoint")
+	p.TraceParent = d.str("traceparent")
+	p.Tag = d.tag()
+	p.Incarnation = d.u64("incarnation")
+	if nc := d.count("credit count", MaxCredits, creditSize); d.err == nil && nc > 0 {
+		p.Credits = make([]Credit, nc)
+		for i := range p.Credits {
+			e := d.b[d.off+creditSize*i:]
+			p.Credits[i] = Credit{Region: le.Uint64(e[0:]), Addr: le.Uint64(e[8:]), Len: le.Uint64(e[16:]),
+				Chunk: le.Uint32(e[24:]), Device: int32(le.Uint32(e[28:])), Kind: transfer.MemKind(e[32])}
+		}
+		d.off += creditSize * nc
+	}
+	switch form := d.u8("form"); {
+	case d.err != nil:
+	case form == formBlocks:
+		bl := &PullBlocks{SrcPool: d.str("source pool"), DstPool: d.str("destination pool")}
+		k := d.count("block id count", MaxBlockIDs, 8)
+		if d.err != nil {
+			break
+		}
+		bl.SrcIDs, bl.DstIDs = make([]uint32, k), make([]uint32, k)
+		for i := range k {
+			bl.SrcIDs[i] = le.Uint32(d.b[d.off+4*i:])
+			bl.DstIDs[i] = le.Uint32(d.b[d.off+4*(k+i):])
+		}
+		d.off += 8 * k
+		p.Blocks = bl
+	case form == formDescs:
+		k := d.count("descriptor count", MaxPullDescs, 2*pullDescSize)
+		if d.err != nil || k == 0 {
+			break
+		}
+		p.Src, p.Dst = make([]transfer.Desc, k), make([]transfer.Desc, k)
+		for side, ds := range [2][]transfer.Desc{p.Src, p.Dst} {
+			for i := range ds {
+				e := d.b[d.off+pullDescSize*(side*k+i):]
+				ds[i] = transfer.Desc{Addr: le.Uint64(e[0:]), Len: le.Uint64(e[8:]), Device: int32(le.Uint32(e[16:])), Kind: transfer.MemKind(e[20])}
+			}
+		}
+		d.off += 2 * pullDescSize * k
+	default:
+		return nil, errorf(d.what, ErrMalformed, "form %d, want 0 (descriptors) or 1 (blocks)", form)
+	}
+	if err := d.end(); err != nil {
+		return nil, err
+	}
+	// The same checks as the encoder's, so every decoded PULL encodes.
+	if _, err := pullLen(p); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+func pullEndLen(m *PullEnd) (int, error) {
+	const what = "PULL_END"
+	if m == nil {
+		return 0, errorf(what, ErrMalformed, "nil message")
+	}
+	if m.Code == 0 {
+		return 0, errorf(what, ErrMalformed, "code 0")
+	}
+	if err := checkStr(what, "reason", m.Reason); err != nil {
+		return 0, err
+	}
+	return headerLen + 8 + 2 + 1 + strPrefix + len(m.Reason), nil
+}
+
+func appendPullEnd(b []byte, m *PullEnd) []byte {
+	b = le.AppendUint64(b, m.Request)
+	b = le.AppendUint16(b, uint16(m.Code))
+	flags := byte(0)
+	if m.Unproven {
+		flags = 1
+	}
+	b = append(b, flags)
+	return appendStr(b, m.Reason)
+}
+
+func (d *decoder) pullEnd() (*PullEnd, error) {
+	m := &PullEnd{Request: d.u64("request"), Code: NackCode(d.u16("code"))}
+	switch f := d.u8("flags"); {
+	case d.err != nil:
+	case f > 1:
+		return nil, errorf(d.what, ErrMalformed, "flags %#x, want 0 or 1 (unproven)", f)
+	default:
+		m.Unproven = f == 1
+	}
+	if d.err == nil && m.Code == 0 {
+		return nil, errorf(d.what, ErrMalformed, "code 0")
+	}
+	m.Reason = d.str("reason")
+	if err := d.end(); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
