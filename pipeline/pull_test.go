@@ -3,7 +3,9 @@ package pipeline
 import (
 	"errors"
 	"math/rand/v2"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -255,4 +257,61 @@ func TestPullIncompatiblePeer(t *testing.T) {
 	if _, err := b.LoadPeer(v4); !errors.Is(err, wire.ErrBadVersion) || !strings.Contains(err.Error(), "version 4") {
 		t.Fatalf("loading a v4 descriptor: %v", err)
 	}
+}
+
+// recordingCtrl records the type of every control message its node sends.
+type recordingCtrl struct {
+	transfer.ControlChannel
+	mu   sync.Mutex
+	sent []wire.Type
+}
+
+func (c *recordingCtrl) Send(peer string, b []byte) error {
+	if t, err := wire.PeekType(b); err == nil {
+		c.mu.Lock()
+		c.sent = append(c.sent, t)
+		c.mu.Unlock()
+	}
+	return c.ControlChannel.Send(peer, b)
+}
+
+func (c *recordingCtrl) types() []wire.Type {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return slices.Clone(c.sent)
+}
+
+func withRecording(rc **recordingCtrl) nodeOpt {
+	return func(s *Settings) {
+		c := &recordingCtrl{ControlChannel: s.Control}
+		s.Control = c
+		*rc = c
+	}
+}
+
+// TestPullGrantTravelsWithRequest: a one-chunk pull costs the puller a
+// PULL (carrying the grant) and an ACK, the holder one DATA: no WANT, no
+// GRANT, one round trip fewer than a push.
+func TestPullGrantTravelsWithRequest(t *testing.T) {
+	w := newWorld(t)
+	var ra, rb *recordingCtrl
+	a, b := w.node("a", testConfig(), withRecording(&ra)), w.node("b", testConfig(), withRecording(&rb))
+	j := simple(t, a, b, 3) // 256 × 4 KiB: one 1 MiB chunk
+	connect(t, a, b)
+	bt, err := b.Pull(PullRequest{Peer: "a", Src: j.src, Dst: j.dst})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := wait(t, bt); err != nil {
+		t.Fatal(err)
+	}
+	j.verify(t)
+	eventually(t, func() bool { return len(rb.types()) == 2 })
+	if got, want := rb.types(), []wire.Type{wire.TypePull, wire.TypeAck}; !slices.Equal(got, want) {
+		t.Fatalf("puller sent %v, want %v", got, want)
+	}
+	if got, want := ra.types(), []wire.Type{wire.TypeData}; !slices.Equal(got, want) {
+		t.Fatalf("holder sent %v, want %v", got, want)
+	}
+	settled(t, a, b)
 }
