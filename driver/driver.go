@@ -66,6 +66,14 @@ type Options struct {
 	// peer registered with layout Convert.Dst over its slice of
 	// PoolBytes(Dst) bytes (RegisterConvPools).
 	Convert *workload.Conversion
+	// Pull moves every request the other way, as a pull (pipeline.Pull):
+	// the agent asks the peer for request i's bytes, which the peer holds
+	// in its buffer's i-th slice (filled with FillBuffer), into the i-th
+	// slice of the Driver's own buffer, which VerifyBuffer then checks.
+	// In the block-table form the peer's pools are the sources
+	// (Target.Pool) and the Driver's (SrcPool) the destinations. Route
+	// does not apply: a pull rides the bounce path.
+	Pull bool
 }
 
 // RequestTrace names the trace of one request: its tag and the trace id
@@ -231,7 +239,7 @@ func (d *Driver) Run(ctx context.Context, t Target, o Options) (Result, error) {
 			fillReq = func(b []byte) error { return cv.Fill(b, seed) }
 		}
 		switch {
-		case o.Prefilled:
+		case o.Prefilled, o.Pull: // a pull's bytes are the peer's
 		case host != nil:
 			if err := fillReq(host[off : off+per]); err != nil {
 				return Result{}, err
@@ -248,11 +256,14 @@ func (d *Driver) Run(ctx context.Context, t Target, o Options) (Result, error) {
 		sb.Addr += off
 		db := t.Buffer
 		db.Addr += off
-		if cv != nil {
+		switch {
+		case cv != nil:
 			reqs[i].srcIDs, reqs[i].dstIDs = cv.IDs(cv.Seed + uint64(i))
-		} else if o.Blocks {
+		case o.Blocks:
 			reqs[i].srcIDs, reqs[i].dstIDs = s.IDs()
-		} else {
+		case o.Pull: // from the peer's slice into this buffer's
+			reqs[i].src, reqs[i].dst = s.Descs(db, sb)
+		default:
 			reqs[i].src, reqs[i].dst = s.Descs(sb, db)
 		}
 	}
@@ -309,7 +320,17 @@ func (d *Driver) Run(ctx context.Context, t Target, o Options) (Result, error) {
 		if o.Blocks {
 			r.Blocks = &pipeline.BlockRequest{SrcPool: SrcPool(i), SrcIDs: reqs[i].srcIDs, DstPool: dstPool(i), DstIDs: reqs[i].dstIDs}
 		}
-		bt, err := d.agent.Submit(r)
+		var bt *pipeline.Batch
+		var err error
+		if o.Pull {
+			pr := pipeline.PullRequest{Peer: t.Peer, Src: r.Src, Dst: r.Dst, Tag: tag}
+			if o.Blocks {
+				pr.Blocks = &pipeline.BlockRequest{SrcPool: dstPool(i), SrcIDs: reqs[i].srcIDs, DstPool: SrcPool(i), DstIDs: reqs[i].dstIDs}
+			}
+			bt, err = d.agent.Pull(pr)
+		} else {
+			bt, err = d.agent.Submit(r)
+		}
 		if err != nil {
 			submitErr = fmt.Errorf("driver: submit request %d: %w", i, err)
 			break

@@ -207,7 +207,7 @@ func pullOf(id uint64, p *plan.Plan, req Request, credits []wire.Credit, minChun
 	}
 	m := &wire.Pull{Request: id, ChunkBytes: sizes, MinChunk: minChunk, Tag: req.Tag, Credits: credits}
 	if br := req.Blocks; br != nil {
-		m.Blocks = &wire.PullBlocks{SrcPool: br.SrcPool, SrcIDs: br.SrcIDs, DstPool: br.DstPool, DstIDs: br.DstIDs}
+		m.Blocks = &wire.PullBlocks{SrcPool: br.SrcPool, SrcIDs: br.SrcIDs}
 	} else {
 		m.Src, m.Dst = req.Src, req.Dst
 	}
@@ -534,14 +534,18 @@ func (r *reactor) servePull(peer string, m *wire.Pull, sk servedKey) (*sendReq, 
 	req := Request{Peer: peer, Src: m.Src, Dst: m.Dst, Route: RouteBounce}
 	s := &submission{pi: pi, a: a, start: time.Now(), want: RouteBounce}
 	if bl := m.Blocks; bl != nil {
-		br, lp, err := a.resolveBlocks(&BlockRequest{SrcPool: bl.SrcPool, SrcIDs: bl.SrcIDs, DstPool: bl.DstPool, DstIDs: bl.DstIDs}, pi)
-		if err != nil {
-			return nil, wire.NackBadBlocks, err.Error()
+		lp, ok := a.usePool(bl.SrcPool)
+		if !ok {
+			return nil, wire.NackBadBlocks, fmt.Sprintf("no pool %q here", bl.SrcPool)
 		}
-		req.Blocks, s.pool, s.pinned = br, lp, true
+		req.Blocks, s.pool, s.pinned = pulledBlocks(lp, bl), lp, true
 		if !lp.writable(peer) {
 			s.release()
 			return nil, wire.NackForbidden, fmt.Sprintf("pool %q is not registered for %q (RegisterMemoryFor)", bl.SrcPool, peer)
+		}
+		if err := req.Blocks.src.CheckIDs(false); err != nil {
+			s.release()
+			return nil, wire.NackBadBlocks, fmt.Sprintf("pool %q: %v", bl.SrcPool, err)
 		}
 	} else {
 		for i, d := range m.Src {
@@ -595,6 +599,15 @@ func (r *reactor) servePull(peer string, m *wire.Pull, sk servedKey) (*sendReq, 
 		c.Connect(peer)
 	}
 	return q, 0, ""
+}
+
+// pulledBlocks is the holder's block request of a pull: its pool's ids
+// SrcIDs, planned against a destination of the same geometry (the
+// puller's own pool, which it checked against this one; the holder needs
+// only the pieces' order and length, DATA naming piece ranges).
+func pulledBlocks(lp *localPool, bl *wire.PullBlocks) *BlockRequest {
+	t := transfer.Blocks{Pool: lp.pool, IDs: bl.SrcIDs}
+	return &BlockRequest{SrcPool: bl.SrcPool, SrcIDs: bl.SrcIDs, src: t, dst: t}
 }
 
 // planWith is Agent.plan with the MinChunk ramp given (a pull is planned

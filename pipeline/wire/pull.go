@@ -67,15 +67,15 @@ func (*Pull) Type() Type { return TypePull }
 // IsCancel reports whether p cancels its pull (no chunk sizes).
 func (p *Pull) IsCancel() bool { return len(p.ChunkBytes) == 0 }
 
-// PullBlocks is the block-table form of a PULL: pieces of the holder's
-// pool SrcPool, blocks SrcIDs, to the puller's pool DstPool, blocks DstIDs
-// (as pipeline.BlockRequest, the holder's side first). Both id lists hold
-// 1 to MaxBlockIDs ids, equally many.
+// PullBlocks is the block-table form of a PULL: the pieces of the
+// holder's pool SrcPool, blocks SrcIDs (1 to MaxBlockIDs ids), numbered
+// region-major as in transfer.Blocks. Where they land is the puller's
+// business: its pool has the same geometry (it checked the holder's
+// advertised pool), each DATA names a piece range and the puller scatters
+// it into its own blocks, so the holder needs neither its pool nor its ids.
 type PullBlocks struct {
 	SrcPool string
 	SrcIDs  []uint32
-	DstPool string
-	DstIDs  []uint32
 }
 
 // NackGaveUp: the holder of a pull gave it up (a failed gather or write,
@@ -141,7 +141,7 @@ func pullLen(p *Pull) (int, error) {
 	n := headerLen + 8 + 4 + 8*len(p.ChunkBytes) + 8 + strPrefix + len(p.Endpoint) + strPrefix + len(p.TraceParent) +
 		strPrefix + len(p.Tag) + 8 + 4 + creditSize*len(p.Credits) + 1
 	if b := p.Blocks; b != nil {
-		return n + 2*strPrefix + len(b.SrcPool) + len(b.DstPool) + 4 + 8*len(b.SrcIDs), nil
+		return n + strPrefix + len(b.SrcPool) + 4 + 4*len(b.SrcIDs), nil
 	}
 	return n + 4 + 2*pullDescSize*len(p.Src), nil
 }
@@ -162,12 +162,8 @@ func (p *Pull) checkForm() string {
 		switch {
 		case CheckPoolName(b.SrcPool) != nil:
 			return fmt.Sprintf("source %v", CheckPoolName(b.SrcPool))
-		case CheckPoolName(b.DstPool) != nil:
-			return fmt.Sprintf("destination %v", CheckPoolName(b.DstPool))
 		case len(b.SrcIDs) == 0:
 			return "no block ids"
-		case len(b.SrcIDs) != len(b.DstIDs):
-			return fmt.Sprintf("%d source ids but %d destination ids", len(b.SrcIDs), len(b.DstIDs))
 		}
 		return ""
 	}
@@ -223,12 +219,8 @@ func appendPull(b []byte, p *Pull) []byte {
 	if bl := p.Blocks; bl != nil {
 		b = append(b, formBlocks)
 		b = appendStr(b, bl.SrcPool)
-		b = appendStr(b, bl.DstPool)
 		b = le.AppendUint32(b, uint32(len(bl.SrcIDs)))
 		for _, id := range bl.SrcIDs {
-			b = le.AppendUint32(b, id)
-		}
-		for _, id := range bl.DstIDs {
 			b = le.AppendUint32(b, id)
 		}
 		return b
@@ -285,17 +277,16 @@ func (d *decoder) pull() (*Pull, error) {
 	switch form := d.u8("form"); {
 	case d.err != nil:
 	case form == formBlocks:
-		bl := &PullBlocks{SrcPool: d.str("source pool"), DstPool: d.str("destination pool")}
-		k := d.count("block id count", MaxBlockIDs, 8)
+		bl := &PullBlocks{SrcPool: d.str("source pool")}
+		k := d.count("block id count", MaxBlockIDs, 4)
 		if d.err != nil {
 			break
 		}
-		bl.SrcIDs, bl.DstIDs = make([]uint32, k), make([]uint32, k)
+		bl.SrcIDs = make([]uint32, k)
 		for i := range k {
 			bl.SrcIDs[i] = le.Uint32(d.b[d.off+4*i:])
-			bl.DstIDs[i] = le.Uint32(d.b[d.off+4*(k+i):])
 		}
-		d.off += 8 * k
+		d.off += 4 * k
 		p.Blocks = bl
 	case form == formDescs:
 		k := d.count("descriptor count", MaxPullDescs, 2*pullDescSize)
