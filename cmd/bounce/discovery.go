@@ -8,10 +8,11 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"strings"
+	"time"
 
 	"github.com/bouncekv/bounce/config"
 	"github.com/bouncekv/bounce/discovery"
+	"github.com/bouncekv/bounce/discovery/file"
 	"github.com/bouncekv/bounce/node"
 )
 
@@ -46,10 +47,20 @@ type presence struct {
 // discovery.kind file it returns nil and does nothing.
 func join(ctx context.Context, cfg config.Config, n *node.Node, log *slog.Logger, line []byte, follow []string) (*presence, error) {
 	if cfg.Discovery.Kind != "etcd" {
-		if len(follow) > 0 {
-			return nil, usage(fmt.Errorf("--follow %s: needs discovery.kind etcd (with kind file, admit senders by security.allowed_peers)", strings.Join(follow, ",")))
+		if len(follow) == 0 {
+			return nil, nil
 		}
-		return nil, nil
+		// Kind file: each name is a descriptor file (a puller's
+		// --descriptor-out), loaded whenever it appears or changes.
+		dir := file.Directory{Poll: 100 * time.Millisecond}
+		p := &presence{dir: dir, peers: discovery.NewPeers(dir, n.Agent, helloDescriptor, log)}
+		for _, f := range follow {
+			if err := p.peers.Follow(f); err != nil {
+				p.close()
+				return nil, usage(fmt.Errorf("--follow %s: %w", f, err))
+			}
+		}
+		return p, nil
 	}
 	dir, err := node.OpenDirectory(ctx, cfg.Discovery, log)
 	if err != nil {

@@ -101,7 +101,7 @@ address in use, a child or plugin process).`,
 	root.SetIn(stdin)
 	root.SetOut(stdout)
 	root.SetErr(stderr)
-	root.AddCommand(newRunCmd(), newServeCmd(), newSendCmd(), newConfigCmd(), newVersionCmd(), newKeyCmd())
+	root.AddCommand(newRunCmd(), newServeCmd(), newSendCmd(), newPullCmd(), newConfigCmd(), newVersionCmd(), newKeyCmd())
 	for _, c := range extraCommands() {
 		root.AddCommand(c)
 	}

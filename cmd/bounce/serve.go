@@ -47,7 +47,7 @@ type hello struct {
 
 // command is one line of the stdin control protocol of `serve --stdin-control`.
 type command struct {
-	Op         string `json:"op"` // verify, clear, load, pools, stats, known, quit
+	Op         string `json:"op"` // verify, fill, clear, load, pools, stats, known, quit
 	DescSize   uint64 `json:"desc_size,omitempty"`
 	Count      int    `json:"count,omitempty"`
 	Fragmented bool   `json:"fragmented,omitempty"`
@@ -91,7 +91,7 @@ func newServeCmdWith(fs func() node.Factories) *cobra.Command {
 	var stdinControl bool
 	var hostBulk bool
 	var expect workloadFlags
-	var expectOn bool
+	var expectOn, hold bool
 	var expectWait time.Duration
 	var follow []string
 	var memory memoryFlag
@@ -109,6 +109,11 @@ With --expect it verifies the workload a sender is expected to move (the same
 sender's 'bounce send'): it checks the buffer as bytes land, prints
 "verified" and exits 0 once every byte is right, or exits 1 naming the first
 wrong byte when --expect-wait runs out.
+
+With --hold it is the holder of that workload instead: it fills the buffer
+with the bytes a sender would move, registered for every admitted peer, so
+'bounce pull' (the same workload flags) pulls them and verifies each byte
+on its side; each pull served is a "pulled" line on stderr.
 
 With discovery.kind etcd the line is also published in etcd under
 <discovery.prefix>/agents/<agent.name>, on a lease kept alive while serve
@@ -142,8 +147,11 @@ quit.`,
 			memory.apply(&l.Config, cmd.ErrOrStderr())
 			// Everything is validated before the descriptor is published:
 			// a sender never sees a receiver that then refuses to start.
-			var want uint64 // the bytes --expect needs
-			if expectOn {
+			var want uint64 // the bytes --expect (or --hold) needs
+			if expectOn && hold {
+				return usage(fmt.Errorf("--expect and --hold: a serve receives (--expect) or holds a workload for pullers (--hold), not both"))
+			}
+			if expectOn || hold {
 				spec, err := expect.spec()
 				if err != nil {
 					return err
@@ -161,7 +169,7 @@ quit.`,
 					return usage(fmt.Errorf("--buffer-size %v is smaller than the %v --expect needs (%d request(s) x %v); omit --buffer-size to size it from --expect",
 						size, config.Size(want), expect.requests, config.Size(want/uint64(expect.requests))))
 				}
-			case !expectOn:
+			case !expectOn && !hold:
 				size = config.GiB
 			}
 			log := logger(cmd, l.Config.Log)
@@ -198,6 +206,12 @@ quit.`,
 			defer n.Close(context.Background()) // before the buffer is freed
 			if err := n.Agent.RegisterMemory(buf.Desc()); err != nil {
 				return runtime(err)
+			}
+			if hold {
+				spec, _ := expect.spec() // validated above
+				if err := driver.FillBuffer(buf, spec, expect.requests); err != nil {
+					return runtime(fmt.Errorf("--hold: %w", err))
+				}
 			}
 			var bulk driver.Buffer
 			if hostBulk {
@@ -254,12 +268,13 @@ quit.`,
 	}
 	cmd.Flags().StringVar(&bufSize, "buffer-size", "", "size of the registered destination buffer (default: what --expect needs, else 1GiB)")
 	cmd.Flags().StringVar(&out, "descriptor-out", "", "write the descriptor line to this file instead of stdout")
-	cmd.Flags().StringSliceVar(&follow, "follow", nil, "with discovery.kind etcd: admit these senders (agent names, comma-separated or repeated) as they publish themselves")
+	cmd.Flags().StringSliceVar(&follow, "follow", nil, "load these peers (comma-separated or repeated) whenever they publish themselves: agent names with discovery.kind etcd, descriptor files (a puller's --descriptor-out) with kind file")
 	cmd.Flags().BoolVar(&stdinControl, "stdin-control", false, "read JSON commands from stdin (for bounce run/bench)")
 	cmd.Flags().BoolVar(&hostBulk, "host-bulk-buffer", false, "also register a host buffer of --buffer-size for the bench's bulk route (with --memory device: one bulk write from host memory)")
 	_ = cmd.Flags().MarkHidden("host-bulk-buffer")
 	cmd.Flags().BoolVar(&expectOn, "expect", false, "verify the workload described by the workload flags as it lands, then exit")
 	cmd.Flags().DurationVar(&expectWait, "expect-wait", 5*time.Minute, "with --expect: give up (exit 1) after this long")
+	cmd.Flags().BoolVar(&hold, "hold", false, "fill the buffer with the workload described by the workload flags and serve it to pullers ('bounce pull')")
 	expect.add(cmd, 1)
 	memory.add(cmd)
 	configFlags(cmd)
@@ -296,6 +311,8 @@ func controlLoop(in io.Reader, out io.Writer, n *node.Node, buf, bulk driver.Buf
 		switch c.Op {
 		case "verify":
 			enc.Encode(verify(b, c))
+		case "fill":
+			enc.Encode(fill(b, c))
 		case "clear":
 			enc.Encode(errReply(b.Clear()))
 		case "pools":
@@ -322,7 +339,7 @@ func controlLoop(in io.Reader, out io.Writer, n *node.Node, buf, bulk driver.Buf
 			enc.Encode(reply{OK: true})
 			return nil
 		default:
-			enc.Encode(reply{Error: fmt.Sprintf("unknown op %q; accepted: verify, clear, load, pools, stats, known, quit", c.Op)})
+			enc.Encode(reply{Error: fmt.Sprintf("unknown op %q; accepted: verify, fill, clear, load, pools, stats, known, quit", c.Op)})
 		}
 	}
 	return sc.Err()
@@ -334,32 +351,21 @@ func verify(b driver.Buffer, c command) reply {
 	if c.Convert != nil {
 		return verifyConverted(b, c)
 	}
-	s := workload.Spec{DescSize: c.DescSize, Count: c.Count, Fragmented: c.Fragmented, Seed: c.Seed, Regions: c.Regions}
-	if err := s.Validate(); err != nil {
+	if err := driver.VerifyBuffer(b, c.spec(), c.Requests); err != nil {
 		return errReply(err)
 	}
-	per := s.Bytes()
-	if n := b.Desc().Len; uint64(c.Requests)*per > n {
-		return errReply(fmt.Errorf("%d requests x %d bytes exceed the %d-byte buffer", c.Requests, per, n))
-	}
-	host := driver.HostBytes(b) // checked in place; device memory copied back per request
-	var got []byte
-	if host == nil {
-		got = make([]byte, per)
-	}
-	for i := 0; i < c.Requests; i++ {
-		r := s
-		r.Seed += uint64(i)
-		if host != nil {
-			got = host[uint64(i)*per : uint64(i+1)*per]
-		} else if err := b.ReadAt(got, uint64(i)*per); err != nil {
-			return errReply(fmt.Errorf("request %d: read back: %w", i, err))
-		}
-		if err := r.Verify(got); err != nil {
-			return errReply(fmt.Errorf("request %d: %w", i, err))
-		}
-	}
 	return reply{OK: true, Verified: c.Requests}
+}
+
+// fill writes every request's bytes into the buffer as a sender's source
+// (driver.FillBuffer): what a puller then pulls and verifies.
+func fill(b driver.Buffer, c command) reply {
+	return errReply(driver.FillBuffer(b, c.spec(), c.Requests))
+}
+
+// spec is the workload a verify or fill command names.
+func (c command) spec() workload.Spec {
+	return workload.Spec{DescSize: c.DescSize, Count: c.Count, Fragmented: c.Fragmented, Seed: c.Seed, Regions: c.Regions}
 }
 
 // registerPools serves op pools: it releases the pools registered before
@@ -460,6 +466,14 @@ func awaitExpected(cmd *cobra.Command, buf driver.Buffer, wf workloadFlags, wait
 // "receive failed" with the error as well.
 func printEvents(w io.Writer, events <-chan pipeline.Received) {
 	for ev := range events {
+		if ev.Pull {
+			if ev.Err != nil {
+				fmt.Fprintf(w, "pull failed: peer=%s request=%d tag=%q bytes=%d quiescent=%v err=%q\n", ev.Peer, ev.Request, ev.Tag, ev.Bytes, ev.Quiescent, ev.Err)
+				continue
+			}
+			fmt.Fprintf(w, "pulled: peer=%s request=%d tag=%q bytes=%d\n", ev.Peer, ev.Request, ev.Tag, ev.Bytes)
+			continue
+		}
 		if ev.Err != nil {
 			fmt.Fprintf(w, "receive failed: peer=%s request=%d tag=%q bytes=%d route=%s err=%q\n", ev.Peer, ev.Request, ev.Tag, ev.Bytes, ev.Route, ev.Err)
 			continue
