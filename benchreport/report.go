@@ -31,6 +31,10 @@ const (
 	RouteBulk   = "bulk"
 	// RouteAuto lets the agent choose (bounce.route auto).
 	RouteAuto = "auto"
+	// RoutePull is the bounce path the other way round: the receiver
+	// pulls the same workload (pipeline.Agent.Pull), measured beside the
+	// push (bounce) with the pull/bounce ratio.
+	RoutePull = "pull"
 	// FormDescs and FormBlocks are the request forms a Group names:
 	// descriptor lists, and block tables over registered pools.
 	FormDescs  = "descs"
@@ -389,7 +393,9 @@ func (r Ratio) Name() string { return r.Numerator + "/" + r.Denominator }
 // auto's throughput over the faster of bounce and direct in the same
 // iteration; for a group of the block form it adds, per route but bulk,
 // "<route>[blocks]/<route>[descs]", its throughput over the descriptor
-// form's of the same shape in the same iteration. Groups and routes keep the
+// form's of the same shape in the same iteration; where the group ran pull
+// and bounce it adds pull/bounce, the pull's throughput over the push's.
+// Groups and routes keep the
 // order in which cells first appear; failed cells are left out of the ratios.
 func ComputeRatios(cells []Cell) []Ratio {
 	type key struct {
@@ -437,6 +443,19 @@ func ComputeRatios(cells []Cell) []Ratio {
 			}
 			r.Median = Median(r.PerIteration)
 			out = append(out, r)
+		}
+		if slices.Contains(routes[g], RoutePull) {
+			r := Ratio{Group: g, Numerator: RoutePull, Denominator: RouteBounce}
+			for _, it := range iters {
+				n, d := byKey[key{g, RoutePull, it}], byKey[key{g, RouteBounce, it}]
+				if n.OK() && d.OK() {
+					r.PerIteration = append(r.PerIteration, n.Throughput/d.Throughput)
+				}
+			}
+			if len(r.PerIteration) > 0 {
+				r.Median = Median(r.PerIteration)
+				out = append(out, r)
+			}
 		}
 		if g.Form == FormBlocks {
 			// The block form against the descriptor form of the same

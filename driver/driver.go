@@ -344,9 +344,13 @@ func (d *Driver) Run(ctx context.Context, t Target, o Options) (Result, error) {
 		if id := bt.TraceID(); id != "" {
 			res.Traces = append(res.Traces, RequestTrace{Tag: string(tag), TraceID: id})
 		}
+		route := bt.Route().String()
+		if o.Pull {
+			route = "pull" // the bounce path, the other way round
+		}
 		if i == 0 {
-			res.Route, res.Reason = bt.Route().String(), bt.RouteReason()
-		} else if bt.Route().String() != res.Route {
+			res.Route, res.Reason = route, bt.RouteReason()
+		} else if route != res.Route {
 			res.Route = "mixed"
 		}
 		steady := inFlight < o.Requests && i >= inFlight

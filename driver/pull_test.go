@@ -39,7 +39,7 @@ func TestRunPull(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if res.Failed != 0 || res.Bytes != requests*spec.Bytes() || res.Route != "bounce" {
+		if res.Failed != 0 || res.Bytes != requests*spec.Bytes() || res.Route != "pull" {
 			t.Fatalf("blocks %v: %+v (first error %v)", blocks, res, res.FirstErr)
 		}
 		if err := VerifyBuffer(d.Buffer(), spec, requests); err != nil {

@@ -103,7 +103,10 @@ engine post per descriptor), bulk (the same bytes as ONE contiguous
 descriptor per request on the direct path: what the engine does with the
 bytes at its best; with --memory device it writes them from a host buffer
 into a host buffer, the host-memory bulk baseline beside the device
-cells), auto (the agent decides). With --memory device over tcp, direct
+cells), auto (the agent decides), pull (the same workload the other way
+round, decode-initiated: the receiver fills its buffer as the holder and
+this agent pulls it into its own and verifies it here; the ratio pull/bounce
+compares it with the push). With --memory device over tcp, direct
 stages every descriptor through page-locked host buffers on each side (a
 copy per descriptor: the baseline without bounce). Within each iteration the
 routes run back to back, in an order rotated every iteration, so the
@@ -189,7 +192,7 @@ every receiver verify every byte (--json writes it all).`,
 	f.IntVar(&o.count, "count", 0, "override every preset's descriptor count (e.g. 4096)")
 	f.IntSliceVar(&o.concurrency, "concurrency", []int{1, 8}, "concurrent requests per cell, a list, each level once (the GUIDE sweeps 1,8,64,128)")
 	f.IntVar(&o.generations, "generations", 1, "1: a burst, every request of a cell submitted at once; K > 1: a closed loop moving K x concurrency requests with concurrency in flight (a new one as each finishes), latency percentiles over the requests after the first generation")
-	f.StringSliceVar(&o.routes, "routes", []string{benchreport.RouteBounce, benchreport.RouteDirect}, "routes to compare, each named once: bounce, direct, bulk, auto")
+	f.StringSliceVar(&o.routes, "routes", []string{benchreport.RouteBounce, benchreport.RouteDirect}, "routes to compare, each named once: bounce, direct, bulk, auto, pull (the receiver pulls the same workload; ratio pull/bounce)")
 	f.StringVar(&o.layout, "layout", "fragmented", "block layout: fragmented, contiguous or both")
 	f.StringSliceVar(&o.forms, "form", []string{benchreport.FormDescs}, "request forms, each named once: descs (descriptor lists), blocks (block tables over registered pools); blocks,descs compares them side by side")
 	f.IntVar(&o.repeat, "repeat", 3, "iterations per cell (routes alternate within each)")
@@ -266,17 +269,20 @@ func (o *benchOptions) plan() (benchPlan, error) {
 	for _, r := range o.routes {
 		r = strings.TrimSpace(r)
 		switch r {
-		case benchreport.RouteBounce, benchreport.RouteDirect, benchreport.RouteBulk, benchreport.RouteAuto:
+		case benchreport.RouteBounce, benchreport.RouteDirect, benchreport.RouteBulk, benchreport.RouteAuto, benchreport.RoutePull:
 		default:
-			return p, usage(fmt.Errorf("--routes %q: accepted: bounce, direct, bulk, auto", r))
+			return p, usage(fmt.Errorf("--routes %q: accepted: bounce, direct, bulk, auto, pull", r))
 		}
 		if slices.Contains(p.routes, r) {
 			return p, usage(fmt.Errorf("--routes %q is listed twice: name each route once", r))
 		}
+		if r == benchreport.RoutePull && o.peer != "" {
+			return p, usage(fmt.Errorf("--routes pull: the pull route needs the receiver this command starts (it fills its buffer as the holder), not --peer"))
+		}
 		p.routes = append(p.routes, r)
 	}
 	if len(p.routes) == 0 {
-		return p, usage(fmt.Errorf("--routes: name at least one of bounce, direct, bulk, auto"))
+		return p, usage(fmt.Errorf("--routes: name at least one of bounce, direct, bulk, auto, pull"))
 	}
 	var conc []int
 	for _, c := range o.concurrency {
@@ -418,7 +424,7 @@ func (o *benchOptions) plan() (benchPlan, error) {
 // bytes as one contiguous descriptor on the direct path.
 func routeSpec(r string, spec workload.Spec) (workload.Spec, pipeline.Route) {
 	switch r {
-	case benchreport.RouteBounce:
+	case benchreport.RouteBounce, benchreport.RoutePull:
 		return spec, pipeline.RouteBounce
 	case benchreport.RouteDirect:
 		return spec, pipeline.RouteDirect
@@ -568,7 +574,7 @@ func (p benchPlan) warmUps() []warmMove {
 	var out []warmMove
 	for _, r := range p.routes {
 		rs, rt := routeSpec(r, p.groups[0].spec)
-		out = append(out, warmMove{route: r, opts: driver.Options{Spec: rs, Requests: 1, Route: rt}})
+		out = append(out, warmMove{route: r, opts: driver.Options{Spec: rs, Requests: 1, Route: rt, Pull: r == benchreport.RoutePull}})
 	}
 	for _, bg := range p.groups { // and the block form's first group, once per route
 		if bg.g.Form != benchreport.FormBlocks {
@@ -576,7 +582,7 @@ func (p benchPlan) warmUps() []warmMove {
 		}
 		for _, r := range p.routes {
 			if rs, rt := routeSpec(r, bg.spec); blockForm(bg.g, r) {
-				out = append(out, warmMove{route: r, opts: driver.Options{Spec: rs, Requests: 1, Route: rt, Blocks: true}})
+				out = append(out, warmMove{route: r, opts: driver.Options{Spec: rs, Requests: 1, Route: rt, Blocks: true, Pull: r == benchreport.RoutePull}})
 			}
 		}
 		break
@@ -630,12 +636,28 @@ func sameShape(a, b benchreport.Group) bool {
 func (o *benchOptions) cell(ctx context.Context, s *session, g benchreport.Group, spec workload.Spec, route string, it, order int) (benchreport.Cell, error) {
 	rs, rt := routeSpec(route, spec)
 	d, tgt, which := s.route(route)
-	if o.verify {
+	requests := g.Concurrency * max(1, g.Generations)
+	pull := route == benchreport.RoutePull
+	switch {
+	case pull:
+		// The receiver is the holder: it fills its buffer with the
+		// bytes, this agent pulls them into its own, cleared, and
+		// verifies them here.
+		fc := verifyCommand(rs, requests)
+		fc.Op = "fill"
+		if _, err := s.recv.call(fc, 5*time.Minute); err != nil {
+			return benchreport.Cell{}, runtime(err)
+		}
+		if o.verify {
+			if err := d.Buffer().Clear(); err != nil {
+				return benchreport.Cell{}, runtime(err)
+			}
+		}
+	case o.verify:
 		if _, err := s.recv.call(command{Op: "clear", Buffer: which}, 2*time.Minute); err != nil {
 			return benchreport.Cell{}, runtime(err)
 		}
 	}
-	requests := g.Concurrency * max(1, g.Generations)
 	blocks := blockForm(g, route)
 	if blocks {
 		if err := s.pools(rs, requests); err != nil {
@@ -643,12 +665,12 @@ func (o *benchOptions) cell(ctx context.Context, s *session, g benchreport.Group
 		}
 	}
 	rctx, cancel := context.WithTimeout(ctx, o.cellTimeout)
-	res, err := d.Run(rctx, tgt, driver.Options{Spec: rs, Requests: requests, InFlight: g.Concurrency, Route: rt, Blocks: blocks})
+	res, err := d.Run(rctx, tgt, driver.Options{Spec: rs, Requests: requests, InFlight: g.Concurrency, Route: rt, Blocks: blocks, Pull: pull})
 	// --duration: keep moving the cell's workload until it has run that
 	// long; the rounds' bytes, times and latencies add up.
 	for o.duration > 0 && err == nil && res.Failed == 0 && res.Elapsed < o.duration {
 		var more driver.Result
-		more, err = d.Run(rctx, tgt, driver.Options{Spec: rs, Requests: requests, InFlight: g.Concurrency, Route: rt, Blocks: blocks})
+		more, err = d.Run(rctx, tgt, driver.Options{Spec: rs, Requests: requests, InFlight: g.Concurrency, Route: rt, Blocks: blocks, Pull: pull})
 		if err == nil {
 			res = mergeResults(res, more)
 		}
@@ -675,6 +697,14 @@ func (o *benchOptions) cell(ctx context.Context, s *session, g benchreport.Group
 		c.Error = fmt.Sprintf("%d of %d requests failed: %v", res.Failed, res.Requests, res.FirstErr)
 	case !o.verify:
 		c.NotVerified = cmp.Or(o.notVerified, "verification off (--verify=false)")
+	case pull: // the bytes landed here
+		err := driver.VerifyBuffer(d.Buffer(), rs, requests)
+		c.Verified = err == nil
+		if err == nil {
+			c.VerifiedRequests = requests
+		} else {
+			c.Error = err.Error()
+		}
 	default:
 		vc := verifyCommand(rs, requests)
 		vc.Buffer = which
