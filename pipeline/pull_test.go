@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"pgregory.net/rapid"
+
 	"github.com/bouncekv/bounce/mem"
 	"github.com/bouncekv/bounce/pipeline/wire"
 	"github.com/bouncekv/bounce/transfer"
@@ -313,5 +315,50 @@ func TestPullGrantTravelsWithRequest(t *testing.T) {
 	if got, want := ra.types(), []wire.Type{wire.TypeData}; !slices.Equal(got, want) {
 		t.Fatalf("holder sent %v, want %v", got, want)
 	}
+	settled(t, a, b)
+}
+
+// TestPullProperty: any pull of distinct destination ids (any count, any
+// source ids, repeats allowed) lands exactly its pieces and nothing else,
+// and leaves both arenas whole.
+func TestPullProperty(t *testing.T) {
+	w := newWorld(t)
+	a, b := w.node("a", testConfig()), w.node("b", testConfig())
+	const blocks, blen = 300, 1536
+	src := newKVPool(t, a, "kv", 2, blocks, blen, blen+24, 7)
+	dst := newKVPool(t, b, "kv-in", 2, blocks, blen, blen+8, 1)
+	connect(t, a, b)
+	src.fillPieces(5, func() []uint32 {
+		ids := make([]uint32, blocks)
+		for i := range ids {
+			ids[i] = uint32(i)
+		}
+		return ids
+	}())
+	rapid.Check(t, func(rt *rapid.T) {
+		n := rapid.IntRange(1, blocks).Draw(rt, "n")
+		dstIDs := rapid.Permutation(func() []uint32 {
+			ids := make([]uint32, blocks)
+			for i := range ids {
+				ids[i] = uint32(i)
+			}
+			return ids
+		}()).Draw(rt, "dst")[:n]
+		srcIDs := rapid.SliceOfN(rapid.Uint32Range(0, blocks-1), n, n).Draw(rt, "src")
+		for i := range dst.buf {
+			dst.buf[i] = guardByte
+		}
+		bt, err := b.Pull(PullRequest{Peer: "a", Blocks: &BlockRequest{SrcPool: "kv", SrcIDs: srcIDs, DstPool: "kv-in", DstIDs: dstIDs}})
+		if err != nil {
+			rt.Fatal(err)
+		}
+		if err := wait(t, bt); err != nil {
+			rt.Fatal(err)
+		}
+		checkLanded(t, src, dst, srcIDs, dstIDs)
+		if err := bt.Release(); err != nil {
+			rt.Fatal(err)
+		}
+	})
 	settled(t, a, b)
 }

@@ -241,3 +241,32 @@ func TestPullPullerShutdown(t *testing.T) {
 	f.holderEnded(t, ErrPullCancelled)
 	settled(t, f.a)
 }
+
+// TestPullFlowLimit: a holder serves at most MaxFlowsPerPeer pulls of one
+// peer at once; one more is refused with the reason and counted, and the
+// first is served once the stall ends.
+func TestPullFlowLimit(t *testing.T) {
+	w := newWorld(t)
+	var sg *stallGatherer
+	hcfg := testConfig()
+	hcfg.MaxFlowsPerPeer = 1
+	f := startPull(t, w, hcfg, testConfig(), []nodeOpt{withStall(&sg)}, nil)
+	eventually(t, func() bool { return servedPulls(f.a) == 1 })
+	second := simple(t, f.a, f.b, 30)
+	bt, err := f.b.Pull(PullRequest{Peer: "a", Src: second.src, Dst: second.dst})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := wait(t, bt); !errors.Is(err, ErrRefused) || !strings.Contains(err.Error(), "open pulls, the limit") {
+		t.Fatalf("a pull over the holder's per-peer limit: %v, want refused naming the limit", err)
+	}
+	if st := f.a.Stats(); st.RefusedPulls != 1 || st.FlowLimited != 1 {
+		t.Fatalf("holder counted %d refused pulls, %d flow-limited, want 1 and 1", st.RefusedPulls, st.FlowLimited)
+	}
+	close(sg.release)
+	if err := wait(t, f.bt); err != nil {
+		t.Fatalf("the pull within the limit: %v", err)
+	}
+	f.j.verify(t)
+	settled(t, f.a, f.b)
+}
