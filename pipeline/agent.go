@@ -398,9 +398,16 @@ func build(s Settings, cfg Config) (*Agent, error) {
 	// The guard is in force before the arena is registered with the
 	// engine: an engine that listens already (a plugin's, which holds no
 	// keys) must never see the arena writable unguarded.
+	//
+	// An engine that authenticates with an authenticator lent to it (a
+	// plugin's, which holds no keys) gets the agent's first, so the names
+	// the guard checks are proven by keys, not claimed.
+	if au, ok := s.Engine.(transfer.Authenticating); ok && s.Peers.Enabled() {
+		au.SetAuthenticator(s.Peers.Authenticator())
+	}
 	if wg, ok := s.Engine.(transfer.WriteGuarded); ok && s.Peers.Enabled() {
 		a.guard = newWriteGuard(&a.dests)
-		if f, ok := s.Engine.(writeFencer); ok {
+		if f, ok := s.Engine.(transfer.WriteFencer); ok {
 			a.guard.fence = func(d transfer.Desc) {
 				if !a.checksOff.Load() {
 					f.FenceWrites(d)

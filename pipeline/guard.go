@@ -18,7 +18,7 @@ import (
 //
 // Ending a grant is a fence: revoke and revokeMatching return only once no
 // write the guard allowed into the region is still landing (fence, the
-// engine's writeFencer), so a region is never granted again while a
+// engine's transfer.WriteFencer), so a region is never granted again while a
 // trickling frame of its former holder could still write it.
 type writeGuard struct {
 	mu     sync.RWMutex
@@ -32,12 +32,6 @@ type writeGuard struct {
 	// authorization ended and waits for them; nil when the engine offers
 	// none. Set before the guard is installed.
 	fence func(transfer.Desc)
-}
-
-// writeFencer is an engine that can cut the incoming writes still landing
-// in memory whose authorization ended (the tcp engine).
-type writeFencer interface {
-	FenceWrites(transfer.Desc)
 }
 
 type grantEntry struct {

@@ -1,6 +1,7 @@
 package plugins
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -23,6 +24,14 @@ import (
 // range the guard allows covers the frame's segments). A check that gets
 // no answer (the stream ended, the host is gone, CallTimeout passed) is
 // refused: the write fails with ErrForbidden, it never lands.
+//
+// The same stream lends the host's transfer.Authenticator to an engine
+// that declared transfer.Authenticating: the install says so and carries
+// the agent's public key, and the engine's handshakes ask the host for
+// each DH product with the agent's private key and for the admitted set's
+// answers (AuthQuery). The private key never leaves the host. A query
+// that gets no answer fails: the handshake fails, no connection is
+// admitted.
 
 // hostCallbacks is the host end of an engine's Callbacks stream. Its
 // goroutine (run) answers guard checks with the installed guard and hands
@@ -33,6 +42,7 @@ type hostCallbacks struct {
 
 	guard atomic.Pointer[transfer.WriteGuard]
 	lost  atomic.Pointer[func(peer string)]
+	auth  atomic.Pointer[authBox]
 
 	mu     sync.Mutex // serializes installs; guards the fields below
 	stream pb.Engine_CallbacksClient
@@ -62,6 +72,19 @@ func (h *hostCallbacks) setLost(fn func(peer string)) {
 	h.install()
 }
 
+// setAuth lends a (nil takes it back) to the plugin's engine.
+func (h *hostCallbacks) setAuth(a transfer.Authenticator) {
+	if a == nil {
+		h.auth.Store(nil)
+	} else {
+		h.auth.Store(&authBox{a})
+	}
+	h.install()
+}
+
+// authBox holds an Authenticator in an atomic.Pointer.
+type authBox struct{ a transfer.Authenticator }
+
 // install opens the stream unless it is open and tells the plugin which
 // callbacks are set, waiting (CallTimeout) for its ack, so that a guard
 // is in force in the plugin once SetWriteGuard returns. SetWriteGuard has
@@ -76,8 +99,8 @@ func (h *hostCallbacks) install() {
 	if err == nil {
 		return
 	}
-	if h.guard.Load() != nil && !h.c.gone() {
-		h.c.log.Error("plugin engine's write guard not installed: killing the plugin so that no unguarded write lands", "plugin", h.c.name, "err", err)
+	if (h.guard.Load() != nil || h.auth.Load() != nil) && !h.c.gone() {
+		h.c.log.Error("plugin engine's write guard or authenticator not installed: killing the plugin so that no unguarded or unauthenticated write lands", "plugin", h.c.name, "err", err)
 		h.c.kill()
 		return
 	}
@@ -103,8 +126,13 @@ func (h *hostCallbacks) installLocked() error {
 	case <-h.acks:
 	default:
 	}
+	in := &pb.HostCallback{Guard: h.guard.Load() != nil, PeerLost: h.lost.Load() != nil}
+	if b := h.auth.Load(); b != nil {
+		pub := b.a.PublicKey()
+		in.Auth, in.PublicKey = true, pub[:]
+	}
 	h.sendMu.Lock()
-	err := h.stream.Send(&pb.HostCallback{Guard: h.guard.Load() != nil, PeerLost: h.lost.Load() != nil})
+	err := h.stream.Send(in)
 	h.sendMu.Unlock()
 	if err != nil {
 		return h.c.rpcErr("install callbacks", err)
@@ -136,7 +164,12 @@ func (h *hostCallbacks) run(st pb.Engine_CallbacksClient, acks, done chan struct
 			default:
 			}
 		case m.GetId() != 0:
-			rep := h.check(m)
+			var rep *pb.HostCallback
+			if m.GetAuth() != nil {
+				rep = h.answerAuth(m)
+			} else {
+				rep = h.check(m)
+			}
 			h.sendMu.Lock()
 			err := st.Send(rep)
 			h.sendMu.Unlock()
@@ -160,6 +193,45 @@ func (h *hostCallbacks) check(m *pb.PluginCallback) *pb.HostCallback {
 	}
 	a, err := (*g)(string(m.GetPeer()), fromProtoDesc(m.GetDst()))
 	return &pb.HostCallback{Id: m.GetId(), Allowed: toProtoDesc(a), Error: toProtoError(err)}
+}
+
+// answerAuth answers one AuthQuery with the lent authenticator; none lent
+// (taken back while the query was on its way) fails it.
+func (h *hostCallbacks) answerAuth(m *pb.PluginCallback) *pb.HostCallback {
+	rep := &pb.HostCallback{Id: m.GetId()}
+	b := h.auth.Load()
+	if b == nil {
+		rep.Error = toProtoError(fmt.Errorf("the host lends no authenticator: %w", transfer.ErrForbidden))
+		return rep
+	}
+	q := m.GetAuth()
+	arg := q.GetArg()
+	switch q.GetOp() {
+	case pb.AuthQuery_OP_DH:
+		if len(arg) != 32 {
+			rep.Error = toProtoError(fmt.Errorf("DH with a public key of %d bytes, want 32: %w", len(arg), transfer.ErrForbidden))
+			break
+		}
+		out, err := b.a.DH([32]byte(arg))
+		if err != nil {
+			rep.Error = toProtoError(fmt.Errorf("%w: %w", transfer.ErrForbidden, err))
+			break
+		}
+		rep.AuthResult, rep.AuthFound = out[:], true
+	case pb.AuthQuery_OP_KEY_OF:
+		if k, ok := b.a.KeyOf(string(arg)); ok {
+			rep.AuthResult, rep.AuthFound = k[:], true
+		}
+	case pb.AuthQuery_OP_NAME_OF:
+		if len(arg) == 32 {
+			if n, ok := b.a.NameOf([32]byte(arg)); ok {
+				rep.AuthResult, rep.AuthFound = []byte(n), true
+			}
+		}
+	default:
+		rep.Error = toProtoError(fmt.Errorf("unknown authenticator query %v: %w", q.GetOp(), transfer.ErrUnsupported))
+	}
+	return rep
 }
 
 // stop ends the stream and waits for run to return.
@@ -208,41 +280,103 @@ func (p *pluginCallbacks) check(peer string, dst transfer.Desc) (transfer.Desc, 
 	refuse := func(why error) (transfer.Desc, error) {
 		return transfer.Desc{}, fmt.Errorf("plugin: write guard: asking the host about [%#x+%d] from %q: %v: %w", dst.Addr, dst.Len, peer, why, transfer.ErrForbidden)
 	}
+	m, err := p.ask(&pb.PluginCallback{Peer: []byte(peer), Dst: toProtoDesc(dst)})
+	if err != nil {
+		return refuse(err)
+	}
+	if err := fromProtoError(m.GetError()); err != nil {
+		if !errors.Is(err, transfer.ErrForbidden) {
+			err = fmt.Errorf("%w: %w", transfer.ErrForbidden, err)
+		}
+		return transfer.Desc{}, err
+	}
+	return fromProtoDesc(m.GetAllowed()), nil
+}
+
+// ask sends the check m under a fresh id and waits (CallTimeout) for the
+// host's answer; an error says why none came.
+func (p *pluginCallbacks) ask(m *pb.PluginCallback) (*pb.HostCallback, error) {
 	ch := make(chan *pb.HostCallback, 1)
 	p.mu.Lock()
 	if p.dead != nil {
 		p.mu.Unlock()
-		return refuse(p.dead)
+		return nil, p.dead
 	}
 	p.next++
 	id := p.next
 	p.pending[id] = ch
 	p.mu.Unlock()
-	if err := p.send(&pb.PluginCallback{Id: id, Peer: []byte(peer), Dst: toProtoDesc(dst)}); err != nil {
+	m.Id = id
+	if err := p.send(m); err != nil {
 		p.forget(id)
-		return refuse(err)
+		return nil, err
 	}
 	t := time.NewTimer(CallTimeout)
 	defer t.Stop()
 	select {
-	case m := <-ch:
-		if m == nil {
+	case rep := <-ch:
+		if rep == nil {
 			p.mu.Lock()
 			err := p.dead
 			p.mu.Unlock()
-			return refuse(err)
+			return nil, err
 		}
-		if err := fromProtoError(m.GetError()); err != nil {
-			if !errors.Is(err, transfer.ErrForbidden) {
-				err = fmt.Errorf("%w: %w", transfer.ErrForbidden, err)
-			}
-			return transfer.Desc{}, err
-		}
-		return fromProtoDesc(m.GetAllowed()), nil
+		return rep, nil
 	case <-t.C:
 		p.forget(id)
-		return refuse(fmt.Errorf("no answer within %v", CallTimeout))
+		return nil, fmt.Errorf("no answer within %v", CallTimeout)
 	}
+}
+
+// hostAuthenticator is the transfer.Authenticator lent to the plugin's
+// engine: each answer is the host's, asked over the stream. No answer
+// fails closed: DH fails, KeyOf and NameOf find nothing.
+type hostAuthenticator struct {
+	cb  *pluginCallbacks
+	pub [32]byte
+}
+
+func (a hostAuthenticator) PublicKey() [32]byte { return a.pub }
+
+func (a hostAuthenticator) query(op pb.AuthQuery_Op, arg []byte) ([]byte, bool, error) {
+	m, err := a.cb.ask(&pb.PluginCallback{Auth: &pb.AuthQuery{Op: op, Arg: arg}})
+	if err != nil {
+		return nil, false, fmt.Errorf("plugin: authenticator: asking the host: %v: %w", err, transfer.ErrForbidden)
+	}
+	if err := fromProtoError(m.GetError()); err != nil {
+		return nil, false, fmt.Errorf("plugin: authenticator: %w", err)
+	}
+	return m.GetAuthResult(), m.GetAuthFound(), nil
+}
+
+// DH asks the host for the product of the agent's private key and pub.
+func (a hostAuthenticator) DH(pub [32]byte) ([32]byte, error) {
+	r, ok, err := a.query(pb.AuthQuery_OP_DH, pub[:])
+	if err == nil && (!ok || len(r) != 32) {
+		err = fmt.Errorf("plugin: authenticator: the host's DH answer has %d bytes: %w", len(r), transfer.ErrForbidden)
+	}
+	if err != nil {
+		return [32]byte{}, err
+	}
+	return [32]byte(r), nil
+}
+
+// KeyOf asks the host for the key of the admitted peer.
+func (a hostAuthenticator) KeyOf(peer string) ([32]byte, bool) {
+	r, ok, err := a.query(pb.AuthQuery_OP_KEY_OF, []byte(peer))
+	if err != nil || !ok || len(r) != 32 {
+		return [32]byte{}, false
+	}
+	return [32]byte(r), true
+}
+
+// NameOf asks the host for the admitted peer that owns key.
+func (a hostAuthenticator) NameOf(key [32]byte) (string, bool) {
+	r, ok, err := a.query(pb.AuthQuery_OP_NAME_OF, key[:])
+	if err != nil || !ok || len(r) == 0 {
+		return "", false
+	}
+	return string(r), true
 }
 
 func (p *pluginCallbacks) forget(id uint64) {
@@ -299,6 +433,7 @@ func (s *engineServer) Callbacks(st pb.Engine_CallbacksServer) error {
 	}
 	cb := newPluginCallbacks(st)
 	defer cb.fail(errors.New("the host's callback stream ended"))
+	var lent []byte // the public key of the authenticator lent, nil for none
 	for {
 		m, err := st.Recv()
 		if err != nil {
@@ -313,6 +448,20 @@ func (s *engineServer) Callbacks(st pb.Engine_CallbacksServer) error {
 				g.SetWriteGuard(cb.check)
 			} else {
 				g.SetWriteGuard(nil)
+			}
+		}
+		if a, ok := e.(transfer.Authenticating); ok {
+			// Installs repeat the whole state: lend only a change, since
+			// lending closes the engine's incoming connections.
+			switch pub := m.GetPublicKey(); {
+			case m.GetAuth() && len(pub) != 32:
+				return fmt.Errorf("plugin: callbacks: an authenticator with a public key of %d bytes", len(pub))
+			case m.GetAuth() && !bytes.Equal(pub, lent):
+				a.SetAuthenticator(hostAuthenticator{cb: cb, pub: [32]byte(pub)})
+				lent = pub
+			case !m.GetAuth() && lent != nil:
+				a.SetAuthenticator(nil)
+				lent = nil
 			}
 		}
 		if r, ok := e.(transfer.PeerLossReporter); ok {

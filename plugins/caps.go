@@ -22,6 +22,7 @@ type caps struct {
 	notifier, fencer, fences bool
 	guarded, peerLoss        bool
 	connector, staller       bool
+	authenticating, fencesW  bool // transfer.Authenticating, transfer.WriteFencer
 	maxNotify                int
 	postPerDesc, perWrite    time.Duration
 	bandwidth                float64
@@ -56,6 +57,8 @@ func describe(e transfer.Engine) *pb.OpenReply {
 	_, pc.PeerLoss = e.(transfer.PeerLossReporter)
 	_, pc.Connector = e.(transfer.Connector)
 	_, pc.WriteStaller = e.(transfer.WriteStaller)
+	_, pc.Authenticating = e.(transfer.Authenticating)
+	_, pc.WriteFencer = e.(transfer.WriteFencer)
 	if l, ok := e.(transfer.Listener); ok {
 		pc.ListenAddr = l.Addr()
 	}
@@ -67,7 +70,7 @@ func capsFrom(rep *pb.OpenReply) caps {
 	pc := rep.GetCaps()
 	c := caps{notifier: rep.GetNotifier(), fencer: pc.GetFencer(), fences: pc.GetFences(), maxNotify: int(max(pc.GetMaxNotifySize(), 0)),
 		guarded: pc.GetWriteGuarded(), peerLoss: pc.GetPeerLoss(), connector: pc.GetConnector(), staller: pc.GetWriteStaller(),
-		listenAddr: pc.GetListenAddr()}
+		listenAddr: pc.GetListenAddr(), authenticating: pc.GetAuthenticating(), fencesW: pc.GetWriteFencer()}
 	if pc.GetRouteCosts() {
 		c.postPerDesc, c.perWrite, c.bandwidth = time.Duration(pc.GetPostPerDescNs()), time.Duration(pc.GetPerWriteNs()), pc.GetBandwidth()
 	}
@@ -78,11 +81,13 @@ func capsFrom(rep *pb.OpenReply) caps {
 // supervisedEngine) has: the engine, its declared capabilities, and the
 // optional capabilities' methods under unexported names. declare exposes
 // the exported ones for exactly the capabilities the plugin declared.
-// RouteCosts, Connect, WakeRecvNotification and StallWrites are always
-// there: each is neutral when the plugin's engine lacks it (no costs; no
-// early dial; the host's own wait ends; a stall refused with
-// ErrUnsupported). transfer.Listener is not declared on the host: its
-// address serves the restart (supervisedEngine).
+// RouteCosts, Connect, WakeRecvNotification, StallWrites, SetAuthenticator
+// and FenceWrites are always there: each is neutral when the plugin's engine
+// lacks it (no costs; no early dial; the host's own wait ends; a stall
+// refused with ErrUnsupported; the engine's peers are named as they claim,
+// which is logged; no fence, as for an engine without one).
+// transfer.Listener is not declared on the host: its address serves the
+// restart (supervisedEngine).
 type hostEngine interface {
 	transfer.Engine
 	transfer.ContextPoster
@@ -98,6 +103,13 @@ type hostEngine interface {
 	// transfer.WriteStaller (a test-only capability) and fails wrapping
 	// ErrUnsupported otherwise.
 	transfer.WriteStaller
+	// SetAuthenticator lends the agent's authenticator to the plugin's
+	// engine when it declared transfer.Authenticating (over Callbacks);
+	// otherwise it warns that the engine's peer names are only claimed.
+	transfer.Authenticating
+	// FenceWrites forwards to the plugin's engine when it declared
+	// transfer.WriteFencer and returns at once otherwise.
+	transfer.WriteFencer
 	Supervised
 	capabilities() caps
 	notify(peer string, payload []byte) error

@@ -275,6 +275,38 @@ func (e *remoteEngine) StallWrites() (release func(), err error) {
 	}, nil
 }
 
+// SetAuthenticator lends a to the plugin's engine over the callback
+// stream when it declared transfer.Authenticating, so it names its peers
+// by their keys; the keys stay here (see callbacks.go). An engine that did
+// not declare it keeps naming peers by what they claim: that is logged.
+func (e *remoteEngine) SetAuthenticator(a transfer.Authenticator) {
+	if !e.caps.authenticating {
+		if a != nil {
+			e.c.log.Warn("plugin engine does not authenticate its peers with the agent's keys: the peer names its write guard checks are what peers claim", "plugin", e.c.name)
+		}
+		return
+	}
+	e.cb.setAuth(a)
+}
+
+// FenceWrites asks the plugin's engine, when it declared
+// transfer.WriteFencer, to fence the writes still landing in d, and
+// returns once it answered. A fence that cannot be confirmed (no answer
+// within CallTimeout, a failed call) fails closed: the plugin process is
+// killed, so no write of it lands after. A process gone lands nothing.
+func (e *remoteEngine) FenceWrites(d transfer.Desc) {
+	if !e.caps.fencesW || e.c.gone() {
+		return
+	}
+	err := e.call(fmt.Sprintf("fence writes into %v", d), func(cx context.Context) (interface{ GetError() *pb.Error }, error) {
+		return e.rpc.FenceWrites(cx, &pb.DescRequest{Desc: toProtoDesc(d)})
+	})
+	if err != nil && !e.c.gone() {
+		e.c.log.Error("plugin engine's write fence not confirmed: killing the plugin so that no write lands after its authorization ended", "plugin", e.c.name, "range", d, "err", err)
+		e.c.kill()
+	}
+}
+
 // setWriteGuard installs g in the plugin's engine over the callback
 // stream (see callbacks.go).
 func (e *remoteEngine) setWriteGuard(g transfer.WriteGuard) { e.cb.setGuard(g) }
@@ -604,6 +636,24 @@ func (s *engineServer) ReleaseWrites(_ context.Context, r *pb.HandleRequest) (*p
 	if release != nil {
 		release()
 	}
+	return &pb.Reply{}, nil
+}
+
+// FenceWrites serves transfer.WriteFencer: it answers once the engine's
+// FenceWrites returned.
+func (s *engineServer) FenceWrites(_ context.Context, r *pb.DescRequest) (*pb.Reply, error) {
+	if err := s.owned("FenceWrites"); err != nil {
+		return reply(err), nil
+	}
+	e, err := s.engine()
+	if err != nil {
+		return reply(err), nil
+	}
+	f, ok := e.(transfer.WriteFencer)
+	if !ok {
+		return reply(fmt.Errorf("plugin: engine is no transfer.WriteFencer: %w", transfer.ErrUnsupported)), nil
+	}
+	f.FenceWrites(fromProtoDesc(r.GetDesc()))
 	return &pb.Reply{}, nil
 }
 

@@ -431,10 +431,11 @@ type supervisedEngine struct {
 	caps caps // the first process's; a restart runs the same binary
 
 	mu    sync.Mutex
-	regs  map[transfer.Desc]int // registration counts
-	peers map[string][]byte     // peer -> the metadata it was loaded from
-	guard transfer.WriteGuard   // installed in every process
-	lost  func(peer string)     // installed in every process
+	regs  map[transfer.Desc]int  // registration counts
+	peers map[string][]byte      // peer -> the metadata it was loaded from
+	guard transfer.WriteGuard    // installed in every process
+	lost  func(peer string)      // installed in every process
+	auth  transfer.Authenticator // lent to every process
 	// listen is the listen option of a restarted process: the first
 	// process's address (see restartListen).
 	listen string
@@ -473,6 +474,9 @@ func (e *supervisedEngine) reinstall(eng transfer.Engine) {
 // installLocked installs the guard and the callback set so far in eng.
 // The caller holds e.mu.
 func (e *supervisedEngine) installLocked(eng transfer.Engine) {
+	if a, ok := eng.(transfer.Authenticating); ok && e.auth != nil {
+		a.SetAuthenticator(e.auth)
+	}
 	if g, ok := eng.(transfer.WriteGuarded); ok && e.guard != nil {
 		g.SetWriteGuard(e.guard)
 	}
@@ -674,6 +678,29 @@ func (e *supervisedEngine) setWriteGuard(g transfer.WriteGuard) {
 	if cur, err := e.sv.get(); err == nil {
 		if wg, ok := cur.(transfer.WriteGuarded); ok {
 			wg.SetWriteGuard(g)
+		}
+	}
+}
+
+// SetAuthenticator lends a to the current process's engine and to every
+// restarted one (before its guard).
+func (e *supervisedEngine) SetAuthenticator(a transfer.Authenticator) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.auth = a
+	if cur, err := e.sv.get(); err == nil {
+		if au, ok := cur.(transfer.Authenticating); ok {
+			au.SetAuthenticator(a)
+		}
+	}
+}
+
+// FenceWrites fences the current process's engine. A process that is down
+// lands nothing; a restarted one holds no frame of the old one's.
+func (e *supervisedEngine) FenceWrites(d transfer.Desc) {
+	if cur, err := e.sv.get(); err == nil {
+		if f, ok := cur.(transfer.WriteFencer); ok {
+			f.FenceWrites(d)
 		}
 	}
 }

@@ -73,3 +73,39 @@ type Listener interface {
 type WriteStaller interface {
 	StallWrites() (release func(), err error)
 }
+
+// WriteFencer is the optional capability of a WriteGuarded Engine that can
+// fence the incoming writes its guard allowed: FenceWrites returns once no
+// write into memory overlapping d is landing any more, cutting a frame
+// still arriving there. The agent calls it each time a grant ends (DATA,
+// cancel, expiry, reclaim) and before the region is granted again, so a
+// trickled frame of its former holder never lands in the next one's
+// (docs/SECURITY.md). It must return within a frame's deadline.
+type WriteFencer interface {
+	FenceWrites(d Desc)
+}
+
+// Authenticator is an agent's authority over its peers' identities, lent
+// to an engine that authenticates its connections with the agent's key but
+// does not hold it (an engine in a plugin process): DH computes the X25519
+// product of the agent's private key with pub, so the private key stays
+// with the agent; KeyOf and NameOf answer from the admitted set, which the
+// agent keeps current. Keys are X25519 public keys. It is safe for
+// concurrent use.
+type Authenticator interface {
+	PublicKey() [32]byte
+	DH(pub [32]byte) ([32]byte, error)
+	KeyOf(peer string) (key [32]byte, ok bool)
+	NameOf(key [32]byte) (peer string, ok bool)
+}
+
+// Authenticating is the optional capability of an Engine that
+// authenticates its peers with an Authenticator: once SetAuthenticator
+// installed one, the engine accepts only connections whose key NameOf
+// knows and names each incoming write's peer by that key, never by what
+// the peer claimed; connections it accepted before are closed. nil removes
+// it. The agent installs one before its write guard when authentication is
+// on.
+type Authenticating interface {
+	SetAuthenticator(a Authenticator)
+}

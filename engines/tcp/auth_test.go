@@ -343,7 +343,7 @@ func FuzzAcceptHandshake(f *testing.F) {
 		}()
 		c1.SetDeadline(time.Now().Add(time.Second))
 		go io.Copy(io.Discard, c2)
-		if _, name, err := e.acceptHandshake(c1); err == nil {
+		if _, name, err := e.acceptHandshake(e.authenticator(), c1); err == nil {
 			t.Fatalf("arbitrary bytes admitted as %q", name)
 		}
 	})

@@ -59,10 +59,14 @@ type Engine struct {
 
 	pending atomic.Int64 // incoming connections not yet admitted
 	guard   atomic.Pointer[transfer.WriteGuard]
-	stats   counters
-	stage   *stager // nil unless Config.Device: the device staging rings
-	bodies  *bodyBudget
-	stalls  stallGate // StallWrites
+	// authn authenticates connections: Config.Peers' when enabled, or
+	// the one SetAuthenticator installed; nil keeps the unauthenticated
+	// protocol.
+	authn  atomic.Pointer[authBox]
+	stats  counters
+	stage  *stager // nil unless Config.Device: the device staging rings
+	bodies *bodyBudget
+	stalls stallGate // StallWrites
 }
 
 // counters are the engine's security counters.
@@ -150,12 +154,54 @@ func (e *Engine) SetWriteGuard(g transfer.WriteGuard) {
 	e.guard.Store(&g)
 }
 
+// authBox holds an Authenticator in an atomic.Pointer.
+type authBox struct{ a transfer.Authenticator }
+
+// authenticator returns what authenticates connections, nil for none.
+func (e *Engine) authenticator() transfer.Authenticator {
+	if b := e.authn.Load(); b != nil {
+		return b.a
+	}
+	return nil
+}
+
+// SetAuthenticator makes every connection from now on authenticated with
+// a (transfer.Authenticating): the handshake's static key is the one a
+// holds (a computes its DH products) and a's admitted set names the peer
+// of each incoming connection. It is how an engine in a plugin process,
+// which holds no keys, authenticates with the agent's (docs/SECURITY.md).
+// Incoming connections accepted before are closed, so no write lands
+// under a name only claimed; outgoing ones keep their protocol until they
+// break. nil restores Config.Peers (none when it is off).
+func (e *Engine) SetAuthenticator(a transfer.Authenticator) {
+	if a == nil {
+		a = e.cfg.Peers.Authenticator()
+	}
+	if a == nil {
+		e.authn.Store(nil)
+	} else {
+		e.authn.Store(&authBox{a})
+	}
+	e.mu.Lock()
+	ins := make([]*inConn, 0, len(e.incoming))
+	for ic := range e.incoming {
+		ic.cut.Store(true)
+		ins = append(ins, ic)
+	}
+	e.mu.Unlock()
+	for _, ic := range ins {
+		ic.abort()
+	}
+}
+
 var (
-	_ transfer.Engine    = (*Engine)(nil)
-	_ transfer.Notifier  = (*Engine)(nil)
-	_ transfer.Writer    = (*Engine)(nil)
-	_ transfer.Fencer    = (*Engine)(nil)
-	_ transfer.Connector = (*Engine)(nil)
+	_ transfer.Engine         = (*Engine)(nil)
+	_ transfer.Authenticating = (*Engine)(nil)
+	_ transfer.WriteFencer    = (*Engine)(nil)
+	_ transfer.Notifier       = (*Engine)(nil)
+	_ transfer.Writer         = (*Engine)(nil)
+	_ transfer.Fencer         = (*Engine)(nil)
+	_ transfer.Connector      = (*Engine)(nil)
 
 	_ transfer.WriteGuarded = (*Engine)(nil)
 	_ transfer.StagedKinder = (*Engine)(nil)
@@ -224,6 +270,9 @@ func newEngine(cfg Config) (*Engine, error) {
 		recvq:     make(chan transfer.Message, cfg.RecvQueue),
 		wake:      inbox.NewWake(),
 		bodies:    newBodyBudget(int64(cfg.MaxBodyBytes), int64(cfg.MaxBodyBytesPerPeer)),
+	}
+	if a := cfg.Peers.Authenticator(); a != nil {
+		e.authn.Store(&authBox{a})
 	}
 	e.wg.Add(1)
 	go e.acceptLoop()

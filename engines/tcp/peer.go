@@ -380,8 +380,8 @@ func (ss *session) loop() (err error) {
 	defer conn.Close()
 
 	var wc net.Conn = conn // what frames go through
-	if e.cfg.Peers.Enabled() {
-		sc, err := e.dialHandshake(conn, ss.s.p.name)
+	if a := e.authenticator(); a != nil {
+		sc, err := e.dialHandshake(a, conn, ss.s.p.name)
 		if err != nil {
 			return err
 		}

@@ -1,6 +1,8 @@
 package tcp
 
 import (
+	"crypto/rand"
+	"crypto/subtle"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -40,24 +42,54 @@ const (
 	maxRecord = 65535 - recordOverhead
 )
 
-var cipherSuite = noise.NewCipherSuite(noise.DH25519, noise.CipherAESGCM, noise.HashSHA256)
-
 // errUnauthenticated marks a connection that failed or skipped the
 // handshake; it is closed without a reply.
 var errUnauthenticated = errors.New("tcp: unauthenticated connection")
 
-func noiseConfig(id security.Identity, initiator bool, peer security.Key) noise.Config {
+// noiseConfig is the handshake configuration of one connection. The
+// static private key is a's: the handshake state holds a random stand-in,
+// and every DH with the stand-in is computed by a (which may be the host
+// of a plugin process), so the secret need not be in this process.
+func noiseConfig(a transfer.Authenticator, initiator bool, peer security.Key) (noise.Config, error) {
+	var stand [32]byte
+	if _, err := rand.Read(stand[:]); err != nil {
+		return noise.Config{}, fmt.Errorf("handshake: %w", err)
+	}
+	pub := a.PublicKey()
 	c := noise.Config{
-		CipherSuite:   cipherSuite,
+		CipherSuite:   noise.NewCipherSuite(staticDH{DHFunc: noise.DH25519, stand: stand, a: a}, noise.CipherAESGCM, noise.HashSHA256),
 		Pattern:       noise.HandshakeIK,
 		Initiator:     initiator,
 		Prologue:      []byte(noisePrologue),
-		StaticKeypair: noise.DHKey{Private: append([]byte(nil), id.Secret[:]...), Public: append([]byte(nil), id.Public[:]...)},
+		StaticKeypair: noise.DHKey{Private: stand[:], Public: pub[:]},
 	}
 	if initiator {
 		c.PeerStatic = append([]byte(nil), peer[:]...)
 	}
-	return c
+	return c, nil
+}
+
+// staticDH is Noise's X25519 with the static private key replaced by a
+// stand-in: a DH with the stand-in is the Authenticator's.
+type staticDH struct {
+	noise.DHFunc
+	stand [32]byte
+	a     transfer.Authenticator
+}
+
+// DH implements noise.DHFunc.
+func (s staticDH) DH(priv, pub []byte) ([]byte, error) {
+	if subtle.ConstantTimeCompare(priv, s.stand[:]) != 1 {
+		return s.DHFunc.DH(priv, pub)
+	}
+	if len(pub) != 32 {
+		return nil, fmt.Errorf("handshake: public key of %d bytes", len(pub))
+	}
+	out, err := s.a.DH([32]byte(pub))
+	if err != nil {
+		return nil, err
+	}
+	return out[:], nil
 }
 
 func writeNoiseMsg(conn net.Conn, prefix string, msg []byte) error {
@@ -91,12 +123,17 @@ func (e *Engine) flags() byte {
 
 // dialHandshake authenticates an outgoing connection to peer, whose key
 // the admitted set must hold. It returns the connection to use for frames.
-func (e *Engine) dialHandshake(conn net.Conn, peer string) (*secureConn, error) {
-	key, ok := e.cfg.Peers.KeyOf(peer)
+func (e *Engine) dialHandshake(a transfer.Authenticator, conn net.Conn, peer string) (*secureConn, error) {
+	k, ok := a.KeyOf(peer)
 	if !ok {
 		return nil, fmt.Errorf("no public key known for peer %q: %w", peer, security.ErrNotAdmitted)
 	}
-	hs, err := noise.NewHandshakeState(noiseConfig(e.cfg.Peers.Self(), true, key))
+	key := security.Key(k)
+	nc, err := noiseConfig(a, true, key)
+	if err != nil {
+		return nil, err
+	}
+	hs, err := noise.NewHandshakeState(nc)
 	if err != nil {
 		return nil, fmt.Errorf("handshake: %w", err)
 	}
@@ -123,7 +160,7 @@ func (e *Engine) dialHandshake(conn net.Conn, peer string) (*secureConn, error) 
 // acceptHandshake authenticates an incoming connection and returns the
 // connection to use for frames and the admitted peer that owns the
 // dialer's key.
-func (e *Engine) acceptHandshake(conn net.Conn) (*secureConn, string, error) {
+func (e *Engine) acceptHandshake(a transfer.Authenticator, conn net.Conn) (*secureConn, string, error) {
 	var magic [len(authMagic)]byte
 	if _, err := io.ReadFull(conn, magic[:]); err != nil {
 		return nil, "", fmt.Errorf("read handshake: %w: %w", errUnauthenticated, err)
@@ -135,7 +172,11 @@ func (e *Engine) acceptHandshake(conn net.Conn) (*secureConn, string, error) {
 	if err != nil {
 		return nil, "", fmt.Errorf("read handshake: %w: %w", errUnauthenticated, err)
 	}
-	hs, err := noise.NewHandshakeState(noiseConfig(e.cfg.Peers.Self(), false, security.Key{}))
+	nc, err := noiseConfig(a, false, security.Key{})
+	if err != nil {
+		return nil, "", err
+	}
+	hs, err := noise.NewHandshakeState(nc)
 	if err != nil {
 		return nil, "", fmt.Errorf("handshake: %w", err)
 	}
@@ -145,7 +186,7 @@ func (e *Engine) acceptHandshake(conn net.Conn) (*secureConn, string, error) {
 	}
 	var key security.Key
 	copy(key[:], hs.PeerStatic())
-	name, ok := e.cfg.Peers.NameOf(key)
+	name, ok := a.NameOf(key)
 	if !ok {
 		return nil, "", fmt.Errorf("dialer key %s is not an admitted peer: %w: %w", key, security.ErrNotAdmitted, errUnauthenticated)
 	}

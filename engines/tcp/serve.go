@@ -343,8 +343,8 @@ func (e *Engine) serve(ic *inConn) error {
 	// The handshake and the HELLO share one deadline.
 	conn.SetReadDeadline(time.Now().Add(min(e.cfg.DialTimeout, e.cfg.FrameTimeout)))
 	authName := ""
-	if e.cfg.Peers.Enabled() {
-		sc, name, err := e.acceptHandshake(conn)
+	if a := e.authenticator(); a != nil {
+		sc, name, err := e.acceptHandshake(a, conn)
 		if err != nil {
 			n := e.stats.unauthenticated.Add(1)
 			if n&(n-1) == 0 {

@@ -115,6 +115,58 @@ func (Code) EnumDescriptor() ([]byte, []int) {
 	return file_plugin_proto_rawDescGZIP(), []int{0}
 }
 
+type AuthQuery_Op int32
+
+const (
+	AuthQuery_OP_UNSPECIFIED AuthQuery_Op = 0
+	AuthQuery_OP_DH          AuthQuery_Op = 1
+	AuthQuery_OP_KEY_OF      AuthQuery_Op = 2
+	AuthQuery_OP_NAME_OF     AuthQuery_Op = 3
+)
+
+// Enum value maps for AuthQuery_Op.
+var (
+	AuthQuery_Op_name = map[int32]string{
+		0: "OP_UNSPECIFIED",
+		1: "OP_DH",
+		2: "OP_KEY_OF",
+		3: "OP_NAME_OF",
+	}
+	AuthQuery_Op_value = map[string]int32{
+		"OP_UNSPECIFIED": 0,
+		"OP_DH":          1,
+		"OP_KEY_OF":      2,
+		"OP_NAME_OF":     3,
+	}
+)
+
+func (x AuthQuery_Op) Enum() *AuthQuery_Op {
+	p := new(AuthQuery_Op)
+	*p = x
+	return p
+}
+
+func (x AuthQuery_Op) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (AuthQuery_Op) Descriptor() protoreflect.EnumDescriptor {
+	return file_plugin_proto_enumTypes[1].Descriptor()
+}
+
+func (AuthQuery_Op) Type() protoreflect.EnumType {
+	return &file_plugin_proto_enumTypes[1]
+}
+
+func (x AuthQuery_Op) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use AuthQuery_Op.Descriptor instead.
+func (AuthQuery_Op) EnumDescriptor() ([]byte, []int) {
+	return file_plugin_proto_rawDescGZIP(), []int{11, 0}
+}
+
 // Error is a Go error: its message and every sentinel it wraps.
 type Error struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -712,7 +764,15 @@ type Capabilities struct {
 	// write_staller says the engine implements transfer.WriteStaller, the
 	// test-only stall the conformance suite uses: the host forwards
 	// StallWrites and ReleaseWrites.
-	WriteStaller  bool `protobuf:"varint,12,opt,name=write_staller,json=writeStaller,proto3" json:"write_staller,omitempty"`
+	WriteStaller bool `protobuf:"varint,12,opt,name=write_staller,json=writeStaller,proto3" json:"write_staller,omitempty"`
+	// authenticating says the engine implements transfer.Authenticating:
+	// the host lends it the agent's authenticator over Callbacks (the
+	// install's auth; the engine's AuthQuery checks), so it names its peers
+	// by their keys without holding the agent's.
+	Authenticating bool `protobuf:"varint,13,opt,name=authenticating,proto3" json:"authenticating,omitempty"`
+	// write_fencer says the engine implements transfer.WriteFencer: the
+	// host forwards FenceWrites (the Engine service's FenceWrites call).
+	WriteFencer   bool `protobuf:"varint,14,opt,name=write_fencer,json=writeFencer,proto3" json:"write_fencer,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -831,16 +891,39 @@ func (x *Capabilities) GetWriteStaller() bool {
 	return false
 }
 
+func (x *Capabilities) GetAuthenticating() bool {
+	if x != nil {
+		return x.Authenticating
+	}
+	return false
+}
+
+func (x *Capabilities) GetWriteFencer() bool {
+	if x != nil {
+		return x.WriteFencer
+	}
+	return false
+}
+
 // HostCallback is what the host sends on the Callbacks stream: an install
 // (id 0: which callbacks the host set; the plugin answers with an ack) or
-// the answer to the guard check id.
+// the answer to the check id (a guard check: allowed or error; an
+// AuthQuery: auth_result, auth_found or error).
 type HostCallback struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Id            uint64                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
-	Guard         bool                   `protobuf:"varint,2,opt,name=guard,proto3" json:"guard,omitempty"`
-	PeerLost      bool                   `protobuf:"varint,3,opt,name=peer_lost,json=peerLost,proto3" json:"peer_lost,omitempty"`
-	Allowed       *Desc                  `protobuf:"bytes,4,opt,name=allowed,proto3" json:"allowed,omitempty"`
-	Error         *Error                 `protobuf:"bytes,5,opt,name=error,proto3" json:"error,omitempty"`
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Id       uint64                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	Guard    bool                   `protobuf:"varint,2,opt,name=guard,proto3" json:"guard,omitempty"`
+	PeerLost bool                   `protobuf:"varint,3,opt,name=peer_lost,json=peerLost,proto3" json:"peer_lost,omitempty"`
+	Allowed  *Desc                  `protobuf:"bytes,4,opt,name=allowed,proto3" json:"allowed,omitempty"`
+	Error    *Error                 `protobuf:"bytes,5,opt,name=error,proto3" json:"error,omitempty"`
+	// auth (an install) says the host lends its authenticator;
+	// public_key is the agent's X25519 public key.
+	Auth      bool   `protobuf:"varint,6,opt,name=auth,proto3" json:"auth,omitempty"`
+	PublicKey []byte `protobuf:"bytes,7,opt,name=public_key,json=publicKey,proto3" json:"public_key,omitempty"`
+	// auth_result answers an AuthQuery: the DH product or the key (32
+	// bytes), or the peer's name; auth_found is KeyOf's and NameOf's ok.
+	AuthResult    []byte `protobuf:"bytes,8,opt,name=auth_result,json=authResult,proto3" json:"auth_result,omitempty"`
+	AuthFound     bool   `protobuf:"varint,9,opt,name=auth_found,json=authFound,proto3" json:"auth_found,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -910,22 +993,107 @@ func (x *HostCallback) GetError() *Error {
 	return nil
 }
 
-// PluginCallback is what the plugin sends on the Callbacks stream: a guard
-// check (id > 0: may peer write dst?), the ack of an install (ack), or a
-// lost peer (id 0, peer set).
+func (x *HostCallback) GetAuth() bool {
+	if x != nil {
+		return x.Auth
+	}
+	return false
+}
+
+func (x *HostCallback) GetPublicKey() []byte {
+	if x != nil {
+		return x.PublicKey
+	}
+	return nil
+}
+
+func (x *HostCallback) GetAuthResult() []byte {
+	if x != nil {
+		return x.AuthResult
+	}
+	return nil
+}
+
+func (x *HostCallback) GetAuthFound() bool {
+	if x != nil {
+		return x.AuthFound
+	}
+	return false
+}
+
+// AuthQuery asks the host's authenticator (transfer.Authenticator): DH
+// with the agent's private key and the public key arg, the key of the
+// peer named arg, or the peer that owns the key arg.
+type AuthQuery struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Op            AuthQuery_Op           `protobuf:"varint,1,opt,name=op,proto3,enum=bounce.plugin.v1.AuthQuery_Op" json:"op,omitempty"`
+	Arg           []byte                 `protobuf:"bytes,2,opt,name=arg,proto3" json:"arg,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AuthQuery) Reset() {
+	*x = AuthQuery{}
+	mi := &file_plugin_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AuthQuery) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AuthQuery) ProtoMessage() {}
+
+func (x *AuthQuery) ProtoReflect() protoreflect.Message {
+	mi := &file_plugin_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AuthQuery.ProtoReflect.Descriptor instead.
+func (*AuthQuery) Descriptor() ([]byte, []int) {
+	return file_plugin_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *AuthQuery) GetOp() AuthQuery_Op {
+	if x != nil {
+		return x.Op
+	}
+	return AuthQuery_OP_UNSPECIFIED
+}
+
+func (x *AuthQuery) GetArg() []byte {
+	if x != nil {
+		return x.Arg
+	}
+	return nil
+}
+
+// PluginCallback is what the plugin sends on the Callbacks stream: a check
+// (id > 0: a guard check, may peer write dst?, or with auth an
+// AuthQuery), the ack of an install (ack), or a lost peer (id 0, peer
+// set).
 type PluginCallback struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Id            uint64                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
 	Peer          []byte                 `protobuf:"bytes,2,opt,name=peer,proto3" json:"peer,omitempty"`
 	Dst           *Desc                  `protobuf:"bytes,3,opt,name=dst,proto3" json:"dst,omitempty"`
 	Ack           bool                   `protobuf:"varint,4,opt,name=ack,proto3" json:"ack,omitempty"`
+	Auth          *AuthQuery             `protobuf:"bytes,5,opt,name=auth,proto3" json:"auth,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *PluginCallback) Reset() {
 	*x = PluginCallback{}
-	mi := &file_plugin_proto_msgTypes[11]
+	mi := &file_plugin_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -937,7 +1105,7 @@ func (x *PluginCallback) String() string {
 func (*PluginCallback) ProtoMessage() {}
 
 func (x *PluginCallback) ProtoReflect() protoreflect.Message {
-	mi := &file_plugin_proto_msgTypes[11]
+	mi := &file_plugin_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -950,7 +1118,7 @@ func (x *PluginCallback) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PluginCallback.ProtoReflect.Descriptor instead.
 func (*PluginCallback) Descriptor() ([]byte, []int) {
-	return file_plugin_proto_rawDescGZIP(), []int{11}
+	return file_plugin_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *PluginCallback) GetId() uint64 {
@@ -981,6 +1149,13 @@ func (x *PluginCallback) GetAck() bool {
 	return false
 }
 
+func (x *PluginCallback) GetAuth() *AuthQuery {
+	if x != nil {
+		return x.Auth
+	}
+	return nil
+}
+
 type RegisterRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Desc          *Desc                  `protobuf:"bytes,1,opt,name=desc,proto3" json:"desc,omitempty"`
@@ -991,7 +1166,7 @@ type RegisterRequest struct {
 
 func (x *RegisterRequest) Reset() {
 	*x = RegisterRequest{}
-	mi := &file_plugin_proto_msgTypes[12]
+	mi := &file_plugin_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1003,7 +1178,7 @@ func (x *RegisterRequest) String() string {
 func (*RegisterRequest) ProtoMessage() {}
 
 func (x *RegisterRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_plugin_proto_msgTypes[12]
+	mi := &file_plugin_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1016,7 +1191,7 @@ func (x *RegisterRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterRequest.ProtoReflect.Descriptor instead.
 func (*RegisterRequest) Descriptor() ([]byte, []int) {
-	return file_plugin_proto_rawDescGZIP(), []int{12}
+	return file_plugin_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *RegisterRequest) GetDesc() *Desc {
@@ -1042,7 +1217,7 @@ type DescRequest struct {
 
 func (x *DescRequest) Reset() {
 	*x = DescRequest{}
-	mi := &file_plugin_proto_msgTypes[13]
+	mi := &file_plugin_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1054,7 +1229,7 @@ func (x *DescRequest) String() string {
 func (*DescRequest) ProtoMessage() {}
 
 func (x *DescRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_plugin_proto_msgTypes[13]
+	mi := &file_plugin_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1067,7 +1242,7 @@ func (x *DescRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DescRequest.ProtoReflect.Descriptor instead.
 func (*DescRequest) Descriptor() ([]byte, []int) {
-	return file_plugin_proto_rawDescGZIP(), []int{13}
+	return file_plugin_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *DescRequest) GetDesc() *Desc {
@@ -1086,7 +1261,7 @@ type BytesRequest struct {
 
 func (x *BytesRequest) Reset() {
 	*x = BytesRequest{}
-	mi := &file_plugin_proto_msgTypes[14]
+	mi := &file_plugin_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1098,7 +1273,7 @@ func (x *BytesRequest) String() string {
 func (*BytesRequest) ProtoMessage() {}
 
 func (x *BytesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_plugin_proto_msgTypes[14]
+	mi := &file_plugin_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1111,7 +1286,7 @@ func (x *BytesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BytesRequest.ProtoReflect.Descriptor instead.
 func (*BytesRequest) Descriptor() ([]byte, []int) {
-	return file_plugin_proto_rawDescGZIP(), []int{14}
+	return file_plugin_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *BytesRequest) GetData() []byte {
@@ -1131,7 +1306,7 @@ type BytesReply struct {
 
 func (x *BytesReply) Reset() {
 	*x = BytesReply{}
-	mi := &file_plugin_proto_msgTypes[15]
+	mi := &file_plugin_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1143,7 +1318,7 @@ func (x *BytesReply) String() string {
 func (*BytesReply) ProtoMessage() {}
 
 func (x *BytesReply) ProtoReflect() protoreflect.Message {
-	mi := &file_plugin_proto_msgTypes[15]
+	mi := &file_plugin_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1156,7 +1331,7 @@ func (x *BytesReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BytesReply.ProtoReflect.Descriptor instead.
 func (*BytesReply) Descriptor() ([]byte, []int) {
-	return file_plugin_proto_rawDescGZIP(), []int{15}
+	return file_plugin_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *BytesReply) GetError() *Error {
@@ -1186,7 +1361,7 @@ type PeerRequest struct {
 
 func (x *PeerRequest) Reset() {
 	*x = PeerRequest{}
-	mi := &file_plugin_proto_msgTypes[16]
+	mi := &file_plugin_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1198,7 +1373,7 @@ func (x *PeerRequest) String() string {
 func (*PeerRequest) ProtoMessage() {}
 
 func (x *PeerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_plugin_proto_msgTypes[16]
+	mi := &file_plugin_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1211,7 +1386,7 @@ func (x *PeerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PeerRequest.ProtoReflect.Descriptor instead.
 func (*PeerRequest) Descriptor() ([]byte, []int) {
-	return file_plugin_proto_rawDescGZIP(), []int{16}
+	return file_plugin_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *PeerRequest) GetPeer() []byte {
@@ -1238,7 +1413,7 @@ type PeerReply struct {
 
 func (x *PeerReply) Reset() {
 	*x = PeerReply{}
-	mi := &file_plugin_proto_msgTypes[17]
+	mi := &file_plugin_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1250,7 +1425,7 @@ func (x *PeerReply) String() string {
 func (*PeerReply) ProtoMessage() {}
 
 func (x *PeerReply) ProtoReflect() protoreflect.Message {
-	mi := &file_plugin_proto_msgTypes[17]
+	mi := &file_plugin_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1263,7 +1438,7 @@ func (x *PeerReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PeerReply.ProtoReflect.Descriptor instead.
 func (*PeerReply) Descriptor() ([]byte, []int) {
-	return file_plugin_proto_rawDescGZIP(), []int{17}
+	return file_plugin_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *PeerReply) GetError() *Error {
@@ -1290,7 +1465,7 @@ type PostWriteRequest struct {
 
 func (x *PostWriteRequest) Reset() {
 	*x = PostWriteRequest{}
-	mi := &file_plugin_proto_msgTypes[18]
+	mi := &file_plugin_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1302,7 +1477,7 @@ func (x *PostWriteRequest) String() string {
 func (*PostWriteRequest) ProtoMessage() {}
 
 func (x *PostWriteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_plugin_proto_msgTypes[18]
+	mi := &file_plugin_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1315,7 +1490,7 @@ func (x *PostWriteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PostWriteRequest.ProtoReflect.Descriptor instead.
 func (*PostWriteRequest) Descriptor() ([]byte, []int) {
-	return file_plugin_proto_rawDescGZIP(), []int{18}
+	return file_plugin_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *PostWriteRequest) GetPeer() []byte {
@@ -1341,7 +1516,7 @@ type HandleRequest struct {
 
 func (x *HandleRequest) Reset() {
 	*x = HandleRequest{}
-	mi := &file_plugin_proto_msgTypes[19]
+	mi := &file_plugin_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1353,7 +1528,7 @@ func (x *HandleRequest) String() string {
 func (*HandleRequest) ProtoMessage() {}
 
 func (x *HandleRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_plugin_proto_msgTypes[19]
+	mi := &file_plugin_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1366,7 +1541,7 @@ func (x *HandleRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HandleRequest.ProtoReflect.Descriptor instead.
 func (*HandleRequest) Descriptor() ([]byte, []int) {
-	return file_plugin_proto_rawDescGZIP(), []int{19}
+	return file_plugin_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *HandleRequest) GetHandle() uint64 {
@@ -1386,7 +1561,7 @@ type HandleReply struct {
 
 func (x *HandleReply) Reset() {
 	*x = HandleReply{}
-	mi := &file_plugin_proto_msgTypes[20]
+	mi := &file_plugin_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1398,7 +1573,7 @@ func (x *HandleReply) String() string {
 func (*HandleReply) ProtoMessage() {}
 
 func (x *HandleReply) ProtoReflect() protoreflect.Message {
-	mi := &file_plugin_proto_msgTypes[20]
+	mi := &file_plugin_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1411,7 +1586,7 @@ func (x *HandleReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HandleReply.ProtoReflect.Descriptor instead.
 func (*HandleReply) Descriptor() ([]byte, []int) {
-	return file_plugin_proto_rawDescGZIP(), []int{20}
+	return file_plugin_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *HandleReply) GetError() *Error {
@@ -1439,7 +1614,7 @@ type PollReply struct {
 
 func (x *PollReply) Reset() {
 	*x = PollReply{}
-	mi := &file_plugin_proto_msgTypes[21]
+	mi := &file_plugin_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1451,7 +1626,7 @@ func (x *PollReply) String() string {
 func (*PollReply) ProtoMessage() {}
 
 func (x *PollReply) ProtoReflect() protoreflect.Message {
-	mi := &file_plugin_proto_msgTypes[21]
+	mi := &file_plugin_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1464,7 +1639,7 @@ func (x *PollReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PollReply.ProtoReflect.Descriptor instead.
 func (*PollReply) Descriptor() ([]byte, []int) {
-	return file_plugin_proto_rawDescGZIP(), []int{21}
+	return file_plugin_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *PollReply) GetError() *Error {
@@ -1494,7 +1669,7 @@ type WaitRequest struct {
 
 func (x *WaitRequest) Reset() {
 	*x = WaitRequest{}
-	mi := &file_plugin_proto_msgTypes[22]
+	mi := &file_plugin_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1506,7 +1681,7 @@ func (x *WaitRequest) String() string {
 func (*WaitRequest) ProtoMessage() {}
 
 func (x *WaitRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_plugin_proto_msgTypes[22]
+	mi := &file_plugin_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1519,7 +1694,7 @@ func (x *WaitRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaitRequest.ProtoReflect.Descriptor instead.
 func (*WaitRequest) Descriptor() ([]byte, []int) {
-	return file_plugin_proto_rawDescGZIP(), []int{22}
+	return file_plugin_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *WaitRequest) GetHandle() uint64 {
@@ -1546,7 +1721,7 @@ type MessageRequest struct {
 
 func (x *MessageRequest) Reset() {
 	*x = MessageRequest{}
-	mi := &file_plugin_proto_msgTypes[23]
+	mi := &file_plugin_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1558,7 +1733,7 @@ func (x *MessageRequest) String() string {
 func (*MessageRequest) ProtoMessage() {}
 
 func (x *MessageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_plugin_proto_msgTypes[23]
+	mi := &file_plugin_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1571,7 +1746,7 @@ func (x *MessageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MessageRequest.ProtoReflect.Descriptor instead.
 func (*MessageRequest) Descriptor() ([]byte, []int) {
-	return file_plugin_proto_rawDescGZIP(), []int{23}
+	return file_plugin_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *MessageRequest) GetPeer() []byte {
@@ -1597,7 +1772,7 @@ type RecvRequest struct {
 
 func (x *RecvRequest) Reset() {
 	*x = RecvRequest{}
-	mi := &file_plugin_proto_msgTypes[24]
+	mi := &file_plugin_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1609,7 +1784,7 @@ func (x *RecvRequest) String() string {
 func (*RecvRequest) ProtoMessage() {}
 
 func (x *RecvRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_plugin_proto_msgTypes[24]
+	mi := &file_plugin_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1622,7 +1797,7 @@ func (x *RecvRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RecvRequest.ProtoReflect.Descriptor instead.
 func (*RecvRequest) Descriptor() ([]byte, []int) {
-	return file_plugin_proto_rawDescGZIP(), []int{24}
+	return file_plugin_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *RecvRequest) GetTimeoutNs() int64 {
@@ -1643,7 +1818,7 @@ type MessageReply struct {
 
 func (x *MessageReply) Reset() {
 	*x = MessageReply{}
-	mi := &file_plugin_proto_msgTypes[25]
+	mi := &file_plugin_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1655,7 +1830,7 @@ func (x *MessageReply) String() string {
 func (*MessageReply) ProtoMessage() {}
 
 func (x *MessageReply) ProtoReflect() protoreflect.Message {
-	mi := &file_plugin_proto_msgTypes[25]
+	mi := &file_plugin_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1668,7 +1843,7 @@ func (x *MessageReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MessageReply.ProtoReflect.Descriptor instead.
 func (*MessageReply) Descriptor() ([]byte, []int) {
-	return file_plugin_proto_rawDescGZIP(), []int{25}
+	return file_plugin_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *MessageReply) GetError() *Error {
@@ -1702,7 +1877,7 @@ type StageRequest struct {
 
 func (x *StageRequest) Reset() {
 	*x = StageRequest{}
-	mi := &file_plugin_proto_msgTypes[26]
+	mi := &file_plugin_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1714,7 +1889,7 @@ func (x *StageRequest) String() string {
 func (*StageRequest) ProtoMessage() {}
 
 func (x *StageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_plugin_proto_msgTypes[26]
+	mi := &file_plugin_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1727,7 +1902,7 @@ func (x *StageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StageRequest.ProtoReflect.Descriptor instead.
 func (*StageRequest) Descriptor() ([]byte, []int) {
-	return file_plugin_proto_rawDescGZIP(), []int{26}
+	return file_plugin_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *StageRequest) GetRegion() *Desc {
@@ -1757,7 +1932,7 @@ type WriteRequest struct {
 
 func (x *WriteRequest) Reset() {
 	*x = WriteRequest{}
-	mi := &file_plugin_proto_msgTypes[27]
+	mi := &file_plugin_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1769,7 +1944,7 @@ func (x *WriteRequest) String() string {
 func (*WriteRequest) ProtoMessage() {}
 
 func (x *WriteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_plugin_proto_msgTypes[27]
+	mi := &file_plugin_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1782,7 +1957,7 @@ func (x *WriteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteRequest.ProtoReflect.Descriptor instead.
 func (*WriteRequest) Descriptor() ([]byte, []int) {
-	return file_plugin_proto_rawDescGZIP(), []int{27}
+	return file_plugin_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *WriteRequest) GetPeer() []byte {
@@ -1852,7 +2027,7 @@ const file_plugin_proto_rawDesc = "" +
 	"\x04name\x18\x02 \x01(\fR\x04name\x12\x1a\n" +
 	"\bnotifier\x18\x03 \x01(\bR\bnotifier\x12\x1a\n" +
 	"\bendpoint\x18\x04 \x01(\fR\bendpoint\x122\n" +
-	"\x04caps\x18\x05 \x01(\v2\x1e.bounce.plugin.v1.CapabilitiesR\x04caps\"\x96\x03\n" +
+	"\x04caps\x18\x05 \x01(\v2\x1e.bounce.plugin.v1.CapabilitiesR\x04caps\"\xe1\x03\n" +
 	"\fCapabilities\x12\x16\n" +
 	"\x06fencer\x18\x01 \x01(\bR\x06fencer\x12\x16\n" +
 	"\x06fences\x18\x02 \x01(\bR\x06fences\x12&\n" +
@@ -1869,18 +2044,37 @@ const file_plugin_proto_rawDesc = "" +
 	" \x01(\bR\tconnector\x12\x1f\n" +
 	"\vlisten_addr\x18\v \x01(\tR\n" +
 	"listenAddr\x12#\n" +
-	"\rwrite_staller\x18\f \x01(\bR\fwriteStaller\"\xb2\x01\n" +
+	"\rwrite_staller\x18\f \x01(\bR\fwriteStaller\x12&\n" +
+	"\x0eauthenticating\x18\r \x01(\bR\x0eauthenticating\x12!\n" +
+	"\fwrite_fencer\x18\x0e \x01(\bR\vwriteFencer\"\xa5\x02\n" +
 	"\fHostCallback\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x14\n" +
 	"\x05guard\x18\x02 \x01(\bR\x05guard\x12\x1b\n" +
 	"\tpeer_lost\x18\x03 \x01(\bR\bpeerLost\x120\n" +
 	"\aallowed\x18\x04 \x01(\v2\x16.bounce.plugin.v1.DescR\aallowed\x12-\n" +
-	"\x05error\x18\x05 \x01(\v2\x17.bounce.plugin.v1.ErrorR\x05error\"p\n" +
+	"\x05error\x18\x05 \x01(\v2\x17.bounce.plugin.v1.ErrorR\x05error\x12\x12\n" +
+	"\x04auth\x18\x06 \x01(\bR\x04auth\x12\x1d\n" +
+	"\n" +
+	"public_key\x18\a \x01(\fR\tpublicKey\x12\x1f\n" +
+	"\vauth_result\x18\b \x01(\fR\n" +
+	"authResult\x12\x1d\n" +
+	"\n" +
+	"auth_found\x18\t \x01(\bR\tauthFound\"\x91\x01\n" +
+	"\tAuthQuery\x12.\n" +
+	"\x02op\x18\x01 \x01(\x0e2\x1e.bounce.plugin.v1.AuthQuery.OpR\x02op\x12\x10\n" +
+	"\x03arg\x18\x02 \x01(\fR\x03arg\"B\n" +
+	"\x02Op\x12\x12\n" +
+	"\x0eOP_UNSPECIFIED\x10\x00\x12\t\n" +
+	"\x05OP_DH\x10\x01\x12\r\n" +
+	"\tOP_KEY_OF\x10\x02\x12\x0e\n" +
+	"\n" +
+	"OP_NAME_OF\x10\x03\"\xa1\x01\n" +
 	"\x0ePluginCallback\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x12\n" +
 	"\x04peer\x18\x02 \x01(\fR\x04peer\x12(\n" +
 	"\x03dst\x18\x03 \x01(\v2\x16.bounce.plugin.v1.DescR\x03dst\x12\x10\n" +
-	"\x03ack\x18\x04 \x01(\bR\x03ack\"l\n" +
+	"\x03ack\x18\x04 \x01(\bR\x03ack\x12/\n" +
+	"\x04auth\x18\x05 \x01(\v2\x1b.bounce.plugin.v1.AuthQueryR\x04auth\"l\n" +
 	"\x0fRegisterRequest\x12*\n" +
 	"\x04desc\x18\x01 \x01(\v2\x16.bounce.plugin.v1.DescR\x04desc\x12-\n" +
 	"\x05share\x18\x02 \x01(\v2\x17.bounce.plugin.v1.ShareR\x05share\"9\n" +
@@ -1947,7 +2141,8 @@ const file_plugin_proto_rawDesc = "" +
 	"\x12CODE_NOT_QUIESCENT\x10\f\x12\x15\n" +
 	"\x11CODE_DEVICE_FAULT\x10\r\x12\x14\n" +
 	"\x10CODE_UNSUPPORTED\x10\x0e\x12\x12\n" +
-	"\x0eCODE_FORBIDDEN\x10\x0f2\xd2\t\n" +
+	"\x0eCODE_FORBIDDEN\x10\x0f2\x99\n" +
+	"\n" +
 	"\x06Engine\x12B\n" +
 	"\x04Open\x12\x1d.bounce.plugin.v1.OpenRequest\x1a\x1b.bounce.plugin.v1.OpenReply\x12L\n" +
 	"\x0eRegisterMemory\x12!.bounce.plugin.v1.RegisterRequest\x1a\x17.bounce.plugin.v1.Reply\x12J\n" +
@@ -1966,7 +2161,8 @@ const file_plugin_proto_rawDesc = "" +
 	"\aConnect\x12\x1d.bounce.plugin.v1.PeerRequest\x1a\x17.bounce.plugin.v1.Reply\x12E\n" +
 	"\vStallWrites\x12\x17.bounce.plugin.v1.Empty\x1a\x1d.bounce.plugin.v1.HandleReply\x12I\n" +
 	"\rReleaseWrites\x12\x1f.bounce.plugin.v1.HandleRequest\x1a\x17.bounce.plugin.v1.Reply\x12Q\n" +
-	"\tCallbacks\x12\x1e.bounce.plugin.v1.HostCallback\x1a .bounce.plugin.v1.PluginCallback(\x010\x012\x9b\x03\n" +
+	"\tCallbacks\x12\x1e.bounce.plugin.v1.HostCallback\x1a .bounce.plugin.v1.PluginCallback(\x010\x01\x12E\n" +
+	"\vFenceWrites\x12\x1d.bounce.plugin.v1.DescRequest\x1a\x17.bounce.plugin.v1.Reply2\x9b\x03\n" +
 	"\aControl\x12B\n" +
 	"\x04Open\x12\x1d.bounce.plugin.v1.OpenRequest\x1a\x1b.bounce.plugin.v1.OpenReply\x12A\n" +
 	"\aAddPeer\x12\x1d.bounce.plugin.v1.PeerRequest\x1a\x17.bounce.plugin.v1.Reply\x12D\n" +
@@ -2013,159 +2209,165 @@ func file_plugin_proto_rawDescGZIP() []byte {
 	return file_plugin_proto_rawDescData
 }
 
-var file_plugin_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_plugin_proto_msgTypes = make([]protoimpl.MessageInfo, 29)
+var file_plugin_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
+var file_plugin_proto_msgTypes = make([]protoimpl.MessageInfo, 30)
 var file_plugin_proto_goTypes = []any{
 	(Code)(0),                // 0: bounce.plugin.v1.Code
-	(*Error)(nil),            // 1: bounce.plugin.v1.Error
-	(*Desc)(nil),             // 2: bounce.plugin.v1.Desc
-	(*Share)(nil),            // 3: bounce.plugin.v1.Share
-	(*Run)(nil),              // 4: bounce.plugin.v1.Run
-	(*WriteOp)(nil),          // 5: bounce.plugin.v1.WriteOp
-	(*Empty)(nil),            // 6: bounce.plugin.v1.Empty
-	(*Reply)(nil),            // 7: bounce.plugin.v1.Reply
-	(*OpenRequest)(nil),      // 8: bounce.plugin.v1.OpenRequest
-	(*OpenReply)(nil),        // 9: bounce.plugin.v1.OpenReply
-	(*Capabilities)(nil),     // 10: bounce.plugin.v1.Capabilities
-	(*HostCallback)(nil),     // 11: bounce.plugin.v1.HostCallback
-	(*PluginCallback)(nil),   // 12: bounce.plugin.v1.PluginCallback
-	(*RegisterRequest)(nil),  // 13: bounce.plugin.v1.RegisterRequest
-	(*DescRequest)(nil),      // 14: bounce.plugin.v1.DescRequest
-	(*BytesRequest)(nil),     // 15: bounce.plugin.v1.BytesRequest
-	(*BytesReply)(nil),       // 16: bounce.plugin.v1.BytesReply
-	(*PeerRequest)(nil),      // 17: bounce.plugin.v1.PeerRequest
-	(*PeerReply)(nil),        // 18: bounce.plugin.v1.PeerReply
-	(*PostWriteRequest)(nil), // 19: bounce.plugin.v1.PostWriteRequest
-	(*HandleRequest)(nil),    // 20: bounce.plugin.v1.HandleRequest
-	(*HandleReply)(nil),      // 21: bounce.plugin.v1.HandleReply
-	(*PollReply)(nil),        // 22: bounce.plugin.v1.PollReply
-	(*WaitRequest)(nil),      // 23: bounce.plugin.v1.WaitRequest
-	(*MessageRequest)(nil),   // 24: bounce.plugin.v1.MessageRequest
-	(*RecvRequest)(nil),      // 25: bounce.plugin.v1.RecvRequest
-	(*MessageReply)(nil),     // 26: bounce.plugin.v1.MessageReply
-	(*StageRequest)(nil),     // 27: bounce.plugin.v1.StageRequest
-	(*WriteRequest)(nil),     // 28: bounce.plugin.v1.WriteRequest
-	nil,                      // 29: bounce.plugin.v1.OpenRequest.OptionsEntry
+	(AuthQuery_Op)(0),        // 1: bounce.plugin.v1.AuthQuery.Op
+	(*Error)(nil),            // 2: bounce.plugin.v1.Error
+	(*Desc)(nil),             // 3: bounce.plugin.v1.Desc
+	(*Share)(nil),            // 4: bounce.plugin.v1.Share
+	(*Run)(nil),              // 5: bounce.plugin.v1.Run
+	(*WriteOp)(nil),          // 6: bounce.plugin.v1.WriteOp
+	(*Empty)(nil),            // 7: bounce.plugin.v1.Empty
+	(*Reply)(nil),            // 8: bounce.plugin.v1.Reply
+	(*OpenRequest)(nil),      // 9: bounce.plugin.v1.OpenRequest
+	(*OpenReply)(nil),        // 10: bounce.plugin.v1.OpenReply
+	(*Capabilities)(nil),     // 11: bounce.plugin.v1.Capabilities
+	(*HostCallback)(nil),     // 12: bounce.plugin.v1.HostCallback
+	(*AuthQuery)(nil),        // 13: bounce.plugin.v1.AuthQuery
+	(*PluginCallback)(nil),   // 14: bounce.plugin.v1.PluginCallback
+	(*RegisterRequest)(nil),  // 15: bounce.plugin.v1.RegisterRequest
+	(*DescRequest)(nil),      // 16: bounce.plugin.v1.DescRequest
+	(*BytesRequest)(nil),     // 17: bounce.plugin.v1.BytesRequest
+	(*BytesReply)(nil),       // 18: bounce.plugin.v1.BytesReply
+	(*PeerRequest)(nil),      // 19: bounce.plugin.v1.PeerRequest
+	(*PeerReply)(nil),        // 20: bounce.plugin.v1.PeerReply
+	(*PostWriteRequest)(nil), // 21: bounce.plugin.v1.PostWriteRequest
+	(*HandleRequest)(nil),    // 22: bounce.plugin.v1.HandleRequest
+	(*HandleReply)(nil),      // 23: bounce.plugin.v1.HandleReply
+	(*PollReply)(nil),        // 24: bounce.plugin.v1.PollReply
+	(*WaitRequest)(nil),      // 25: bounce.plugin.v1.WaitRequest
+	(*MessageRequest)(nil),   // 26: bounce.plugin.v1.MessageRequest
+	(*RecvRequest)(nil),      // 27: bounce.plugin.v1.RecvRequest
+	(*MessageReply)(nil),     // 28: bounce.plugin.v1.MessageReply
+	(*StageRequest)(nil),     // 29: bounce.plugin.v1.StageRequest
+	(*WriteRequest)(nil),     // 30: bounce.plugin.v1.WriteRequest
+	nil,                      // 31: bounce.plugin.v1.OpenRequest.OptionsEntry
 }
 var file_plugin_proto_depIdxs = []int32{
 	0,  // 0: bounce.plugin.v1.Error.codes:type_name -> bounce.plugin.v1.Code
-	2,  // 1: bounce.plugin.v1.WriteOp.src:type_name -> bounce.plugin.v1.Desc
-	2,  // 2: bounce.plugin.v1.WriteOp.dst:type_name -> bounce.plugin.v1.Desc
-	1,  // 3: bounce.plugin.v1.Reply.error:type_name -> bounce.plugin.v1.Error
-	29, // 4: bounce.plugin.v1.OpenRequest.options:type_name -> bounce.plugin.v1.OpenRequest.OptionsEntry
-	1,  // 5: bounce.plugin.v1.OpenReply.error:type_name -> bounce.plugin.v1.Error
-	10, // 6: bounce.plugin.v1.OpenReply.caps:type_name -> bounce.plugin.v1.Capabilities
-	2,  // 7: bounce.plugin.v1.HostCallback.allowed:type_name -> bounce.plugin.v1.Desc
-	1,  // 8: bounce.plugin.v1.HostCallback.error:type_name -> bounce.plugin.v1.Error
-	2,  // 9: bounce.plugin.v1.PluginCallback.dst:type_name -> bounce.plugin.v1.Desc
-	2,  // 10: bounce.plugin.v1.RegisterRequest.desc:type_name -> bounce.plugin.v1.Desc
-	3,  // 11: bounce.plugin.v1.RegisterRequest.share:type_name -> bounce.plugin.v1.Share
-	2,  // 12: bounce.plugin.v1.DescRequest.desc:type_name -> bounce.plugin.v1.Desc
-	1,  // 13: bounce.plugin.v1.BytesReply.error:type_name -> bounce.plugin.v1.Error
-	1,  // 14: bounce.plugin.v1.PeerReply.error:type_name -> bounce.plugin.v1.Error
-	5,  // 15: bounce.plugin.v1.PostWriteRequest.ops:type_name -> bounce.plugin.v1.WriteOp
-	1,  // 16: bounce.plugin.v1.HandleReply.error:type_name -> bounce.plugin.v1.Error
-	1,  // 17: bounce.plugin.v1.PollReply.error:type_name -> bounce.plugin.v1.Error
-	1,  // 18: bounce.plugin.v1.MessageReply.error:type_name -> bounce.plugin.v1.Error
-	2,  // 19: bounce.plugin.v1.StageRequest.region:type_name -> bounce.plugin.v1.Desc
-	4,  // 20: bounce.plugin.v1.StageRequest.runs:type_name -> bounce.plugin.v1.Run
-	2,  // 21: bounce.plugin.v1.WriteRequest.src:type_name -> bounce.plugin.v1.Desc
-	2,  // 22: bounce.plugin.v1.WriteRequest.dst:type_name -> bounce.plugin.v1.Desc
-	8,  // 23: bounce.plugin.v1.Engine.Open:input_type -> bounce.plugin.v1.OpenRequest
-	13, // 24: bounce.plugin.v1.Engine.RegisterMemory:input_type -> bounce.plugin.v1.RegisterRequest
-	14, // 25: bounce.plugin.v1.Engine.DeregisterMemory:input_type -> bounce.plugin.v1.DescRequest
-	6,  // 26: bounce.plugin.v1.Engine.Metadata:input_type -> bounce.plugin.v1.Empty
-	15, // 27: bounce.plugin.v1.Engine.LoadPeer:input_type -> bounce.plugin.v1.BytesRequest
-	17, // 28: bounce.plugin.v1.Engine.ForgetPeer:input_type -> bounce.plugin.v1.PeerRequest
-	19, // 29: bounce.plugin.v1.Engine.PostWrite:input_type -> bounce.plugin.v1.PostWriteRequest
-	20, // 30: bounce.plugin.v1.Engine.Poll:input_type -> bounce.plugin.v1.HandleRequest
-	23, // 31: bounce.plugin.v1.Engine.Wait:input_type -> bounce.plugin.v1.WaitRequest
-	20, // 32: bounce.plugin.v1.Engine.Release:input_type -> bounce.plugin.v1.HandleRequest
-	24, // 33: bounce.plugin.v1.Engine.Notify:input_type -> bounce.plugin.v1.MessageRequest
-	25, // 34: bounce.plugin.v1.Engine.RecvNotification:input_type -> bounce.plugin.v1.RecvRequest
-	6,  // 35: bounce.plugin.v1.Engine.Close:input_type -> bounce.plugin.v1.Empty
-	17, // 36: bounce.plugin.v1.Engine.Connect:input_type -> bounce.plugin.v1.PeerRequest
-	6,  // 37: bounce.plugin.v1.Engine.StallWrites:input_type -> bounce.plugin.v1.Empty
-	20, // 38: bounce.plugin.v1.Engine.ReleaseWrites:input_type -> bounce.plugin.v1.HandleRequest
-	11, // 39: bounce.plugin.v1.Engine.Callbacks:input_type -> bounce.plugin.v1.HostCallback
-	8,  // 40: bounce.plugin.v1.Control.Open:input_type -> bounce.plugin.v1.OpenRequest
-	17, // 41: bounce.plugin.v1.Control.AddPeer:input_type -> bounce.plugin.v1.PeerRequest
-	17, // 42: bounce.plugin.v1.Control.RemovePeer:input_type -> bounce.plugin.v1.PeerRequest
-	24, // 43: bounce.plugin.v1.Control.Send:input_type -> bounce.plugin.v1.MessageRequest
-	25, // 44: bounce.plugin.v1.Control.Recv:input_type -> bounce.plugin.v1.RecvRequest
-	6,  // 45: bounce.plugin.v1.Control.Close:input_type -> bounce.plugin.v1.Empty
-	8,  // 46: bounce.plugin.v1.Gather.Open:input_type -> bounce.plugin.v1.OpenRequest
-	13, // 47: bounce.plugin.v1.Gather.Share:input_type -> bounce.plugin.v1.RegisterRequest
-	14, // 48: bounce.plugin.v1.Gather.Unshare:input_type -> bounce.plugin.v1.DescRequest
-	27, // 49: bounce.plugin.v1.Gather.Copy:input_type -> bounce.plugin.v1.StageRequest
-	20, // 50: bounce.plugin.v1.Gather.Poll:input_type -> bounce.plugin.v1.HandleRequest
-	23, // 51: bounce.plugin.v1.Gather.Wait:input_type -> bounce.plugin.v1.WaitRequest
-	20, // 52: bounce.plugin.v1.Gather.Release:input_type -> bounce.plugin.v1.HandleRequest
-	6,  // 53: bounce.plugin.v1.Gather.Close:input_type -> bounce.plugin.v1.Empty
-	8,  // 54: bounce.plugin.v1.Scatter.Open:input_type -> bounce.plugin.v1.OpenRequest
-	13, // 55: bounce.plugin.v1.Scatter.Share:input_type -> bounce.plugin.v1.RegisterRequest
-	14, // 56: bounce.plugin.v1.Scatter.Unshare:input_type -> bounce.plugin.v1.DescRequest
-	27, // 57: bounce.plugin.v1.Scatter.Copy:input_type -> bounce.plugin.v1.StageRequest
-	20, // 58: bounce.plugin.v1.Scatter.Poll:input_type -> bounce.plugin.v1.HandleRequest
-	23, // 59: bounce.plugin.v1.Scatter.Wait:input_type -> bounce.plugin.v1.WaitRequest
-	20, // 60: bounce.plugin.v1.Scatter.Release:input_type -> bounce.plugin.v1.HandleRequest
-	6,  // 61: bounce.plugin.v1.Scatter.Close:input_type -> bounce.plugin.v1.Empty
-	8,  // 62: bounce.plugin.v1.Writer.Open:input_type -> bounce.plugin.v1.OpenRequest
-	28, // 63: bounce.plugin.v1.Writer.Write:input_type -> bounce.plugin.v1.WriteRequest
-	20, // 64: bounce.plugin.v1.Writer.Poll:input_type -> bounce.plugin.v1.HandleRequest
-	23, // 65: bounce.plugin.v1.Writer.Wait:input_type -> bounce.plugin.v1.WaitRequest
-	20, // 66: bounce.plugin.v1.Writer.Release:input_type -> bounce.plugin.v1.HandleRequest
-	6,  // 67: bounce.plugin.v1.Writer.Close:input_type -> bounce.plugin.v1.Empty
-	9,  // 68: bounce.plugin.v1.Engine.Open:output_type -> bounce.plugin.v1.OpenReply
-	7,  // 69: bounce.plugin.v1.Engine.RegisterMemory:output_type -> bounce.plugin.v1.Reply
-	7,  // 70: bounce.plugin.v1.Engine.DeregisterMemory:output_type -> bounce.plugin.v1.Reply
-	16, // 71: bounce.plugin.v1.Engine.Metadata:output_type -> bounce.plugin.v1.BytesReply
-	18, // 72: bounce.plugin.v1.Engine.LoadPeer:output_type -> bounce.plugin.v1.PeerReply
-	7,  // 73: bounce.plugin.v1.Engine.ForgetPeer:output_type -> bounce.plugin.v1.Reply
-	21, // 74: bounce.plugin.v1.Engine.PostWrite:output_type -> bounce.plugin.v1.HandleReply
-	22, // 75: bounce.plugin.v1.Engine.Poll:output_type -> bounce.plugin.v1.PollReply
-	22, // 76: bounce.plugin.v1.Engine.Wait:output_type -> bounce.plugin.v1.PollReply
-	7,  // 77: bounce.plugin.v1.Engine.Release:output_type -> bounce.plugin.v1.Reply
-	7,  // 78: bounce.plugin.v1.Engine.Notify:output_type -> bounce.plugin.v1.Reply
-	26, // 79: bounce.plugin.v1.Engine.RecvNotification:output_type -> bounce.plugin.v1.MessageReply
-	7,  // 80: bounce.plugin.v1.Engine.Close:output_type -> bounce.plugin.v1.Reply
-	7,  // 81: bounce.plugin.v1.Engine.Connect:output_type -> bounce.plugin.v1.Reply
-	21, // 82: bounce.plugin.v1.Engine.StallWrites:output_type -> bounce.plugin.v1.HandleReply
-	7,  // 83: bounce.plugin.v1.Engine.ReleaseWrites:output_type -> bounce.plugin.v1.Reply
-	12, // 84: bounce.plugin.v1.Engine.Callbacks:output_type -> bounce.plugin.v1.PluginCallback
-	9,  // 85: bounce.plugin.v1.Control.Open:output_type -> bounce.plugin.v1.OpenReply
-	7,  // 86: bounce.plugin.v1.Control.AddPeer:output_type -> bounce.plugin.v1.Reply
-	7,  // 87: bounce.plugin.v1.Control.RemovePeer:output_type -> bounce.plugin.v1.Reply
-	7,  // 88: bounce.plugin.v1.Control.Send:output_type -> bounce.plugin.v1.Reply
-	26, // 89: bounce.plugin.v1.Control.Recv:output_type -> bounce.plugin.v1.MessageReply
-	7,  // 90: bounce.plugin.v1.Control.Close:output_type -> bounce.plugin.v1.Reply
-	9,  // 91: bounce.plugin.v1.Gather.Open:output_type -> bounce.plugin.v1.OpenReply
-	7,  // 92: bounce.plugin.v1.Gather.Share:output_type -> bounce.plugin.v1.Reply
-	7,  // 93: bounce.plugin.v1.Gather.Unshare:output_type -> bounce.plugin.v1.Reply
-	21, // 94: bounce.plugin.v1.Gather.Copy:output_type -> bounce.plugin.v1.HandleReply
-	22, // 95: bounce.plugin.v1.Gather.Poll:output_type -> bounce.plugin.v1.PollReply
-	22, // 96: bounce.plugin.v1.Gather.Wait:output_type -> bounce.plugin.v1.PollReply
-	7,  // 97: bounce.plugin.v1.Gather.Release:output_type -> bounce.plugin.v1.Reply
-	7,  // 98: bounce.plugin.v1.Gather.Close:output_type -> bounce.plugin.v1.Reply
-	9,  // 99: bounce.plugin.v1.Scatter.Open:output_type -> bounce.plugin.v1.OpenReply
-	7,  // 100: bounce.plugin.v1.Scatter.Share:output_type -> bounce.plugin.v1.Reply
-	7,  // 101: bounce.plugin.v1.Scatter.Unshare:output_type -> bounce.plugin.v1.Reply
-	21, // 102: bounce.plugin.v1.Scatter.Copy:output_type -> bounce.plugin.v1.HandleReply
-	22, // 103: bounce.plugin.v1.Scatter.Poll:output_type -> bounce.plugin.v1.PollReply
-	22, // 104: bounce.plugin.v1.Scatter.Wait:output_type -> bounce.plugin.v1.PollReply
-	7,  // 105: bounce.plugin.v1.Scatter.Release:output_type -> bounce.plugin.v1.Reply
-	7,  // 106: bounce.plugin.v1.Scatter.Close:output_type -> bounce.plugin.v1.Reply
-	9,  // 107: bounce.plugin.v1.Writer.Open:output_type -> bounce.plugin.v1.OpenReply
-	21, // 108: bounce.plugin.v1.Writer.Write:output_type -> bounce.plugin.v1.HandleReply
-	22, // 109: bounce.plugin.v1.Writer.Poll:output_type -> bounce.plugin.v1.PollReply
-	22, // 110: bounce.plugin.v1.Writer.Wait:output_type -> bounce.plugin.v1.PollReply
-	7,  // 111: bounce.plugin.v1.Writer.Release:output_type -> bounce.plugin.v1.Reply
-	7,  // 112: bounce.plugin.v1.Writer.Close:output_type -> bounce.plugin.v1.Reply
-	68, // [68:113] is the sub-list for method output_type
-	23, // [23:68] is the sub-list for method input_type
-	23, // [23:23] is the sub-list for extension type_name
-	23, // [23:23] is the sub-list for extension extendee
-	0,  // [0:23] is the sub-list for field type_name
+	3,  // 1: bounce.plugin.v1.WriteOp.src:type_name -> bounce.plugin.v1.Desc
+	3,  // 2: bounce.plugin.v1.WriteOp.dst:type_name -> bounce.plugin.v1.Desc
+	2,  // 3: bounce.plugin.v1.Reply.error:type_name -> bounce.plugin.v1.Error
+	31, // 4: bounce.plugin.v1.OpenRequest.options:type_name -> bounce.plugin.v1.OpenRequest.OptionsEntry
+	2,  // 5: bounce.plugin.v1.OpenReply.error:type_name -> bounce.plugin.v1.Error
+	11, // 6: bounce.plugin.v1.OpenReply.caps:type_name -> bounce.plugin.v1.Capabilities
+	3,  // 7: bounce.plugin.v1.HostCallback.allowed:type_name -> bounce.plugin.v1.Desc
+	2,  // 8: bounce.plugin.v1.HostCallback.error:type_name -> bounce.plugin.v1.Error
+	1,  // 9: bounce.plugin.v1.AuthQuery.op:type_name -> bounce.plugin.v1.AuthQuery.Op
+	3,  // 10: bounce.plugin.v1.PluginCallback.dst:type_name -> bounce.plugin.v1.Desc
+	13, // 11: bounce.plugin.v1.PluginCallback.auth:type_name -> bounce.plugin.v1.AuthQuery
+	3,  // 12: bounce.plugin.v1.RegisterRequest.desc:type_name -> bounce.plugin.v1.Desc
+	4,  // 13: bounce.plugin.v1.RegisterRequest.share:type_name -> bounce.plugin.v1.Share
+	3,  // 14: bounce.plugin.v1.DescRequest.desc:type_name -> bounce.plugin.v1.Desc
+	2,  // 15: bounce.plugin.v1.BytesReply.error:type_name -> bounce.plugin.v1.Error
+	2,  // 16: bounce.plugin.v1.PeerReply.error:type_name -> bounce.plugin.v1.Error
+	6,  // 17: bounce.plugin.v1.PostWriteRequest.ops:type_name -> bounce.plugin.v1.WriteOp
+	2,  // 18: bounce.plugin.v1.HandleReply.error:type_name -> bounce.plugin.v1.Error
+	2,  // 19: bounce.plugin.v1.PollReply.error:type_name -> bounce.plugin.v1.Error
+	2,  // 20: bounce.plugin.v1.MessageReply.error:type_name -> bounce.plugin.v1.Error
+	3,  // 21: bounce.plugin.v1.StageRequest.region:type_name -> bounce.plugin.v1.Desc
+	5,  // 22: bounce.plugin.v1.StageRequest.runs:type_name -> bounce.plugin.v1.Run
+	3,  // 23: bounce.plugin.v1.WriteRequest.src:type_name -> bounce.plugin.v1.Desc
+	3,  // 24: bounce.plugin.v1.WriteRequest.dst:type_name -> bounce.plugin.v1.Desc
+	9,  // 25: bounce.plugin.v1.Engine.Open:input_type -> bounce.plugin.v1.OpenRequest
+	15, // 26: bounce.plugin.v1.Engine.RegisterMemory:input_type -> bounce.plugin.v1.RegisterRequest
+	16, // 27: bounce.plugin.v1.Engine.DeregisterMemory:input_type -> bounce.plugin.v1.DescRequest
+	7,  // 28: bounce.plugin.v1.Engine.Metadata:input_type -> bounce.plugin.v1.Empty
+	17, // 29: bounce.plugin.v1.Engine.LoadPeer:input_type -> bounce.plugin.v1.BytesRequest
+	19, // 30: bounce.plugin.v1.Engine.ForgetPeer:input_type -> bounce.plugin.v1.PeerRequest
+	21, // 31: bounce.plugin.v1.Engine.PostWrite:input_type -> bounce.plugin.v1.PostWriteRequest
+	22, // 32: bounce.plugin.v1.Engine.Poll:input_type -> bounce.plugin.v1.HandleRequest
+	25, // 33: bounce.plugin.v1.Engine.Wait:input_type -> bounce.plugin.v1.WaitRequest
+	22, // 34: bounce.plugin.v1.Engine.Release:input_type -> bounce.plugin.v1.HandleRequest
+	26, // 35: bounce.plugin.v1.Engine.Notify:input_type -> bounce.plugin.v1.MessageRequest
+	27, // 36: bounce.plugin.v1.Engine.RecvNotification:input_type -> bounce.plugin.v1.RecvRequest
+	7,  // 37: bounce.plugin.v1.Engine.Close:input_type -> bounce.plugin.v1.Empty
+	19, // 38: bounce.plugin.v1.Engine.Connect:input_type -> bounce.plugin.v1.PeerRequest
+	7,  // 39: bounce.plugin.v1.Engine.StallWrites:input_type -> bounce.plugin.v1.Empty
+	22, // 40: bounce.plugin.v1.Engine.ReleaseWrites:input_type -> bounce.plugin.v1.HandleRequest
+	12, // 41: bounce.plugin.v1.Engine.Callbacks:input_type -> bounce.plugin.v1.HostCallback
+	16, // 42: bounce.plugin.v1.Engine.FenceWrites:input_type -> bounce.plugin.v1.DescRequest
+	9,  // 43: bounce.plugin.v1.Control.Open:input_type -> bounce.plugin.v1.OpenRequest
+	19, // 44: bounce.plugin.v1.Control.AddPeer:input_type -> bounce.plugin.v1.PeerRequest
+	19, // 45: bounce.plugin.v1.Control.RemovePeer:input_type -> bounce.plugin.v1.PeerRequest
+	26, // 46: bounce.plugin.v1.Control.Send:input_type -> bounce.plugin.v1.MessageRequest
+	27, // 47: bounce.plugin.v1.Control.Recv:input_type -> bounce.plugin.v1.RecvRequest
+	7,  // 48: bounce.plugin.v1.Control.Close:input_type -> bounce.plugin.v1.Empty
+	9,  // 49: bounce.plugin.v1.Gather.Open:input_type -> bounce.plugin.v1.OpenRequest
+	15, // 50: bounce.plugin.v1.Gather.Share:input_type -> bounce.plugin.v1.RegisterRequest
+	16, // 51: bounce.plugin.v1.Gather.Unshare:input_type -> bounce.plugin.v1.DescRequest
+	29, // 52: bounce.plugin.v1.Gather.Copy:input_type -> bounce.plugin.v1.StageRequest
+	22, // 53: bounce.plugin.v1.Gather.Poll:input_type -> bounce.plugin.v1.HandleRequest
+	25, // 54: bounce.plugin.v1.Gather.Wait:input_type -> bounce.plugin.v1.WaitRequest
+	22, // 55: bounce.plugin.v1.Gather.Release:input_type -> bounce.plugin.v1.HandleRequest
+	7,  // 56: bounce.plugin.v1.Gather.Close:input_type -> bounce.plugin.v1.Empty
+	9,  // 57: bounce.plugin.v1.Scatter.Open:input_type -> bounce.plugin.v1.OpenRequest
+	15, // 58: bounce.plugin.v1.Scatter.Share:input_type -> bounce.plugin.v1.RegisterRequest
+	16, // 59: bounce.plugin.v1.Scatter.Unshare:input_type -> bounce.plugin.v1.DescRequest
+	29, // 60: bounce.plugin.v1.Scatter.Copy:input_type -> bounce.plugin.v1.StageRequest
+	22, // 61: bounce.plugin.v1.Scatter.Poll:input_type -> bounce.plugin.v1.HandleRequest
+	25, // 62: bounce.plugin.v1.Scatter.Wait:input_type -> bounce.plugin.v1.WaitRequest
+	22, // 63: bounce.plugin.v1.Scatter.Release:input_type -> bounce.plugin.v1.HandleRequest
+	7,  // 64: bounce.plugin.v1.Scatter.Close:input_type -> bounce.plugin.v1.Empty
+	9,  // 65: bounce.plugin.v1.Writer.Open:input_type -> bounce.plugin.v1.OpenRequest
+	30, // 66: bounce.plugin.v1.Writer.Write:input_type -> bounce.plugin.v1.WriteRequest
+	22, // 67: bounce.plugin.v1.Writer.Poll:input_type -> bounce.plugin.v1.HandleRequest
+	25, // 68: bounce.plugin.v1.Writer.Wait:input_type -> bounce.plugin.v1.WaitRequest
+	22, // 69: bounce.plugin.v1.Writer.Release:input_type -> bounce.plugin.v1.HandleRequest
+	7,  // 70: bounce.plugin.v1.Writer.Close:input_type -> bounce.plugin.v1.Empty
+	10, // 71: bounce.plugin.v1.Engine.Open:output_type -> bounce.plugin.v1.OpenReply
+	8,  // 72: bounce.plugin.v1.Engine.RegisterMemory:output_type -> bounce.plugin.v1.Reply
+	8,  // 73: bounce.plugin.v1.Engine.DeregisterMemory:output_type -> bounce.plugin.v1.Reply
+	18, // 74: bounce.plugin.v1.Engine.Metadata:output_type -> bounce.plugin.v1.BytesReply
+	20, // 75: bounce.plugin.v1.Engine.LoadPeer:output_type -> bounce.plugin.v1.PeerReply
+	8,  // 76: bounce.plugin.v1.Engine.ForgetPeer:output_type -> bounce.plugin.v1.Reply
+	23, // 77: bounce.plugin.v1.Engine.PostWrite:output_type -> bounce.plugin.v1.HandleReply
+	24, // 78: bounce.plugin.v1.Engine.Poll:output_type -> bounce.plugin.v1.PollReply
+	24, // 79: bounce.plugin.v1.Engine.Wait:output_type -> bounce.plugin.v1.PollReply
+	8,  // 80: bounce.plugin.v1.Engine.Release:output_type -> bounce.plugin.v1.Reply
+	8,  // 81: bounce.plugin.v1.Engine.Notify:output_type -> bounce.plugin.v1.Reply
+	28, // 82: bounce.plugin.v1.Engine.RecvNotification:output_type -> bounce.plugin.v1.MessageReply
+	8,  // 83: bounce.plugin.v1.Engine.Close:output_type -> bounce.plugin.v1.Reply
+	8,  // 84: bounce.plugin.v1.Engine.Connect:output_type -> bounce.plugin.v1.Reply
+	23, // 85: bounce.plugin.v1.Engine.StallWrites:output_type -> bounce.plugin.v1.HandleReply
+	8,  // 86: bounce.plugin.v1.Engine.ReleaseWrites:output_type -> bounce.plugin.v1.Reply
+	14, // 87: bounce.plugin.v1.Engine.Callbacks:output_type -> bounce.plugin.v1.PluginCallback
+	8,  // 88: bounce.plugin.v1.Engine.FenceWrites:output_type -> bounce.plugin.v1.Reply
+	10, // 89: bounce.plugin.v1.Control.Open:output_type -> bounce.plugin.v1.OpenReply
+	8,  // 90: bounce.plugin.v1.Control.AddPeer:output_type -> bounce.plugin.v1.Reply
+	8,  // 91: bounce.plugin.v1.Control.RemovePeer:output_type -> bounce.plugin.v1.Reply
+	8,  // 92: bounce.plugin.v1.Control.Send:output_type -> bounce.plugin.v1.Reply
+	28, // 93: bounce.plugin.v1.Control.Recv:output_type -> bounce.plugin.v1.MessageReply
+	8,  // 94: bounce.plugin.v1.Control.Close:output_type -> bounce.plugin.v1.Reply
+	10, // 95: bounce.plugin.v1.Gather.Open:output_type -> bounce.plugin.v1.OpenReply
+	8,  // 96: bounce.plugin.v1.Gather.Share:output_type -> bounce.plugin.v1.Reply
+	8,  // 97: bounce.plugin.v1.Gather.Unshare:output_type -> bounce.plugin.v1.Reply
+	23, // 98: bounce.plugin.v1.Gather.Copy:output_type -> bounce.plugin.v1.HandleReply
+	24, // 99: bounce.plugin.v1.Gather.Poll:output_type -> bounce.plugin.v1.PollReply
+	24, // 100: bounce.plugin.v1.Gather.Wait:output_type -> bounce.plugin.v1.PollReply
+	8,  // 101: bounce.plugin.v1.Gather.Release:output_type -> bounce.plugin.v1.Reply
+	8,  // 102: bounce.plugin.v1.Gather.Close:output_type -> bounce.plugin.v1.Reply
+	10, // 103: bounce.plugin.v1.Scatter.Open:output_type -> bounce.plugin.v1.OpenReply
+	8,  // 104: bounce.plugin.v1.Scatter.Share:output_type -> bounce.plugin.v1.Reply
+	8,  // 105: bounce.plugin.v1.Scatter.Unshare:output_type -> bounce.plugin.v1.Reply
+	23, // 106: bounce.plugin.v1.Scatter.Copy:output_type -> bounce.plugin.v1.HandleReply
+	24, // 107: bounce.plugin.v1.Scatter.Poll:output_type -> bounce.plugin.v1.PollReply
+	24, // 108: bounce.plugin.v1.Scatter.Wait:output_type -> bounce.plugin.v1.PollReply
+	8,  // 109: bounce.plugin.v1.Scatter.Release:output_type -> bounce.plugin.v1.Reply
+	8,  // 110: bounce.plugin.v1.Scatter.Close:output_type -> bounce.plugin.v1.Reply
+	10, // 111: bounce.plugin.v1.Writer.Open:output_type -> bounce.plugin.v1.OpenReply
+	23, // 112: bounce.plugin.v1.Writer.Write:output_type -> bounce.plugin.v1.HandleReply
+	24, // 113: bounce.plugin.v1.Writer.Poll:output_type -> bounce.plugin.v1.PollReply
+	24, // 114: bounce.plugin.v1.Writer.Wait:output_type -> bounce.plugin.v1.PollReply
+	8,  // 115: bounce.plugin.v1.Writer.Release:output_type -> bounce.plugin.v1.Reply
+	8,  // 116: bounce.plugin.v1.Writer.Close:output_type -> bounce.plugin.v1.Reply
+	71, // [71:117] is the sub-list for method output_type
+	25, // [25:71] is the sub-list for method input_type
+	25, // [25:25] is the sub-list for extension type_name
+	25, // [25:25] is the sub-list for extension extendee
+	0,  // [0:25] is the sub-list for field type_name
 }
 
 func init() { file_plugin_proto_init() }
@@ -2178,8 +2380,8 @@ func file_plugin_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_plugin_proto_rawDesc), len(file_plugin_proto_rawDesc)),
-			NumEnums:      1,
-			NumMessages:   29,
+			NumEnums:      2,
+			NumMessages:   30,
 			NumExtensions: 0,
 			NumServices:   5,
 		},

@@ -41,6 +41,7 @@ const (
 	Engine_StallWrites_FullMethodName      = "/bounce.plugin.v1.Engine/StallWrites"
 	Engine_ReleaseWrites_FullMethodName    = "/bounce.plugin.v1.Engine/ReleaseWrites"
 	Engine_Callbacks_FullMethodName        = "/bounce.plugin.v1.Engine/Callbacks"
+	Engine_FenceWrites_FullMethodName      = "/bounce.plugin.v1.Engine/FenceWrites"
 )
 
 // EngineClient is the client API for Engine service.
@@ -76,6 +77,10 @@ type EngineClient interface {
 	// or a peer-loss callback: the plugin's engine asks the guard and
 	// reports lost peers on it. A plugin without it answers Unimplemented.
 	Callbacks(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[HostCallback, PluginCallback], error)
+	// FenceWrites is transfer.WriteFencer's FenceWrites(desc), declared by
+	// Capabilities.write_fencer: it answers once no write into desc is
+	// landing. An older plugin answers Unimplemented.
+	FenceWrites(ctx context.Context, in *DescRequest, opts ...grpc.CallOption) (*Reply, error)
 }
 
 type engineClient struct {
@@ -259,6 +264,16 @@ func (c *engineClient) Callbacks(ctx context.Context, opts ...grpc.CallOption) (
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Engine_CallbacksClient = grpc.BidiStreamingClient[HostCallback, PluginCallback]
 
+func (c *engineClient) FenceWrites(ctx context.Context, in *DescRequest, opts ...grpc.CallOption) (*Reply, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(Reply)
+	err := c.cc.Invoke(ctx, Engine_FenceWrites_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // EngineServer is the server API for Engine service.
 // All implementations should embed UnimplementedEngineServer
 // for forward compatibility.
@@ -292,6 +307,10 @@ type EngineServer interface {
 	// or a peer-loss callback: the plugin's engine asks the guard and
 	// reports lost peers on it. A plugin without it answers Unimplemented.
 	Callbacks(grpc.BidiStreamingServer[HostCallback, PluginCallback]) error
+	// FenceWrites is transfer.WriteFencer's FenceWrites(desc), declared by
+	// Capabilities.write_fencer: it answers once no write into desc is
+	// landing. An older plugin answers Unimplemented.
+	FenceWrites(context.Context, *DescRequest) (*Reply, error)
 }
 
 // UnimplementedEngineServer should be embedded to have
@@ -351,6 +370,9 @@ func (UnimplementedEngineServer) ReleaseWrites(context.Context, *HandleRequest) 
 }
 func (UnimplementedEngineServer) Callbacks(grpc.BidiStreamingServer[HostCallback, PluginCallback]) error {
 	return status.Error(codes.Unimplemented, "method Callbacks not implemented")
+}
+func (UnimplementedEngineServer) FenceWrites(context.Context, *DescRequest) (*Reply, error) {
+	return nil, status.Error(codes.Unimplemented, "method FenceWrites not implemented")
 }
 func (UnimplementedEngineServer) testEmbeddedByValue() {}
 
@@ -667,6 +689,24 @@ func _Engine_Callbacks_Handler(srv interface{}, stream grpc.ServerStream) error 
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Engine_CallbacksServer = grpc.BidiStreamingServer[HostCallback, PluginCallback]
 
+func _Engine_FenceWrites_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(DescRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(EngineServer).FenceWrites(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Engine_FenceWrites_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(EngineServer).FenceWrites(ctx, req.(*DescRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Engine_ServiceDesc is the grpc.ServiceDesc for Engine service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -737,6 +777,10 @@ var Engine_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ReleaseWrites",
 			Handler:    _Engine_ReleaseWrites_Handler,
+		},
+		{
+			MethodName: "FenceWrites",
+			Handler:    _Engine_FenceWrites_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{
