@@ -129,7 +129,9 @@ func TestPluginEngineAuthenticatesWithTheHostsKeys(t *testing.T) {
 			peersOf := func(id security.Identity) *security.Peers {
 				return security.NewPeers(security.Authenticate, id, security.Policy{Static: map[string]security.Key{"recv": recvID.Public}})
 			}
-			short := func(c *tcp.Config) { c.DialTimeout, c.WriteTimeout, c.IdleTimeout = 2*time.Second, 5*time.Second, 5*time.Second }
+			short := func(c *tcp.Config) {
+				c.DialTimeout, c.WriteTimeout, c.IdleTimeout = 2*time.Second, 5*time.Second, 5*time.Second
+			}
 
 			// The impersonators: alice's name, no key or mallory's key.
 			for _, imp := range []struct {
