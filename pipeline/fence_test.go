@@ -228,7 +228,7 @@ func TestLateWantOfLostSenderReclaimed(t *testing.T) {
 	})
 	// The victim's second request's WANT, still queued when it died.
 	r.post(func(rr *reactor) {
-		rr.onWant("victim", &wire.Want{Request: 99, ChunkBytes: []uint64{cfg.MaxChunk}, Endpoint: endpoint})
+		rr.onWant("victim", "", &wire.Want{Request: 99, ChunkBytes: []uint64{cfg.MaxChunk}, Endpoint: endpoint})
 	})
 	released()
 	for {
@@ -302,7 +302,7 @@ func TestFencedOldIncarnationWantDropped(t *testing.T) {
 	// A late WANT of the old incarnation opens nothing.
 	done := make(chan struct{})
 	r.post(func(rr *reactor) {
-		rr.onWant("victim", &wire.Want{Request: 99, ChunkBytes: []uint64{cfg.MaxChunk}, Endpoint: endpoint, Incarnation: oldInc})
+		rr.onWant("victim", "", &wire.Want{Request: 99, ChunkBytes: []uint64{cfg.MaxChunk}, Endpoint: endpoint, Incarnation: oldInc})
 		close(done)
 	})
 	<-done

@@ -388,7 +388,7 @@ func (r *reactor) onMessage(m transfer.Message) {
 	case *wire.Done:
 		r.onDone(m.Peer, msg)
 	case *wire.Want:
-		r.onWant(m.Peer, msg)
+		r.onWant(m.Peer, m.From, msg)
 	case *wire.Grant:
 		r.onGrant(m.Peer, msg)
 	case *wire.Data:

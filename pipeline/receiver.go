@@ -3,6 +3,7 @@ package pipeline
 import (
 	"errors"
 	"fmt"
+	"net"
 	"strings"
 	"time"
 
@@ -21,10 +22,13 @@ import (
 // WANT that would open more than MaxFlowsPerPeer flows is refused. When the
 // peer's descriptor was loaded, the reverse path uses the endpoint it names
 // and the WANT's is ignored (a differing one is counted): the receiver never
-// dials an address only because a message named it. A peer admitted by
-// allowed_peers alone is reached at its WANT endpoint, but only over a
-// channel that authenticates the peer's key there (zmq CURVE pins it).
-func (r *reactor) onWant(peer string, w *wire.Want) {
+// dials an address only because a message named it. A peer whose
+// descriptor was not loaded (admitted by allowed_peers alone, or any peer
+// with security off) is reached at its WANT endpoint only when that names
+// the host the WANT came from (when the channel knows it, from), so a
+// message cannot make the receiver dial a third host; with authentication
+// the channel also pins the peer's key there (zmq CURVE).
+func (r *reactor) onWant(peer, from string, w *wire.Want) {
 	key := credit.FlowKey{Peer: peer, Request: w.Request}
 	if wire.IsPullID(w.Request) {
 		// Ids with the pull bit name pulls; a holder ends one with a
@@ -63,6 +67,7 @@ func (r *reactor) onWant(peer string, w *wire.Want) {
 		r.wantInc[peer] = w.Incarnation
 	}
 	endpoint := w.Endpoint
+	var epErr0 error
 	if ep, ok := r.descEndpoint(peer); ok {
 		// The loaded descriptor is authoritative; the WANT's endpoint is
 		// not dialed. (nixlnotif endpoints are engine metadata and change
@@ -71,8 +76,14 @@ func (r *reactor) onWant(peer string, w *wire.Want) {
 			r.a.stats.foreignEndpoints.Add(1)
 		}
 		endpoint = ep
+	} else if err := endpointOnHost(endpoint, from, r.a.set.Control.LocalEndpoint()); err != nil {
+		r.a.stats.foreignEndpoints.Add(1)
+		endpoint, epErr0 = "", err
 	}
-	epErr := r.addControlPeer(peer, endpoint, now)
+	epErr := epErr0
+	if epErr == nil {
+		epErr = r.addControlPeer(peer, endpoint, now)
+	}
 	if w.IsCancel() {
 		r.flowFailed(key, ErrSenderCancelled)
 		r.a.obs.flowEnded(r, key, "cancelled")
@@ -314,6 +325,42 @@ func (r *reactor) publishQuarantine() {
 	st := r.sched.Stats()
 	r.a.stats.quarantinedRegions.Store(uint64(st.Quarantined))
 	r.a.stats.quarantinedBytes.Store(st.QuarantinedBytes)
+}
+
+// endpointOnHost checks that a WANT's endpoint (scheme://host:port) names
+// the host its message came from; nil when either is unknown ("" from a
+// channel that does not say, an endpoint in another form). A WANT from
+// this host itself (from is the host of self, this agent's own endpoint)
+// may name a loopback endpoint too.
+func endpointOnHost(endpoint, from, self string) error {
+	if from == "" || endpoint == "" {
+		return nil
+	}
+	ip, ok, err := endpointIP(endpoint)
+	if !ok {
+		return err
+	}
+	src := net.ParseIP(from)
+	own, _, _ := endpointIP(self)
+	if ip == nil || src == nil || !ip.Equal(src) && !(ip.IsLoopback() && !src.IsLoopback() && own != nil && own.Equal(src)) {
+		return fmt.Errorf("endpoint %q is not on the host the WANT came from (%s): a peer whose descriptor was not loaded is dialed only there (load its descriptor to reach it elsewhere): %w", endpoint, from, transfer.ErrBadEndpoint)
+	}
+	return nil
+}
+
+// endpointIP returns the IP of a scheme://host:port endpoint (nil when the
+// host is a name); ok false when the endpoint is in another form or
+// malformed (err says which).
+func endpointIP(endpoint string) (net.IP, bool, error) {
+	_, hostPort, ok := strings.Cut(endpoint, "://")
+	if !ok {
+		return nil, false, nil
+	}
+	host, _, err := net.SplitHostPort(hostPort)
+	if err != nil {
+		return nil, false, fmt.Errorf("endpoint %q: %v: %w", endpoint, err, transfer.ErrBadEndpoint)
+	}
+	return net.ParseIP(host), true, nil
 }
 
 // ctrlPeer is a reverse control path the receiver opened.

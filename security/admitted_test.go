@@ -414,3 +414,80 @@ func TestAdmittedPeerTrickleFencedAtCancel(t *testing.T) {
 		t.Fatal("the whole trickle went through")
 	}
 }
+
+// tarpit listens on another loopback host (127.0.0.2) and counts the
+// connections it accepts: the third host an attacker names.
+type tarpit struct {
+	ln       net.Listener
+	accepted atomic.Int64
+}
+
+func newTarpit(t *testing.T) *tarpit {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.2:0")
+	if err != nil {
+		t.Skipf("no second loopback address: %v", err)
+	}
+	p := &tarpit{ln: ln}
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			p.accepted.Add(1)
+			c.Close()
+		}
+	}()
+	t.Cleanup(func() { ln.Close() })
+	return p
+}
+
+// TestAdmittedPeerWantCannotChooseWhereTheReceiverDials (issue 26,
+// docs/SECURITY.md "cannot make the receiver dial an address of its
+// choosing"): an admitted peer the receiver (another process) never loaded
+// — admitted by its key in allowed_peers, so the receiver learns its
+// control endpoint from its WANTs — names an endpoint on a third host
+// (127.0.0.2) in a WANT. The receiver does not connect there (the WANT is
+// rejected: the endpoint is not on the host the WANT came from); the same
+// peer's WANT naming its own endpoint is granted. Before, the receiver
+// opened its reverse path to the third host.
+func TestAdmittedPeerWantCannotChooseWhereTheReceiverDials(t *testing.T) {
+	pit := newTarpit(t)
+	v := startVictim(t, "")
+	m := v.mallory()
+	m.send(&wire.Want{Request: 1, ChunkBytes: []uint64{4096}, Endpoint: "tcp://" + pit.ln.Addr().String()})
+	time.Sleep(3 * time.Second) // the GRANT, and so the dial, would have gone by now
+	if n := pit.accepted.Load(); n != 0 {
+		t.Fatalf("the receiver connected %d time(s) to %s, the endpoint mallory's WANT named", n, pit.ln.Addr())
+	}
+	if g := m.grant(2, 4096); g.Len != 4096 {
+		t.Fatalf("mallory's honest WANT: credit of %d bytes, want 4096", g.Len)
+	}
+	if n := pit.accepted.Load(); n != 0 {
+		t.Fatalf("the receiver connected %d time(s) to %s", n, pit.ln.Addr())
+	}
+}
+
+// TestLoadedPeerWantCannotChooseWhereTheReceiverDials: a peer whose
+// descriptor the receiver loaded names a third host's endpoint in its
+// WANTs: the receiver answers at the loaded descriptor's endpoint
+// (ForeignEndpoints counts the difference) and never connects there.
+func TestLoadedPeerWantCannotChooseWhereTheReceiverDials(t *testing.T) {
+	pit := newTarpit(t)
+	recv, _ := pair(t)
+	m := mallory(t, recv)
+	grants := recv.stats().Grants
+	w, _ := wire.Marshal(&wire.Want{Request: 1, ChunkBytes: []uint64{4096}, Endpoint: "tcp://" + pit.ln.Addr().String()})
+	if err := m.n.Control.Send("recv", w); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the WANT granted", func() bool { return recv.stats().Grants > grants })
+	if st := recv.stats(); st.ForeignEndpoints == 0 {
+		t.Fatalf("ForeignEndpoints = 0 after a WANT naming %s: %+v", pit.ln.Addr(), st)
+	}
+	time.Sleep(time.Second)
+	if n := pit.accepted.Load(); n != 0 {
+		t.Fatalf("the receiver connected %d time(s) to %s, the endpoint mallory's WANT named", n, pit.ln.Addr())
+	}
+}

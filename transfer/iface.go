@@ -92,9 +92,13 @@ type WriteOp struct {
 }
 
 // Message is one control message or notification received from a peer.
+// From is the network host (an IP address) it came from when the channel
+// knows it (zmq over TCP), "" otherwise: a receiver dials a peer whose
+// descriptor it never loaded only on that host.
 type Message struct {
 	Peer    string
 	Payload []byte
+	From    string
 }
 
 // Engine moves bytes from local registered memory to a peer's registered

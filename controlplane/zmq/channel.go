@@ -721,9 +721,9 @@ func (c *Channel) recvTurnHeld(timeout time.Duration, deadline time.Time) (trans
 		if c.isDone() {
 			return transfer.Message{}, fmt.Errorf("zmq: recv: %w", transfer.ErrClosed)
 		}
-		frames, userID, err := c.recvFrames()
+		frames, meta, err := c.recvFrames()
 		if err == nil {
-			if m, ok := c.accept(frames, userID); ok {
+			if m, ok := c.accept(frames, meta); ok {
 				return m, nil
 			}
 			continue
@@ -780,31 +780,35 @@ func (c *Channel) WakeRecv() {
 // the connection it came on. The ROUTER synthesizes the identity frame,
 // which carries no metadata, so the User-Id is read from the payload
 // frame.
-func (c *Channel) recvFrames() ([][]byte, string, error) {
+func (c *Channel) recvFrames() ([][]byte, msgMeta, error) {
 	first, err := c.router.RecvBytes(zmq4.DONTWAIT)
 	if err != nil {
-		return nil, "", err
+		return nil, msgMeta{}, err
 	}
 	frames := [][]byte{first}
-	userID := ""
+	var mm msgMeta
 	for {
 		more, err := c.router.GetRcvmore()
 		if err != nil {
-			return nil, "", err
+			return nil, msgMeta{}, err
 		}
 		if !more {
-			return frames, userID, nil
+			return frames, mm, nil
 		}
-		b, meta, err := c.router.RecvBytesWithMetadata(zmq4.DONTWAIT, "User-Id")
+		b, meta, err := c.router.RecvBytesWithMetadata(zmq4.DONTWAIT, "User-Id", "Peer-Address")
 		if err != nil {
-			return nil, "", err
+			return nil, msgMeta{}, err
 		}
 		if len(frames) == 1 {
-			userID = meta["User-Id"]
+			mm = msgMeta{userID: meta["User-Id"], from: meta["Peer-Address"]}
 		}
 		frames = append(frames, b)
 	}
 }
+
+// msgMeta is what libzmq tells of a message's connection: the User-Id ZAP
+// set (the agent that owns the CURVE key) and the peer's IP address.
+type msgMeta struct{ userID, from string }
 
 func (c *Channel) recvError(err error) error {
 	if c.isDone() || zmq4.AsErrno(err) == zmq4.ETERM {
@@ -845,7 +849,8 @@ func peerName(id []byte) []byte {
 // counted and discarded. With CURVE the peer is the agent that owns the
 // connection's key (the ZAP User-Id, userID); a declared identity that
 // differs from it is counted as spoofed and discarded.
-func (c *Channel) accept(frames [][]byte, userID string) (transfer.Message, bool) {
+func (c *Channel) accept(frames [][]byte, meta msgMeta) (transfer.Message, bool) {
+	userID := meta.userID
 	if len(frames) != 2 || len(frames[0]) == 0 || frames[0][0] == 0 {
 		n := c.malformed.Add(1)
 		if n&(n-1) == 0 { // log the 1st, 2nd, 4th, 8th ... occurrence
@@ -871,7 +876,7 @@ func (c *Channel) accept(frames [][]byte, userID string) (transfer.Message, bool
 		return transfer.Message{}, false
 	}
 	c.received.Add(1)
-	return transfer.Message{Peer: name, Payload: frames[1]}, true
+	return transfer.Message{Peer: name, Payload: frames[1], From: meta.from}, true
 }
 
 // Close closes every socket and terminates the channel's ZeroMQ context,

@@ -71,7 +71,7 @@ type Engine struct {
 
 // counters are the engine's security counters.
 type counters struct {
-	unauthenticated, refusedConns, slowConns, forbiddenWrites, fenceEvictions, fencedWrites atomic.Uint64
+	unauthenticated, refusedConns, slowConns, forbiddenWrites, fenceEvictions, fencedWrites, foreignAddrs atomic.Uint64
 }
 
 // Stats are the engine's cumulative security counters and two gauges
@@ -98,6 +98,10 @@ type Stats struct {
 	// FencedWrites counts incoming frames cut by FenceWrites: their
 	// authorization ended while their payload was still arriving.
 	FencedWrites uint64
+	// ForeignAddrs counts HELLOs of peers not loaded here whose advertised
+	// address is on another host than their connection's: such a peer is
+	// not dialed back (writes and notifications to it fail).
+	ForeignAddrs uint64
 	// Fenced is the number of forgotten peers refused now (a gauge).
 	Fenced int
 	// IncomingConns is the number of connections peers dialed here that
@@ -117,6 +121,7 @@ func (e *Engine) Stats() Stats {
 		ForbiddenWrites: e.stats.forbiddenWrites.Load(),
 		FenceEvictions:  e.stats.fenceEvictions.Load(),
 		FencedWrites:    e.stats.fencedWrites.Load(),
+		ForeignAddrs:    e.stats.foreignAddrs.Load(),
 		BodyBytes:       e.bodies.inUse(),
 	}
 	e.mu.Lock()

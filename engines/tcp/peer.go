@@ -30,6 +30,10 @@ type peer struct {
 	// learned: created from a HELLO, never loaded with LoadPeer (under
 	// Engine.mu). A learned peer is dropped when its last connection ends.
 	learned bool
+	// unreachable says why a learned peer is not dialed: its HELLO
+	// advertised an address on another host than the one its connection
+	// came from (nil: dial addr).
+	unreachable error
 
 	mu     sync.RWMutex
 	ranges []transfer.Desc // sorted, non-overlapping
@@ -363,6 +367,9 @@ func (p *peer) connected() bool {
 // return no goroutine of this session touches source memory any more.
 func (ss *session) loop() (err error) {
 	e := ss.s.p.e
+	if err := ss.s.p.unreachable; err != nil {
+		return err
+	}
 	d := net.Dialer{Timeout: e.cfg.DialTimeout, KeepAliveConfig: keepAlive(e.cfg)}
 	conn, err := d.DialContext(ss.ctx, "tcp", ss.s.p.addr)
 	if err != nil {

@@ -530,7 +530,37 @@ func (e *Engine) admit(ic *inConn, m metadata) error {
 	if e.peers[m.name] == nil {
 		p := newPeer(e, m)
 		p.learned = true
+		if err := addrOnHost(m.addr, ic.conn.RemoteAddr(), ic.conn.LocalAddr()); err != nil {
+			p.unreachable = fmt.Errorf("tcp: peer %q was not loaded and %w: %w", m.name, err, transfer.ErrBadEndpoint)
+			n := e.stats.foreignAddrs.Add(1)
+			if n&(n-1) == 0 {
+				e.log.Warn("tcp: a peer's HELLO advertises an address on another host than its connection's: it is not dialed there", "peer", m.name, "advertised", m.addr, "remote", ic.conn.RemoteAddr(), "foreign_addrs_total", n)
+			}
+		}
 		e.peers[m.name] = p
+	}
+	return nil
+}
+
+// addrOnHost checks that the address a HELLO advertises is on the host
+// the connection came from: a peer the engine never loaded is dialed (to
+// write or notify back) only there, so a HELLO cannot make the engine
+// connect to a third host. A loaded peer is dialed at its loaded address.
+// A connection from this host itself (its remote address is its local
+// one) may advertise a loopback address too.
+func addrOnHost(addr string, remote, local net.Addr) error {
+	ta, ok := remote.(*net.TCPAddr)
+	if !ok {
+		return nil
+	}
+	la, _ := local.(*net.TCPAddr)
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("its HELLO advertises %q: %v", addr, err)
+	}
+	ip := net.ParseIP(host)
+	if ip == nil || !ip.Equal(ta.IP) && !(ip.IsLoopback() && !ta.IP.IsLoopback() && la != nil && la.IP.Equal(ta.IP)) {
+		return fmt.Errorf("its HELLO advertises %s, not on the host its connection came from (%s): load its metadata to reach it there", addr, ta.IP)
 	}
 	return nil
 }
