@@ -138,7 +138,7 @@ func (s *controlServer) Recv(_ context.Context, r *pb.RecvRequest) (*pb.MessageR
 		return &pb.MessageReply{Error: toProtoError(err)}, nil
 	}
 	m, err := ch.Recv(time.Duration(r.GetTimeoutNs()))
-	return &pb.MessageReply{Peer: []byte(m.Peer), Payload: m.Payload, Error: toProtoError(err)}, nil
+	return &pb.MessageReply{Peer: []byte(m.Peer), Payload: m.Payload, From: []byte(m.From), Error: toProtoError(err)}, nil
 }
 
 func (s *controlServer) Close(context.Context, *pb.Empty) (*pb.Reply, error) {

@@ -389,7 +389,7 @@ func recvMessage(c *Client, w *recvWake, what string, timeout time.Duration, f f
 	if rerr := fromProtoError(rep.GetError()); rerr != nil {
 		return transfer.Message{}, fmt.Errorf("plugin %s: %s: %w", c.name, what, rerr)
 	}
-	return transfer.Message{Peer: string(rep.GetPeer()), Payload: rep.GetPayload()}, nil
+	return transfer.Message{Peer: string(rep.GetPeer()), Payload: rep.GetPayload(), From: string(rep.GetFrom())}, nil
 }
 
 // engineServer is the plugin side of the Engine service.
@@ -578,7 +578,7 @@ func (s *engineServer) RecvNotification(_ context.Context, r *pb.RecvRequest) (*
 		return &pb.MessageReply{Error: toProtoError(fmt.Errorf("plugin: engine has no notifications: %w", transfer.ErrUnsupported))}, nil
 	}
 	m, err := n.RecvNotification(time.Duration(r.GetTimeoutNs()))
-	return &pb.MessageReply{Peer: []byte(m.Peer), Payload: m.Payload, Error: toProtoError(err)}, nil
+	return &pb.MessageReply{Peer: []byte(m.Peer), Payload: m.Payload, From: []byte(m.From), Error: toProtoError(err)}, nil
 }
 
 func (s *engineServer) Connect(_ context.Context, r *pb.PeerRequest) (*pb.Reply, error) {

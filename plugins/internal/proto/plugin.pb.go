@@ -1808,10 +1808,13 @@ func (x *RecvRequest) GetTimeoutNs() int64 {
 }
 
 type MessageReply struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Error         *Error                 `protobuf:"bytes,1,opt,name=error,proto3" json:"error,omitempty"`
-	Peer          []byte                 `protobuf:"bytes,2,opt,name=peer,proto3" json:"peer,omitempty"`
-	Payload       []byte                 `protobuf:"bytes,3,opt,name=payload,proto3" json:"payload,omitempty"`
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Error   *Error                 `protobuf:"bytes,1,opt,name=error,proto3" json:"error,omitempty"`
+	Peer    []byte                 `protobuf:"bytes,2,opt,name=peer,proto3" json:"peer,omitempty"`
+	Payload []byte                 `protobuf:"bytes,3,opt,name=payload,proto3" json:"payload,omitempty"`
+	// from is transfer.Message's From: the network host the message came
+	// from, when the channel knows it (an older plugin sends none).
+	From          []byte `protobuf:"bytes,4,opt,name=from,proto3" json:"from,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1863,6 +1866,13 @@ func (x *MessageReply) GetPeer() []byte {
 func (x *MessageReply) GetPayload() []byte {
 	if x != nil {
 		return x.Payload
+	}
+	return nil
+}
+
+func (x *MessageReply) GetFrom() []byte {
+	if x != nil {
+		return x.From
 	}
 	return nil
 }
@@ -2112,11 +2122,12 @@ const file_plugin_proto_rawDesc = "" +
 	"\apayload\x18\x02 \x01(\fR\apayload\",\n" +
 	"\vRecvRequest\x12\x1d\n" +
 	"\n" +
-	"timeout_ns\x18\x01 \x01(\x03R\ttimeoutNs\"k\n" +
+	"timeout_ns\x18\x01 \x01(\x03R\ttimeoutNs\"\x7f\n" +
 	"\fMessageReply\x12-\n" +
 	"\x05error\x18\x01 \x01(\v2\x17.bounce.plugin.v1.ErrorR\x05error\x12\x12\n" +
 	"\x04peer\x18\x02 \x01(\fR\x04peer\x12\x18\n" +
-	"\apayload\x18\x03 \x01(\fR\apayload\"i\n" +
+	"\apayload\x18\x03 \x01(\fR\apayload\x12\x12\n" +
+	"\x04from\x18\x04 \x01(\fR\x04from\"i\n" +
 	"\fStageRequest\x12.\n" +
 	"\x06region\x18\x01 \x01(\v2\x16.bounce.plugin.v1.DescR\x06region\x12)\n" +
 	"\x04runs\x18\x02 \x03(\v2\x15.bounce.plugin.v1.RunR\x04runs\"v\n" +
