@@ -461,7 +461,7 @@ func (r *reactor) dropReq(q *sendReq) {
 // (RegisterMemoryFor; a pool lying in such memory), never the arena —, its
 // plan checked against the puller's, then a request of this agent's that
 // holds the puller's credits already and starts its gathers at once.
-func (r *reactor) onPull(peer string, m *wire.Pull) {
+func (r *reactor) onPull(peer, from string, m *wire.Pull) {
 	now := r.clock.Now()
 	sk := servedKey{peer, wire.PullID(m.Request)}
 	if m.IsCancel() {
@@ -493,21 +493,12 @@ func (r *reactor) onPull(peer string, m *wire.Pull) {
 		r.a.obs.reject(r, peer, rejectPull)
 		r.a.obs.nack("sent", code)
 		r.log.Warn("PULL refused", "peer", peer, "request", m.Request, "code", code, "why", why)
-		if r.replyPath(peer, m.Endpoint, now) {
+		if r.reversePath(peer, from, m.Endpoint, now) == nil {
 			_ = r.send(peer, &wire.PullEnd{Request: m.Request, Code: code, Reason: why})
 		}
 		return
 	}
 	r.advance(q)
-}
-
-// replyPath makes sure the control channel reaches peer (a loaded peer's
-// path, or one opened at the PULL's endpoint, as for a WANT).
-func (r *reactor) replyPath(peer, endpoint string, now time.Time) bool {
-	if _, loaded := r.descEndpoint(peer); loaded {
-		return true
-	}
-	return r.addControlPeer(peer, endpoint, now) == nil
 }
 
 // servePull checks a PULL and makes its request, or says why not.

@@ -398,7 +398,7 @@ func (r *reactor) onMessage(m transfer.Message) {
 	case *wire.Nack:
 		r.onNack(m.Peer, msg)
 	case *wire.Pull:
-		r.onPull(m.Peer, msg)
+		r.onPull(m.Peer, m.From, msg)
 	case *wire.PullEnd:
 		r.onPullEnd(m.Peer, msg)
 	default:

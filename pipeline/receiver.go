@@ -66,24 +66,7 @@ func (r *reactor) onWant(peer, from string, w *wire.Want) {
 	if w.Incarnation != 0 {
 		r.wantInc[peer] = w.Incarnation
 	}
-	endpoint := w.Endpoint
-	var epErr0 error
-	if ep, ok := r.descEndpoint(peer); ok {
-		// The loaded descriptor is authoritative; the WANT's endpoint is
-		// not dialed. (nixlnotif endpoints are engine metadata and change
-		// as memory is registered, so a difference alone is no attack.)
-		if endpoint != "" && endpoint != ep {
-			r.a.stats.foreignEndpoints.Add(1)
-		}
-		endpoint = ep
-	} else if err := endpointOnHost(endpoint, from, r.a.set.Control.LocalEndpoint()); err != nil {
-		r.a.stats.foreignEndpoints.Add(1)
-		endpoint, epErr0 = "", err
-	}
-	epErr := epErr0
-	if epErr == nil {
-		epErr = r.addControlPeer(peer, endpoint, now)
-	}
+	epErr := r.reversePath(peer, from, w.Endpoint, now)
 	if w.IsCancel() {
 		r.flowFailed(key, ErrSenderCancelled)
 		r.a.obs.flowEnded(r, key, "cancelled")
@@ -327,6 +310,29 @@ func (r *reactor) publishQuarantine() {
 	r.a.stats.quarantinedBytes.Store(st.QuarantinedBytes)
 }
 
+// reversePath opens (or keeps) the control path back to peer for a message
+// (WANT, PULL) that came from host from naming endpoint. A loaded
+// descriptor's endpoint is authoritative and the message's is not dialed
+// (nixlnotif endpoints are engine metadata and change as memory is
+// registered, so a difference alone is no attack); otherwise the endpoint
+// must be on the host the message came from, and with names not proven
+// that host is what bounds the peer's paths (MaxControlPeersPerHost).
+func (r *reactor) reversePath(peer, from, endpoint string, now time.Time) error {
+	host := ""
+	if ep, ok := r.descEndpoint(peer); ok {
+		if endpoint != "" && endpoint != ep {
+			r.a.stats.foreignEndpoints.Add(1)
+		}
+		endpoint = ep
+	} else if err := endpointOnHost(endpoint, from, r.a.set.Control.LocalEndpoint()); err != nil {
+		r.a.stats.foreignEndpoints.Add(1)
+		return err
+	} else if ip, ok, _ := endpointIP(endpoint); ok && ip != nil && !r.a.set.Peers.Enabled() {
+		host = ip.String()
+	}
+	return r.addControlPeer(peer, endpoint, host, now)
+}
+
 // endpointOnHost checks that a WANT's endpoint (scheme://host:port) names
 // the host its message came from; nil when either is unknown ("" from a
 // channel that does not say, an endpoint in another form). A WANT from
@@ -343,7 +349,7 @@ func endpointOnHost(endpoint, from, self string) error {
 	src := net.ParseIP(from)
 	own, _, _ := endpointIP(self)
 	if ip == nil || src == nil || !ip.Equal(src) && !(ip.IsLoopback() && !src.IsLoopback() && own != nil && own.Equal(src)) {
-		return fmt.Errorf("endpoint %q is not on the host the WANT came from (%s): a peer whose descriptor was not loaded is dialed only there (load its descriptor to reach it elsewhere): %w", endpoint, from, transfer.ErrBadEndpoint)
+		return fmt.Errorf("endpoint %q is not on the host the message came from (%s): a peer whose descriptor was not loaded is dialed only there (load its descriptor to reach it elsewhere): %w", endpoint, from, transfer.ErrBadEndpoint)
 	}
 	return nil
 }
@@ -367,13 +373,26 @@ func endpointIP(endpoint string) (net.IP, bool, error) {
 type ctrlPeer struct {
 	endpoint string
 	used     time.Time
+	// host is the sending host whose share (MaxControlPeersPerHost) the
+	// path takes: set for a peer whose descriptor was not loaded while
+	// names are not proven (security off), "" otherwise.
+	host string
 }
 
+// MaxControlPeersPerHost caps the reverse control paths of peers whose
+// descriptors were not loaded on one sending host while names are not
+// proven (security.mode off), as tcp.Config.MaxConnsPerPeer caps one
+// peer's connections: a host claiming many names holds at most this many
+// DEALERs here. With authentication, names are proven and the admitted
+// set bounds them.
+const MaxControlPeersPerHost = 64
+
 // addControlPeer opens (or keeps) the reverse control path to peer. The
-// table holds at most MaxControlPeers entries: to make room the least
-// recently used one without open flows is closed; when every entry has
-// open flows the WANT is refused.
-func (r *reactor) addControlPeer(peer, endpoint string, now time.Time) error {
+// table holds at most MaxControlPeers entries, and the paths of one host
+// (host, when set) at most MaxControlPeersPerHost: to make room the least
+// recently used one without open flows (of that host) is closed; when
+// every one has open flows the WANT is refused.
+func (r *reactor) addControlPeer(peer, endpoint, host string, now time.Time) error {
 	cp := r.ctrlPeers[peer]
 	if endpoint == "" || cp != nil && cp.endpoint == endpoint {
 		if cp == nil {
@@ -382,22 +401,35 @@ func (r *reactor) addControlPeer(peer, endpoint string, now time.Time) error {
 		cp.used = now
 		return nil
 	}
-	if cp == nil && len(r.ctrlPeers) >= r.cfg.MaxControlPeers && !r.evictControlPeer() {
+	if host != "" && (cp == nil || cp.host != host) {
+		n := 0
+		for _, o := range r.ctrlPeers {
+			if o.host == host {
+				n++
+			}
+		}
+		if n >= MaxControlPeersPerHost && !r.evictControlPeer(host) {
+			r.a.stats.hostLimited.Add(1)
+			return fmt.Errorf("host %s holds %d reverse control paths with open flows, the limit for names not proven (security.mode off): %w", host, n, transfer.ErrQueueFull)
+		}
+	}
+	if cp == nil && len(r.ctrlPeers) >= r.cfg.MaxControlPeers && !r.evictControlPeer("") {
 		return fmt.Errorf("control peer table full (%d peers with open flows): %w", r.cfg.MaxControlPeers, transfer.ErrQueueFull)
 	}
 	if err := r.a.set.Control.AddPeer(peer, endpoint); err != nil {
 		return err
 	}
-	r.ctrlPeers[peer] = &ctrlPeer{endpoint: endpoint, used: now}
+	r.ctrlPeers[peer] = &ctrlPeer{endpoint: endpoint, used: now, host: host}
 	return nil
 }
 
 // evictControlPeer closes the least recently used reverse path of a peer
-// with no open flow and no loaded descriptor; false when there is none.
-func (r *reactor) evictControlPeer() bool {
+// with no open flow and no loaded descriptor (of host, when set); false
+// when there is none.
+func (r *reactor) evictControlPeer(host string) bool {
 	victim, oldest := "", time.Time{}
 	for name, cp := range r.ctrlPeers {
-		if r.peerFlows[name] > 0 {
+		if r.peerFlows[name] > 0 || host != "" && cp.host != host {
 			continue
 		}
 		if _, loaded := r.descEndpoint(name); loaded {

@@ -39,9 +39,11 @@ type Stats struct {
 	FencedReleases uint64
 	// Control messages dropped because their sender is not an admitted
 	// peer, WANTs naming an endpoint other than the one in the peer's
-	// descriptor (the descriptor's is used), WANTs over the per-peer rate
-	// and new flows over the per-peer flow limit.
-	Unadmitted, ForeignEndpoints, RateLimited, FlowLimited uint64
+	// descriptor (the descriptor's is used) or, for a peer not loaded, an
+	// endpoint on another host than the WANT's, WANTs over the per-peer
+	// rate, new flows over the per-peer flow limit, and WANTs refused a
+	// reverse path over MaxControlPeersPerHost.
+	Unadmitted, ForeignEndpoints, RateLimited, FlowLimited, HostLimited uint64
 	// WANTs sent (cancels included), grants sent and bytes moved through
 	// the bounce path.
 	Wants, Grants, BounceBytes uint64
@@ -78,22 +80,22 @@ type counters struct {
 	duplicateWants                                atomic.Uint64
 	// blockTableChecks counts block-table WANTs whose ids were checked
 	// (the O(ids) pass; read by tests, not exported).
-	blockTableChecks                     atomic.Uint64
-	incompatiblePeers, badPeerDesc       atomic.Uint64
-	scatterFailures, expiredFlows        atomic.Uint64
-	cancelledScatters                    atomic.Uint64
-	quarantines                          atomic.Uint64
-	fencedReleases                       atomic.Uint64
-	quarantinedRegions, quarantinedBytes atomic.Uint64
-	unadmitted, foreignEndpoints         atomic.Uint64
-	rateLimited, flowLimited             atomic.Uint64
-	wants, grants, bounceBytes           atomic.Uint64
-	lostPeers                            atomic.Uint64
-	controlPeers, flows, requests        atomic.Uint64
-	events, droppedEvents                atomic.Uint64
-	fallbacks, bounceRefused             atomic.Uint64
-	autoBounce, autoDirect               atomic.Uint64
-	pulls, pullsServed, refusedPulls     atomic.Uint64
+	blockTableChecks                      atomic.Uint64
+	incompatiblePeers, badPeerDesc        atomic.Uint64
+	scatterFailures, expiredFlows         atomic.Uint64
+	cancelledScatters                     atomic.Uint64
+	quarantines                           atomic.Uint64
+	fencedReleases                        atomic.Uint64
+	quarantinedRegions, quarantinedBytes  atomic.Uint64
+	unadmitted, foreignEndpoints          atomic.Uint64
+	rateLimited, flowLimited, hostLimited atomic.Uint64
+	wants, grants, bounceBytes            atomic.Uint64
+	lostPeers                             atomic.Uint64
+	controlPeers, flows, requests         atomic.Uint64
+	events, droppedEvents                 atomic.Uint64
+	fallbacks, bounceRefused              atomic.Uint64
+	autoBounce, autoDirect                atomic.Uint64
+	pulls, pullsServed, refusedPulls      atomic.Uint64
 }
 
 // Stats returns a snapshot of the agent's counters.
@@ -110,7 +112,7 @@ func (a *Agent) Stats() Stats {
 		FencedReleases: c.fencedReleases.Load(),
 		Quarantines:    c.quarantines.Load(), QuarantinedRegions: c.quarantinedRegions.Load(), QuarantinedBytes: c.quarantinedBytes.Load(),
 		Unadmitted: c.unadmitted.Load(), ForeignEndpoints: c.foreignEndpoints.Load(),
-		RateLimited: c.rateLimited.Load(), FlowLimited: c.flowLimited.Load(),
+		RateLimited: c.rateLimited.Load(), FlowLimited: c.flowLimited.Load(), HostLimited: c.hostLimited.Load(),
 		Wants: c.wants.Load(), Grants: c.grants.Load(), BounceBytes: c.bounceBytes.Load(),
 		LostPeers:    c.lostPeers.Load(),
 		ControlPeers: c.controlPeers.Load(), Flows: c.flows.Load(), Requests: c.requests.Load(),

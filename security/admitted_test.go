@@ -23,6 +23,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pebbe/zmq4"
+
 	"github.com/bouncekv/bounce/config"
 	"github.com/bouncekv/bounce/controlplane/zmq"
 	"github.com/bouncekv/bounce/engines/tcp"
@@ -52,7 +54,7 @@ type victim struct {
 // startVictim starts the receiver child; advertise, if set, is the address
 // its engine advertises (set fills it in once the child says where it
 // listens).
-func startVictim(t *testing.T, advertise string) *victim {
+func startVictim(t *testing.T, advertise string, env ...string) *victim {
 	dir := t.TempDir()
 	v := &victim{t: t, keys: map[string]security.Identity{}, keyFiles: map[string]string{}}
 	for _, name := range []string{"recv", "alice", "mallory"} {
@@ -64,8 +66,9 @@ func startVictim(t *testing.T, advertise string) *victim {
 		v.keys[name], v.keyFiles[name] = id, p
 	}
 	allowed := fmt.Sprintf("alice=%s,mallory=%s", v.keys["alice"].Public, v.keys["mallory"].Public)
-	v.c = childproc.Start(t, childEnv, "recv", "BOUNCE_SECURITY_TEST_KEY="+v.keyFiles["recv"], "BOUNCE_SECURITY_TEST_ALLOWED="+allowed,
-		fmt.Sprintf("BOUNCE_SECURITY_TEST_SIZE=%d", victimSize), "BOUNCE_SECURITY_TEST_ADVERTISE="+advertise)
+	env = append([]string{"BOUNCE_SECURITY_TEST_KEY=" + v.keyFiles["recv"], "BOUNCE_SECURITY_TEST_ALLOWED=" + allowed,
+		fmt.Sprintf("BOUNCE_SECURITY_TEST_SIZE=%d", victimSize), "BOUNCE_SECURITY_TEST_ADVERTISE=" + advertise}, env...)
+	v.c = childproc.Start(t, childEnv, "recv", env...)
 	v.listen = v.expect("LISTEN ")
 	var err error
 	if v.desc, err = hex.DecodeString(v.expect("DESC ")); err != nil {
@@ -489,5 +492,99 @@ func TestLoadedPeerWantCannotChooseWhereTheReceiverDials(t *testing.T) {
 	time.Sleep(time.Second)
 	if n := pit.accepted.Load(); n != 0 {
 		t.Fatalf("the receiver connected %d time(s) to %s, the endpoint mallory's WANT named", n, pit.ln.Addr())
+	}
+}
+
+// fds returns the receiver's open descriptors, the control messages its
+// channel received and its reverse control paths.
+func (v *victim) fds() (fds, received, paths uint64) {
+	v.t.Helper()
+	f := strings.Fields(v.ask("FDS", "FDS "))
+	x := make([]uint64, 3)
+	for i := range x {
+		x[i], _ = strconv.ParseUint(f[i], 10, 64)
+	}
+	return x[0], x[1], x[2]
+}
+
+// TestManyNamesReversePathsBounded (issue 26 item 5, the ZeroMQ side):
+// with security.mode off, 1,100 names from one host each send a WANT
+// naming a control endpoint on that host to a receiver in another
+// process, and close their connection; then 1,100 more. The receiver's
+// reverse control paths (a DEALER each, four descriptors with its monitor)
+// are capped per sending host, so its descriptors stay flat: at most 64
+// paths, and the second 1,100 names add nothing. Before, only
+// max_control_peers (1,024) and libzmq's socket limit bounded them: fds
+// grew from 26 to 1,382.
+func TestManyNamesReversePathsBounded(t *testing.T) {
+	const names = 1100
+	v := startVictim(t, "", "BOUNCE_SECURITY_TEST_MODE=off")
+	base, _, _ := v.fds()
+	zctx, err := zmq4.NewContext()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer zctx.Term()
+	if err := zctx.SetMaxSockets(4 * names); err != nil { // closed ones linger until flushed
+		t.Fatal(err)
+	}
+	// The endpoint every name claims: one ROUTER here takes the
+	// receiver's reverse connections.
+	back, err := zctx.NewSocket(zmq4.ROUTER)
+	if err != nil {
+		t.Fatal(err)
+	}
+	back.SetLinger(0)
+	if err := back.Bind("tcp://127.0.0.1:*"); err != nil {
+		t.Fatal(err)
+	}
+	defer back.Close()
+	ep, err := back.GetLastEndpoint()
+	if err != nil {
+		t.Fatal(err)
+	}
+	round := func(first int) (fds, paths uint64) {
+		for i := first; i < first+names; i++ {
+			s, err := zctx.NewSocket(zmq4.DEALER)
+			if err != nil {
+				t.Fatal(err)
+			}
+			s.SetLinger(2 * time.Second)
+			s.SetIdentity(fmt.Sprintf("n%05d", i))
+			if err := s.Connect(v.rd.Handshake.Endpoint); err != nil {
+				t.Fatal(err)
+			}
+			w, _ := wire.Marshal(&wire.Want{Request: uint64(i + 1), ChunkBytes: []uint64{4096}, Endpoint: ep})
+			if _, err := s.SendBytes(w, 0); err != nil {
+				t.Fatal(err)
+			}
+			s.Close() // flushed within the linger, then the connection ends
+		}
+		deadline := time.Now().Add(hangTime)
+		for {
+			_, received, _ := v.fds()
+			if received >= uint64(first+names) {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("the receiver got %d of %d WANTs", received, first+names)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		time.Sleep(2 * time.Second) // reverse paths opened, closed connections reaped
+		fds, _, paths = v.fds()
+		return fds, paths
+	}
+	fds1, paths1 := round(0)
+	fds2, paths2 := round(names)
+	t.Logf("receiver fds %d, after %d names %d (%d reverse control paths), after %d more %d (%d paths)", base, names, fds1, paths1, names, fds2, paths2)
+	if paths1 > pipeline.MaxControlPeersPerHost || paths2 > pipeline.MaxControlPeersPerHost {
+		t.Errorf("%d, then %d reverse control paths for names from one host, want at most %d", paths1, paths2, pipeline.MaxControlPeersPerHost)
+	}
+	if fds1 > base+5*pipeline.MaxControlPeersPerHost {
+		t.Errorf("receiver fds grew from %d to %d under %d names", base, fds1, names)
+	}
+	if fds2 > fds1+16 {
+		t.Errorf("receiver fds grew from %d to %d under %d more names: not flat", fds1, fds2, names)
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/bouncekv/bounce/config"
+	"github.com/bouncekv/bounce/controlplane/zmq"
 	"github.com/bouncekv/bounce/engines/tcp"
 	"github.com/bouncekv/bounce/internal/childproc"
 	"github.com/bouncekv/bounce/mem"
@@ -40,7 +41,9 @@ func TestMain(m *testing.M) {
 //
 //	SUM   -> "SUM <sha256 of alice's buffer>"
 //	STATS -> "STATS <BadRuns> <FencedWrites> <ForbiddenWrites>"
+//	FDS   -> "FDS <open file descriptors> <control messages received> <reverse control paths>"
 //
+// BOUNCE_SECURITY_TEST_MODE sets security.mode.
 // It closes the node and exits 0 at end of input.
 func runChild(role string) int {
 	if role != "recv" {
@@ -61,6 +64,9 @@ func runChild(role string) int {
 	cfg.Engine.FrameTimeout = time.Minute
 	cfg.Security.KeyFile = os.Getenv("BOUNCE_SECURITY_TEST_KEY")
 	cfg.Security.AllowedPeers = os.Getenv("BOUNCE_SECURITY_TEST_ALLOWED")
+	if m := os.Getenv("BOUNCE_SECURITY_TEST_MODE"); m != "" {
+		cfg.Security.Mode = m
+	}
 	if a := os.Getenv("BOUNCE_SECURITY_TEST_ADVERTISE"); a != "" {
 		// The engine's Addr is then the proxy's: listen on a port known
 		// here (free a moment ago).
@@ -117,6 +123,9 @@ func runChild(role string) int {
 		case "STATS":
 			es := eng.Stats()
 			fmt.Printf("STATS %d %d %d\n", n.Agent.Stats().BadRuns, es.FencedWrites, es.ForbiddenWrites)
+		case "FDS":
+			ents, _ := os.ReadDir("/proc/self/fd")
+			fmt.Printf("FDS %d %d %d\n", len(ents), n.Control.(*zmq.Channel).Stats().Received, n.Agent.Stats().ControlPeers)
 		default:
 			fmt.Println("ERR unknown command", in.Text())
 		}
