@@ -126,13 +126,8 @@ func (h *hostCallbacks) installLocked() error {
 	case <-h.acks:
 	default:
 	}
-	in := &pb.HostCallback{Guard: h.guard.Load() != nil, PeerLost: h.lost.Load() != nil}
-	if b := h.auth.Load(); b != nil {
-		pub := b.a.PublicKey()
-		in.Auth, in.PublicKey = true, pub[:]
-	}
 	h.sendMu.Lock()
-	err := h.stream.Send(in)
+	err := h.stream.Send(h.installMessage())
 	h.sendMu.Unlock()
 	if err != nil {
 		return h.c.rpcErr("install callbacks", err)
@@ -147,6 +142,17 @@ func (h *hostCallbacks) installLocked() error {
 	case <-t.C:
 		return fmt.Errorf("plugin %s: install callbacks: no ack within %v: %w", h.c.name, CallTimeout, transfer.ErrTimeout)
 	}
+}
+
+// installMessage says which callbacks are set; a lent authenticator
+// crosses as its public key alone.
+func (h *hostCallbacks) installMessage() *pb.HostCallback {
+	in := &pb.HostCallback{Guard: h.guard.Load() != nil, PeerLost: h.lost.Load() != nil}
+	if b := h.auth.Load(); b != nil {
+		pub := b.a.PublicKey()
+		in.Auth, in.PublicKey = true, pub[:]
+	}
+	return in
 }
 
 // run reads the stream until it ends.
