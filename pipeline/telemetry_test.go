@@ -550,6 +550,11 @@ func TestMetricsAfterKnownWorkload(t *testing.T) {
 		t.Fatal(err)
 	}
 	eventually(t, func() bool { return b.Stats().BadMessages == 1 && b.Stats().RejectedWants == 1 })
+	// b's NACK reaches a a moment later (a loaded machine stretches it).
+	nackCode := attrCode.String(wire.NackChunkTooLarge.String())
+	eventually(t, func() bool {
+		return sum(t, collect(t, oa), "bounce.nacks", attrDirection.String("received"), nackCode) > 0
+	})
 	settled(t, a, b)
 
 	ma := collect(t, oa)

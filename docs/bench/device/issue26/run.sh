@@ -25,9 +25,9 @@ step() { local f=$1 tmo=$2; shift 2; local left=$((LIMIT - (SECONDS - START)))
 cd pipeline 2>/dev/null || true
 # 1. the check alone: ns per run, allocations
 step datacheck 30 $T -test.run '^$' -test.bench '^BenchmarkDataCheck$' -test.benchmem -test.count 3
-# 2. checks on/off, 100 adjacent pairs per size, three times (each line
+# 2. checks on/off, 100 adjacent pairs per size (BENCHTIME), three times (COUNT) (each line
 #    reports checked-MB/s, unchecked-MB/s, checked/unchecked and the median
 #    of the pairs' ratios)
-step receiver-checks 480 $T -test.run '^$' -test.bench '^BenchmarkReceiverChecks$' -test.benchtime 100x -test.count 3 -test.timeout 470s
+step receiver-checks 480 $T -test.run '^$' -test.bench '^BenchmarkReceiverChecks$' -test.benchtime ${BENCHTIME:-100x} -test.count ${COUNT:-3} -test.timeout 470s
 uptime >> $L
 echo "done at $((SECONDS - START))s" >> $L
