@@ -319,3 +319,59 @@ func TestConvertedHostileData(t *testing.T) {
 		t.Fatalf("ended flows left the pool held: %v", err)
 	}
 }
+
+// TestPullBetweenLayouts: a pull moves blocks as they are, so a pull
+// between pools of the same layout lands byte-exact while one between
+// different layouts (here NHD into HND of one block size, which would land
+// every element in the wrong place) is refused before anything moves,
+// saying that a pull does not convert, and layouts that cannot be
+// converted at all say why (convert.ErrIncompatible).
+func TestPullBetweenLayouts(t *testing.T) {
+	w := newWorld(t)
+	a, b := w.node("a", testConfig()), w.node("b", testConfig())
+	src := newLayoutPool(t, a, "kv", kvl(2, 0, 4, transfer.NHD), 16, 0, 1)
+	same := newLayoutPool(t, b, "same", kvl(2, 0, 4, transfer.NHD), 16, 8, 2)
+	hnd := newLayoutPool(t, b, "hnd", kvl(2, 0, 4, transfer.HND), 16, 0, 3)
+	wide := newLayoutPool(t, b, "wide", transfer.Layout{Layers: 3, KV: 2, Heads: 1, HeadDim: 16, Tokens: 4, Elem: 2, Order: transfer.NHD}, 16, 0, 4)
+	connect(t, a, b)
+	ids := []uint32{3, 0, 7}
+	src.Put(9, ids, 0, 0)
+
+	bt, err := b.Pull(PullRequest{Peer: "a", Blocks: &BlockRequest{SrcPool: "kv", SrcIDs: ids, DstPool: "same", DstIDs: ids}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := wait(t, bt); err != nil {
+		t.Fatal(err)
+	}
+	if err := same.Check(9, ids, 0, 0); err != nil {
+		t.Fatalf("pull between equal layouts: %v", err)
+	}
+	for _, c := range []struct {
+		pool string
+		is   error
+		want string
+	}{
+		{"hnd", transfer.ErrUnsupported, "a pull does not convert layouts"},
+		{"wide", convert.ErrIncompatible, "heads of 8 elements against 16"},
+	} {
+		_, err := b.Pull(PullRequest{Peer: "a", Blocks: &BlockRequest{SrcPool: "kv", SrcIDs: ids, DstPool: c.pool, DstIDs: ids}})
+		if !errors.Is(err, c.is) || !strings.Contains(err.Error(), c.want) {
+			t.Fatalf("pull into %s: %v, want %v saying %q", c.pool, err, c.is, c.want)
+		}
+		if err := b.DeregisterPool(c.pool); err != nil {
+			t.Fatalf("a refused pull holds pool %s: %v", c.pool, err)
+		}
+	}
+	for _, p := range []*workload.KVPool{hnd, wide} {
+		for i, c := range p.Mem {
+			if c != guardByte {
+				t.Fatalf("byte %d of a refused pull's destination changed", i)
+			}
+		}
+	}
+	if st := b.Stats(); st.Pulls != 1 {
+		t.Fatalf("pulls counted %d, want the one that was made", st.Pulls)
+	}
+	settled(t, a, b)
+}

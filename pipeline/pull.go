@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/bouncekv/bounce/pipeline/convert"
 	"slices"
 	"strings"
 	"time"
@@ -177,8 +178,9 @@ func (a *Agent) resolvePullBlocks(br *BlockRequest, pi *peerInfo) (*BlockRequest
 	out := *br
 	out.src = transfer.Blocks{Pool: sp, IDs: br.SrcIDs}
 	out.dst = transfer.Blocks{Pool: lp.pool, IDs: br.DstIDs}
-	var err error
+	err := pullLayouts(pi.layouts[br.SrcPool], lp.layout, br)
 	switch dp := lp.pool; {
+	case err != nil: // the layouts' reason first: it explains the geometry
 	case sp.BlockLen != dp.BlockLen:
 		err = fmt.Errorf("source pool %q has blocks of %d bytes, destination pool %q of %d: %w", br.SrcPool, sp.BlockLen, br.DstPool, dp.BlockLen, transfer.ErrUnsupported)
 	case len(sp.Regions) != len(dp.Regions):
@@ -197,6 +199,25 @@ func (a *Agent) resolvePullBlocks(br *BlockRequest, pi *peerInfo) (*BlockRequest
 		return nil, nil, err
 	}
 	return &out, lp, nil
+}
+
+// pullLayouts refuses a block pull between pools whose KV layouts differ
+// (both advertised): a pull moves blocks as they are (no conversion is
+// planned for it; a push converts), so such a pull would land its bytes in
+// the wrong order. Layouts that cannot be converted at all say why
+// (convert.ErrIncompatible). Pools without a layout move as they are.
+func pullLayouts(src, dst *transfer.Layout, br *BlockRequest) error {
+	if src == nil || dst == nil {
+		return nil
+	}
+	c, err := convert.Plan(*src, *dst, convert.Auto)
+	switch {
+	case err != nil:
+		return fmt.Errorf("source pool %q to destination pool %q: %w: %w", br.SrcPool, br.DstPool, err, transfer.ErrUnsupported)
+	case !c.Identity():
+		return fmt.Errorf("source pool %q (%v) and destination pool %q (%v) have different layouts, and a pull does not convert layouts (push the request to convert it): %w", br.SrcPool, *src, br.DstPool, *dst, transfer.ErrUnsupported)
+	}
+	return nil
 }
 
 // pullOf is the PULL of plan p for req (credits may be nil).
