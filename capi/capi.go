@@ -484,11 +484,13 @@ func bounce_next_event(agent C.uint64_t, timeoutMS C.int64_t, ev *C.bounce_event
 		return fail(err, e)
 	}
 	*ev = C.bounce_event{
-		peer:    C.CString(r.Peer),
-		request: C.uint64_t(r.Request),
-		bytes:   C.uint64_t(r.Bytes),
-		route:   cRoute(r.Route),
-		code:    C.bounce_code(codeOK),
+		peer:      C.CString(r.Peer),
+		request:   C.uint64_t(r.Request),
+		bytes:     C.uint64_t(r.Bytes),
+		route:     cRoute(r.Route),
+		code:      C.bounce_code(codeOK),
+		pull:      cBool(r.Pull),
+		quiescent: cBool(r.Pull && r.Quiescent),
 	}
 	if len(r.Tag) > 0 {
 		ev.tag, ev.tag_len = cBytes(bytes.Clone(r.Tag))

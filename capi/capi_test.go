@@ -15,6 +15,7 @@ import (
 
 	"github.com/bouncekv/bounce/config"
 	"github.com/bouncekv/bounce/pipeline"
+	"github.com/bouncekv/bounce/pipeline/convert"
 	"github.com/bouncekv/bounce/transfer"
 )
 
@@ -35,6 +36,10 @@ func TestCodesOfSentinels(t *testing.T) {
 		{fmt.Errorf("r: %w", transfer.ErrPeerLost), codePeerLost},
 		{fmt.Errorf("r: %w", transfer.ErrTimeout), codeTimeout},
 		{fmt.Errorf("k: %w", &config.KeyError{Key: "a", Err: config.ErrUnknownKey}), codeInvalid},
+		{fmt.Errorf("p: refused pull: %w: %w", pipeline.ErrRefused, transfer.ErrForbidden), codeForbidden},
+		{fmt.Errorf("p: refused pull: %w", pipeline.ErrRefused), codeRefused},
+		{fmt.Errorf("s: %w: %w", convert.ErrIncompatible, transfer.ErrUnsupported), codeIncompatibleLayout},
+		{fmt.Errorf("s: %w", transfer.ErrUnsupported), codeUnsupported},
 		{errors.New("something else"), codeFailed},
 	} {
 		if got := codeOf(c.err); got != c.code {
@@ -71,9 +76,9 @@ func TestCodesMatchHeader(t *testing.T) {
 	}
 	names := []string{"OK", "ERR_INVALID", "ERR_BAD_HANDLE", "ERR_UNKNOWN_PEER", "ERR_TIMEOUT", "ERR_CLOSED", "ERR_PEER_LOST",
 		"ERR_OUT_OF_BOUNDS", "ERR_NOT_REGISTERED", "ERR_IN_USE", "ERR_NOT_QUIESCENT", "ERR_DEVICE_FAULT", "ERR_UNSUPPORTED",
-		"ERR_FORBIDDEN", "ERR_BUSY", "ERR_REFUSED", "ERR_FAILED"}
-	if len(names) != codeFailed+1 {
-		t.Fatalf("%d names for %d codes", len(names), codeFailed+1)
+		"ERR_FORBIDDEN", "ERR_BUSY", "ERR_REFUSED", "ERR_FAILED", "ERR_INCOMPATIBLE_LAYOUT"}
+	if len(names) != codeLast+1 {
+		t.Fatalf("%d names for %d codes", len(names), codeLast+1)
 	}
 	for code, n := range names {
 		re := regexp.MustCompile(`#define BOUNCE_` + n + ` (\d+)`)
@@ -179,17 +184,25 @@ func TestHeaderDeclaresEveryExport(t *testing.T) {
 	}
 }
 
-// TestCProgram builds testdata/abi.c against the library and runs it: two
-// agents over tcp and ZeroMQ move 1024 blocks, checked byte for byte.
-func TestCProgram(t *testing.T) {
+// TestCPrograms builds each C program of testdata against the library and
+// runs it: two agents over tcp and ZeroMQ in each; abi.c moves 1024 blocks
+// by push, pull.c pulls 1024 blocks by id and descriptors and is refused
+// what the holder registered for another peer, layout.c moves a
+// tensor-parallel split with NHD -> HND and is refused incompatible
+// layouts; every byte checked.
+func TestCPrograms(t *testing.T) {
 	dir := buildLib(t)
-	exe := filepath.Join(t.TempDir(), "abi")
-	cc := exec.Command("cc", "-std=c11", "-Wall", "-Werror", "-I.", "-o", exe, "testdata/abi.c", "-L"+dir, "-lbounce", "-Wl,-rpath,"+dir)
-	if out, err := cc.CombinedOutput(); err != nil {
-		t.Fatalf("cc: %v\n%s", err, out)
-	}
-	out, err := exec.Command(exe).CombinedOutput()
-	if err != nil || !bytes.Contains(out, []byte("abi.c: ok")) {
-		t.Fatalf("abi: %v\n%s", err, out)
+	for _, prog := range []string{"abi", "pull", "layout"} {
+		t.Run(prog, func(t *testing.T) {
+			exe := filepath.Join(t.TempDir(), prog)
+			cc := exec.Command("cc", "-std=c11", "-Wall", "-Werror", "-I.", "-o", exe, "testdata/"+prog+".c", "-L"+dir, "-lbounce", "-Wl,-rpath,"+dir)
+			if out, err := cc.CombinedOutput(); err != nil {
+				t.Fatalf("cc: %v\n%s", err, out)
+			}
+			out, err := exec.Command(exe).CombinedOutput()
+			if err != nil || !bytes.Contains(out, []byte(prog+".c: ok")) {
+				t.Fatalf("%s: %v\n%s", prog, err, out)
+			}
+		})
 	}
 }
