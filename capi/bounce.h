@@ -233,8 +233,11 @@ bounce_code bounce_pull(uint64_t agent, const char *peer, const bounce_desc *src
  * its descriptor advertises) to block dst_ids[i] of the local pool dst_pool
  * (every region; destination ids distinct). A pull does not convert
  * layouts (yet): n_src == n_dst and the pools' block length and region
- * count must be equal; the counts are separate so that this signature is
- * bounce_submit_blocks's. */
+ * count must be equal, and when both pools have a layout
+ * (bounce_register_pool_layout) they must be the same: else
+ * BOUNCE_ERR_UNSUPPORTED (BOUNCE_ERR_INCOMPATIBLE_LAYOUT where no conversion
+ * exists) before anything moves. The counts are separate so that this
+ * signature is bounce_submit_blocks's. */
 bounce_code bounce_pull_blocks(uint64_t agent, const char *peer, const char *src_pool, const uint32_t *src_ids,
 	size_t n_src, const char *dst_pool, const uint32_t *dst_ids, size_t n_dst, const uint8_t *tag, size_t tag_len,
 	uint64_t *batch, char **err);

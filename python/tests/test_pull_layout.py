@@ -193,3 +193,28 @@ def test_pull_example_runs_as_printed():
     assert "decode: pulled 128 blocks x 64 regions from prefill-0" in out.stdout
     assert "prefill: decode-0 pulled 32 MiB; blocks free to reuse" in out.stdout
     assert out.stdout.rstrip().endswith("every byte verified")
+
+
+def test_pull_between_layouts_is_refused(pair):
+    """A pull does not convert layouts: between pools of different layouts
+    (here NHD and HND of the same block length) it is refused before
+    anything moves, not copied as raw bytes in the wrong order."""
+    holder, puller = pair
+    ls = bounce.Layout(L, heads=4, head_dim=D, tokens=16, elem=E)
+    src = kv_pool(holder, "kv", ls, 8, fill=7)
+    dst = kv_pool(puller, "kv-in", bounce.Layout(L, heads=4, head_dim=D, tokens=16, elem=E, order="hnd"), 8)
+    same = kv_pool(puller, "kv-same", ls, 8)
+    name, _ = connect(puller, holder)
+    with pytest.raises(bounce.Unsupported, match="a pull does not convert layouts") as ei:
+        puller.pull_blocks(name, "kv", [0, 1], "kv-in", [2, 3])
+    assert ei.value.code == 12 and not isinstance(ei.value, bounce.IncompatibleLayout)
+    odd = kv_pool(puller, "kv-odd", bounce.Layout(L, heads=2, head_dim=2 * D, tokens=16, elem=E), 8)
+    with pytest.raises(bounce.IncompatibleLayout, match="heads of 8 elements against 16"):
+        puller.pull_blocks(name, "kv", [0, 1], "kv-odd", [2, 3])
+    assert (dst == GUARD * 0x0101).all() and (odd == GUARD * 0x0101).all()
+    with puller.pull_blocks(name, "kv", [0, 1], "kv-same", [2, 3]):
+        pass  # the same layout on both sides: pulled as is
+    assert np.array_equal(same[:, [2, 3]], src[:, [0, 1]])
+    ev = holder.next_event(60)  # the one pull that moved
+    assert ev.ok and ev.pull and ev.bytes == ls.regions * 2 * ls.block_len
+    assert holder.stats()["PullsServed"] == 1 and holder.stats()["RefusedPulls"] == 0
