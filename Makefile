@@ -7,7 +7,7 @@ FUZZTIME  ?= 20s
 # Jaeger (tools/jaeger: a module of its own, with Jaeger as a Go tool).
 JAEGER    ?= bin/jaeger
 
-.PHONY: run test bench lint fuzz sim soak setup build clean jaeger jaeger-bin ptx nixl-check etcd route-check capi python-test python-example
+.PHONY: run test bench lint fuzz sim soak setup build clean jaeger jaeger-bin ptx nixl-check etcd route-check capi python-test python-example python-pull-example
 
 setup:
 	./scripts/setup.sh
@@ -38,6 +38,10 @@ python-test: capi
 ## python-example: two Python processes, prefill and decode, move one request's KV blocks by id
 python-example: capi
 	$(PYTHON) python/examples/kv_connector.py
+
+## python-pull-example: the same two processes, decode pulling the request's blocks by id when it is ready
+python-pull-example: capi
+	$(PYTHON) python/examples/kv_pull.py
 
 ## jaeger: a real Jaeger on 127.0.0.1 (OTLP 4317/4318, UI and API on
 ## http://127.0.0.1:16686), spans in memory; the first build takes minutes

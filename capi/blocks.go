@@ -38,6 +38,27 @@ func poolOf(p *C.bounce_pool) (transfer.Pool, error) {
 	return out, nil
 }
 
+// layoutOf converts a C layout; Validate and CheckPool judge it at
+// registration.
+func layoutOf(l *C.bounce_layout) (transfer.Layout, error) {
+	if l == nil {
+		return transfer.Layout{}, invalid("layout is NULL")
+	}
+	var o transfer.Order
+	switch l.order {
+	case C.BOUNCE_ORDER_NHD:
+		o = transfer.NHD
+	case C.BOUNCE_ORDER_HND:
+		o = transfer.HND
+	default:
+		return transfer.Layout{}, invalid("layout order %d is not BOUNCE_ORDER_NHD (1) or BOUNCE_ORDER_HND (2)", l.order)
+	}
+	return transfer.Layout{
+		Layers: uint32(l.layers), KV: uint32(l.kv), Heads: uint32(l.heads), FirstHead: uint32(l.first_head),
+		HeadDim: uint32(l.head_dim), Tokens: uint32(l.tokens), Elem: uint32(l.elem), Order: o,
+	}, nil
+}
+
 //export bounce_register_pool
 func bounce_register_pool(agent C.uint64_t, name *C.char, pool *C.bounce_pool, err **C.char) C.bounce_code {
 	h, e := lib.agent(uint64(agent))
@@ -51,6 +72,28 @@ func bounce_register_pool(agent C.uint64_t, name *C.char, pool *C.bounce_pool, e
 	if e := h.agent().RegisterPool(goString(name), p); e != nil {
 		return fail(err, invalidIfNot(e))
 	}
+	h.layouts.registered(goString(name), nil)
+	return ok
+}
+
+//export bounce_register_pool_layout
+func bounce_register_pool_layout(agent C.uint64_t, name *C.char, pool *C.bounce_pool, layout *C.bounce_layout, err **C.char) C.bounce_code {
+	h, e := lib.agent(uint64(agent))
+	if e != nil {
+		return fail(err, e)
+	}
+	p, e := poolOf(pool)
+	if e != nil {
+		return fail(err, e)
+	}
+	l, e := layoutOf(layout)
+	if e != nil {
+		return fail(err, e)
+	}
+	if e := h.agent().RegisterPoolLayout(goString(name), p, l); e != nil {
+		return fail(err, invalidIfNot(e))
+	}
+	h.layouts.registered(goString(name), &l)
 	return ok
 }
 
@@ -63,6 +106,7 @@ func bounce_deregister_pool(agent C.uint64_t, name *C.char, err **C.char) C.boun
 	if e := h.agent().DeregisterPool(goString(name)); e != nil {
 		return fail(err, e)
 	}
+	h.layouts.deregistered(goString(name))
 	return ok
 }
 
@@ -76,21 +120,33 @@ func ids(p *C.uint32_t, n C.size_t) []uint32 {
 }
 
 //export bounce_submit_blocks
-func bounce_submit_blocks(agent C.uint64_t, peer, srcPool *C.char, srcIDs *C.uint32_t, dstPool *C.char, dstIDs *C.uint32_t, n C.size_t, tag *C.uint8_t, tagLen C.size_t, route C.int32_t, batch *C.uint64_t, err **C.char) C.bounce_code {
+func bounce_submit_blocks(agent C.uint64_t, peer, srcPool *C.char, srcIDs *C.uint32_t, nSrc C.size_t, dstPool *C.char, dstIDs *C.uint32_t, nDst C.size_t, tag *C.uint8_t, tagLen C.size_t, route C.int32_t, batch *C.uint64_t, err **C.char) C.bounce_code {
 	e := submit(agent, peer, tag, tagLen, route, batch, func(req *pipeline.Request) error {
-		if n > 0 && (srcIDs == nil || dstIDs == nil) {
-			return invalid("src_ids or dst_ids is NULL with n = %d", n)
-		}
-		if e := checkLen("n", n, wire.MaxBlockIDs); e != nil {
-			return e
-		}
-		req.Blocks = &pipeline.BlockRequest{SrcPool: goString(srcPool), SrcIDs: ids(srcIDs, n), DstPool: goString(dstPool), DstIDs: ids(dstIDs, n)}
-		return nil
+		var e error
+		req.Blocks, e = blockRequest(srcPool, srcIDs, nSrc, dstPool, dstIDs, nDst)
+		return e
 	})
 	if e != nil {
 		return fail(err, e)
 	}
 	return ok
+}
+
+// blockRequest converts a C block request: pools by name, each side's ids
+// (bounded before they are copied). The Go API judges the rest: equal
+// counts unless the pools' layouts convert (a block-size change pairs
+// groups of ids), ids in range, destinations distinct.
+func blockRequest(srcPool *C.char, srcIDs *C.uint32_t, nSrc C.size_t, dstPool *C.char, dstIDs *C.uint32_t, nDst C.size_t) (*pipeline.BlockRequest, error) {
+	if e := checkLen("n_src", nSrc, wire.MaxBlockIDs); e != nil {
+		return nil, e
+	}
+	if e := checkLen("n_dst", nDst, wire.MaxBlockIDs); e != nil {
+		return nil, e
+	}
+	if (nSrc > 0 && srcIDs == nil) || (nDst > 0 && dstIDs == nil) {
+		return nil, invalid("src_ids or dst_ids is NULL with n_src = %d, n_dst = %d", nSrc, nDst)
+	}
+	return &pipeline.BlockRequest{SrcPool: goString(srcPool), SrcIDs: ids(srcIDs, nSrc), DstPool: goString(dstPool), DstIDs: ids(dstIDs, nDst)}, nil
 }
 
 // invalidIfNot classifies an error that wraps no sentinel (a bad pool

@@ -4,7 +4,15 @@
  * ABI version BOUNCE_ABI_VERSION. The promise: within one ABI version no
  * function, type or constant below changes meaning or layout; new ones may be
  * added. A program checks bounce_abi_version() at start and refuses a library
- * whose major version differs from the one it was built against.
+ * whose version differs from the one it was built against.
+ *
+ * Version 2 (from 1): pulls (bounce_pull, bounce_pull_blocks), pools with a
+ * KV layout (bounce_layout, bounce_register_pool_layout), the code
+ * BOUNCE_ERR_INCOMPATIBLE_LAYOUT; and two changes a version-1 program must
+ * be rebuilt for: bounce_event gained the fields pull and quiescent (its
+ * layout grew), and bounce_submit_blocks counts each side's ids (n_src,
+ * n_dst: a block-size conversion pairs groups of ids). Every other
+ * declaration is unchanged.
  *
  * Conventions
  *  - Every function is thread-safe. Objects are named by opaque handles
@@ -33,7 +41,7 @@
 extern "C" {
 #endif
 
-#define BOUNCE_ABI_VERSION 1
+#define BOUNCE_ABI_VERSION 2
 
 /* Result codes. */
 typedef int32_t bounce_code;
@@ -50,10 +58,11 @@ typedef int32_t bounce_code;
 #define BOUNCE_ERR_NOT_QUIESCENT 10 /* no proof that nothing touches the memory: keep it */
 #define BOUNCE_ERR_DEVICE_FAULT 11  /* device faulted: never release the memory */
 #define BOUNCE_ERR_UNSUPPORTED 12   /* capability not available here */
-#define BOUNCE_ERR_FORBIDDEN 13     /* the peer may not write there */
+#define BOUNCE_ERR_FORBIDDEN 13     /* the peer may not write there, or this agent may not pull that */
 #define BOUNCE_ERR_BUSY 14          /* backpressure: retry later */
-#define BOUNCE_ERR_REFUSED 15       /* the receiver refused, or a required route is unavailable */
+#define BOUNCE_ERR_REFUSED 15       /* the receiver (or a pull's holder) refused, or a required route is unavailable */
 #define BOUNCE_ERR_FAILED 16        /* any other failure; the message says why */
+#define BOUNCE_ERR_INCOMPATIBLE_LAYOUT 17 /* two pools' KV layouts cannot be converted; the message says why */
 
 /* Memory kinds (bounce_desc.kind, bounce_pool.kind). */
 #define BOUNCE_MEM_HOST 0
@@ -95,8 +104,32 @@ typedef struct bounce_pool {
 	int32_t kind;
 } bounce_pool;
 
+/* KV axis orders (bounce_layout.order). */
+#define BOUNCE_ORDER_NHD 1 /* token-major: a block is [token][head][element] */
+#define BOUNCE_ORDER_HND 2 /* head-major: a block is [head][token][element] */
+
+/* What a pool's bytes mean as KV cache. Region r of the pool is layer r / kv,
+ * K (r % kv == 0) or V; a block of a region holds `tokens` tokens of the
+ * `heads` heads first_head .. first_head+heads-1 of the model (this rank's
+ * slice), head_dim elements of elem bytes each, in `order`. The pool must
+ * have layers*kv regions and blocks of tokens*heads*head_dim*elem bytes. */
+typedef struct bounce_layout {
+	uint32_t layers;
+	uint32_t kv; /* 1 (K only, or a latent) or 2 (K and V) */
+	uint32_t heads;
+	uint32_t first_head;
+	uint32_t head_dim;
+	uint32_t tokens;
+	uint32_t elem;
+	int32_t order; /* BOUNCE_ORDER_NHD or BOUNCE_ORDER_HND */
+} bounce_layout;
+
 /* A receiver-side event: a request a peer sent landed (code BOUNCE_OK) or
- * never will (code and error say why). Release with bounce_event_free. */
+ * never will (code and error say why); or, with pull set, a pull a peer
+ * made of this agent's memory ended (request is the puller's id, bytes what
+ * it acknowledged, code and error a failure's cause; quiescent says no copy
+ * still reads the sources, so they may be reused). A refused pull has no
+ * event (the holder's stats count it). Release with bounce_event_free. */
 typedef struct bounce_event {
 	char *peer;
 	uint64_t request;
@@ -105,7 +138,9 @@ typedef struct bounce_event {
 	uint64_t bytes;
 	int32_t route;
 	bounce_code code;
-	char *error; /* NULL on success */
+	char *error;       /* NULL on success */
+	int32_t pull;      /* 1: a pull peer made of this agent's memory; 0: a push that landed here */
+	int32_t quiescent; /* with pull: 1 when nothing reads the sources any more; 0 for a push */
 } bounce_event;
 
 #ifndef BOUNCE_NO_PROTOTYPES /* the library's own build declares them from Go */
@@ -157,6 +192,16 @@ bounce_code bounce_deregister_memory(uint64_t agent, bounce_desc mem, char **err
  * Peers see it once they load this agent's descriptor again. */
 bounce_code bounce_register_pool(uint64_t agent, const char *name, const bounce_pool *pool, char **err);
 
+/* Registers a pool whose KV layout is known: the layout must describe the
+ * pool (BOUNCE_ERR_INVALID says why not) and is advertised with it, so a
+ * block push between two pools of different layouts (a tensor-parallel split
+ * or merge, a block-size change, NHD <-> HND) is converted on the way, or
+ * refused at submit with BOUNCE_ERR_INCOMPATIBLE_LAYOUT and the reason
+ * (different head size, element size, layer count, no head in common, ids
+ * that do not pair as groups), before anything moves. */
+bounce_code bounce_register_pool_layout(uint64_t agent, const char *name, const bounce_pool *pool,
+	const bounce_layout *layout, char **err);
+
 /* Deregisters a pool; BOUNCE_ERR_IN_USE while a request uses it. */
 bounce_code bounce_deregister_pool(uint64_t agent, const char *name, char **err);
 
@@ -165,11 +210,36 @@ bounce_code bounce_deregister_pool(uint64_t agent, const char *name, char **err)
 bounce_code bounce_submit(uint64_t agent, const char *peer, const bounce_desc *src, const bounce_desc *dst,
 	size_t n, const uint8_t *tag, size_t tag_len, int32_t route, uint64_t *batch, char **err);
 
-/* Submits a push of n blocks by id: block src_ids[i] of the local pool
+/* Submits a push of blocks by id: block src_ids[i] of the local pool
  * src_pool to block dst_ids[i] of the peer's pool dst_pool (every region of
- * the pools; destination ids must be distinct). */
+ * the pools; destination ids must be distinct). n_src == n_dst, unless the
+ * pools' layouts convert with a block-size change: then the ids pair as
+ * groups (32 16-token source blocks into 16 32-token destination blocks). */
 bounce_code bounce_submit_blocks(uint64_t agent, const char *peer, const char *src_pool, const uint32_t *src_ids,
-	const char *dst_pool, const uint32_t *dst_ids, size_t n, const uint8_t *tag, size_t tag_len, int32_t route,
+	size_t n_src, const char *dst_pool, const uint32_t *dst_ids, size_t n_dst, const uint8_t *tag, size_t tag_len,
+	int32_t route, uint64_t *batch, char **err);
+
+/* Pulls n descriptors from the peer (decode-initiated): src[i] (the peer's
+ * memory) to dst[i] (this agent's, which the peer may write). The peer
+ * decides what may be pulled: only memory it registered for this agent or
+ * for every peer; anything else fails the batch with BOUNCE_ERR_FORBIDDEN
+ * (other refusals: BOUNCE_ERR_REFUSED) and nothing is written. A pull rides
+ * the bounce path (BOUNCE_ERR_REFUSED at once when either end has it off).
+ * The batch is a push's: wait, retirement, abandon and release apply. */
+bounce_code bounce_pull(uint64_t agent, const char *peer, const bounce_desc *src, const bounce_desc *dst, size_t n,
+	const uint8_t *tag, size_t tag_len, uint64_t *batch, char **err);
+
+/* Pulls blocks by id: block src_ids[i] of the peer's pool src_pool (one
+ * its descriptor advertises) to block dst_ids[i] of the local pool dst_pool
+ * (every region; destination ids distinct). A pull does not convert
+ * layouts (yet): n_src == n_dst and the pools' block length and region
+ * count must be equal, and when both pools have a layout
+ * (bounce_register_pool_layout) they must be the same: else
+ * BOUNCE_ERR_UNSUPPORTED (BOUNCE_ERR_INCOMPATIBLE_LAYOUT where no conversion
+ * exists) before anything moves. The counts are separate so that this
+ * signature is bounce_submit_blocks's. */
+bounce_code bounce_pull_blocks(uint64_t agent, const char *peer, const char *src_pool, const uint32_t *src_ids,
+	size_t n_src, const char *dst_pool, const uint32_t *dst_ids, size_t n_dst, const uint8_t *tag, size_t tag_len,
 	uint64_t *batch, char **err);
 
 /* The batch's status, never blocking; a failed batch's cause is in *err. */

@@ -205,10 +205,12 @@ func bounce_load_peer(agent C.uint64_t, desc *C.uint8_t, n C.size_t, peer **C.ch
 	if e := checkLen("descriptor length", n, maxDescriptorBlob); e != nil {
 		return fail(err, e)
 	}
-	name, e := h.agent().LoadPeer(goBytes(desc, n))
+	blob := goBytes(desc, n)
+	name, e := h.agent().LoadPeer(blob)
 	if e != nil {
 		return fail(err, e)
 	}
+	h.layouts.loaded(name, blob)
 	if peer != nil {
 		*peer = C.CString(name)
 	}
@@ -224,6 +226,7 @@ func bounce_forget_peer(agent C.uint64_t, peer *C.char, err **C.char) C.bounce_c
 	if e := h.agent().ForgetPeer(goString(peer)); e != nil {
 		return fail(err, e)
 	}
+	h.layouts.forgot(goString(peer))
 	return ok
 }
 
@@ -484,11 +487,13 @@ func bounce_next_event(agent C.uint64_t, timeoutMS C.int64_t, ev *C.bounce_event
 		return fail(err, e)
 	}
 	*ev = C.bounce_event{
-		peer:    C.CString(r.Peer),
-		request: C.uint64_t(r.Request),
-		bytes:   C.uint64_t(r.Bytes),
-		route:   cRoute(r.Route),
-		code:    C.bounce_code(codeOK),
+		peer:      C.CString(r.Peer),
+		request:   C.uint64_t(r.Request),
+		bytes:     C.uint64_t(r.Bytes),
+		route:     cRoute(r.Route),
+		code:      C.bounce_code(codeOK),
+		pull:      cBool(r.Pull),
+		quiescent: cBool(r.Pull && r.Quiescent),
 	}
 	if len(r.Tag) > 0 {
 		ev.tag, ev.tag_len = cBytes(bytes.Clone(r.Tag))

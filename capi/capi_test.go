@@ -15,6 +15,8 @@ import (
 
 	"github.com/bouncekv/bounce/config"
 	"github.com/bouncekv/bounce/pipeline"
+	"github.com/bouncekv/bounce/pipeline/convert"
+	"github.com/bouncekv/bounce/pipeline/wire"
 	"github.com/bouncekv/bounce/transfer"
 )
 
@@ -35,6 +37,10 @@ func TestCodesOfSentinels(t *testing.T) {
 		{fmt.Errorf("r: %w", transfer.ErrPeerLost), codePeerLost},
 		{fmt.Errorf("r: %w", transfer.ErrTimeout), codeTimeout},
 		{fmt.Errorf("k: %w", &config.KeyError{Key: "a", Err: config.ErrUnknownKey}), codeInvalid},
+		{fmt.Errorf("p: refused pull: %w: %w", pipeline.ErrRefused, transfer.ErrForbidden), codeForbidden},
+		{fmt.Errorf("p: refused pull: %w", pipeline.ErrRefused), codeRefused},
+		{fmt.Errorf("s: %w: %w", convert.ErrIncompatible, transfer.ErrUnsupported), codeIncompatibleLayout},
+		{fmt.Errorf("s: %w", transfer.ErrUnsupported), codeUnsupported},
 		{errors.New("something else"), codeFailed},
 	} {
 		if got := codeOf(c.err); got != c.code {
@@ -71,9 +77,9 @@ func TestCodesMatchHeader(t *testing.T) {
 	}
 	names := []string{"OK", "ERR_INVALID", "ERR_BAD_HANDLE", "ERR_UNKNOWN_PEER", "ERR_TIMEOUT", "ERR_CLOSED", "ERR_PEER_LOST",
 		"ERR_OUT_OF_BOUNDS", "ERR_NOT_REGISTERED", "ERR_IN_USE", "ERR_NOT_QUIESCENT", "ERR_DEVICE_FAULT", "ERR_UNSUPPORTED",
-		"ERR_FORBIDDEN", "ERR_BUSY", "ERR_REFUSED", "ERR_FAILED"}
-	if len(names) != codeFailed+1 {
-		t.Fatalf("%d names for %d codes", len(names), codeFailed+1)
+		"ERR_FORBIDDEN", "ERR_BUSY", "ERR_REFUSED", "ERR_FAILED", "ERR_INCOMPATIBLE_LAYOUT"}
+	if len(names) != codeLast+1 {
+		t.Fatalf("%d names for %d codes", len(names), codeLast+1)
 	}
 	for code, n := range names {
 		re := regexp.MustCompile(`#define BOUNCE_` + n + ` (\d+)`)
@@ -179,17 +185,89 @@ func TestHeaderDeclaresEveryExport(t *testing.T) {
 	}
 }
 
-// TestCProgram builds testdata/abi.c against the library and runs it: two
-// agents over tcp and ZeroMQ move 1024 blocks, checked byte for byte.
-func TestCProgram(t *testing.T) {
+// TestCPrograms builds each C program of testdata against the library and
+// runs it: two agents over tcp and ZeroMQ in each; abi.c moves 1024 blocks
+// by push, pull.c pulls 1024 blocks by id and descriptors and is refused
+// what the holder registered for another peer, layout.c moves a
+// tensor-parallel split with NHD -> HND and is refused incompatible
+// layouts; every byte checked.
+func TestCPrograms(t *testing.T) {
 	dir := buildLib(t)
-	exe := filepath.Join(t.TempDir(), "abi")
-	cc := exec.Command("cc", "-std=c11", "-Wall", "-Werror", "-I.", "-o", exe, "testdata/abi.c", "-L"+dir, "-lbounce", "-Wl,-rpath,"+dir)
-	if out, err := cc.CombinedOutput(); err != nil {
-		t.Fatalf("cc: %v\n%s", err, out)
+	for _, prog := range []string{"abi", "pull", "layout"} {
+		t.Run(prog, func(t *testing.T) {
+			exe := filepath.Join(t.TempDir(), prog)
+			cc := exec.Command("cc", "-std=c11", "-Wall", "-Werror", "-I.", "-o", exe, "testdata/"+prog+".c", "-L"+dir, "-lbounce", "-Wl,-rpath,"+dir)
+			if out, err := cc.CombinedOutput(); err != nil {
+				t.Fatalf("cc: %v\n%s", err, out)
+			}
+			out, err := exec.Command(exe).CombinedOutput()
+			if err != nil || !bytes.Contains(out, []byte(prog+".c: ok")) {
+				t.Fatalf("%s: %v\n%s", prog, err, out)
+			}
+		})
 	}
-	out, err := exec.Command(exe).CombinedOutput()
-	if err != nil || !bytes.Contains(out, []byte("abi.c: ok")) {
-		t.Fatalf("abi: %v\n%s", err, out)
+}
+
+// TestPullLayoutGuard checks the pull's layout check: a pull between pools
+// of the same layout, or where either has none, passes; layouts that
+// differ are refused (convertible: unsupported by a pull; not
+// convertible: incompatible, with the reason); the book follows
+// registration, deregistration, reloads and forgets.
+func TestPullLayoutGuard(t *testing.T) {
+	nhd := transfer.Layout{Layers: 2, KV: 2, Heads: 4, HeadDim: 8, Tokens: 16, Elem: 2, Order: transfer.NHD}
+	hnd, wide := nhd, nhd
+	hnd.Order = transfer.HND
+	wide.Heads, wide.HeadDim = 2, 16
+	pool := func(l transfer.Layout) transfer.Pool {
+		return transfer.Pool{Regions: make([]uint64, l.Regions()), BlockLen: l.BlockLen(), Stride: l.BlockLen(), Blocks: 8, Kind: transfer.Host}
+	}
+	desc := func(ls map[string]*transfer.Layout) []byte {
+		d := wire.AgentDesc{Name: "holder", Engine: []byte("e")}
+		for name, l := range ls {
+			p := pool(nhd)
+			for i := range p.Regions {
+				p.Regions[i] = uint64(i+1) << 20
+			}
+			d.Pools = append(d.Pools, wire.PoolDesc{Name: name, Pool: p, Layout: l})
+		}
+		return wire.MarshalAgentDesc(d)
+	}
+	b := newLayoutBook()
+	b.loaded("holder", desc(map[string]*transfer.Layout{"kv": &nhd, "raw": nil}))
+	b.registered("same", &nhd)
+	b.registered("swapped", &hnd)
+	b.registered("wide", &wide)
+	for _, c := range []struct {
+		src, dst string
+		code     int
+		want     string
+	}{
+		{"kv", "same", codeOK, ""},
+		{"kv", "none", codeOK, ""},
+		{"raw", "swapped", codeOK, ""},
+		{"kv", "swapped", codeUnsupported, "a pull does not convert layouts"},
+		{"kv", "wide", codeIncompatibleLayout, "heads of 8 elements against 16"},
+	} {
+		err := b.checkPull("holder", c.src, c.dst)
+		if codeOf(err) != c.code || (c.want != "" && !strings.Contains(err.Error(), c.want)) {
+			t.Errorf("pull %s -> %s: %v (code %d), want code %d saying %q", c.src, c.dst, err, codeOf(err), c.code, c.want)
+		}
+	}
+	b.deregistered("swapped")
+	if err := b.checkPull("holder", "kv", "swapped"); err != nil {
+		t.Errorf("a deregistered pool's layout still judged: %v", err)
+	}
+	b.registered("wide", nil) // registered again without a layout
+	if err := b.checkPull("holder", "kv", "wide"); err != nil {
+		t.Errorf("a pool registered again without a layout still judged: %v", err)
+	}
+	b.registered("swapped", &hnd)
+	b.loaded("holder", desc(map[string]*transfer.Layout{"kv": &hnd}))
+	if err := b.checkPull("holder", "kv", "swapped"); err != nil {
+		t.Errorf("a reloaded descriptor's layout not used: %v", err)
+	}
+	b.forgot("holder")
+	if err := b.checkPull("holder", "kv", "same"); err != nil {
+		t.Errorf("a forgotten peer's layout still judged: %v", err)
 	}
 }

@@ -5,6 +5,7 @@ import (
 
 	"github.com/bouncekv/bounce/config"
 	"github.com/bouncekv/bounce/pipeline"
+	"github.com/bouncekv/bounce/pipeline/convert"
 	"github.com/bouncekv/bounce/transfer"
 )
 
@@ -27,13 +28,18 @@ const (
 	codeBusy
 	codeRefused
 	codeFailed
+	codeIncompatibleLayout
+	codeLast = codeIncompatibleLayout
 )
 
 // errBadHandle: the handle names no live agent or batch.
 var errBadHandle = errors.New("no such handle")
 
 // codes maps sentinels to codes, most specific first: ErrForbidden wraps
-// ErrOutOfBounds, and a refused or unavailable route outranks what it wraps.
+// ErrOutOfBounds (and outranks ErrRefused: a pull of memory not registered
+// for the puller is both), a refused or unavailable route outranks what it
+// wraps, and layouts that cannot be converted (convert.ErrIncompatible)
+// outrank the ErrUnsupported they come with.
 var codes = []struct {
 	err  error
 	code int
@@ -45,6 +51,7 @@ var codes = []struct {
 	{errBadHandle, codeBadHandle},
 	{transfer.ErrForbidden, codeForbidden},
 	{pipeline.ErrRefused, codeRefused},
+	{convert.ErrIncompatible, codeIncompatibleLayout},
 	{pipeline.ErrBounceUnavailable, codeRefused},
 	{transfer.ErrDeviceFault, codeDeviceFault},
 	{transfer.ErrNotQuiescent, codeNotQuiescent},

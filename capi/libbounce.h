@@ -37,6 +37,13 @@ extern const char *_GoStringPtr(_GoString_ s);
 
 #line 1 "cgo-generated-wrapper"
 
+#line 3 "pull.go"
+
+
+#include "bounce.h"
+
+#line 1 "cgo-generated-wrapper"
+
 
 /* End of preamble from import "C" comments.  */
 
@@ -98,8 +105,9 @@ extern "C" {
 #endif
 
 extern bounce_code bounce_register_pool(uint64_t agent, char* name, bounce_pool* pool, char** err);
+extern bounce_code bounce_register_pool_layout(uint64_t agent, char* name, bounce_pool* pool, bounce_layout* layout, char** err);
 extern bounce_code bounce_deregister_pool(uint64_t agent, char* name, char** err);
-extern bounce_code bounce_submit_blocks(uint64_t agent, char* peer, char* srcPool, uint32_t* srcIDs, char* dstPool, uint32_t* dstIDs, size_t n, uint8_t* tag, size_t tagLen, int32_t route, uint64_t* batch, char** err);
+extern bounce_code bounce_submit_blocks(uint64_t agent, char* peer, char* srcPool, uint32_t* srcIDs, size_t nSrc, char* dstPool, uint32_t* dstIDs, size_t nDst, uint8_t* tag, size_t tagLen, int32_t route, uint64_t* batch, char** err);
 extern int32_t bounce_abi_version(void);
 extern void bounce_free(void* p);
 extern void bounce_event_free(bounce_event* ev);
@@ -119,6 +127,8 @@ extern bounce_code bounce_batch_abandon(uint64_t batch, int64_t timeoutMS, int32
 extern bounce_code bounce_batch_release(uint64_t batch, char** err);
 extern bounce_code bounce_next_event(uint64_t agent, int64_t timeoutMS, bounce_event* ev, char** err);
 extern bounce_code bounce_agent_stats(uint64_t agent, char** out, char** err);
+extern bounce_code bounce_pull(uint64_t agent, char* peer, bounce_desc* src, bounce_desc* dst, size_t n, uint8_t* tag, size_t tagLen, uint64_t* batch, char** err);
+extern bounce_code bounce_pull_blocks(uint64_t agent, char* peer, char* srcPool, uint32_t* srcIDs, size_t nSrc, char* dstPool, uint32_t* dstIDs, size_t nDst, uint8_t* tag, size_t tagLen, uint64_t* batch, char** err);
 
 #ifdef __cplusplus
 }

@@ -1,49 +1,12 @@
 /* abi.c — the C ABI's test: two agents in one process over tcp and ZeroMQ
  * on loopback move 1024 scattered 4 KiB blocks; the receiver's event and
  * every byte are checked, and bad calls get their codes. Built and run by
- * capi's Go test (TestCProgram); exits non-zero with a message on the
+ * capi's Go test (TestCPrograms); exits non-zero with a message on the
  * first failure. */
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-
-#include "bounce.h"
+#include "common.h"
 
 #define N 1024
 #define BLOCK 4096
-
-static int failures;
-
-#define CHECK(cond, ...)                                  \
-	do {                                                  \
-		if (!(cond)) {                                    \
-			fprintf(stderr, "abi.c:%d: ", __LINE__);      \
-			fprintf(stderr, __VA_ARGS__);                 \
-			fprintf(stderr, "\n");                        \
-			failures++;                                   \
-			return 1;                                     \
-		}                                                 \
-	} while (0)
-
-static bounce_code must(bounce_code c, char *err, const char *what) {
-	if (c != BOUNCE_OK) {
-		fprintf(stderr, "%s: code %d: %s\n", what, c, err ? err : "(no message)");
-		bounce_free(err);
-		exit(1);
-	}
-	return c;
-}
-
-static uint64_t agent(const char *name) {
-	char opt[128];
-	snprintf(opt, sizeof opt, "agent.name=%s", name);
-	const char *opts[] = {opt, "engine.kind=tcp", "engine.listen=127.0.0.1:0",
-		"control_plane.bind_address=127.0.0.1", "bounce.route=bounce"};
-	uint64_t a = 0;
-	char *err = NULL;
-	must(bounce_agent_create("bounce:\n  arena_size: 64MiB\n", opts, 5, 0, &a, &err), err, "agent_create");
-	return a;
-}
 
 static int run(void) {
 	char *err = NULL;
@@ -91,7 +54,7 @@ static int run(void) {
 	CHECK(c == BOUNCE_ERR_INVALID && err && strstr(err, "tag_len"), "huge tag_len: code %d", c);
 	bounce_free(err);
 	err = NULL;
-	c = bounce_submit_blocks(send, peer, "kv", &one_id, "kv", &one_id, SIZE_MAX, NULL, 0, BOUNCE_ROUTE_AUTO, &nb, &err);
+	c = bounce_submit_blocks(send, peer, "kv", &one_id, SIZE_MAX, "kv", &one_id, 1, NULL, 0, BOUNCE_ROUTE_AUTO, &nb, &err);
 	CHECK(c == BOUNCE_ERR_INVALID, "SIZE_MAX ids: code %d", c);
 	bounce_free(err);
 	err = NULL;
@@ -129,6 +92,7 @@ static int run(void) {
 	CHECK(ev.tag_len == 5 && memcmp(ev.tag, tag, 5) == 0, "event tag of %zu bytes", ev.tag_len);
 	CHECK(ev.bytes == (uint64_t)N * BLOCK, "event bytes %llu", (unsigned long long)ev.bytes);
 	CHECK(ev.route == BOUNCE_ROUTE_BOUNCE, "event route %d", ev.route);
+	CHECK(ev.pull == 0 && ev.quiescent == 0, "a push's event says pull %d quiescent %d", ev.pull, ev.quiescent);
 	bounce_event_free(&ev);
 	CHECK(ev.peer == NULL, "event_free left the peer");
 

@@ -23,9 +23,9 @@ from ctypes import byref, c_char_p, c_int32, c_size_t, c_uint32, c_uint64, c_voi
 from . import _lib
 
 __all__ = [
-    "Agent", "Batch", "Event", "Pool", "Desc", "BounceError", "InvalidArgument", "BadHandle", "UnknownPeer",
+    "Agent", "Batch", "Event", "Pool", "Layout", "Desc", "BounceError", "InvalidArgument", "BadHandle", "UnknownPeer",
     "Timeout", "Closed", "PeerLost", "OutOfBounds", "NotRegistered", "InUse", "NotQuiescent", "DeviceFault",
-    "Unsupported", "Forbidden", "Busy", "Refused", "Failed", "HOST", "CUDA", "abi_version",
+    "Unsupported", "Forbidden", "Busy", "Refused", "Failed", "IncompatibleLayout", "HOST", "CUDA", "abi_version",
 ]
 
 HOST, CUDA = 0, 1
@@ -97,6 +97,8 @@ class Unsupported(BounceError):
 
 
 class Forbidden(BounceError, PermissionError):
+    """The peer may not write there, or this agent may not pull that (the
+    holder registered it for another peer, or not at all)."""
     code = 13
 
 
@@ -105,6 +107,8 @@ class Busy(BounceError):
 
 
 class Refused(BounceError):
+    """The receiver (or a pull's holder) refused, or a required route is
+    unavailable."""
     code = 15
 
 
@@ -112,9 +116,16 @@ class Failed(BounceError):
     code = 16
 
 
+class IncompatibleLayout(Unsupported):
+    """Two pools' KV layouts cannot be converted (head size, element size,
+    layer count, no head in common, ids not pairing as groups): the message
+    says why. Also an Unsupported."""
+    code = 17
+
+
 _BY_CODE = {c.code: c for c in (InvalidArgument, BadHandle, UnknownPeer, Timeout, Closed, PeerLost, OutOfBounds,
                                 NotRegistered, InUse, NotQuiescent, DeviceFault, Unsupported, Forbidden, Busy,
-                                Refused, Failed)}
+                                Refused, Failed, IncompatibleLayout)}
 
 _L = _lib.load()
 
@@ -266,6 +277,47 @@ class Pool:
         return c, arr
 
 
+_ORDERS = {"nhd": 1, "hnd": 2}
+
+
+class Layout:
+    """What a pool's bytes mean as KV cache: region r is layer r // kv, K
+    (r % kv == 0) or V; a block holds `tokens` tokens of the heads
+    first_head .. first_head+heads-1 (this rank's slice), head_dim elements
+    of elem bytes each, token-major (order "nhd": [token][head][element])
+    or head-major ("hnd": [head][token][element]). Give it to
+    Agent.register_pool; block pushes between pools of different layouts
+    are converted on the way."""
+
+    __slots__ = ("layers", "kv", "heads", "head_dim", "tokens", "elem", "first_head", "order")
+
+    def __init__(self, layers, heads, head_dim, tokens, elem, kv=2, first_head=0, order="nhd"):
+        if order not in _ORDERS:
+            raise InvalidArgument(f"layout order {order!r} is not one of {sorted(_ORDERS)}")
+        self.layers, self.kv, self.heads, self.head_dim = int(layers), int(kv), int(heads), int(head_dim)
+        self.tokens, self.elem, self.first_head, self.order = int(tokens), int(elem), int(first_head), order
+
+    @property
+    def regions(self):
+        """The pool regions the layout needs: layers x kv."""
+        return self.layers * self.kv
+
+    @property
+    def block_len(self):
+        """The bytes of one block: tokens x heads x head_dim x elem."""
+        return self.tokens * self.heads * self.head_dim * self.elem
+
+    def _c(self):
+        vals = (self.layers, self.kv, self.heads, self.first_head, self.head_dim, self.tokens, self.elem)
+        if any(v < 0 or v >= 1 << 32 for v in vals):
+            raise InvalidArgument(f"{self!r}: every axis is a uint32")
+        return _lib.LayoutC(*vals, _ORDERS[self.order])
+
+    def __repr__(self):
+        return (f"Layout(layers={self.layers}, kv={self.kv}, heads={self.first_head}+{self.heads}, "
+                f"head_dim={self.head_dim}, tokens={self.tokens}, elem={self.elem}, order={self.order!r})")
+
+
 def _ids(xs):
     """A uint32 C array of ids (from a list or a numpy array)."""
     try:
@@ -282,13 +334,17 @@ def _ms(timeout):
 
 
 class Event:
-    """A receiver event: a request from peer landed (ok), or never will."""
+    """A receiver event: a request from peer landed (ok), or never will;
+    or, with pull set, a pull peer made of this agent's memory ended
+    (request is the puller's id, bytes what it acknowledged; quiescent:
+    nothing reads the sources any more, they may be reused)."""
 
-    __slots__ = ("peer", "request", "tag", "bytes", "route", "error", "code")
+    __slots__ = ("peer", "request", "tag", "bytes", "route", "error", "code", "pull", "quiescent")
 
-    def __init__(self, peer, request, tag, nbytes, route, code, error):
+    def __init__(self, peer, request, tag, nbytes, route, code, error, pull=False, quiescent=False):
         self.peer, self.request, self.tag, self.bytes = peer, request, tag, nbytes
         self.route, self.code, self.error = route, code, error
+        self.pull, self.quiescent = pull, quiescent
 
     @property
     def ok(self):
@@ -301,7 +357,8 @@ class Event:
 
     def __repr__(self):
         state = "ok" if self.ok else f"failed: {self.error}"
-        return f"Event(peer={self.peer!r}, request={self.request}, tag={self.tag!r}, bytes={self.bytes}, {state})"
+        kind = f"pull, quiescent={self.quiescent}, " if self.pull else ""
+        return f"Event({kind}peer={self.peer!r}, request={self.request}, tag={self.tag!r}, bytes={self.bytes}, {state})"
 
 
 class Batch:
@@ -415,10 +472,17 @@ class Agent:
     def deregister(self, buf, device=None):
         _call(_L.bounce_deregister_memory, self._h, desc_of(buf, device)._c())
 
-    def register_pool(self, name, pool):
-        """Registers a Pool by name (its memory registered first)."""
+    def register_pool(self, name, pool, layout=None):
+        """Registers a Pool by name (its memory registered first); with a
+        Layout, which must describe the pool, block pushes to or from
+        pools of other layouts are converted on the way (or refused with
+        IncompatibleLayout)."""
         c, _keep = pool._c()
-        _call(_L.bounce_register_pool, self._h, name.encode(), byref(c))
+        if layout is None:
+            _call(_L.bounce_register_pool, self._h, name.encode(), byref(c))
+            return
+        lc = layout._c()
+        _call(_L.bounce_register_pool_layout, self._h, name.encode(), byref(c), byref(lc))
 
     def deregister_pool(self, name):
         _call(_L.bounce_deregister_pool, self._h, name.encode())
@@ -436,14 +500,40 @@ class Agent:
 
     def submit_blocks(self, peer, src_pool, src_ids, dst_pool, dst_ids, tag=b"", route="auto"):
         """Pushes block src_ids[i] of the local pool to block dst_ids[i] of
-        the peer's pool (ids: a list or a numpy array)."""
+        the peer's pool (ids: a list or a numpy array). As many ids on each
+        side, unless the pools' layouts change the block size: then they
+        pair as groups (two 16-token blocks into one 32-token block)."""
         sp, sn, _ks = _ids(src_ids)
         dp, dn, _kd = _ids(dst_ids)
-        if sn != dn:
-            raise InvalidArgument(f"{sn} source ids but {dn} destination ids")
         h = c_uint64()
-        _call(_L.bounce_submit_blocks, self._h, peer.encode(), src_pool.encode(), sp, dst_pool.encode(), dp, sn,
+        _call(_L.bounce_submit_blocks, self._h, peer.encode(), src_pool.encode(), sp, sn, dst_pool.encode(), dp, dn,
               bytes(tag), len(tag), _route(route), byref(h))
+        return Batch(h.value)
+
+    def pull(self, peer, src, dst, tag=b""):
+        """Pulls src[i] (the peer's memory, Descs) into dst[i] (local Descs
+        or buffers): the peer serves only memory it registered for this
+        agent or for every peer; the batch of anything else fails with
+        Forbidden and nothing is written. Always the bounce path."""
+        if len(src) != len(dst):
+            raise InvalidArgument(f"{len(src)} sources but {len(dst)} destinations")
+        n = len(src)
+        s = (_lib.Desc * max(n, 1))(*[desc_of(x)._c() for x in src])
+        d = (_lib.Desc * max(n, 1))(*[desc_of(x)._c() for x in dst])
+        h = c_uint64()
+        _call(_L.bounce_pull, self._h, peer.encode(), s, d, n, bytes(tag), len(tag), byref(h))
+        return Batch(h.value)
+
+    def pull_blocks(self, peer, src_pool, src_ids, dst_pool, dst_ids, tag=b""):
+        """Pulls block src_ids[i] of the peer's pool (as its descriptor
+        advertises it) into block dst_ids[i] of the local pool: the decode
+        side takes the KV when it is ready for it. Same block length and
+        region count on both sides (a pull does not convert layouts)."""
+        sp, sn, _ks = _ids(src_ids)
+        dp, dn, _kd = _ids(dst_ids)
+        h = c_uint64()
+        _call(_L.bounce_pull_blocks, self._h, peer.encode(), src_pool.encode(), sp, sn, dst_pool.encode(), dp, dn,
+              bytes(tag), len(tag), byref(h))
         return Batch(h.value)
 
     def next_event(self, timeout=None):
@@ -454,7 +544,8 @@ class Agent:
             peer = ctypes.string_at(ev.peer).decode() if ev.peer else ""
             tag = ctypes.string_at(ev.tag, ev.tag_len) if ev.tag else b""
             err = ctypes.string_at(ev.error).decode("utf-8", "replace") if ev.error else None
-            return Event(peer, ev.request, tag, ev.bytes, _ROUTE_NAMES.get(ev.route, "auto"), ev.code, err)
+            return Event(peer, ev.request, tag, ev.bytes, _ROUTE_NAMES.get(ev.route, "auto"), ev.code, err,
+                         bool(ev.pull), bool(ev.quiescent))
         finally:
             _L.bounce_event_free(byref(ev))
 

@@ -6,7 +6,7 @@ import os
 from ctypes import (POINTER, Structure, c_char_p, c_int32, c_int64, c_size_t,
                     c_uint8, c_uint32, c_uint64, c_void_p)
 
-ABI_VERSION = 1
+ABI_VERSION = 2
 
 code = c_int32
 
@@ -20,9 +20,15 @@ class PoolC(Structure):
                 ("stride", c_uint64), ("blocks", c_uint64), ("device", c_int32), ("kind", c_int32)]
 
 
+class LayoutC(Structure):
+    _fields_ = [("layers", c_uint32), ("kv", c_uint32), ("heads", c_uint32), ("first_head", c_uint32),
+                ("head_dim", c_uint32), ("tokens", c_uint32), ("elem", c_uint32), ("order", c_int32)]
+
+
 class EventC(Structure):
     _fields_ = [("peer", c_void_p), ("request", c_uint64), ("tag", c_void_p), ("tag_len", c_size_t),
-                ("bytes", c_uint64), ("route", c_int32), ("code", c_int32), ("error", c_void_p)]
+                ("bytes", c_uint64), ("route", c_int32), ("code", c_int32), ("error", c_void_p),
+                ("pull", c_int32), ("quiescent", c_int32)]
 
 
 _err = POINTER(c_void_p)  # char **err, read as a pointer the library allocated
@@ -40,11 +46,16 @@ _PROTOS = {
     "bounce_register_memory": (code, [c_uint64, Desc, c_char_p, _err]),
     "bounce_deregister_memory": (code, [c_uint64, Desc, _err]),
     "bounce_register_pool": (code, [c_uint64, c_char_p, POINTER(PoolC), _err]),
+    "bounce_register_pool_layout": (code, [c_uint64, c_char_p, POINTER(PoolC), POINTER(LayoutC), _err]),
     "bounce_deregister_pool": (code, [c_uint64, c_char_p, _err]),
     "bounce_submit": (code, [c_uint64, c_char_p, POINTER(Desc), POINTER(Desc), c_size_t, c_char_p, c_size_t,
                              c_int32, POINTER(c_uint64), _err]),
-    "bounce_submit_blocks": (code, [c_uint64, c_char_p, c_char_p, POINTER(c_uint32), c_char_p, POINTER(c_uint32),
-                                    c_size_t, c_char_p, c_size_t, c_int32, POINTER(c_uint64), _err]),
+    "bounce_submit_blocks": (code, [c_uint64, c_char_p, c_char_p, POINTER(c_uint32), c_size_t, c_char_p,
+                                    POINTER(c_uint32), c_size_t, c_char_p, c_size_t, c_int32, POINTER(c_uint64), _err]),
+    "bounce_pull": (code, [c_uint64, c_char_p, POINTER(Desc), POINTER(Desc), c_size_t, c_char_p, c_size_t,
+                           POINTER(c_uint64), _err]),
+    "bounce_pull_blocks": (code, [c_uint64, c_char_p, c_char_p, POINTER(c_uint32), c_size_t, c_char_p,
+                                  POINTER(c_uint32), c_size_t, c_char_p, c_size_t, POINTER(c_uint64), _err]),
     "bounce_batch_poll": (code, [c_uint64, POINTER(c_int32), _err]),
     "bounce_batch_wait": (code, [c_uint64, c_int64, POINTER(c_int32), _err]),
     "bounce_batch_retirement": (code, [c_uint64, POINTER(c_int32), POINTER(c_int32), _err]),
