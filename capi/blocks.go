@@ -72,7 +72,6 @@ func bounce_register_pool(agent C.uint64_t, name *C.char, pool *C.bounce_pool, e
 	if e := h.agent().RegisterPool(goString(name), p); e != nil {
 		return fail(err, invalidIfNot(e))
 	}
-	h.layouts.registered(goString(name), nil)
 	return ok
 }
 
@@ -93,7 +92,6 @@ func bounce_register_pool_layout(agent C.uint64_t, name *C.char, pool *C.bounce_
 	if e := h.agent().RegisterPoolLayout(goString(name), p, l); e != nil {
 		return fail(err, invalidIfNot(e))
 	}
-	h.layouts.registered(goString(name), &l)
 	return ok
 }
 
@@ -106,7 +104,6 @@ func bounce_deregister_pool(agent C.uint64_t, name *C.char, err **C.char) C.boun
 	if e := h.agent().DeregisterPool(goString(name)); e != nil {
 		return fail(err, e)
 	}
-	h.layouts.deregistered(goString(name))
 	return ok
 }
 

@@ -210,7 +210,6 @@ func bounce_load_peer(agent C.uint64_t, desc *C.uint8_t, n C.size_t, peer **C.ch
 	if e != nil {
 		return fail(err, e)
 	}
-	h.layouts.loaded(name, blob)
 	if peer != nil {
 		*peer = C.CString(name)
 	}
@@ -226,7 +225,6 @@ func bounce_forget_peer(agent C.uint64_t, peer *C.char, err **C.char) C.bounce_c
 	if e := h.agent().ForgetPeer(goString(peer)); e != nil {
 		return fail(err, e)
 	}
-	h.layouts.forgot(goString(peer))
 	return ok
 }
 

@@ -16,7 +16,6 @@ import (
 	"github.com/bouncekv/bounce/config"
 	"github.com/bouncekv/bounce/pipeline"
 	"github.com/bouncekv/bounce/pipeline/convert"
-	"github.com/bouncekv/bounce/pipeline/wire"
 	"github.com/bouncekv/bounce/transfer"
 )
 
@@ -205,69 +204,5 @@ func TestCPrograms(t *testing.T) {
 				t.Fatalf("%s: %v\n%s", prog, err, out)
 			}
 		})
-	}
-}
-
-// TestPullLayoutGuard checks the pull's layout check: a pull between pools
-// of the same layout, or where either has none, passes; layouts that
-// differ are refused (convertible: unsupported by a pull; not
-// convertible: incompatible, with the reason); the book follows
-// registration, deregistration, reloads and forgets.
-func TestPullLayoutGuard(t *testing.T) {
-	nhd := transfer.Layout{Layers: 2, KV: 2, Heads: 4, HeadDim: 8, Tokens: 16, Elem: 2, Order: transfer.NHD}
-	hnd, wide := nhd, nhd
-	hnd.Order = transfer.HND
-	wide.Heads, wide.HeadDim = 2, 16
-	pool := func(l transfer.Layout) transfer.Pool {
-		return transfer.Pool{Regions: make([]uint64, l.Regions()), BlockLen: l.BlockLen(), Stride: l.BlockLen(), Blocks: 8, Kind: transfer.Host}
-	}
-	desc := func(ls map[string]*transfer.Layout) []byte {
-		d := wire.AgentDesc{Name: "holder", Engine: []byte("e")}
-		for name, l := range ls {
-			p := pool(nhd)
-			for i := range p.Regions {
-				p.Regions[i] = uint64(i+1) << 20
-			}
-			d.Pools = append(d.Pools, wire.PoolDesc{Name: name, Pool: p, Layout: l})
-		}
-		return wire.MarshalAgentDesc(d)
-	}
-	b := newLayoutBook()
-	b.loaded("holder", desc(map[string]*transfer.Layout{"kv": &nhd, "raw": nil}))
-	b.registered("same", &nhd)
-	b.registered("swapped", &hnd)
-	b.registered("wide", &wide)
-	for _, c := range []struct {
-		src, dst string
-		code     int
-		want     string
-	}{
-		{"kv", "same", codeOK, ""},
-		{"kv", "none", codeOK, ""},
-		{"raw", "swapped", codeOK, ""},
-		{"kv", "swapped", codeUnsupported, "a pull does not convert layouts"},
-		{"kv", "wide", codeIncompatibleLayout, "heads of 8 elements against 16"},
-	} {
-		err := b.checkPull("holder", c.src, c.dst)
-		if codeOf(err) != c.code || (c.want != "" && !strings.Contains(err.Error(), c.want)) {
-			t.Errorf("pull %s -> %s: %v (code %d), want code %d saying %q", c.src, c.dst, err, codeOf(err), c.code, c.want)
-		}
-	}
-	b.deregistered("swapped")
-	if err := b.checkPull("holder", "kv", "swapped"); err != nil {
-		t.Errorf("a deregistered pool's layout still judged: %v", err)
-	}
-	b.registered("wide", nil) // registered again without a layout
-	if err := b.checkPull("holder", "kv", "wide"); err != nil {
-		t.Errorf("a pool registered again without a layout still judged: %v", err)
-	}
-	b.registered("swapped", &hnd)
-	b.loaded("holder", desc(map[string]*transfer.Layout{"kv": &hnd}))
-	if err := b.checkPull("holder", "kv", "swapped"); err != nil {
-		t.Errorf("a reloaded descriptor's layout not used: %v", err)
-	}
-	b.forgot("holder")
-	if err := b.checkPull("holder", "kv", "same"); err != nil {
-		t.Errorf("a forgotten peer's layout still judged: %v", err)
 	}
 }

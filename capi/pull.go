@@ -65,11 +65,6 @@ func pull(agent C.uint64_t, peer *C.char, tag *C.uint8_t, tagLen C.size_t, batch
 	if e := body(&req); e != nil {
 		return e
 	}
-	if br := req.Blocks; br != nil {
-		if e := h.layouts.checkPull(req.Peer, br.SrcPool, br.DstPool); e != nil {
-			return e
-		}
-	}
 	b, e := h.agent().Pull(req)
 	if e != nil {
 		return invalidIfNot(e)

@@ -94,14 +94,13 @@ func (t *table) releaseBatch(h uint64) error {
 	return nil
 }
 
-// agentHandle is one agent of the library: its node, the queue of its
-// receiver events and what it knows of pool layouts (for pulls).
+// agentHandle is one agent of the library: its node and the queue of its
+// receiver events.
 type agentHandle struct {
-	node    *node.Node
-	events  chan pipeline.Received
-	layouts *layoutBook
-	closed  chan struct{}
-	once    sync.Once
+	node   *node.Node
+	events chan pipeline.Received
+	closed chan struct{}
+	once   sync.Once
 }
 
 // defaultEvents is the event queue's size when the caller passes 0.
@@ -130,7 +129,7 @@ func newAgent(yaml []byte, options []string, events int) (*agentHandle, error) {
 	for _, n := range loaded.Notices {
 		log.Info(n)
 	}
-	h := &agentHandle{events: make(chan pipeline.Received, events), layouts: newLayoutBook(), closed: make(chan struct{})}
+	h := &agentHandle{events: make(chan pipeline.Received, events), closed: make(chan struct{})}
 	exe, _ := os.Executable()
 	h.node, err = node.BuildWith(cfg, node.WithPlugins(node.Builtin(), exe), node.Options{Logger: log, Received: h.events})
 	if err != nil {
