@@ -53,12 +53,12 @@ const (
 // client is admitted only when its public key belongs to an admitted
 // peer, and the connection's User-Id is set to that peer's agent name,
 // which the channel then reports as Message.Peer; without, every NULL
-// client is. Either way a connection is refused (status 500) when its
-// host already holds MaxConnsPerHost of the ROUTER's connections, or all
-// hosts MaxConns (security.HostConns): the handler counts them from the
-// ROUTER's socket monitor, reading the host of each accepted descriptor,
-// so refusals hold whether names are proven or not. The goroutine owns
-// the REP, the monitor PAIR and the count.
+// client is. Either way a connection is refused (status 500) when it
+// would take its host past MaxConnsPerHost admitted connections, or all
+// hosts past MaxConns (security.HostConns decides): the handler counts
+// the ROUTER's connections from its socket monitor, reading the host of
+// each accepted descriptor, so the caps hold whether names are proven or
+// not. The goroutine owns the REP, the monitor PAIR and the count.
 type zapHandler struct {
 	peers   *security.Peers
 	log     *slog.Logger
