@@ -14,6 +14,7 @@ import (
 	"github.com/bouncekv/bounce/mem"
 	"github.com/bouncekv/bounce/pipeline"
 	"github.com/bouncekv/bounce/pipeline/credit"
+	"github.com/bouncekv/bounce/security"
 )
 
 // Sentinel errors. Every *KeyError wraps one of them.
@@ -153,6 +154,13 @@ type SecurityConfig struct {
 	// MaxControlPeers caps the reverse control paths a receiver keeps
 	// (security.max_control_peers, default 1024, 1..1048576).
 	MaxControlPeers int
+	// MaxControlConnsPerHost and MaxControlConns cap the incoming
+	// control connections (ZeroMQ) from one host and from all hosts, in
+	// every security mode (security.max_control_conns_per_host, default
+	// 64, 1..65536; security.max_control_conns, default 1024,
+	// 1..1048576); a connection past either is refused at its handshake.
+	MaxControlConnsPerHost int
+	MaxControlConns        int
 	// MaxMessageSize is the largest control message accepted
 	// (security.max_message_size, default 4MiB, 64KiB..1GiB).
 	MaxMessageSize Size
@@ -414,14 +422,16 @@ func Default() Config {
 		},
 		Log: LogConfig{Level: "warn", Format: "text"},
 		Security: SecurityConfig{
-			Mode:            "authenticate",
-			AllowedPeers:    "loaded",
-			MaxFlowsPerPeer: p.MaxFlowsPerPeer,
-			WantRate:        int(p.WantRate),
-			WantBurst:       p.WantBurst,
-			MaxControlPeers: p.MaxControlPeers,
-			MaxMessageSize:  4 * MiB,
-			MaxArenaShare:   p.MaxArenaShare,
+			Mode:                   "authenticate",
+			AllowedPeers:           "loaded",
+			MaxFlowsPerPeer:        p.MaxFlowsPerPeer,
+			WantRate:               int(p.WantRate),
+			WantBurst:              p.WantBurst,
+			MaxControlPeers:        p.MaxControlPeers,
+			MaxControlConnsPerHost: security.DefaultMaxControlConnsPerHost,
+			MaxControlConns:        security.DefaultMaxControlConns,
+			MaxMessageSize:         4 * MiB,
+			MaxArenaShare:          p.MaxArenaShare,
 		},
 		Telemetry: TelemetryConfig{
 			Traces:      "none",
@@ -497,6 +507,8 @@ func (s *SecurityConfig) validate() []*KeyError {
 	intRange("security.want_rate", s.WantRate, 1, 1e9)
 	intRange("security.want_burst", s.WantBurst, 1, 1e9)
 	intRange("security.max_control_peers", s.MaxControlPeers, 1, 1<<20)
+	intRange("security.max_control_conns_per_host", s.MaxControlConnsPerHost, 1, 1<<16)
+	intRange("security.max_control_conns", s.MaxControlConns, 1, 1<<20)
 	if s.MaxMessageSize < 64*KiB || s.MaxMessageSize > GiB {
 		add(outOfRange("security.max_message_size", s.MaxMessageSize, "must be between 64KiB and 1GiB"))
 	}

@@ -84,6 +84,8 @@ func fields() []field {
 		{"security.want_rate", "WANTs per second one peer may send, 1..10^9", func(c *Config) any { return &c.Security.WantRate }},
 		{"security.want_burst", "WANT burst one peer may send at once, 1..10^9", func(c *Config) any { return &c.Security.WantBurst }},
 		{"security.max_control_peers", "reverse control paths a receiver keeps (idle ones evicted), 1..1048576", func(c *Config) any { return &c.Security.MaxControlPeers }},
+		{"security.max_control_conns_per_host", "incoming control connections one host may hold, in every mode, 1..65536", func(c *Config) any { return &c.Security.MaxControlConnsPerHost }},
+		{"security.max_control_conns", "incoming control connections all hosts may hold, in every mode, 1..1048576", func(c *Config) any { return &c.Security.MaxControlConns }},
 		{"security.max_message_size", "largest control message accepted, 64KiB..1GiB", func(c *Config) any { return &c.Security.MaxMessageSize }},
 		{"security.max_arena_share", "fraction of the arena one peer may hold even when no other waits, (0, 1]", func(c *Config) any { return &c.Security.MaxArenaShare }},
 

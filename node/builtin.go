@@ -318,7 +318,8 @@ func (ZMQFactory) Type() string { return "zmq" }
 // CreateControl binds on control_plane.bind_address or .interface.
 func (ZMQFactory) CreateControl(s Settings, cfg config.ControlPlaneConfig, _ transfer.Engine) (transfer.ControlChannel, error) {
 	return zmq.New(zmq.Config{Name: s.Name, Interface: cfg.Interface, BindAddress: cfg.BindAddress, SendHWM: cfg.SendHWM, Logger: s.Logger,
-		Peers: s.Peers, MaxMessageSize: int64(s.Security.MaxMessageSize)})
+		Peers: s.Peers, MaxMessageSize: int64(s.Security.MaxMessageSize),
+		MaxConnsPerHost: s.Security.MaxControlConnsPerHost, MaxConns: s.Security.MaxControlConns})
 }
 
 // NixlNotifFactory carries control messages as engine notifications.

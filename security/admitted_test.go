@@ -113,12 +113,13 @@ func (v *victim) stats() (badRuns, fenced, forbidden uint64) {
 	return x[0], x[1], x[2]
 }
 
-// aliceNode is the legitimate sender, loaded with the receiver's descriptor.
-func (v *victim) aliceNode() *agent {
-	a := start(v.t, "alice", victimSize, func(c *config.Config) {
+// aliceNode is the legitimate sender, loaded with the receiver's
+// descriptor; mods adjust its configuration.
+func (v *victim) aliceNode(mods ...func(*config.Config)) *agent {
+	a := start(v.t, "alice", victimSize, append([]func(*config.Config){func(c *config.Config) {
 		c.Security.KeyFile = v.keyFiles["alice"]
 		c.Bounce.MaxChunk = 2 * config.MiB
-	})
+	}}, mods...)...)
 	a.register(v.t)
 	if _, err := a.n.Agent.LoadPeer(v.desc); err != nil {
 		v.t.Fatal(err)
@@ -543,8 +544,30 @@ func TestManyNamesReversePathsBounded(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The names come 16 at a time (each batch's WANTs received before the
+	// next), so their short-lived connections stay well within the
+	// receiver's incoming connection cap per host
+	// (security.max_control_conns_per_host), which
+	// TestControlConnFloodBounded shows.
+	const batch = 16
+	waitReceived := func(n int) {
+		deadline := time.Now().Add(hangTime)
+		for {
+			_, received, _ := v.fds()
+			if received >= uint64(n) {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("the receiver got %d of %d WANTs", received, n)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
 	round := func(first int) (fds, paths uint64) {
 		for i := first; i < first+names; i++ {
+			if i > first && (i-first)%batch == 0 {
+				waitReceived(i)
+			}
 			s, err := zctx.NewSocket(zmq4.DEALER)
 			if err != nil {
 				t.Fatal(err)
@@ -560,17 +583,7 @@ func TestManyNamesReversePathsBounded(t *testing.T) {
 			}
 			s.Close() // flushed within the linger, then the connection ends
 		}
-		deadline := time.Now().Add(hangTime)
-		for {
-			_, received, _ := v.fds()
-			if received >= uint64(first+names) {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("the receiver got %d of %d WANTs", received, first+names)
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
+		waitReceived(first + names)
 		time.Sleep(2 * time.Second) // reverse paths opened, closed connections reaped
 		fds, _, paths = v.fds()
 		return fds, paths

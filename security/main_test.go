@@ -42,6 +42,7 @@ func TestMain(m *testing.M) {
 //	SUM   -> "SUM <sha256 of alice's buffer>"
 //	STATS -> "STATS <BadRuns> <FencedWrites> <ForbiddenWrites>"
 //	FDS   -> "FDS <open file descriptors> <control messages received> <reverse control paths>"
+//	CAPS  -> "CAPS <open file descriptors> <control connections refused over a cap>"
 //
 // BOUNCE_SECURITY_TEST_MODE sets security.mode.
 // It closes the node and exits 0 at end of input.
@@ -126,6 +127,9 @@ func runChild(role string) int {
 		case "FDS":
 			ents, _ := os.ReadDir("/proc/self/fd")
 			fmt.Printf("FDS %d %d %d\n", len(ents), n.Control.(*zmq.Channel).Stats().Received, n.Agent.Stats().ControlPeers)
+		case "CAPS":
+			ents, _ := os.ReadDir("/proc/self/fd")
+			fmt.Printf("CAPS %d %d\n", len(ents), n.Control.(*zmq.Channel).Refusals()["over_cap"])
 		default:
 			fmt.Println("ERR unknown command", in.Text())
 		}

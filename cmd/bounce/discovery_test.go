@@ -373,3 +373,18 @@ func TestFleetLogsOnce(t *testing.T) {
 		t.Fatalf("got\n%s\nwant\n%s", b.String(), want)
 	}
 }
+
+// TestFleetConnsPerHost: a fleet larger than the default per-host control
+// connection cap raises it for its agents (all on this host); a small one
+// keeps the configured cap.
+func TestFleetConnsPerHost(t *testing.T) {
+	if n, raise := fleetConnsPerHost(2, 2, 64); raise {
+		t.Fatalf("2 x 2 fleet raises the cap to %d", n)
+	}
+	if n, raise := fleetConnsPerHost(256, 4, 64); !raise || n != 520 {
+		t.Fatalf("256 x 4 fleet: cap %d (raise %v), want 520", n, raise)
+	}
+	if _, raise := fleetConnsPerHost(256, 4, 1000); raise {
+		t.Fatal("a configured cap above the fleet's need is lowered")
+	}
+}

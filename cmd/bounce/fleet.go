@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"text/tabwriter"
@@ -57,6 +58,16 @@ type fleetPlan struct {
 	assign                        [][]int // [sender][request] = receiver
 	start, count                  [][]int // [sender][receiver]: first slot and slots
 	slots                         []int   // [receiver]: slots in all
+}
+
+// fleetConnsPerHost is the security.max_control_conns_per_host a fleet's
+// agents need, and whether it is above the configured one. Every agent
+// runs on this host, so a receiver's ROUTER takes all the senders' control
+// connections from one host, and a sender's all the receivers'; twice
+// that, as a redialed connection may linger beside its successor.
+func fleetConnsPerHost(senders, receivers, configured int) (int, bool) {
+	need := 2 * (senders + receivers)
+	return need, need > configured
 }
 
 // planFleet is pure: the same arguments give the same plan.
@@ -506,6 +517,9 @@ func runFleet(cmd *cobra.Command, cfg config.Config, o *benchOptions) error {
 		"--discovery.kind=etcd", "--discovery.endpoints="+dc.Endpoints, "--discovery.prefix="+prefix, fmt.Sprintf("--discovery.insecure=%t", dc.Insecure))
 	if cfg.ControlPlane.BindAddress == "" && cfg.ControlPlane.Interface == "" {
 		base = append(base, "--control-plane.bind-address=127.0.0.1")
+	}
+	if n, raise := fleetConnsPerHost(f.senders, f.receivers, cfg.Security.MaxControlConnsPerHost); raise {
+		base = append(base, "--"+config.FlagName("security.max_control_conns_per_host")+"="+strconv.Itoa(n))
 	}
 	sname := func(s int) string { return fmt.Sprintf("send-%d", s) }
 	rname := func(k int) string { return fmt.Sprintf("recv-%d", k) }

@@ -18,12 +18,20 @@
 // every message (a peer sending more is disconnected before it is
 // buffered) and ZMQ_HANDSHAKE_IVL every handshake.
 //
+// In every security mode the ZAP handler also caps the ROUTER's
+// connections: one host may hold Config.MaxConnsPerHost and all hosts
+// Config.MaxConns (each counted up to its cap); a connection past either
+// is refused at its handshake (ZAP status 500), so libzmq closes it and
+// its descriptor is released. It counts them from the ROUTER's socket
+// monitor. Without CURVE the ZAP request carries the NULL mechanism,
+// which the handler admits within the caps.
+//
 // Every DEALER's connection is watched through the ZeroMQ socket monitor:
 // one that drops after its handshake (the peer process died, or its
 // heartbeats timed out) is reported at once (SetPeerLost).
 //
-// A Channel starts one goroutine for the socket monitor, and one more,
-// the ZAP handler, when CURVE is on; Recv reads the ROUTER itself. Every
+// A Channel starts one goroutine for the DEALERs' socket monitor and one
+// for the ZAP handler; Recv reads the ROUTER itself. Every
 // Channel owns its own ZeroMQ context, so Close releases all of its sockets
 // and libzmq threads and affects no other Channel.
 package zmq
@@ -73,7 +81,7 @@ type Channel struct {
 	sendHWM  int
 	auth     *security.Peers // nil or disabled: no CURVE
 	maxMsg   int64
-	zap      *zapHandler // nil without CURVE
+	zap      *zapHandler
 	log      *slog.Logger
 	lookup   hostLookup
 	zctx     *zmq4.Context
@@ -133,9 +141,15 @@ type Stats struct {
 	// Malformed counts incoming messages discarded because they were not a
 	// single frame from a named peer.
 	Malformed uint64
-	// Admitted and Refused count CURVE connections the ZAP handler admitted
-	// and refused (unknown key, other mechanism).
+	// Admitted and Refused count incoming connections the ZAP handler
+	// admitted and refused for their key (unknown key, other mechanism).
 	Admitted, Refused uint64
+	// OverCap counts incoming connections refused because their host held
+	// MaxConnsPerHost connections or all hosts MaxConns.
+	OverCap uint64
+	// Conns is the incoming connections open now (handshakes in progress
+	// included).
+	Conns int64
 	// Spoofed counts messages dropped because the routing identity the
 	// sender declared differs from the agent its key belongs to.
 	Spoofed uint64
@@ -168,17 +182,14 @@ func newChannel(cfg Config, probe netProbe, lookup hostLookup) (*Channel, error)
 	if err != nil {
 		return nil, fmt.Errorf("zmq: new context: %w", err)
 	}
-	// The ZAP handler binds first: libzmq admits CURVE clients without
-	// asking when no handler is bound.
-	var zap *zapHandler
-	stopZAP := func() {}
-	if cfg.Peers.Enabled() {
-		if zap, err = startZAP(zctx, cfg.Peers, cfg.Logger); err != nil {
-			_ = zctx.Term()
-			return nil, err
-		}
-		stopZAP = zap.stop
+	// The ZAP handler binds first: libzmq admits clients without asking
+	// when no handler is bound.
+	zap, err := startZAP(zctx, cfg.Peers, cfg.MaxConnsPerHost, cfg.MaxConns, cfg.Logger)
+	if err != nil {
+		_ = zctx.Term()
+		return nil, err
 	}
+	stopZAP := zap.stop
 	router, endpoint, err := openRouter(zctx, bindEP, ipv6, cfg)
 	if err != nil {
 		stopZAP()
@@ -288,9 +299,16 @@ func openRouter(zctx *zmq4.Context, bindEP string, ipv6 bool, cfg Config) (*zmq4
 		if err := router.SetCurveSecretkey(id.SecretZ85()); err != nil {
 			return fail("set curve_secretkey", err)
 		}
-		if err := router.SetZapDomain(zapDomain); err != nil {
-			return fail("set zap_domain", err)
-		}
+	}
+	// A ZAP domain in every mode: libzmq then asks the handler about NULL
+	// clients too, which is where the connection caps are applied.
+	if err := router.SetZapDomain(zapDomain); err != nil {
+		return fail("set zap_domain", err)
+	}
+	// The handler counts the connections from the monitor's events; it
+	// reports before the ROUTER binds, so no connection is missed.
+	if err := router.Monitor(routerMonEndpoint, routerMonEvents); err != nil {
+		return fail("monitor", err)
 	}
 	// A peer that reconnects with the same identity (after being forgotten,
 	// or restarted) takes over the identity instead of being ignored while
@@ -337,19 +355,19 @@ func (c *Channel) Stats() Stats {
 		LostPeers:    c.lost.Load(),
 		RefusedBy:    c.refusedBy.Load(),
 	}
-	if c.zap != nil {
-		st.Admitted, st.Refused = c.zap.admitted.Load(), c.zap.refused.Load()
-	}
+	st.Admitted, st.Refused, st.OverCap = c.zap.admitted.Load(), c.zap.refused.Load(), c.zap.overCap.Load()
+	st.Conns = c.zap.live.Load()
 	return st
 }
 
 // Refusals counts what this channel refused from peers, by reason:
 // not_admitted (a CURVE client whose key its ZAP handler did not admit, or
-// another mechanism), spoofed (a message whose declared identity is not
-// its key's agent) and malformed (not one frame from a named peer).
+// another mechanism), over_cap (a connection past MaxConnsPerHost or
+// MaxConns), spoofed (a message whose declared identity is not its key's
+// agent) and malformed (not one frame from a named peer).
 func (c *Channel) Refusals() map[string]uint64 {
 	st := c.Stats()
-	return map[string]uint64{"not_admitted": st.Refused, "spoofed": st.Spoofed, "malformed": st.Malformed}
+	return map[string]uint64{"not_admitted": st.Refused, "over_cap": st.OverCap, "spoofed": st.Spoofed, "malformed": st.Malformed}
 }
 
 // AddPeer validates endpoint (tcp://host:port: an IP literal, IPv6 in
@@ -478,8 +496,11 @@ func (c *Channel) connLost(w watch) {
 // each time the peer refuses a handshake of this channel's DEALER to it:
 // its ZAP handler did not admit this agent's key (ZMTP ERROR, reported by
 // the socket monitor as a failed authentication) or the CURVE handshake
-// failed (a protocol error: the peer's key in its descriptor is stale).
-// The error wraps security.ErrNotAdmitted and says the likely cause.
+// failed (a protocol error: the peer's key in its descriptor is stale),
+// wrapping security.ErrNotAdmitted; or this host held the peer's limit
+// of control connections (ZAP status 500: its max_control_conns_per_host
+// or max_control_conns), wrapping transfer.ErrBusy. The error says the
+// likely cause.
 // libzmq does not dial a refused connection again; the DEALER's next Send
 // does, so a peer that admits the key later is reached. fn must not block.
 func (c *Channel) SetPeerRefused(fn func(peer string, err error)) {
@@ -505,6 +526,10 @@ func (c *Channel) connRefused(w watch, auth bool, status int) {
 	}
 	err := fmt.Errorf("zmq: peer %q refused this agent's control connection (%s): this agent's key is likely not in the peer's security.allowed_peers (add the line 'bounce key' prints for this agent's key file there), or the peer's descriptor is stale: %w",
 		w.peer, how, security.ErrNotAdmitted)
+	if auth && status == 500 {
+		err = fmt.Errorf("zmq: peer %q refused this agent's control connection (ZAP status 500: over its connection cap): this host holds the peer's security.max_control_conns_per_host control connections, or all hosts its security.max_control_conns; the next send dials again: %w",
+			w.peer, transfer.ErrBusy)
+	}
 	if !d.refused.Swap(true) {
 		c.log.Warn("zmq: peer refused this agent", "peer", w.peer, "err", err, "refused_total", n)
 	}
@@ -668,7 +693,7 @@ func (c *Channel) Send(peer string, payload []byte) error {
 		if d.refused.Load() {
 			// No connection to queue on: the peer refused this agent
 			// (warned once, by connRefused), which is the news here.
-			return fmt.Errorf("zmq: send to %q: %w: the peer refused this agent's handshake (its key is likely not in the peer's security.allowed_peers)", peer, transfer.ErrQueueFull)
+			return fmt.Errorf("zmq: send to %q: %w: the peer refused this agent's handshake (its key is likely not in the peer's security.allowed_peers, or this host is over the peer's control connection cap)", peer, transfer.ErrQueueFull)
 		}
 		if !d.dropping {
 			d.dropping = true
@@ -909,9 +934,7 @@ func (c *Channel) Close() error {
 			}
 		}
 		c.wakeMu.Unlock()
-		if c.zap != nil {
-			c.zap.stop()
-		}
+		c.zap.stop()
 		if err := c.zctx.Term(); err != nil {
 			errs = append(errs, fmt.Errorf("terminate context: %w", err))
 		}

@@ -67,6 +67,13 @@ type Config struct {
 	// HandshakeTimeout is ZMQ_HANDSHAKE_IVL; 0 means
 	// DefaultHandshakeTimeout.
 	HandshakeTimeout time.Duration
+	// MaxConnsPerHost and MaxConns cap the ROUTER's incoming connections
+	// from one host and from all hosts together (each host counted up to
+	// MaxConnsPerHost), in every security mode: a connection past either
+	// is refused at its handshake (ZAP status 500) and closed, counted in
+	// Stats.OverCap. 0 means security.DefaultMaxControlConnsPerHost and
+	// security.DefaultMaxControlConns.
+	MaxConnsPerHost, MaxConns int
 }
 
 // withDefaults validates cfg and fills zero fields with defaults.
@@ -97,6 +104,18 @@ func (cfg Config) withDefaults() (Config, error) {
 		return cfg, fmt.Errorf("zmq: config handshake_timeout %v: must not be negative", cfg.HandshakeTimeout)
 	case cfg.HandshakeTimeout == 0:
 		cfg.HandshakeTimeout = DefaultHandshakeTimeout
+	}
+	switch {
+	case cfg.MaxConnsPerHost < 0:
+		return cfg, fmt.Errorf("zmq: config max_conns_per_host %d: must not be negative", cfg.MaxConnsPerHost)
+	case cfg.MaxConnsPerHost == 0:
+		cfg.MaxConnsPerHost = security.DefaultMaxControlConnsPerHost
+	}
+	switch {
+	case cfg.MaxConns < 0:
+		return cfg, fmt.Errorf("zmq: config max_conns %d: must not be negative", cfg.MaxConns)
+	case cfg.MaxConns == 0:
+		cfg.MaxConns = security.DefaultMaxControlConns
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)

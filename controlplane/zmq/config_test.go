@@ -5,6 +5,8 @@ import (
 	"net"
 	"strings"
 	"testing"
+
+	"github.com/bouncekv/bounce/security"
 )
 
 func TestConfigValidation(t *testing.T) {
@@ -14,6 +16,8 @@ func TestConfigValidation(t *testing.T) {
 		{Name: strings.Repeat("n", 256)},
 		{Name: "a", SendHWM: -1},
 		{Name: "a", RecvQueue: -1},
+		{Name: "a", MaxConnsPerHost: -1},
+		{Name: "a", MaxConns: -1},
 		{Name: "a", BindAddress: "not-an-ip"},
 		{Name: "a", BindAddress: "0.0.0.0"},
 		{Name: "a", BindAddress: "::"},
@@ -32,7 +36,8 @@ func TestConfigValidation(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got.SendHWM != DefaultSendHWM || got.RecvQueue != DefaultRecvQueue || got.Logger == nil {
+	if got.SendHWM != DefaultSendHWM || got.RecvQueue != DefaultRecvQueue || got.Logger == nil ||
+		got.MaxConnsPerHost != security.DefaultMaxControlConnsPerHost || got.MaxConns != security.DefaultMaxControlConns {
 		t.Fatalf("defaults not applied: %+v", got)
 	}
 }
