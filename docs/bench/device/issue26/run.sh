@@ -11,8 +11,8 @@
 # has its own timeout and the whole run a budget (LIMIT seconds); each
 # writes $OUT/<step>.txt, the step log $OUT/log.txt.
 START=$SECONDS; F=.gpu/issue26; L=$OUT/log.txt
-export LD_LIBRARY_PATH=$PWD/$F/lib
-T=$PWD/$F/pipeline.test
+export LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-$PWD/$F/lib}
+T=${T:-$PWD/$F/pipeline.test} # or another build of the same commit (T=...)
 LIMIT=${LIMIT:-560}
 { date -u; cat $F/COMMIT; nproc; uptime; lscpu | grep -E 'Model name|^CPU\(s\)'; } > $L 2>&1
 step() { local f=$1 tmo=$2; shift 2; local left=$((LIMIT - (SECONDS - START)))
