@@ -2,6 +2,8 @@ package workload
 
 import (
 	"fmt"
+	"runtime"
+	"sync"
 
 	"github.com/bouncekv/bounce/transfer"
 )
@@ -51,7 +53,7 @@ func (k KVPool) heads(lo, hi uint32) (uint32, uint32) {
 func (k KVPool) Put(seed uint64, ids []uint32, lo, hi uint32) {
 	l := k.Layout
 	lo, hi = k.heads(lo, hi)
-	for r := range k.Pool.Regions {
+	_ = k.eachRegion(func(r int) error {
 		layer, kv := uint32(r)/l.KV, uint32(r)%l.KV
 		for i, id := range ids {
 			for t := range l.Tokens {
@@ -66,7 +68,8 @@ func (k KVPool) Put(seed uint64, ids []uint32, lo, hi uint32) {
 				}
 			}
 		}
-	}
+		return nil
+	})
 }
 
 // Check reports the first element of heads [lo, hi) of the blocks ids (hi
@@ -75,7 +78,7 @@ func (k KVPool) Put(seed uint64, ids []uint32, lo, hi uint32) {
 func (k KVPool) Check(seed uint64, ids []uint32, lo, hi uint32) error {
 	l := k.Layout
 	lo, hi = k.heads(lo, hi)
-	for r := range k.Pool.Regions {
+	return k.eachRegion(func(r int) error {
 		layer, kv := uint32(r)/l.KV, uint32(r)%l.KV
 		for i, id := range ids {
 			for t := range l.Tokens {
@@ -92,6 +95,33 @@ func (k KVPool) Check(seed uint64, ids []uint32, lo, hi uint32) error {
 					}
 				}
 			}
+		}
+		return nil
+	})
+}
+
+// eachRegion runs f for every region of the pool (regions are disjoint
+// memory), spread over up to GOMAXPROCS goroutines, and returns the error
+// of the lowest region f failed in: the pattern of a large request is
+// written and checked at the machine's speed, the report the same.
+func (k KVPool) eachRegion(f func(r int) error) error {
+	n := len(k.Pool.Regions)
+	workers := max(1, min(n, runtime.GOMAXPROCS(0)))
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for r := w; r < n; r += workers {
+				errs[r] = f(r)
+			}
+		}()
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			return err
 		}
 	}
 	return nil
