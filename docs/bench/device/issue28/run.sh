@@ -20,26 +20,26 @@ step() { local f=$1 tmo=$2; shift 2; local left=$((LIMIT - (SECONDS - START)))
   echo "\$ $*" >> $OUT/$f.txt
   timeout -k 5 $tmo "$@" >> $OUT/$f.txt 2>&1; local rc=$?
   echo "rc=$rc at $((SECONDS - START))s" >> $OUT/$f.txt; echo "$f rc=$rc at $((SECONDS - START))s: $*" >> $L; }
-# 1. host memory on the 16-CPU host, two processes over tcp: each preset
+# The GPU classes first (what the development box cannot run), then the
+# host ones. 1. the GPU stages' shaped copies
+step gpu-tests 90 $G/bin/gpucopy.test -test.run 'Shaped' -test.v -test.count 1 -test.timeout 85s
+# 2. device KV over tcp (two processes, pinned-host arenas, the cuda
+#    stages with their shaped kernels): converted vs unconverted
+for p in $P; do step devkv-tcp 80 $B run --memory device --layouts $p --repeat 3; done
+# 3. one GPU: cudacopy engine + cuda stages on device arenas
+for p in $P; do step cudacopy 60 $B run --memory device --engine.kind cudacopy --control-plane.kind inproc \
+  --stages.gather cuda --stages.scatter cuda --layouts $p --repeat 3; done
+# 4. host memory on the 16-CPU host, two processes over tcp: each preset
 #    converted next to the same bytes unconverted (ratio printed), every
 #    element verified; one request, then 8 concurrent.
-for p in $P; do step host-tcp 60 $B run --layouts $p --repeat 5; done
-for p in $P; do step host-tcp 60 $B run --layouts $p --requests 8 --repeat 3; done
-# 2. the host conversion tests (every class byte-exact, merges with
+for p in $P; do step host-tcp 90 $B run --layouts $p --repeat 5; done
+for p in $P; do step host-tcp 90 $B run --layouts $p --requests 8 --repeat 3; done
+# 5. the host conversion tests (every class byte-exact, merges with
 #    concurrent senders) and the planner's properties, on 16 CPUs
-step host-tests 90 $G/bin/pipeline.test -test.run 'TestConverted' -test.count 1 -test.timeout 85s
+step host-tests 90 $G/bin/pipeline.test -test.run 'TestConverted|TestPullBetweenLayouts' -test.count 1 -test.timeout 85s
 step host-tests 30 $G/bin/convert.test -test.count 1 -rapid.checks 2000
 step host-tests 60 $G/bin/hostcopy.test -test.run 'Shaped' -test.count 1 -rapid.checks 500
 # the host scatter alone: TP=8 into TP=4 NHD blocks against the same bytes
 # as whole blocks ("converted/whole" is the ratio)
 step host-tests 40 $G/bin/hostcopy.test -test.run '^$' -test.bench ShapedScatter -test.benchtime 200x -test.count 3
-# 3. the GPU stages' shaped copies (layoutgpu's tests; skipped if absent)
-step gpu-tests 90 $G/bin/gpucopy.test -test.run 'Shaped' -test.v -test.count 1 -test.timeout 85s
-# 4. device KV over tcp (two processes, pinned-host arenas, the cuda
-#    stages): converted vs unconverted. Without layoutgpu's ShapedGatherer/
-#    ShapedScatterer the stages get runs expanded (slow at 256 B pieces).
-for p in $P; do step devkv-tcp 80 $B run --memory device --layouts $p --repeat 3; done
-# 5. one GPU: cudacopy engine + cuda stages on device arenas
-for p in $P; do step cudacopy 60 $B run --memory device --engine.kind cudacopy --control-plane.kind inproc \
-  --stages.gather cuda --stages.scatter cuda --layouts $p --repeat 3; done
 echo "done at $((SECONDS - START))s" >> $L
