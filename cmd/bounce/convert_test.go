@@ -1,6 +1,11 @@
 package main
 
 import (
+	"compress/gzip"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -39,5 +44,33 @@ func TestRunLayouts(t *testing.T) {
 	out, _, code = bounce(t, "run", "--layouts", "list")
 	if code != 0 || !strings.Contains(out, "llama70b-nhd-hnd") {
 		t.Fatalf("list: exit %d\n%s", code, out)
+	}
+}
+
+// TestRunCPUProfile: run --cpu-profile writes a pprof profile (gzipped
+// protobuf with samples) of the job, and a path that cannot be created is
+// an error naming the flag before anything starts.
+func TestRunCPUProfile(t *testing.T) {
+	prof := filepath.Join(t.TempDir(), "cpu.pprof")
+	cmd := exec.Command(cliBinary(t), "run", "--layouts", "llama70b-tp8-tp4", "--layout-tokens", "256", "--cpu-profile", prof)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("run --cpu-profile: %v\n%s", err, out)
+	}
+	f, err := os.Open(prof)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	zr, err := gzip.NewReader(f)
+	if err != nil {
+		t.Fatalf("the profile is not gzipped: %v", err)
+	}
+	body, err := io.ReadAll(zr)
+	if err != nil || len(body) < 64 {
+		t.Fatalf("profile body: %d bytes, %v", len(body), err)
+	}
+	out, err := exec.Command(cliBinary(t), "run", "--cpu-profile", filepath.Join(t.TempDir(), "no", "such", "dir", "p")).CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "--cpu-profile") {
+		t.Fatalf("an uncreatable profile path: %v\n%s", err, out)
 	}
 }

@@ -4,7 +4,9 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"os"
 	"path/filepath"
+	"runtime/pprof"
 	"slices"
 	"strings"
 	"time"
@@ -27,6 +29,7 @@ func newRunCmd() *cobra.Command {
 	var jsonOut string
 	var forms []string
 	var layouts layoutsFlag
+	var cpuProfile string
 	cmd := &cobra.Command{
 		Use:   "run",
 		Short: "The main job: two agent processes move a KV-shaped transfer, verified byte-exact",
@@ -62,6 +65,13 @@ The default workload is one rank of Llama-3.1-70B at TP=8 with block size 16:
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if layouts.preset == "list" {
 				return listConversions(cmd.OutOrStdout())
+			}
+			if cpuProfile != "" {
+				stop, err := startCPUProfile(cpuProfile)
+				if err != nil {
+					return err
+				}
+				defer stop()
 			}
 			l, err := loadConfig(cmd)
 			if err != nil {
@@ -114,8 +124,26 @@ The default workload is one rank of Llama-3.1-70B at TP=8 with block size 16:
 	cmd.Flags().StringVar(&jsonOut, "json", "", "also write the results as JSON to this file")
 	cmd.Flags().StringSliceVar(&forms, "form", []string{benchreport.FormDescs}, "request forms, each named once: descs (descriptor lists), blocks (block tables over registered pools), or both")
 	layouts.add(cmd)
+	cmd.Flags().StringVar(&cpuProfile, "cpu-profile", "", "write a CPU profile of this process (the sender; the receiver too with an in-process engine such as cudacopy) to this file, for go tool pprof")
 	configFlags(cmd)
 	return cmd
+}
+
+// startCPUProfile profiles this process's CPU into file path until the
+// returned stop is called.
+func startCPUProfile(path string) (stop func(), err error) {
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, fmt.Errorf("--cpu-profile: %w", err)
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("--cpu-profile %s: %w", path, err)
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		f.Close()
+	}, nil
 }
 
 // runForms resolves run's --form: nil for descriptor lists alone (as
