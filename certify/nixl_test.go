@@ -4,6 +4,7 @@ package certify
 
 import (
 	"testing"
+	"time"
 
 	"github.com/bouncekv/bounce/conformance"
 	"github.com/bouncekv/bounce/node"
@@ -22,7 +23,9 @@ func TestNIXL(t *testing.T) {
 		{"control", "nixlnotif", Options{Carrier: "nixl"}},
 	} {
 		t.Run(tc.kind+"/"+tc.name, func(t *testing.T) {
-			c := conformance.Config{Seed: 1}
+			// TestBuiltins' generous bounds: a loaded machine must not fail a
+			// call that does not block (the defaults are 1 s and 10 s).
+			c := conformance.Config{Seed: 1, CallTimeout: 10 * time.Second, OpTimeout: 30 * time.Second}
 			c.Skip, c.SkipReasons = Waivers(tc.kind, tc.name)
 			rep, err := Run(f, tc.kind, tc.name, tc.o, c)
 			if err != nil {

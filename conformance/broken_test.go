@@ -241,7 +241,9 @@ func TestHungRuleIsAbandoned(t *testing.T) {
 	cfg.Only = []string{"engine/byte-exact", "engine/notify-timeout"}
 	start := time.Now()
 	rep := conformance.CheckEngine(newPair, cfg)
-	if d := time.Since(start); d > 10*time.Second {
+	// A rule not abandoned would hang until release (the test's end); the
+	// bound only tells that from abandonment, generous for a loaded box.
+	if d := time.Since(start); d > time.Minute {
 		t.Errorf("the run took %v", d)
 	}
 	requireRejected(t, rep, "engine/byte-exact", []string{"did not complete within 300ms (3×OpTimeout)", "posting write of 1 bytes"},

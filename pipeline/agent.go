@@ -60,6 +60,14 @@ type Config struct {
 	// expires. Zero means 4 × RequestTimeout: by then a live sender has
 	// failed the request and cancelled it itself.
 	FlowExpiry time.Duration
+	// UnreachedGrace is how long a receiver keeps a flow whose granted
+	// regions wait for a sender its control channel has been without a
+	// completed handshake with for as long (zmq: Channel.PeerDownFor):
+	// such a sender never got the grants since, and its loss report may be
+	// missing (a dial nobody answered, a handshake it refused, a kill as
+	// the connection came up), which left the flow to FlowExpiry. The
+	// sender is then handled as lost. Zero means 15 s.
+	UnreachedGrace time.Duration
 	// Quarantine is how long a region reclaimed from a flow whose sender
 	// may still write it stays out of use before it can be granted again:
 	// the regions of an expired flow, and those of a forgotten peer unless
@@ -155,6 +163,7 @@ func (c *Config) fill() {
 	c.RequestTimeout = cmp.Or(c.RequestTimeout, d.RequestTimeout)
 	c.QuiesceTimeout = cmp.Or(c.QuiesceTimeout, d.QuiesceTimeout)
 	c.FlowExpiry = cmp.Or(c.FlowExpiry, 4*c.RequestTimeout)
+	c.UnreachedGrace = cmp.Or(c.UnreachedGrace, defaultUnreachedGrace)
 	if c.Quarantine <= 0 {
 		c.Quarantine = c.RequestTimeout
 	}
@@ -449,6 +458,19 @@ func build(s Settings, cfg Config) (*Agent, error) {
 	}
 	a.watchRefusals(s.Control)
 	return a, nil
+}
+
+// defaultUnreachedGrace is Config.UnreachedGrace's default: past the zmq
+// heartbeat timeout (3 s) and a CURVE handshake on a loaded machine, short
+// of the 60 s a sender's default request timeout and flow expiry allow.
+const defaultUnreachedGrace = 15 * time.Second
+
+// pathDowner is a control channel that says how long its path to a peer
+// has been without a completed handshake (zmq: since the DEALER was added
+// or its connection dropped; 0 while up); known is false for a peer it
+// has no path to.
+type pathDowner interface {
+	PeerDownFor(peer string) (d time.Duration, known bool)
 }
 
 // peerUpReporter is a control channel that says when a peer's connection

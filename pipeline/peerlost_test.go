@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -151,6 +152,45 @@ func TestSenderDeadBeforeFirstGrantReclaimed(t *testing.T) {
 	im.send(t, "r", &wire.Want{Request: 1, ChunkBytes: []uint64{64 << 10}, Endpoint: endpoint})
 	eventually(t, func() bool { return r.Stats().LostPeers == 1 })
 	awaitReclaimed(t, r, died, 10*time.Second, "the sender died")
+	conserve(t, r)
+}
+
+// TestUnreachedSenderReclaimed: a sender whose loss is never reported —
+// the endpoint its WANT names accepts the receiver's control connection
+// and never completes the handshake (a host that stopped answering; a kill
+// as the connection came up that no event reports), and no engine
+// connection exists to break — held its granted flow until flow expiry
+// (2 min here; 4 × request_timeout = 2 min by default). The receiver now
+// handles a sender whose control path stayed without a handshake for
+// UnreachedGrace (1 s here) while its flow held grants as lost.
+func TestUnreachedSenderReclaimed(t *testing.T) {
+	w := zmqWorld(t, 0)
+	cfg := testConfig()
+	cfg.FlowExpiry, cfg.UnreachedGrace = 2*time.Minute, time.Second
+	r := w.node("r", cfg)
+	s, err := zmq.New(zmq.Config{Name: "s", BindAddress: "127.0.0.1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	if err := s.AddPeer("r", r.ctrl.LocalEndpoint()); err != nil {
+		t.Fatal(err)
+	}
+	// The endpoint the WANT names: the kernel accepts connections there
+	// (the listen backlog) and nothing ever answers.
+	hole, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hole.Close()
+	im := &impostor{ch: s}
+	sent := time.Now()
+	im.send(t, "r", &wire.Want{Request: 1, ChunkBytes: []uint64{64 << 10}, Endpoint: "tcp://" + hole.Addr().String()})
+	awaitGranted(t, r)
+	awaitReclaimed(t, r, sent, 30*time.Second, "the WANT of a sender whose control path never comes up")
+	if n := r.Stats().LostPeers; n != 1 {
+		t.Fatalf("LostPeers = %d, want 1 (the unreached sender)", n)
+	}
 	conserve(t, r)
 }
 

@@ -338,7 +338,7 @@ func (r *reactor) tick() bool {
 		r.lastCheck = now
 		r.checkTimeouts(now)
 		r.releaseQuarantine(now)
-		if now.Sub(r.lastSweep) >= r.cfg.FlowExpiry/8 {
+		if now.Sub(r.lastSweep) >= min(r.cfg.FlowExpiry/8, r.cfg.UnreachedGrace/4) {
 			r.lastSweep = now
 			r.expireFlows(now)
 		}

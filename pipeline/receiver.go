@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"strings"
 	"time"
 
@@ -205,11 +206,15 @@ func (r *reactor) expireFlows(now time.Time) {
 		return
 	}
 	expired := false
+	var unreached []string
 	for key, seen := range r.flowSeen {
 		switch {
 		case !r.sched.Active(key):
 			r.endFlow(key)
 			r.a.obs.flowEnded(r, key, "")
+		case now.Sub(seen) > r.cfg.UnreachedGrace && now.Sub(seen) <= r.cfg.FlowExpiry && r.sched.IdleRegions(key) > 0 &&
+			!slices.Contains(unreached, key.Peer) && r.pathDownFor(key.Peer) > r.cfg.UnreachedGrace:
+			unreached = append(unreached, key.Peer)
 		case now.Sub(seen) > r.cfg.FlowExpiry && r.sched.IdleRegions(key) > 0:
 			r.endFlow(key)
 			r.flowFailed(key, fmt.Errorf("flow reclaimed: its sender was silent for %v: %w", now.Sub(seen).Round(time.Millisecond), transfer.ErrTimeout))
@@ -226,9 +231,29 @@ func (r *reactor) expireFlows(now time.Time) {
 			expired = true
 		}
 	}
+	for _, peer := range unreached {
+		// Held as lost (quarantined, fenced where it qualifies), as if the
+		// missing report had come.
+		r.peerGone(peer, fmt.Sprintf("its control path never completed a handshake in the %v its flow held grants", r.cfg.UnreachedGrace))
+	}
 	if expired {
 		r.schedule()
 	}
+}
+
+// pathDownFor says how long the control channel's path to peer has been
+// without a completed handshake; 0 when up, unknown, or when the channel
+// cannot tell.
+func (r *reactor) pathDownFor(peer string) time.Duration {
+	pd, ok := r.a.set.Control.(pathDowner)
+	if !ok {
+		return 0
+	}
+	d, known := pd.PeerDownFor(peer)
+	if !known {
+		return 0
+	}
+	return d
 }
 
 // quarantine starts the quarantine of regions the scheduler just

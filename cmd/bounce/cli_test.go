@@ -80,7 +80,10 @@ func bounce(t *testing.T, args ...string) (string, string, int) {
 }
 
 // TestRunTwoProcesses is the main job across two real OS processes for every
-// engine and control plane pairing: both routes, verified by the receiver.
+// engine and control plane pairing: both routes, verified by the receiver,
+// and no warning in either process's log (ucx ended every run with the
+// receiver's "peer endpoint failed ... Endpoint timeout" when the sender
+// closed its engine).
 func TestRunTwoProcesses(t *testing.T) {
 	for _, tc := range []struct{ engine, control string }{
 		{"tcp", "zmq"},
@@ -101,6 +104,9 @@ func TestRunTwoProcesses(t *testing.T) {
 			}
 			if strings.Contains(out, "FAILED") || strings.Contains(out, "asked") {
 				t.Fatalf("a route failed or was rerouted:\n%s", out)
+			}
+			if strings.Contains(errOut, "level=WARN") || strings.Contains(errOut, "level=ERROR") {
+				t.Fatalf("a clean run logged a warning:\n%s", errOut)
 			}
 		})
 	}

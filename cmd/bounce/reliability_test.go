@@ -8,6 +8,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"log/slog"
 	"net"
 	"os"
 	"os/exec"
@@ -40,12 +41,20 @@ type liveReceiver struct {
 	buf  *mem.Buffer
 	desc string
 	keys string
+	log  *syncBuffer // the receiver's log, Debug and up: printed when a test fails
 }
 
 // newReceiver starts a receiver that admits the senders named (and no
 // other): it creates each one's key file and lists the public keys in its
 // security.allowed_peers file.
 func newReceiver(t *testing.T, bufSize uint64, senders ...string) *liveReceiver {
+	t.Helper()
+	return newReceiverWith(t, bufSize, nil, senders...)
+}
+
+// newReceiverWith is newReceiver with mod applied to the configuration
+// (when not nil).
+func newReceiverWith(t *testing.T, bufSize uint64, mod func(*config.Config), senders ...string) *liveReceiver {
 	t.Helper()
 	keys := t.TempDir()
 	var allowed strings.Builder
@@ -64,7 +73,11 @@ func newReceiver(t *testing.T, bufSize uint64, senders ...string) *liveReceiver 
 	cfg.Agent.Name = "recv"
 	cfg.ControlPlane.BindAddress = "127.0.0.1"
 	cfg.Security.AllowedPeers = "loaded,@" + allowFile
-	n, err := node.Build(cfg, node.Builtin(), nil)
+	if mod != nil {
+		mod(&cfg)
+	}
+	var log syncBuffer
+	n, err := node.Build(cfg, node.Builtin(), slog.New(slog.NewTextHandler(&log, &slog.HandlerOptions{Level: slog.LevelDebug})))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -81,7 +94,7 @@ func newReceiver(t *testing.T, bufSize uint64, senders ...string) *liveReceiver 
 	}
 	on, _ := n.Agent.BounceEnabled()
 	line, _ := json.Marshal(hello{Name: n.Agent.Name(), Descriptor: base64.StdEncoding.EncodeToString(blob), BufferAddr: buf.Desc().Addr, BufferLen: buf.Desc().Len, Bounce: on})
-	r := &liveReceiver{n: n, buf: buf, desc: filepath.Join(t.TempDir(), "recv.json"), keys: keys}
+	r := &liveReceiver{n: n, buf: buf, desc: filepath.Join(t.TempDir(), "recv.json"), keys: keys, log: &log}
 	if err := os.WriteFile(r.desc, append(line, '\n'), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -92,6 +105,17 @@ func newReceiver(t *testing.T, bufSize uint64, senders ...string) *liveReceiver 
 		buf.Free()
 	})
 	return r
+}
+
+// logOf returns the receiver's log lines that name peer (the last 400).
+func (r *liveReceiver) logOf(peer string) string {
+	var out []string
+	for _, l := range strings.Split(r.log.String(), "\n") {
+		if strings.Contains(l, peer) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out[max(len(out)-400, 0):], "\n")
 }
 
 // key returns the key file of the sender named name (one r admits).
@@ -171,7 +195,7 @@ func TestKillSenderMidTransfer(t *testing.T) {
 				break
 			}
 			if time.Since(killed) > killReclaimBound {
-				t.Fatalf("round %d: %v after kill -9 the receiver still holds the sender's flows (expiry would take 4 × request_timeout = 120 s; the loss was not noticed): %+v", round, killReclaimBound, st)
+				t.Fatalf("round %d: %v after kill -9 the receiver still holds the sender's flows (expiry would take 4 × request_timeout = 120 s; the loss was not noticed): %+v\nthe receiver's log of %s:\n%s\nthe sender's log:\n%s", round, killReclaimBound, st, name, r.logOf(name), serr.String())
 			}
 			time.Sleep(time.Millisecond)
 		}
@@ -564,8 +588,8 @@ func bounceRate(stdout string) (float64, error) {
 // TestKillReceiverSendProcess: `bounce serve` is killed with kill -9 as a
 // `bounce send` process starts its timed requests (right after its
 // warm-up: the requests are submitted while, or just after, the loss is
-// reported). send exits failed within a few seconds, naming the lost
-// peer, not at its 30 s request timeout.
+// reported). send exits failed, naming the lost peer, not at its 30 s
+// request timeout (whose error says "made no progress").
 func TestKillReceiverSendProcess(t *testing.T) {
 	if testing.Short() {
 		t.Skip("real processes")
@@ -624,16 +648,19 @@ func TestKillReceiverSendProcess(t *testing.T) {
 			if !errors.As(err, &ee) || ee.ExitCode() != 1 {
 				t.Fatalf("round %d: send exited with %v, want exit 1 (requests failed)\n%s\n%s", round, err, out.String(), sendErr.String())
 			}
-			if !strings.Contains(sendErr.String(), "lost") {
-				t.Fatalf("round %d: send's error does not say the receiver was lost:\n%s", round, sendErr.String())
+			// Failed as lost, not at the 30 s request timeout: that error
+			// says "made no progress" (time alone cannot tell them apart on
+			// a loaded box, where the fill below takes seconds).
+			if !strings.Contains(sendErr.String(), "lost") || strings.Contains(sendErr.String(), "made no progress") {
+				t.Fatalf("round %d: send's error does not say the receiver was lost, or says its requests timed out:\n%s", round, sendErr.String())
 			}
 			// After the kill send still fills its 1 GiB source (seconds on a
 			// loaded box) before it submits; its requests then fail about
 			// lostPeerGrace (1 s) later.
 			t.Logf("round %d: send exited %v after kill -9 of the receiver (source fill included)", round, time.Since(killed).Round(time.Millisecond))
-		case <-time.After(15 * time.Second):
+		case <-time.After(2 * time.Minute):
 			send.Process.Kill()
-			t.Fatalf("round %d: send still runs 15 s after kill -9 of the receiver (request timeout 30 s)\n%s", round, out.String())
+			t.Fatalf("round %d: send still runs 2 min after kill -9 of the receiver (request timeout 30 s)\n%s", round, out.String())
 		}
 	}
 }
@@ -649,7 +676,11 @@ func TestKillSenderRestartSameKey(t *testing.T) {
 	if testing.Short() {
 		t.Skip("real processes")
 	}
-	r := newReceiver(t, 512<<20, "victim")
+	// A 5 min quarantine (the default is the 30 s request timeout): the
+	// restart below must be served within it, which a loaded machine must
+	// not decide (a restarted process, its source fill and 8 requests took
+	// seconds there).
+	r := newReceiverWith(t, 512<<20, func(c *config.Config) { c.Bounce.Quarantine = 5 * time.Minute }, "victim")
 	cmd := exec.Command(cliBinary(t), "send", "--peer", r.desc, "--agent.name", "victim", "--security.key-file", r.key("victim"), "--control-plane.bind-address", "127.0.0.1",
 		"--bounce.arena-size", "64MiB", "--bounce.cost-model=false", "--workload", "llama70b-tp8-b16", "--count", "16384", "--requests", "8")
 	var serr syncBuffer
@@ -677,8 +708,8 @@ func TestKillSenderRestartSameKey(t *testing.T) {
 		if st.HeldBytes == 0 && st.Flows == 0 {
 			break
 		}
-		if time.Since(killed) > 10*time.Second {
-			t.Fatalf("10 s after kill -9 the receiver still holds the sender's flows: %+v\n%+v", st, r.n.Agent.Stats())
+		if time.Since(killed) > killReclaimBound {
+			t.Fatalf("%v after kill -9 the receiver still holds the sender's flows (expiry: 120 s): %+v\n%+v\nthe receiver's log of victim:\n%s", killReclaimBound, st, r.n.Agent.Stats(), r.logOf("victim"))
 		}
 		time.Sleep(time.Millisecond)
 	}

@@ -28,7 +28,8 @@
 //
 // Every DEALER's connection is watched through the ZeroMQ socket monitor:
 // one that drops after its handshake (the peer process died, or its
-// heartbeats timed out) is reported at once (SetPeerLost).
+// heartbeats timed out) is reported at once (SetPeerLost); PeerDownFor
+// says how long one has been without a completed handshake.
 //
 // A Channel starts one goroutine for the DEALERs' socket monitor and one
 // for the ZAP handler; Recv reads the ROUTER itself. Every
@@ -126,6 +127,10 @@ type dealer struct {
 	dropping  bool        // the last send was dropped; used to warn once per episode
 	connected bool        // Connect was called (at once without CURVE, on the first Send with it)
 	refused   atomic.Bool // the peer refused the last handshake (warned once until a connection is up)
+	// downSince is when the connection was last without a completed
+	// handshake (the DEALER's creation, or its last drop), in Unix ns; 0
+	// while it is up. PeerDownFor reads it.
+	downSince atomic.Int64
 }
 
 // Stats are the channel's cumulative counters.
@@ -416,8 +421,32 @@ func (c *Channel) AddPeer(peer, endpoint string) error {
 	if old != nil {
 		old.close()
 	}
-	c.peers[peer] = &dealer{id: id, sock: sock, endpoint: endpoint, connected: !c.auth.Enabled()}
+	d = &dealer{id: id, sock: sock, endpoint: endpoint, connected: !c.auth.Enabled()}
+	d.downSince.Store(time.Now().UnixNano())
+	c.peers[peer] = d
 	return nil
+}
+
+// PeerDownFor reports how long the DEALER to peer has been without a
+// completed handshake — since it was added, or since its connection last
+// dropped — and 0 while its connection is up; known is false when peer has
+// no DEALER. A peer that never completed a handshake never received
+// anything sent to it, and a loss report may be missing for it (a dial the
+// peer neither refused nor answered, a handshake it refused): the
+// pipeline reclaims a sender's grants that sat behind a path down that
+// long (pipeline's unreachedGrace).
+func (c *Channel) PeerDownFor(peer string) (d time.Duration, known bool) {
+	c.mu.RLock()
+	dl := c.peers[peer]
+	c.mu.RUnlock()
+	if dl == nil {
+		return 0, false
+	}
+	since := dl.downSince.Load()
+	if since == 0 {
+		return 0, true
+	}
+	return max(time.Since(time.Unix(0, since)), 0), true
 }
 
 // SetPeerLost registers fn, called with a peer's name when the connection
@@ -475,6 +504,7 @@ func (c *Channel) connUp(w watch) {
 	}
 	// The peer admits this agent now: a later refusal is news again.
 	d.refused.Store(false)
+	d.downSince.Store(0)
 	if fn := c.onUp.Load(); fn != nil {
 		(*fn)(w.peer)
 	}
@@ -482,9 +512,11 @@ func (c *Channel) connUp(w watch) {
 
 // connLost is the monitor's report that w's connection dropped.
 func (c *Channel) connLost(w watch) {
-	if !c.current(w) {
+	d := c.dealerOf(w)
+	if d == nil {
 		return
 	}
+	d.downSince.CompareAndSwap(0, time.Now().UnixNano())
 	n := c.lost.Add(1)
 	c.log.Info("zmq: connection to peer dropped", "peer", w.peer, "lost_total", n)
 	if fn := c.onLost.Load(); fn != nil {

@@ -2,6 +2,8 @@ package zmq
 
 import (
 	"fmt"
+	"net"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -284,5 +286,60 @@ func TestPeerLostWhenKilledBeforeFirstConnection(t *testing.T) {
 	}
 	if n := parent.Stats().LostPeers; n != 1 {
 		t.Fatalf("Stats.LostPeers = %d, want 1", n)
+	}
+}
+
+// TestPeerDownFor: a DEALER is down from its creation until its handshake
+// completes, up (0) after, and down again from the drop of its connection;
+// one to an endpoint nothing answers stays down, growing; a peer without a
+// DEALER is unknown.
+func TestPeerDownFor(t *testing.T) {
+	a, b := newTestChannel(t, "a"), newTestChannel(t, "b")
+	lost := &lostLog{}
+	a.SetPeerLost(lost.add)
+	if _, known := a.PeerDownFor("b"); known {
+		t.Fatal("a peer without a DEALER is known")
+	}
+	if err := a.AddPeer("b", b.LocalEndpoint()); err != nil {
+		t.Fatal(err)
+	}
+	if _, known := a.PeerDownFor("b"); !known {
+		t.Fatal("a peer with a DEALER is unknown")
+	}
+	deadline := time.Now().Add(hangGuard)
+	for d, _ := a.PeerDownFor("b"); d != 0; d, _ = a.PeerDownFor("b") {
+		if time.Now().After(deadline) {
+			t.Fatalf("the DEALER to a live peer still down after %v", d)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	gone := "tcp://" + ln.Addr().String()
+	ln.Close() // nothing listens there now
+	if err := a.AddPeer("gone", gone); err != nil {
+		t.Fatal(err)
+	}
+	d1, _ := a.PeerDownFor("gone")
+	time.Sleep(50 * time.Millisecond)
+	if d2, known := a.PeerDownFor("gone"); !known || d2 <= d1 || d2 < 50*time.Millisecond {
+		t.Fatalf("the DEALER to nothing: down %v then %v (known %v), want growing", d1, d2, known)
+	}
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		if p, _ := lost.get(); slices.Contains(p, "b") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("b's close not reported")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if d, _ := a.PeerDownFor("b"); d == 0 {
+		t.Fatal("the DEALER to a closed peer is still up")
 	}
 }

@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 	"google.golang.org/grpc/codes"
@@ -86,11 +87,12 @@ func Open(ctx context.Context, cfg config.DiscoveryConfig, log *slog.Logger) (*D
 		}
 		cc.TLS = t
 	}
+	d := &Directory{prefix: strings.TrimSuffix(cfg.Prefix, "/"), lease: cfg.Lease, timeout: cfg.DialTimeout, endpoints: strings.Join(eps, ","), log: log}
 	cli, err := clientv3.New(cc)
 	if err != nil {
-		return nil, fmt.Errorf("discovery: etcd at %s: %w", cfg.Endpoints, err)
+		return nil, d.openFailed(cfg, err)
 	}
-	d := &Directory{cli: cli, prefix: strings.TrimSuffix(cfg.Prefix, "/"), lease: cfg.Lease, timeout: cfg.DialTimeout, endpoints: strings.Join(eps, ","), log: log}
+	d.cli = cli
 	pctx, cancel := context.WithTimeout(ctx, cfg.DialTimeout)
 	defer cancel()
 	if _, err := cli.Get(pctx, d.prefix+"/agents/", clientv3.WithPrefix(), clientv3.WithCountOnly()); err != nil {
@@ -98,6 +100,21 @@ func Open(ctx context.Context, cfg config.DiscoveryConfig, log *slog.Logger) (*D
 		return nil, d.unavailable("connect", err)
 	}
 	return d, nil
+}
+
+// openFailed explains a failed clientv3.New: with discovery.username set it
+// authenticates (etcd checks the password with bcrypt, which a loaded etcd
+// host may take seconds over), so a wrong password is named as such, and a
+// deadline names the call and the key that bounds it instead of a bare
+// "context deadline exceeded".
+func (d *Directory) openFailed(cfg config.DiscoveryConfig, err error) error {
+	if cfg.Username == "" {
+		return d.unavailable("connect", err)
+	}
+	if errors.Is(err, rpctypes.ErrAuthFailed) {
+		return fmt.Errorf("discovery: etcd at %s: user %q refused: check discovery.username and the password in discovery.password_file (%s): %w", d.endpoints, cfg.Username, cfg.PasswordFile, err)
+	}
+	return d.unavailable(fmt.Sprintf("authenticate as user %q", cfg.Username), err)
 }
 
 // tlsConfig builds the client's TLS from the PEM files cfg names.
@@ -128,7 +145,7 @@ func tlsConfig(cfg config.DiscoveryConfig) (*tls.Config, error) {
 // connection is discovery.ErrUnavailable, naming the endpoints.
 func (d *Directory) unavailable(op string, err error) error {
 	if c := status.Code(err); errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) || c == codes.Unavailable || c == codes.DeadlineExceeded {
-		return fmt.Errorf("%w: etcd at %s: %s: no answer within %v: %v", discovery.ErrUnavailable, d.endpoints, op, d.timeout, err)
+		return fmt.Errorf("%w: etcd at %s: %s: no answer within %v (discovery.dial_timeout): %v", discovery.ErrUnavailable, d.endpoints, op, d.timeout, err)
 	}
 	return fmt.Errorf("discovery: etcd at %s: %s: %w", d.endpoints, op, err)
 }

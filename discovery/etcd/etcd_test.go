@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
@@ -209,8 +210,11 @@ func TestAuthPasswordFile(t *testing.T) {
 	good, bad := filepath.Join(dir, "good"), filepath.Join(dir, "bad")
 	os.WriteFile(good, []byte("s3cret\n"), 0o600)
 	os.WriteFile(bad, []byte("guess\n"), 0o600)
+	// etcd checks a password with bcrypt, which takes seconds on a loaded
+	// machine (and under -race, the server in this process): the bound is
+	// generous, so the answers are asserted, not the speed of the check.
 	c := cfgFor(s.Endpoint)
-	c.Username, c.PasswordFile = "root", good
+	c.Username, c.PasswordFile, c.DialTimeout = "root", good, 2*time.Minute
 	d, err := etcd.Open(ctx, c, nil)
 	if err != nil {
 		t.Fatalf("open with the right password: %v", err)
@@ -223,7 +227,39 @@ func TestAuthPasswordFile(t *testing.T) {
 	if d2, err := etcd.Open(ctx, c, nil); err == nil {
 		d2.Close()
 		t.Fatal("a wrong password opened the directory")
-	} else if !strings.Contains(err.Error(), "authentication failed") {
-		t.Fatalf("wrong password: %v", err)
+	} else if !errors.Is(err, rpctypes.ErrAuthFailed) || errors.Is(err, discovery.ErrUnavailable) ||
+		!strings.Contains(err.Error(), `user "root" refused`) || !strings.Contains(err.Error(), bad) {
+		t.Fatalf("wrong password: %v, want the auth error naming the user and the password file", err)
+	}
+}
+
+// TestAuthNoAnswerNamesTheCall: an etcd that accepts the connection and
+// never answers (a stalled or overloaded member) fails Open at
+// discovery.dial_timeout with ErrUnavailable naming the authentication and
+// the key that bounds it, not a bare "context deadline exceeded" (what a
+// wrong password on a loaded etcd host printed before).
+func TestAuthNoAnswerNamesTheCall(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	go func() {
+		for {
+			conn, err := l.Accept()
+			if err != nil {
+				return
+			}
+			defer conn.Close() // held open, never answered
+		}
+	}()
+	pw := filepath.Join(t.TempDir(), "pw")
+	os.WriteFile(pw, []byte("s3cret\n"), 0o600)
+	c := cfgFor(l.Addr().String())
+	c.Username, c.PasswordFile, c.DialTimeout = "root", pw, 300*time.Millisecond
+	_, err = etcd.Open(context.Background(), c, nil)
+	if !errors.Is(err, discovery.ErrUnavailable) || !strings.Contains(err.Error(), `authenticate as user "root"`) ||
+		!strings.Contains(err.Error(), "discovery.dial_timeout") || !strings.Contains(err.Error(), l.Addr().String()) {
+		t.Fatalf("Open against a silent etcd with a user: %v, want ErrUnavailable naming the authentication, the endpoint and discovery.dial_timeout", err)
 	}
 }

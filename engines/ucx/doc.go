@@ -50,6 +50,22 @@
 // but not written to before its metadata is loaded. Messages on one
 // endpoint arrive in order.
 //
+// Close says bye (an active message without data) to every peer it wrote
+// to, notified or heard from, and waits, within DrainTimeout, for the ack
+// of each peer that surely holds an endpoint back (one it heard from or
+// sent a hello). The peer marks the closer departed before it acks — its
+// writes and notifications to it fail at once with ErrPeerLost ("closed its
+// engine") — and the closer's worker goes only after the ack, so the
+// peer's endpoint failing then ("Endpoint timeout" on tcp) is logged at
+// Debug as the closer's end; so is any endpoint failure while the engine
+// itself closes. A bye alone did not do: nothing orders a message on one
+// endpoint against the error callback of another, and the peer logged the
+// failure first (TestCloseWaitsForByeAck holds the peer's progress
+// goroutine while the other closes). A clean run ends without a warning
+// (TestCleanCloseLogsNoWarn, and `bounce run` in cmd/bounce's
+// TestRunTwoProcesses); a killed peer says no bye and is still logged as a
+// failed endpoint at Warn (TestChildKilledMidWrite).
+//
 // # Metadata
 //
 // Metadata is "BKVU", version 1, flags, the name, the worker address and

@@ -207,6 +207,7 @@ type Engine struct {
 	nextID   uint64
 	shut     bool // Close began: no new work is accepted
 	draining bool // Close lets in-flight work finish until deadline
+	byeWaits int  // peers whose bye-ack Close still waits for (peer.byeWait)
 	deadline time.Time
 }
 
@@ -505,6 +506,78 @@ func (e *Engine) beginShutdown() {
 	e.shut = true
 	e.draining = true
 	e.deadline = time.Now().Add(e.cfg.DrainTimeout)
+	e.sayBye()
+}
+
+// sayBye tells every peer this engine wrote to, notified or heard from that
+// it is closing, and has Close wait (within DrainTimeout) for the ack of
+// each one that surely holds an endpoint to this engine: one that sent a
+// hello or notification here, or was sent a hello. The peer marks this
+// engine departed before it acks, and this engine's worker goes only
+// after the ack, so the peer's endpoint failing then is logged as the
+// expected end (Debug), never as a fault; a bye alone would race the
+// peer's endpoint error callback. A peer that fails meanwhile, or never
+// acks, ends the wait (its endpoint error, or DrainTimeout). A peer only
+// written to may hold no endpoint here (one that never loaded this
+// engine): it gets the bye unwaited. An engine that is killed says
+// nothing, so its peers still log the loss as a warning.
+func (e *Engine) sayBye() {
+	hdr := encodeAMHeader(amKindBye, e.name)
+	for _, p := range e.peers {
+		if p.ep == nil || p.state.lost != nil || !p.used && !p.heard {
+			continue
+		}
+		name := p.name
+		e.amSend(p, hdr, len(hdr), func(st C.ucs_status_t) {
+			if st != C.UCS_OK {
+				e.log.Debug("bye not delivered", "peer", name, "status", statusString(st))
+			}
+		})
+		if p.heard || p.helloSent {
+			p.byeWait = true
+			e.byeWaits++
+		}
+	}
+}
+
+// byeReceived handles a peer's bye: it is closing its engine, so its
+// endpoint failing next is its end. The ack goes back on this engine's
+// endpoint to it, after departed is set.
+func (e *Engine) byeReceived(name string) {
+	p := e.peers[name]
+	if p == nil {
+		return
+	}
+	p.departed = true
+	e.nmu.Lock()
+	if p.np != nil && p.np.lost == nil {
+		p.np.lost = departedErr(name)
+	}
+	e.nmu.Unlock()
+	if p.ep == nil || p.state.lost != nil {
+		return
+	}
+	hdr := encodeAMHeader(amKindByeAck, e.name)
+	e.amSend(p, hdr, len(hdr), func(st C.ucs_status_t) {
+		if st != C.UCS_OK {
+			e.log.Debug("bye-ack not delivered", "peer", name, "status", statusString(st))
+		}
+	})
+}
+
+// departedErr is the error of a write or notification to a peer that said
+// bye: it is closing its engine.
+func departedErr(name string) error {
+	return fmt.Errorf("ucx: peer %q closed its engine (it said bye): %w", name, transfer.ErrPeerLost)
+}
+
+// byeDone ends Close's wait for p's bye-ack: it came, or p's endpoint is
+// gone.
+func (e *Engine) byeDone(p *peer) {
+	if p.byeWait {
+		p.byeWait = false
+		e.byeWaits--
+	}
 }
 
 // shutdownStep advances Close on the progress thread and reports whether
@@ -513,7 +586,7 @@ func (e *Engine) beginShutdown() {
 // UCX to complete what that cancelled (until CloseTimeout).
 func (e *Engine) shutdownStep() bool {
 	now := time.Now()
-	if e.draining && (len(e.handlers) == 0 || now.After(e.deadline)) {
+	if e.draining && (len(e.handlers) == 0 && e.byeWaits == 0 || now.After(e.deadline)) {
 		e.draining = false
 		e.deadline = now.Add(e.cfg.CloseTimeout)
 		for _, p := range e.peers {

@@ -2,8 +2,12 @@ package ucx
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -291,5 +295,150 @@ func TestConfigErrors(t *testing.T) {
 			e.Close()
 			t.Errorf("New(%+v) accepted", c)
 		}
+	}
+}
+
+// levelCounter is a slog handler keeping the records at Warn and above,
+// with their attributes.
+type levelCounter struct {
+	mu    *sync.Mutex
+	warns *[]string
+}
+
+func newLevelCounter() levelCounter { return levelCounter{mu: new(sync.Mutex), warns: new([]string)} }
+
+func (h levelCounter) Enabled(context.Context, slog.Level) bool { return true }
+func (h levelCounter) Handle(_ context.Context, r slog.Record) error {
+	if r.Level >= slog.LevelWarn {
+		msg := r.Message
+		r.Attrs(func(a slog.Attr) bool { msg += " " + a.String(); return true })
+		h.mu.Lock()
+		*h.warns = append(*h.warns, msg)
+		h.mu.Unlock()
+	}
+	return nil
+}
+func (h levelCounter) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h levelCounter) WithGroup(string) slog.Handler      { return h }
+func (h levelCounter) list() []string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return append([]string(nil), *h.warns...)
+}
+
+// cleanPair is a, which loaded b, wrote 1 MiB to it and notified it, and b,
+// which answered on the endpoint back that a's hello made: the state of
+// two agents at the end of every clean run. Each logs to its counter.
+// a drains for up to drain at Close.
+func cleanPair(t *testing.T, drain time.Duration) (a, b *Engine, la, lb levelCounter) {
+	t.Helper()
+	abuf, bbuf := alloc(t, 1<<20), alloc(t, 1<<20)
+	la, lb = newLevelCounter(), newLevelCounter()
+	a = newEngine(t, Config{Name: "a", Logger: slog.New(la), DrainTimeout: drain})
+	b = newEngine(t, Config{Name: "b", Logger: slog.New(lb)})
+	register(t, a, abuf)
+	register(t, b, bbuf)
+	load(t, a, b)
+	fill(abuf.Bytes(), 7)
+	op, err := a.PostWrite("b", []transfer.WriteOp{{Src: desc(abuf, 0, 1<<20), Dst: desc(bbuf, 0, 1<<20)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustDone(t, op)
+	if !bytes.Equal(abuf.Bytes(), bbuf.Bytes()) {
+		t.Fatal("bytes differ after the write")
+	}
+	if err := a.Notify("b", []byte("done")); err != nil {
+		t.Fatal(err)
+	}
+	if m, err := b.RecvNotification(hangGuard); err != nil || string(m.Payload) != "done" {
+		t.Fatalf("notification %q, %v", m.Payload, err)
+	}
+	if err := b.Notify("a", []byte("ack")); err != nil {
+		t.Fatal(err)
+	}
+	if m, err := a.RecvNotification(hangGuard); err != nil || string(m.Payload) != "ack" {
+		t.Fatalf("reply %q, %v", m.Payload, err)
+	}
+	return a, b, la, lb
+}
+
+// waitLost waits until e's notifications to peer fail with ErrPeerLost
+// and returns that error.
+func waitLost(t *testing.T, e *Engine, peer string) error {
+	t.Helper()
+	deadline := time.Now().Add(hangGuard)
+	for {
+		err := e.Notify(peer, []byte("x"))
+		if errors.Is(err, transfer.ErrPeerLost) {
+			return err
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s still notifies the closed %s: %v", e.name, peer, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestCleanCloseLogsNoWarn: a writer that closes its engine after a
+// successful write and notifications (the end of every clean run; `bounce
+// run --engine.kind ucx` ended with the peer's WARN "peer endpoint failed
+// ... Endpoint timeout") makes neither side log a warning, and the peer
+// still learns the writer is gone (ErrPeerLost, naming the close).
+func TestCleanCloseLogsNoWarn(t *testing.T) {
+	a, b, la, lb := cleanPair(t, 0)
+	if err := a.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := waitLost(t, b, "a"); !strings.Contains(err.Error(), "closed its engine") {
+		t.Fatalf("b's loss of a: %v, want it to name a's close", err)
+	}
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if w := append(la.list(), lb.list()...); len(w) > 0 {
+		t.Fatalf("a clean close logged warnings: %q", w)
+	}
+}
+
+// TestCloseWaitsForByeAck is the race behind that warning, made
+// deterministic: b's progress goroutine is held while a closes, so when it
+// runs again a's bye and the end of a's worker would both be pending, and
+// nothing orders a message on one endpoint against the error callback of
+// another. a's Close must wait for b's ack of the bye (b marks a departed
+// before it acks) before its worker goes: it returns only after b is
+// released, and b logs no warning.
+func TestCloseWaitsForByeAck(t *testing.T) {
+	a, b, la, lb := cleanPair(t, hangGuard) // only b's ack ends a's wait
+	release := make(chan struct{})
+	held := make(chan struct{})
+	if err := b.submit(func() { close(held); <-release }); err != nil {
+		t.Fatal(err)
+	}
+	<-held
+	closed := make(chan error, 1)
+	go func() { closed <- a.Close() }()
+	const hold = 300 * time.Millisecond
+	select {
+	case err := <-closed:
+		close(release)
+		t.Fatalf("a's Close returned (%v) while b could not have taken its bye", err)
+	case <-time.After(hold):
+	}
+	close(release)
+	select {
+	case err := <-closed:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(hangGuard):
+		t.Fatal("a's Close hangs after b was released")
+	}
+	waitLost(t, b, "a")
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if w := append(la.list(), lb.list()...); len(w) > 0 {
+		t.Fatalf("a clean close logged warnings: %q", w)
 	}
 }

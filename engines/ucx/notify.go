@@ -9,11 +9,13 @@ import "C"
 
 import (
 	"bytes"
+	"context"
 	"fmt"
-	"github.com/bouncekv/bounce/internal/inbox"
+	"log/slog"
 	"time"
 	"unsafe"
 
+	"github.com/bouncekv/bounce/internal/inbox"
 	"github.com/bouncekv/bounce/transfer"
 )
 
@@ -75,6 +77,7 @@ func (e *Engine) sendNotify(name string, np *notifyPeer, hlen int, buf []byte) {
 		e.sendFailed.Add(1)
 		return
 	}
+	p.used = true
 	if !p.helloSent {
 		p.helloSent = true
 		hdr := encodeAMHeader(amKindHello, e.name)
@@ -88,7 +91,11 @@ func (e *Engine) sendNotify(name string, np *notifyPeer, hlen int, buf []byte) {
 		e.notifyDone(np)
 		if st != C.UCS_OK {
 			e.sendFailed.Add(1)
-			e.log.Warn("notification failed", "peer", name, "status", statusString(st))
+			level := slog.LevelWarn
+			if p.departed || e.shut {
+				level = slog.LevelDebug // the peer or this engine is closing
+			}
+			e.log.Log(context.Background(), level, "notification failed", "peer", name, "status", statusString(st))
 		}
 	})
 }
@@ -126,9 +133,24 @@ func (e *Engine) received(hdr, data []byte) {
 		e.log.Warn("dropped malformed active message", "err", err)
 		return
 	}
-	if kind == amKindHello {
+	switch kind {
+	case amKindHello:
 		e.hello(name, data)
+		if p := e.peers[name]; p != nil {
+			p.heard = true
+		}
 		return
+	case amKindBye:
+		e.byeReceived(name)
+		return
+	case amKindByeAck:
+		if p := e.peers[name]; p != nil {
+			e.byeDone(p)
+		}
+		return
+	}
+	if p := e.peers[name]; p != nil {
+		p.heard = true
 	}
 	m := transfer.Message{Peer: name, Payload: bytes.Clone(data)}
 	if m.Payload == nil {

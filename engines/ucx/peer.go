@@ -31,7 +31,18 @@ type peer struct {
 	state     *epState
 	rs        *rangeSet // nil until LoadPeer
 	helloSent bool
-	np        *notifyPeer
+	// used is set once a write or notification went out on ep, heard once
+	// a hello or notification came from the peer (it holds an endpoint to
+	// this engine then). Close says bye to a used or heard peer, and waits
+	// for the ack of one that surely holds an endpoint here (heard, or sent
+	// a hello): see sayBye.
+	used, heard bool
+	// byeWait is set while Close waits for the peer's bye-ack.
+	byeWait bool
+	// departed is set by the peer's bye: it is closing its engine, so its
+	// endpoint failing next is expected (logged at Debug, not Warn).
+	departed bool
+	np       *notifyPeer
 }
 
 // rangeSet is one generation of a peer's registered ranges with their
@@ -233,7 +244,16 @@ func (e *Engine) closeEP(p *peer) {
 // ForgetPeer or a new LoadPeer.
 func (e *Engine) peerFailed(p *peer, st C.ucs_status_t) {
 	cause := fmt.Errorf("ucx: peer %q: endpoint failed: %s: %w", p.name, statusString(st), transfer.ErrPeerLost)
-	e.log.Warn("peer endpoint failed", "peer", p.name, "status", statusString(st))
+	switch {
+	case p.departed:
+		cause = fmt.Errorf("ucx: peer %q closed its engine (endpoint: %s): %w", p.name, statusString(st), transfer.ErrPeerLost)
+		e.log.Debug("peer endpoint closed: the peer closed its engine", "peer", p.name, "status", statusString(st))
+	case e.shut:
+		e.log.Debug("peer endpoint failed while this engine closes", "peer", p.name, "status", statusString(st))
+	default:
+		e.log.Warn("peer endpoint failed", "peer", p.name, "status", statusString(st))
+	}
+	e.byeDone(p)
 	if p.state.lost == nil {
 		p.state.lost = cause
 	}
@@ -252,6 +272,7 @@ func (e *Engine) dropPeer(p *peer, cause error) {
 	if p.state != nil && p.state.lost == nil {
 		p.state.lost = cause
 	}
+	e.byeDone(p)
 	e.closeEP(p)
 	p.releaseRanges()
 	if e.peers[p.name] == p {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/crc32"
+	"log/slog"
 	"os"
 	"strings"
 	"testing"
@@ -114,10 +115,12 @@ func TestTwoProcesses(t *testing.T) {
 
 // TestChildKilledMidWrite stops the child so a large write cannot finish,
 // kills it, and expects the parent's write to fail with ErrPeerLost (the
-// wait is bounded by hangGuard: no hang).
+// wait is bounded by hangGuard: no hang) and the loss logged as a warning:
+// a killed engine says no bye, so its end is not taken for a clean close.
 func TestChildKilledMidWrite(t *testing.T) {
 	src := alloc(t, 64<<20)
-	e := newEngine(t, Config{Name: "parent"})
+	lc := newLevelCounter()
+	e := newEngine(t, Config{Name: "parent", Logger: slog.New(lc)})
 	register(t, e, src)
 	c, dst := startChild(t, e)
 	if err := c.Stop(); err != nil {
@@ -150,6 +153,9 @@ func TestChildKilledMidWrite(t *testing.T) {
 	}
 	if err := e.DeregisterMemory(src.Desc()); err != nil {
 		t.Fatalf("deregister after failure: %v", err)
+	}
+	if w := lc.list(); len(w) != 1 || !strings.Contains(w[0], "peer endpoint failed peer=child") {
+		t.Fatalf("warnings after the kill: %q, want one naming the failed endpoint to child", w)
 	}
 }
 

@@ -208,11 +208,16 @@ func decodeMetadataBody(b []byte) (peerInfo, error) {
 
 // Active-message header: magic "bn" | version u8 | kind u8 | nameLen u8 | name.
 // A hello carries the sender's worker address as its data; a notification
-// carries the user payload.
+// carries the user payload; a bye (no data) says the sender is closing its
+// engine, and a bye-ack (no data) that the bye was taken: the closer's
+// endpoints failing from then on are its end, not a fault.
 const (
-	amVersion   = 1
-	amKindHello = 1
-	amKindMsg   = 2
+	amVersion    = 1
+	amKindHello  = 1
+	amKindMsg    = 2
+	amKindBye    = 3
+	amKindByeAck = 4
+	amKindLast   = amKindByeAck
 )
 
 // encodeAMHeader builds the header of an active message from sender name.
@@ -233,7 +238,7 @@ func decodeAMHeader(b []byte) (kind byte, name string, err error) {
 	if b[2] != amVersion {
 		return 0, "", fmt.Errorf("header version %d, only %d accepted", b[2], amVersion)
 	}
-	if b[3] != amKindHello && b[3] != amKindMsg {
+	if b[3] < amKindHello || b[3] > amKindLast {
 		return 0, "", fmt.Errorf("unknown message kind %d", b[3])
 	}
 	if int(b[4]) != len(b)-5 {

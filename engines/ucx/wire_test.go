@@ -66,7 +66,12 @@ func TestAMHeader(t *testing.T) {
 	if err != nil || kind != amKindMsg || name != "decode-3" {
 		t.Fatalf("got %d %q %v", kind, name, err)
 	}
-	for _, b := range [][]byte{nil, h[:4], append(bytes.Clone(h), 'x'), {'b', 'n', 1, 9, 1, 'a'}, {'b', 'n', 2, 2, 1, 'a'}, {'x', 'n', 1, 2, 1, 'a'}, {'b', 'n', 1, 2, 0}} {
+	for _, k := range []byte{amKindHello, amKindBye, amKindByeAck} {
+		if kind, name, err := decodeAMHeader(encodeAMHeader(k, "send-1")); err != nil || kind != k || name != "send-1" {
+			t.Fatalf("kind %d: got %d %q %v", k, kind, name, err)
+		}
+	}
+	for _, b := range [][]byte{nil, h[:4], append(bytes.Clone(h), 'x'), {'b', 'n', 1, 9, 1, 'a'}, {'b', 'n', 1, 0, 1, 'a'}, {'b', 'n', 1, 5, 1, 'a'}, {'b', 'n', 2, 2, 1, 'a'}, {'x', 'n', 1, 2, 1, 'a'}, {'b', 'n', 1, 2, 0}} {
 		if _, _, err := decodeAMHeader(b); err == nil {
 			t.Errorf("header %q accepted", b)
 		}
@@ -93,6 +98,8 @@ func FuzzDecodeMetadata(f *testing.F) {
 func FuzzDecodeAMHeader(f *testing.F) {
 	f.Add(encodeAMHeader(amKindMsg, "a"))
 	f.Add(encodeAMHeader(amKindHello, "prefill-0"))
+	f.Add(encodeAMHeader(amKindBye, "decode-1"))
+	f.Add(encodeAMHeader(amKindByeAck, "decode-1"))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		kind, name, err := decodeAMHeader(b)
 		if err != nil {

@@ -46,6 +46,9 @@ func (e *Engine) postWrite(name string, ops []transfer.WriteOp) (*writeOp, error
 	if p.ep == nil {
 		return nil, fmt.Errorf("ucx: post write to %q: %w", name, p.state.lost)
 	}
+	if p.departed {
+		return nil, fmt.Errorf("ucx: post write to %q: %w", name, departedErr(name))
+	}
 	rs := p.rs
 	if rs == nil {
 		return nil, fmt.Errorf("ucx: post write to %q: peer is known only from its notifications, LoadPeer its metadata first: %w", name, transfer.ErrNotRegistered)
@@ -121,6 +124,7 @@ func (e *Engine) postWrite(name string, ops []transfer.WriteOp) (*writeOp, error
 	if len(puts) > 0 {
 		first = &puts[0]
 	}
+	p.used = true
 	C.bkv_put_many(p.ep, cop, first, C.size_t(len(puts)))
 	C.bkv_op_post_done(cop)
 	return w, nil
