@@ -99,6 +99,10 @@ type Config struct {
 	// engine-aware cost model (predicted time on both paths; see package
 	// costmodel) instead of by the gates alone.
 	CostModel bool
+	// PullRead says whether pulls read the holder's staged regions where
+	// both engines can, instead of the holder writing them
+	// (bounce.pull_read; DefaultPullRead).
+	PullRead PullRead
 }
 
 // DefaultConfig returns the defaults: the reference design's, except an
@@ -122,6 +126,7 @@ func DefaultConfig() Config {
 		MaxControlPeers:  DefaultMaxControlPeers,
 		MaxArenaShare:    DefaultMaxArenaShare,
 		CostModel:        true,
+		PullRead:         DefaultPullRead,
 	}
 }
 
@@ -135,6 +140,9 @@ const (
 	DefaultMaxControlPeers = 1024
 	DefaultMaxArenaShare   = 0.5
 )
+
+// DefaultPullRead is bounce.pull_read's default: PLACEHOLDER.
+const DefaultPullRead = PullReadAuto
 
 // EffectiveQuarantine returns the quarantine c resolves to (Quarantine,
 // or its default): how long the agent trusts a late write to have landed
@@ -165,6 +173,7 @@ func (c *Config) fill() {
 	if c.MaxArenaShare <= 0 || c.MaxArenaShare > 1 {
 		c.MaxArenaShare = d.MaxArenaShare
 	}
+	c.PullRead = cmp.Or(c.PullRead, d.PullRead)
 }
 
 // Settings are the agent's injected dependencies. The agent does not own
@@ -290,6 +299,11 @@ type Agent struct {
 	// guard authorizes incoming writes; nil unless authentication is on and
 	// the engine asks a guard (transfer.WriteGuarded).
 	guard *writeGuard
+	// rguard authorizes the pullers' reads of staged regions; canRead says
+	// pulls read (both set when bounce is on, Config.PullRead is not off
+	// and the engine reads and serves reads: transfer.CanRead).
+	rguard  *readGuard
+	canRead bool
 	// dests is the memory a DATA may scatter into (datacheck.go).
 	dests scatterDests
 	// checksOff skips the per-run DATA check (back to the grant-bounds
@@ -426,6 +440,11 @@ func build(s Settings, cfg Config) (*Agent, error) {
 	}
 	if a.guard != nil {
 		a.guard.setArena(a.arenaD)
+	}
+	if rg, ok := s.Engine.(transfer.ReadGuarded); ok && a.bounceOn && a.cfg.PullRead != PullReadOff && transfer.CanRead(s.Engine) {
+		a.rguard = newReadGuard(a.arenaD, rg.FenceReads)
+		rg.SetReadGuard(a.rguard.check)
+		a.canRead = true
 	}
 	if a.bounceOn && cfg.CostModel {
 		a.router = a.newRouter()
@@ -920,6 +939,9 @@ func (a *Agent) Shutdown(ctx context.Context) error {
 		a.obs.close()
 		if a.guard != nil {
 			a.guard.close()
+		}
+		if a.rguard != nil {
+			a.rguard.close() // no read of the arena is served from now on
 		}
 		if a.arena != nil {
 			if a.r.arenaQuiet {

@@ -247,7 +247,7 @@ func TestPullIncompatiblePeer(t *testing.T) {
 	}
 	buf := b.buffer(t, 4096)
 	_, err = b.Pull(PullRequest{Peer: "a", Src: []transfer.Desc{{Addr: 0x1000, Len: 4096}}, Dst: []transfer.Desc{mem.DescOf(buf)}})
-	if !errors.Is(err, ErrBounceUnavailable) || !strings.Contains(err.Error(), "wire version 5 here vs 4") {
+	if !errors.Is(err, ErrBounceUnavailable) || !strings.Contains(err.Error(), "wire version 6 here vs 4") {
 		t.Fatalf("pull from a v4 peer: %v, want ErrBounceUnavailable naming the versions", err)
 	}
 	if st := b.Stats(); st.Pulls != 0 || st.SendDrops != 0 {

@@ -70,6 +70,10 @@ type Stats struct {
 	// peers' pulls it served to the end and RefusedPulls those it refused
 	// (memory not registered for the puller, limits, a bad request).
 	Pulls, PullsServed, RefusedPulls uint64
+	// PullReadOffers counts chunks this agent offered a puller to read
+	// (STAGED) instead of writing them; FailedReads the reads of holders'
+	// staged regions that failed here (the pull failed with them).
+	PullReadOffers, FailedReads uint64
 }
 
 type counters struct {
@@ -96,6 +100,7 @@ type counters struct {
 	fallbacks, bounceRefused              atomic.Uint64
 	autoBounce, autoDirect                atomic.Uint64
 	pulls, pullsServed, refusedPulls      atomic.Uint64
+	pullReadOffers, failedReads           atomic.Uint64
 }
 
 // Stats returns a snapshot of the agent's counters.
@@ -121,6 +126,7 @@ func (a *Agent) Stats() Stats {
 		Fallbacks: c.fallbacks.Load(), BounceRefused: c.bounceRefused.Load(),
 		AutoBounce: c.autoBounce.Load(), AutoDirect: c.autoDirect.Load(),
 		Pulls: c.pulls.Load(), PullsServed: c.pullsServed.Load(), RefusedPulls: c.refusedPulls.Load(),
+		PullReadOffers: c.pullReadOffers.Load(), FailedReads: c.failedReads.Load(),
 	}
 }
 

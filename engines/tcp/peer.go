@@ -341,9 +341,14 @@ func (ss *session) run() {
 	errs := make([]error, 0, cap(failed))
 	for _, pt := range ss.inflight {
 		failed = append(failed, pt)
-		if pt.replied && pt.replyErr != nil {
+		switch {
+		case pt.replied && pt.replyErr != nil:
 			errs = append(errs, pt.replyErr)
-		} else {
+		case pt.read:
+			// A read lands only through this session's reader, which has
+			// returned: it touches nothing any more, whatever the peer does.
+			errs = append(errs, cause)
+		default:
 			errs = append(errs, sentCause)
 		}
 	}
