@@ -30,8 +30,8 @@ type sendChunk struct {
 	// offered: the staging region is offered to the puller to read
 	// (STAGED) and its read grant is in force until the ACK or a failure.
 	offered bool
-	credit *wire.Credit
-	op     transfer.Op
+	credit  *wire.Credit
+	op      transfer.Op
 
 	started time.Time   // gather start, for the chunk latency metric
 	tr      *chunkTrace // nil unless the request is traced
