@@ -80,24 +80,29 @@ func pullBoth(t *testing.T, a, b *node, events <-chan Received) {
 // the holder writes them instead, byte-exact too. Loopback engines (no
 // reads) always write.
 func TestPullByRead(t *testing.T) {
+	plain := func(mk func(testing.TB) *world) func(testing.TB) (*world, nodeOpt) {
+		return func(t testing.TB) (*world, nodeOpt) { return mk(t), func(*Settings) {} }
+	}
 	cases := []struct {
 		name         string
-		world        func(testing.TB) *world
+		world        func(testing.TB) (*world, nodeOpt)
 		holder, pull PullRead
 		reads        bool
 	}{
-		{"tcp-auto", tcpZMQWorld, PullReadAuto, PullReadAuto, true},
-		{"tcp-off-at-puller", tcpZMQWorld, PullReadAuto, PullReadOff, false},
-		{"tcp-off-at-holder", tcpZMQWorld, PullReadOff, PullReadAuto, false},
-		{"loopback", newWorld, PullReadAuto, PullReadAuto, false},
+		{"tcp-auto", plain(tcpZMQWorld), PullReadAuto, PullReadAuto, true},
+		// Authenticated: the holder's guard is asked with the proven name.
+		{"tcp-authenticated", authWorld, PullReadAuto, PullReadAuto, true},
+		{"tcp-off-at-puller", plain(tcpZMQWorld), PullReadAuto, PullReadOff, false},
+		{"tcp-off-at-holder", plain(tcpZMQWorld), PullReadOff, PullReadAuto, false},
+		{"loopback", plain(newWorld), PullReadAuto, PullReadAuto, false},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			w := c.world(t)
+			w, opt := c.world(t)
 			events := make(chan Received, 8)
 			acfg, bcfg := testConfig(), testConfig()
 			acfg.PullRead, bcfg.PullRead = c.holder, c.pull
-			a, b := w.node("a", acfg, withReceived(events)), w.node("b", bcfg)
+			a, b := w.node("a", acfg, withReceived(events), opt), w.node("b", bcfg, opt)
 			pullBoth(t, a, b, events)
 			offers := a.Stats().PullReadOffers
 			if c.reads != (offers > 0) {
