@@ -45,7 +45,9 @@ func BenchmarkPullReadVsWrite(b *testing.B) {
 				}
 				return d
 			}
-			push := func() (*Batch, error) { return x.Submit(Request{Peer: "y", Src: jy.src, Dst: jy.dst, Route: RouteBounce}) }
+			push := func() (*Batch, error) {
+				return x.Submit(Request{Peer: "y", Src: jy.src, Dst: jy.dst, Route: RouteBounce})
+			}
 			pullWrite := func() (*Batch, error) { return wr.Pull(PullRequest{Peer: "x", Src: jw.src, Dst: jw.dst}) }
 			pullRead := func() (*Batch, error) { return y.Pull(PullRequest{Peer: "x", Src: jy.src, Dst: jy.dst}) }
 			var tp, tw, tr time.Duration
