@@ -388,3 +388,57 @@ func TestRawReadFrames(t *testing.T) {
 	r.send(encodeFrame(frameReadData, 5, nil))
 	r.expectClosed("READ_DATA from a dialer")
 }
+
+// TestAuthenticatedReads: between authenticated engines (encryption off
+// and on) reads move bytes exactly, striped; the holder's guard is asked
+// with the reader's proven name, so a third admitted peer is refused a
+// range allowed to "a" and reads nothing.
+func TestAuthenticatedReads(t *testing.T) {
+	for _, enc := range []bool{false, true} {
+		t.Run(fmt.Sprintf("encryption=%v", enc), func(t *testing.T) {
+			k := keyring{}
+			v := newEnv(t)
+			mods := func(name string, admit ...string) []func(*Config) {
+				m := []func(*Config){k.authed(t, name, admit...), func(c *Config) { c.StripeBytes = 256 << 10 }}
+				if enc {
+					m = append(m, encrypted)
+				}
+				return m
+			}
+			a, b, c := v.engine("a", mods("a", "b")...), v.engine("b", mods("b", "a", "c")...), v.engine("c", mods("c", "b")...)
+			const size = 9<<20 + 123
+			src := v.buf(size, 3, b)
+			dst := v.buf(size, 0, a)
+			other := v.buf(4096, 0, c)
+			var mu sync.Mutex
+			var asked []string
+			allow := allowRange("a", src.Desc())
+			b.SetReadGuard(func(p string, d transfer.Desc) (transfer.Desc, error) {
+				mu.Lock()
+				asked = append(asked, p)
+				mu.Unlock()
+				return allow(p, d)
+			})
+			connect(t, a, b)
+			connect(t, c, b)
+			op, err := a.PostRead("b", []transfer.ReadOp{{Src: src.Desc(), Dst: dst.Desc()}})
+			mustDone(t, op, err)
+			if !bytes.Equal(dst.Bytes(), src.Bytes()) {
+				t.Fatal("authenticated read differs")
+			}
+			op, err = c.PostRead("b", []transfer.ReadOp{{Src: sub(src, 0, 4096), Dst: other.Desc()}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			mustFail(t, op, transfer.ErrForbidden)
+			if bytes.ContainsFunc(other.Bytes(), func(r rune) bool { return r != 0 }) {
+				t.Fatal("a refused authenticated read landed bytes")
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if len(asked) < 2 || asked[len(asked)-1] != "c" || asked[0] != "a" {
+				t.Fatalf("guard asked for %v, want the readers' proven names a ... c", asked)
+			}
+		})
+	}
+}
