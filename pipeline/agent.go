@@ -143,10 +143,13 @@ const (
 
 // DefaultPullRead is bounce.pull_read's default: auto, reading where both
 // engines can. BenchmarkPullReadVsWrite (tcp, host memory, push and both
-// pulls side by side) measured the read faster than the holder's write on
-// a loaded 2-core box (read/write 1.16-1.25, 16384 and 4096 × 4 KiB):
-// the holder no longer spends its CPU writing, the puller lands the bytes
-// itself. docs/bench/device/issue29/run.sh measures it on the GPU host.
+// pulls side by side) measured the read at least as fast as the holder's
+// write on a loaded 2-core box — read/write median 1.2 over 8 runs of 4096
+// and 16384 × 4 KiB, from 0.87 to 1.71 (indicative only: the box is
+// shared): the holder no longer spends its CPU writing, the puller lands
+// the bytes itself. docs/bench/device/issue29/run.sh (step 7) measures it
+// on the 16-CPU GPU host; if it measures the write faster there, this is
+// the one place to change.
 const DefaultPullRead = PullReadAuto
 
 // EffectiveQuarantine returns the quarantine c resolves to (Quarantine,
