@@ -152,6 +152,7 @@ func (r *reactor) readEnded(t *scatterTask, err error) {
 		if pr := r.pulls[t.key]; pr != nil {
 			pr.lastProgress = r.clock.Now()
 		}
+		r.a.stats.pullReads.Add(1)
 		r.jobs <- t
 		return
 	}

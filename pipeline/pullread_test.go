@@ -3,6 +3,7 @@ package pipeline
 import (
 	"errors"
 	"math/rand/v2"
+	"strings"
 	"testing"
 	"time"
 
@@ -345,5 +346,59 @@ func TestPullReadGivenUpMidRead(t *testing.T) {
 		}
 		f.untouched(t)
 		settled(t, f.a, f.b)
+	})
+	t.Run("puller-times-out", func(t *testing.T) {
+		f, release := stalledReadPull(t, testConfig(), shortTimeouts())
+		if err := wait(t, f.bt); !errors.Is(err, transfer.ErrTimeout) {
+			t.Fatalf("err = %v, want ErrTimeout", err)
+		}
+		if _, q := f.bt.Retirement(); !q {
+			t.Fatal("a timed-out pull whose read is held is not quiescent")
+		}
+		f.holderEnded(t, ErrPullCancelled)
+		if n := offered(f.a); n != 0 {
+			t.Fatalf("%d read grants left after the puller's timeout", n)
+		}
+		release()
+		time.Sleep(100 * time.Millisecond)
+		f.untouched(t)
+		settled(t, f.a, f.b)
+	})
+	t.Run("holder-shuts-down", func(t *testing.T) {
+		f, release := stalledReadPull(t, testConfig(), testConfig())
+		done := make(chan error, 1)
+		go func() { done <- f.a.Shutdown(t.Context()) }()
+		err := wait(t, f.bt)
+		if !errors.Is(err, ErrRefused) || !strings.Contains(err.Error(), "(shutdown)") {
+			t.Fatalf("puller: err = %v, want the holder's shutdown", err)
+		}
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+		release() // the held reads go out to a holder that serves none
+		if _, q := f.bt.Retirement(); !q {
+			t.Fatal("the puller's pull is not quiescent")
+		}
+		time.Sleep(100 * time.Millisecond)
+		f.untouched(t)
+		settled(t, f.b)
+	})
+	t.Run("holder-engine-lost", func(t *testing.T) {
+		f, release := stalledReadPull(t, testConfig(), testConfig())
+		defer release()
+		// The holder's engine goes away (as with kill -9): the reads fail
+		// as lost, and so does the pull.
+		if err := f.a.eng.Close(); err != nil {
+			t.Fatal(err)
+		}
+		release()
+		if err := wait(t, f.bt); !errors.Is(err, transfer.ErrPeerLost) {
+			t.Fatalf("err = %v, want ErrPeerLost", err)
+		}
+		if _, q := f.bt.Retirement(); !q {
+			t.Fatal("the puller's lost pull is not quiescent")
+		}
+		f.untouched(t)
+		settled(t, f.b)
 	})
 }
