@@ -278,9 +278,10 @@ func TestUnbrokenWrappersCertify(t *testing.T) {
 }
 
 // TestReadRulesOverTCP: tcp engines read and serve reads, so the read
-// rules run and pass on them; over loopback (no reads) they skip saying
-// why. The unguarded fixture fails engine/read-byte-exact too: B served
-// without asking its guard.
+// rules run and pass on them (loopback's pass in TestLoopbackEngine); over
+// the broken package's loopback wrapper, which embeds the interface and so
+// hides the capability, they skip saying why. The unguarded fixture fails
+// engine/read-byte-exact too: B served without asking its guard.
 func TestReadRulesOverTCP(t *testing.T) {
 	rules := []string{"engine/read-byte-exact", "engine/read-guarded", "engine/read-after-forget"}
 	cfg := brokenCfg()
