@@ -261,6 +261,10 @@ type BounceConfig struct {
 	// cannot take it fails with the reason, and a bounce path that cannot
 	// be built fails the node) or direct.
 	Route string
+	// PullRead is whether pulls read the holder's staged regions where
+	// both ends' engines read and serve reads (bounce.pull_read: auto, the
+	// default, pipeline.DefaultPullRead; or off: the holder writes them).
+	PullRead string
 }
 
 // UsableCapacity is the largest block the arena's buddy allocator can hand
@@ -407,6 +411,7 @@ func Default() Config {
 			ArenaMemory:       "auto",
 			Route:             p.Route.String(),
 			CostModel:         p.CostModel,
+			PullRead:          p.PullRead.String(),
 		},
 		Engine: EngineConfig{Kind: "tcp", Listen: "127.0.0.1:0", Connections: 4, Plugin: DefaultPlugin(), Encryption: "off", FrameTimeout: 15 * time.Second, MaxPendingConns: 64},
 		ControlPlane: ControlPlaneConfig{
@@ -593,6 +598,7 @@ func (b *BounceConfig) validate() []*KeyError {
 		add(outOfRange("bounce.min_chunk", b.MinChunk, "must not exceed bounce.max_chunk %v", b.MaxChunk))
 	}
 	add(oneOf("bounce.route", b.Route, "auto", "bounce", "direct"))
+	add(oneOf("bounce.pull_read", b.PullRead, "auto", "off"))
 	intRange("bounce.scatter_workers", b.ScatterWorkers, 1, 1024)
 	if b.MinDescriptors < 0 {
 		add(outOfRange("bounce.min_descriptors", b.MinDescriptors, "must not be negative"))

@@ -18,7 +18,7 @@
 //	bounce:         enabled, arena_size, granularity, max_chunk, min_chunk, max_inflight,
 //	                device_max_inflight, copy_contexts, copy_workers, scatter_workers, min_descriptors,
 //	                max_avg_descriptor, request_timeout, quarantine,
-//	                eager_gather, zero_copy_args, arena_memory, disable_merging
+//	                eager_gather, zero_copy_args, arena_memory, disable_merging, route, pull_read
 //	engine:         kind, plugin, listen, connections, options
 //	control_plane:  kind, interface, bind_address, send_hwm, plugin
 //	stages:         gather, scatter, write, device, fallback

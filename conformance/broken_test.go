@@ -95,6 +95,7 @@ func TestRejectsBrokenEngines(t *testing.T) {
 		{broken.BlockingConnect, "engine/connect", []string{"posted right after A.Connect(B)", "the call blocked"}, []string{"engine/byte-exact"}},
 		{broken.GuardCached, "engine/write-guard", []string{"the same write again once its grant was revoked", "Poll reported done"}, []string{"engine/byte-exact"}},
 		{broken.GuardStartOnly, "engine/write-guard", []string{"write starting inside a grant (its first half) and ending outside it", "Poll reported done"}, []string{"engine/byte-exact"}},
+		{broken.ReadUnguarded, "engine/read-guarded", []string{"read with no read guard installed at B", "Poll reported done"}, []string{"engine/byte-exact"}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.fault.String(), func(t *testing.T) {
@@ -117,7 +118,7 @@ func TestRejectsBrokenEngines(t *testing.T) {
 			case broken.SerialPost:
 				// Rules that stall several writes hang in the second post.
 				cfg.Only = []string{"engine/byte-exact", "engine/post-async"}
-			case broken.GuardCached, broken.GuardStartOnly:
+			case broken.GuardCached, broken.GuardStartOnly, broken.ReadUnguarded:
 				cfg.Only = []string{"engine/byte-exact", tc.rule}
 				cfg.OpTimeout = 10 * time.Second // tcp, which may be slow under -race
 			case broken.HastyGiveUp, broken.BlockingConnect, broken.EndExclusive, broken.Drop4G, broken.StaleDeregister:
@@ -276,4 +277,34 @@ func TestUnbrokenWrappersCertify(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestReadRulesOverTCP: tcp engines read and serve reads, so the read
+// rules run and pass on them (loopback's pass in TestLoopbackEngine); over
+// the broken package's loopback wrapper, which embeds the interface and so
+// hides the capability, they skip saying why. The unguarded fixture fails
+// engine/read-byte-exact too: B served without asking its guard.
+func TestReadRulesOverTCP(t *testing.T) {
+	rules := []string{"engine/read-byte-exact", "engine/read-guarded", "engine/read-after-forget"}
+	cfg := brokenCfg()
+	cfg.OpTimeout, cfg.CallTimeout = 30*time.Second, 10*time.Second
+	cfg.Only = rules
+	rep := conformance.CheckEngine(broken.TCPEngines(0), cfg)
+	for _, id := range rules {
+		if r, _ := rep.Result(id); r.Outcome != conformance.Pass {
+			t.Errorf("tcp: %s: %s %q, want pass", id, r.Outcome, r.Message)
+		}
+	}
+	newPair, stop := broken.Engines(0)
+	defer stop()
+	rep = conformance.CheckEngine(newPair, cfg)
+	for _, id := range rules {
+		if r, _ := rep.Result(id); r.Outcome != conformance.Skip || !strings.Contains(r.Message, "transfer.Reader") {
+			t.Errorf("loopback: %s: %s %q, want skipped for transfer.Reader", id, r.Outcome, r.Message)
+		}
+	}
+	cfg.Only = []string{"engine/read-byte-exact"}
+	cfg.OpTimeout = 10 * time.Second
+	rep = conformance.CheckEngine(broken.TCPEngines(broken.ReadUnguarded), cfg)
+	requireRejected(t, rep, "engine/read-byte-exact", []string{"without asking its read guard"}, nil)
 }

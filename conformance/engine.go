@@ -222,6 +222,7 @@ func engineRules() []rule[*enginePeer] {
 	}
 	rules := append(dataRules("engine", "write", mk), blockEngineRules()...)
 	rules = append(rules, pullRules()...)
+	rules = append(rules, readRules()...)
 	return append(rules,
 		rule[*enginePeer]{"engine/multi-op", "a PostWrite of several writes (unaligned, adjacent, out of address order) is one op that lands every byte (skipped on ErrUnsupported)", connected(ruleMultiOp)},
 		rule[*enginePeer]{"engine/unknown-peer", "PostWrite to a peer that was never loaded fails with transfer.ErrUnknownPeer and writes nothing", connected(ruleUnknownPeer)},

@@ -500,6 +500,7 @@ func PipelineConfig(b config.BounceConfig, sec config.SecurityConfig) pipeline.C
 		EagerGather:      b.EagerGather,
 		DisableMerging:   b.DisableMerging,
 		Route:            routeOf(b.Route),
+		PullRead:         pullReadOf(b.PullRead),
 		MaxFlowsPerPeer:  sec.MaxFlowsPerPeer,
 		WantRate:         float64(sec.WantRate),
 		WantBurst:        sec.WantBurst,
@@ -507,6 +508,14 @@ func PipelineConfig(b config.BounceConfig, sec config.SecurityConfig) pipeline.C
 		MaxArenaShare:    sec.MaxArenaShare,
 		CostModel:        b.CostModel,
 	}
+}
+
+// pullReadOf maps bounce.pull_read (validated) to the pipeline's mode.
+func pullReadOf(s string) pipeline.PullRead {
+	if s == "off" {
+		return pipeline.PullReadOff
+	}
+	return pipeline.PullReadAuto
 }
 
 // routeOf maps bounce.route (validated) to the pipeline's route.

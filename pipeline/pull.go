@@ -150,7 +150,7 @@ func (a *Agent) validatePull(req PullRequest) (*submission, *plan.Plan, error) {
 	}
 	if a.ctrlMax > 0 {
 		m := pullOf(0, p, r, nil, a.cfg.MinChunk)
-		m.Endpoint, m.Incarnation = a.set.Control.LocalEndpoint(), a.inc
+		m.Endpoint, m.Incarnation, m.Read = a.set.Control.LocalEndpoint(), a.inc, a.canRead
 		if n, err := wire.EncodedLen(m); err != nil || n+traceAllowance > a.ctrlMax {
 			s.release()
 			return nil, nil, fmt.Errorf("pipeline: pull from %q: %w: a PULL of %d chunks exceeds the %s control channel's %d-byte messages",
@@ -246,6 +246,9 @@ type pullReq struct {
 	// no cancel is sent and its regions are freed, not quarantined.
 	ended    bool
 	unproven bool
+	// read: the PULL said this agent reads staged regions (Pull.Read);
+	// a STAGED for a pull that did not is refused.
+	read bool
 }
 
 // startPull opens the pull's flow in the local scheduler, takes the grant
@@ -265,14 +268,14 @@ func (r *reactor) startPull(b *Batch, s *submission, p *plan.Plan) {
 	}
 	key := credit.FlowKey{Peer: peer, Request: wire.PullID(b.id)}
 	m := pullOf(b.id, p, s.req, nil, r.cfg.MinChunk)
-	m.Endpoint, m.Incarnation = r.a.set.Control.LocalEndpoint(), r.a.inc
+	m.Endpoint, m.Incarnation, m.Read = r.a.set.Control.LocalEndpoint(), r.a.inc, r.a.canRead
 	r.a.obs.inject(b.obs.ctx, &m.TraceParent)
 	if err := r.sched.Want(key, m.ChunkBytes); err != nil {
 		r.publish(b, fmt.Errorf("pipeline: pull from %q: %w", peer, err), true)
 		return
 	}
 	now := r.clock.Now()
-	pr := &pullReq{key: key, b: b, pi: s.pi, lastProgress: now}
+	pr := &pullReq{key: key, b: b, pi: s.pi, lastProgress: now, read: m.Read}
 	var rb *recvBlocks
 	if br := s.req.Blocks; br != nil {
 		// The batch holds the pool pinned until it is quiescent; the flow
@@ -359,7 +362,9 @@ func (r *reactor) pullFailed(pr *pullReq, err error) {
 // scattering reports whether a scatter of flow key is queued or running.
 func (r *reactor) scattering(key credit.FlowKey) bool {
 	for _, t := range r.tasks {
-		if t.key == key {
+		// A chunk still being read touches only its arena region, not
+		// the batch's memory: its scatter, cancelled, never starts.
+		if t.key == key && !t.reading {
 			return true
 		}
 	}
@@ -396,6 +401,11 @@ func (r *reactor) onPullEnd(peer string, m *wire.PullEnd) {
 	if m.Code == wire.NackForbidden {
 		err = fmt.Errorf("%w: %w", err, transfer.ErrForbidden)
 	}
+	if pr.pi.forgotten.Load() {
+		// ForgetPeer is under way here: the holder's end (it saw the
+		// engine's connections go) raced it, and the pull is lost.
+		err = fmt.Errorf("%w: peer %q was forgotten: %w", transfer.ErrPeerLost, peer, err)
+	}
 	r.flowFailed(key, err)
 }
 
@@ -422,6 +432,9 @@ type servedKey struct {
 type servedPull struct {
 	wire uint64 // PullID of the puller's request: the id its messages carry
 	tag  []byte
+	// read: the puller reads each chunk where it is staged here (STAGED)
+	// instead of this agent writing it (pullread.go).
+	read bool
 }
 
 // wireID is the id a request's messages carry: its own, or the puller's
@@ -598,7 +611,7 @@ func (r *reactor) servePull(peer string, m *wire.Pull, sk servedKey) (*sendReq, 
 	a.obs.planned(b, p)
 	now := r.clock.Now()
 	q := &sendReq{id: id, peer: peer, pi: pi, b: b, plan: p, ch: make([]sendChunk, len(p.Chunks)), started: now, lastProgress: now,
-		wantAt: time.Now(), granted: true, pull: &servedPull{wire: sk.id, tag: bytes.Clone(m.Tag)}}
+		wantAt: time.Now(), granted: true, pull: &servedPull{wire: sk.id, tag: bytes.Clone(m.Tag), read: m.Read && a.canRead}}
 	for _, c := range m.Credits {
 		cr := c
 		q.ch[c.Chunk].credit = &cr

@@ -293,12 +293,21 @@ func withRecording(rc **recordingCtrl) nodeOpt {
 }
 
 // TestPullGrantTravelsWithRequest: a one-chunk pull costs the puller a
-// PULL (carrying the grant) and an ACK, the holder one DATA: no WANT, no
-// GRANT, one round trip fewer than a push.
+// PULL (carrying the grant) and an ACK, the holder one DATA (one STAGED
+// when the puller reads): no WANT, no GRANT, one round trip fewer than a
+// push.
 func TestPullGrantTravelsWithRequest(t *testing.T) {
+	for _, pr := range []PullRead{PullReadOff, PullReadAuto} {
+		t.Run(pr.String(), func(t *testing.T) { testPullGrantTravels(t, pr) })
+	}
+}
+
+func testPullGrantTravels(t *testing.T, pr PullRead) {
 	w := newWorld(t)
 	var ra, rb *recordingCtrl
-	a, b := w.node("a", testConfig(), withRecording(&ra)), w.node("b", testConfig(), withRecording(&rb))
+	bcfg := testConfig()
+	bcfg.PullRead = pr
+	a, b := w.node("a", testConfig(), withRecording(&ra)), w.node("b", bcfg, withRecording(&rb))
 	j := simple(t, a, b, 3) // 256 × 4 KiB: one 1 MiB chunk
 	connect(t, a, b)
 	bt, err := b.Pull(PullRequest{Peer: "a", Src: j.src, Dst: j.dst})
@@ -313,7 +322,11 @@ func TestPullGrantTravelsWithRequest(t *testing.T) {
 	if got, want := rb.types(), []wire.Type{wire.TypePull, wire.TypeAck}; !slices.Equal(got, want) {
 		t.Fatalf("puller sent %v, want %v", got, want)
 	}
-	if got, want := ra.types(), []wire.Type{wire.TypeData}; !slices.Equal(got, want) {
+	holder := []wire.Type{wire.TypeData}
+	if pr == PullReadAuto { // loopback engines read
+		holder = []wire.Type{wire.TypeStaged}
+	}
+	if got, want := ra.types(), holder; !slices.Equal(got, want) {
 		t.Fatalf("holder sent %v, want %v", got, want)
 	}
 	settled(t, a, b)

@@ -55,6 +55,11 @@ type reactor struct {
 	pulls        map[credit.FlowKey]*pullReq
 	pullQuiet    map[credit.FlowKey]*Batch
 	startingPull *startingPull // the pull startPull is granting, if any
+	// reads are the reads of holders' staged regions in flight (puller,
+	// pullread.go); offered is the staged region onStaged is handing to
+	// onData, so the chunk it accepts is read before it is scattered.
+	reads   []readTask
+	offered *transfer.Desc
 	// quarantined lists quarantined regions in release order (every
 	// quarantine lasts cfg.Quarantine, so the order is by time too).
 	quarantined []quarantined
@@ -328,6 +333,9 @@ func (r *reactor) tick() bool {
 	if r.pollWrites() {
 		progressed = true
 	}
+	if r.pollReads() {
+		progressed = true
+	}
 	if r.pumpParked() {
 		progressed = true
 	}
@@ -374,7 +382,7 @@ func (r *reactor) onMessage(m transfer.Message) {
 	}
 	if r.sched == nil {
 		switch msg.(type) {
-		case *wire.Want, *wire.Data, *wire.Pull, *wire.PullEnd:
+		case *wire.Want, *wire.Data, *wire.Pull, *wire.PullEnd, *wire.Staged:
 			// Bounce is off here; the peer's handshake check keeps it
 			// from sending these, so this one is unexpected.
 			r.a.stats.badMessages.Add(1)
@@ -401,6 +409,8 @@ func (r *reactor) onMessage(m transfer.Message) {
 		r.onPull(m.Peer, m.From, msg)
 	case *wire.PullEnd:
 		r.onPullEnd(m.Peer, msg)
+	case *wire.Staged:
+		r.onStaged(m.Peer, msg)
 	default:
 		r.a.stats.badMessages.Add(1)
 		r.a.obs.reject(r, m.Peer, rejectUnexpected)

@@ -604,6 +604,11 @@ func (r *reactor) queueScatter(d *wire.Data, t *scatterTask) {
 	r.a.obs.scatterQueued(r, t, d)
 	r.scatters++
 	r.tasks[d.Region] = t
+	if src := r.offered; src != nil {
+		r.offered = nil
+		r.startRead(t, *src) // the scatter starts once the chunk is read
+		return
+	}
 	r.jobs <- t
 }
 

@@ -23,11 +23,14 @@ var errScatterCancelled = errors.New("scatter cancelled before it started")
 // started never starts, so no byte of a given-up flow reaches its
 // destinations after the reactor let the flow go.
 type scatterTask struct {
-	key    credit.FlowKey
-	chunk  uint32
-	region transfer.Desc // the granted region in the local arena
-	off    uint64        // the region's arena offset
-	runs   []transfer.Run
+	// reading is set (by the reactor alone) while the chunk is still read
+	// from the holder's staging (pullread.go): no worker has it yet.
+	reading bool
+	key     credit.FlowKey
+	chunk   uint32
+	region  transfer.Desc // the granted region in the local arena
+	off     uint64        // the region's arena offset
+	runs    []transfer.Run
 	// blocks, when set, is a block-table chunk's copy (then runs is nil).
 	blocks *transfer.BlockCopy
 	// shaped, when set, is a converted block-table chunk's copy.

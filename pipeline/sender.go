@@ -27,8 +27,11 @@ type sendChunk struct {
 	staged bool   // holds a staging region at off
 	off    uint64 // staging region offset in the local arena
 	eager  bool   // staging counted against the eager budget
-	credit *wire.Credit
-	op     transfer.Op
+	// offered: the staging region is offered to the puller to read
+	// (STAGED) and its read grant is in force until the ACK or a failure.
+	offered bool
+	credit  *wire.Credit
+	op      transfer.Op
 
 	started time.Time   // gather start, for the chunk latency metric
 	tr      *chunkTrace // nil unless the request is traced
@@ -332,6 +335,10 @@ func (r *reactor) dropStaging(c *sendChunk) {
 }
 
 func (r *reactor) postWrite(q *sendReq, k int) {
+	if q.pull != nil && q.pull.read {
+		r.offerStaged(q, k) // the puller reads it: nothing is written
+		return
+	}
 	c := &q.ch[k]
 	n := q.plan.Chunks[k].Bytes
 	// The destination is the peer's arena: its GRANT credit says which
@@ -434,6 +441,9 @@ func (r *reactor) onAck(peer string, m *wire.Ack) {
 		return
 	}
 	q.ch[k].st = cAcked
+	if q.ch[k].offered {
+		r.endOffer(&q.ch[k]) // read and scattered: the staging is free again
+	}
 	// The receiver's scatter time (capped: its clock and word are its
 	// own) is the Scatter stage; the rest of DATA→ACK is the trip.
 	toAck := time.Since(q.ch[k].phase)
@@ -489,6 +499,8 @@ func (r *reactor) fail(q *sendReq, err error) {
 	for k := range q.ch {
 		if c := &q.ch[k]; c.st == cGathered {
 			r.dropStaging(c)
+		} else if c.offered {
+			r.endOffer(c) // no read of it is served after this
 		}
 	}
 	r.settle(q)

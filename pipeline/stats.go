@@ -70,6 +70,11 @@ type Stats struct {
 	// peers' pulls it served to the end and RefusedPulls those it refused
 	// (memory not registered for the puller, limits, a bad request).
 	Pulls, PullsServed, RefusedPulls uint64
+	// PullReadOffers counts chunks this agent offered a puller to read
+	// (STAGED) instead of writing them; PullReads the chunks this agent
+	// read from holders' staged regions, FailedReads those reads that
+	// failed (the pull failed with them).
+	PullReadOffers, PullReads, FailedReads uint64
 }
 
 type counters struct {
@@ -80,22 +85,23 @@ type counters struct {
 	duplicateWants                                atomic.Uint64
 	// blockTableChecks counts block-table WANTs whose ids were checked
 	// (the O(ids) pass; read by tests, not exported).
-	blockTableChecks                      atomic.Uint64
-	incompatiblePeers, badPeerDesc        atomic.Uint64
-	scatterFailures, expiredFlows         atomic.Uint64
-	cancelledScatters                     atomic.Uint64
-	quarantines                           atomic.Uint64
-	fencedReleases                        atomic.Uint64
-	quarantinedRegions, quarantinedBytes  atomic.Uint64
-	unadmitted, foreignEndpoints          atomic.Uint64
-	rateLimited, flowLimited, hostLimited atomic.Uint64
-	wants, grants, bounceBytes            atomic.Uint64
-	lostPeers                             atomic.Uint64
-	controlPeers, flows, requests         atomic.Uint64
-	events, droppedEvents                 atomic.Uint64
-	fallbacks, bounceRefused              atomic.Uint64
-	autoBounce, autoDirect                atomic.Uint64
-	pulls, pullsServed, refusedPulls      atomic.Uint64
+	blockTableChecks                       atomic.Uint64
+	incompatiblePeers, badPeerDesc         atomic.Uint64
+	scatterFailures, expiredFlows          atomic.Uint64
+	cancelledScatters                      atomic.Uint64
+	quarantines                            atomic.Uint64
+	fencedReleases                         atomic.Uint64
+	quarantinedRegions, quarantinedBytes   atomic.Uint64
+	unadmitted, foreignEndpoints           atomic.Uint64
+	rateLimited, flowLimited, hostLimited  atomic.Uint64
+	wants, grants, bounceBytes             atomic.Uint64
+	lostPeers                              atomic.Uint64
+	controlPeers, flows, requests          atomic.Uint64
+	events, droppedEvents                  atomic.Uint64
+	fallbacks, bounceRefused               atomic.Uint64
+	autoBounce, autoDirect                 atomic.Uint64
+	pulls, pullsServed, refusedPulls       atomic.Uint64
+	pullReadOffers, pullReads, failedReads atomic.Uint64
 }
 
 // Stats returns a snapshot of the agent's counters.
@@ -121,6 +127,7 @@ func (a *Agent) Stats() Stats {
 		Fallbacks: c.fallbacks.Load(), BounceRefused: c.bounceRefused.Load(),
 		AutoBounce: c.autoBounce.Load(), AutoDirect: c.autoDirect.Load(),
 		Pulls: c.pulls.Load(), PullsServed: c.pullsServed.Load(), RefusedPulls: c.refusedPulls.Load(),
+		PullReadOffers: c.pullReadOffers.Load(), PullReads: c.pullReads.Load(), FailedReads: c.failedReads.Load(),
 	}
 }
 

@@ -6,7 +6,7 @@ import "time"
 // implementation has one when its value has the method, and the agent finds
 // it with a type assertion. (Notifier, Fencer, ContextPoster,
 // ContextWriter, PeerLossReporter, Connector, WriteGuarded, MemoryKinder
-// and StagedKinder are the others; WriteStaller is for tests only.) A wrapper that embeds the interface
+// and StagedKinder are the others, Reader and ReadGuarded below too; WriteStaller is for tests only.) A wrapper that embeds the interface
 // Engine hides them: embed the concrete type, or forward the methods.
 
 // NotifyLimiter is the optional capability of a Notifier whose
@@ -108,4 +108,64 @@ type Authenticator interface {
 // on.
 type Authenticating interface {
 	SetAuthenticator(a Authenticator)
+}
+
+// ReadOp is one remote-to-local copy of Src.Len bytes from the peer's
+// memory Src into local memory Dst (a READ). Src.Len must equal Dst.Len.
+type ReadOp struct {
+	Src Desc
+	Dst Desc
+}
+
+// Reader is the optional capability of an Engine that reads a peer's
+// memory (one-sided READ): PostRead posts one or many reads as a single
+// operation, as PostWrite does writes. Every destination must lie in
+// memory registered with this engine (ErrNotRegistered, ErrOutOfBounds
+// before a byte moves); whether a source may be read is the peer's
+// decision: a peer serves a read only of memory its ReadGuard allows this
+// engine's name at that moment, and a refused read fails the operation
+// with ErrForbidden with nothing of it read. PostRead is asynchronous like
+// PostWrite; the operation is Done only when every byte is in the local
+// destination, and a terminal operation never writes it again.
+// ForgetPeer fails the peer's in-flight reads (ErrPeerLost) and Close
+// fails them (ErrClosed); both return once those are terminal, so no byte
+// of them lands after. DeregisterMemory of a destination in use returns
+// ErrInUse.
+type Reader interface {
+	PostRead(peer string, ops []ReadOp) (Op, error)
+}
+
+// ReadGuard authorizes one incoming read: it returns nil and the range
+// allowed contains src when peer may read src now, and an error wrapping
+// ErrForbidden otherwise. allowed is a range the caller may treat as
+// authorized for further reads of the same peer within the same request,
+// as for WriteGuard.
+type ReadGuard func(peer string, src Desc) (allowed Desc, err error)
+
+// ReadGuarded is the optional capability of an Engine that serves its
+// peers' reads (the target side of Reader). It serves a read only when a
+// ReadGuard is installed and allows it, naming the reading peer by its
+// authenticated name when the engine authenticates (never by what the
+// peer claimed); without a guard it serves none. A refused read is
+// answered with ErrForbidden before a byte of local memory is sent, and
+// counted. The agent installs a guard that allows a peer to read only a
+// staging region it gathered for that peer's pull, from the moment it
+// offers it until the pull's ACK, cancel or failure (docs/SECURITY.md).
+//
+// FenceReads returns once no read of memory overlapping d is being served
+// any more (one still sending is cut): the agent calls it each time it
+// revokes a read grant and before it reuses the region, so no peer reads
+// what the region holds next. It must return within a frame's deadline.
+type ReadGuarded interface {
+	SetReadGuard(g ReadGuard)
+	FenceReads(d Desc)
+}
+
+// CanRead reports whether engine x both posts reads and serves them
+// (Reader and ReadGuarded): the pull path reads a holder's staged regions
+// only between such engines.
+func CanRead(x any) bool {
+	_, r := x.(Reader)
+	_, g := x.(ReadGuarded)
+	return r && g
 }

@@ -43,8 +43,9 @@ var (
 	// ErrUnsupported means the implementation does not offer the capability.
 	ErrUnsupported = errors.New("unsupported")
 	// ErrForbidden means the peer may not write where it tried: the target
-	// range is neither granted to one of its flows nor registered for it.
-	// It wraps ErrOutOfBounds, so layers that know only the older sentinels
+	// range is neither granted to one of its flows nor registered for it;
+	// or it may not read where it tried (a range its ReadGuard does not
+	// allow it). It wraps ErrOutOfBounds, so layers that know only the older sentinels
 	// (plugin error codes) still classify it.
-	ErrForbidden = fmt.Errorf("write not authorized: %w", ErrOutOfBounds)
+	ErrForbidden = fmt.Errorf("access not authorized: %w", ErrOutOfBounds)
 )

@@ -183,6 +183,11 @@ func TestKillHolderMidPull(t *testing.T) {
 	if err := n.Agent.CheckConservation(); err != nil {
 		t.Fatal(err)
 	}
+	// Between tcp engines pulls read the holder's staged regions
+	// (bounce.pull_read auto): the kills above hit reads in flight.
+	if st := n.Agent.Stats(); st.PullReads == 0 {
+		t.Fatalf("no chunk was read from the holder's staging: %+v", st)
+	}
 	t.Logf("kill -9 of the holder: pulls resolved %s, %d failed", quantiles(resolve), failedPulls)
 }
 
@@ -309,6 +314,9 @@ func TestKillPullerMidPull(t *testing.T) {
 	}
 	if err := n.Agent.CheckConservation(); err != nil {
 		t.Fatal(err)
+	}
+	if st := n.Agent.Stats(); st.PullReadOffers == 0 {
+		t.Fatalf("the holder offered no chunk to read (tcp engines read: bounce.pull_read auto): %+v", st)
 	}
 	// The next puller process is served, every byte verified on its side.
 	c, out := runPuller(*killRounds, 1)

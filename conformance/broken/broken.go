@@ -128,6 +128,9 @@ const (
 	// GuardStartOnly gives B (tcp) a guard wrapper that asks the guard
 	// about a write's first byte only (engine/write-guard).
 	GuardStartOnly
+	// ReadUnguarded gives B (tcp) a SetReadGuard that drops the guard and
+	// serves every read of registered memory unasked (engine/read-guarded).
+	ReadUnguarded
 )
 
 // String names the fault.
@@ -193,6 +196,8 @@ func (f Fault) String() string {
 		return "guard-cached"
 	case GuardStartOnly:
 		return "guard-start-only"
+	case ReadUnguarded:
+		return "read-unguarded"
 	default:
 		return fmt.Sprintf("fault(%d)", int(f))
 	}
@@ -229,7 +234,7 @@ const (
 // Engines returns an EngineFactory of loopback pairs whose A engine (or,
 // for IgnoreTargetForget, IgnoreGuard, LapsingFence, StaleDeregister and
 // RedeliverOnReload, B) has fault f — tcp pairs (TCPEngines) for
-// GuardCached and GuardStartOnly — and stop, which ends any goroutine the
+// GuardCached, GuardStartOnly and ReadUnguarded — and stop, which ends any goroutine the
 // fault leaked; call it when done with the factory. Every pair offers
 // EnginePair.StallWrites. Fault zero breaks nothing: its pairs certify.
 func Engines(f Fault) (newPair conformance.EngineFactory, stop func()) {
@@ -237,7 +242,7 @@ func Engines(f Fault) (newPair conformance.EngineFactory, stop func()) {
 	var once sync.Once
 	stop = func() { once.Do(func() { close(quit) }) }
 	newPair = func() (conformance.EnginePair, error) {
-		if f == GuardCached || f == GuardStartOnly {
+		if f == GuardCached || f == GuardStartOnly || f == ReadUnguarded {
 			return tcpGuardPair(f)
 		}
 		fab := loopback.NewFabric()
@@ -999,8 +1004,8 @@ func (o *hastyOp) Release() error {
 
 // TCPEngines returns an EngineFactory of tcp pairs (A's writes stalled by
 // EnginePair.StallWrites through tcp.Config.Hold) whose B wraps the write
-// guard as f says: GuardCached or GuardStartOnly; zero wraps nothing, so
-// the pair certifies.
+// or read guard as f says: GuardCached, GuardStartOnly or ReadUnguarded;
+// zero wraps nothing, so the pair certifies.
 func TCPEngines(f Fault) conformance.EngineFactory {
 	return func() (conformance.EnginePair, error) { return tcpGuardPair(f) }
 }
@@ -1028,10 +1033,21 @@ func tcpGuardPair(f Fault) (conformance.EnginePair, error) {
 	}, nil
 }
 
-// guardWrap is a tcp engine whose SetWriteGuard wraps the guard badly.
+// guardWrap is a tcp engine whose SetWriteGuard (or SetReadGuard) wraps
+// the guard badly.
 type guardWrap struct {
 	*tcp.Engine
 	fault Fault
+}
+
+// SetReadGuard installs g, or for ReadUnguarded a guard that allows every
+// read whatever g says.
+func (w *guardWrap) SetReadGuard(g transfer.ReadGuard) {
+	if w.fault == ReadUnguarded {
+		w.Engine.SetReadGuard(func(peer string, d transfer.Desc) (transfer.Desc, error) { return d, nil })
+		return
+	}
+	w.Engine.SetReadGuard(g)
 }
 
 // SetWriteGuard installs g wrapped as the fault says.
@@ -1115,7 +1131,7 @@ func ParseFault(name string) (Fault, error) {
 	if name == "" || name == "none" {
 		return 0, nil
 	}
-	for f := CorruptByte; f <= GuardStartOnly; f++ {
+	for f := CorruptByte; f <= ReadUnguarded; f++ {
 		if f.String() == name {
 			return f, nil
 		}

@@ -94,6 +94,9 @@ type Engine struct {
 	peers  map[string]*peer
 	out    map[*writeOp]struct{} // posted by this engine, not terminal
 	in     map[*writeOp]struct{} // targeting this engine, not terminal
+	rout   map[*readOp]struct{}  // reads posted by this engine, not terminal
+	rin    map[*readOp]struct{}  // reads of this engine's memory, not terminal
+	rguard transfer.ReadGuard    // nil: no read is served
 	// forgotten names the engines ForgetPeer fenced off and LoadPeer has
 	// not loaded again: their writes into this engine are refused.
 	forgotten map[string]struct{}
@@ -153,6 +156,8 @@ func (f *Fabric) NewEngine(name string, opts ...Options) (*Engine, error) {
 		peers:     make(map[string]*peer),
 		out:       make(map[*writeOp]struct{}),
 		in:        make(map[*writeOp]struct{}),
+		rout:      make(map[*readOp]struct{}),
+		rin:       make(map[*readOp]struct{}),
 		forgotten: make(map[string]struct{}),
 		inbox:     make(chan transfer.Message, o.InboxSize),
 		wake:      inbox.NewWake(),
@@ -202,6 +207,11 @@ func (e *Engine) DeregisterMemory(d transfer.Desc) error {
 	}
 	if err := writeset.InUse(d, e.out, e.in); err != nil {
 		return fmt.Errorf("loopback %s: deregister %v: %w", e.name, d, err)
+	}
+	// A read copies from the holder's memory (its Src: rin) into the
+	// reader's (its Dst: rout).
+	if err := writeset.InUse(d, e.rin, e.rout); err != nil {
+		return fmt.Errorf("loopback %s: deregister %v (a read): %w", e.name, d, err)
 	}
 	if err := e.reg.Remove(d); err != nil {
 		return fmt.Errorf("loopback %s: %w", e.name, err)
@@ -293,11 +303,17 @@ func (e *Engine) ForgetPeer(name string) error {
 			pending = append(pending, o)
 		}
 	}
+	reads := e.abortReadsLocked(name,
+		fmt.Errorf("loopback %s: read from %q: peer forgotten: %w", e.name, name, transfer.ErrPeerLost),
+		fmt.Errorf("loopback %s: read by %q: the holder forgot the reader: %w", e.name, name, transfer.ErrPeerLost))
 	f.mu.Unlock()
 	for _, o := range pending {
 		<-o.finished
 	}
-	if !loaded && len(pending) == 0 {
+	for _, o := range reads {
+		<-o.finished
+	}
+	if !loaded && len(pending) == 0 && len(reads) == 0 {
 		return fmt.Errorf("loopback %s: forget peer %q: %w", e.name, name, transfer.ErrUnknownPeer)
 	}
 	return nil
@@ -558,10 +574,16 @@ func (e *Engine) Close() error {
 			o.abortLocked(fmt.Errorf("loopback %s: write to %q: peer closed: %w", o.src.name, o.peer, transfer.ErrPeerLost))
 			inbound = append(inbound, o)
 		}
+		reads := e.abortReadsLocked("",
+			fmt.Errorf("loopback %s: read: engine closed: %w", e.name, transfer.ErrClosed),
+			fmt.Errorf("loopback %s: read: the holder closed: %w", e.name, transfer.ErrPeerLost))
 		clear(e.peers)
 		close(e.done)
 		f.mu.Unlock()
 		for _, o := range inbound {
+			<-o.finished
+		}
+		for _, o := range reads {
 			<-o.finished
 		}
 		e.wg.Wait()

@@ -59,6 +59,7 @@ type Engine struct {
 
 	pending atomic.Int64 // incoming connections not yet admitted
 	guard   atomic.Pointer[transfer.WriteGuard]
+	rguard  atomic.Pointer[transfer.ReadGuard] // nil: no read is served
 	// authn authenticates connections: Config.Peers' when enabled, or
 	// the one SetAuthenticator installed; nil keeps the unauthenticated
 	// protocol.
@@ -72,6 +73,7 @@ type Engine struct {
 // counters are the engine's security counters.
 type counters struct {
 	unauthenticated, refusedConns, slowConns, forbiddenWrites, fenceEvictions, fencedWrites, foreignAddrs atomic.Uint64
+	forbiddenReads, fencedReads                                                                           atomic.Uint64
 }
 
 // Stats are the engine's cumulative security counters and two gauges
@@ -92,6 +94,13 @@ type Stats struct {
 	// ForbiddenWrites counts incoming writes the write guard refused
 	// (NACKed with ErrForbidden; nothing of them landed).
 	ForbiddenWrites uint64
+	// ForbiddenReads counts incoming reads refused (NACKed with
+	// ErrForbidden; nothing of them was sent): the read guard did not
+	// allow them, or none was installed.
+	ForbiddenReads uint64
+	// FencedReads counts read responses cut by FenceReads: their grant
+	// ended while they were still being sent.
+	FencedReads uint64
 	// FenceEvictions counts forgotten peers whose fence was dropped before
 	// FenceHold ended because MaxForgotten names were already held.
 	FenceEvictions uint64
@@ -119,6 +128,8 @@ func (e *Engine) Stats() Stats {
 		RefusedConns:    e.stats.refusedConns.Load(),
 		SlowConns:       e.stats.slowConns.Load(),
 		ForbiddenWrites: e.stats.forbiddenWrites.Load(),
+		ForbiddenReads:  e.stats.forbiddenReads.Load(),
+		FencedReads:     e.stats.fencedReads.Load(),
 		FenceEvictions:  e.stats.fenceEvictions.Load(),
 		FencedWrites:    e.stats.fencedWrites.Load(),
 		ForeignAddrs:    e.stats.foreignAddrs.Load(),
@@ -139,13 +150,15 @@ func (e *Engine) Stats() Stats {
 // Refusals counts what this engine refused from peers, by reason:
 // not_admitted (a connection whose handshake or HELLO failed), over_cap
 // (closed to keep a connection cap), slow (cut by a read deadline) and
-// forbidden_write (a write the write guard refused).
+// forbidden_write (a write the write guard refused) and forbidden_read (a
+// read the read guard refused).
 func (e *Engine) Refusals() map[string]uint64 {
 	return map[string]uint64{
 		"not_admitted":    e.stats.unauthenticated.Load(),
 		"over_cap":        e.stats.refusedConns.Load(),
 		"slow":            e.stats.slowConns.Load(),
 		"forbidden_write": e.stats.forbiddenWrites.Load(),
+		"forbidden_read":  e.stats.forbiddenReads.Load(),
 	}
 }
 
@@ -209,6 +222,8 @@ var (
 	_ transfer.Connector      = (*Engine)(nil)
 
 	_ transfer.WriteGuarded = (*Engine)(nil)
+	_ transfer.Reader       = (*Engine)(nil)
+	_ transfer.ReadGuarded  = (*Engine)(nil)
 	_ transfer.StagedKinder = (*Engine)(nil)
 )
 

@@ -9,15 +9,16 @@ import (
 	"time"
 )
 
-// relocate rewrites, frame by frame, the segment addresses of WRITE frames
-// in b from offsets to base+offset (wrapping), so seeds can aim at memory
-// whose address differs per run. Everything else passes unchanged.
+// relocate rewrites, frame by frame, the segment addresses of WRITE and
+// READ frames in b from offsets to base+offset (wrapping), so seeds can aim
+// at memory whose address differs per run. Everything else passes
+// unchanged.
 func relocate(b []byte, base uint64) []byte {
 	out := append([]byte(nil), b...)
 	rest := out
 	for len(rest) >= headerSize {
 		bodyLen := uint64(binary.LittleEndian.Uint32(rest[4:8]))
-		if rest[0] != frameWrite {
+		if rest[0] != frameWrite && rest[0] != frameRead {
 			if uint64(len(rest)) < headerSize+bodyLen {
 				break
 			}
@@ -32,7 +33,9 @@ func relocate(b []byte, base uint64) []byte {
 		for i := uint64(4); i+16 <= bodyLen; i += 16 {
 			a := binary.LittleEndian.Uint64(body[i:])
 			binary.LittleEndian.PutUint64(body[i:], a+base)
-			payload += binary.LittleEndian.Uint64(body[i+8:])
+			if rest[0] == frameWrite { // a READ asks for its bytes: none follow
+				payload += binary.LittleEndian.Uint64(body[i+8:])
+			}
 		}
 		if uint64(len(body))-bodyLen < payload {
 			break
@@ -42,10 +45,13 @@ func relocate(b []byte, base uint64) []byte {
 	return out
 }
 
-// FuzzReceiver sends a HELLO and then the fuzz input (WRITE addresses taken
-// relative to a registered region) to a live engine. Whatever arrives, the
-// engine must not write outside the registered region, must close or
-// answer the connection rather than hang, and must keep serving.
+// FuzzReceiver sends a HELLO and then the fuzz input (WRITE and READ
+// addresses taken relative to a registered region) to a live engine whose
+// read guard allows the fuzzer that region alone. Whatever arrives, the
+// engine must not write outside the registered region, must never send a
+// byte of another registered region (a secret pattern the fuzzer cannot
+// guess), must close or answer the connection rather than hang, and must
+// keep serving.
 func FuzzReceiver(f *testing.F) {
 	v := newEnv(f)
 	b := v.engine("b", func(c *Config) { c.IdleTimeout = time.Second; c.DialTimeout = time.Second })
@@ -54,6 +60,16 @@ func FuzzReceiver(f *testing.F) {
 	if err := b.RegisterMemory(region); err != nil {
 		f.Fatal(err)
 	}
+	b.SetReadGuard(allowRange("fuzzer", region))
+	secretBuf := v.buf(regionSize, 0, b) // registered, never readable
+	secret := make([]byte, 32)
+	fill(secret, uint64(time.Now().UnixNano())|1)
+	refill := func() {
+		for s := secretBuf.Bytes(); len(s) > 0; s = s[min(len(s), len(secret)):] {
+			copy(s, secret)
+		}
+	}
+	refill()
 	hello := helloFrame("fuzzer")
 	zero := make([]byte, regionSize)
 	f.Fuzz(func(t *testing.T, in []byte) {
@@ -71,11 +87,17 @@ func FuzzReceiver(f *testing.F) {
 			c.(*net.TCPConn).CloseWrite()
 		}()
 		defer func() { <-sent }()
-		if _, err := io.Copy(io.Discard, c); err != nil {
+		var out bytes.Buffer
+		if _, err := io.Copy(&out, io.LimitReader(c, 64<<20)); err != nil {
 			if ne, ok := err.(net.Error); ok && ne.Timeout() {
 				t.Fatal("engine neither answered nor closed the connection")
 			}
 		}
+		_, _ = io.Copy(io.Discard, c)
+		if bytes.Contains(out.Bytes(), secret[:16]) {
+			t.Fatal("engine sent bytes of a registered region its read guard does not allow")
+		}
+		refill()
 		bs := buf.Bytes()
 		if !bytes.Equal(bs[:regionSize], zero) || !bytes.Equal(bs[2*regionSize:], zero) {
 			t.Fatal("engine wrote outside the registered region")

@@ -8,12 +8,13 @@ import (
 	"github.com/bouncekv/bounce/transfer"
 )
 
-// writeOp is the transfer.Op returned by PostWrite. It is terminal once every
+// writeOp is the transfer.Op returned by PostWrite (and PostRead). It is terminal once every
 // part is resolved: acknowledged, rejected, or failed after the goroutine
 // writing it stopped touching the source memory.
 type writeOp struct {
 	e    *Engine
 	peer string
+	what string        // "write to" or "read from", for errors
 	pins []uint64      // starts of the registered ranges the sources use
 	done chan struct{} // closed when terminal
 
@@ -25,7 +26,7 @@ type writeOp struct {
 }
 
 func newWriteOp(e *Engine, peer string, parts int, pins []uint64) *writeOp {
-	o := &writeOp{e: e, peer: peer, pins: pins, pending: parts, done: make(chan struct{})}
+	o := &writeOp{e: e, peer: peer, what: "write to", pins: pins, pending: parts, done: make(chan struct{})}
 	if parts == 0 {
 		o.finish()
 	}
@@ -73,7 +74,7 @@ func (o *writeOp) Poll() (transfer.Status, error) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if o.status == transfer.Failed {
-		return o.status, fmt.Errorf("tcp: write to %q: %w", o.peer, o.err)
+		return o.status, fmt.Errorf("tcp: %s %q: %w", o.what, o.peer, o.err)
 	}
 	return o.status, nil
 }
@@ -84,9 +85,9 @@ func (o *writeOp) Release() error {
 	defer o.mu.Unlock()
 	switch {
 	case !o.status.Terminal():
-		return fmt.Errorf("tcp: release write to %q: still pending: %w", o.peer, transfer.ErrInUse)
+		return fmt.Errorf("tcp: release %s %q: still pending: %w", o.what, o.peer, transfer.ErrInUse)
 	case o.released:
-		return fmt.Errorf("tcp: release write to %q: already released", o.peer)
+		return fmt.Errorf("tcp: release %s %q: already released", o.what, o.peer)
 	}
 	o.released = true
 	return nil

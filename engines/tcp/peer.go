@@ -129,6 +129,10 @@ type part struct {
 	bytes uint64
 	nseg  int
 	dev   []devSeg // device sources, staged into bufs just before the write
+	// read marks a READ part: bufs holds its frame alone, dsts the local
+	// memory its READ_DATA lands in (written by the session's reader).
+	read bool
+	dsts [][]byte
 
 	// guarded by the sending slot's mu
 	written  bool
@@ -158,10 +162,22 @@ func (pt *part) addDev(dst, src, n uint64) {
 	pt.nseg++
 }
 
+// addRead adds a segment reading the peer's memory at src into dst.
+func (pt *part) addRead(src uint64, dst []byte) {
+	pt.bufs[0] = appendSegment(pt.bufs[0], src, uint64(len(dst)))
+	pt.dsts = append(pt.dsts, dst)
+	pt.bytes += uint64(len(dst))
+	pt.nseg++
+}
+
 // seal fills in the frame header once all segments are added.
 func (pt *part) seal() {
 	h := pt.bufs[0]
-	putHeader(h, frameHeader{typ: frameWrite, bodyLen: uint32(len(h) - headerSize), id: pt.id})
+	typ := frameWrite
+	if pt.read {
+		typ = frameRead
+	}
+	putHeader(h, frameHeader{typ: typ, bodyLen: uint32(len(h) - headerSize), id: pt.id})
 	binary.LittleEndian.PutUint32(h[headerSize:], uint32(pt.nseg))
 }
 
@@ -325,9 +341,14 @@ func (ss *session) run() {
 	errs := make([]error, 0, cap(failed))
 	for _, pt := range ss.inflight {
 		failed = append(failed, pt)
-		if pt.replied && pt.replyErr != nil {
+		switch {
+		case pt.replied && pt.replyErr != nil:
 			errs = append(errs, pt.replyErr)
-		} else {
+		case pt.read:
+			// A read lands only through this session's reader, which has
+			// returned: it touches nothing any more, whatever the peer does.
+			errs = append(errs, cause)
+		default:
 			errs = append(errs, sentCause)
 		}
 	}
@@ -606,12 +627,17 @@ func (ss *session) readLoop(conn net.Conn) error {
 		switch h.typ {
 		case frameAck:
 			err = ss.reply(h.id, nil)
+		case frameReadData:
+			if err := ss.landRead(br, conn, h.id, idle); err != nil {
+				return err
+			}
+			err = ss.reply(h.id, nil)
 		case frameNack:
 			code, text, perr := parseNack(body)
 			if perr != nil {
 				return perr
 			}
-			rerr := fmt.Errorf("tcp: peer %q rejected write: %s: %w", ss.s.p.name, text, nackSentinel(code))
+			rerr := fmt.Errorf("tcp: peer %q rejected the request: %s: %w", ss.s.p.name, text, nackSentinel(code))
 			if h.id == 0 {
 				return rerr
 			}
@@ -623,6 +649,45 @@ func (ss *session) readLoop(conn net.Conn) error {
 			return err
 		}
 	}
+}
+
+// landRead reads the payload of READ_DATA id into its part's local
+// destinations; a session that was stopped (given up) discards it
+// instead, so nothing of a read lands once its operation is being failed.
+// Every read of the payload must progress within idle.
+func (ss *session) landRead(br *bufio.Reader, conn net.Conn, id uint64, idle time.Duration) error {
+	ss.s.mu.Lock()
+	pt := ss.inflight[id]
+	stopped := ss.stopped
+	ss.s.mu.Unlock()
+	if pt == nil || !pt.read || pt.replied {
+		return fmt.Errorf("read data for unknown part %d: %w", id, errProtocol)
+	}
+	const piece = 1 << 20
+	var scratch []byte
+	for _, d := range pt.dsts {
+		for len(d) > 0 {
+			n := min(len(d), piece)
+			dst := d[:n]
+			if stopped {
+				if scratch == nil {
+					scratch = make([]byte, piece)
+				}
+				dst = scratch[:n]
+			}
+			ss.s.mu.Lock()
+			if !ss.stopped {
+				_ = conn.SetReadDeadline(time.Now().Add(idle))
+			}
+			ss.lastProgress = time.Now()
+			ss.s.mu.Unlock()
+			if _, err := io.ReadFull(br, dst); err != nil {
+				return fmt.Errorf("read data of part %d: %w", id, err)
+			}
+			d = d[n:]
+		}
+	}
+	return nil
 }
 
 // setReadDeadline gives the next read IdleTimeout, or what is left of the

@@ -40,6 +40,37 @@ type inConn struct {
 	// sees the revoked guard.
 	landMu  sync.Mutex
 	landing []transfer.Desc
+
+	// reading holds what the read guard allowed the READ being answered
+	// (empty between READs) and sent is closed once its response was
+	// written: FenceReads waits for it, or cuts the connection.
+	readMu  sync.Mutex
+	reading []transfer.Desc
+	sent    chan struct{}
+}
+
+// readServed clears the READ's authorization record: its response is out.
+func (ic *inConn) readServed() {
+	ic.readMu.Lock()
+	ic.reading = ic.reading[:0]
+	if ic.sent != nil {
+		close(ic.sent)
+		ic.sent = nil
+	}
+	ic.readMu.Unlock()
+}
+
+// readingIn returns the channel closed once the READ being answered is
+// sent, when it was authorized for memory overlapping d; nil otherwise.
+func (ic *inConn) readingIn(d transfer.Desc) chan struct{} {
+	ic.readMu.Lock()
+	defer ic.readMu.Unlock()
+	for _, a := range ic.reading {
+		if a.Addr < d.End() && d.Addr < a.End() {
+			return ic.sent
+		}
+	}
+	return nil
 }
 
 // landed clears the frame's authorization record: its payload is in.
@@ -442,6 +473,14 @@ func (e *Engine) serve(ic *inConn) error {
 				return err
 			}
 			if err := e.land(r, ic, conn, m.name, h.id, segs, total, &bufs, log); err != nil {
+				return err
+			}
+		case frameRead:
+			segs, _, err = parseWriteBody(body, segs)
+			if err != nil {
+				return err
+			}
+			if err := e.serveRead(ic, conn, m.name, h.id, segs, log); err != nil {
 				return err
 			}
 		case frameNotif:

@@ -42,12 +42,19 @@ const (
 // NACK (id = part id, or 0 for a rejected HELLO): body is a reason code
 // byte followed by reason text; nothing of the part was written.
 // NOTIF (id 0): body is the notification payload.
+// READ (id = part id, dialer → listener): body is count u32 then count ×
+// {src u64, len u64}: the listener's memory the dialer asks to read.
+// READ_DATA (id = part id, listener → dialer): no body; the bytes of the
+// READ's segments, in order, follow the header. A READ the listener
+// refuses is answered with a NACK instead, and nothing of it is sent.
 const (
-	frameHello byte = 1
-	frameWrite byte = 2
-	frameAck   byte = 3
-	frameNack  byte = 4
-	frameNotif byte = 5
+	frameHello    byte = 1
+	frameWrite    byte = 2
+	frameAck      byte = 3
+	frameNack     byte = 4
+	frameNotif    byte = 5
+	frameRead     byte = 6
+	frameReadData byte = 7
 
 	protoVersion = 1
 	headerSize   = 16
@@ -85,9 +92,9 @@ func maxBody(typ byte) (uint32, bool) {
 	switch typ {
 	case frameHello:
 		return MaxMetadata, true
-	case frameWrite:
+	case frameWrite, frameRead:
 		return 4 + 16*MaxSegments, true
-	case frameAck:
+	case frameAck, frameReadData:
 		return 0, true
 	case frameNack:
 		return 1 + maxNackText, true
@@ -116,8 +123,8 @@ func parseHeader(b []byte) (frameHeader, error) {
 	if h.bodyLen > limit {
 		return h, fmt.Errorf("frame type %d body of %d bytes exceeds %d: %w", h.typ, h.bodyLen, limit, errProtocol)
 	}
-	if h.typ == frameWrite && h.bodyLen < 4 {
-		return h, fmt.Errorf("write frame body of %d bytes is too short: %w", h.bodyLen, errProtocol)
+	if (h.typ == frameWrite || h.typ == frameRead) && h.bodyLen < 4 {
+		return h, fmt.Errorf("frame type %d body of %d bytes is too short: %w", h.typ, h.bodyLen, errProtocol)
 	}
 	if h.typ == frameNack && h.bodyLen < 1 {
 		return h, fmt.Errorf("nack frame without reason code: %w", errProtocol)
@@ -125,11 +132,12 @@ func parseHeader(b []byte) (frameHeader, error) {
 	return h, nil
 }
 
-// segment is one destination range of a WRITE frame.
+// segment is one destination range of a WRITE frame (one source range
+// of a READ: the same encoding).
 type segment struct{ addr, n uint64 }
 
-// parseWriteBody decodes a WRITE body into segs (reused when large enough)
-// and returns the payload length that follows. Every segment is non-empty,
+// parseWriteBody decodes a WRITE (or READ) body into segs (reused when
+// large enough) and returns the payload length that follows (is asked for). Every segment is non-empty,
 // does not wrap, and the total is at most MaxFramePayload.
 func parseWriteBody(body []byte, segs []segment) ([]segment, uint64, error) {
 	if len(body) < 4 {

@@ -81,16 +81,7 @@ func AppendMarshal(dst []byte, m Message) ([]byte, error) {
 			b = append(b, byte(c.Kind))
 		}
 	case *Data:
-		b = le.AppendUint64(b, m.Request)
-		b = le.AppendUint32(b, m.Chunk)
-		b = le.AppendUint64(b, m.Region)
-		b = appendStr(b, m.TraceParent)
-		b = le.AppendUint32(b, uint32(len(m.Runs)))
-		if len(m.Runs) == 0 { // the block-table form
-			b = le.AppendUint64(b, m.Pieces.First)
-			b = le.AppendUint64(b, m.Pieces.Count)
-		}
-		b = appendRuns(b, m.Runs)
+		b = appendData(b, m)
 	case *Ack:
 		b = le.AppendUint64(b, m.Request)
 		b = le.AppendUint32(b, m.Chunk)
@@ -112,8 +103,24 @@ func AppendMarshal(dst []byte, m Message) ([]byte, error) {
 		b = appendPull(b, m)
 	case *PullEnd:
 		b = appendPullEnd(b, m)
+	case *Staged:
+		b = appendStaged(b, m)
 	}
 	return b, nil
+}
+
+// appendData appends an already validated DATA body.
+func appendData(b []byte, m *Data) []byte {
+	b = le.AppendUint64(b, m.Request)
+	b = le.AppendUint32(b, m.Chunk)
+	b = le.AppendUint64(b, m.Region)
+	b = appendStr(b, m.TraceParent)
+	b = le.AppendUint32(b, uint32(len(m.Runs)))
+	if len(m.Runs) == 0 { // the block-table form
+		b = le.AppendUint64(b, m.Pieces.First)
+		b = le.AppendUint64(b, m.Pieces.Count)
+	}
+	return appendRuns(b, m.Runs)
 }
 
 // appendRuns appends already validated runs: a tag, then the fields.
@@ -197,40 +204,7 @@ func EncodedLen(m Message) (int, error) {
 		}
 		return headerLen + 8 + 4 + creditSize*len(m.Credits), nil
 	case *Data:
-		if m == nil {
-			return 0, errorf("DATA", ErrMalformed, "nil message")
-		}
-		if len(m.Runs) == 0 && m.Pieces.Count == 0 {
-			return 0, errorf("DATA", ErrMalformed, "no runs")
-		}
-		if len(m.Runs) > 0 && m.Pieces != (PieceRange{}) {
-			return 0, errorf("DATA", ErrMalformed, "both runs and a piece range")
-		}
-		if len(m.Runs) > MaxRuns {
-			return 0, errorf("DATA", ErrTooLarge, "%d runs, limit %d", len(m.Runs), MaxRuns)
-		}
-		if err := checkStr("DATA", "traceparent", m.TraceParent); err != nil {
-			return 0, err
-		}
-		n := headerLen + 8 + 4 + 8 + strPrefix + len(m.TraceParent) + 4
-		if len(m.Runs) == 0 {
-			if why := m.Pieces.check(); why != "" {
-				return 0, errorf("DATA", ErrMalformed, "%s", why)
-			}
-			return n + pieceRangeSize, nil
-		}
-		for i := range m.Runs {
-			r := &m.Runs[i]
-			if why := checkRun(r); why != "" {
-				return 0, errorf("DATA", ErrMalformed, "runs[%d]: %s", i, why)
-			}
-			if isSingle(r) {
-				n += singleSize
-			} else {
-				n += stridedSize
-			}
-		}
-		return n, nil
+		return dataLen("DATA", m)
 	case *Ack:
 		if m == nil {
 			return 0, errorf("ACK", ErrMalformed, "nil message")
@@ -268,11 +242,52 @@ func EncodedLen(m Message) (int, error) {
 		return pullLen(m)
 	case *PullEnd:
 		return pullEndLen(m)
+	case *Staged:
+		return stagedLen(m)
 	case nil:
 		return 0, fmt.Errorf("wire: nil message: %w", ErrMalformed)
 	default:
 		return 0, fmt.Errorf("wire: cannot encode %T (type %v): %w", m, m.Type(), ErrWrongType)
 	}
+}
+
+// dataLen validates a DATA (what names the message carrying it) and returns
+// its encoded length.
+func dataLen(what string, m *Data) (int, error) {
+	if m == nil {
+		return 0, errorf(what, ErrMalformed, "nil message")
+	}
+	if len(m.Runs) == 0 && m.Pieces.Count == 0 {
+		return 0, errorf(what, ErrMalformed, "no runs")
+	}
+	if len(m.Runs) > 0 && m.Pieces != (PieceRange{}) {
+		return 0, errorf(what, ErrMalformed, "both runs and a piece range")
+	}
+	if len(m.Runs) > MaxRuns {
+		return 0, errorf(what, ErrTooLarge, "%d runs, limit %d", len(m.Runs), MaxRuns)
+	}
+	if err := checkStr(what, "traceparent", m.TraceParent); err != nil {
+		return 0, err
+	}
+	n := headerLen + 8 + 4 + 8 + strPrefix + len(m.TraceParent) + 4
+	if len(m.Runs) == 0 {
+		if why := m.Pieces.check(); why != "" {
+			return 0, errorf(what, ErrMalformed, "%s", why)
+		}
+		return n + pieceRangeSize, nil
+	}
+	for i := range m.Runs {
+		r := &m.Runs[i]
+		if why := checkRun(r); why != "" {
+			return 0, errorf(what, ErrMalformed, "runs[%d]: %s", i, why)
+		}
+		if isSingle(r) {
+			n += singleSize
+		} else {
+			n += stridedSize
+		}
+	}
+	return n, nil
 }
 
 func checkStr(what, field, s string) error {
@@ -339,7 +354,7 @@ func PeekType(b []byte) (Type, error) {
 	if err != nil {
 		return 0, err
 	}
-	if t < TypeWant || t > TypePullEnd {
+	if t < TypeWant || t > TypeStaged {
 		return 0, fmt.Errorf("wire: message: header names %v, not a control message: %w", t, ErrWrongType)
 	}
 	if b[7] != 0 {
@@ -375,6 +390,8 @@ func Unmarshal(b []byte) (Message, error) {
 		m, err = d.pull()
 	case TypePullEnd:
 		m, err = d.pullEnd()
+	case TypeStaged:
+		m, err = d.staged()
 	}
 	if err != nil {
 		return nil, err

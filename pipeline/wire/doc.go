@@ -1,5 +1,6 @@
 // Package wire is the little-endian codec for bounce's control plane: the
-// six control messages (WANT, GRANT, DATA, ACK, NACK, DONE), the capability
+// control messages (WANT, GRANT, DATA, ACK, NACK, DONE and the pull's PULL,
+// PULL_END and STAGED), the capability
 // handshake and the agent descriptor peers exchange before they talk.
 //
 // It is pure logic: no goroutines, locks, clocks or IO. Decoders never panic
@@ -15,7 +16,7 @@
 //
 //	offset 0  magic    4 bytes  "BNCE"
 //	offset 4  version  uint16   Version
-//	offset 6  type     uint8    TypeWant..TypeDone, or the handshake or
+//	offset 6  type     uint8    TypeWant..TypeStaged, or the handshake or
 //	                            agent descriptor kind
 //	offset 7  flags    uint8    reserved, must be 0
 //
@@ -32,6 +33,14 @@
 //	ACK    request u64 | chunk u32 | region u64 | scatter_ns u64
 //	NACK   request u64 | chunk u32 | code u16 | reason str
 //	DONE   request u64 | bytes u64 | endpoint str | reason str | traceparent str | tag
+//	PULL   request u64 | n u32 | n × chunk_bytes u64 | min_chunk u64 | endpoint str |
+//	       traceparent str | tag | incarnation u64 | flags u8 (bit 0: the puller reads) |
+//	       c u32 | c × credit | form u8 (0 descriptors, 1 blocks) | when 0: k u32 | k × src desc |
+//	       k × dst desc; when 1: src_pool str | m u32 | m × block id u32
+//	PULL_END request u64 | code u16 | flags u8 (bit 0: unproven) | reason str
+//	STAGED src desc | a DATA body (request ... runs or piece range)
+//
+// A desc is addr u64 | len u64 | device i32 | kind u8 (21 bytes).
 //
 // A tag is the caller's opaque request tag: a uint16 length and at most
 // MaxTag bytes (empty when the caller set none).

@@ -10,7 +10,12 @@ import (
 // request's bytes asks the peer holding them to send them (PULL), with the
 // grant of its first regions in the same message, and the holder answers
 // with the push machinery — gather, write into the granted regions, DATA,
-// ACK — or ends the pull with a reason (PULL_END).
+// ACK — or ends the pull with a reason (PULL_END). When the PULL says the
+// puller can read (Read) and the holder's engine serves reads, the holder
+// writes nothing: it offers each gathered chunk where it staged it
+// (STAGED: the staged region and the chunk's DATA), the puller reads it
+// into its granted region, scatters it and ACKs, and the ACK (or the end
+// of the pull) ends the holder's read grant.
 //
 // A pull's messages name it by PullID(the puller's request id): DATA from
 // the holder, GRANT, ACK and NACK from the puller. Ids with PullBit set are
@@ -47,7 +52,9 @@ const (
 // descriptor form: Src in the holder's memory, Dst in the puller's, equal
 // lengths pairwise) or Blocks (the block-table form) name what moves; a
 // cancel carries neither. Endpoint, TraceParent, Tag and Incarnation are
-// as in Want.
+// as in Want. Read says the puller can read the holder's staged regions
+// (its engine is a transfer.Reader and bounce.pull_read allows it): the
+// holder may answer with STAGED instead of writing.
 type Pull struct {
 	Request     uint64
 	ChunkBytes  []uint64
@@ -59,6 +66,7 @@ type Pull struct {
 	Credits     []Credit
 	Src, Dst    []transfer.Desc
 	Blocks      *PullBlocks
+	Read        bool
 }
 
 // Type returns TypePull.
@@ -139,7 +147,7 @@ func pullLen(p *Pull) (int, error) {
 		return 0, errorf(what, ErrTooLarge, "%d block ids, limit %d", len(b.SrcIDs), MaxBlockIDs)
 	}
 	n := headerLen + 8 + 4 + 8*len(p.ChunkBytes) + 8 + strPrefix + len(p.Endpoint) + strPrefix + len(p.TraceParent) +
-		strPrefix + len(p.Tag) + 8 + 4 + creditSize*len(p.Credits) + 1
+		strPrefix + len(p.Tag) + 8 + 1 + 4 + creditSize*len(p.Credits) + 1
 	if b := p.Blocks; b != nil {
 		return n + strPrefix + len(b.SrcPool) + 4 + 4*len(b.SrcIDs), nil
 	}
@@ -150,8 +158,8 @@ func pullLen(p *Pull) (int, error) {
 func (p *Pull) checkForm() string {
 	cancel := len(p.ChunkBytes) == 0
 	if cancel {
-		if p.Blocks != nil || len(p.Src) > 0 || len(p.Dst) > 0 || len(p.Credits) > 0 {
-			return "a cancel carries no blocks, descriptors or credits"
+		if p.Blocks != nil || len(p.Src) > 0 || len(p.Dst) > 0 || len(p.Credits) > 0 || p.Read {
+			return "a cancel carries no blocks, descriptors, credits or read flag"
 		}
 		return ""
 	}
@@ -212,6 +220,11 @@ func appendPull(b []byte, p *Pull) []byte {
 	b = appendStr(b, p.TraceParent)
 	b = appendTag(b, p.Tag)
 	b = le.AppendUint64(b, p.Incarnation)
+	flags := byte(0)
+	if p.Read {
+		flags = pullRead
+	}
+	b = append(b, flags)
 	b = le.AppendUint32(b, uint32(len(p.Credits)))
 	for i := range p.Credits {
 		b = appendCredit(b, &p.Credits[i])
@@ -229,13 +242,70 @@ func appendPull(b []byte, p *Pull) []byte {
 	b = le.AppendUint32(b, uint32(len(p.Src)))
 	for _, ds := range [2][]transfer.Desc{p.Src, p.Dst} {
 		for _, d := range ds {
-			b = le.AppendUint64(b, d.Addr)
-			b = le.AppendUint64(b, d.Len)
-			b = le.AppendUint32(b, uint32(d.Device))
-			b = append(b, byte(d.Kind))
+			b = appendDesc(b, d)
 		}
 	}
 	return b
+}
+
+// pullRead is the PULL flag of a puller that can read (Pull.Read).
+const pullRead byte = 1
+
+func appendDesc(b []byte, d transfer.Desc) []byte {
+	b = le.AppendUint64(b, d.Addr)
+	b = le.AppendUint64(b, d.Len)
+	b = le.AppendUint32(b, uint32(d.Device))
+	return append(b, byte(d.Kind))
+}
+
+func decodeDesc(e []byte) transfer.Desc {
+	return transfer.Desc{Addr: le.Uint64(e[0:]), Len: le.Uint64(e[8:]), Device: int32(le.Uint32(e[16:])), Kind: transfer.MemKind(e[20])}
+}
+
+// Staged offers a pull's chunk for the puller to read (holder → puller),
+// the holder having gathered it into its own staging region Src: the
+// puller reads Src (Data's chunk's bytes, Src.Len of them) into its
+// granted region Data.Region, then scatters and ACKs it as if Data had
+// come after a write. Until that ACK, or the pull's end, the holder lets
+// the puller read Src and nothing else of its memory.
+type Staged struct {
+	Src  transfer.Desc
+	Data Data
+}
+
+// Type returns TypeStaged.
+func (*Staged) Type() Type { return TypeStaged }
+
+func stagedLen(m *Staged) (int, error) {
+	const what = "STAGED"
+	if m == nil {
+		return 0, errorf(what, ErrMalformed, "nil message")
+	}
+	if why := checkPullDesc(m.Src); why != "" {
+		return 0, errorf(what, ErrMalformed, "src: %s", why)
+	}
+	n, err := dataLen(what, &m.Data)
+	return n + pullDescSize, err
+}
+
+func appendStaged(b []byte, m *Staged) []byte {
+	return appendData(appendDesc(b, m.Src), &m.Data)
+}
+
+func (d *decoder) staged() (*Staged, error) {
+	m := &Staged{}
+	e := d.take("src", pullDescSize)
+	if d.err != nil {
+		return nil, d.err
+	}
+	m.Src = decodeDesc(e)
+	if why := checkPullDesc(m.Src); why != "" {
+		return nil, errorf(d.what, ErrMalformed, "src: %s", why)
+	}
+	if err := d.data(&m.Data); err != nil {
+		return nil, err
+	}
+	return m, nil
 }
 
 func appendCredit(b []byte, c *Credit) []byte {
@@ -265,6 +335,13 @@ func (d *decoder) pull() (*Pull, error) {
 	p.TraceParent = d.str("traceparent")
 	p.Tag = d.tag()
 	p.Incarnation = d.u64("incarnation")
+	switch f := d.u8("flags"); {
+	case d.err != nil:
+	case f&^pullRead != 0:
+		return nil, errorf(d.what, ErrMalformed, "flags %#x, want 0 or %#x (read)", f, pullRead)
+	default:
+		p.Read = f == pullRead
+	}
 	if nc := d.count("credit count", MaxCredits, creditSize); d.err == nil && nc > 0 {
 		p.Credits = make([]Credit, nc)
 		for i := range p.Credits {
@@ -296,8 +373,7 @@ func (d *decoder) pull() (*Pull, error) {
 		p.Src, p.Dst = make([]transfer.Desc, k), make([]transfer.Desc, k)
 		for side, ds := range [2][]transfer.Desc{p.Src, p.Dst} {
 			for i := range ds {
-				e := d.b[d.off+pullDescSize*(side*k+i):]
-				ds[i] = transfer.Desc{Addr: le.Uint64(e[0:]), Len: le.Uint64(e[8:]), Device: int32(le.Uint32(e[16:])), Kind: transfer.MemKind(e[20])}
+				ds[i] = decodeDesc(d.b[d.off+pullDescSize*(side*k+i):])
 			}
 		}
 		d.off += 2 * pullDescSize * k

@@ -18,7 +18,7 @@ import (
 // receiver's span of a direct-path request joins the sender's trace); version
 // 6 added a pool's KV layout to its descriptor and the shaped WANT (a layout
 // conversion's destination shape, its DATAs naming unit ranges) and the pull
-// messages (PULL, PULL_END: pull.go). Peers of another version are refused
+// messages (PULL, PULL_END, STAGED: pull.go). Peers of another version are refused
 // with an error saying so.
 const Version uint16 = 6
 
@@ -89,6 +89,9 @@ const (
 	// TypePullEnd ends a pull on the holder's side with a reason (holder →
 	// puller).
 	TypePullEnd
+	// TypeStaged offers a pull's chunk staged in the holder's memory for the
+	// puller to read, with the chunk's DATA (holder → puller; pull.go).
+	TypeStaged
 
 	// The two non-message kinds share the header, so decoding one as another
 	// fails with ErrWrongType.
@@ -115,6 +118,8 @@ func (t Type) String() string {
 		return "PULL"
 	case TypePullEnd:
 		return "PULL_END"
+	case TypeStaged:
+		return "STAGED"
 	case typeHandshake:
 		return "HANDSHAKE"
 	case typeAgentDesc:
@@ -125,7 +130,7 @@ func (t Type) String() string {
 }
 
 // Message is one control message: *Want, *Grant, *Data, *Ack, *Nack,
-// *Done, *Pull or *PullEnd.
+// *Done, *Pull, *PullEnd or *Staged.
 type Message interface {
 	Type() Type
 }

@@ -75,8 +75,14 @@ func TestGoldenBytes(t *testing.T) {
 		{"pull", &Pull{Request: 7, ChunkBytes: []uint64{0x40}, MinChunk: 0x10, Endpoint: "e", Tag: []byte("t"), Incarnation: 2,
 			Credits: []Credit{{Chunk: 0, Region: 0x10, Addr: 0x2000, Len: 0x40}},
 			Blocks:  &PullBlocks{SrcPool: "s", SrcIDs: []uint32{1, 2}}},
-			"424e4345 0600 07 00 | 0700000000000000 | 01000000 4000000000000000 | 1000000000000000 | 0100 65 | 0000 | 0100 74 | 0200000000000000 |" +
+			"424e4345 0600 07 00 | 0700000000000000 | 01000000 4000000000000000 | 1000000000000000 | 0100 65 | 0000 | 0100 74 | 0200000000000000 | 00 |" +
 				"01000000 1000000000000000 0020000000000000 4000000000000000 00000000 00000000 00 | 01 | 0100 73 | 02000000 01000000 02000000"},
+		{"pull-read", &Pull{Request: 8, ChunkBytes: []uint64{0x40}, Src: []transfer.Desc{{Addr: 0x1000, Len: 0x40}}, Dst: []transfer.Desc{{Addr: 0x2000, Len: 0x40}}, Read: true},
+			"424e4345 0600 07 00 | 0800000000000000 | 01000000 4000000000000000 | 0000000000000000 | 0000 | 0000 | 0000 | 0000000000000000 | 01 | 00000000 | 00 | 01000000 |" +
+				"0010000000000000 4000000000000000 00000000 00 | 0020000000000000 4000000000000000 00000000 00"},
+		{"staged", &Staged{Src: transfer.Desc{Addr: 0x7000, Len: 0x10}, Data: Data{Request: 3, Chunk: 1, Region: 0x20, Runs: []transfer.Run{{RegionOff: 0, Addr: 0x1000, Len: 0x10, Count: 1}}}},
+			"424e4345 0600 09 00 | 0070000000000000 1000000000000000 00000000 00 | 0300000000000000 | 01000000 | 2000000000000000 | 0000 | 01000000 |" +
+				"00 0000000000000000 0010000000000000 1000000000000000"},
 		{"pull-end", &PullEnd{Request: 7, Code: NackForbidden, Reason: "x", Unproven: true},
 			"424e4345 0600 08 00 | 0700000000000000 | 0a00 | 01 | 0100 78"},
 	}
@@ -262,7 +268,7 @@ func TestCrossTypeDecode(t *testing.T) {
 	if _, err := PeekType(hs); !errors.Is(err, ErrWrongType) {
 		t.Fatalf("PeekType(handshake) = %v", err)
 	}
-	for _, typ := range []byte{0, 9, 0x47, 0xff} {
+	for _, typ := range []byte{0, 10, 0x47, 0xff} {
 		b := bytes.Clone(ack)
 		b[6] = typ
 		wantErr(t, "type "+itoa(int(typ)), decodeMessage(b), ErrWrongType)
@@ -399,6 +405,12 @@ func TestMalformedDecode(t *testing.T) {
 		{"run region overflow", strided(dataHead(1), transfer.Run{RegionOff: 1, Len: 8, Count: 3, RegionStride: math.MaxUint64 / 2}), decodeMessage, "region span overflows"},
 		{"run addr overflow", single(dataHead(1), 0, math.MaxUint64-3, 8), decodeMessage, "address span overflows"},
 		{"nack code 0", rawHeader(TypeNack).u64(1).u32(0).u16(0).str("why"), decodeMessage, "code 0"},
+		{"pull flags 2", rawHeader(TypePull).u64(1).u32(1).u64(8).u64(0).str("").str("").str("").u64(0).u8(2).u32(0).u8(0).u32(1).zeros(2 * pullDescSize), decodeMessage, "flags 0x2"},
+		{"pull cancel read", rawHeader(TypePull).u64(1).u32(0).u64(0).str("").str("").str("").u64(0).u8(1).u32(0).u8(0).u32(0), decodeMessage, "read flag"},
+		{"staged src len 0", rawHeader(TypeStaged).u64(0x1000).u64(0).u32(0).u8(0), decodeMessage, "src: len 0"},
+		{"staged src kind", rawHeader(TypeStaged).u64(0x1000).u64(8).u32(0).u8(9), decodeMessage, "src: unknown memory kind 9"},
+		{"staged src device", rawHeader(TypeStaged).u64(0x1000).u64(8).u32(0xffffffff).u8(0), decodeMessage, "src: negative device"},
+		{"staged data run len 0", single(rawHeader(TypeStaged).u64(0x1000).u64(8).u32(0).u8(0).u64(1).u32(0).u64(0).str("").u32(1), 0, 0x1000, 0), decodeMessage, "runs[0]: len 0"},
 		{"handshake version 0", hs(0, "zmq", 2, 1, "e"), decodeHandshake, "version 0"},
 		{"handshake no kind", hs(1, "", 2, 1, "e"), decodeHandshake, "empty control kind"},
 		{"handshake no endpoint", hs(1, "zmq", 2, 1, ""), decodeHandshake, "empty endpoint"},
@@ -453,6 +465,11 @@ func TestMarshalRejectsWhatDecodeRejects(t *testing.T) {
 		{"nack code 0", &Nack{}, ErrMalformed},
 		{"nack long reason", &Nack{Code: NackBadRuns, Reason: long}, ErrTooLarge},
 		{"nil ack", (*Ack)(nil), ErrMalformed},
+		{"pull cancel read", &Pull{Read: true}, ErrMalformed},
+		{"nil staged", (*Staged)(nil), ErrMalformed},
+		{"staged src len 0", &Staged{Data: Data{Runs: []transfer.Run{{Len: 1, Count: 1}}}}, ErrMalformed},
+		{"staged no runs", &Staged{Src: transfer.Desc{Addr: 1, Len: 1}}, ErrMalformed},
+		{"staged long traceparent", &Staged{Src: transfer.Desc{Addr: 1, Len: 1}, Data: Data{Runs: []transfer.Run{{Len: 1, Count: 1}}, TraceParent: long}}, ErrTooLarge},
 	}
 	for _, c := range cases {
 		dst := []byte("keep")
@@ -527,7 +544,7 @@ func TestInvalidHandshakeAndDescEncodeButDoNotDecode(t *testing.T) {
 }
 
 func TestTypeAndCodeStrings(t *testing.T) {
-	want := map[Type]string{TypeWant: "WANT", TypeGrant: "GRANT", TypeData: "DATA", TypeAck: "ACK", TypeNack: "NACK", 9: "type(9)"}
+	want := map[Type]string{TypeWant: "WANT", TypeGrant: "GRANT", TypeData: "DATA", TypeAck: "ACK", TypeNack: "NACK", TypePull: "PULL", TypePullEnd: "PULL_END", TypeStaged: "STAGED", 10: "type(10)"}
 	for typ, s := range want {
 		if typ.String() != s {
 			t.Fatalf("%d.String() = %q, want %q", typ, typ.String(), s)

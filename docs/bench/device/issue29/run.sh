@@ -8,7 +8,12 @@
 # and device KV over tcp) and the pull conformance rules on cudacopy. Every
 # step has its own timeout and the run a budget (LIMIT seconds); each writes
 # $OUT/<step>.txt, the bench JSON comes back in $OUT/json.tgz, the step log
-# in $OUT/log.txt.
+# in $OUT/log.txt. Pull by READ against pull by write (issue #29's READ
+# part): step 7 runs BenchmarkPullReadVsWrite (push, pull by write, pull by
+# read side by side, tcp on host memory), step 8 the bench CLI's pull row
+# with bounce.pull_read off (step 1's pull row reads: auto is the default).
+# STEPS="pull-read-bench pull-write" runs only the steps named (all when
+# unset), e.g. to fit them in one device command after the others.
 START=$SECONDS; F=.gpu/issue29; G=/tmp/issue29; mkdir -p $G/json
 tar xJf $F/bin.txz -C $G || { echo "unpack failed" > $OUT/log.txt; exit 1; }
 export LD_LIBRARY_PATH=$G/lib UCX_MODULE_DIR=$G/lib/ucx BOUNCETEST_CLI=$G/bin/bounce
@@ -17,6 +22,7 @@ W=llama70b-tp8-b16,gptoss120b-tp8-b16
 LIMIT=${LIMIT:-560}
 { date -u; cat $F/COMMIT; nvidia-smi -L; nproc; uptime; } > $L 2>&1
 step() { local f=$1 tmo=$2; shift 2; local left=$((LIMIT - (SECONDS - START)))
+  if [ -n "${STEPS:-}" ] && [[ " $STEPS " != *" $f "* ]]; then return; fi
   if [ $left -lt 10 ]; then echo "skipped (budget): $*" >> $OUT/$f.txt; echo "$f skipped (budget): $*" >> $L; return; fi
   [ $tmo -gt $left ] && tmo=$left
   echo "\$ $*" >> $OUT/$f.txt
@@ -36,5 +42,9 @@ step gpu-tests 90 $N -test.run 'TestGPUPullByteExact' -test.v -test.timeout 85s
 step pull-tests 60 $P -test.run 'TestPull' -test.timeout 55s
 # 6. the pull conformance rules on cudacopy (they run on host memory: two agents over the engines)
 step conformance 60 $B conformance engine --builtin cudacopy --memory host
+# 7. pull by read vs pull by write vs push, one run, same workload (tcp, host memory): read/write and read/push ratios
+step pull-read-bench 120 $P -test.run '^$' -test.bench 'BenchmarkPullReadVsWrite' -test.benchtime 10x -test.count 3 -test.timeout 115s
+# 8. the bench CLI's pull row written, not read (bounce.pull_read off at the puller), to set beside step 1's
+forms pull-write 110 $B bench --bounce.pull-read off --workload $W --concurrency 1,8 --routes bounce,pull --repeat 5 --json $J/host-tcp-pullwrite.json
 tar czf $OUT/json.tgz -C $G json
 echo "done at $((SECONDS - START))s" >> $L
