@@ -31,11 +31,11 @@ step() { local f=$1 tmo=$2; shift 2; local left=$((LIMIT - (SECONDS - START)))
 # forms: a bench step with --form blocks,descs; if it fails, once more in the descriptor form alone
 forms() { local f=$1 tmo=$2; shift 2; RC=0; step $f $tmo "$@" --form blocks,descs; [ $RC -ne 0 ] && step $f $tmo "$@"; }
 # 1. host KV over tcp: pull beside push, one request and 8 concurrent
-forms host-tcp 110 $B bench --workload $W --concurrency 1,8 --routes bounce,pull --repeat 5 --json $J/host-tcp.json
+forms host-tcp 110 $B bench --workload $W --concurrency 1,8 --routes bounce,pull --repeat ${REPEAT:-5} --json $J/host-tcp.json
 # 2. host KV over ucx
-forms host-ucx 110 $B bench --engine.kind ucx --workload $W --concurrency 1,8 --routes bounce,pull --repeat 5 --json $J/host-ucx.json
+forms host-ucx 110 $B bench --engine.kind ucx --workload $W --concurrency 1,8 --routes bounce,pull --repeat ${REPEAT:-5} --json $J/host-ucx.json
 # 3. device KV over tcp (two processes, pinned-host arenas, cuda stages)
-forms devkv-tcp 120 $B bench --memory device --workload $W --concurrency 1 --routes bounce,pull --repeat 5 --json $J/devkv-tcp.json
+forms devkv-tcp 120 $B bench --memory device --workload $W --concurrency 1 --routes bounce,pull --repeat ${REPEAT:-5} --json $J/devkv-tcp.json
 # 4. device memory byte-exact: pulls over cudacopy (device arenas) and device KV over tcp
 step gpu-tests 90 $N -test.run 'TestGPUPullByteExact' -test.v -test.timeout 85s
 # 5. the pipeline's pull tests on the 16-CPU host (host memory, inproc and tcp+zmq)
@@ -45,6 +45,6 @@ step conformance 60 $B conformance engine --builtin cudacopy --memory host
 # 7. pull by read vs pull by write vs push, one run, same workload (tcp, host memory): read/write and read/push ratios
 step pull-read-bench 120 $P -test.run '^$' -test.bench 'BenchmarkPullReadVsWrite' -test.benchtime 10x -test.count 3 -test.timeout 115s
 # 8. the bench CLI's pull row written, not read (bounce.pull_read off at the puller), to set beside step 1's
-forms pull-write 110 $B bench --bounce.pull-read off --workload $W --concurrency 1,8 --routes bounce,pull --repeat 5 --json $J/host-tcp-pullwrite.json
+forms pull-write 110 $B bench --bounce.pull-read off --workload $W --concurrency 1,8 --routes bounce,pull --repeat ${REPEAT:-5} --json $J/host-tcp-pullwrite.json
 tar czf $OUT/json.tgz -C $G json
 echo "done at $((SECONDS - START))s" >> $L
