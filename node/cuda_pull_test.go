@@ -35,7 +35,7 @@ func TestGPUPullByteExact(t *testing.T) {
 			const regions, blocks, blockLen, ids = 4, 2048, 4096, 1500
 			src := newGPUPool(t, c, regions, blocks, blockLen, blockLen, 5)
 			dst := newGPUPool(t, c, regions, blocks, blockLen, blockLen+64, 3)
-			secret := newGPUPool(t, c, 1, 16, blockLen, blockLen, 0)
+			secret := newGPUPool(t, c, regions, 16, blockLen, blockLen, 0) // kv-in's geometry: refused by the holder, not by the puller's checks
 			if err := b.Agent.RegisterMemory(src.buf); err != nil {
 				t.Fatal(err)
 			}
