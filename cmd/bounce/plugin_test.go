@@ -34,10 +34,11 @@ func TestPluginConformanceCLI(t *testing.T) {
 	}
 	// The plugin form declares every capability the in-process tcp engine
 	// declares: the write guard, peer-loss reports and transfer.Connector
-	// included (the plugin protocol carries them all).
+	// included (the plugin protocol carries them all) — except reads,
+	// which do not cross the plugin boundary yet (docs/PLUGINS.md).
 	var absent []string
 	for _, line := range strings.Split(stdout, "\n") {
-		if c, ok := strings.CutPrefix(line, "optional capability absent: "); ok {
+		if c, ok := strings.CutPrefix(line, "optional capability absent: "); ok && !strings.HasPrefix(c, "transfer.Reader ") {
 			absent = append(absent, c)
 		}
 	}
