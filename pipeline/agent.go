@@ -66,7 +66,7 @@ type Config struct {
 	// such a sender never got the grants since, and its loss report may be
 	// missing (a dial nobody answered, a handshake it refused, a kill as
 	// the connection came up), which left the flow to FlowExpiry. The
-	// sender is then handled as lost. Zero means 15 s.
+	// sender is then handled as lost. Zero or less means 15 s.
 	UnreachedGrace time.Duration
 	// Quarantine is how long a region reclaimed from a flow whose sender
 	// may still write it stays out of use before it can be granted again:
@@ -179,7 +179,9 @@ func (c *Config) fill() {
 	c.RequestTimeout = cmp.Or(c.RequestTimeout, d.RequestTimeout)
 	c.QuiesceTimeout = cmp.Or(c.QuiesceTimeout, d.QuiesceTimeout)
 	c.FlowExpiry = cmp.Or(c.FlowExpiry, 4*c.RequestTimeout)
-	c.UnreachedGrace = cmp.Or(c.UnreachedGrace, defaultUnreachedGrace)
+	if c.UnreachedGrace <= 0 {
+		c.UnreachedGrace = defaultUnreachedGrace
+	}
 	if c.Quarantine <= 0 {
 		c.Quarantine = c.RequestTimeout
 	}
@@ -458,7 +460,7 @@ func build(s Settings, cfg Config) (*Agent, error) {
 	if a.guard != nil {
 		a.guard.setArena(a.arenaD)
 	}
-	if rg, ok := s.Engine.(transfer.ReadGuarded); ok && a.bounceOn && a.cfg.PullRead != PullReadOff && transfer.CanRead(s.Engine) {
+	if rg, ok := s.Engine.(transfer.ReadGuarded); ok && a.bounceOn && a.cfg.PullRead != PullReadOff && transfer.CanRead(s.Engine) && a.arenaD.Kind == transfer.Host {
 		a.rguard = newReadGuard(a.arenaD, rg.FenceReads)
 		rg.SetReadGuard(a.rguard.check)
 		a.canRead = true
@@ -489,7 +491,7 @@ func build(s Settings, cfg Config) (*Agent, error) {
 
 // defaultUnreachedGrace is Config.UnreachedGrace's default: past the zmq
 // heartbeat timeout (3 s) and a CURVE handshake on a loaded machine, short
-// of the 60 s a sender's default request timeout and flow expiry allow.
+// of the default request timeout (30 s) and flow expiry (4 × that).
 const defaultUnreachedGrace = 15 * time.Second
 
 // pathDowner is a control channel that says how long its path to a peer

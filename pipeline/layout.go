@@ -24,11 +24,18 @@ func (a *Agent) RegisterPoolLayout(name string, p transfer.Pool, l transfer.Layo
 // layout or the layouts are the same, else the planned one or why the
 // layouts cannot be converted.
 func (a *Agent) conversion(lp *localPool, pi *peerInfo, br *BlockRequest) (*convert.Conversion, error) {
-	dl := pi.layouts[br.DstPool]
-	if lp.layout == nil || dl == nil {
+	return planLayouts(lp.layout, pi.layouts[br.DstPool], br)
+}
+
+// planLayouts is the conversion of br between pools of layouts src and
+// dst: nil when either has none or they are the same, else the planned
+// one, or why they cannot be converted (convert.ErrIncompatible, wrapped
+// with ErrUnsupported).
+func planLayouts(src, dst *transfer.Layout, br *BlockRequest) (*convert.Conversion, error) {
+	if src == nil || dst == nil {
 		return nil, nil
 	}
-	c, err := convert.Plan(*lp.layout, *dl, convert.Auto)
+	c, err := convert.Plan(*src, *dst, convert.Auto)
 	if err != nil {
 		return nil, fmt.Errorf("source pool %q to destination pool %q: %w: %w", br.SrcPool, br.DstPool, err, transfer.ErrUnsupported)
 	}

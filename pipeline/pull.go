@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/bouncekv/bounce/pipeline/convert"
 	"slices"
 	"strings"
 	"time"
@@ -207,14 +206,11 @@ func (a *Agent) resolvePullBlocks(br *BlockRequest, pi *peerInfo) (*BlockRequest
 // the wrong order. Layouts that cannot be converted at all say why
 // (convert.ErrIncompatible). Pools without a layout move as they are.
 func pullLayouts(src, dst *transfer.Layout, br *BlockRequest) error {
-	if src == nil || dst == nil {
-		return nil
-	}
-	c, err := convert.Plan(*src, *dst, convert.Auto)
+	c, err := planLayouts(src, dst, br)
 	switch {
 	case err != nil:
-		return fmt.Errorf("source pool %q to destination pool %q: %w: %w", br.SrcPool, br.DstPool, err, transfer.ErrUnsupported)
-	case !c.Identity():
+		return err
+	case c != nil:
 		return fmt.Errorf("source pool %q (%v) and destination pool %q (%v) have different layouts, and a pull does not convert layouts (push the request to convert it): %w", br.SrcPool, *src, br.DstPool, *dst, transfer.ErrUnsupported)
 	}
 	return nil

@@ -101,6 +101,12 @@ func (r *reactor) onStaged(peer string, m *wire.Staged) {
 // startRead reads the staged region src into t's granted region; t's
 // scatter is handed to the workers once the read is done.
 func (r *reactor) startRead(t *scatterTask, src transfer.Desc) {
+	if need := t.extent(); src.Len < need {
+		// The scatter would copy bytes the read never brought: whatever
+		// the region held before (another flow's, maybe).
+		r.readEnded(t, fmt.Errorf("chunk %d: %w: the staged region of %d bytes is shorter than the %d bytes its DATA scatters", t.chunk, ErrRefused, src.Len, need))
+		return
+	}
 	dst := transfer.Desc{Addr: t.region.Addr, Len: src.Len, Kind: t.region.Kind, Device: t.region.Device}
 	rd, ok := r.a.set.Engine.(transfer.Reader)
 	if !ok {

@@ -403,3 +403,30 @@ func TestPullReadGivenUpMidRead(t *testing.T) {
 		settled(t, f.b)
 	})
 }
+
+// TestScatterExtent: the bytes of its region a scatter reads, which a read
+// of the holder's staging must cover (a shorter STAGED offer fails the
+// chunk instead of scattering what the region held before): runs end at
+// their last repetition, block and shaped copies at their pieces' end.
+func TestScatterExtent(t *testing.T) {
+	pool := transfer.Pool{BlockLen: 256, Stride: 256, Blocks: 8, Kind: transfer.Host, Regions: []uint64{0x1000}}
+	bc := transfer.BlockCopy{Blocks: transfer.Blocks{Pool: pool, IDs: []uint32{0, 1, 2, 3}}, First: 1, Count: 3, RegionOff: 64}
+	for _, c := range []struct {
+		name string
+		t    *scatterTask
+		want uint64
+	}{
+		{"none", &scatterTask{}, 0},
+		{"runs", &scatterTask{runs: []transfer.Run{
+			{RegionOff: 0, Len: 100, Count: 1},
+			{RegionOff: 4096, Len: 8, Count: 3, RegionStride: 16},
+			{RegionOff: 9000, Len: 8, Count: 0},
+		}}, 4096 + 2*16 + 8},
+		{"blocks", &scatterTask{blocks: &bc}, 64 + 3*256},
+		{"shaped", &scatterTask{shaped: &transfer.ShapedCopy{BlockCopy: bc, Shape: transfer.Shape{Group: 1, Segs: []transfer.Segment{{Block: 0, Off: 0, Len: 128}}}}}, 64 + 3*128},
+	} {
+		if got := c.t.extent(); got != c.want {
+			t.Errorf("%s: extent %d, want %d", c.name, got, c.want)
+		}
+	}
+}

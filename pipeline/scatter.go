@@ -50,6 +50,24 @@ type scatterTask struct {
 	err error // the outcome, set by the worker before it reports the task
 }
 
+// extent is the end of the bytes of its region the scatter reads: what a
+// read of the holder's staging (pull by READ) must cover.
+func (t *scatterTask) extent() uint64 {
+	switch {
+	case t.shaped != nil:
+		return t.shaped.RegionOff + t.shaped.Bytes()
+	case t.blocks != nil:
+		return t.blocks.RegionOff + t.blocks.Bytes()
+	}
+	var end uint64
+	for _, run := range t.runs {
+		if run.Count > 0 {
+			end = max(end, run.RegionOff+(run.Count-1)*run.RegionStride+run.Len)
+		}
+	}
+	return end
+}
+
 // cancel stops the task if its scatter has not started. stopped is true
 // when this call stopped it (it will never start); false when it had
 // started already (it runs to completion and cannot be called back) or was

@@ -6,7 +6,9 @@ import "time"
 // implementation has one when its value has the method, and the agent finds
 // it with a type assertion. (Notifier, Fencer, ContextPoster,
 // ContextWriter, PeerLossReporter, Connector, WriteGuarded, MemoryKinder
-// and StagedKinder are the others, Reader and ReadGuarded below too; WriteStaller is for tests only.) A wrapper that embeds the interface
+// and StagedKinder are the others; NotifyLimiter, RouteCoster, the wakers,
+// Listener, WriteFencer, Authenticating, Reader and ReadGuarded are below;
+// WriteStaller is for tests only.) A wrapper that embeds the interface
 // Engine hides them: embed the concrete type, or forward the methods.
 
 // NotifyLimiter is the optional capability of a Notifier whose
