@@ -72,13 +72,8 @@ func AppendMarshal(dst []byte, m Message) ([]byte, error) {
 	case *Grant:
 		b = le.AppendUint64(b, m.Request)
 		b = le.AppendUint32(b, uint32(len(m.Credits)))
-		for _, c := range m.Credits {
-			b = le.AppendUint64(b, c.Region)
-			b = le.AppendUint64(b, c.Addr)
-			b = le.AppendUint64(b, c.Len)
-			b = le.AppendUint32(b, c.Chunk)
-			b = le.AppendUint32(b, uint32(c.Device))
-			b = append(b, byte(c.Kind))
+		for i := range m.Credits {
+			b = appendCredit(b, &m.Credits[i])
 		}
 	case *Data:
 		b = appendData(b, m)
@@ -617,14 +612,8 @@ func (d *decoder) grant() (*Grant, error) {
 	g.Credits = make([]Credit, n)
 	b := d.b[d.off : d.off+creditSize*n]
 	for i := range g.Credits {
-		e := b[creditSize*i : creditSize*(i+1)]
 		c := &g.Credits[i]
-		c.Region = le.Uint64(e[0:])
-		c.Addr = le.Uint64(e[8:])
-		c.Len = le.Uint64(e[16:])
-		c.Chunk = le.Uint32(e[24:])
-		c.Device = int32(le.Uint32(e[28:]))
-		c.Kind = transfer.MemKind(e[32])
+		*c = credit(b[creditSize*i:])
 		if why := checkCredit(c); why != "" {
 			return nil, errorf(d.what, ErrMalformed, "credits[%d]: %s", i, why)
 		}

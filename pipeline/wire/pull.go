@@ -308,6 +308,14 @@ func (d *decoder) staged() (*Staged, error) {
 	return m, nil
 }
 
+// credit decodes the credit at the start of e (creditSize bytes; the
+// caller checked they are there). GRANT and PULL carry credits alike.
+func credit(e []byte) Credit {
+	return Credit{Region: le.Uint64(e[0:]), Addr: le.Uint64(e[8:]), Len: le.Uint64(e[16:]),
+		Chunk: le.Uint32(e[24:]), Device: int32(le.Uint32(e[28:])), Kind: transfer.MemKind(e[32])}
+}
+
+// appendCredit encodes c (creditSize bytes), as GRANT and PULL carry it.
 func appendCredit(b []byte, c *Credit) []byte {
 	b = le.AppendUint64(b, c.Region)
 	b = le.AppendUint64(b, c.Addr)
@@ -345,9 +353,7 @@ func (d *decoder) pull() (*Pull, error) {
 	if nc := d.count("credit count", MaxCredits, creditSize); d.err == nil && nc > 0 {
 		p.Credits = make([]Credit, nc)
 		for i := range p.Credits {
-			e := d.b[d.off+creditSize*i:]
-			p.Credits[i] = Credit{Region: le.Uint64(e[0:]), Addr: le.Uint64(e[8:]), Len: le.Uint64(e[16:]),
-				Chunk: le.Uint32(e[24:]), Device: int32(le.Uint32(e[28:])), Kind: transfer.MemKind(e[32])}
+			p.Credits[i] = credit(d.b[d.off+creditSize*i:])
 		}
 		d.off += creditSize * nc
 	}
