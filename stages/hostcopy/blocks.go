@@ -26,7 +26,17 @@ func (e *Engine) SubmitBlocks(region transfer.Desc, c transfer.BlockCopy) (trans
 	}
 	ctx.pins = ctx.pins[:0]
 	ctx.blk = c
-	if err := e.validateBlocks(ctx, region); err != nil {
+	return e.submitTable(ctx, region, e.validateBlocks, c.Bytes(), c.Count, func(o *op, lo, hi uint64) share {
+		return share{o: o, blk: &ctx.blk, lo: lo, hi: hi}
+	})
+}
+
+// submitTable checks and pins the table copy ctx holds (validate records
+// the ranges it uses) and queues it as shares of about equal units, one
+// per worker at most: count units of bytes in all, share(o, lo, hi) the
+// share of units [lo, hi). Errors and pinning are Submit's.
+func (e *Engine) submitTable(ctx *copyCtx, region transfer.Desc, validate func(*copyCtx, transfer.Desc) error, bytes, count uint64, mk func(o *op, lo, hi uint64) share) (transfer.Op, error) {
+	if err := validate(ctx, region); err != nil {
 		e.putCtx(ctx)
 		return nil, fmt.Errorf("%s: %w", e.name, err)
 	}
@@ -35,8 +45,8 @@ func (e *Engine) SubmitBlocks(region transfer.Desc, c transfer.BlockCopy) (trans
 		return nil, fmt.Errorf("%s: %w", e.name, err)
 	}
 	parts := uint64(1)
-	if b := c.Bytes(); b >= 2*MinShareBytes {
-		parts = min(uint64(e.workers), b/MinShareBytes, c.Count)
+	if bytes >= 2*MinShareBytes {
+		parts = min(uint64(e.workers), bytes/MinShareBytes, count)
 	}
 	o := &op{e: e, ctx: ctx, region: region, done: make(chan struct{})}
 	o.left.Store(int32(parts))
@@ -49,10 +59,9 @@ func (e *Engine) SubmitBlocks(region transfer.Desc, c transfer.BlockCopy) (trans
 		return nil, fmt.Errorf("%s: submit: %w", e.name, transfer.ErrClosed)
 	}
 	// Exactly parts shares (o.left counts them), of sizes differing by at
-	// most one piece; a chunk of no pieces is one empty share.
+	// most one unit; a chunk of no units is one empty share.
 	for i := range parts {
-		lo, hi := i*c.Count/parts, (i+1)*c.Count/parts
-		e.queue[(e.head+e.queued)%len(e.queue)] = share{o: o, blk: &ctx.blk, lo: lo, hi: hi}
+		e.queue[(e.head+e.queued)%len(e.queue)] = mk(o, i*count/parts, (i+1)*count/parts)
 		e.queued++
 	}
 	if parts == 1 {
@@ -68,7 +77,18 @@ func (e *Engine) SubmitBlocks(region transfer.Desc, c transfer.BlockCopy) (trans
 // records the ranges it uses in ctx.pins.
 func (e *Engine) validateBlocks(ctx *copyCtx, region transfer.Desc) error {
 	c := &ctx.blk
-	p := c.Blocks.Pool
+	return e.validateTable(ctx, region, c.Blocks.Pool, "block copy", c.Check, c.Count, func() (int, int) {
+		return c.Blocks.RegionsTouched(c.First, c.Count)
+	})
+}
+
+// validateTable checks a table copy of count units of pool p packed in
+// region before any byte moves, once each: host memory, the pool's
+// geometry, the copy against the region's length (check), the region
+// registered, and the span of every pool region the units touch (touched,
+// asked only when something moves) one registered host range; it records
+// the ranges used in ctx.pins.
+func (e *Engine) validateTable(ctx *copyCtx, region transfer.Desc, p transfer.Pool, what string, check func(regionLen uint64) error, count uint64, touched func() (int, int)) error {
 	if region.Kind != transfer.Host || p.Kind != transfer.Host {
 		return fmt.Errorf("region %v, pool %v: only host memory: %w", region, p, transfer.ErrUnsupported)
 	}
@@ -78,18 +98,18 @@ func (e *Engine) validateBlocks(ctx *copyCtx, region transfer.Desc) error {
 	if err := p.CheckGeometry(); err != nil {
 		return fmt.Errorf("pool %v: %v: %w", p, err, transfer.ErrOutOfBounds)
 	}
-	if err := c.Check(region.Len); err != nil {
-		return fmt.Errorf("block copy: %w: %w", err, transfer.ErrOutOfBounds)
+	if err := check(region.Len); err != nil {
+		return fmt.Errorf("%s: %w: %w", what, err, transfer.ErrOutOfBounds)
 	}
 	rd, err := e.reg.Find(region.Addr, region.Len)
 	if err != nil {
 		return fmt.Errorf("region %v: %w", region, err)
 	}
 	ctx.touch(rd.Addr)
-	if c.Count == 0 {
+	if count == 0 {
 		return nil
 	}
-	lo, hi := c.Blocks.RegionsTouched(c.First, c.Count)
+	lo, hi := touched()
 	for r := lo; r < hi; r++ {
 		span := p.Span(r)
 		if span.Addr+span.Len < span.Addr {

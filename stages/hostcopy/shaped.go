@@ -22,80 +22,16 @@ func (e *Engine) SubmitShaped(region transfer.Desc, c transfer.ShapedCopy) (tran
 	}
 	ctx.pins = ctx.pins[:0]
 	ctx.shp = c
-	if err := e.validateShaped(ctx, region); err != nil {
-		e.putCtx(ctx)
-		return nil, fmt.Errorf("%s: %w", e.name, err)
-	}
-	if err := e.reg.Pin(ctx.pins); err != nil {
-		e.putCtx(ctx)
-		return nil, fmt.Errorf("%s: %w", e.name, err)
-	}
-	parts := uint64(1)
-	if b := c.Bytes(); b >= 2*MinShareBytes {
-		parts = min(uint64(e.workers), b/MinShareBytes, c.Count)
-	}
-	o := &op{e: e, ctx: ctx, region: region, done: make(chan struct{})}
-	o.left.Store(int32(parts))
-
-	e.mu.Lock()
-	if e.pool.ClosedLocked() {
-		e.mu.Unlock()
-		e.reg.Unpin(ctx.pins)
-		e.putCtx(ctx)
-		return nil, fmt.Errorf("%s: submit: %w", e.name, transfer.ErrClosed)
-	}
-	for i := range parts {
-		lo, hi := i*c.Count/parts, (i+1)*c.Count/parts
-		e.queue[(e.head+e.queued)%len(e.queue)] = share{o: o, shp: &ctx.shp, lo: lo, hi: hi}
-		e.queued++
-	}
-	if parts == 1 {
-		e.cond.Signal()
-	} else {
-		e.cond.Broadcast()
-	}
-	e.mu.Unlock()
-	return o, nil
+	return e.submitTable(ctx, region, e.validateShaped, c.Bytes(), c.Count, func(o *op, lo, hi uint64) share {
+		return share{o: o, shp: &ctx.shp, lo: lo, hi: hi}
+	})
 }
 
 // validateShaped checks a shaped copy against region and the registry and
 // records the ranges it uses in ctx.pins.
 func (e *Engine) validateShaped(ctx *copyCtx, region transfer.Desc) error {
 	c := &ctx.shp
-	p := c.Blocks.Pool
-	if region.Kind != transfer.Host || p.Kind != transfer.Host {
-		return fmt.Errorf("region %v, pool %v: only host memory: %w", region, p, transfer.ErrUnsupported)
-	}
-	if region.Len == 0 {
-		return fmt.Errorf("region %v: empty: %w", region, transfer.ErrOutOfBounds)
-	}
-	if err := p.CheckGeometry(); err != nil {
-		return fmt.Errorf("pool %v: %v: %w", p, err, transfer.ErrOutOfBounds)
-	}
-	if err := c.Check(region.Len); err != nil {
-		return fmt.Errorf("shaped copy: %w: %w", err, transfer.ErrOutOfBounds)
-	}
-	rd, err := e.reg.Find(region.Addr, region.Len)
-	if err != nil {
-		return fmt.Errorf("region %v: %w", region, err)
-	}
-	ctx.touch(rd.Addr)
-	if c.Count == 0 {
-		return nil
-	}
-	lo, hi := c.RegionsTouched()
-	for r := lo; r < hi; r++ {
-		span := p.Span(r)
-		if span.Addr+span.Len < span.Addr {
-			return fmt.Errorf("pool region %d at %#x wraps the address space: %w", r, span.Addr, transfer.ErrOutOfBounds)
-		}
-		d, err := e.reg.Find(span.Addr, span.Len)
-		if err != nil {
-			return fmt.Errorf("pool region %d %v: %w", r, span, err)
-		}
-		ctx.touch(d.Addr)
-	}
-	return nil
+	return e.validateTable(ctx, region, c.Blocks.Pool, "shaped copy", c.Check, c.Count, c.RegionsTouched)
 }
 
 // copyShaped moves units [c.First+lo, c.First+hi) of a validated shaped
