@@ -41,47 +41,12 @@ writes the rows.`,
   bounce pull --peer hold.json --descriptor-out pull.json --workload gptoss120b-tp8-b16 --requests 8 --repeat 5`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			l, err := loadConfig(cmd)
+			j, err := startPeerJob(cmd, "pull", memory, wf, repeat, peerFile)
 			if err != nil {
 				return err
 			}
-			roleService(l, "pull")
-			if err := memory.check(); err != nil {
-				return err
-			}
-			memory.apply(&l.Config, cmd.ErrOrStderr())
-			spec, err := wf.spec()
-			if err != nil {
-				return err
-			}
-			if repeat < 1 {
-				return usage(fmt.Errorf("--repeat %d: must be at least 1", repeat))
-			}
-			if l.Config.Discovery.Kind != "etcd" && peerFile != "-" {
-				if _, _, err := readHello(nil, peerFile); err != nil {
-					return usage(err)
-				}
-			}
-			log := logger(cmd, l.Config.Log)
-			n, err := node.Build(l.Config, factories(), log)
-			if err != nil {
-				return classify(err, usage)
-			}
-			defer n.Close(context.Background())
-			src, err := openPeer(cmd.Context(), cmd.InOrStdin(), l.Config, n, log, peerFile)
-			if err != nil {
-				return err
-			}
-			defer src.close()
-			buf, err := memory.alloc(factories(), l.Config, spec.Bytes()*uint64(wf.requests))
-			if err != nil {
-				return runtime(err)
-			}
-			d, err := driver.NewOn(n.Agent, buf)
-			if err != nil {
-				return runtime(err)
-			}
-			defer d.Close()
+			defer j.close()
+			spec, n, src, buf, d := j.spec, j.n, j.src, j.buf, j.d
 			if descOut != "" {
 				if err := writeOwnLine(n, descOut); err != nil {
 					return runtime(err)

@@ -12,7 +12,6 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/bouncekv/bounce/driver"
-	"github.com/bouncekv/bounce/node"
 	"github.com/bouncekv/bounce/pipeline"
 	"github.com/bouncekv/bounce/workload"
 )
@@ -108,52 +107,16 @@ once when the receiver's lease expires.`,
   bounce send --discovery.kind etcd --discovery.insecure --agent.name prefill-0 --peer decode-0`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			l, err := loadConfig(cmd)
-			if err != nil {
-				return err
-			}
-			roleService(l, "send")
-			if err := memory.check(); err != nil {
-				return err
-			}
-			memory.apply(&l.Config, cmd.ErrOrStderr())
-			spec, err := wf.spec()
-			if err != nil {
-				return err
-			}
 			rt, err := parseRoute(route)
 			if err != nil {
 				return err
 			}
-			if repeat < 1 {
-				return usage(fmt.Errorf("--repeat %d: must be at least 1", repeat))
-			}
-			if l.Config.Discovery.Kind != "etcd" && peerFile != "-" {
-				// A bad descriptor file is reported before an agent starts.
-				if _, _, err := readHello(nil, peerFile); err != nil {
-					return usage(err)
-				}
-			}
-			log := logger(cmd, l.Config.Log)
-			n, err := node.Build(l.Config, factories(), log)
-			if err != nil {
-				return classify(err, usage)
-			}
-			defer n.Close(context.Background())
-			src, err := openPeer(cmd.Context(), cmd.InOrStdin(), l.Config, n, log, peerFile)
+			j, err := startPeerJob(cmd, "send", memory, wf, repeat, peerFile)
 			if err != nil {
 				return err
 			}
-			defer src.close()
-			buf, err := memory.alloc(factories(), l.Config, spec.Bytes()*uint64(wf.requests))
-			if err != nil {
-				return runtime(err)
-			}
-			d, err := driver.NewOn(n.Agent, buf)
-			if err != nil {
-				return runtime(err)
-			}
-			defer d.Close()
+			defer j.close()
+			spec, src, d := j.spec, j.src, j.d
 			ctx, cancel := context.WithTimeout(cmd.Context(), 10*time.Minute)
 			defer cancel()
 			h, err := src.current(ctx)
