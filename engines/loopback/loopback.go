@@ -600,6 +600,12 @@ type writeOp struct {
 	// spans of the pool regions it touches (for InUse and the hooks).
 	blk *transfer.BlockWrite
 
+	opEnd
+}
+
+// opEnd is how a write or read operation ends: aborted (abortC closes once
+// abortErr is set), terminal (state, err), released.
+type opEnd struct {
 	abortC   chan struct{}
 	abortErr error // guarded by fab.mu; set once, then abortC closes
 
@@ -609,14 +615,8 @@ type writeOp struct {
 	released atomic.Bool
 }
 
-var _ transfer.BlockPoster = (*Engine)(nil)
-
-// Writes, From and To make writeOp a writeset.Write.
-func (o *writeOp) Writes() []transfer.WriteOp { return o.ops }
-func (o *writeOp) From() string               { return o.src.name }
-func (o *writeOp) To() string                 { return o.peer }
-
-func (o *writeOp) abortLocked(err error) {
+// abortOnceLocked records err as the abort cause, once. fab.mu is held.
+func (o *opEnd) abortOnceLocked(err error) {
 	if o.abortErr == nil {
 		o.abortErr = err
 		close(o.abortC)
@@ -624,7 +624,7 @@ func (o *writeOp) abortLocked(err error) {
 }
 
 // Poll reports the operation's status without blocking.
-func (o *writeOp) Poll() (transfer.Status, error) {
+func (o *opEnd) Poll() (transfer.Status, error) {
 	s := transfer.Status(o.state.Load())
 	if s == transfer.Pending {
 		return s, nil
@@ -632,13 +632,31 @@ func (o *writeOp) Poll() (transfer.Status, error) {
 	return s, o.err
 }
 
-// Release frees the operation once it is terminal.
-func (o *writeOp) Release() error {
+// release marks a terminal operation released: ErrInUse while pending,
+// ErrClosed the second time.
+func (o *opEnd) release() error {
 	if transfer.Status(o.state.Load()) == transfer.Pending {
-		return fmt.Errorf("loopback %s: release write to %q: %w", o.src.name, o.peer, transfer.ErrInUse)
+		return transfer.ErrInUse
 	}
 	if o.released.Swap(true) {
-		return fmt.Errorf("loopback %s: release write to %q: already released: %w", o.src.name, o.peer, transfer.ErrClosed)
+		return fmt.Errorf("already released: %w", transfer.ErrClosed)
+	}
+	return nil
+}
+
+var _ transfer.BlockPoster = (*Engine)(nil)
+
+// Writes, From and To make writeOp a writeset.Write.
+func (o *writeOp) Writes() []transfer.WriteOp { return o.ops }
+func (o *writeOp) From() string               { return o.src.name }
+func (o *writeOp) To() string                 { return o.peer }
+
+func (o *writeOp) abortLocked(err error) { o.abortOnceLocked(err) }
+
+// Release frees the operation once it is terminal.
+func (o *writeOp) Release() error {
+	if err := o.release(); err != nil {
+		return fmt.Errorf("loopback %s: release write to %q: %w", o.src.name, o.peer, err)
 	}
 	return nil
 }

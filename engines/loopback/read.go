@@ -3,7 +3,6 @@ package loopback
 import (
 	"fmt"
 	"slices"
-	"sync/atomic"
 
 	"github.com/bouncekv/bounce/engines/internal/writeset"
 	"github.com/bouncekv/bounce/mem"
@@ -31,16 +30,11 @@ type readOp struct {
 	peer           string // the holder's name, as the reader loaded it
 	ops            []transfer.WriteOp
 
-	abortC   chan struct{}
-	abortErr error // guarded by fab.mu; set once, then abortC closes
 	// Guarded by fab.mu: the holder's guard is being asked; the copy is
 	// under way; the op is terminal (finishLocked ran).
 	asking, copying, done bool
 
-	finished chan struct{}
-	state    atomic.Uint32 // transfer.Status
-	err      error         // written before state becomes terminal
-	released atomic.Bool
+	opEnd
 }
 
 // Writes, From and To make readOp a writeset.Write: a copy from the holder
@@ -52,10 +46,7 @@ func (o *readOp) To() string                 { return o.reader.name }
 // abortLocked fails o with err; one not copying yet is terminal at once
 // (its goroutine sees done and never copies). fab.mu is held.
 func (o *readOp) abortLocked(err error) {
-	if o.abortErr == nil {
-		o.abortErr = err
-		close(o.abortC)
-	}
+	o.abortOnceLocked(err)
 	if !o.copying {
 		o.finishLocked(o.abortErr)
 	}
@@ -81,22 +72,10 @@ func (o *readOp) finishLocked(err error) {
 	}
 }
 
-// Poll reports the operation's status without blocking.
-func (o *readOp) Poll() (transfer.Status, error) {
-	s := transfer.Status(o.state.Load())
-	if s == transfer.Pending {
-		return s, nil
-	}
-	return s, o.err
-}
-
 // Release frees the operation once it is terminal.
 func (o *readOp) Release() error {
-	if transfer.Status(o.state.Load()) == transfer.Pending {
-		return fmt.Errorf("loopback %s: release read from %q: %w", o.reader.name, o.peer, transfer.ErrInUse)
-	}
-	if o.released.Swap(true) {
-		return fmt.Errorf("loopback %s: release read from %q: already released: %w", o.reader.name, o.peer, transfer.ErrClosed)
+	if err := o.release(); err != nil {
+		return fmt.Errorf("loopback %s: release read from %q: %w", o.reader.name, o.peer, err)
 	}
 	return nil
 }
@@ -150,7 +129,7 @@ func (e *Engine) PostRead(peerName string, ops []transfer.ReadOp) (transfer.Op, 
 			return nil, fmt.Errorf("%s: %w", ctx("read %d source no longer registered by the peer", i), err)
 		}
 	}
-	o := &readOp{reader: e, holder: t, peer: peerName, ops: own, abortC: make(chan struct{}), finished: make(chan struct{})}
+	o := &readOp{reader: e, holder: t, peer: peerName, ops: own, opEnd: opEnd{abortC: make(chan struct{}), finished: make(chan struct{})}}
 	e.rout[o] = struct{}{}
 	t.rin[o] = struct{}{}
 	e.wg.Add(1)
