@@ -112,18 +112,50 @@ func (s *scatterDests) findRange(addr, n uint64) (int, error) {
 // peer may pull is the holder's decision, and without authentication a
 // name is all there is to decide by.
 func (s *scatterDests) readable(peer string, d transfer.Desc) error {
+	_, err := s.readableAll(peer, []transfer.Desc{d})
+	return err
+}
+
+// readableAll is readable for every descriptor of ds under one lock: the
+// index of the first peer may not pull, and why.
+func (s *scatterDests) readableAll(peer string, ds []transfer.Desc) (int, error) {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
-	i, err := s.findRange(d.Addr, d.Len)
-	if err != nil {
-		return fmt.Errorf("%v is not memory registered with the holder: %w", d, transfer.ErrForbidden)
+	var u *userRange // the previous descriptor's range: a pool's blocks share a few
+	for j, d := range ds {
+		if u == nil || !u.d.Contains(d.Addr, d.Len) {
+			i, err := s.findRange(d.Addr, d.Len)
+			if err != nil {
+				return j, fmt.Errorf("%v is not memory registered with the holder: %w", d, transfer.ErrForbidden)
+			}
+			if u = &s.ranges[i]; u.peers != nil && !slices.Contains(u.peers, peer) {
+				return j, fmt.Errorf("%v lies in %v, registered for %v, not %q: %w", d, u.d, u.peers, peer, transfer.ErrForbidden)
+			}
+		}
+		if u.d.Kind != d.Kind || u.d.Device != d.Device {
+			return j, fmt.Errorf("%v lies in %v, memory of another kind or device: %w", d, u.d, transfer.ErrForbidden)
+		}
 	}
-	if u := &s.ranges[i]; u.d.Kind != d.Kind || u.d.Device != d.Device {
-		return fmt.Errorf("%v lies in %v, memory of another kind or device: %w", d, u.d, transfer.ErrForbidden)
-	} else if u.peers != nil && !slices.Contains(u.peers, peer) {
-		return fmt.Errorf("%v lies in %v, registered for %v, not %q: %w", d, u.d, u.peers, peer, transfer.ErrForbidden)
+	return 0, nil
+}
+
+// allowedAll is allowed for every descriptor of ds under one lock: the
+// index of the first peer may not write, and why.
+func (s *scatterDests) allowedAll(peer string, ds []transfer.Desc) (int, error) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	last := -1 // the previous descriptor's range: a pool's blocks share a few
+	for j, d := range ds {
+		if last >= 0 && s.ranges[last].d.Contains(d.Addr, d.Len) {
+			continue
+		}
+		i, err := s.find(peer, d.Addr, d.Len)
+		if err != nil {
+			return j, err
+		}
+		last = i
 	}
-	return nil
+	return 0, nil
 }
 
 // check validates a DATA's runs before any copy, in one pass and without

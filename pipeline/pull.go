@@ -126,12 +126,8 @@ func (a *Agent) validatePull(req PullRequest) (*submission, *plan.Plan, error) {
 			return nil, nil, fmt.Errorf("pipeline: pull from %q: %w", req.Peer, err)
 		}
 		r.Blocks, s.pool, s.pinned = br, lp, true
-	} else {
-		for i, d := range req.Dst {
-			if _, err := a.dests.allowed(req.Peer, d.Addr, d.Len); err != nil {
-				return nil, nil, fmt.Errorf("pipeline: pull from %q: destination %d: %w", req.Peer, i, err)
-			}
-		}
+	} else if i, err := a.dests.allowedAll(req.Peer, req.Dst); err != nil {
+		return nil, nil, fmt.Errorf("pipeline: pull from %q: destination %d: %w", req.Peer, i, err)
 	}
 	s.req = r
 	dst := r.Dst
@@ -226,7 +222,7 @@ func pullOf(id uint64, p *plan.Plan, req Request, credits []wire.Credit, minChun
 	if br := req.Blocks; br != nil {
 		m.Blocks = &wire.PullBlocks{SrcPool: br.SrcPool, SrcIDs: br.SrcIDs}
 	} else {
-		m.Src, m.Dst = req.Src, req.Dst
+		m.Src = req.Src // where they land stays here (pulledPlan)
 	}
 	return m
 }
@@ -245,6 +241,11 @@ type pullReq struct {
 	// read: the PULL said this agent reads staged regions (Pull.Read);
 	// a STAGED for a pull that did not is refused.
 	read bool
+	// plan and pieces are a descriptor pull's plan and its chunks' piece
+	// ranges: the holder's DATAs name a chunk's range, and the chunk is
+	// scattered by this plan's runs (onPulledData); nil for a block pull.
+	plan   *plan.Plan
+	pieces [][2]uint64
 }
 
 // startPull opens the pull's flow in the local scheduler, takes the grant
@@ -272,13 +273,15 @@ func (r *reactor) startPull(b *Batch, s *submission, p *plan.Plan) {
 	}
 	now := r.clock.Now()
 	pr := &pullReq{key: key, b: b, pi: s.pi, lastProgress: now, read: m.Read}
-	var rb *recvBlocks
+	f := &recvFlow{tag: s.req.Tag, chunks: len(p.Chunks), start: now, pull: pr}
 	if br := s.req.Blocks; br != nil {
 		// The batch holds the pool pinned until it is quiescent; the flow
 		// shares that pin (endRecvFlow must not unpin it).
-		rb = &recvBlocks{table: br.dst}
+		f.blocks = &recvBlocks{table: br.dst}
+	} else {
+		pr.plan, pr.pieces = p, p.PieceRanges()
 	}
-	r.rflows[key] = &recvFlow{tag: s.req.Tag, chunks: len(p.Chunks), blocks: rb, start: now, pull: pr}
+	r.rflows[key] = f
 	r.pulls[key] = pr
 	r.peerFlows[peer]++
 	r.flowSeen[key] = now
@@ -304,6 +307,41 @@ func (r *reactor) startPull(b *Batch, s *submission, p *plan.Plan) {
 		pr.ended = true // never reached the holder: nothing to cancel there
 		r.flowFailed(key, fmt.Errorf("send PULL to %q: %w", peer, err))
 	}
+}
+
+// onPulledData takes a holder's DATA for a descriptor pull of this
+// agent's: it names chunk Chunk's piece range, in the region granted for
+// that chunk, and the chunk is scattered by this agent's own plan (the
+// destinations it checked at Pull), so nothing the holder sends says
+// where bytes land. Anything else is refused as a bad DATA.
+func (r *reactor) onPulledData(peer string, key credit.FlowKey, grant credit.Region, d *wire.Data, pr *pullReq) {
+	k := int(d.Chunk)
+	var why string
+	switch {
+	case !d.IsBlocks():
+		why = "scatter runs for a descriptor pull (its DATA names a piece range)"
+	case k >= len(pr.pieces):
+		why = fmt.Sprintf("chunk %d of a pull of %d chunks", k, len(pr.pieces))
+	case grant.Chunk != k:
+		why = fmt.Sprintf("chunk %d's DATA in the region granted for chunk %d", k, grant.Chunk)
+	case d.Pieces.First != pr.pieces[k][0] || d.Pieces.Count != pr.pieces[k][1]:
+		why = fmt.Sprintf("pieces [%d, +%d) where chunk %d has [%d, +%d)", d.Pieces.First, d.Pieces.Count, k, pr.pieces[k][0], pr.pieces[k][1])
+	}
+	r.recycleRuns(d.Runs)
+	if why != "" {
+		r.a.stats.badRuns.Add(1)
+		r.a.obs.reject(r, peer, rejectBadRuns)
+		r.log.Warn("DATA rejected: bad piece range", "peer", peer, "request", d.Request, "chunk", d.Chunk, "why", why)
+		r.refuseData(peer, key, d, fmt.Errorf("chunk %d: %w: %s", d.Chunk, ErrRefused, why), wire.NackBadBlocks, why)
+		return
+	}
+	if !r.beginScatter(peer, key, d) {
+		return
+	}
+	pr.plan.FillFrom(k, &r.runPool)
+	pr.plan.RecycleGather(k, &r.runPool) // the holder's side: not needed here
+	runs := pr.plan.Chunks[k].Scatter    // the task owns them now (recycleRuns)
+	r.queueScatter(d, &scatterTask{key: key, chunk: d.Chunk, region: r.regionDesc(d.Region, grant.Len), off: d.Region, runs: runs, queued: time.Now()})
 }
 
 // startingPull collects the first credits of a pull being started.
@@ -497,7 +535,13 @@ func (r *reactor) onPull(peer, from string, m *wire.Pull) {
 	if m.IsCancel() {
 		if q, ok := r.sendReqOf(peer, sk.id); ok {
 			q.noCancel = true // the puller gave up: it needs no end
-			r.fail(q, fmt.Errorf("pipeline: pull %d by %q: %w", m.Request, peer, ErrPullCancelled))
+			err := ErrPullCancelled // dropReq names the pull
+			if q.pi.forgotten.Load() {
+				// ForgetPeer is under way here: the puller's cancel (it
+				// saw the engine's connections go) raced it.
+				err = fmt.Errorf("%w: peer %q was forgotten: %w", transfer.ErrPeerLost, peer, err)
+			}
+			r.fail(q, err)
 		}
 		return
 	}
@@ -552,7 +596,7 @@ func (r *reactor) servePull(peer string, m *wire.Pull, sk servedKey) (*sendReq, 
 			return nil, wire.NackChunkTooLarge, fmt.Sprintf("chunk %d has %d bytes; accepted 1..%d", i, n, r.cfg.MaxChunk)
 		}
 	}
-	req := Request{Peer: peer, Src: m.Src, Dst: m.Dst, Route: RouteBounce}
+	req := Request{Peer: peer, Src: m.Src, Route: RouteBounce} // the puller keeps the destinations
 	s := &submission{pi: pi, a: a, start: time.Now(), want: RouteBounce}
 	if bl := m.Blocks; bl != nil {
 		lp, ok := a.usePool(bl.SrcPool)
@@ -568,21 +612,24 @@ func (r *reactor) servePull(peer string, m *wire.Pull, sk servedKey) (*sendReq, 
 			s.release()
 			return nil, wire.NackBadBlocks, fmt.Sprintf("pool %q: %v", bl.SrcPool, err)
 		}
-	} else {
-		for i, d := range m.Src {
-			if err := a.dests.readable(peer, d); err != nil {
-				return nil, wire.NackForbidden, fmt.Sprintf("source %d: %v", i, err)
-			}
-		}
+	} else if i, err := a.dests.readableAll(peer, m.Src); err != nil {
+		return nil, wire.NackForbidden, fmt.Sprintf("source %d: %v", i, err)
 	}
 	s.req = req
 	if err := a.checkKinds(RouteBounce, s); err != nil {
 		s.release()
 		return nil, wire.NackForbidden, err.Error()
 	}
-	p, err := a.planWith(req, m.MinChunk)
-	if err == nil && !slices.EqualFunc(p.Chunks, m.ChunkBytes, func(c plan.Chunk, n uint64) bool { return c.Bytes == n }) {
-		err = fmt.Errorf("the holder plans %d chunks where the puller planned %d (set bounce.max_chunk alike at both ends)", len(p.Chunks), len(m.ChunkBytes))
+	var p *plan.Plan
+	var err error
+	if req.Blocks != nil {
+		p, err = a.planWith(req, m.MinChunk)
+		if err == nil && !slices.EqualFunc(p.Chunks, m.ChunkBytes, func(c plan.Chunk, n uint64) bool { return c.Bytes == n }) {
+			err = fmt.Errorf("the holder plans %d chunks where the puller planned %d (set bounce.max_chunk alike at both ends)", len(p.Chunks), len(m.ChunkBytes))
+		}
+	} else if p, err = plan.LayoutInto(m.Src, m.ChunkBytes, a.planOptions(0)); err != nil {
+		// The sources packed into the puller's chunks, as it packed them.
+		err = fmt.Errorf("the sources do not fill the puller's %d chunks: %w", len(m.ChunkBytes), err)
 	}
 	if err != nil {
 		s.release()
@@ -631,10 +678,16 @@ func pulledBlocks(lp *localPool, bl *wire.PullBlocks) *BlockRequest {
 	return &BlockRequest{SrcPool: bl.SrcPool, SrcIDs: bl.SrcIDs, src: t, dst: t}
 }
 
-// planWith is Agent.plan with the MinChunk ramp given (a pull is planned
-// with the puller's, at both ends).
+// planOptions are a pull's plan options with the MinChunk ramp given (a
+// block pull is planned with the puller's at both ends). No scatter limit:
+// a pull's DATAs carry piece ranges, not runs.
+func (a *Agent) planOptions(minChunk uint64) plan.Options {
+	return plan.Options{MaxChunk: a.cfg.MaxChunk, MinChunk: minChunk, NoMerge: a.cfg.DisableMerging}
+}
+
+// planWith plans a pull here (planOptions).
 func (a *Agent) planWith(req Request, minChunk uint64) (*plan.Plan, error) {
-	opt := plan.Options{MaxChunk: a.cfg.MaxChunk, MinChunk: minChunk, NoMerge: a.cfg.DisableMerging, Scatter: a.scatterLimit()}
+	opt := a.planOptions(minChunk)
 	var p *plan.Plan
 	var err error
 	if br := req.Blocks; br != nil {

@@ -1,6 +1,7 @@
 package pipeline
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -375,4 +376,91 @@ func TestPullProperty(t *testing.T) {
 		}
 	})
 	settled(t, a, b)
+}
+
+// tamperedCtrl is a control channel whose outgoing messages tamper may
+// rewrite (fault injection: a hostile or broken holder).
+type tamperedCtrl struct {
+	transfer.ControlChannel
+	tamper func(wire.Message) wire.Message
+}
+
+func (c *tamperedCtrl) Send(peer string, payload []byte) error {
+	if m, err := wire.Unmarshal(payload); err == nil {
+		if m = c.tamper(m); m != nil {
+			var err error
+			if payload, err = wire.Marshal(m); err != nil {
+				return err
+			}
+		}
+	}
+	return c.ControlChannel.Send(peer, payload)
+}
+
+// TestPullRefusesHolderData: where a descriptor pull's bytes land is the
+// puller's business (its own plan): a holder whose DATA (written or
+// STAGED) carries scatter runs — here into other memory the puller
+// registered for it —, names another piece range or a chunk the pull does
+// not have is refused with a NACK, the pull fails with ErrRefused and no
+// byte of the puller's memory changes.
+func TestPullRefusesHolderData(t *testing.T) {
+	for _, read := range []PullRead{PullReadAuto, PullReadOff} {
+		for _, c := range []struct {
+			name string
+			bad  func(d *wire.Data, victim transfer.Desc)
+			code wire.NackCode
+		}{
+			{"runs", func(d *wire.Data, v transfer.Desc) {
+				d.Pieces = wire.PieceRange{}
+				d.Runs = []transfer.Run{{Addr: v.Addr, Len: 4096, Count: 1}}
+			}, wire.NackBadBlocks},
+			{"pieces", func(d *wire.Data, _ transfer.Desc) { d.Pieces.First++ }, wire.NackBadBlocks},
+			{"chunk", func(d *wire.Data, _ transfer.Desc) { d.Chunk++ }, wire.NackBadBlocks},
+		} {
+			t.Run(read.String()+"-"+c.name, func(t *testing.T) {
+				w := newWorld(t)
+				var victim transfer.Desc
+				tamper := func(s *Settings) {
+					s.Control = &tamperedCtrl{ControlChannel: s.Control, tamper: func(m wire.Message) wire.Message {
+						switch m := m.(type) {
+						case *wire.Data:
+							if wire.IsPullID(m.Request) {
+								c.bad(m, victim)
+								return m
+							}
+						case *wire.Staged:
+							c.bad(&m.Data, victim)
+							return m
+						}
+						return nil
+					}}
+				}
+				cfg := testConfig()
+				cfg.PullRead = read
+				a, b := w.node("a", testConfig(), tamper), w.node("b", cfg)
+				srcB, dstB := a.buffer(t, 16*4096), b.buffer(t, 16*4096)
+				other := b.buffer(t, 4096)
+				victim = mem.DescOf(other)
+				j := prepare(srcB, dstB, kvLayout{count: 16, size: 4096, fragmented: true}, 7)
+				connect(t, a, b)
+				bt, err := b.Pull(PullRequest{Peer: "a", Src: j.src, Dst: j.dst})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := wait(t, bt); !errors.Is(err, ErrRefused) {
+					t.Fatalf("pull err = %v, want ErrRefused", err)
+				}
+				if _, q := bt.Retirement(); !q {
+					t.Fatal("the refused pull is not quiescent")
+				}
+				if !bytes.Equal(dstB, make([]byte, len(dstB))) || !bytes.Equal(other, make([]byte, len(other))) {
+					t.Fatal("a refused DATA changed the puller's memory")
+				}
+				if st := b.Stats(); st.BadRuns != 1 {
+					t.Fatalf("puller counted %d bad DATAs, want 1", st.BadRuns)
+				}
+				settled(t, a, b)
+			})
+		}
+	}
 }

@@ -550,6 +550,10 @@ func (r *reactor) onData(peer string, d *wire.Data) {
 	}
 	if pr := r.pulls[key]; pr != nil {
 		pr.lastProgress = r.clock.Now()
+		if pr.plan != nil {
+			r.onPulledData(peer, key, grant, d, pr)
+			return
+		}
 	}
 	if f := r.rflows[key]; d.IsBlocks() || f != nil && f.blocks != nil {
 		r.onBlockData(peer, key, grant, d, f)

@@ -127,6 +127,8 @@ type Plan struct {
 	// blocks holds a block-table plan's tables (LayoutBlocks); nil for a
 	// descriptor plan.
 	blocks *blockTables
+	// gatherOnly: Fill emits no scatter runs (LayoutInto).
+	gatherOnly bool
 }
 
 // MaxPieces bounds the pieces (descriptor parts) one plan may hold, so a
@@ -237,29 +239,38 @@ func (p *Plan) FillFrom(k int, pool *RunPool) {
 	if c.Gather != nil || p.src == nil {
 		return
 	}
-	var gather, scatter []transfer.Run
-	if pool != nil {
-		gather, scatter = pool.get(c.Descs), pool.get(c.Descs)
-	} else {
-		gather, scatter = make([]transfer.Run, 0, c.Descs), make([]transfer.Run, 0, c.Descs)
+	get := func() []transfer.Run {
+		if pool != nil {
+			return pool.get(c.Descs)
+		}
+		return make([]transfer.Run, 0, c.Descs)
+	}
+	var gather, scatter []transfer.Run = get(), nil
+	if !p.gatherOnly {
+		scatter = get()
 	}
 	i, pos := c.first, c.pos
 	var end uint64
 	for left := c.Payload; left > 0; i, pos = i+1, 0 {
-		s, d := p.src[i], p.dst[i]
+		s := p.src[i]
 		if s.Len == 0 {
 			continue
 		}
 		n := min(s.Len-pos, left)
 		off := (end + p.align - 1) &^ (p.align - 1) // Layout proved it fits
 		g := transfer.Run{RegionOff: off, Addr: s.Addr + pos, Len: n, Count: 1}
-		r := transfer.Run{RegionOff: off, Addr: d.Addr + pos, Len: n, Count: 1}
 		if p.merge {
 			gather = appendRunFrom(gather, 0, g)
-			scatter = appendRunFrom(scatter, 0, r)
 		} else {
 			gather = append(gather, g)
-			scatter = append(scatter, r)
+		}
+		if !p.gatherOnly {
+			r := transfer.Run{RegionOff: off, Addr: p.dst[i].Addr + pos, Len: n, Count: 1}
+			if p.merge {
+				scatter = appendRunFrom(scatter, 0, r)
+			} else {
+				scatter = append(scatter, r)
+			}
 		}
 		end = off + n
 		left -= n

@@ -39,22 +39,33 @@ const (
 	// pullDescSize is one encoded descriptor: addr, len u64, device i32,
 	// kind u8.
 	pullDescSize = 8 + 8 + 4 + 1
+	// pullGroupSize is a descriptor group's header: its count u32, then
+	// the len, device and kind its descriptors share (pullDescSize less
+	// the address).
+	pullGroupSize = 4 + pullDescSize - 8
 )
 
 // Pull asks the peer that holds a request's source memory to send it
 // (puller → holder). Request is the puller's id (its messages carry
-// PullID(Request)). ChunkBytes is the puller's plan of the request, which
-// the holder plans again from the same sources, destinations, the agreed
-// max chunk and MinChunk and refuses when they differ; an empty
-// ChunkBytes cancels the pull (the puller gave it up). Credits are the
-// regions the puller granted before asking (possibly none: more come in
-// GRANTs), so the holder can gather and write at once. Src and Dst (the
-// descriptor form: Src in the holder's memory, Dst in the puller's, equal
-// lengths pairwise) or Blocks (the block-table form) name what moves; a
-// cancel carries neither. Endpoint, TraceParent, Tag and Incarnation are
-// as in Want. Read says the puller can read the holder's staged regions
+// PullID(Request)). ChunkBytes is the puller's plan of the request: the
+// holder packs the sources into exactly these chunks (plan.LayoutInto) and
+// refuses a plan they do not fill; an empty ChunkBytes cancels the pull
+// (the puller gave it up). Credits are the regions the puller granted
+// before asking (possibly none: more come in GRANTs), so the holder can
+// gather and write at once. Src (the descriptor form: the holder's memory,
+// in the puller's order) or Blocks (the block-table form) name what moves;
+// a cancel carries neither. Where the bytes land is the puller's business
+// in both forms: each DATA names its chunk's piece range and the puller
+// scatters it by its own plan, so the holder never sees the puller's
+// addresses. Endpoint, TraceParent, Tag and Incarnation are as in Want.
+// MinChunk is the puller's chunk ramp (a block pull is planned with it at
+// both ends). Read says the puller can read the holder's staged regions
 // (its engine is a transfer.Reader and bounce.pull_read allows it): the
 // holder may answer with STAGED instead of writing.
+//
+// The descriptor form is encoded in groups of consecutive descriptors
+// sharing a length, device and memory kind, each an address list (8 bytes
+// a descriptor for a pool of equal blocks; version 7).
 type Pull struct {
 	Request     uint64
 	ChunkBytes  []uint64
@@ -64,7 +75,7 @@ type Pull struct {
 	Tag         []byte
 	Incarnation uint64
 	Credits     []Credit
-	Src, Dst    []transfer.Desc
+	Src         []transfer.Desc
 	Blocks      *PullBlocks
 	Read        bool
 }
@@ -151,20 +162,36 @@ func pullLen(p *Pull) (int, error) {
 	if b := p.Blocks; b != nil {
 		return n + strPrefix + len(b.SrcPool) + 4 + 4*len(b.SrcIDs), nil
 	}
-	return n + 4 + 2*pullDescSize*len(p.Src), nil
+	return n + 4 + 4 + pullGroupSize*descGroups(p.Src) + 8*len(p.Src), nil
+}
+
+// descGroups is the number of groups ds is encoded in: runs of
+// consecutive descriptors sharing a length, device and kind.
+func descGroups(ds []transfer.Desc) int {
+	g := 0
+	for i := range ds {
+		if i == 0 || !sameGroup(ds[i-1], ds[i]) {
+			g++
+		}
+	}
+	return g
+}
+
+func sameGroup(a, b transfer.Desc) bool {
+	return a.Len == b.Len && a.Device == b.Device && a.Kind == b.Kind
 }
 
 // checkForm says why p's form breaks an invariant, or "".
 func (p *Pull) checkForm() string {
 	cancel := len(p.ChunkBytes) == 0
 	if cancel {
-		if p.Blocks != nil || len(p.Src) > 0 || len(p.Dst) > 0 || len(p.Credits) > 0 || p.Read {
+		if p.Blocks != nil || len(p.Src) > 0 || len(p.Credits) > 0 || p.Read {
 			return "a cancel carries no blocks, descriptors, credits or read flag"
 		}
 		return ""
 	}
 	if b := p.Blocks; b != nil {
-		if len(p.Src) > 0 || len(p.Dst) > 0 {
+		if len(p.Src) > 0 {
 			return "both descriptors and blocks"
 		}
 		switch {
@@ -175,21 +202,12 @@ func (p *Pull) checkForm() string {
 		}
 		return ""
 	}
-	switch {
-	case len(p.Src) == 0:
+	if len(p.Src) == 0 {
 		return "no descriptors"
-	case len(p.Src) != len(p.Dst):
-		return fmt.Sprintf("%d sources but %d destinations", len(p.Src), len(p.Dst))
 	}
 	for i := range p.Src {
 		if why := checkPullDesc(p.Src[i]); why != "" {
 			return fmt.Sprintf("src[%d]: %s", i, why)
-		}
-		if why := checkPullDesc(p.Dst[i]); why != "" {
-			return fmt.Sprintf("dst[%d]: %s", i, why)
-		}
-		if p.Src[i].Len != p.Dst[i].Len {
-			return fmt.Sprintf("descriptor %d: source length %d != destination length %d", i, p.Src[i].Len, p.Dst[i].Len)
 		}
 	}
 	return ""
@@ -240,12 +258,68 @@ func appendPull(b []byte, p *Pull) []byte {
 	}
 	b = append(b, formDescs)
 	b = le.AppendUint32(b, uint32(len(p.Src)))
-	for _, ds := range [2][]transfer.Desc{p.Src, p.Dst} {
-		for _, d := range ds {
-			b = appendDesc(b, d)
+	b = le.AppendUint32(b, uint32(descGroups(p.Src)))
+	for i := 0; i < len(p.Src); {
+		j := i + 1
+		for j < len(p.Src) && sameGroup(p.Src[i], p.Src[j]) {
+			j++
 		}
+		d := p.Src[i]
+		b = le.AppendUint32(b, uint32(j-i))
+		b = le.AppendUint64(b, d.Len)
+		b = le.AppendUint32(b, uint32(d.Device))
+		b = append(b, byte(d.Kind))
+		for _, e := range p.Src[i:j] {
+			b = le.AppendUint64(b, e.Addr)
+		}
+		i = j
 	}
 	return b
+}
+
+// pullDescs decodes the descriptor form's groups (appendPull): k
+// descriptors, every group at least one of them.
+func (d *decoder) pullDescs() []transfer.Desc {
+	k := d.count("descriptor count", MaxPullDescs, 8)
+	g := d.count("descriptor group count", MaxPullDescs, pullGroupSize)
+	switch {
+	case d.err != nil:
+		return nil
+	case g > k:
+		d.err = errorf(d.what, ErrMalformed, "%d descriptor groups for %d descriptors", g, k)
+		return nil
+	case k == 0:
+		return nil
+	}
+	src := make([]transfer.Desc, 0, k)
+	for j := range g {
+		n := int(d.u32("descriptor group size"))
+		h := d.take("descriptor group", pullGroupSize-4)
+		switch {
+		case d.err != nil:
+			return nil
+		case n == 0:
+			d.err = errorf(d.what, ErrMalformed, "descriptor group %d is empty", j)
+			return nil
+		case n > k-len(src):
+			d.err = errorf(d.what, ErrMalformed, "descriptor group %d holds %d descriptors, %d of the count are left", j, n, k-len(src))
+			return nil
+		}
+		a := d.take("descriptor addresses", 8*n)
+		if d.err != nil {
+			return nil
+		}
+		shared := transfer.Desc{Len: le.Uint64(h[0:]), Device: int32(le.Uint32(h[8:])), Kind: transfer.MemKind(h[12])}
+		for i := range n {
+			shared.Addr = le.Uint64(a[8*i:])
+			src = append(src, shared)
+		}
+	}
+	if len(src) != k {
+		d.err = errorf(d.what, ErrMalformed, "descriptor groups hold %d descriptors, the count says %d", len(src), k)
+		return nil
+	}
+	return src
 }
 
 // pullRead is the PULL flag of a puller that can read (Pull.Read).
@@ -372,17 +446,7 @@ func (d *decoder) pull() (*Pull, error) {
 		d.off += 4 * k
 		p.Blocks = bl
 	case form == formDescs:
-		k := d.count("descriptor count", MaxPullDescs, 2*pullDescSize)
-		if d.err != nil || k == 0 {
-			break
-		}
-		p.Src, p.Dst = make([]transfer.Desc, k), make([]transfer.Desc, k)
-		for side, ds := range [2][]transfer.Desc{p.Src, p.Dst} {
-			for i := range ds {
-				ds[i] = decodeDesc(d.b[d.off+pullDescSize*(side*k+i):])
-			}
-		}
-		d.off += 2 * pullDescSize * k
+		p.Src = d.pullDescs()
 	default:
 		return nil, errorf(d.what, ErrMalformed, "form %d, want 0 (descriptors) or 1 (blocks)", form)
 	}

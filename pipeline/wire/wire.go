@@ -18,9 +18,11 @@ import (
 // receiver's span of a direct-path request joins the sender's trace); version
 // 6 added a pool's KV layout to its descriptor and the shaped WANT (a layout
 // conversion's destination shape, its DATAs naming unit ranges) and the pull
-// messages (PULL, PULL_END, STAGED: pull.go). Peers of another version are refused
-// with an error saying so.
-const Version uint16 = 6
+// messages (PULL, PULL_END, STAGED: pull.go); version 7 made a descriptor
+// PULL carry the holder's sources alone, grouped (its DATAs name piece
+// ranges, which the puller scatters by its own plan). Peers of another
+// version are refused with an error saying so.
+const Version uint16 = 7
 
 // Limits enforced by encoders and decoders. A count or length above its limit
 // is ErrTooLarge, checked before anything is allocated.

@@ -50,41 +50,41 @@ func TestGoldenBytes(t *testing.T) {
 		hex  string
 	}{
 		{"ack", &Ack{Request: 0x0102030405060708, Chunk: 0x0a0b0c0d, Region: 0x1112131415161718, ScatterNS: 0x2122232425262728},
-			"424e4345 0600 04 00 | 0807060504030201 | 0d0c0b0a | 1817161514131211 | 2827262524232221"},
+			"424e4345 0700 04 00 | 0807060504030201 | 0d0c0b0a | 1817161514131211 | 2827262524232221"},
 		{"want", &Want{Request: 1, ChunkBytes: []uint64{0x100000}, Endpoint: "ab"},
-			"424e4345 0600 01 00 | 0100000000000000 | 01000000 | 0000100000000000 | 0200 6162 | 0000 | 0000 | 00 | 0000000000000000"},
+			"424e4345 0700 01 00 | 0100000000000000 | 01000000 | 0000100000000000 | 0200 6162 | 0000 | 0000 | 00 | 0000000000000000"},
 		{"want-cancel", &Want{Request: 2, TraceParent: "t"},
-			"424e4345 0600 01 00 | 0200000000000000 | 00000000 | 0000 | 0100 74 | 0000 | 00 | 0000000000000000"},
+			"424e4345 0700 01 00 | 0200000000000000 | 00000000 | 0000 | 0100 74 | 0000 | 00 | 0000000000000000"},
 		{"want-incarnation", &Want{Request: 2, Incarnation: 0x0102030405060708},
-			"424e4345 0600 01 00 | 0200000000000000 | 00000000 | 0000 | 0000 | 0000 | 00 | 0807060504030201"},
+			"424e4345 0700 01 00 | 0200000000000000 | 00000000 | 0000 | 0000 | 0000 | 00 | 0807060504030201"},
 		{"want-tagged", &Want{Request: 2, Tag: []byte{0xaa, 0xbb}},
-			"424e4345 0600 01 00 | 0200000000000000 | 00000000 | 0000 | 0000 | 0200 aabb | 00 | 0000000000000000"},
+			"424e4345 0700 01 00 | 0200000000000000 | 00000000 | 0000 | 0000 | 0200 aabb | 00 | 0000000000000000"},
 		{"grant", &Grant{Request: 2, Credits: []Credit{{Chunk: 3, Region: 0x10, Addr: 0x2000, Len: 0x40, Device: 1, Kind: transfer.CUDA}}},
-			"424e4345 0600 02 00 | 0200000000000000 | 01000000 | 1000000000000000 0020000000000000 4000000000000000 03000000 01000000 01"},
+			"424e4345 0700 02 00 | 0200000000000000 | 01000000 | 1000000000000000 0020000000000000 4000000000000000 03000000 01000000 01"},
 		{"data", &Data{Request: 3, Chunk: 1, Region: 0x20, TraceParent: "t", Runs: []transfer.Run{
 			{RegionOff: 0, Addr: 0x1000, Len: 0x10, Count: 1},
 			{RegionOff: 0x10, Addr: 0x2000, Len: 8, Count: 2, RegionStride: 8, AddrStride: 0x100},
 		}},
-			"424e4345 0600 03 00 | 0300000000000000 | 01000000 | 2000000000000000 | 0100 74 | 02000000 |" +
+			"424e4345 0700 03 00 | 0300000000000000 | 01000000 | 2000000000000000 | 0100 74 | 02000000 |" +
 				"00 0000000000000000 0010000000000000 1000000000000000 |" +
 				"01 1000000000000000 0020000000000000 0800000000000000 0200000000000000 0800000000000000 0001000000000000"},
 		{"nack", &Nack{Request: 4, Chunk: WholeRequest, Code: NackShutdown, Reason: "x"},
-			"424e4345 0600 05 00 | 0400000000000000 | ffffffff | 0400 | 0100 78"},
+			"424e4345 0700 05 00 | 0400000000000000 | ffffffff | 0400 | 0100 78"},
 		{"done", &Done{Request: 5, Bytes: 0x1000, Endpoint: "e", Reason: "x", TraceParent: "tp", Tag: []byte("t")},
-			"424e4345 0600 06 00 | 0500000000000000 | 0010000000000000 | 0100 65 | 0100 78 | 0200 7470 | 0100 74"},
+			"424e4345 0700 06 00 | 0500000000000000 | 0010000000000000 | 0100 65 | 0100 78 | 0200 7470 | 0100 74"},
 		{"pull", &Pull{Request: 7, ChunkBytes: []uint64{0x40}, MinChunk: 0x10, Endpoint: "e", Tag: []byte("t"), Incarnation: 2,
 			Credits: []Credit{{Chunk: 0, Region: 0x10, Addr: 0x2000, Len: 0x40}},
 			Blocks:  &PullBlocks{SrcPool: "s", SrcIDs: []uint32{1, 2}}},
-			"424e4345 0600 07 00 | 0700000000000000 | 01000000 4000000000000000 | 1000000000000000 | 0100 65 | 0000 | 0100 74 | 0200000000000000 | 00 |" +
+			"424e4345 0700 07 00 | 0700000000000000 | 01000000 4000000000000000 | 1000000000000000 | 0100 65 | 0000 | 0100 74 | 0200000000000000 | 00 |" +
 				"01000000 1000000000000000 0020000000000000 4000000000000000 00000000 00000000 00 | 01 | 0100 73 | 02000000 01000000 02000000"},
-		{"pull-read", &Pull{Request: 8, ChunkBytes: []uint64{0x40}, Src: []transfer.Desc{{Addr: 0x1000, Len: 0x40}}, Dst: []transfer.Desc{{Addr: 0x2000, Len: 0x40}}, Read: true},
-			"424e4345 0600 07 00 | 0800000000000000 | 01000000 4000000000000000 | 0000000000000000 | 0000 | 0000 | 0000 | 0000000000000000 | 01 | 00000000 | 00 | 01000000 |" +
-				"0010000000000000 4000000000000000 00000000 00 | 0020000000000000 4000000000000000 00000000 00"},
+		{"pull-read", &Pull{Request: 8, ChunkBytes: []uint64{0x40}, Src: []transfer.Desc{{Addr: 0x1000, Len: 0x40}}, Read: true},
+			"424e4345 0700 07 00 | 0800000000000000 | 01000000 4000000000000000 | 0000000000000000 | 0000 | 0000 | 0000 | 0000000000000000 | 01 | 00000000 | 00 | 01000000 01000000 |" +
+				"01000000 4000000000000000 00000000 00 0010000000000000"},
 		{"staged", &Staged{Src: transfer.Desc{Addr: 0x7000, Len: 0x10}, Data: Data{Request: 3, Chunk: 1, Region: 0x20, Runs: []transfer.Run{{RegionOff: 0, Addr: 0x1000, Len: 0x10, Count: 1}}}},
-			"424e4345 0600 09 00 | 0070000000000000 1000000000000000 00000000 00 | 0300000000000000 | 01000000 | 2000000000000000 | 0000 | 01000000 |" +
+			"424e4345 0700 09 00 | 0070000000000000 1000000000000000 00000000 00 | 0300000000000000 | 01000000 | 2000000000000000 | 0000 | 01000000 |" +
 				"00 0000000000000000 0010000000000000 1000000000000000"},
 		{"pull-end", &PullEnd{Request: 7, Code: NackForbidden, Reason: "x", Unproven: true},
-			"424e4345 0600 08 00 | 0700000000000000 | 0a00 | 01 | 0100 78"},
+			"424e4345 0700 08 00 | 0700000000000000 | 0a00 | 01 | 0100 78"},
 	}
 	for _, c := range cases {
 		got, err := Marshal(c.msg)
@@ -97,18 +97,18 @@ func TestGoldenBytes(t *testing.T) {
 	}
 
 	h := Handshake{Version: 1, ControlKind: "zmq", ArenaCapacity: 0x100, MaxChunk: 0x80, Endpoint: "e"}
-	wantH := unhex(t, "424e4345 0600 48 00 | 0100 | 0300 7a6d71 | 0001000000000000 | 8000000000000000 | 0100 65")
+	wantH := unhex(t, "424e4345 0700 48 00 | 0100 | 0300 7a6d71 | 0001000000000000 | 8000000000000000 | 0100 65")
 	if got := MarshalHandshake(h); !bytes.Equal(got, wantH) {
 		t.Fatalf("handshake:\n got %x\nwant %x", got, wantH)
 	}
 	d := AgentDesc{Name: "n", Engine: []byte{0xaa}, PublicKey: [32]byte{0: 0x11, 31: 0x22}}
 	key := "11" + strings.Repeat("00", 30) + "22"
-	wantD := unhex(t, "424e4345 0600 41 00 | 0100 6e | 01000000 aa | "+key+" | 00 | 00000000")
+	wantD := unhex(t, "424e4345 0700 41 00 | 0100 6e | 01000000 aa | "+key+" | 00 | 00000000")
 	if got := MarshalAgentDesc(d); !bytes.Equal(got, wantD) {
 		t.Fatalf("agent desc:\n got %x\nwant %x", got, wantD)
 	}
 	d.Handshake = &h
-	wantDH := append(append(append(unhex(t, "424e4345 0600 41 00 | 0100 6e | 01000000 aa | "+key+" | 01"), byte(len(wantH)), 0, 0, 0), wantH...), 0, 0, 0, 0)
+	wantDH := append(append(append(unhex(t, "424e4345 0700 41 00 | 0100 6e | 01000000 aa | "+key+" | 01"), byte(len(wantH)), 0, 0, 0), wantH...), 0, 0, 0, 0)
 	if got := MarshalAgentDesc(d); !bytes.Equal(got, wantDH) {
 		t.Fatalf("agent desc with handshake:\n got %x\nwant %x", got, wantDH)
 	}
@@ -291,6 +291,12 @@ func (r raw) u64(v uint64) raw { return le.AppendUint64(r, v) }
 func (r raw) str(s string) raw { return append(r.u16(uint16(len(s))), s...) }
 func (r raw) zeros(n int) raw  { return append(r, make([]byte, n)...) }
 
+// pullHead is a PULL of one 8-byte chunk, no credits, up to its form
+// byte (descriptors), with the given flags.
+func pullHead(flags uint8) raw {
+	return rawHeader(TypePull).u64(1).u32(1).u64(8).u64(0).str("").str("").str("").u64(0).u8(flags).u32(0).u8(0)
+}
+
 func TestAbsurdCountsAndLengths(t *testing.T) {
 	cases := []struct {
 		name string
@@ -405,8 +411,15 @@ func TestMalformedDecode(t *testing.T) {
 		{"run region overflow", strided(dataHead(1), transfer.Run{RegionOff: 1, Len: 8, Count: 3, RegionStride: math.MaxUint64 / 2}), decodeMessage, "region span overflows"},
 		{"run addr overflow", single(dataHead(1), 0, math.MaxUint64-3, 8), decodeMessage, "address span overflows"},
 		{"nack code 0", rawHeader(TypeNack).u64(1).u32(0).u16(0).str("why"), decodeMessage, "code 0"},
-		{"pull flags 2", rawHeader(TypePull).u64(1).u32(1).u64(8).u64(0).str("").str("").str("").u64(0).u8(2).u32(0).u8(0).u32(1).zeros(2 * pullDescSize), decodeMessage, "flags 0x2"},
-		{"pull cancel read", rawHeader(TypePull).u64(1).u32(0).u64(0).str("").str("").str("").u64(0).u8(1).u32(0).u8(0).u32(0), decodeMessage, "read flag"},
+		{"pull flags 2", pullHead(2).u32(1).u32(1).u32(1).u64(8).u32(0).u8(0).u64(0x1000), decodeMessage, "flags 0x2"},
+		{"pull descs group empty", pullHead(0).u32(2).u32(2).u32(0).u64(8).u32(0).u8(0).u32(2).u64(8).u32(0).u8(0).u64(0x1000).u64(0x2000), decodeMessage, "group 0 is empty"},
+		{"pull descs groups short", pullHead(0).u32(2).u32(1).u32(1).u64(8).u32(0).u8(0).u64(0x1000).zeros(8), decodeMessage, "hold 1 descriptors, the count says 2"},
+		{"pull descs group past count", pullHead(0).u32(1).u32(1).u32(2).u64(8).u32(0).u8(0).u64(0x1000).u64(0x2000), decodeMessage, "group 0 holds 2 descriptors, 1 of the count are left"},
+		{"pull descs more groups than descs", pullHead(0).u32(1).u32(2).u32(1).u64(8).u32(0).u8(0).u64(0x1000).zeros(20), decodeMessage, "2 descriptor groups for 1 descriptors"},
+		{"pull descs len 0", pullHead(0).u32(1).u32(1).u32(1).u64(0).u32(0).u8(0).u64(0x1000), decodeMessage, "src[0]: len 0"},
+		{"pull descs kind", pullHead(0).u32(1).u32(1).u32(1).u64(8).u32(0).u8(9).u64(0x1000), decodeMessage, "src[0]: unknown memory kind 9"},
+		{"pull descs overflow", pullHead(0).u32(1).u32(1).u32(1).u64(8).u32(0).u8(0).u64(math.MaxUint64 - 3), decodeMessage, "overflows"},
+		{"pull cancel read", rawHeader(TypePull).u64(1).u32(0).u64(0).str("").str("").str("").u64(0).u8(1).u32(0).u8(0).u32(0).u32(0), decodeMessage, "read flag"},
 		{"staged src len 0", rawHeader(TypeStaged).u64(0x1000).u64(0).u32(0).u8(0), decodeMessage, "src: len 0"},
 		{"staged src kind", rawHeader(TypeStaged).u64(0x1000).u64(8).u32(0).u8(9), decodeMessage, "src: unknown memory kind 9"},
 		{"staged src device", rawHeader(TypeStaged).u64(0x1000).u64(8).u32(0xffffffff).u8(0), decodeMessage, "src: negative device"},
