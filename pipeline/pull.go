@@ -534,7 +534,7 @@ func (r *reactor) onPull(peer, from string, m *wire.Pull) {
 	sk := servedKey{peer, wire.PullID(m.Request)}
 	if m.IsCancel() {
 		if q, ok := r.sendReqOf(peer, sk.id); ok {
-			q.noCancel = true // the puller gave up: it needs no end
+			q.noCancel = true       // the puller gave up: it needs no end
 			err := ErrPullCancelled // dropReq names the pull
 			if q.pi.forgotten.Load() {
 				// ForgetPeer is under way here: the puller's cancel (it
