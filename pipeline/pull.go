@@ -63,10 +63,11 @@ func (a *Agent) Pull(req PullRequest) (*Batch, error) {
 // PullContext is Pull with a context whose span, if any, becomes the
 // parent of the transfer's span.
 func (a *Agent) PullContext(ctx context.Context, req PullRequest) (*Batch, error) {
-	s, p, err := a.validatePull(req)
+	st, err := a.validatePull(req)
 	if err != nil {
 		return nil, err
 	}
+	s, p := st.s, st.p
 	id := a.nextID.Add(1)
 	b := newBatch(id, RouteBounce, "pull", req.OnComplete)
 	b.obs.start, b.obs.why, b.obs.tag, b.start = s.start, whyRequested, s.req.Tag, s.start
@@ -79,8 +80,18 @@ func (a *Agent) PullContext(ctx context.Context, req PullRequest) (*Batch, error
 	a.obs.submitted(ctx, b, req.Peer, s.pi.endpoint, s.req.count(), "pull")
 	a.obs.planned(b, p)
 	a.stats.pulls.Add(1)
-	a.post(func(r *reactor) { r.startPull(b, s, p) })
+	a.post(func(r *reactor) { r.startPull(b, st) })
 	return b, nil
+}
+
+// pullStart is a validated pull: its submission, plan and PULL (without
+// its id, credits and trace context) and the PULL's encoded length then
+// (0 without a control message limit).
+type pullStart struct {
+	s   *submission
+	p   *plan.Plan
+	m   *wire.Pull
+	len int
 }
 
 // whyRequested is the route reason of a pull (it always rides bounce).
@@ -90,44 +101,44 @@ const whyRequested = "pull"
 // and bounce-capable, the destinations are this agent's (pool pinned) and
 // writable by the holder, the sources lie in the holder's advertised pool.
 // O(descriptors) or O(ids).
-func (a *Agent) validatePull(req PullRequest) (*submission, *plan.Plan, error) {
+func (a *Agent) validatePull(req PullRequest) (*pullStart, error) {
 	if a.closing.Load() {
-		return nil, nil, fmt.Errorf("pipeline: pull: %w", transfer.ErrClosed)
+		return nil, fmt.Errorf("pipeline: pull: %w", transfer.ErrClosed)
 	}
 	switch {
 	case req.Blocks != nil && (len(req.Src) > 0 || len(req.Dst) > 0):
-		return nil, nil, fmt.Errorf("pipeline: pull: a request has descriptors (Src, Dst) or blocks (Blocks), not both")
+		return nil, fmt.Errorf("pipeline: pull: a request has descriptors (Src, Dst) or blocks (Blocks), not both")
 	case len(req.Src) != len(req.Dst):
-		return nil, nil, fmt.Errorf("pipeline: pull: %d sources but %d destinations", len(req.Src), len(req.Dst))
+		return nil, fmt.Errorf("pipeline: pull: %d sources but %d destinations", len(req.Src), len(req.Dst))
 	case len(req.Tag) > wire.MaxTag:
-		return nil, nil, fmt.Errorf("pipeline: pull: tag is %d bytes; a tag holds at most %d", len(req.Tag), wire.MaxTag)
+		return nil, fmt.Errorf("pipeline: pull: tag is %d bytes; a tag holds at most %d", len(req.Tag), wire.MaxTag)
 	case req.Blocks == nil && len(req.Src) == 0:
-		return nil, nil, fmt.Errorf("pipeline: pull: nothing to pull (no descriptors, no blocks)")
+		return nil, fmt.Errorf("pipeline: pull: nothing to pull (no descriptors, no blocks)")
 	}
 	for i := range req.Src {
 		if req.Src[i].Len != req.Dst[i].Len {
-			return nil, nil, fmt.Errorf("pipeline: pull: descriptor %d: source length %d != destination length %d", i, req.Src[i].Len, req.Dst[i].Len)
+			return nil, fmt.Errorf("pipeline: pull: descriptor %d: source length %d != destination length %d", i, req.Src[i].Len, req.Dst[i].Len)
 		}
 	}
 	a.peersMu.RLock()
 	pi, ok := a.peers[req.Peer]
 	a.peersMu.RUnlock()
 	if !ok {
-		return nil, nil, fmt.Errorf("pipeline: pull from %q: %w (call LoadPeer first)", req.Peer, transfer.ErrUnknownPeer)
+		return nil, fmt.Errorf("pipeline: pull from %q: %w (call LoadPeer first)", req.Peer, transfer.ErrUnknownPeer)
 	}
 	if !pi.bounce {
-		return nil, nil, fmt.Errorf("pipeline: pull from %q: %w: a pull rides the bounce path: %s", req.Peer, ErrBounceUnavailable, pi.reason)
+		return nil, fmt.Errorf("pipeline: pull from %q: %w: a pull rides the bounce path: %s", req.Peer, ErrBounceUnavailable, pi.reason)
 	}
 	s := &submission{pi: pi, start: time.Now(), a: a, want: RouteBounce}
 	r := Request{Peer: req.Peer, Src: req.Src, Dst: req.Dst, Tag: bytes.Clone(req.Tag), Route: RouteBounce}
 	if req.Blocks != nil {
 		br, lp, err := a.resolvePullBlocks(req.Blocks, pi)
 		if err != nil {
-			return nil, nil, fmt.Errorf("pipeline: pull from %q: %w", req.Peer, err)
+			return nil, fmt.Errorf("pipeline: pull from %q: %w", req.Peer, err)
 		}
 		r.Blocks, s.pool, s.pinned = br, lp, true
 	} else if i, err := a.dests.allowedAll(req.Peer, req.Dst); err != nil {
-		return nil, nil, fmt.Errorf("pipeline: pull from %q: destination %d: %w", req.Peer, i, err)
+		return nil, fmt.Errorf("pipeline: pull from %q: destination %d: %w", req.Peer, i, err)
 	}
 	s.req = r
 	dst := r.Dst
@@ -136,23 +147,23 @@ func (a *Agent) validatePull(req PullRequest) (*submission, *plan.Plan, error) {
 	}
 	if err := transfer.CheckKinds(a.set.Scatterer, "the scatter stage", dst); err != nil {
 		s.release()
-		return nil, nil, fmt.Errorf("pipeline: pull from %q: %w", req.Peer, err)
+		return nil, fmt.Errorf("pipeline: pull from %q: %w", req.Peer, err)
 	}
 	p, err := a.planWith(r, a.cfg.MinChunk)
 	if err != nil {
 		s.release()
-		return nil, nil, err
+		return nil, err
 	}
+	st := &pullStart{s: s, p: p, m: pullOf(p, r, a.cfg.MinChunk)}
+	st.m.Endpoint, st.m.Incarnation, st.m.Read = a.set.Control.LocalEndpoint(), a.inc, a.canRead
 	if a.ctrlMax > 0 {
-		m := pullOf(0, p, r, nil, a.cfg.MinChunk)
-		m.Endpoint, m.Incarnation, m.Read = a.set.Control.LocalEndpoint(), a.inc, a.canRead
-		if n, err := wire.EncodedLen(m); err != nil || n+traceAllowance > a.ctrlMax {
+		if st.len, err = wire.EncodedLen(st.m); err != nil || st.len+traceAllowance > a.ctrlMax {
 			s.release()
-			return nil, nil, fmt.Errorf("pipeline: pull from %q: %w: a PULL of %d chunks exceeds the %s control channel's %d-byte messages",
+			return nil, fmt.Errorf("pipeline: pull from %q: %w: a PULL of %d chunks exceeds the %s control channel's %d-byte messages",
 				req.Peer, ErrBounceUnavailable, len(p.Chunks), a.set.Control.Kind(), a.ctrlMax)
 		}
 	}
-	return s, p, nil
+	return st, nil
 }
 
 // resolvePullBlocks is resolveBlocks for a pull: the source pool is the
@@ -212,13 +223,13 @@ func pullLayouts(src, dst *transfer.Layout, br *BlockRequest) error {
 	return nil
 }
 
-// pullOf is the PULL of plan p for req (credits may be nil).
-func pullOf(id uint64, p *plan.Plan, req Request, credits []wire.Credit, minChunk uint64) *wire.Pull {
+// pullOf is the PULL of plan p for req, without its id and credits.
+func pullOf(p *plan.Plan, req Request, minChunk uint64) *wire.Pull {
 	sizes := make([]uint64, len(p.Chunks))
 	for i, c := range p.Chunks {
 		sizes[i] = c.Bytes
 	}
-	m := &wire.Pull{Request: id, ChunkBytes: sizes, MinChunk: minChunk, Tag: req.Tag, Credits: credits}
+	m := &wire.Pull{ChunkBytes: sizes, MinChunk: minChunk, Tag: req.Tag}
 	if br := req.Blocks; br != nil {
 		m.Blocks = &wire.PullBlocks{SrcPool: br.SrcPool, SrcIDs: br.SrcIDs}
 	} else {
@@ -250,7 +261,8 @@ type pullReq struct {
 
 // startPull opens the pull's flow in the local scheduler, takes the grant
 // it gets at once and sends the PULL with it.
-func (r *reactor) startPull(b *Batch, s *submission, p *plan.Plan) {
+func (r *reactor) startPull(b *Batch, st *pullStart) {
+	s, p, m := st.s, st.p, st.m
 	peer := s.pi.name
 	switch {
 	case r.shuttingDown:
@@ -264,8 +276,7 @@ func (r *reactor) startPull(b *Batch, s *submission, p *plan.Plan) {
 		return
 	}
 	key := credit.FlowKey{Peer: peer, Request: wire.PullID(b.id)}
-	m := pullOf(b.id, p, s.req, nil, r.cfg.MinChunk)
-	m.Endpoint, m.Incarnation, m.Read = r.a.set.Control.LocalEndpoint(), r.a.inc, r.a.canRead
+	m.Request = b.id
 	r.a.obs.inject(b.obs.ctx, &m.TraceParent)
 	if err := r.sched.Want(key, m.ChunkBytes); err != nil {
 		r.publish(b, fmt.Errorf("pipeline: pull from %q: %w", peer, err), true)
@@ -296,7 +307,7 @@ func (r *reactor) startPull(b *Batch, s *submission, p *plan.Plan) {
 	m.Credits = r.startingPull.credits
 	r.startingPull = nil
 	if r.a.ctrlMax > 0 {
-		if n, err := wire.EncodedLen(m); err != nil || n+traceAllowance > r.a.ctrlMax {
+		if st.len+wire.CreditSize*len(m.Credits)+traceAllowance > r.a.ctrlMax {
 			// Too many credits for one message: they follow as GRANTs.
 			grants := m.Credits
 			m.Credits = nil

@@ -2,6 +2,7 @@ package wire
 
 import (
 	"fmt"
+	"math"
 
 	"github.com/bouncekv/bounce/transfer"
 )
@@ -39,10 +40,10 @@ const (
 	// pullDescSize is one encoded descriptor: addr, len u64, device i32,
 	// kind u8.
 	pullDescSize = 8 + 8 + 4 + 1
-	// pullGroupSize is a descriptor group's header: its count u32, then
-	// the len, device and kind its descriptors share (pullDescSize less
-	// the address).
-	pullGroupSize = 4 + pullDescSize - 8
+	// pullGroupSize is a descriptor group's header: its count u32, the
+	// len u64, device i32 and kind u8 its descriptors share, their base
+	// address u64 and the width u8 of each one's offset from it (4 or 8).
+	pullGroupSize = 4 + 8 + 4 + 1 + 8 + 1
 )
 
 // Pull asks the peer that holds a request's source memory to send it
@@ -64,8 +65,9 @@ const (
 // holder may answer with STAGED instead of writing.
 //
 // The descriptor form is encoded in groups of consecutive descriptors
-// sharing a length, device and memory kind, each an address list (8 bytes
-// a descriptor for a pool of equal blocks; version 7).
+// sharing a length, device and memory kind, each a base address and the
+// descriptors' offsets from it (4 bytes a descriptor for the blocks of a
+// KV buffer under 4 GiB; version 7).
 type Pull struct {
 	Request     uint64
 	ChunkBytes  []uint64
@@ -162,23 +164,41 @@ func pullLen(p *Pull) (int, error) {
 	if b := p.Blocks; b != nil {
 		return n + strPrefix + len(b.SrcPool) + 4 + 4*len(b.SrcIDs), nil
 	}
-	return n + 4 + 4 + pullGroupSize*descGroups(p.Src) + 8*len(p.Src), nil
+	n += 4 + 4
+	for g := range descGroups(p.Src) {
+		n += pullGroupSize + g.width*(g.j-g.i)
+	}
+	return n, nil
 }
 
-// descGroups is the number of groups ds is encoded in: runs of
-// consecutive descriptors sharing a length, device and kind.
-func descGroups(ds []transfer.Desc) int {
-	g := 0
-	for i := range ds {
-		if i == 0 || !sameGroup(ds[i-1], ds[i]) {
-			g++
+// descGroup is one group of a PULL's descriptors, Src[i:j]: consecutive
+// descriptors sharing a length, device and kind, their addresses encoded
+// as offsets from the lowest (base), width bytes each (4 when the group
+// spans less than 4 GiB, as a KV buffer's blocks do).
+type descGroup struct {
+	i, j, width int
+	base        uint64
+}
+
+// descGroups yields the groups ds is encoded in.
+func descGroups(ds []transfer.Desc) func(yield func(descGroup) bool) {
+	return func(yield func(descGroup) bool) {
+		for i := 0; i < len(ds); {
+			lo, hi := ds[i].Addr, ds[i].Addr
+			j := i + 1
+			for ; j < len(ds) && ds[j].Len == ds[i].Len && ds[j].Device == ds[i].Device && ds[j].Kind == ds[i].Kind; j++ {
+				lo, hi = min(lo, ds[j].Addr), max(hi, ds[j].Addr)
+			}
+			g := descGroup{i: i, j: j, width: 8, base: lo}
+			if hi-lo <= math.MaxUint32 {
+				g.width = 4
+			}
+			if !yield(g) {
+				return
+			}
+			i = j
 		}
 	}
-	return g
-}
-
-func sameGroup(a, b transfer.Desc) bool {
-	return a.Len == b.Len && a.Device == b.Device && a.Kind == b.Kind
 }
 
 // checkForm says why p's form breaks an invariant, or "".
@@ -258,29 +278,36 @@ func appendPull(b []byte, p *Pull) []byte {
 	}
 	b = append(b, formDescs)
 	b = le.AppendUint32(b, uint32(len(p.Src)))
-	b = le.AppendUint32(b, uint32(descGroups(p.Src)))
-	for i := 0; i < len(p.Src); {
-		j := i + 1
-		for j < len(p.Src) && sameGroup(p.Src[i], p.Src[j]) {
-			j++
-		}
-		d := p.Src[i]
-		b = le.AppendUint32(b, uint32(j-i))
+	at := len(b) // the group count, known at the end
+	b = le.AppendUint32(b, 0)
+	groups := 0
+	for g := range descGroups(p.Src) {
+		d := p.Src[g.i]
+		b = le.AppendUint32(b, uint32(g.j-g.i))
 		b = le.AppendUint64(b, d.Len)
 		b = le.AppendUint32(b, uint32(d.Device))
 		b = append(b, byte(d.Kind))
-		for _, e := range p.Src[i:j] {
-			b = le.AppendUint64(b, e.Addr)
+		b = le.AppendUint64(b, g.base)
+		b = append(b, byte(g.width))
+		if g.width == 4 {
+			for _, e := range p.Src[g.i:g.j] {
+				b = le.AppendUint32(b, uint32(e.Addr-g.base))
+			}
+		} else {
+			for _, e := range p.Src[g.i:g.j] {
+				b = le.AppendUint64(b, e.Addr-g.base)
+			}
 		}
-		i = j
+		groups++
 	}
+	le.PutUint32(b[at:], uint32(groups))
 	return b
 }
 
 // pullDescs decodes the descriptor form's groups (appendPull): k
 // descriptors, every group at least one of them.
 func (d *decoder) pullDescs() []transfer.Desc {
-	k := d.count("descriptor count", MaxPullDescs, 8)
+	k := d.count("descriptor count", MaxPullDescs, 4)
 	g := d.count("descriptor group count", MaxPullDescs, pullGroupSize)
 	switch {
 	case d.err != nil:
@@ -291,32 +318,46 @@ func (d *decoder) pullDescs() []transfer.Desc {
 	case k == 0:
 		return nil
 	}
-	src := make([]transfer.Desc, 0, k)
+	src := make([]transfer.Desc, k)
+	next := 0
 	for j := range g {
-		n := int(d.u32("descriptor group size"))
-		h := d.take("descriptor group", pullGroupSize-4)
-		switch {
-		case d.err != nil:
-			return nil
-		case n == 0:
-			d.err = errorf(d.what, ErrMalformed, "descriptor group %d is empty", j)
-			return nil
-		case n > k-len(src):
-			d.err = errorf(d.what, ErrMalformed, "descriptor group %d holds %d descriptors, %d of the count are left", j, n, k-len(src))
-			return nil
-		}
-		a := d.take("descriptor addresses", 8*n)
+		h := d.take("descriptor group", pullGroupSize)
 		if d.err != nil {
 			return nil
 		}
-		shared := transfer.Desc{Len: le.Uint64(h[0:]), Device: int32(le.Uint32(h[8:])), Kind: transfer.MemKind(h[12])}
-		for i := range n {
-			shared.Addr = le.Uint64(a[8*i:])
-			src = append(src, shared)
+		n := int(le.Uint32(h))
+		shared := transfer.Desc{Len: le.Uint64(h[4:]), Device: int32(le.Uint32(h[12:])), Kind: transfer.MemKind(h[16])}
+		base, width := le.Uint64(h[17:]), int(h[25])
+		switch {
+		case n == 0:
+			d.err = errorf(d.what, ErrMalformed, "descriptor group %d is empty", j)
+		case n > k-next:
+			d.err = errorf(d.what, ErrMalformed, "descriptor group %d holds %d descriptors, %d of the count are left", j, n, k-next)
+		case width != 4 && width != 8:
+			d.err = errorf(d.what, ErrMalformed, "descriptor group %d: offset width %d, want 4 or 8", j, width)
 		}
+		a := d.take("descriptor offsets", width*n)
+		if d.err != nil {
+			return nil
+		}
+		out := src[next : next+n]
+		for i := range out {
+			var off uint64
+			if width == 4 {
+				off = uint64(le.Uint32(a[4*i:]))
+			} else {
+				off = le.Uint64(a[8*i:])
+			}
+			if shared.Addr = base + off; shared.Addr < base {
+				d.err = errorf(d.what, ErrMalformed, "descriptor %d: base %#x + offset %#x overflows", next+i, base, off)
+				return nil
+			}
+			out[i] = shared
+		}
+		next += n
 	}
-	if len(src) != k {
-		d.err = errorf(d.what, ErrMalformed, "descriptor groups hold %d descriptors, the count says %d", len(src), k)
+	if next != k {
+		d.err = errorf(d.what, ErrMalformed, "descriptor groups hold %d descriptors, the count says %d", next, k)
 		return nil
 	}
 	return src

@@ -72,6 +72,7 @@ func sampleMessages() []namedMessage {
 		{"pull-descs", &Pull{Request: 51, ChunkBytes: []uint64{8192}, Src: []transfer.Desc{{Addr: 0x1000, Len: 4096}, {Addr: 0x3000, Len: 4096, Device: 1, Kind: transfer.CUDA}}}},
 		{"pull-descs-groups", &Pull{Request: 54, ChunkBytes: []uint64{16384}, Src: []transfer.Desc{{Addr: 0x9000, Len: 4096}, {Addr: 0x1000, Len: 4096},
 			{Addr: 0x20000, Len: 8192}, {Addr: 0x5000, Len: 4096}}}},
+		{"pull-descs-wide", &Pull{Request: 55, ChunkBytes: []uint64{8192}, Src: []transfer.Desc{{Addr: 0x7f0000000000, Len: 4096}, {Addr: 0x1000, Len: 4096}, {Addr: math.MaxUint64 - 4096, Len: 4096}}}},
 		{"pull-max", &Pull{Request: math.MaxUint64, ChunkBytes: []uint64{math.MaxUint64}, MinChunk: math.MaxUint64, Endpoint: long, TraceParent: long,
 			Tag: []byte(strings.Repeat("t", MaxTag)), Incarnation: math.MaxUint64,
 			Credits: []Credit{{Chunk: math.MaxUint32, Region: math.MaxUint64 - 1, Addr: math.MaxUint64 - 1, Len: 1, Device: math.MaxInt32, Kind: transfer.CUDA}},
