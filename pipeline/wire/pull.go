@@ -3,6 +3,7 @@ package wire
 import (
 	"fmt"
 	"math"
+	"slices"
 
 	"github.com/bouncekv/bounce/transfer"
 )
@@ -166,6 +167,15 @@ func pullLen(p *Pull) (int, error) {
 	}
 	n += 4 + 4
 	for g := range descGroups(p.Src) {
+		// The group's descriptors share all but the address: the first
+		// is checked whole, the others only for wrapping (the highest).
+		if why := checkPullDesc(p.Src[g.i]); why != "" {
+			return 0, errorf(what, ErrMalformed, "src[%d]: %s", g.i, why)
+		}
+		if l := p.Src[g.i].Len; g.hi > math.MaxUint64-l {
+			i := g.i + slices.IndexFunc(p.Src[g.i:g.j], func(d transfer.Desc) bool { return d.Addr > math.MaxUint64-l })
+			return 0, errorf(what, ErrMalformed, "src[%d]: %s", i, checkPullDesc(p.Src[i]))
+		}
 		n += pullGroupSize + g.width*(g.j-g.i)
 	}
 	return n, nil
@@ -177,7 +187,7 @@ func pullLen(p *Pull) (int, error) {
 // spans less than 4 GiB, as a KV buffer's blocks do).
 type descGroup struct {
 	i, j, width int
-	base        uint64
+	base, hi    uint64 // the lowest and highest address
 }
 
 // descGroups yields the groups ds is encoded in.
@@ -189,7 +199,7 @@ func descGroups(ds []transfer.Desc) func(yield func(descGroup) bool) {
 			for ; j < len(ds) && ds[j].Len == ds[i].Len && ds[j].Device == ds[i].Device && ds[j].Kind == ds[i].Kind; j++ {
 				lo, hi = min(lo, ds[j].Addr), max(hi, ds[j].Addr)
 			}
-			g := descGroup{i: i, j: j, width: 8, base: lo}
+			g := descGroup{i: i, j: j, width: 8, base: lo, hi: hi}
 			if hi-lo <= math.MaxUint32 {
 				g.width = 4
 			}
@@ -223,12 +233,7 @@ func (p *Pull) checkForm() string {
 		return ""
 	}
 	if len(p.Src) == 0 {
-		return "no descriptors"
-	}
-	for i := range p.Src {
-		if why := checkPullDesc(p.Src[i]); why != "" {
-			return fmt.Sprintf("src[%d]: %s", i, why)
-		}
+		return "no descriptors" // each is checked by group (pullLen)
 	}
 	return ""
 }
@@ -341,18 +346,25 @@ func (d *decoder) pullDescs() []transfer.Desc {
 			return nil
 		}
 		out := src[next : next+n]
-		for i := range out {
-			var off uint64
-			if width == 4 {
-				off = uint64(le.Uint32(a[4*i:]))
-			} else {
-				off = le.Uint64(a[8*i:])
+		var hi uint64 // the highest offset: base + hi must not wrap
+		if width == 4 {
+			for i := range out {
+				off := uint64(le.Uint32(a[4*i:]))
+				hi = max(hi, off)
+				shared.Addr = base + off
+				out[i] = shared
 			}
-			if shared.Addr = base + off; shared.Addr < base {
-				d.err = errorf(d.what, ErrMalformed, "descriptor %d: base %#x + offset %#x overflows", next+i, base, off)
-				return nil
+		} else {
+			for i := range out {
+				off := le.Uint64(a[8*i:])
+				hi = max(hi, off)
+				shared.Addr = base + off
+				out[i] = shared
 			}
-			out[i] = shared
+		}
+		if base+hi < base {
+			d.err = errorf(d.what, ErrMalformed, "descriptor group %d: base %#x + offset %#x overflows", j, base, hi)
+			return nil
 		}
 		next += n
 	}

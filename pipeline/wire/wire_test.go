@@ -417,7 +417,7 @@ func TestMalformedDecode(t *testing.T) {
 		{"pull descs group past count", pullHead(0).u32(1).u32(1).u32(2).u64(8).u32(0).u8(0).u64(0x1000).u8(4).u32(0).u32(8), decodeMessage, "group 0 holds 2 descriptors, 1 of the count are left"},
 		{"pull descs more groups than descs", pullHead(0).u32(1).u32(2).u32(1).u64(8).u32(0).u8(0).u64(0x1000).u8(4).u32(0).zeros(40), decodeMessage, "2 descriptor groups for 1 descriptors"},
 		{"pull descs width", pullHead(0).u32(1).u32(1).u32(1).u64(8).u32(0).u8(0).u64(0x1000).u8(2).u16(0), decodeMessage, "offset width 2, want 4 or 8"},
-		{"pull descs offset overflow", pullHead(0).u32(1).u32(1).u32(1).u64(8).u32(0).u8(0).u64(math.MaxUint64 - 3).u8(8).u64(8), decodeMessage, "base 0xfffffffffffffffc + offset 0x8 overflows"},
+		{"pull descs offset overflow", pullHead(0).u32(1).u32(1).u32(1).u64(8).u32(0).u8(0).u64(math.MaxUint64 - 3).u8(8).u64(8), decodeMessage, "descriptor group 0: base 0xfffffffffffffffc + offset 0x8 overflows"},
 		{"pull descs len 0", pullHead(0).u32(1).u32(1).u32(1).u64(0).u32(0).u8(0).u64(0x1000).u8(4).u32(0), decodeMessage, "src[0]: len 0"},
 		{"pull descs kind", pullHead(0).u32(1).u32(1).u32(1).u64(8).u32(0).u8(9).u64(0x1000).u8(4).u32(0), decodeMessage, "src[0]: unknown memory kind 9"},
 		{"pull descs overflow", pullHead(0).u32(1).u32(1).u32(1).u64(8).u32(0).u8(0).u64(math.MaxUint64 - 3).u8(4).u32(0), decodeMessage, "overflows"},

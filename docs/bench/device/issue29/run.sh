@@ -33,7 +33,7 @@ forms() { local f=$1 tmo=$2; shift 2; RC=0; step $f $tmo "$@" --form blocks,desc
 # 1. host KV over tcp: pull beside push, one request and 8 concurrent
 forms host-tcp 110 $B bench --workload $W --concurrency 1,8 --routes bounce,pull --repeat ${REPEAT:-5} --json $J/host-tcp.json
 # 2. host KV over ucx
-forms host-ucx 110 $B bench --engine.kind ucx --workload $W --concurrency 1,8 --routes bounce,pull --repeat ${REPEAT:-5} --json $J/host-ucx.json
+forms host-ucx 170 $B bench --engine.kind ucx --workload $W --concurrency 1,8 --routes bounce,pull --repeat ${REPEAT:-5} --json $J/host-ucx.json
 # 3. device KV over tcp (two processes, pinned-host arenas, cuda stages)
 forms devkv-tcp 120 $B bench --memory device --workload $W --concurrency 1 --routes bounce,pull --repeat ${REPEAT:-5} --json $J/devkv-tcp.json
 # 4. device memory byte-exact: pulls over cudacopy (device arenas) and device KV over tcp
