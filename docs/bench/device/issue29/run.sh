@@ -11,7 +11,8 @@
 # in $OUT/log.txt. Pull by READ against pull by write (issue #29's READ
 # part): step 7 runs BenchmarkPullReadVsWrite (push, pull by write, pull by
 # read side by side, tcp on host memory), step 8 the bench CLI's pull row
-# with bounce.pull_read off (step 1's pull row reads: auto is the default).
+# with bounce.pull_read off (step 1's pull row reads: auto is the default),
+# step 9 the same for device KV over tcp (beside step 3).
 # STEPS="pull-read-bench pull-write" runs only the steps named (all when
 # unset), e.g. to fit them in one device command after the others.
 START=$SECONDS; F=.gpu/issue29; G=/tmp/issue29; mkdir -p $G/json
@@ -46,5 +47,7 @@ step conformance 60 $B conformance engine --builtin cudacopy --memory host
 step pull-read-bench 120 $P -test.run '^$' -test.bench 'BenchmarkPullReadVsWrite' -test.benchtime 10x -test.count 3 -test.timeout 115s
 # 8. the bench CLI's pull row written, not read (bounce.pull_read off at the puller), to set beside step 1's
 forms pull-write 110 $B bench --bounce.pull-read off --workload $W --concurrency 1,8 --routes bounce,pull --repeat ${REPEAT:-5} --json $J/host-tcp-pullwrite.json
+# 9. device KV over tcp with bounce.pull_read off (the holder writes), to set beside step 3's reads
+forms devkv-pullwrite 120 $B bench --memory device --bounce.pull-read off --workload $W --concurrency 1 --routes bounce,pull --repeat ${REPEAT:-5} --json $J/devkv-tcp-pullwrite.json
 tar czf $OUT/json.tgz -C $G json
 echo "done at $((SECONDS - START))s" >> $L
