@@ -261,9 +261,10 @@ type BounceConfig struct {
 	// cannot take it fails with the reason, and a bounce path that cannot
 	// be built fails the node) or direct.
 	Route string
-	// PullRead is whether pulls read the holder's staged regions where
-	// both ends' engines read and serve reads (bounce.pull_read: auto, the
-	// default, pipeline.DefaultPullRead; or off: the holder writes them).
+	// PullRead is whether pulls into host memory read the holder's staged
+	// regions where both ends' engines read and serve reads
+	// (bounce.pull_read: auto, the default, pipeline.DefaultPullRead; or
+	// off: the holder writes every pull).
 	PullRead string
 }
 

@@ -47,7 +47,7 @@ func fields() []field {
 		{"bounce.cost_model", "route auto predicts each request on both paths from the engine's calibrated costs and takes the faster (false: the gates alone decide)", func(c *Config) any { return &c.Bounce.CostModel }},
 		{"bounce.disable_merging", "one scatter run per descriptor (debugging only)", func(c *Config) any { return &c.Bounce.DisableMerging }},
 		{"bounce.route", "route of requests that choose none: auto, bounce (required: fail rather than fall back) or direct", func(c *Config) any { return &c.Bounce.Route }},
-		{"bounce.pull_read", "pulls read the holder's staged regions where both engines can (auto) or the holder writes them (off)", func(c *Config) any { return &c.Bounce.PullRead }},
+		{"bounce.pull_read", "pulls into host memory read the holder's staged regions where both engines can (auto; pulls into device memory are written) or the holder writes every pull (off)", func(c *Config) any { return &c.Bounce.PullRead }},
 
 		{"engine.kind", "data-plane engine: loopback, tcp, ucx, nixl, cudacopy or plugin", func(c *Config) any { return &c.Engine.Kind }},
 		{"engine.plugin", "engine plugin (engine.kind=plugin): a path or {path, args, env, inherit_env, checksum, options, max_restarts, restart_backoff}", func(c *Config) any { return &c.Engine.Plugin }},

@@ -102,6 +102,9 @@ func TestGPUPullByteExact(t *testing.T) {
 			if d := cudatest.Diff(cudatest.Read(t, c, dst.buf), dstB); d != "" {
 				t.Fatalf("descriptors: %s", d)
 			}
+			if n := b.Agent.Stats().PullReadOffers; n != 0 {
+				t.Fatalf("the holder offered %d chunks to read: a pull into device memory is written", n)
+			}
 			err := pull(pipeline.PullRequest{Blocks: &pipeline.BlockRequest{SrcPool: "secret", SrcIDs: []uint32{0, 1}, DstPool: "kv-in", DstIDs: []uint32{0, 1}}})
 			if err == nil || !errors.Is(err, transfer.ErrForbidden) {
 				t.Fatalf("pull of a pool registered for another peer: %v, want refused (forbidden)", err)

@@ -107,9 +107,9 @@ type Config struct {
 	// engine-aware cost model (predicted time on both paths; see package
 	// costmodel) instead of by the gates alone.
 	CostModel bool
-	// PullRead says whether pulls read the holder's staged regions where
-	// both engines can, instead of the holder writing them
-	// (bounce.pull_read; DefaultPullRead).
+	// PullRead says whether pulls into host memory read the holder's
+	// staged regions where both engines can, instead of the holder
+	// writing them (bounce.pull_read; DefaultPullRead).
 	PullRead PullRead
 }
 

@@ -155,7 +155,7 @@ func (a *Agent) validatePull(req PullRequest) (*pullStart, error) {
 		return nil, err
 	}
 	st := &pullStart{s: s, p: p, m: pullOf(p, r, a.cfg.MinChunk)}
-	st.m.Endpoint, st.m.Incarnation, st.m.Read = a.set.Control.LocalEndpoint(), a.inc, a.canRead
+	st.m.Endpoint, st.m.Incarnation, st.m.Read = a.set.Control.LocalEndpoint(), a.inc, a.canRead && readsInto(p)
 	if a.ctrlMax > 0 {
 		if st.len, err = wire.EncodedLen(st.m); err != nil || st.len+traceAllowance > a.ctrlMax {
 			s.release()
@@ -221,6 +221,22 @@ func pullLayouts(src, dst *transfer.Layout, br *BlockRequest) error {
 		return fmt.Errorf("source pool %q (%v) and destination pool %q (%v) have different layouts, and a pull does not convert layouts (push the request to convert it): %w", br.SrcPool, *src, br.DstPool, *dst, transfer.ErrUnsupported)
 	}
 	return nil
+}
+
+// readsInto says whether a pull planned as p is read where both engines
+// can (bounce.pull_read auto): when it lands in host memory. A pull into
+// device memory is written by the holder: on the H200, device KV over tcp
+// pulled by READ ran at 0.87–0.94 of push for gpt-oss-sized requests
+// (36,864 × 2 KiB) where the holder's write ran at 0.97–1.01 — with the
+// copy stages on the GPU, a chunk's extra trip (STAGED, then the READ)
+// is no longer hidden behind them (docs/BENCHMARKS.md).
+func readsInto(p *plan.Plan) bool {
+	for _, c := range p.Chunks {
+		if c.DstKind != transfer.Host {
+			return false
+		}
+	}
+	return true
 }
 
 // pullOf is the PULL of plan p for req, without its id and credits.

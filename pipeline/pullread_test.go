@@ -9,6 +9,7 @@ import (
 
 	"github.com/bouncekv/bounce/engines/tcp"
 	"github.com/bouncekv/bounce/mem"
+	"github.com/bouncekv/bounce/pipeline/plan"
 	"github.com/bouncekv/bounce/transfer"
 )
 
@@ -427,6 +428,32 @@ func TestScatterExtent(t *testing.T) {
 	} {
 		if got := c.t.extent(); got != c.want {
 			t.Errorf("%s: extent %d, want %d", c.name, got, c.want)
+		}
+	}
+}
+
+// TestReadsIntoHostOnly: a pull asks to read only when every chunk lands
+// in host memory; one into device memory (any chunk) is written.
+func TestReadsIntoHostOnly(t *testing.T) {
+	d := func(addr uint64, k transfer.MemKind) transfer.Desc {
+		return transfer.Desc{Addr: addr, Len: 4096, Kind: k}
+	}
+	for _, c := range []struct {
+		name string
+		dst  []transfer.Desc
+		want bool
+	}{
+		{"host", []transfer.Desc{d(0x10000, transfer.Host), d(0x20000, transfer.Host)}, true},
+		{"device", []transfer.Desc{d(0x10000, transfer.CUDA), d(0x20000, transfer.CUDA)}, false},
+		{"one device chunk", []transfer.Desc{d(0x10000, transfer.Host), d(0x20000, transfer.CUDA)}, false},
+	} {
+		src := []transfer.Desc{d(0x1000, transfer.Host), d(0x3000, transfer.Host)}
+		p, err := plan.Layout(src, c.dst, plan.Options{MaxChunk: 1 << 20})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := readsInto(p); got != c.want {
+			t.Errorf("%s: readsInto = %v, want %v", c.name, got, c.want)
 		}
 	}
 }

@@ -10,7 +10,8 @@ import (
 // PullRead says whether this agent's pulls read the holder's staged
 // regions (bounce.pull_read) where both ends' engines can (a
 // transfer.Reader that serves reads: transfer.CanRead): auto reads there
-// and writes elsewhere, off always has the holder write. Zero means the
+// the pulls that land in host memory and has the holder write the rest
+// (device KV: readsInto), off always has the holder write. Zero means the
 // default (DefaultConfig's).
 type PullRead uint8
 
