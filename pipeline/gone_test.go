@@ -469,3 +469,28 @@ func TestUnprovenWriteSendsNoCancel(t *testing.T) {
 	settled(t, b)
 	conserve(t, a) // a keeps the staging region the unproven write may still read
 }
+
+// TestSilentSenderPendingFlowsExpire: a sender that left its grants
+// unused for FlowExpiry is gone for its waiting flows too: the flows it
+// queued as long ago are reclaimed with the granted ones, instead of each
+// being granted in turn and holding the arena for another FlowExpiry (a
+// loop of WANTs racing ForgetPeer left hundreds queued that took minutes).
+func TestSilentSenderPendingFlowsExpire(t *testing.T) {
+	w := newWorld(t)
+	cfg := testConfig()
+	cfg.RequestTimeout = 100 * time.Millisecond // FlowExpiry defaults to 400ms
+	b := w.node("b", cfg)
+	im := newImpostor(t, w, b)
+	const wants = 100
+	for i := range wants {
+		im.send(t, "b", &wire.Want{Request: uint64(1 + i), ChunkBytes: []uint64{1 << 20}, Endpoint: im.ch.LocalEndpoint()})
+	}
+	eventually(t, func() bool { st := b.ArenaStats(); return st.Flows == wants && st.Pending > 0 })
+	// With the arena granting a few flows at a time, reclaiming them in
+	// turn would take wants/4 expiries and quarantines (over 15 s): past
+	// settled's bound.
+	settled(t, b)
+	if got := b.Stats().ExpiredFlows; got != wants {
+		t.Fatalf("expired flows = %d, want %d", got, wants)
+	}
+}

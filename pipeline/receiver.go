@@ -200,13 +200,15 @@ func (r *reactor) descEndpoint(peer string) (string, bool) {
 // waiting for its sender (not scattering) can be stale: a flow waiting for
 // its first grant, or whose regions are all being scattered, waits for the
 // receiver, not for its sender. The silence is counted from the flow's last
-// WANT, DATA or grant, whichever came last.
+// WANT, DATA or grant, whichever came last. A sender that left a grant
+// unused that long is gone for its waiting flows too: those it queued as
+// long ago are reclaimed with it, rather than granted in turn to be
+// reclaimed one FlowExpiry later each.
 func (r *reactor) expireFlows(now time.Time) {
 	if r.sched == nil {
 		return
 	}
-	expired := false
-	var unreached []string
+	var unreached, silent []string
 	for key, seen := range r.flowSeen {
 		switch {
 		case !r.sched.Active(key):
@@ -216,19 +218,15 @@ func (r *reactor) expireFlows(now time.Time) {
 			!slices.Contains(unreached, key.Peer) && r.pathDownFor(key.Peer) > r.cfg.UnreachedGrace:
 			unreached = append(unreached, key.Peer)
 		case now.Sub(seen) > r.cfg.FlowExpiry && r.sched.IdleRegions(key) > 0:
-			r.endFlow(key)
-			r.flowFailed(key, fmt.Errorf("flow reclaimed: its sender was silent for %v: %w", now.Sub(seen).Round(time.Millisecond), transfer.ErrTimeout))
-			r.a.obs.flowEnded(r, key, "expired")
-			// The sender may only be slow: a write it still lands must not
-			// reach a region granted to another flow meanwhile.
-			if r.a.guard != nil {
-				r.a.guard.revokeMatching(func(k credit.FlowKey) bool { return k == key })
+			r.expireFlow(key, now.Sub(seen))
+			if !slices.Contains(silent, key.Peer) {
+				silent = append(silent, key.Peer)
 			}
-			r.quarantine(r.sched.Quarantine(key))
-			r.cancelScatters(func(k credit.FlowKey) bool { return k == key })
-			r.a.stats.expiredFlows.Add(1)
-			r.log.Warn("flow reclaimed: its sender went silent", "peer", key.Peer, "request", key.Request, "silent_for", now.Sub(seen))
-			expired = true
+		}
+	}
+	for key, seen := range r.flowSeen {
+		if slices.Contains(silent, key.Peer) && now.Sub(seen) > r.cfg.FlowExpiry && r.sched.Waiting(key) {
+			r.expireFlow(key, now.Sub(seen))
 		}
 	}
 	for _, peer := range unreached {
@@ -236,9 +234,25 @@ func (r *reactor) expireFlows(now time.Time) {
 		// missing report had come.
 		r.peerGone(peer, fmt.Sprintf("its control path never completed a handshake in the %v its flow held grants", r.cfg.UnreachedGrace))
 	}
-	if expired {
+	if len(silent) > 0 {
 		r.schedule()
 	}
+}
+
+// expireFlow reclaims flow key, its sender silent for silence.
+func (r *reactor) expireFlow(key credit.FlowKey, silence time.Duration) {
+	r.endFlow(key)
+	r.flowFailed(key, fmt.Errorf("flow reclaimed: its sender was silent for %v: %w", silence.Round(time.Millisecond), transfer.ErrTimeout))
+	r.a.obs.flowEnded(r, key, "expired")
+	// The sender may only be slow: a write it still lands must not reach a
+	// region granted to another flow meanwhile.
+	if r.a.guard != nil {
+		r.a.guard.revokeMatching(func(k credit.FlowKey) bool { return k == key })
+	}
+	r.quarantine(r.sched.Quarantine(key))
+	r.cancelScatters(func(k credit.FlowKey) bool { return k == key })
+	r.a.stats.expiredFlows.Add(1)
+	r.log.Warn("flow reclaimed: its sender went silent", "peer", key.Peer, "request", key.Request, "silent_for", silence)
 }
 
 // pathDownFor says how long the control channel's path to peer has been

@@ -425,6 +425,21 @@ func (s *Scheduler) IdleRegions(k FlowKey) int {
 	return n
 }
 
+// Waiting reports whether flow k exists and none of its regions is being
+// scattered: it waits for its sender (a grant to use) or for grants.
+func (s *Scheduler) Waiting(k FlowKey) bool {
+	f := s.flows[k]
+	if f == nil {
+		return false
+	}
+	for _, off := range f.held {
+		if s.regions[off].scattering {
+			return false
+		}
+	}
+	return true
+}
+
 // Held reports whether the region at off is held by flow k (scattering or
 // not). Orphaned regions are held by no flow.
 func (s *Scheduler) Held(k FlowKey, off uint64) bool {

@@ -660,6 +660,32 @@ func TestIdleRegions(t *testing.T) {
 	}
 }
 
+// TestWaiting: a flow waits (for its sender or for grants) until one of
+// its regions is being scattered; an unknown flow does not.
+func TestWaiting(t *testing.T) {
+	const unit = 1 << 12
+	s := mustNew(t, Config{Capacity: unit, Granularity: unit, MaxInflight: 4})
+	k, other := key("p", 1), key("p", 2)
+	_ = s.Want(k, repeat(1, unit))
+	_ = s.Want(other, repeat(1, unit))
+	gs := s.Schedule()
+	if len(gs) != 1 || gs[0].Flow != k {
+		t.Fatalf("grants %+v, want k's one region", gs)
+	}
+	if !s.Waiting(k) || !s.Waiting(other) {
+		t.Fatalf("granted %v, pending %v: want both waiting", s.Waiting(k), s.Waiting(other))
+	}
+	if err := s.BeginScatter(k, gs[0].Offset); err != nil {
+		t.Fatal(err)
+	}
+	if s.Waiting(k) || !s.Waiting(other) {
+		t.Fatalf("scattering %v, pending %v: want only the pending one waiting", s.Waiting(k), s.Waiting(other))
+	}
+	if s.Waiting(key("p", 3)) {
+		t.Fatal("an unknown flow waits")
+	}
+}
+
 // TestQuarantine: a quarantined region belongs to nobody and is never
 // granted until it is released; a scattering region of the same flow
 // becomes an orphan as with Cancel.
