@@ -461,7 +461,7 @@ func build(s Settings, cfg Config) (*Agent, error) {
 		a.guard.setArena(a.arenaD)
 	}
 	if rg, ok := s.Engine.(transfer.ReadGuarded); ok && a.bounceOn && a.cfg.PullRead != PullReadOff && transfer.CanRead(s.Engine) && a.arenaD.Kind == transfer.Host {
-		a.rguard = newReadGuard(a.arenaD, rg.FenceReads)
+		a.rguard = newReadGuard(a.arenaD, rg.FenceReads, func(off uint64) { a.post(func(r *reactor) { r.readFenced(off) }) })
 		rg.SetReadGuard(a.rguard.check)
 		a.canRead = true
 	}

@@ -64,12 +64,32 @@ func (r *reactor) offerStaged(q *sendReq, k int) {
 	r.a.stats.pullReadOffers.Add(1)
 }
 
-// endOffer revokes chunk c's read grant, which returns once no read of its
-// staging region is served, and frees the staging.
+// endOffer revokes chunk c's read grant: no read of its staging region is
+// admitted from now on. The region is freed once the reads already being
+// served ended (readFenced): the fence runs off the reactor, which never
+// waits for a puller.
 func (r *reactor) endOffer(c *sendChunk) {
 	c.offered = false
-	r.a.rguard.revoke(c.off)
-	r.dropStaging(c)
+	if !c.staged {
+		return
+	}
+	if !r.a.rguard.revoke(c.off) {
+		r.dropStaging(c) // no grant was in force: nothing to wait for
+		return
+	}
+	c.staged = false // the fence owns the region now
+	r.readFencing[c.off] = struct{}{}
+}
+
+// readFenced frees the staging region at off once the fence of its
+// revoked read grant returned: no read of it is served any more.
+func (r *reactor) readFenced(off uint64) {
+	if _, ok := r.readFencing[off]; !ok {
+		r.log.Error("fenced staging region was not waiting for its fence", "off", off)
+		return
+	}
+	delete(r.readFencing, off)
+	r.releaseLocal(off)
 }
 
 // onStaged takes a holder's offer to read a pull's chunk: a pull of this

@@ -60,6 +60,10 @@ type reactor struct {
 	// onData, so the chunk it accepts is read before it is scattered.
 	reads   []readTask
 	offered *transfer.Desc
+	// readFencing holds the holder's staging regions (by offset) whose
+	// read grant was revoked and whose fence has not returned yet
+	// (readFenced frees them).
+	readFencing map[uint64]struct{}
 	// quarantined lists quarantined regions in release order (every
 	// quarantine lasts cfg.Quarantine, so the order is by time too).
 	quarantined []quarantined
@@ -133,6 +137,7 @@ func newReactor(a *Agent, sched *credit.Scheduler) *reactor {
 		rflows:        make(map[credit.FlowKey]*recvFlow),
 		ctrlPeers:     make(map[string]*ctrlPeer),
 		tasks:         make(map[uint64]*scatterTask),
+		readFencing:   make(map[uint64]struct{}),
 		rtraces:       make(map[credit.FlowKey]*recvTrace),
 		wantRate:      make(map[string]*security.Bucket),
 		wantInc:       make(map[string]uint64),

@@ -156,8 +156,11 @@ type ReadGuard func(peer string, src Desc) (allowed Desc, err error)
 //
 // FenceReads returns once no read of memory overlapping d is being served
 // any more (one still sending is cut): the agent calls it each time it
-// revokes a read grant and before it reuses the region, so no peer reads
-// what the region holds next. It must return within a frame's deadline.
+// revokes a read grant (its guard refuses the region from then on) and
+// reuses the region only once it returned, so no peer reads what the
+// region holds next. The agent calls it off its reactor, possibly for
+// several regions at once (it must be safe for concurrent use). It must
+// return within a frame's deadline.
 type ReadGuarded interface {
 	SetReadGuard(g ReadGuard)
 	FenceReads(d Desc)

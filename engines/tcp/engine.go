@@ -68,6 +68,11 @@ type Engine struct {
 	stage  *stager // nil unless Config.Device: the device staging rings
 	bodies *bodyBudget
 	stalls stallGate // StallWrites
+	// landHold, when set (by this package's tests, before any read), runs
+	// before each piece of a read's response lands, with a channel closed
+	// once the connection is given up; it must return by then. It stalls a
+	// reader's draining on purpose.
+	landHold func(abort <-chan struct{})
 }
 
 // counters are the engine's security counters.

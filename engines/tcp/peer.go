@@ -628,10 +628,11 @@ func (ss *session) readLoop(conn net.Conn) error {
 		case frameAck:
 			err = ss.reply(h.id, nil)
 		case frameReadData:
-			if err := ss.landRead(br, conn, h.id, idle); err != nil {
+			discarded, err := ss.landRead(br, conn, h.id, idle)
+			if err != nil {
 				return err
 			}
-			err = ss.reply(h.id, nil)
+			err = ss.reply(h.id, discarded)
 		case frameNack:
 			code, text, perr := parseNack(body)
 			if perr != nil {
@@ -652,42 +653,53 @@ func (ss *session) readLoop(conn net.Conn) error {
 }
 
 // landRead reads the payload of READ_DATA id into its part's local
-// destinations; a session that was stopped (given up) discards it
-// instead, so nothing of a read lands once its operation is being failed.
-// Every read of the payload must progress within idle.
-func (ss *session) landRead(br *bufio.Reader, conn net.Conn, id uint64, idle time.Duration) error {
+// destinations, piece by piece (1 MiB). Whether the session was stopped
+// (given up: ForgetPeer, Close, a failure) is checked before each piece: a
+// stopped session reads the pieces left into scratch, discarding them, so
+// once a stop began at most the piece then being read still lands, and
+// discarded (the stop's cause) fails the part: its destination does not
+// hold the bytes. What makes a failed read safe is not this check but the
+// order: the part is failed only after this reader returned (session.run),
+// so nothing of it lands once its operation is terminal. Every read of the
+// payload must progress within idle.
+func (ss *session) landRead(br *bufio.Reader, conn net.Conn, id uint64, idle time.Duration) (discarded, err error) {
 	ss.s.mu.Lock()
 	pt := ss.inflight[id]
-	stopped := ss.stopped
 	ss.s.mu.Unlock()
 	if pt == nil || !pt.read || pt.replied {
-		return fmt.Errorf("read data for unknown part %d: %w", id, errProtocol)
+		return nil, fmt.Errorf("read data for unknown part %d: %w", id, errProtocol)
 	}
 	const piece = 1 << 20
 	var scratch []byte
 	for _, d := range pt.dsts {
 		for len(d) > 0 {
 			n := min(len(d), piece)
-			dst := d[:n]
-			if stopped {
-				if scratch == nil {
-					scratch = make([]byte, piece)
-				}
-				dst = scratch[:n]
+			if h := ss.s.p.e.landHold; h != nil {
+				h(ss.ctx.Done())
 			}
 			ss.s.mu.Lock()
+			if ss.stopped && discarded == nil {
+				discarded = fmt.Errorf("tcp: read data of part %d discarded: the connection was given up before all of it arrived: %w", id, ss.cause)
+			}
 			if !ss.stopped {
 				_ = conn.SetReadDeadline(time.Now().Add(idle))
 			}
 			ss.lastProgress = time.Now()
 			ss.s.mu.Unlock()
+			dst := d[:n]
+			if discarded != nil {
+				if scratch == nil {
+					scratch = make([]byte, piece)
+				}
+				dst = scratch[:n]
+			}
 			if _, err := io.ReadFull(br, dst); err != nil {
-				return fmt.Errorf("read data of part %d: %w", id, err)
+				return nil, fmt.Errorf("read data of part %d: %w", id, err)
 			}
 			d = d[n:]
 		}
 	}
-	return nil
+	return discarded, nil
 }
 
 // setReadDeadline gives the next read IdleTimeout, or what is left of the
