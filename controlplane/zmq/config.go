@@ -20,9 +20,6 @@ const (
 	// DefaultRecvQueue is the receive high-water mark, in messages per
 	// connected peer.
 	DefaultRecvQueue = 1000
-	// DefaultMaxMessageSize is the largest control message accepted, in
-	// bytes (ZMQ_MAXMSGSIZE): a peer sending more is disconnected.
-	DefaultMaxMessageSize = 4 << 20
 	// DefaultHandshakeTimeout bounds a connection's ZMTP/CURVE handshake.
 	DefaultHandshakeTimeout = 5 * time.Second
 	// maxNameLen is the longest routing identity libzmq accepts.
@@ -62,7 +59,7 @@ type Config struct {
 	// means plain ZMTP (security.mode off).
 	Peers *security.Peers
 	// MaxMessageSize is ZMQ_MAXMSGSIZE in bytes; 0 means
-	// DefaultMaxMessageSize.
+	// security.DefaultMaxMessageSize.
 	MaxMessageSize int64
 	// HandshakeTimeout is ZMQ_HANDSHAKE_IVL; 0 means
 	// DefaultHandshakeTimeout.
@@ -97,7 +94,7 @@ func (cfg Config) withDefaults() (Config, error) {
 	case cfg.MaxMessageSize < 0:
 		return cfg, fmt.Errorf("zmq: config max_message_size %d: must not be negative", cfg.MaxMessageSize)
 	case cfg.MaxMessageSize == 0:
-		cfg.MaxMessageSize = DefaultMaxMessageSize
+		cfg.MaxMessageSize = security.DefaultMaxMessageSize
 	}
 	switch {
 	case cfg.HandshakeTimeout < 0:
