@@ -307,23 +307,33 @@ func cRoute(r pipeline.Route) C.int32_t {
 //export bounce_submit
 func bounce_submit(agent C.uint64_t, peer *C.char, src, dst *C.bounce_desc, n C.size_t, tag *C.uint8_t, tagLen C.size_t, route C.int32_t, batch *C.uint64_t, err **C.char) C.bounce_code {
 	e := submit(agent, peer, tag, tagLen, route, batch, func(req *pipeline.Request) error {
-		if n > 0 && (src == nil || dst == nil) {
-			return invalid("src or dst is NULL with n = %d", n)
-		}
-		if e := checkLen("n", n, maxDescs); e != nil {
-			return e
-		}
 		var e error
-		if req.Src, e = descsOf("src", src, n); e != nil {
-			return e
-		}
-		req.Dst, e = descsOf("dst", dst, n)
+		req.Src, req.Dst, e = descPairs(src, dst, n)
 		return e
 	})
 	if e != nil {
 		return fail(err, e)
 	}
 	return ok
+}
+
+// descPairs converts the n source and destination descriptors of a
+// descriptor request (bounce_submit, bounce_pull): both arrays present
+// when n > 0, n within maxDescs, each descriptor valid.
+func descPairs(src, dst *C.bounce_desc, n C.size_t) (srcs, dsts []transfer.Desc, err error) {
+	if n > 0 && (src == nil || dst == nil) {
+		return nil, nil, invalid("src or dst is NULL with n = %d", n)
+	}
+	if err := checkLen("n", n, maxDescs); err != nil {
+		return nil, nil, err
+	}
+	if srcs, err = descsOf("src", src, n); err != nil {
+		return nil, nil, err
+	}
+	if dsts, err = descsOf("dst", dst, n); err != nil {
+		return nil, nil, err
+	}
+	return srcs, dsts, nil
 }
 
 // submit is what bounce_submit and bounce_submit_blocks share: the agent,

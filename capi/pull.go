@@ -14,17 +14,8 @@ import (
 //export bounce_pull
 func bounce_pull(agent C.uint64_t, peer *C.char, src, dst *C.bounce_desc, n C.size_t, tag *C.uint8_t, tagLen C.size_t, batch *C.uint64_t, err **C.char) C.bounce_code {
 	e := pull(agent, peer, tag, tagLen, batch, func(req *pipeline.PullRequest) error {
-		if n > 0 && (src == nil || dst == nil) {
-			return invalid("src or dst is NULL with n = %d", n)
-		}
-		if e := checkLen("n", n, maxDescs); e != nil {
-			return e
-		}
 		var e error
-		if req.Src, e = descsOf("src", src, n); e != nil {
-			return e
-		}
-		req.Dst, e = descsOf("dst", dst, n)
+		req.Src, req.Dst, e = descPairs(src, dst, n)
 		return e
 	})
 	if e != nil {
