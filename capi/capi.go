@@ -336,19 +336,29 @@ func descPairs(src, dst *C.bounce_desc, n C.size_t) (srcs, dsts []transfer.Desc,
 	return srcs, dsts, nil
 }
 
+// requestCall checks what every request call (submit, pull) takes first:
+// the agent's handle, the batch out-parameter and the tag's length.
+func requestCall(agent C.uint64_t, batch *C.uint64_t, tagLen C.size_t) (*agentHandle, error) {
+	h, e := lib.agent(uint64(agent))
+	if e != nil {
+		return nil, e
+	}
+	if batch == nil {
+		return nil, invalid("batch is NULL")
+	}
+	if e := checkLen("tag_len", tagLen, wire.MaxTag); e != nil {
+		return nil, e
+	}
+	return h, nil
+}
+
 // submit is what bounce_submit and bounce_submit_blocks share: the agent,
 // the batch out-parameter, the tag and the route checked, the request
 // completed by body (its sources and destinations), submitted, and the
 // batch's handle stored in *batch.
 func submit(agent C.uint64_t, peer *C.char, tag *C.uint8_t, tagLen C.size_t, route C.int32_t, batch *C.uint64_t, body func(*pipeline.Request) error) error {
-	h, e := lib.agent(uint64(agent))
+	h, e := requestCall(agent, batch, tagLen)
 	if e != nil {
-		return e
-	}
-	if batch == nil {
-		return invalid("batch is NULL")
-	}
-	if e := checkLen("tag_len", tagLen, wire.MaxTag); e != nil {
 		return e
 	}
 	rt, e := routeOf(route)

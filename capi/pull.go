@@ -8,7 +8,6 @@ import "C"
 
 import (
 	"github.com/bouncekv/bounce/pipeline"
-	"github.com/bouncekv/bounce/pipeline/wire"
 )
 
 //export bounce_pull
@@ -42,14 +41,8 @@ func bounce_pull_blocks(agent C.uint64_t, peer, srcPool *C.char, srcIDs *C.uint3
 // request completed by body (the peer's sources, this agent's
 // destinations), started, and the batch's handle stored in *batch.
 func pull(agent C.uint64_t, peer *C.char, tag *C.uint8_t, tagLen C.size_t, batch *C.uint64_t, body func(*pipeline.PullRequest) error) error {
-	h, e := lib.agent(uint64(agent))
+	h, e := requestCall(agent, batch, tagLen)
 	if e != nil {
-		return e
-	}
-	if batch == nil {
-		return invalid("batch is NULL")
-	}
-	if e := checkLen("tag_len", tagLen, wire.MaxTag); e != nil {
 		return e
 	}
 	req := pipeline.PullRequest{Peer: goString(peer), Tag: goBytes(tag, tagLen)}

@@ -470,17 +470,23 @@ func (e *Engine) InFlight() int {
 	return len(e.out)
 }
 
-func (e *Engine) run(o *writeOp) {
-	defer e.wg.Done()
+// gate holds an op's goroutine, before it copies, at Options.Gate and then
+// Options.Hold until they let it go or abort (the op's) is closed.
+func (e *Engine) gate(abort <-chan struct{}) {
 	if g := e.opts.Gate; g != nil {
 		select {
 		case <-g:
-		case <-o.abortC:
+		case <-abort:
 		}
 	}
 	if h := e.opts.Hold; h != nil {
-		h(o.abortC)
+		h(abort)
 	}
+}
+
+func (e *Engine) run(o *writeOp) {
+	defer e.wg.Done()
+	e.gate(o.abortC)
 	e.fab.mu.Lock()
 	err := o.abortErr
 	e.fab.mu.Unlock()

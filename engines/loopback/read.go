@@ -132,15 +132,7 @@ func (e *Engine) PostRead(peerName string, ops []transfer.ReadOp) (transfer.Op, 
 // runRead asks the holder's guard, then copies.
 func (e *Engine) runRead(o *readOp) {
 	defer e.wg.Done()
-	if g := e.opts.Gate; g != nil {
-		select {
-		case <-g:
-		case <-o.abortC:
-		}
-	}
-	if h := e.opts.Hold; h != nil {
-		h(o.abortC)
-	}
+	e.gate(o.abortC)
 	f := e.fab
 	f.mu.Lock()
 	if o.done {
