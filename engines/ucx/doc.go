@@ -54,7 +54,9 @@
 // wrote to, notified or heard from, and waits, within DrainTimeout, for the
 // ack of each peer that surely holds an endpoint back (one it heard from or
 // sent a hello: every loaded one, since LoadPeer says hello, even if
-// nothing was exchanged after; TestIdleLoadedPeerCloseLogsNoWarn). The peer marks the closer departed before it acks — its
+// nothing was exchanged after: TestIdleLoadedPeerCloseLogsNoWarn). A loaded
+// peer that is gone but not yet detected (no endpoint error) holds Close
+// up to DrainTimeout. The peer marks the closer departed before it acks — its
 // writes and notifications to it fail at once with ErrPeerLost ("closed its
 // engine") — and the closer's worker goes only after the ack, so the
 // peer's endpoint failing then ("Endpoint timeout" on tcp) is logged at

@@ -519,9 +519,8 @@ func (e *Engine) beginShutdown() {
 // then is logged as the expected end (Debug), never as a fault; a bye
 // alone would race the peer's endpoint error callback. A peer that fails
 // meanwhile, or never acks, ends the wait (its endpoint error, or
-// DrainTimeout). The exchange also finishes both endpoints' connection
-// setup before the worker goes (see "Known aborts" (2)). An engine that
-// is killed says nothing, so its peers still log the loss as a warning.
+// DrainTimeout). An engine that is killed says nothing, so its peers
+// still log the loss as a warning.
 func (e *Engine) sayBye() {
 	hdr := encodeAMHeader(amKindBye, e.name)
 	for _, p := range e.peers {

@@ -32,8 +32,9 @@ func waitFor(cond func() bool) bool {
 // notification — two agents that admitted each other and closed before any
 // transfer. Loaded peers were never said bye to, so the side left behind
 // logged its endpoint's failure as a fault (WARN "peer endpoint failed ...
-// Endpoint timeout"), or kept a dead endpoint, and a worker destroyed under
-// an endpoint still being set up could abort in UCX ("got REP message").
+// Endpoint timeout"), or kept a dead endpoint (and once, here, a worker
+// destroyed while an endpoint was still being set up aborted in UCX: "got
+// REP message", Known aborts (2) in doc.go).
 // Now LoadPeer says hello and Close waits for the bye's ack of every loaded
 // peer: when a closes, b learns it from a's bye ("closed its engine"),
 // without sending anything itself, and neither side logs a warning.
