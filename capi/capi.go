@@ -307,17 +307,8 @@ func cRoute(r pipeline.Route) C.int32_t {
 //export bounce_submit
 func bounce_submit(agent C.uint64_t, peer *C.char, src, dst *C.bounce_desc, n C.size_t, tag *C.uint8_t, tagLen C.size_t, route C.int32_t, batch *C.uint64_t, err **C.char) C.bounce_code {
 	e := submit(agent, peer, tag, tagLen, route, batch, func(req *pipeline.Request) error {
-		if n > 0 && (src == nil || dst == nil) {
-			return invalid("src or dst is NULL with n = %d", n)
-		}
-		if e := checkLen("n", n, maxDescs); e != nil {
-			return e
-		}
 		var e error
-		if req.Src, e = descsOf("src", src, n); e != nil {
-			return e
-		}
-		req.Dst, e = descsOf("dst", dst, n)
+		req.Src, req.Dst, e = descPairs(src, dst, n)
 		return e
 	})
 	if e != nil {
@@ -326,19 +317,48 @@ func bounce_submit(agent C.uint64_t, peer *C.char, src, dst *C.bounce_desc, n C.
 	return ok
 }
 
+// descPairs converts the n source and destination descriptors of a
+// descriptor request (bounce_submit, bounce_pull): both arrays present
+// when n > 0, n within maxDescs, each descriptor valid.
+func descPairs(src, dst *C.bounce_desc, n C.size_t) (srcs, dsts []transfer.Desc, err error) {
+	if n > 0 && (src == nil || dst == nil) {
+		return nil, nil, invalid("src or dst is NULL with n = %d", n)
+	}
+	if err := checkLen("n", n, maxDescs); err != nil {
+		return nil, nil, err
+	}
+	if srcs, err = descsOf("src", src, n); err != nil {
+		return nil, nil, err
+	}
+	if dsts, err = descsOf("dst", dst, n); err != nil {
+		return nil, nil, err
+	}
+	return srcs, dsts, nil
+}
+
+// requestCall checks what every request call (submit, pull) takes first:
+// the agent's handle, the batch out-parameter and the tag's length.
+func requestCall(agent C.uint64_t, batch *C.uint64_t, tagLen C.size_t) (*agentHandle, error) {
+	h, e := lib.agent(uint64(agent))
+	if e != nil {
+		return nil, e
+	}
+	if batch == nil {
+		return nil, invalid("batch is NULL")
+	}
+	if e := checkLen("tag_len", tagLen, wire.MaxTag); e != nil {
+		return nil, e
+	}
+	return h, nil
+}
+
 // submit is what bounce_submit and bounce_submit_blocks share: the agent,
 // the batch out-parameter, the tag and the route checked, the request
 // completed by body (its sources and destinations), submitted, and the
 // batch's handle stored in *batch.
 func submit(agent C.uint64_t, peer *C.char, tag *C.uint8_t, tagLen C.size_t, route C.int32_t, batch *C.uint64_t, body func(*pipeline.Request) error) error {
-	h, e := lib.agent(uint64(agent))
+	h, e := requestCall(agent, batch, tagLen)
 	if e != nil {
-		return e
-	}
-	if batch == nil {
-		return invalid("batch is NULL")
-	}
-	if e := checkLen("tag_len", tagLen, wire.MaxTag); e != nil {
 		return e
 	}
 	rt, e := routeOf(route)

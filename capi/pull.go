@@ -8,23 +8,13 @@ import "C"
 
 import (
 	"github.com/bouncekv/bounce/pipeline"
-	"github.com/bouncekv/bounce/pipeline/wire"
 )
 
 //export bounce_pull
 func bounce_pull(agent C.uint64_t, peer *C.char, src, dst *C.bounce_desc, n C.size_t, tag *C.uint8_t, tagLen C.size_t, batch *C.uint64_t, err **C.char) C.bounce_code {
 	e := pull(agent, peer, tag, tagLen, batch, func(req *pipeline.PullRequest) error {
-		if n > 0 && (src == nil || dst == nil) {
-			return invalid("src or dst is NULL with n = %d", n)
-		}
-		if e := checkLen("n", n, maxDescs); e != nil {
-			return e
-		}
 		var e error
-		if req.Src, e = descsOf("src", src, n); e != nil {
-			return e
-		}
-		req.Dst, e = descsOf("dst", dst, n)
+		req.Src, req.Dst, e = descPairs(src, dst, n)
 		return e
 	})
 	if e != nil {
@@ -51,14 +41,8 @@ func bounce_pull_blocks(agent C.uint64_t, peer, srcPool *C.char, srcIDs *C.uint3
 // request completed by body (the peer's sources, this agent's
 // destinations), started, and the batch's handle stored in *batch.
 func pull(agent C.uint64_t, peer *C.char, tag *C.uint8_t, tagLen C.size_t, batch *C.uint64_t, body func(*pipeline.PullRequest) error) error {
-	h, e := lib.agent(uint64(agent))
+	h, e := requestCall(agent, batch, tagLen)
 	if e != nil {
-		return e
-	}
-	if batch == nil {
-		return invalid("batch is NULL")
-	}
-	if e := checkLen("tag_len", tagLen, wire.MaxTag); e != nil {
 		return e
 	}
 	req := pipeline.PullRequest{Peer: goString(peer), Tag: goBytes(tag, tagLen)}

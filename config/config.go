@@ -436,7 +436,7 @@ func Default() Config {
 			MaxControlPeers:        p.MaxControlPeers,
 			MaxControlConnsPerHost: security.DefaultMaxControlConnsPerHost,
 			MaxControlConns:        security.DefaultMaxControlConns,
-			MaxMessageSize:         4 * MiB,
+			MaxMessageSize:         security.DefaultMaxMessageSize,
 			MaxArenaShare:          p.MaxArenaShare,
 		},
 		Telemetry: TelemetryConfig{

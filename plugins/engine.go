@@ -537,11 +537,7 @@ func (s *engineServer) PostWrite(_ context.Context, r *pb.PostWriteRequest) (*pb
 	if err != nil {
 		return &pb.HandleReply{Error: toProtoError(err)}, nil
 	}
-	op, err := e.PostWrite(string(r.GetPeer()), fromProtoWrites(r.GetOps()))
-	if err != nil {
-		return &pb.HandleReply{Error: toProtoError(err)}, nil
-	}
-	return &pb.HandleReply{Handle: s.ops.add(op)}, nil
+	return s.ops.posted(e.PostWrite(string(r.GetPeer()), fromProtoWrites(r.GetOps()))), nil
 }
 
 func (s *engineServer) Poll(_ context.Context, r *pb.HandleRequest) (*pb.PollReply, error) {

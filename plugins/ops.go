@@ -22,6 +22,15 @@ type opTable struct {
 	ops  map[uint64]transfer.Op
 }
 
+// posted answers a post (a write, a stage copy): the handle of op, now in
+// the table, or err.
+func (t *opTable) posted(op transfer.Op, err error) *pb.HandleReply {
+	if err != nil {
+		return &pb.HandleReply{Error: toProtoError(err)}
+	}
+	return &pb.HandleReply{Handle: t.add(op)}
+}
+
 func (t *opTable) add(op transfer.Op) uint64 {
 	t.mu.Lock()
 	defer t.mu.Unlock()

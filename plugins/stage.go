@@ -308,11 +308,7 @@ func (s *stageServer) Copy(_ context.Context, r *pb.StageRequest) (*pb.HandleRep
 	if err != nil {
 		return &pb.HandleReply{Error: toProtoError(err)}, nil
 	}
-	op, err := impl.copy(fromProtoDesc(r.GetRegion()), fromProtoRuns(r.GetRuns()))
-	if err != nil {
-		return &pb.HandleReply{Error: toProtoError(err)}, nil
-	}
-	return &pb.HandleReply{Handle: s.ops.add(op)}, nil
+	return s.ops.posted(impl.copy(fromProtoDesc(r.GetRegion()), fromProtoRuns(r.GetRuns()))), nil
 }
 
 func (s *stageServer) Poll(_ context.Context, r *pb.HandleRequest) (*pb.PollReply, error) {

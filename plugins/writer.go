@@ -151,10 +151,7 @@ func (s *writerServer) Write(cx context.Context, r *pb.WriteRequest) (*pb.Handle
 	} else {
 		op, err = w.Write(peer, src, dst)
 	}
-	if err != nil {
-		return &pb.HandleReply{Error: toProtoError(err)}, nil
-	}
-	return &pb.HandleReply{Handle: s.ops.add(op)}, nil
+	return s.ops.posted(op, err), nil
 }
 
 func (s *writerServer) Poll(_ context.Context, r *pb.HandleRequest) (*pb.PollReply, error) {

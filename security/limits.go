@@ -33,14 +33,19 @@ func (b *Bucket) Allow(now time.Time) bool {
 	return true
 }
 
-// Defaults of the incoming control connection caps (security.
-// max_control_conns_per_host, security.max_control_conns).
+// Defaults of the control channel's caps (security.
+// max_control_conns_per_host, security.max_control_conns,
+// security.max_message_size): the one source the config defaults and the
+// ZeroMQ channel's zero-value defaults both refer to.
 const (
 	// DefaultMaxControlConnsPerHost is how many incoming control
 	// connections one sending host may hold.
 	DefaultMaxControlConnsPerHost = 64
 	// DefaultMaxControlConns is how many all hosts together may hold.
 	DefaultMaxControlConns = 1024
+	// DefaultMaxMessageSize is the largest control message accepted, in
+	// bytes (ZMQ_MAXMSGSIZE): a peer sending more is disconnected.
+	DefaultMaxMessageSize = 4 << 20
 )
 
 // HostConns counts live connections by the host they come from and says

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/base64"
 	"fmt"
 	"io"
 	"strings"
@@ -154,21 +153,7 @@ func convertJob(cmd *cobra.Command, cfg config.Config, childArgs []string, c wor
 // convPools has the receiver register request slices of c's destination
 // layout (replacing the previous pools) and loads its new descriptor.
 func (s *session) convPools(c workload.Conversion, requests int) error {
-	if s.recv == nil {
-		return fmt.Errorf("a layout conversion needs a receiver this command started (not --peer): it registers the destination pools")
-	}
-	rep, err := s.recv.call(command{Op: "pools", Convert: &c, Requests: requests}, 2*time.Minute)
-	if err != nil {
-		return err
-	}
-	blob, err := base64.StdEncoding.DecodeString(rep.Descriptor)
-	if err != nil {
-		return fmt.Errorf("receiver descriptor after pools: %w", err)
-	}
-	if _, err := s.n.Agent.LoadPeer(blob); err != nil {
-		return fmt.Errorf("load receiver after pools: %w", err)
-	}
-	return nil
+	return s.loadPools("a layout conversion", command{Op: "pools", Convert: &c, Requests: requests})
 }
 
 // benchLayouts is bench --layouts: run's conversion job with the bench's

@@ -193,10 +193,17 @@ func verifyCommand(spec workload.Spec, requests int) command {
 // previous ones) and loads its new descriptor, so requests in the block
 // form can name them (driver.DstPool).
 func (s *session) pools(spec workload.Spec, requests int) error {
+	return s.loadPools("the block-table form", command{Op: "pools", DescSize: spec.DescSize, Count: spec.Count, Regions: spec.Regions, Requests: requests})
+}
+
+// loadPools sends the receiver this command started the pools command
+// pools (what needs them names the error when there is none: --peer) and
+// loads the descriptor it answers with.
+func (s *session) loadPools(what string, pools command) error {
 	if s.recv == nil {
-		return fmt.Errorf("the block-table form needs a receiver this command started (not --peer): it registers the destination pools")
+		return fmt.Errorf("%s needs a receiver this command started (not --peer): it registers the destination pools", what)
 	}
-	rep, err := s.recv.call(command{Op: "pools", DescSize: spec.DescSize, Count: spec.Count, Regions: spec.Regions, Requests: requests}, 2*time.Minute)
+	rep, err := s.recv.call(pools, 2*time.Minute)
 	if err != nil {
 		return err
 	}

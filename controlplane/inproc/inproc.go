@@ -199,15 +199,9 @@ func (c *Channel) RemovePeer(peer string) error {
 // The peer's channel is looked up by name at every send, so a peer that
 // reopens under the same name is reached again.
 func (c *Channel) Send(peer string, payload []byte) error {
-	c.mu.Lock()
-	if c.closed {
-		c.mu.Unlock()
-		return fmt.Errorf("inproc %s: send to %q: %w", c.name, peer, transfer.ErrClosed)
-	}
-	target, ok := c.peers[peer]
-	c.mu.Unlock()
-	if !ok {
-		return fmt.Errorf("inproc %s: send to %q: %w", c.name, peer, transfer.ErrUnknownPeer)
+	target, err := c.target("send to", peer)
+	if err != nil {
+		return err
 	}
 	if c.opts.Drop != nil && c.opts.Drop(c.name, peer, payload) {
 		c.filtered.Add(1)
@@ -227,6 +221,21 @@ func (c *Channel) Send(peer string, payload []byte) error {
 	return nil
 }
 
+// target returns the channel name peer was added under; what names the
+// call in the error (ErrClosed after Close, ErrUnknownPeer).
+func (c *Channel) target(what, peer string) (string, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return "", fmt.Errorf("inproc %s: %s %q: %w", c.name, what, peer, transfer.ErrClosed)
+	}
+	target, ok := c.peers[peer]
+	if !ok {
+		return "", fmt.Errorf("inproc %s: %s %q: %w", c.name, what, peer, transfer.ErrUnknownPeer)
+	}
+	return target, nil
+}
+
 // Stall holds the messages this channel sends to peer in the peer's queue:
 // Recv there skips them (they still count against QueueSize) until Resume.
 // It applies to the peer's channel open now.
@@ -236,15 +245,9 @@ func (c *Channel) Stall(peer string) error { return c.setStalled(peer, true) }
 func (c *Channel) Resume(peer string) error { return c.setStalled(peer, false) }
 
 func (c *Channel) setStalled(peer string, stalled bool) error {
-	c.mu.Lock()
-	if c.closed {
-		c.mu.Unlock()
-		return fmt.Errorf("inproc %s: stall %q: %w", c.name, peer, transfer.ErrClosed)
-	}
-	target, ok := c.peers[peer]
-	c.mu.Unlock()
-	if !ok {
-		return fmt.Errorf("inproc %s: stall %q: %w", c.name, peer, transfer.ErrUnknownPeer)
+	target, err := c.target("stall", peer)
+	if err != nil {
+		return err
 	}
 	t := c.net.lookup(target)
 	if t == nil {

@@ -20,9 +20,6 @@ const (
 	// DefaultRecvQueue is the receive high-water mark, in messages per
 	// connected peer.
 	DefaultRecvQueue = 1000
-	// DefaultMaxMessageSize is the largest control message accepted, in
-	// bytes (ZMQ_MAXMSGSIZE): a peer sending more is disconnected.
-	DefaultMaxMessageSize = 4 << 20
 	// DefaultHandshakeTimeout bounds a connection's ZMTP/CURVE handshake.
 	DefaultHandshakeTimeout = 5 * time.Second
 	// maxNameLen is the longest routing identity libzmq accepts.
@@ -62,7 +59,7 @@ type Config struct {
 	// means plain ZMTP (security.mode off).
 	Peers *security.Peers
 	// MaxMessageSize is ZMQ_MAXMSGSIZE in bytes; 0 means
-	// DefaultMaxMessageSize.
+	// security.DefaultMaxMessageSize.
 	MaxMessageSize int64
 	// HandshakeTimeout is ZMQ_HANDSHAKE_IVL; 0 means
 	// DefaultHandshakeTimeout.
@@ -76,46 +73,34 @@ type Config struct {
 	MaxConnsPerHost, MaxConns int
 }
 
+// orDefault sets *v to def when it is zero; a negative value is an error
+// naming key.
+func orDefault[T int | int64 | time.Duration](key string, v *T, def T) error {
+	switch {
+	case *v < 0:
+		return fmt.Errorf("zmq: config %s %v: must not be negative", key, *v)
+	case *v == 0:
+		*v = def
+	}
+	return nil
+}
+
 // withDefaults validates cfg and fills zero fields with defaults.
 func (cfg Config) withDefaults() (Config, error) {
 	if err := checkName(cfg.Name); err != nil {
 		return cfg, fmt.Errorf("zmq: config name: %w", err)
 	}
-	switch {
-	case cfg.SendHWM < 0:
-		return cfg, fmt.Errorf("zmq: config send_hwm %d: must not be negative", cfg.SendHWM)
-	case cfg.SendHWM == 0:
-		cfg.SendHWM = DefaultSendHWM
-	}
-	switch {
-	case cfg.RecvQueue < 0:
-		return cfg, fmt.Errorf("zmq: config recv_queue %d: must not be negative", cfg.RecvQueue)
-	case cfg.RecvQueue == 0:
-		cfg.RecvQueue = DefaultRecvQueue
-	}
-	switch {
-	case cfg.MaxMessageSize < 0:
-		return cfg, fmt.Errorf("zmq: config max_message_size %d: must not be negative", cfg.MaxMessageSize)
-	case cfg.MaxMessageSize == 0:
-		cfg.MaxMessageSize = DefaultMaxMessageSize
-	}
-	switch {
-	case cfg.HandshakeTimeout < 0:
-		return cfg, fmt.Errorf("zmq: config handshake_timeout %v: must not be negative", cfg.HandshakeTimeout)
-	case cfg.HandshakeTimeout == 0:
-		cfg.HandshakeTimeout = DefaultHandshakeTimeout
-	}
-	switch {
-	case cfg.MaxConnsPerHost < 0:
-		return cfg, fmt.Errorf("zmq: config max_conns_per_host %d: must not be negative", cfg.MaxConnsPerHost)
-	case cfg.MaxConnsPerHost == 0:
-		cfg.MaxConnsPerHost = security.DefaultMaxControlConnsPerHost
-	}
-	switch {
-	case cfg.MaxConns < 0:
-		return cfg, fmt.Errorf("zmq: config max_conns %d: must not be negative", cfg.MaxConns)
-	case cfg.MaxConns == 0:
-		cfg.MaxConns = security.DefaultMaxControlConns
+	for _, err := range []error{
+		orDefault("send_hwm", &cfg.SendHWM, DefaultSendHWM),
+		orDefault("recv_queue", &cfg.RecvQueue, DefaultRecvQueue),
+		orDefault("max_message_size", &cfg.MaxMessageSize, security.DefaultMaxMessageSize),
+		orDefault("handshake_timeout", &cfg.HandshakeTimeout, DefaultHandshakeTimeout),
+		orDefault("max_conns_per_host", &cfg.MaxConnsPerHost, security.DefaultMaxControlConnsPerHost),
+		orDefault("max_conns", &cfg.MaxConns, security.DefaultMaxControlConns),
+	} {
+		if err != nil {
+			return cfg, err
+		}
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)

@@ -37,7 +37,8 @@ func TestConfigValidation(t *testing.T) {
 		t.Fatal(err)
 	}
 	if got.SendHWM != DefaultSendHWM || got.RecvQueue != DefaultRecvQueue || got.Logger == nil ||
-		got.MaxConnsPerHost != security.DefaultMaxControlConnsPerHost || got.MaxConns != security.DefaultMaxControlConns {
+		got.MaxConnsPerHost != security.DefaultMaxControlConnsPerHost || got.MaxConns != security.DefaultMaxControlConns ||
+		got.MaxMessageSize != security.DefaultMaxMessageSize {
 		t.Fatalf("defaults not applied: %+v", got)
 	}
 }

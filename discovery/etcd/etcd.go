@@ -375,16 +375,26 @@ func (p *publication) take(ctx context.Context) error {
 	return nil
 }
 
+// untilDone returns a context cancelled once the publication is done (or
+// by cancel, which the caller defers).
+func (p *publication) untilDone() (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() {
+		select {
+		case <-p.done:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	return ctx, cancel
+}
+
 // keep keeps the lease alive; when it is lost (the cluster unreachable for
 // a whole lease), it takes the name again once the cluster answers.
 func (p *publication) keep() {
 	defer p.wg.Done()
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx, cancel := p.untilDone()
 	defer cancel()
-	go func() {
-		<-p.done
-		cancel()
-	}()
 	for ctx.Err() == nil {
 		p.mu.Lock()
 		id := p.lease
@@ -420,12 +430,8 @@ func (p *publication) keep() {
 // following the name are not left without it or with a forged one.
 func (p *publication) guard() {
 	defer p.wg.Done()
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx, cancel := p.untilDone()
 	defer cancel()
-	go func() {
-		<-p.done
-		cancel()
-	}()
 	for ctx.Err() == nil {
 		for wr := range p.d.cli.Watch(ctx, p.key) {
 			if wr.Err() != nil {

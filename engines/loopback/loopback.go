@@ -351,19 +351,10 @@ func (e *Engine) PostWrite(peerName string, ops []transfer.WriteOp) (transfer.Op
 	if err != nil {
 		return nil, err
 	}
-	t := p.eng
-	for i, w := range own {
-		if _, err := e.reg.Find(w.Src.Addr, w.Src.Len); err != nil {
-			return nil, fmt.Errorf("%s: %w", ctx("write %d source", i), err)
-		}
-		if _, err := p.view.Find(w.Dst.Addr, w.Dst.Len); err != nil {
-			return nil, fmt.Errorf("%s: %w", ctx("write %d destination outside the peer's loaded metadata (reload it after the peer registers memory)", i), err)
-		}
-		if _, err := t.reg.Find(w.Dst.Addr, w.Dst.Len); err != nil {
-			return nil, fmt.Errorf("%s: %w", ctx("write %d destination no longer registered by the peer", i), err)
-		}
+	if err := e.checkRangesLocked(p, ctx, own, false, func(i int, side string) string { return fmt.Sprintf("write %d %s", i, side) }); err != nil {
+		return nil, err
 	}
-	return e.startLocked(&writeOp{src: e, dst: t, peer: peerName, ops: own}), nil
+	return e.startLocked(&writeOp{src: e, dst: p.eng, peer: peerName, ops: own}), nil
 }
 
 // startLocked records o in flight and starts its copy (fab.mu held).
@@ -436,19 +427,39 @@ func (e *Engine) PostBlocks(peerName string, w transfer.BlockWrite) (transfer.Op
 	if err != nil {
 		return nil, err
 	}
-	t := p.eng
-	for i, sp := range spans {
-		if _, err := e.reg.Find(sp.Src.Addr, sp.Src.Len); err != nil {
-			return nil, fmt.Errorf("%s: %w", ctx("source region %d", lo+i), err)
+	if err := e.checkRangesLocked(p, ctx, spans, false, func(i int, side string) string { return fmt.Sprintf("%s region %d", side, lo+i) }); err != nil {
+		return nil, err
+	}
+	return e.startLocked(&writeOp{src: e, dst: p.eng, peer: peerName, ops: spans, blk: &w}), nil
+}
+
+// checkRangesLocked checks ops against both ends' memory before a post to
+// p: each op's local range (the source of a write, the destination of a
+// read) must lie in memory registered here, its remote range in p's loaded
+// metadata and in memory p still registers. name(i, side) names op i's
+// side ("source" or "destination") in the error, which wraps
+// ErrNotRegistered or ErrOutOfBounds.
+func (e *Engine) checkRangesLocked(p *peer, ctx func(string, ...any) string, ops []transfer.WriteOp, read bool, name func(i int, side string) string) error {
+	localSide, remoteSide := "source", "destination"
+	if read {
+		localSide, remoteSide = remoteSide, localSide
+	}
+	for i, w := range ops {
+		local, remote := w.Src, w.Dst
+		if read {
+			local, remote = w.Dst, w.Src
 		}
-		if _, err := p.view.Find(sp.Dst.Addr, sp.Dst.Len); err != nil {
-			return nil, fmt.Errorf("%s: %w", ctx("destination region %d outside the peer's loaded metadata (reload it after the peer registers memory)", lo+i), err)
+		if _, err := e.reg.Find(local.Addr, local.Len); err != nil {
+			return fmt.Errorf("%s: %w", ctx("%s", name(i, localSide)), err)
 		}
-		if _, err := t.reg.Find(sp.Dst.Addr, sp.Dst.Len); err != nil {
-			return nil, fmt.Errorf("%s: %w", ctx("destination region %d no longer registered by the peer", lo+i), err)
+		if _, err := p.view.Find(remote.Addr, remote.Len); err != nil {
+			return fmt.Errorf("%s: %w", ctx("%s outside the peer's loaded metadata (reload it after the peer registers memory)", name(i, remoteSide)), err)
+		}
+		if _, err := p.eng.reg.Find(remote.Addr, remote.Len); err != nil {
+			return fmt.Errorf("%s: %w", ctx("%s no longer registered by the peer", name(i, remoteSide)), err)
 		}
 	}
-	return e.startLocked(&writeOp{src: e, dst: t, peer: peerName, ops: spans, blk: &w}), nil
+	return nil
 }
 
 // InFlight returns the number of operations this engine posted that are not
@@ -459,17 +470,23 @@ func (e *Engine) InFlight() int {
 	return len(e.out)
 }
 
-func (e *Engine) run(o *writeOp) {
-	defer e.wg.Done()
+// gate holds an op's goroutine, before it copies, at Options.Gate and then
+// Options.Hold until they let it go or abort (the op's) is closed.
+func (e *Engine) gate(abort <-chan struct{}) {
 	if g := e.opts.Gate; g != nil {
 		select {
 		case <-g:
-		case <-o.abortC:
+		case <-abort:
 		}
 	}
 	if h := e.opts.Hold; h != nil {
-		h(o.abortC)
+		h(abort)
 	}
+}
+
+func (e *Engine) run(o *writeOp) {
+	defer e.wg.Done()
+	e.gate(o.abortC)
 	e.fab.mu.Lock()
 	err := o.abortErr
 	e.fab.mu.Unlock()

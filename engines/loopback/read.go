@@ -117,18 +117,10 @@ func (e *Engine) PostRead(peerName string, ops []transfer.ReadOp) (transfer.Op, 
 	if err != nil {
 		return nil, err
 	}
-	t := p.eng
-	for i, w := range own {
-		if _, err := e.reg.Find(w.Dst.Addr, w.Dst.Len); err != nil {
-			return nil, fmt.Errorf("%s: %w", ctx("read %d destination", i), err)
-		}
-		if _, err := p.view.Find(w.Src.Addr, w.Src.Len); err != nil {
-			return nil, fmt.Errorf("%s: %w", ctx("read %d source outside the peer's loaded metadata (reload it after the peer registers memory)", i), err)
-		}
-		if _, err := t.reg.Find(w.Src.Addr, w.Src.Len); err != nil {
-			return nil, fmt.Errorf("%s: %w", ctx("read %d source no longer registered by the peer", i), err)
-		}
+	if err := e.checkRangesLocked(p, ctx, own, true, func(i int, side string) string { return fmt.Sprintf("read %d %s", i, side) }); err != nil {
+		return nil, err
 	}
+	t := p.eng
 	o := &readOp{reader: e, holder: t, peer: peerName, ops: own, opEnd: opEnd{abortC: make(chan struct{}), finished: make(chan struct{})}}
 	e.rout[o] = struct{}{}
 	t.rin[o] = struct{}{}
@@ -140,15 +132,7 @@ func (e *Engine) PostRead(peerName string, ops []transfer.ReadOp) (transfer.Op, 
 // runRead asks the holder's guard, then copies.
 func (e *Engine) runRead(o *readOp) {
 	defer e.wg.Done()
-	if g := e.opts.Gate; g != nil {
-		select {
-		case <-g:
-		case <-o.abortC:
-		}
-	}
-	if h := e.opts.Hold; h != nil {
-		h(o.abortC)
-	}
+	e.gate(o.abortC)
 	f := e.fab
 	f.mu.Lock()
 	if o.done {

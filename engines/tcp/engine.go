@@ -592,10 +592,10 @@ func (e *Engine) PostWrite(peerName string, ops []transfer.WriteOp) (transfer.Op
 		total += op.Src.Len
 		staged = staged || op.Src.Kind != transfer.Host
 	}
-	if err := p.checkDsts(ops); err != nil {
+	if err := checkRemote(p, ops, writeDst, "destination"); err != nil {
 		return nil, fmt.Errorf("tcp: post write to %q: %w", peerName, err)
 	}
-	pins, err := e.pinSources(ops)
+	pins, err := pinLocal(e, ops, writeSrc, "source")
 	if err != nil {
 		return nil, fmt.Errorf("tcp: post write to %q: %w", peerName, err)
 	}
@@ -608,24 +608,26 @@ func (e *Engine) PostWrite(peerName string, ops []transfer.WriteOp) (transfer.Op
 	return o, nil
 }
 
-// pinSources checks every source against the registry and pins the ranges
-// they use, atomically with respect to DeregisterMemory.
-func (e *Engine) pinSources(ops []transfer.WriteOp) ([]uint64, error) {
+// pinLocal checks every op's local range (side(op): a write's source, a
+// read's destination; named by what) against the registry and pins the
+// ranges they use, atomically with respect to DeregisterMemory.
+func pinLocal[Op any](e *Engine, ops []Op, side func(Op) transfer.Desc, what string) ([]uint64, error) {
 	e.memMu.RLock()
 	defer e.memMu.RUnlock()
 	var pins []uint64
 	var last transfer.Desc
 	for i, op := range ops {
-		if op.Src.Len == 0 || last.Contains(op.Src.Addr, op.Src.Len) && last.Len > 0 {
+		d := side(op)
+		if d.Len == 0 || last.Len > 0 && last.Contains(d.Addr, d.Len) {
 			continue
 		}
-		d, err := e.reg.FindKind(op.Src.Kind, op.Src.Device, op.Src.Addr, op.Src.Len)
+		r, err := e.reg.FindKind(d.Kind, d.Device, d.Addr, d.Len)
 		if err != nil {
-			return nil, fmt.Errorf("op %d source: %w", i, err)
+			return nil, fmt.Errorf("op %d %s: %w", i, what, err)
 		}
-		last = d
-		if !slices.Contains(pins, d.Addr) {
-			pins = append(pins, d.Addr)
+		last = r
+		if !slices.Contains(pins, r.Addr) {
+			pins = append(pins, r.Addr)
 		}
 	}
 	if err := e.reg.Pin(pins); err != nil {
@@ -633,6 +635,9 @@ func (e *Engine) pinSources(ops []transfer.WriteOp) ([]uint64, error) {
 	}
 	return pins, nil
 }
+
+func writeSrc(op transfer.WriteOp) transfer.Desc { return op.Src }
+func writeDst(op transfer.WriteOp) transfer.Desc { return op.Dst }
 
 // split cuts ops into parts of at most the stripe budget and MaxSegments
 // (and StageBytes when staged: a part with device sources is staged in one

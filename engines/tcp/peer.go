@@ -54,20 +54,23 @@ func (p *peer) setRanges(r []transfer.Desc) {
 	p.mu.Unlock()
 }
 
-// checkDsts checks every destination against the peer's advertised ranges.
-func (p *peer) checkDsts(ops []transfer.WriteOp) error {
+// checkRemote checks every op's remote range (side(op): a write's
+// destination, a read's source; named by what) against the peer's
+// advertised ranges.
+func checkRemote[Op any](p *peer, ops []Op, side func(Op) transfer.Desc, what string) error {
 	p.mu.RLock()
 	defer p.mu.RUnlock()
 	var last transfer.Desc
 	for i, op := range ops {
-		if op.Dst.Len == 0 || last.Len > 0 && last.Contains(op.Dst.Addr, op.Dst.Len) {
+		d := side(op)
+		if d.Len == 0 || last.Len > 0 && last.Contains(d.Addr, d.Len) {
 			continue
 		}
-		d, err := mem.FindRange(p.ranges, op.Dst.Addr, op.Dst.Len)
+		r, err := mem.FindRange(p.ranges, d.Addr, d.Len)
 		if err != nil {
-			return fmt.Errorf("op %d destination on peer %q: %w", i, p.name, err)
+			return fmt.Errorf("op %d %s on peer %q: %w", i, what, p.name, err)
 		}
-		last = d
+		last = r
 	}
 	return nil
 }

@@ -62,10 +62,10 @@ func (e *Engine) PostRead(peerName string, ops []transfer.ReadOp) (transfer.Op, 
 		}
 		total += op.Src.Len
 	}
-	if err := p.checkSrcs(ops); err != nil {
+	if err := checkRemote(p, ops, readSrc, "source"); err != nil {
 		return nil, fmt.Errorf("tcp: post read from %q: %w", peerName, err)
 	}
-	pins, err := e.pinDsts(ops)
+	pins, err := pinLocal(e, ops, readDst, "destination")
 	if err != nil {
 		return nil, fmt.Errorf("tcp: post read from %q: %w", peerName, err)
 	}
@@ -79,49 +79,8 @@ func (e *Engine) PostRead(peerName string, ops []transfer.ReadOp) (transfer.Op, 
 	return o, nil
 }
 
-// checkSrcs checks every read source against the peer's advertised ranges.
-func (p *peer) checkSrcs(ops []transfer.ReadOp) error {
-	p.mu.RLock()
-	defer p.mu.RUnlock()
-	var last transfer.Desc
-	for i, op := range ops {
-		if op.Src.Len == 0 || last.Len > 0 && last.Contains(op.Src.Addr, op.Src.Len) {
-			continue
-		}
-		d, err := mem.FindRange(p.ranges, op.Src.Addr, op.Src.Len)
-		if err != nil {
-			return fmt.Errorf("op %d source on peer %q: %w", i, p.name, err)
-		}
-		last = d
-	}
-	return nil
-}
-
-// pinDsts checks every read destination against the registry and pins
-// the ranges they use, atomically with respect to DeregisterMemory.
-func (e *Engine) pinDsts(ops []transfer.ReadOp) ([]uint64, error) {
-	e.memMu.RLock()
-	defer e.memMu.RUnlock()
-	var pins []uint64
-	var last transfer.Desc
-	for i, op := range ops {
-		if op.Dst.Len == 0 || last.Len > 0 && last.Contains(op.Dst.Addr, op.Dst.Len) {
-			continue
-		}
-		d, err := e.reg.FindKind(op.Dst.Kind, op.Dst.Device, op.Dst.Addr, op.Dst.Len)
-		if err != nil {
-			return nil, fmt.Errorf("op %d destination: %w", i, err)
-		}
-		last = d
-		if !slices.Contains(pins, d.Addr) {
-			pins = append(pins, d.Addr)
-		}
-	}
-	if err := e.reg.Pin(pins); err != nil {
-		return nil, err
-	}
-	return pins, nil
-}
+func readSrc(op transfer.ReadOp) transfer.Desc { return op.Src }
+func readDst(op transfer.ReadOp) transfer.Desc { return op.Dst }
 
 // splitReads cuts reads into READ parts of at most the stripe budget and
 // MaxSegments, as split does writes.
@@ -197,22 +156,7 @@ func (e *Engine) authorizeRead(peer string, segs []segment, allowed []transfer.D
 	if g == nil {
 		return allowed, fmt.Errorf("tcp: read from %q: no read guard is installed, so this engine serves no reads: %w", peer, transfer.ErrForbidden)
 	}
-	var last transfer.Desc
-	for i, s := range segs {
-		if last.Len > 0 && last.Contains(s.addr, s.n) {
-			continue
-		}
-		a, err := (*g)(peer, transfer.Desc{Addr: s.addr, Len: s.n, Kind: transfer.Host})
-		if err == nil && !a.Contains(s.addr, s.n) {
-			err = fmt.Errorf("guard allowed %v, not the segment", a)
-		}
-		if err != nil {
-			return allowed, fmt.Errorf("tcp: read segment %d [%#x+%d] by %q: %w", i, s.addr, s.n, peer, forbidden(err))
-		}
-		last = a
-		allowed = append(allowed, a)
-	}
-	return allowed, nil
+	return askGuard(*g, peer, segs, allowed, "read segment", "by")
 }
 
 // resolveSrcs maps read segments to registered host memory and pins it.

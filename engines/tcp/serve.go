@@ -673,17 +673,25 @@ func (e *Engine) authorize(peer string, segs []segment, allowed []transfer.Desc)
 	if g == nil {
 		return allowed, nil
 	}
+	return askGuard(*g, peer, segs, allowed, "incoming segment", "from")
+}
+
+// askGuard asks guard g (the write or the read guard) about every segment
+// peer sends or reads, once per range it allows, and appends the ranges it
+// allowed to allowed. A refusal names the segment ("tcp: <what> i [addr+n]
+// <by> peer") and wraps ErrForbidden.
+func askGuard(g func(peer string, d transfer.Desc) (transfer.Desc, error), peer string, segs []segment, allowed []transfer.Desc, what, by string) ([]transfer.Desc, error) {
 	var last transfer.Desc
 	for i, s := range segs {
 		if last.Len > 0 && last.Contains(s.addr, s.n) {
 			continue
 		}
-		a, err := (*g)(peer, transfer.Desc{Addr: s.addr, Len: s.n, Kind: transfer.Host})
+		a, err := g(peer, transfer.Desc{Addr: s.addr, Len: s.n, Kind: transfer.Host})
 		if err == nil && !a.Contains(s.addr, s.n) {
 			err = fmt.Errorf("guard allowed %v, not the segment", a)
 		}
 		if err != nil {
-			return allowed, fmt.Errorf("tcp: incoming segment %d [%#x+%d] from %q: %w", i, s.addr, s.n, peer, forbidden(err))
+			return allowed, fmt.Errorf("tcp: %s %d [%#x+%d] %s %q: %w", what, i, s.addr, s.n, by, peer, forbidden(err))
 		}
 		last = a
 		allowed = append(allowed, a)

@@ -43,17 +43,20 @@
 //
 // Notify sends one active message (forced eager, id 0x6b76) whose header
 // carries the sender's name; the receiving handler copies it into a bounded
-// queue read by RecvNotification. The first notification on an endpoint is
-// preceded by a hello carrying the sender's UCX worker address, so a
-// receiver that never loaded the sender creates an endpoint back and can
-// answer it by name (the reverse control path). Such a peer can be notified
-// but not written to before its metadata is loaded. Messages on one
-// endpoint arrive in order.
+// queue read by RecvNotification. LoadPeer, and the first notification on
+// an endpoint made from a hello, send a hello carrying the sender's UCX
+// worker address, so a receiver that never loaded the sender creates an
+// endpoint back and can answer it by name (the reverse control path). Such
+// a peer can be notified but not written to before its metadata is loaded.
+// Messages on one endpoint arrive in order.
 //
-// Close says bye (an active message without data) to every peer it wrote
-// to, notified or heard from, and waits, within DrainTimeout, for the ack
-// of each peer that surely holds an endpoint back (one it heard from or
-// sent a hello). The peer marks the closer departed before it acks — its
+// Close says bye (an active message without data) to every peer it loaded,
+// wrote to, notified or heard from, and waits, within DrainTimeout, for the
+// ack of each peer that surely holds an endpoint back (one it heard from or
+// sent a hello: every loaded one, since LoadPeer says hello, even if
+// nothing was exchanged after: TestIdleLoadedPeerCloseLogsNoWarn). A loaded
+// peer that is gone but not yet detected (no endpoint error) holds Close
+// up to DrainTimeout. The peer marks the closer departed before it acks — its
 // writes and notifications to it fail at once with ErrPeerLost ("closed its
 // engine") — and the closer's worker goes only after the ack, so the
 // peer's endpoint failing then ("Endpoint timeout" on tcp) is logged at

@@ -509,22 +509,22 @@ func (e *Engine) beginShutdown() {
 	e.sayBye()
 }
 
-// sayBye tells every peer this engine wrote to, notified or heard from that
-// it is closing, and has Close wait (within DrainTimeout) for the ack of
-// each one that surely holds an endpoint to this engine: one that sent a
-// hello or notification here, or was sent a hello. The peer marks this
-// engine departed before it acks, and this engine's worker goes only
-// after the ack, so the peer's endpoint failing then is logged as the
-// expected end (Debug), never as a fault; a bye alone would race the
-// peer's endpoint error callback. A peer that fails meanwhile, or never
-// acks, ends the wait (its endpoint error, or DrainTimeout). A peer only
-// written to may hold no endpoint here (one that never loaded this
-// engine): it gets the bye unwaited. An engine that is killed says
-// nothing, so its peers still log the loss as a warning.
+// sayBye tells every peer this engine loaded, wrote to, notified or heard
+// from that it is closing, and has Close wait (within DrainTimeout) for
+// the ack of each one that surely holds an endpoint to this engine: one
+// that sent a hello or notification here, or was sent a hello (LoadPeer
+// sends one, so a peer only loaded, with nothing exchanged yet, is waited
+// for too). The peer marks this engine departed before it acks, and this
+// engine's worker goes only after the ack, so the peer's endpoint failing
+// then is logged as the expected end (Debug), never as a fault; a bye
+// alone would race the peer's endpoint error callback. A peer that fails
+// meanwhile, or never acks, ends the wait (its endpoint error, or
+// DrainTimeout). An engine that is killed says nothing, so its peers
+// still log the loss as a warning.
 func (e *Engine) sayBye() {
 	hdr := encodeAMHeader(amKindBye, e.name)
 	for _, p := range e.peers {
-		if p.ep == nil || p.state.lost != nil || !p.used && !p.heard {
+		if p.ep == nil || p.state.lost != nil || !p.used && !p.heard && !p.helloSent {
 			continue
 		}
 		name := p.name

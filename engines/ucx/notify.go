@@ -25,10 +25,10 @@ import (
 // notifications in flight to one peer is ErrQueueFull; an unknown peer is
 // ErrUnknownPeer; a lost one ErrPeerLost.
 //
-// The first notification on an endpoint is preceded by a hello carrying this
-// engine's UCX worker address, so a receiver that never loaded this engine
-// creates an endpoint back and can Notify the sender by name (the reverse
-// control path). Such a peer can be notified but not written to until its
+// LoadPeer, and the first notification on an endpoint this engine did not
+// load, send a hello carrying this engine's UCX worker address, so a
+// receiver that never loaded this engine creates an endpoint back and can
+// Notify the sender by name (the reverse control path). Such a peer can be notified but not written to until its
 // metadata is loaded. Notifications on one endpoint arrive in order.
 func (e *Engine) Notify(peerName string, payload []byte) error {
 	if len(payload) > e.cfg.MaxNotifySize {
@@ -78,15 +78,7 @@ func (e *Engine) sendNotify(name string, np *notifyPeer, hlen int, buf []byte) {
 		return
 	}
 	p.used = true
-	if !p.helloSent {
-		p.helloSent = true
-		hdr := encodeAMHeader(amKindHello, e.name)
-		e.amSend(p, append(hdr, e.addr...), len(hdr), func(st C.ucs_status_t) {
-			if st != C.UCS_OK {
-				e.log.Warn("hello failed", "peer", name, "status", statusString(st))
-			}
-		})
-	}
+	e.sayHello(p)
 	e.amSend(p, buf, hlen, func(st C.ucs_status_t) {
 		e.notifyDone(np)
 		if st != C.UCS_OK {
@@ -96,6 +88,27 @@ func (e *Engine) sendNotify(name string, np *notifyPeer, hlen int, buf []byte) {
 				level = slog.LevelDebug // the peer or this engine is closing
 			}
 			e.log.Log(context.Background(), level, "notification failed", "peer", name, "status", statusString(st))
+		}
+	})
+}
+
+// sayHello sends p, once per endpoint, a hello carrying this engine's
+// worker address: p then holds an endpoint back (the one it loaded, or
+// one it makes from the hello), so it can answer by name and ack a bye.
+func (e *Engine) sayHello(p *peer) {
+	if p.helloSent || p.ep == nil {
+		return
+	}
+	p.helloSent = true
+	name, state := p.name, p.state
+	hdr := encodeAMHeader(amKindHello, e.name)
+	e.amSend(p, append(hdr, e.addr...), len(hdr), func(st C.ucs_status_t) {
+		if st != C.UCS_OK {
+			level := slog.LevelWarn
+			if state.lost != nil || e.shut {
+				level = slog.LevelDebug // the endpoint's loss is logged, or this engine closes
+			}
+			e.log.Log(context.Background(), level, "hello failed", "peer", name, "status", statusString(st))
 		}
 	})
 }

@@ -33,9 +33,9 @@ type peer struct {
 	helloSent bool
 	// used is set once a write or notification went out on ep, heard once
 	// a hello or notification came from the peer (it holds an endpoint to
-	// this engine then). Close says bye to a used or heard peer, and waits
-	// for the ack of one that surely holds an endpoint here (heard, or sent
-	// a hello): see sayBye.
+	// this engine then). Close says bye to a peer it sent a hello (every
+	// loaded one), used or heard, and waits for the ack of one that surely
+	// holds an endpoint here (heard, or sent a hello): see sayBye.
 	used, heard bool
 	// byeWait is set while Close waits for the peer's bye-ack.
 	byeWait bool
@@ -119,7 +119,10 @@ func cbytes(b []byte) unsafe.Pointer {
 }
 
 // LoadPeer decodes a peer's Metadata, creates an endpoint to its worker
-// (error-handling mode per Config.ErrMode) and unpacks its rkeys. Loading a
+// (error-handling mode per Config.ErrMode), unpacks its rkeys and sends the
+// peer a hello, so that it holds an endpoint back even if it never loaded
+// this engine: Close's bye to it is then acked (see sayBye), and neither
+// side's endpoint outlives the other's worker unannounced. Loading a
 // known peer with the same worker address refreshes its ranges; a different
 // address (a restarted peer) replaces the endpoint and fails the old
 // endpoint's in-flight writes with ErrPeerLost. Malformed metadata is
@@ -161,6 +164,7 @@ func (e *Engine) loadPeer(info peerInfo) error {
 	if fresh {
 		e.addPeer(p)
 	}
+	e.sayHello(p)
 	return nil
 }
 
