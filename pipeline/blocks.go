@@ -403,6 +403,15 @@ func (r *reactor) checkWantBlocks(peer string, w *wire.WantBlocks) (*recvBlocks,
 	return rb, nil
 }
 
+// refusePieces refuses a DATA whose piece range does not fit its flow
+// (why): counted, logged, NACKed and its flow failed (refuseData).
+func (r *reactor) refusePieces(peer string, key credit.FlowKey, d *wire.Data, why string) {
+	r.a.stats.badRuns.Add(1)
+	r.a.obs.reject(r, peer, rejectBadRuns)
+	r.log.Warn("DATA rejected: bad piece range", "peer", peer, "request", d.Request, "chunk", d.Chunk, "why", why)
+	r.refuseData(peer, key, d, fmt.Errorf("chunk %d: %w: %s", d.Chunk, ErrRefused, why), wire.NackBadBlocks, why)
+}
+
 // onBlockData validates a block-table DATA with one range check (its piece
 // range lies in the request's pieces and fits the granted region) and
 // queues its scatter; f is the flow's record (nil when it has none).
@@ -420,10 +429,7 @@ func (r *reactor) onBlockData(peer string, key credit.FlowKey, grant credit.Regi
 	}
 	r.recycleRuns(d.Runs)
 	if why != "" {
-		r.a.stats.badRuns.Add(1)
-		r.a.obs.reject(r, peer, rejectBadRuns)
-		r.log.Warn("DATA rejected: bad piece range", "peer", peer, "request", d.Request, "chunk", d.Chunk, "why", why)
-		r.refuseData(peer, key, d, fmt.Errorf("chunk %d: %w: %s", d.Chunk, ErrRefused, why), wire.NackBadBlocks, why)
+		r.refusePieces(peer, key, d, why)
 		return
 	}
 	if !r.beginScatter(peer, key, d) {

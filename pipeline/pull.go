@@ -356,10 +356,7 @@ func (r *reactor) onPulledData(peer string, key credit.FlowKey, grant credit.Reg
 	}
 	r.recycleRuns(d.Runs)
 	if why != "" {
-		r.a.stats.badRuns.Add(1)
-		r.a.obs.reject(r, peer, rejectBadRuns)
-		r.log.Warn("DATA rejected: bad piece range", "peer", peer, "request", d.Request, "chunk", d.Chunk, "why", why)
-		r.refuseData(peer, key, d, fmt.Errorf("chunk %d: %w: %s", d.Chunk, ErrRefused, why), wire.NackBadBlocks, why)
+		r.refusePieces(peer, key, d, why)
 		return
 	}
 	if !r.beginScatter(peer, key, d) {

@@ -25,15 +25,9 @@ import (
 // (PieceRanges of the other side's plan). The plan keeps src until every
 // chunk is filled.
 func LayoutInto(src []transfer.Desc, sizes []uint64, opt Options) (*Plan, error) {
-	if opt.MaxChunk == 0 {
-		return nil, fmt.Errorf("plan: MaxChunk must be positive")
-	}
-	align := opt.Align
-	if align == 0 {
-		align = DefaultAlign
-	}
-	if align&(align-1) != 0 {
-		return nil, fmt.Errorf("plan: Align %d is not a power of two", align)
+	align, err := opt.align()
+	if err != nil {
+		return nil, err
 	}
 	for k, n := range sizes {
 		if n == 0 || n > opt.MaxChunk {

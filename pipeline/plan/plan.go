@@ -77,6 +77,22 @@ func (l ScatterLimit) cost(r transfer.Run) int {
 	return l.Strided
 }
 
+// align returns the in-region alignment (Align, DefaultAlign for 0), or
+// why the options cannot plan (MaxChunk 0, Align no power of two).
+func (opt Options) align() (uint64, error) {
+	if opt.MaxChunk == 0 {
+		return 0, fmt.Errorf("plan: MaxChunk must be positive")
+	}
+	align := opt.Align
+	if align == 0 {
+		align = DefaultAlign
+	}
+	if align&(align-1) != 0 {
+		return 0, fmt.Errorf("plan: Align %d is not a power of two", align)
+	}
+	return align, nil
+}
+
 // worst is the most one more piece can add to a chunk's runs: a new single
 // run, or a single run turning strided when the piece merges into it.
 func (l ScatterLimit) worst() int { return max(l.Single, l.Strided-l.Single) }
@@ -163,15 +179,9 @@ func Layout(src, dst []transfer.Desc, opt Options) (*Plan, error) {
 	if len(src) != len(dst) {
 		return nil, fmt.Errorf("plan: %d source descriptors but %d destinations", len(src), len(dst))
 	}
-	if opt.MaxChunk == 0 {
-		return nil, fmt.Errorf("plan: MaxChunk must be positive")
-	}
-	align := opt.Align
-	if align == 0 {
-		align = DefaultAlign
-	}
-	if align&(align-1) != 0 {
-		return nil, fmt.Errorf("plan: Align %d is not a power of two", align)
+	align, err := opt.align()
+	if err != nil {
+		return nil, err
 	}
 	if l := opt.Scatter; l.Bytes != 0 && (l.Bytes < 0 || l.Single <= 0 || l.Strided < l.Single || l.Bytes < l.Strided) {
 		return nil, fmt.Errorf("plan: scatter limit %+v: want Bytes >= Strided >= Single > 0 (or Bytes 0, no limit)", l)
