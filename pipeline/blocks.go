@@ -403,13 +403,20 @@ func (r *reactor) checkWantBlocks(peer string, w *wire.WantBlocks) (*recvBlocks,
 	return rb, nil
 }
 
-// refusePieces refuses a DATA whose piece range does not fit its flow
-// (why): counted, logged, NACKed and its flow failed (refuseData).
-func (r *reactor) refusePieces(peer string, key credit.FlowKey, d *wire.Data, why string) {
+// acceptPieces ends the checks of a DATA in the piece-range form: why (if
+// not "") is why its range does not fit its flow, and the DATA is refused
+// — counted, logged, NACKed, its flow failed (refuseData) —; otherwise its
+// region begins to scatter (false when it already does).
+func (r *reactor) acceptPieces(peer string, key credit.FlowKey, d *wire.Data, why string) bool {
+	r.recycleRuns(d.Runs)
+	if why == "" {
+		return r.beginScatter(peer, key, d)
+	}
 	r.a.stats.badRuns.Add(1)
 	r.a.obs.reject(r, peer, rejectBadRuns)
 	r.log.Warn("DATA rejected: bad piece range", "peer", peer, "request", d.Request, "chunk", d.Chunk, "why", why)
 	r.refuseData(peer, key, d, fmt.Errorf("chunk %d: %w: %s", d.Chunk, ErrRefused, why), wire.NackBadBlocks, why)
+	return false
 }
 
 // onBlockData validates a block-table DATA with one range check (its piece
@@ -427,12 +434,7 @@ func (r *reactor) onBlockData(peer string, key credit.FlowKey, grant credit.Regi
 	case pr.Count > grant.Len/f.blocks.unitLen():
 		why = fmt.Sprintf("%d pieces of %d bytes pass the %d-byte region", pr.Count, f.blocks.unitLen(), grant.Len)
 	}
-	r.recycleRuns(d.Runs)
-	if why != "" {
-		r.refusePieces(peer, key, d, why)
-		return
-	}
-	if !r.beginScatter(peer, key, d) {
+	if !r.acceptPieces(peer, key, d, why) {
 		return
 	}
 	bc := transfer.BlockCopy{Blocks: f.blocks.table, First: d.Pieces.First, Count: d.Pieces.Count}

@@ -354,12 +354,7 @@ func (r *reactor) onPulledData(peer string, key credit.FlowKey, grant credit.Reg
 	case d.Pieces.First != pr.pieces[k][0] || d.Pieces.Count != pr.pieces[k][1]:
 		why = fmt.Sprintf("pieces [%d, +%d) where chunk %d has [%d, +%d)", d.Pieces.First, d.Pieces.Count, k, pr.pieces[k][0], pr.pieces[k][1])
 	}
-	r.recycleRuns(d.Runs)
-	if why != "" {
-		r.refusePieces(peer, key, d, why)
-		return
-	}
-	if !r.beginScatter(peer, key, d) {
+	if !r.acceptPieces(peer, key, d, why) {
 		return
 	}
 	pr.plan.FillFrom(k, &r.runPool)
