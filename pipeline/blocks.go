@@ -433,6 +433,8 @@ func (r *reactor) onBlockData(peer string, key credit.FlowKey, grant credit.Regi
 		why = fmt.Sprintf("pieces [%d, +%d) pass the request's %d", pr.First, pr.Count, f.blocks.units())
 	case pr.Count > grant.Len/f.blocks.unitLen():
 		why = fmt.Sprintf("%d pieces of %d bytes pass the %d-byte region", pr.Count, f.blocks.unitLen(), grant.Len)
+	case f.pull != nil: // a pull's: exactly its chunk's range
+		why = f.pull.checkRange(grant, d)
 	}
 	if !r.acceptPieces(peer, key, d, why) {
 		return

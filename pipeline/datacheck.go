@@ -106,18 +106,12 @@ func (s *scatterDests) findRange(addr, n uint64) (int, error) {
 	return lo - 1, nil
 }
 
-// readable says why peer may not pull d: it must lie in one registration
-// made for peer or for every peer. The peers RegisterMemoryFor named are
-// honoured in every security mode here (as for a pool's writers): what a
-// peer may pull is the holder's decision, and without authentication a
+// readableAll says why peer may not pull ds, checked under one lock: the
+// index of the first descriptor that does not lie in one registration made
+// for peer or for every peer, and why. The peers RegisterMemoryFor named
+// are honoured in every security mode here (as for a pool's writers): what
+// a peer may pull is the holder's decision, and without authentication a
 // name is all there is to decide by.
-func (s *scatterDests) readable(peer string, d transfer.Desc) error {
-	_, err := s.readableAll(peer, []transfer.Desc{d})
-	return err
-}
-
-// readableAll is readable for every descriptor of ds under one lock: the
-// index of the first peer may not pull, and why.
 func (s *scatterDests) readableAll(peer string, ds []transfer.Desc) (int, error) {
 	s.mu.RLock()
 	defer s.mu.RUnlock()

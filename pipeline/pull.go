@@ -156,8 +156,13 @@ func (a *Agent) validatePull(req PullRequest) (*pullStart, error) {
 	}
 	st := &pullStart{s: s, p: p, m: pullOf(p, r, a.cfg.MinChunk)}
 	st.m.Endpoint, st.m.Incarnation, st.m.Read = a.set.Control.LocalEndpoint(), a.inc, a.canRead && readsInto(p)
-	if a.ctrlMax > 0 {
-		if st.len, err = wire.EncodedLen(st.m); err != nil || st.len+traceAllowance > a.ctrlMax {
+	if a.ctrlMax > 0 && len(p.Chunks) > 0 { // a pull of nothing sends nothing
+		st.len, err = wire.EncodedLen(st.m)
+		switch {
+		case err != nil:
+			s.release()
+			return nil, fmt.Errorf("pipeline: pull from %q: %w", req.Peer, err)
+		case st.len+traceAllowance > a.ctrlMax:
 			s.release()
 			return nil, fmt.Errorf("pipeline: pull from %q: %w: a PULL of %d chunks exceeds the %s control channel's %d-byte messages",
 				req.Peer, ErrBounceUnavailable, len(p.Chunks), a.set.Control.Kind(), a.ctrlMax)
@@ -249,7 +254,12 @@ func pullOf(p *plan.Plan, req Request, minChunk uint64) *wire.Pull {
 	if br := req.Blocks; br != nil {
 		m.Blocks = &wire.PullBlocks{SrcPool: br.SrcPool, SrcIDs: br.SrcIDs}
 	} else {
-		m.Src = req.Src // where they land stays here (pulledPlan)
+		// Where they land stays here (onPulledData). Empty pairs move
+		// nothing and are no piece of either plan: the PULL leaves them out.
+		m.Src = req.Src
+		if slices.ContainsFunc(m.Src, func(d transfer.Desc) bool { return d.Len == 0 }) {
+			m.Src = slices.DeleteFunc(slices.Clone(m.Src), func(d transfer.Desc) bool { return d.Len == 0 })
+		}
 	}
 	return m
 }
@@ -268,9 +278,9 @@ type pullReq struct {
 	// read: the PULL said this agent reads staged regions (Pull.Read);
 	// a STAGED for a pull that did not is refused.
 	read bool
-	// plan and pieces are a descriptor pull's plan and its chunks' piece
-	// ranges: the holder's DATAs name a chunk's range, and the chunk is
-	// scattered by this plan's runs (onPulledData); nil for a block pull.
+	// pieces are the chunks' piece ranges, which the holder's DATAs must
+	// name (checkRange); plan is a descriptor pull's plan, whose runs
+	// scatter each chunk (onPulledData; nil for a block pull).
 	plan   *plan.Plan
 	pieces [][2]uint64
 }
@@ -305,6 +315,10 @@ func (r *reactor) startPull(b *Batch, st *pullStart) {
 		// The batch holds the pool pinned until it is quiescent; the flow
 		// shares that pin (endRecvFlow must not unpin it).
 		f.blocks = &recvBlocks{table: br.dst}
+		pr.pieces = make([][2]uint64, len(p.Chunks))
+		for k, c := range p.Chunks {
+			pr.pieces[k] = [2]uint64{c.First, c.Count}
+		}
 	} else {
 		pr.plan, pr.pieces = p, p.PieceRanges()
 	}
@@ -343,24 +357,31 @@ func (r *reactor) startPull(b *Batch, st *pullStart) {
 // where bytes land. Anything else is refused as a bad DATA.
 func (r *reactor) onPulledData(peer string, key credit.FlowKey, grant credit.Region, d *wire.Data, pr *pullReq) {
 	k := int(d.Chunk)
-	var why string
-	switch {
-	case !d.IsBlocks():
-		why = "scatter runs for a descriptor pull (its DATA names a piece range)"
-	case k >= len(pr.pieces):
-		why = fmt.Sprintf("chunk %d of a pull of %d chunks", k, len(pr.pieces))
-	case grant.Chunk != k:
-		why = fmt.Sprintf("chunk %d's DATA in the region granted for chunk %d", k, grant.Chunk)
-	case d.Pieces.First != pr.pieces[k][0] || d.Pieces.Count != pr.pieces[k][1]:
-		why = fmt.Sprintf("pieces [%d, +%d) where chunk %d has [%d, +%d)", d.Pieces.First, d.Pieces.Count, k, pr.pieces[k][0], pr.pieces[k][1])
-	}
-	if !r.acceptPieces(peer, key, d, why) {
+	if !r.acceptPieces(peer, key, d, pr.checkRange(grant, d)) {
 		return
 	}
 	pr.plan.FillFrom(k, &r.runPool)
 	pr.plan.RecycleGather(k, &r.runPool) // the holder's side: not needed here
-	runs := pr.plan.Chunks[k].Scatter    // the task owns them now (recycleRuns)
+	runs := pr.plan.TakeScatter(k)       // the task's now (recycleRuns)
 	r.queueScatter(d, &scatterTask{key: key, chunk: d.Chunk, region: r.regionDesc(d.Region, grant.Len), off: d.Region, runs: runs, queued: time.Now()})
+}
+
+// checkRange says why d, a DATA of this pull in region grant, does not
+// name what this agent's plan has for its chunk — the chunk's exact piece
+// range, in the region granted for that chunk —, or "".
+func (pr *pullReq) checkRange(grant credit.Region, d *wire.Data) string {
+	k := int(d.Chunk)
+	switch {
+	case !d.IsBlocks():
+		return "scatter runs for a pull (its DATA names a piece range)"
+	case k >= len(pr.pieces):
+		return fmt.Sprintf("chunk %d of a pull of %d chunks", k, len(pr.pieces))
+	case grant.Chunk != k:
+		return fmt.Sprintf("chunk %d's DATA in the region granted for chunk %d", k, grant.Chunk)
+	case d.Pieces.First != pr.pieces[k][0] || d.Pieces.Count != pr.pieces[k][1]:
+		return fmt.Sprintf("pieces [%d, +%d) where chunk %d has [%d, +%d)", d.Pieces.First, d.Pieces.Count, k, pr.pieces[k][0], pr.pieces[k][1])
+	}
+	return ""
 }
 
 // startingPull collects the first credits of a pull being started.

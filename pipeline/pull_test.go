@@ -397,70 +397,123 @@ func (c *tamperedCtrl) Send(peer string, payload []byte) error {
 	return c.ControlChannel.Send(peer, payload)
 }
 
-// TestPullRefusesHolderData: where a descriptor pull's bytes land is the
-// puller's business (its own plan): a holder whose DATA (written or
-// STAGED) carries scatter runs — here into other memory the puller
-// registered for it —, names another piece range or a chunk the pull does
-// not have is refused with a NACK, the pull fails with ErrRefused and no
-// byte of the puller's memory changes.
+// TestPullRefusesHolderData: where a pull's bytes land is the puller's
+// business (its own plan): a holder whose DATA (written or STAGED) carries
+// scatter runs — here into other memory the puller registered for it —,
+// names another piece range (inside the request or not) or a chunk the
+// pull does not have is refused with a NACK, the pull fails with
+// ErrRefused and no byte of the puller's memory changes; descriptor and
+// block pulls alike.
 func TestPullRefusesHolderData(t *testing.T) {
-	for _, read := range []PullRead{PullReadAuto, PullReadOff} {
-		for _, c := range []struct {
-			name string
-			bad  func(d *wire.Data, victim transfer.Desc)
-			code wire.NackCode
-		}{
-			{"runs", func(d *wire.Data, v transfer.Desc) {
-				d.Pieces = wire.PieceRange{}
-				d.Runs = []transfer.Run{{Addr: v.Addr, Len: 4096, Count: 1}}
-			}, wire.NackBadBlocks},
-			{"pieces", func(d *wire.Data, _ transfer.Desc) { d.Pieces.First++ }, wire.NackBadBlocks},
-			{"chunk", func(d *wire.Data, _ transfer.Desc) { d.Chunk++ }, wire.NackBadBlocks},
-		} {
-			t.Run(read.String()+"-"+c.name, func(t *testing.T) {
-				w := newWorld(t)
-				var victim transfer.Desc
-				tamper := func(s *Settings) {
-					s.Control = &tamperedCtrl{ControlChannel: s.Control, tamper: func(m wire.Message) wire.Message {
-						switch m := m.(type) {
-						case *wire.Data:
-							if wire.IsPullID(m.Request) {
-								c.bad(m, victim)
-								return m
-							}
-						case *wire.Staged:
-							c.bad(&m.Data, victim)
-							return m
-						}
-						return nil
-					}}
-				}
-				cfg := testConfig()
-				cfg.PullRead = read
-				a, b := w.node("a", testConfig(), tamper), w.node("b", cfg)
-				srcB, dstB := a.buffer(t, 16*4096), b.buffer(t, 16*4096)
-				other := b.buffer(t, 4096)
-				victim = mem.DescOf(other)
-				j := prepare(srcB, dstB, kvLayout{count: 16, size: 4096, fragmented: true}, 7)
-				connect(t, a, b)
-				bt, err := b.Pull(PullRequest{Peer: "a", Src: j.src, Dst: j.dst})
-				if err != nil {
-					t.Fatal(err)
-				}
-				if err := wait(t, bt); !errors.Is(err, ErrRefused) {
-					t.Fatalf("pull err = %v, want ErrRefused", err)
-				}
-				if _, q := bt.Retirement(); !q {
-					t.Fatal("the refused pull is not quiescent")
-				}
-				if !bytes.Equal(dstB, make([]byte, len(dstB))) || !bytes.Equal(other, make([]byte, len(other))) {
-					t.Fatal("a refused DATA changed the puller's memory")
-				}
-				if st := b.Stats(); st.BadRuns != 1 {
-					t.Fatalf("puller counted %d bad DATAs, want 1", st.BadRuns)
-				}
-				settled(t, a, b)
-			})
+	for _, form := range []string{"descs", "blocks"} {
+		for _, read := range []PullRead{PullReadAuto, PullReadOff} {
+			for _, c := range []struct {
+				name string
+				bad  func(d *wire.Data, victim transfer.Desc)
+			}{
+				{"runs", func(d *wire.Data, v transfer.Desc) {
+					d.Pieces = wire.PieceRange{}
+					d.Runs = []transfer.Run{{Addr: v.Addr, Len: 4096, Count: 1}}
+				}},
+				{"pieces", func(d *wire.Data, _ transfer.Desc) { d.Pieces.First++ }},
+				{"fewer-pieces", func(d *wire.Data, _ transfer.Desc) { d.Pieces.Count-- }},
+				{"chunk", func(d *wire.Data, _ transfer.Desc) { d.Chunk++ }},
+			} {
+				t.Run(form+"-"+read.String()+"-"+c.name, func(t *testing.T) {
+					testPullRefusesHolderData(t, form, read, c.bad)
+				})
+			}
 		}
 	}
+}
+
+func testPullRefusesHolderData(t *testing.T, form string, read PullRead, bad func(*wire.Data, transfer.Desc)) {
+	w := newWorld(t)
+	var victim transfer.Desc
+	tamper := func(s *Settings) {
+		s.Control = &tamperedCtrl{ControlChannel: s.Control, tamper: func(m wire.Message) wire.Message {
+			switch m := m.(type) {
+			case *wire.Data:
+				if wire.IsPullID(m.Request) {
+					bad(m, victim)
+					return m
+				}
+			case *wire.Staged:
+				bad(&m.Data, victim)
+				return m
+			}
+			return nil
+		}}
+	}
+	cfg := testConfig()
+	cfg.PullRead = read
+	a, b := w.node("a", testConfig(), tamper), w.node("b", cfg)
+	other := b.buffer(t, 4096)
+	victim = mem.DescOf(other)
+	var dstB []byte
+	var req PullRequest
+	if form == "blocks" {
+		src := newKVPool(t, a, "kv", 2, 16, 2048, 2048, 0)
+		dst := newKVPool(t, b, "kv-in", 2, 16, 2048, 2048, 0)
+		src.fillPieces(7, []uint32{0, 1, 2, 3, 4, 5, 6, 7})
+		dstB = dst.buf
+		// Ids 4..11 of the destination: a range shifted by one still lies
+		// in the request (the holder could pick other blocks of it).
+		req.Blocks = &BlockRequest{SrcPool: "kv", SrcIDs: []uint32{0, 1, 2, 3, 4, 5, 6, 7}, DstPool: "kv-in", DstIDs: []uint32{4, 5, 6, 7, 8, 9, 10, 11}}
+	} else {
+		srcB := a.buffer(t, 16*4096)
+		dstB = b.buffer(t, 16*4096)
+		j := prepare(srcB, dstB, kvLayout{count: 16, size: 4096, fragmented: true}, 7)
+		req.Src, req.Dst = j.src, j.dst
+	}
+	before := bytes.Clone(dstB)
+	connect(t, a, b)
+	req.Peer = "a"
+	bt, err := b.Pull(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := wait(t, bt); !errors.Is(err, ErrRefused) {
+		t.Fatalf("pull err = %v, want ErrRefused", err)
+	}
+	if _, q := bt.Retirement(); !q {
+		t.Fatal("the refused pull is not quiescent")
+	}
+	if !bytes.Equal(dstB, before) || !bytes.Equal(other, make([]byte, len(other))) {
+		t.Fatal("a refused DATA changed the puller's memory")
+	}
+	if st := b.Stats(); st.BadRuns != 1 {
+		t.Fatalf("puller counted %d bad DATAs, want 1", st.BadRuns)
+	}
+	settled(t, a, b)
+}
+
+// TestPullSkipsEmptyPairs: a descriptor pull with zero-length pairs among
+// its descriptors moves the others byte-exact, as a push does (the PULL
+// leaves the empty ones out; they are no piece of either plan); one of
+// only empty pairs succeeds at once.
+func TestPullSkipsEmptyPairs(t *testing.T) {
+	w := newWorld(t)
+	a, b := w.node("a", testConfig()), w.node("b", testConfig())
+	srcB, dstB := a.buffer(t, 64*4096), b.buffer(t, 64*4096)
+	j := prepare(srcB, dstB, kvLayout{count: 64, size: 4096, fragmented: true}, 11)
+	var src, dst []transfer.Desc
+	for i := range j.src {
+		if i%5 == 0 { // an empty pair before every fifth
+			src, dst = append(src, transfer.Desc{Addr: j.src[i].Addr, Kind: transfer.Host}), append(dst, transfer.Desc{Addr: j.dst[i].Addr, Kind: transfer.Host})
+		}
+		src, dst = append(src, j.src[i]), append(dst, j.dst[i])
+	}
+	connect(t, a, b)
+	for _, req := range []PullRequest{{Peer: "a", Src: src, Dst: dst}, {Peer: "a", Src: src[:1], Dst: dst[:1]}} {
+		bt, err := b.Pull(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := wait(t, bt); err != nil {
+			t.Fatalf("pull of %d pairs: %v", len(req.Src), err)
+		}
+	}
+	j.verify(t)
+	settled(t, a, b)
 }

@@ -70,10 +70,11 @@ func (r *reactor) offerStaged(q *sendReq, k int) {
 // waits for a puller.
 func (r *reactor) endOffer(c *sendChunk) {
 	c.offered = false
+	fencing := r.a.rguard.revoke(c.off) // whatever else holds the region
 	if !c.staged {
 		return
 	}
-	if !r.a.rguard.revoke(c.off) {
+	if !fencing {
 		r.dropStaging(c) // no grant was in force: nothing to wait for
 		return
 	}

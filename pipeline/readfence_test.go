@@ -200,6 +200,10 @@ func TestReadFencerQueues(t *testing.T) {
 	if len(fenced) != len(want) || fenced[0] != want[0] || fenced[1] != want[1] || fenced[2] != want[2] {
 		t.Fatalf("fenced %v, want %v (b's queued fence dropped at close, the arena last)", fenced, want)
 	}
+	g.grant("b", 0, 4096) // a grant after close (the guard refuses its reads)
+	if _, err := g.check("b", g.region(0, 4096)); err == nil {
+		t.Fatal("a read allowed after close")
+	}
 	if g.revoke(0) {
 		t.Fatal("a revoke after close queued a fence")
 	}

@@ -20,7 +20,8 @@ import (
 // NoMerge's opposite and Scatter do not apply (the sizes are given).
 //
 // The plan's chunks have gather runs only (Fill emits no scatter: where
-// the bytes land is the other agent's plan), and each chunk's First and
+// the bytes land is the other agent's plan; a chunk's Dst device and kind
+// are its source's, standing for none), and each chunk's First and
 // Count are its piece range, the pieces numbered from 0 over the plan
 // (PieceRanges of the other side's plan). The plan keeps src until every
 // chunk is filled.

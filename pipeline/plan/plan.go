@@ -358,6 +358,16 @@ func (p *Plan) RecycleScatter(k int, pool *RunPool) {
 	c.sbuf, c.Scatter = nil, c.Scatter[:0:0]
 }
 
+// TakeScatter hands chunk k's scatter runs to the caller, who owns them
+// from now on (to recycle as it likes): the chunk keeps none (its Scatter
+// becomes empty, not nil: the chunk stays filled).
+func (p *Plan) TakeScatter(k int) []transfer.Run {
+	c := &p.Chunks[k]
+	runs := c.Scatter
+	c.sbuf, c.Scatter = nil, runs[:0:0]
+	return runs
+}
+
 // FillAll fills every chunk not yet filled.
 func (p *Plan) FillAll() {
 	for k := range p.Chunks {

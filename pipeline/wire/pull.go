@@ -8,8 +8,9 @@ import (
 	"github.com/bouncekv/bounce/transfer"
 )
 
-// The pull messages (wire version 6): a receiver that is ready for a
-// request's bytes asks the peer holding them to send them (PULL), with the
+// The pull messages (wire version 6; version 7 the descriptor form's
+// encoding): a receiver that is ready for a request's bytes asks the peer
+// holding them to send them (PULL), with the
 // grant of its first regions in the same message, and the holder answers
 // with the push machinery — gather, write into the granted regions, DATA,
 // ACK — or ends the pull with a reason (PULL_END). When the PULL says the
@@ -36,7 +37,7 @@ func IsPullID(id uint64) bool { return id&PullBit != 0 }
 
 // Pull limits.
 const (
-	// MaxPullDescs is the most descriptor pairs one PULL may carry.
+	// MaxPullDescs is the most source descriptors one PULL may carry.
 	MaxPullDescs = 1 << 22
 	// pullDescSize is one encoded descriptor: addr, len u64, device i32,
 	// kind u8.
@@ -190,13 +191,19 @@ type descGroup struct {
 	base, hi    uint64 // the lowest and highest address
 }
 
+// sameGroup reports whether a and b share a length, device and kind (a
+// group's descriptors do).
+func sameGroup(a, b transfer.Desc) bool {
+	return a.Len == b.Len && a.Device == b.Device && a.Kind == b.Kind
+}
+
 // descGroups yields the groups ds is encoded in.
 func descGroups(ds []transfer.Desc) func(yield func(descGroup) bool) {
 	return func(yield func(descGroup) bool) {
 		for i := 0; i < len(ds); {
 			lo, hi := ds[i].Addr, ds[i].Addr
 			j := i + 1
-			for ; j < len(ds) && ds[j].Len == ds[i].Len && ds[j].Device == ds[i].Device && ds[j].Kind == ds[i].Kind; j++ {
+			for ; j < len(ds) && sameGroup(ds[i], ds[j]); j++ {
 				lo, hi = min(lo, ds[j].Addr), max(hi, ds[j].Addr)
 			}
 			g := descGroup{i: i, j: j, width: 8, base: lo, hi: hi}
@@ -330,43 +337,53 @@ func (d *decoder) pullDescs() []transfer.Desc {
 		if d.err != nil {
 			return nil
 		}
-		n := int(le.Uint32(h))
+		n := uint64(le.Uint32(h))
 		shared := transfer.Desc{Len: le.Uint64(h[4:]), Device: int32(le.Uint32(h[12:])), Kind: transfer.MemKind(h[16])}
 		base, width := le.Uint64(h[17:]), int(h[25])
 		switch {
 		case n == 0:
 			d.err = errorf(d.what, ErrMalformed, "descriptor group %d is empty", j)
-		case n > k-next:
+		case n > uint64(k-next):
 			d.err = errorf(d.what, ErrMalformed, "descriptor group %d holds %d descriptors, %d of the count are left", j, n, k-next)
 		case width != 4 && width != 8:
 			d.err = errorf(d.what, ErrMalformed, "descriptor group %d: offset width %d, want 4 or 8", j, width)
+		case next > 0 && sameGroup(src[next-1], shared):
+			// The encoder's groups are maximal: one encoding per list.
+			d.err = errorf(d.what, ErrMalformed, "descriptor group %d shares the previous group's length, device and kind", j)
 		}
-		a := d.take("descriptor offsets", width*n)
+		a := d.take("descriptor offsets", width*int(n))
 		if d.err != nil {
 			return nil
 		}
-		out := src[next : next+n]
-		var hi uint64 // the highest offset: base + hi must not wrap
+		out := src[next : next+int(n)]
+		lo, hi := uint64(math.MaxUint64), uint64(0) // base + hi must not wrap
 		if width == 4 {
 			for i := range out {
 				off := uint64(le.Uint32(a[4*i:]))
-				hi = max(hi, off)
+				lo, hi = min(lo, off), max(hi, off)
 				shared.Addr = base + off
 				out[i] = shared
 			}
 		} else {
 			for i := range out {
 				off := le.Uint64(a[8*i:])
-				hi = max(hi, off)
+				lo, hi = min(lo, off), max(hi, off)
 				shared.Addr = base + off
 				out[i] = shared
 			}
 		}
-		if base+hi < base {
+		switch {
+		case base+hi < base:
 			d.err = errorf(d.what, ErrMalformed, "descriptor group %d: base %#x + offset %#x overflows", j, base, hi)
+		case lo != 0:
+			d.err = errorf(d.what, ErrMalformed, "descriptor group %d: base %#x is not its lowest address (offsets from %#x)", j, base, lo)
+		case width == 8 && hi <= math.MaxUint32:
+			d.err = errorf(d.what, ErrMalformed, "descriptor group %d: 8-byte offsets where 4 hold them", j)
+		}
+		if d.err != nil {
 			return nil
 		}
-		next += n
+		next += int(n)
 	}
 	if next != k {
 		d.err = errorf(d.what, ErrMalformed, "descriptor groups hold %d descriptors, the count says %d", next, k)
