@@ -156,3 +156,29 @@ func TestLayoutIntoRefusals(t *testing.T) {
 		t.Fatalf("LayoutInto: %+v, %v", q, err)
 	}
 }
+
+// TestTakeScatter: the runs taken are the chunk's, the chunk keeps none
+// and stays filled, and recycling its scatter afterwards hands nothing
+// back to the pool (the caller owns the runs).
+func TestTakeScatter(t *testing.T) {
+	src := []transfer.Desc{{Addr: 0x1000, Len: 64}, {Addr: 0x3000, Len: 64}}
+	dst := []transfer.Desc{{Addr: 0x9000, Len: 64}, {Addr: 0xa000, Len: 64}}
+	p, err := Layout(src, dst, Options{MaxChunk: 1 << 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pool RunPool
+	p.FillFrom(0, &pool)
+	want := slices.Clone(p.Chunks[0].Scatter)
+	got := p.TakeScatter(0)
+	if !slices.Equal(got, want) || len(got) != 2 {
+		t.Fatalf("took %v, want the chunk's runs %v", got, want)
+	}
+	if len(p.Chunks[0].Scatter) != 0 || !p.Filled(0) {
+		t.Fatalf("after the take: scatter %v, filled %v", p.Chunks[0].Scatter, p.Filled(0))
+	}
+	p.RecycleScatter(0, &pool)
+	if len(pool.free) != 0 {
+		t.Fatalf("the pool got %d arrays back after the runs were taken", len(pool.free))
+	}
+}
