@@ -171,7 +171,7 @@ func TestTakeScatter(t *testing.T) {
 	p.FillFrom(0, &pool)
 	want := slices.Clone(p.Chunks[0].Scatter)
 	got := p.TakeScatter(0)
-	if !slices.Equal(got, want) || len(got) != 2 {
+	if !slices.Equal(got, want) || len(got) == 0 {
 		t.Fatalf("took %v, want the chunk's runs %v", got, want)
 	}
 	if len(p.Chunks[0].Scatter) != 0 || !p.Filled(0) {
