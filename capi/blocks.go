@@ -61,22 +61,17 @@ func layoutOf(l *C.bounce_layout) (transfer.Layout, error) {
 
 //export bounce_register_pool
 func bounce_register_pool(agent C.uint64_t, name *C.char, pool *C.bounce_pool, err **C.char) C.bounce_code {
-	h, e := lib.agent(uint64(agent))
-	if e != nil {
-		return fail(err, e)
-	}
-	p, e := poolOf(pool)
-	if e != nil {
-		return fail(err, e)
-	}
-	if e := h.agent().RegisterPool(goString(name), p); e != nil {
-		return fail(err, invalidIfNot(e))
-	}
-	return ok
+	return registerPool(agent, name, pool, false, nil, err)
 }
 
 //export bounce_register_pool_layout
 func bounce_register_pool_layout(agent C.uint64_t, name *C.char, pool *C.bounce_pool, layout *C.bounce_layout, err **C.char) C.bounce_code {
+	return registerPool(agent, name, pool, true, layout, err)
+}
+
+// registerPool registers pool under name, with the KV layout layout when
+// withLayout (checked after the agent and the pool, NULL refused).
+func registerPool(agent C.uint64_t, name *C.char, pool *C.bounce_pool, withLayout bool, layout *C.bounce_layout, err **C.char) C.bounce_code {
 	h, e := lib.agent(uint64(agent))
 	if e != nil {
 		return fail(err, e)
@@ -85,11 +80,16 @@ func bounce_register_pool_layout(agent C.uint64_t, name *C.char, pool *C.bounce_
 	if e != nil {
 		return fail(err, e)
 	}
-	l, e := layoutOf(layout)
-	if e != nil {
-		return fail(err, e)
+	if !withLayout {
+		e = h.agent().RegisterPool(goString(name), p)
+	} else {
+		var l transfer.Layout
+		if l, e = layoutOf(layout); e != nil {
+			return fail(err, e)
+		}
+		e = h.agent().RegisterPoolLayout(goString(name), p, l)
 	}
-	if e := h.agent().RegisterPoolLayout(goString(name), p, l); e != nil {
+	if e != nil {
 		return fail(err, invalidIfNot(e))
 	}
 	return ok
