@@ -246,11 +246,7 @@ func readsInto(p *plan.Plan) bool {
 
 // pullOf is the PULL of plan p for req, without its id and credits.
 func pullOf(p *plan.Plan, req Request, minChunk uint64) *wire.Pull {
-	sizes := make([]uint64, len(p.Chunks))
-	for i, c := range p.Chunks {
-		sizes[i] = c.Bytes
-	}
-	m := &wire.Pull{ChunkBytes: sizes, MinChunk: minChunk, Tag: req.Tag}
+	m := &wire.Pull{ChunkBytes: p.ChunkBytes(), MinChunk: minChunk, Tag: req.Tag}
 	if br := req.Blocks; br != nil {
 		m.Blocks = &wire.PullBlocks{SrcPool: br.SrcPool, SrcIDs: br.SrcIDs}
 	} else {
@@ -315,13 +311,10 @@ func (r *reactor) startPull(b *Batch, st *pullStart) {
 		// The batch holds the pool pinned until it is quiescent; the flow
 		// shares that pin (endRecvFlow must not unpin it).
 		f.blocks = &recvBlocks{table: br.dst}
-		pr.pieces = make([][2]uint64, len(p.Chunks))
-		for k, c := range p.Chunks {
-			pr.pieces[k] = [2]uint64{c.First, c.Count}
-		}
 	} else {
-		pr.plan, pr.pieces = p, p.PieceRanges()
+		pr.plan = p
 	}
+	pr.pieces = p.PieceRanges()
 	r.rflows[key] = f
 	r.pulls[key] = pr
 	r.peerFlows[peer]++

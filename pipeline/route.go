@@ -304,11 +304,7 @@ func (a *Agent) wantTooLarge(p *plan.Plan) string {
 	if a.ctrlMax == 0 {
 		return ""
 	}
-	sizes := make([]uint64, len(p.Chunks))
-	for i, c := range p.Chunks {
-		sizes[i] = c.Bytes
-	}
-	w := &wire.Want{ChunkBytes: sizes, Endpoint: a.set.Control.LocalEndpoint(), Incarnation: a.inc}
+	w := &wire.Want{ChunkBytes: p.ChunkBytes(), Endpoint: a.set.Control.LocalEndpoint(), Incarnation: a.inc}
 	if _, dst, ok := p.BlockTables(); ok {
 		// The longest pool name: the WANT's own is the peer's.
 		w.Blocks = &wire.WantBlocks{Pool: strings.Repeat("p", wire.MaxPoolName), BlockLen: dst.Pool.BlockLen, Pieces: dst.Len(), IDs: dst.IDs}

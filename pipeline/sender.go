@@ -92,10 +92,7 @@ func (r *reactor) submitBounce(b *Batch, pi *peerInfo, p *plan.Plan, tag []byte,
 		r.publish(b, nil, true)
 		return
 	}
-	sizes := make([]uint64, len(p.Chunks))
-	for i, c := range p.Chunks {
-		sizes[i] = c.Bytes
-	}
+	sizes := p.ChunkBytes()
 	r.reqs[q.id] = q
 	want := &wire.Want{Request: q.id, ChunkBytes: sizes, Endpoint: r.a.set.Control.LocalEndpoint(), Tag: tag, Blocks: blocks, Incarnation: r.a.inc}
 	r.a.obs.inject(b.obs.ctx, &want.TraceParent)

@@ -93,7 +93,8 @@ func LayoutInto(src []transfer.Desc, sizes []uint64, opt Options) (*Plan, error)
 
 // PieceRanges returns each chunk's piece range (first, count), the pieces
 // numbered from 0 over the plan: the ranges a LayoutInto plan of the same
-// chunks over the other side's descriptors has.
+// chunks over the other side's descriptors has, and a block-table plan's
+// First and Count.
 func (p *Plan) PieceRanges() [][2]uint64 {
 	out := make([][2]uint64, len(p.Chunks))
 	var first uint64

@@ -182,3 +182,28 @@ func TestTakeScatter(t *testing.T) {
 		t.Fatalf("the pool got %d arrays back after the runs were taken", len(pool.free))
 	}
 }
+
+// TestPieceRangesOfBlockPlan: a block-table plan's piece ranges are its
+// chunks' First and Count (a pull checks its DATAs against either form's
+// PieceRanges), and ChunkBytes its chunks' sizes.
+func TestPieceRangesOfBlockPlan(t *testing.T) {
+	pool := transfer.Pool{BlockLen: 4096, Stride: 4096, Blocks: 64, Kind: transfer.Host, Regions: []uint64{0x100000, 0x200000}}
+	ids := make([]uint32, 40)
+	for i := range ids {
+		ids[i] = uint32(63 - i)
+	}
+	b := transfer.Blocks{Pool: pool, IDs: ids}
+	p, err := LayoutBlocks(b, b, Options{MaxChunk: 16 << 10, MinChunk: 4 << 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(p.Chunks) < 3 {
+		t.Fatalf("%d chunks: want several", len(p.Chunks))
+	}
+	ranges, sizes := p.PieceRanges(), p.ChunkBytes()
+	for k, c := range p.Chunks {
+		if ranges[k] != [2]uint64{c.First, c.Count} || sizes[k] != c.Bytes {
+			t.Fatalf("chunk %d: range %v, size %d; the chunk's [%d, +%d), %d", k, ranges[k], sizes[k], c.First, c.Count, c.Bytes)
+		}
+	}
+}

@@ -230,6 +230,16 @@ func Layout(src, dst []transfer.Desc, opt Options) (*Plan, error) {
 	return b.p, nil
 }
 
+// ChunkBytes returns every chunk's Bytes, in order: the sizes a WANT or
+// PULL asks for.
+func (p *Plan) ChunkBytes() []uint64 {
+	sizes := make([]uint64, len(p.Chunks))
+	for i, c := range p.Chunks {
+		sizes[i] = c.Bytes
+	}
+	return sizes
+}
+
 // Filled reports whether chunk k's runs are emitted (a block-table chunk
 // has none to emit: always true).
 func (p *Plan) Filled(k int) bool { return p.blocks != nil || p.Chunks[k].Gather != nil }
