@@ -365,11 +365,16 @@ func submit(agent C.uint64_t, peer *C.char, tag *C.uint8_t, tagLen C.size_t, rou
 	if e != nil {
 		return e
 	}
-	req := pipeline.Request{Peer: goString(peer), Route: rt, Tag: goBytes(tag, tagLen)}
+	return start(pipeline.Request{Peer: goString(peer), Route: rt, Tag: goBytes(tag, tagLen)}, body, h.agent().Submit, batch)
+}
+
+// start completes req with body, starts it with run (Submit, Pull) and
+// stores the batch's handle in *batch.
+func start[R any](req R, body func(*R) error, run func(R) (*pipeline.Batch, error), batch *C.uint64_t) error {
 	if e := body(&req); e != nil {
 		return e
 	}
-	b, e := h.agent().Submit(req)
+	b, e := run(req)
 	if e != nil {
 		return invalidIfNot(e)
 	}

@@ -45,14 +45,5 @@ func pull(agent C.uint64_t, peer *C.char, tag *C.uint8_t, tagLen C.size_t, batch
 	if e != nil {
 		return e
 	}
-	req := pipeline.PullRequest{Peer: goString(peer), Tag: goBytes(tag, tagLen)}
-	if e := body(&req); e != nil {
-		return e
-	}
-	b, e := h.agent().Pull(req)
-	if e != nil {
-		return invalidIfNot(e)
-	}
-	*batch = C.uint64_t(lib.addBatch(b))
-	return nil
+	return start(pipeline.PullRequest{Peer: goString(peer), Tag: goBytes(tag, tagLen)}, body, h.agent().Pull, batch)
 }
