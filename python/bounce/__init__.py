@@ -318,6 +318,17 @@ class Layout:
                 f"head_dim={self.head_dim}, tokens={self.tokens}, elem={self.elem}, order={self.order!r})")
 
 
+def _pairs(src, dst):
+    """The C descriptor arrays of a request's sources and destinations
+    (Descs or buffers), and their count."""
+    if len(src) != len(dst):
+        raise InvalidArgument(f"{len(src)} sources but {len(dst)} destinations")
+    n = len(src)
+    s = (_lib.Desc * max(n, 1))(*[desc_of(x)._c() for x in src])
+    d = (_lib.Desc * max(n, 1))(*[desc_of(x)._c() for x in dst])
+    return s, d, n
+
+
 def _ids(xs):
     """A uint32 C array of ids (from a list or a numpy array)."""
     try:
@@ -489,11 +500,7 @@ class Agent:
 
     def submit(self, peer, src, dst, tag=b"", route="auto"):
         """Pushes src[i] (local Descs or buffers) to dst[i] (the peer's)."""
-        if len(src) != len(dst):
-            raise InvalidArgument(f"{len(src)} sources but {len(dst)} destinations")
-        n = len(src)
-        s = (_lib.Desc * max(n, 1))(*[desc_of(x)._c() for x in src])
-        d = (_lib.Desc * max(n, 1))(*[desc_of(x)._c() for x in dst])
+        s, d, n = _pairs(src, dst)
         h = c_uint64()
         _call(_L.bounce_submit, self._h, peer.encode(), s, d, n, bytes(tag), len(tag), _route(route), byref(h))
         return Batch(h.value)
@@ -515,11 +522,7 @@ class Agent:
         or buffers): the peer serves only memory it registered for this
         agent or for every peer; the batch of anything else fails with
         Forbidden and nothing is written. Always the bounce path."""
-        if len(src) != len(dst):
-            raise InvalidArgument(f"{len(src)} sources but {len(dst)} destinations")
-        n = len(src)
-        s = (_lib.Desc * max(n, 1))(*[desc_of(x)._c() for x in src])
-        d = (_lib.Desc * max(n, 1))(*[desc_of(x)._c() for x in dst])
+        s, d, n = _pairs(src, dst)
         h = c_uint64()
         _call(_L.bounce_pull, self._h, peer.encode(), s, d, n, bytes(tag), len(tag), byref(h))
         return Batch(h.value)
