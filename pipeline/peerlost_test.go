@@ -120,6 +120,21 @@ func TestControlPeerLostReclaimsFlows(t *testing.T) {
 	s.close(t)
 }
 
+// rawZMQSender is a zmq control channel named "s" that speaks to r with
+// no agent behind it (the test plays the sender's messages).
+func rawZMQSender(t *testing.T, r *node) *zmq.Channel {
+	t.Helper()
+	s, err := zmq.New(zmq.Config{Name: "s", BindAddress: "127.0.0.1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	if err := s.AddPeer("r", r.ctrl.LocalEndpoint()); err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
 // TestSenderDeadBeforeFirstGrantReclaimed: a sender dies after its WANT
 // and before the receiver's first control connection to it is up (the
 // GRANT dials it), with no engine connection either (loopback reports
@@ -129,14 +144,7 @@ func TestControlPeerLostReclaimsFlows(t *testing.T) {
 func TestSenderDeadBeforeFirstGrantReclaimed(t *testing.T) {
 	w := zmqWorld(t, 0)
 	r := w.node("r", testConfig())
-	s, err := zmq.New(zmq.Config{Name: "s", BindAddress: "127.0.0.1"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Close() })
-	if err := s.AddPeer("r", r.ctrl.LocalEndpoint()); err != nil {
-		t.Fatal(err)
-	}
+	s := rawZMQSender(t, r)
 	// The endpoint the sender's WANT names: bound, then gone with its
 	// process.
 	dead, err := zmq.New(zmq.Config{Name: "s", BindAddress: "127.0.0.1"})
@@ -168,14 +176,7 @@ func TestUnreachedSenderReclaimed(t *testing.T) {
 	cfg := testConfig()
 	cfg.FlowExpiry, cfg.UnreachedGrace = 2*time.Minute, time.Second
 	r := w.node("r", cfg)
-	s, err := zmq.New(zmq.Config{Name: "s", BindAddress: "127.0.0.1"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Close() })
-	if err := s.AddPeer("r", r.ctrl.LocalEndpoint()); err != nil {
-		t.Fatal(err)
-	}
+	s := rawZMQSender(t, r)
 	// The endpoint the WANT names: the kernel accepts connections there
 	// (the listen backlog) and nothing ever answers.
 	hole, err := net.Listen("tcp", "127.0.0.1:0")
