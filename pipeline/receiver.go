@@ -224,9 +224,11 @@ func (r *reactor) expireFlows(now time.Time) {
 			}
 		}
 	}
-	for key, seen := range r.flowSeen {
-		if slices.Contains(silent, key.Peer) && now.Sub(seen) > r.cfg.FlowExpiry && r.sched.Waiting(key) {
-			r.expireFlow(key, now.Sub(seen))
+	if len(silent) > 0 { // their waiting flows queued as long ago
+		for key, seen := range r.flowSeen {
+			if slices.Contains(silent, key.Peer) && now.Sub(seen) > r.cfg.FlowExpiry && r.sched.Waiting(key) {
+				r.expireFlow(key, now.Sub(seen))
+			}
 		}
 	}
 	for _, peer := range unreached {
