@@ -16,8 +16,9 @@ import (
 // done once it ends exactly at its size — and fails, naming the chunk,
 // when the sources do not fill the sizes that way (a chunk would end short
 // of its size, mix devices or memory kinds, the sources outlast the
-// chunks or run out before them). MaxChunk bounds every size; MinChunk,
-// NoMerge's opposite and Scatter do not apply (the sizes are given).
+// chunks or run out before them). MaxChunk bounds every size and NoMerge
+// keeps one gather run per piece; MinChunk and Scatter do not apply (the
+// sizes are given).
 //
 // The plan's chunks have gather runs only (Fill emits no scatter: where
 // the bytes land is the other agent's plan; a chunk's Dst device and kind
@@ -71,7 +72,6 @@ func LayoutInto(src []transfer.Desc, sizes []uint64, opt Options) (*Plan, error)
 			end = off + rest
 			c.Payload += rest
 			c.Descs++
-			c.Count++
 			pieces++
 			p.Payload += rest
 			pos += rest
@@ -87,6 +87,9 @@ func LayoutInto(src []transfer.Desc, sizes []uint64, opt Options) (*Plan, error)
 		return nil, fmt.Errorf("plan: the sources fill %d of the %d chunks", len(p.Chunks), len(sizes))
 	case len(p.Chunks) == 0:
 		p.src = nil
+	}
+	for k := range p.Chunks {
+		p.Chunks[k].Count = uint64(p.Chunks[k].Descs) // its range: [First, +Descs)
 	}
 	return p, nil
 }
